@@ -1,0 +1,166 @@
+"""Typed messages of the daemon <-> worker JSONL protocol.
+
+The daemon lives in the text world and the worker in the token world; this module is
+the only contract between them. One JSON object per line, in both directions, over the
+worker's stdin (daemon -> worker) and stdout (worker -> daemon). The worker's stderr is
+its log.
+
+Principles (DESIGN.md §3):
+- the worker's first line is ``ready`` (or ``fatal`` if the model cannot load);
+- many requests may be in flight; events of different requests interleave;
+- each request ends with exactly one ``done`` or one ``error``; the worker keeps serving;
+- ``cancel`` takes effect at the next engine step and still ends with ``done``
+  (``finish_reason="cancelled"``);
+- the worker never sees text, only token ids.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+
+
+class _Message(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+# ---------------------------------------------------------------- daemon -> worker
+
+
+class SamplingParams(_Message):
+    """Per-request sampling; temperature 0 means greedy."""
+
+    temperature: float = 0.0
+    top_k: int = 0  # 0 = disabled
+    top_p: float = 1.0
+    min_p: float = 0.0
+    seed: int | None = None  # None: the worker picks a fresh seed
+
+
+class Generate(_Message):
+    type: Literal["generate"] = "generate"
+    id: str
+    prompt: list[int]
+    max_tokens: int
+    sampling: SamplingParams = SamplingParams()
+    stop_tokens: list[int] = []
+
+
+class Cancel(_Message):
+    type: Literal["cancel"] = "cancel"
+    id: str
+
+
+class StatsRequest(_Message):
+    type: Literal["stats"] = "stats"
+
+
+class Shutdown(_Message):
+    type: Literal["shutdown"] = "shutdown"
+
+
+DaemonMessage = Annotated[
+    Union[Generate, Cancel, StatsRequest, Shutdown], Field(discriminator="type")
+]
+
+# ---------------------------------------------------------------- worker -> daemon
+
+
+class ModelFacts(_Message):
+    architecture: str
+    vocab_size: int
+    context_length: int
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    hidden_size: int
+    weight_format: str  # e.g. "gguf:Q4_1", "safetensors:bf16"
+
+
+class Ready(_Message):
+    type: Literal["ready"] = "ready"
+    backend: str  # "mlx-cpu", "mlx-metal", "mlx-cuda"
+    device: str
+    model: ModelFacts
+    context_length: int  # the context the engine serves (<= model's)
+    max_sequences: int
+    kernels: dict[str, str] = {}  # which matmul path / SIMD level the engine uses
+    blas: str = ""  # BLAS library the backend resolved, e.g. "openblas"
+    features: list[str] = []
+    load_ms: float = 0.0
+    threads: int = 0
+    # Resident memory of the worker before and after the weights were loaded (bytes).
+    memory: dict[str, int] = {}
+
+
+class Fatal(_Message):
+    """The worker could not start (bad model file, unsupported architecture)."""
+
+    type: Literal["fatal"] = "fatal"
+    code: str
+    message: str
+
+
+class Tokens(_Message):
+    """New tokens of one request, in order. May carry several tokens."""
+
+    type: Literal["tokens"] = "tokens"
+    id: str
+    tokens: list[int]
+
+
+class Timings(_Message):
+    queued_ms: float = 0.0
+    prefill_ms: float = 0.0
+    decode_ms: float = 0.0
+
+
+class Done(_Message):
+    type: Literal["done"] = "done"
+    id: str
+    finish_reason: Literal["stop", "length", "cancelled"]
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int = 0
+    timings: Timings = Timings()
+
+
+class Error(_Message):
+    """A request failed (id set) or a daemon message was malformed (id None)."""
+
+    type: Literal["error"] = "error"
+    id: str | None = None
+    code: str  # "invalid_request", "context_length_exceeded", "internal", ...
+    message: str
+
+
+class Stats(_Message):
+    type: Literal["stats"] = "stats"
+    active_sequences: int
+    queued_requests: int
+    steps: int
+    tokens_generated: int
+    kv_bytes: int
+    extra: dict[str, object] = {}
+
+
+WorkerMessage = Annotated[
+    Union[Ready, Fatal, Tokens, Done, Error, Stats], Field(discriminator="type")
+]
+
+daemon_message_adapter: TypeAdapter[DaemonMessage] = TypeAdapter(DaemonMessage)
+worker_message_adapter: TypeAdapter[WorkerMessage] = TypeAdapter(WorkerMessage)
+
+
+def encode(message: BaseModel) -> bytes:
+    """One JSONL line."""
+    return message.model_dump_json().encode() + b"\n"
+
+
+def decode_daemon_message(line: bytes | str) -> DaemonMessage:
+    return daemon_message_adapter.validate_json(line)
+
+
+def decode_worker_message(line: bytes | str) -> WorkerMessage:
+    return worker_message_adapter.validate_json(line)

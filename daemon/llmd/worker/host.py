@@ -1,0 +1,196 @@
+"""Worker process main: load the engine, announce ``ready``, then pump messages both ways.
+
+Two threads: one reads daemon messages from stdin and calls the engine (submit, cancel,
+stats); the main thread drains engine events and writes them to stdout. The engine's own C++
+thread runs the batching loop; the GIL is released whenever it computes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from pydantic import ValidationError
+
+from .. import protocol as p
+from .blas import loaded_blas
+
+
+def _rss_bytes() -> int:
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def _flatten(prefix: str, value: Any, out: dict[str, Any]) -> None:
+    if isinstance(value, dict):
+        for k, v in value.items():
+            _flatten(f"{prefix}{k}.", v, out)
+    elif isinstance(value, (bool, int, float, str)):
+        out[prefix[:-1]] = value
+
+
+def hf_config(model_path: str) -> dict[str, Any]:
+    """config.json of a Hugging Face directory, nested keys flattened as ``a.b``."""
+    path = Path(model_path)
+    if not path.is_dir():
+        return {}
+    config = json.loads((path / "config.json").read_text())
+    if "text_config" in config and "num_hidden_layers" not in config:
+        config = {**config["text_config"], "model_type": config["text_config"].get("model_type", "")}
+    flat: dict[str, Any] = {}
+    _flatten("", config, flat)
+    return flat
+
+
+class Writer:
+    """Serialises JSONL writes from both threads."""
+
+    def __init__(self, stream: BinaryIO) -> None:
+        self._stream = stream
+        self._lock = threading.Lock()
+
+    def send(self, message: p.BaseModel) -> None:
+        data = p.encode(message)
+        with self._lock:
+            self._stream.write(data)
+            self._stream.flush()
+
+
+def _read_commands(engine: Any, writer: Writer, stop: threading.Event) -> None:
+    for raw in sys.stdin.buffer:
+        line = raw.strip()
+        if not line:
+            continue
+        try:
+            msg = p.decode_daemon_message(line)
+        except ValidationError as exc:
+            writer.send(p.Error(id=None, code="invalid_message", message=str(exc).splitlines()[0]))
+            continue
+        if isinstance(msg, p.Generate):
+            s = msg.sampling
+            seed = s.seed if s.seed is not None else random.getrandbits(63)
+            engine.submit(
+                msg.id,
+                msg.prompt,
+                msg.max_tokens,
+                temperature=s.temperature,
+                top_k=s.top_k,
+                top_p=s.top_p,
+                min_p=s.min_p,
+                seed=seed & 0xFFFFFFFFFFFFFFFF,
+                stop_tokens=msg.stop_tokens,
+            )
+        elif isinstance(msg, p.Cancel):
+            engine.cancel(msg.id)
+        elif isinstance(msg, p.StatsRequest):
+            st = engine.stats()
+            writer.send(
+                p.Stats(
+                    active_sequences=st["active_sequences"],
+                    queued_requests=st["queued_requests"],
+                    steps=st["steps"],
+                    tokens_generated=st["tokens_generated"],
+                    kv_bytes=st["kv_bytes"],
+                    extra={k: v for k, v in st.items() if k not in p.Stats.model_fields},
+                )
+            )
+        elif isinstance(msg, p.Shutdown):
+            break
+    stop.set()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m llmd.worker", description=__doc__)
+    parser.add_argument("--model", required=True, help="GGUF file or Hugging Face directory")
+    parser.add_argument("--context-length", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=0)
+    parser.add_argument("--max-sequences", type=int, default=8)
+    parser.add_argument("--step-tokens", type=int, default=512)
+    parser.add_argument("--kv-budget", type=int, default=1 << 30, help="KV cache bytes")
+    args = parser.parse_args(argv)
+
+    writer = Writer(sys.stdout.buffer)
+    rss_before = _rss_bytes()
+    try:
+        from .. import _engine  # the native extension; imported only in workers
+    except ImportError as exc:
+        writer.send(p.Fatal(code="engine_unavailable", message=f"native engine missing: {exc}"))
+        return 2
+    if args.threads:
+        _engine.set_threads(args.threads)
+    rss_before = _rss_bytes()
+    started = time.perf_counter()
+    try:
+        engine = _engine.Engine(
+            args.model,
+            context_length=args.context_length,
+            max_sequences=args.max_sequences,
+            step_token_budget=args.step_tokens,
+            kv_budget_bytes=args.kv_budget,
+            hf_config=hf_config(args.model),
+        )
+    except Exception as exc:  # noqa: BLE001 - every load failure is reported, then exit
+        writer.send(p.Fatal(code="load_failed", message=str(exc)))
+        return 3
+    load_ms = (time.perf_counter() - started) * 1000
+    info = engine.info()
+    paths = engine.matmul_paths()
+    writer.send(
+        p.Ready(
+            backend="mlx-metal" if sys.platform == "darwin" else "mlx-cpu",
+            device=os.uname().machine,
+            model=p.ModelFacts(
+                architecture=info["architecture"],
+                vocab_size=info["vocab_size"],
+                context_length=info["context_length"],
+                n_layers=info["n_layers"],
+                n_heads=info["n_heads"],
+                n_kv_heads=info["n_kv_heads"],
+                hidden_size=info["hidden_size"],
+                weight_format=info["weight_format"],
+            ),
+            context_length=engine.context_length,
+            max_sequences=engine.max_sequences,
+            kernels={"isa": _engine.active_kernel_path(), **paths},
+            blas=loaded_blas(),
+            features=["continuous_batching", "cancel"],
+            load_ms=load_ms,
+            threads=_engine.thread_count(),
+            memory={"rss_before_load": rss_before, "rss_after_load": _rss_bytes()},
+        )
+    )
+
+    stop = threading.Event()
+    reader = threading.Thread(target=_read_commands, args=(engine, writer, stop), daemon=True)
+    reader.start()
+    while not stop.is_set():
+        for ev in engine.poll(50):
+            kind = ev["type"]
+            if kind == "tokens":
+                writer.send(p.Tokens(id=ev["id"], tokens=ev["tokens"]))
+            elif kind == "done":
+                writer.send(
+                    p.Done(
+                        id=ev["id"],
+                        finish_reason=ev["finish_reason"],
+                        prompt_tokens=ev["prompt_tokens"],
+                        completion_tokens=ev["completion_tokens"],
+                        cached_tokens=ev["cached_tokens"],
+                        timings=p.Timings(**ev["timings"]),
+                    )
+                )
+            else:
+                writer.send(p.Error(id=ev["id"], code=ev["code"], message=ev["message"]))
+    return 0

@@ -1,0 +1,192 @@
+// pybind11 module llmd._engine: the typed C++ API the worker host calls. No JSON crosses
+// here; the GIL is released whenever the engine may block or compute.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cstring>
+#include <stdexcept>
+
+#include "../mlx/kernels/qgemm.h"
+#include "engine.h"
+#include "thread_pool.h"
+
+namespace py = pybind11;
+using namespace llmd;
+
+namespace {
+
+Metadata metadata_from_dict(const py::dict& d) {
+  Metadata m;
+  for (auto item : d) {
+    const std::string key = py::str(item.first);
+    py::handle v = item.second;
+    if (py::isinstance<py::bool_>(v)) {
+      m.set(key, v.cast<bool>());
+    } else if (py::isinstance<py::int_>(v)) {
+      m.set(key, v.cast<int64_t>());
+    } else if (py::isinstance<py::float_>(v)) {
+      m.set(key, v.cast<double>());
+    } else if (py::isinstance<py::str>(v)) {
+      m.set(key, v.cast<std::string>());
+    }
+  }
+  return m;
+}
+
+py::dict event_to_dict(const EngineEvent& e) {
+  py::dict d;
+  d["id"] = e.id;
+  switch (e.kind) {
+    case EngineEvent::Kind::Tokens:
+      d["type"] = "tokens";
+      d["tokens"] = e.tokens;
+      break;
+    case EngineEvent::Kind::Done:
+      d["type"] = "done";
+      d["finish_reason"] = e.finish_reason;
+      d["prompt_tokens"] = e.prompt_tokens;
+      d["completion_tokens"] = e.completion_tokens;
+      d["cached_tokens"] = e.cached_tokens;
+      d["timings"] = py::dict(py::arg("queued_ms") = e.queued_ms, py::arg("prefill_ms") = e.prefill_ms,
+                              py::arg("decode_ms") = e.decode_ms);
+      break;
+    case EngineEvent::Kind::Error:
+      d["type"] = "error";
+      d["code"] = e.code;
+      d["message"] = e.message;
+      break;
+  }
+  return d;
+}
+
+std::unique_ptr<Engine> make_engine(const std::string& path, int context_length, int max_sequences,
+                                    int step_token_budget, size_t kv_budget_bytes, const py::dict& hf_config) {
+  Metadata hf = metadata_from_dict(hf_config);
+  py::gil_scoped_release release;
+  LoadOptions load;
+  load.context_length = context_length;
+  auto model = load_model(path, load, hf);
+  EngineOptions opts;
+  opts.max_sequences = max_sequences;
+  opts.step_token_budget = step_token_budget;
+  opts.kv_budget_bytes = kv_budget_bytes;
+  opts.context_length = context_length;
+  return std::make_unique<Engine>(std::move(model), opts);
+}
+
+py::array_t<float> kernel_gemm(const std::string& type, py::array_t<uint8_t, py::array::c_style> w, int n, int k,
+                               py::array_t<float, py::array::c_style> x, const std::string& isa) {
+  const kernels::KernelTable* table = isa.empty() ? &kernels::active_table() : kernels::table_named(isa);
+  if (!table) throw std::invalid_argument("kernel path '" + isa + "' is not runnable on this CPU");
+  TensorType tt;
+  if (type == "Q4_0") tt = TensorType::Q4_0;
+  else if (type == "Q4_1") tt = TensorType::Q4_1;
+  else if (type == "Q8_0") tt = TensorType::Q8_0;
+  else throw std::invalid_argument("no kernel for type " + type);
+  const size_t rb = row_bytes(tt, k);
+  if (static_cast<size_t>(w.size()) != rb * n) throw std::invalid_argument("weight bytes do not match n x k");
+  if (x.ndim() != 2 || x.shape(1) != k) throw std::invalid_argument("x must be [rows, k]");
+  const int rows = static_cast<int>(x.shape(0));
+  py::array_t<float> out({rows, n});
+  std::vector<kernels::ActBlock> act(static_cast<size_t>(rows) * (k / kernels::kBlock));
+  for (int r = 0; r < rows; ++r) table->quantize_row(x.data() + static_cast<size_t>(r) * k, act.data() + static_cast<size_t>(r) * (k / kernels::kBlock), k);
+  table->gemm_for(tt)(w.data(), rb, act.data(), k, rows, 0, n, out.mutable_data(), n);
+  return out;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_engine, m) {
+  m.doc() = "llmd native engine (C++ on MLX)";
+
+  py::class_<Engine>(m, "Engine")
+      .def(py::init(&make_engine), py::arg("model_path"), py::arg("context_length") = 0,
+           py::arg("max_sequences") = 8, py::arg("step_token_budget") = 512,
+           py::arg("kv_budget_bytes") = size_t{1} << 30, py::arg("hf_config") = py::dict())
+      .def(
+          "submit",
+          [](Engine& e, const std::string& id, std::vector<int32_t> prompt, int max_tokens, float temperature,
+             int top_k, float top_p, float min_p, uint64_t seed, std::vector<int32_t> stop_tokens) {
+            GenerateRequest r;
+            r.id = id;
+            r.prompt = std::move(prompt);
+            r.max_tokens = max_tokens;
+            r.sampling = {temperature, top_k, top_p, min_p, seed};
+            r.stop_tokens = std::move(stop_tokens);
+            e.submit(std::move(r));
+          },
+          py::arg("id"), py::arg("prompt"), py::arg("max_tokens"), py::arg("temperature") = 0.f,
+          py::arg("top_k") = 0, py::arg("top_p") = 1.f, py::arg("min_p") = 0.f, py::arg("seed") = 0,
+          py::arg("stop_tokens") = std::vector<int32_t>{})
+      .def("cancel", &Engine::cancel)
+      .def("poll",
+           [](Engine& e, int timeout_ms) {
+             std::vector<EngineEvent> events;
+             {
+               py::gil_scoped_release release;
+               events = e.poll(timeout_ms);
+             }
+             py::list out;
+             for (const auto& ev : events) out.append(event_to_dict(ev));
+             return out;
+           })
+      .def("stats",
+           [](Engine& e) {
+             const EngineStats s = e.stats();
+             py::dict d;
+             d["active_sequences"] = s.active_sequences;
+             d["queued_requests"] = s.queued_requests;
+             d["steps"] = s.steps;
+             d["tokens_generated"] = s.tokens_generated;
+             d["prompt_tokens_processed"] = s.prompt_tokens_processed;
+             d["kv_bytes"] = s.kv_bytes;
+             d["kv_blocks_used"] = s.kv_blocks_used;
+             d["max_rows_sampled_in_a_step"] = s.max_rows_sampled_in_a_step;
+             py::dict hist;
+             for (const auto& [k, v] : s.sampled_rows_histogram) hist[py::str(std::to_string(k))] = v;
+             d["sampled_rows_histogram"] = hist;
+             return d;
+           })
+      .def("info",
+           [](Engine& e) {
+             const ModelInfo& i = e.info();
+             py::dict d;
+             d["architecture"] = i.architecture;
+             d["vocab_size"] = i.vocab_size;
+             d["context_length"] = i.context_length;
+             d["n_layers"] = i.n_layers;
+             d["n_heads"] = i.n_heads;
+             d["n_kv_heads"] = i.n_kv_heads;
+             d["hidden_size"] = i.hidden_size;
+             d["weight_format"] = i.weight_format;
+             return d;
+           })
+      .def_property_readonly("context_length", &Engine::context_length)
+      .def_property_readonly("max_sequences", [](Engine& e) { return e.options().max_sequences; })
+      .def("matmul_paths", &Engine::matmul_paths)
+      .def("score", [](Engine& e, const std::vector<int32_t>& tokens) {
+        std::vector<float> logits;
+        {
+          py::gil_scoped_release release;
+          logits = e.score(tokens);
+        }
+        const int vocab = e.info().vocab_size;
+        py::array_t<float> out({static_cast<py::ssize_t>(tokens.size()), static_cast<py::ssize_t>(vocab)});
+        std::memcpy(out.mutable_data(), logits.data(), logits.size() * sizeof(float));
+        return out;
+      });
+
+  m.def("set_threads", &ThreadPool::configure_global, py::arg("n_threads"),
+        "Size llmd's kernel thread pool (0: all cores / LLMD_THREADS).");
+  m.def("thread_count", [] { return ThreadPool::global().size(); });
+  m.def("active_kernel_path", [] { return std::string(kernels::active_table().isa); });
+  m.def("runnable_kernel_paths", [] {
+    std::vector<std::string> names;
+    for (const auto* t : kernels::runnable_tables()) names.emplace_back(t->isa);
+    return names;
+  });
+  m.def("kernel_gemm", &kernel_gemm, py::arg("type"), py::arg("weight"), py::arg("n"), py::arg("k"),
+        py::arg("x"), py::arg("isa") = "",
+        "out[r, j] = dot(weight row j, x row r) with llmd's kernel for `type` on path `isa`.");
+}

@@ -1,0 +1,325 @@
+#include "engine.h"
+
+#include <algorithm>
+#include <stdexcept>
+
+namespace llmd {
+
+namespace {
+double ms_between(std::chrono::steady_clock::time_point a, std::chrono::steady_clock::time_point b) {
+  return std::chrono::duration<double, std::milli>(b - a).count();
+}
+}  // namespace
+
+Engine::Engine(std::unique_ptr<Model> model, EngineOptions options)
+    : model_(std::move(model)),
+      options_(options),
+      context_length_(options.context_length > 0 ? std::min(options.context_length, model_->info().context_length)
+                                                 : model_->info().context_length),
+      pool_(model_->kv_shape(), options.kv_budget_bytes) {
+  if (options_.max_sequences < 1) options_.max_sequences = 1;
+  if (options_.step_token_budget < options_.max_sequences) options_.step_token_budget = options_.max_sequences;
+  thread_ = std::thread([this] { loop(); });
+}
+
+Engine::~Engine() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stop_ = true;
+  }
+  work_cv_.notify_all();
+  thread_.join();
+}
+
+std::string Engine::validate(const GenerateRequest& r, std::string& code) const {
+  code = "invalid_request";
+  if (r.id.empty()) return "request id is empty";
+  if (r.prompt.empty()) return "prompt has no tokens";
+  if (r.max_tokens < 0) return "max_tokens must be >= 0";
+  const int vocab = model_->info().vocab_size;
+  for (int32_t t : r.prompt) {
+    if (t < 0 || t >= vocab) return "prompt token id " + std::to_string(t) + " is outside the vocabulary";
+  }
+  if (static_cast<int64_t>(r.prompt.size()) + r.max_tokens > context_length_) {
+    code = "context_length_exceeded";
+    return "prompt (" + std::to_string(r.prompt.size()) + " tokens) + max_tokens (" + std::to_string(r.max_tokens) +
+           ") exceeds the context length of " + std::to_string(context_length_);
+  }
+  return "";
+}
+
+void Engine::submit(GenerateRequest request) {
+  std::string code;
+  const std::string problem = validate(request, code);
+  if (!problem.empty()) {
+    EngineEvent e;
+    e.kind = EngineEvent::Kind::Error;
+    e.id = request.id;
+    e.code = code;
+    e.message = problem;
+    emit(std::move(e));
+    return;
+  }
+  auto seq = std::make_unique<Sequence>(std::move(request), pool_);
+  seq->submitted = Clock::now();
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    waiting_.push_back(std::move(seq));
+  }
+  work_cv_.notify_one();
+}
+
+void Engine::cancel(const std::string& id) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    cancels_.insert(id);
+  }
+  work_cv_.notify_one();
+}
+
+void Engine::emit(EngineEvent event) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    events_.push_back(std::move(event));
+  }
+  events_cv_.notify_all();
+}
+
+std::vector<EngineEvent> Engine::poll(int timeout_ms) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  events_cv_.wait_for(lock, std::chrono::milliseconds(timeout_ms), [&] { return !events_.empty(); });
+  std::vector<EngineEvent> out;
+  out.swap(events_);
+  return out;
+}
+
+EngineStats Engine::stats() {
+  EngineStats s;
+  {
+    std::lock_guard<std::mutex> lock(stats_mutex_);
+    s = stats_;
+  }
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    s.queued_requests = static_cast<int>(waiting_.size());
+  }
+  return s;
+}
+
+void Engine::finish(Sequence& seq, const std::string& reason) {
+  EngineEvent e;
+  e.kind = EngineEvent::Kind::Done;
+  e.id = seq.request.id;
+  e.finish_reason = reason;
+  e.prompt_tokens = static_cast<int>(seq.request.prompt.size());
+  e.completion_tokens = static_cast<int>(seq.generated.size());
+  const auto now = Clock::now();
+  const auto admitted = seq.admitted.time_since_epoch().count() ? seq.admitted : now;
+  e.queued_ms = ms_between(seq.submitted, admitted);
+  const bool has_first = seq.first_token.time_since_epoch().count() != 0;
+  e.prefill_ms = ms_between(admitted, has_first ? seq.first_token : now);
+  e.decode_ms = has_first ? ms_between(seq.first_token, now) : 0.0;
+  seq.kv->clear();
+  emit(std::move(e));
+}
+
+void Engine::loop() {
+  while (true) {
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      work_cv_.wait(lock, [&] { return stop_ || !waiting_.empty() || !active_.empty() || !cancels_.empty(); });
+      if (stop_) return;
+      // Cancellations: waiting requests end at once; running ones at this step boundary.
+      if (!cancels_.empty()) {
+        for (auto it = waiting_.begin(); it != waiting_.end();) {
+          if (cancels_.count((*it)->request.id)) {
+            cancels_.erase((*it)->request.id);
+            auto seq = std::move(*it);
+            it = waiting_.erase(it);
+            lock.unlock();
+            finish(*seq, "cancelled");
+            lock.lock();
+          } else {
+            ++it;
+          }
+        }
+        std::vector<std::string> unknown;
+        for (auto it = active_.begin(); it != active_.end();) {
+          if (cancels_.count((*it)->request.id)) {
+            cancels_.erase((*it)->request.id);
+            auto seq = std::move(*it);
+            it = active_.erase(it);
+            lock.unlock();
+            finish(*seq, "cancelled");
+            lock.lock();
+          } else {
+            ++it;
+          }
+        }
+        cancels_.clear();  // ids of requests that already finished
+      }
+      while (!waiting_.empty() && static_cast<int>(active_.size()) < options_.max_sequences) {
+        auto seq = std::move(waiting_.front());
+        waiting_.pop_front();
+        seq->admitted = Clock::now();
+        active_.push_back(std::move(seq));
+      }
+    }
+    if (active_.empty()) continue;
+    try {
+      step_once();
+    } catch (const std::exception& ex) {
+      // A failed step fails the sequences in it; the engine keeps serving.
+      for (auto& seq : active_) {
+        EngineEvent e;
+        e.kind = EngineEvent::Kind::Error;
+        e.id = seq->request.id;
+        e.code = "internal";
+        e.message = std::string("engine step failed: ") + ex.what();
+        seq->kv->clear();
+        emit(std::move(e));
+      }
+      active_.clear();
+    }
+  }
+}
+
+void Engine::step_once() {
+  Step step;
+  std::vector<Sequence*> in_step;
+  int budget = options_.step_token_budget;
+  // Decode rows first: running streams never wait behind a prefill.
+  for (auto& seq : active_) {
+    if (seq->prefilling() || budget <= 0) continue;
+    StepSegment s;
+    s.kv = seq->kv.get();
+    s.tokens = {seq->generated.back()};
+    s.start_pos = seq->kv->length();
+    s.want_logits = true;
+    step.segments.push_back(std::move(s));
+    in_step.push_back(seq.get());
+    --budget;
+  }
+  for (auto& seq : active_) {
+    if (!seq->prefilling() || budget <= 0) continue;
+    const int remaining = static_cast<int>(seq->request.prompt.size()) - seq->fed;
+    const int n = std::min(remaining, budget);
+    StepSegment s;
+    s.kv = seq->kv.get();
+    s.tokens.assign(seq->request.prompt.begin() + seq->fed, seq->request.prompt.begin() + seq->fed + n);
+    s.start_pos = seq->fed;
+    s.want_logits = (n == remaining);
+    step.segments.push_back(std::move(s));
+    in_step.push_back(seq.get());
+    budget -= n;
+  }
+  // Reserve KV; a sequence that cannot get memory fails alone.
+  for (size_t i = 0; i < step.segments.size();) {
+    StepSegment& s = step.segments[i];
+    if (!s.kv->reserve(s.start_pos + static_cast<int>(s.tokens.size()))) {
+      Sequence* seq = in_step[i];
+      EngineEvent e;
+      e.kind = EngineEvent::Kind::Error;
+      e.id = seq->request.id;
+      e.code = "kv_cache_exhausted";
+      e.message = "the KV cache budget is exhausted; retry later or raise --kv-budget";
+      seq->kv->clear();
+      emit(std::move(e));
+      active_.erase(std::find_if(active_.begin(), active_.end(), [&](auto& p) { return p.get() == seq; }));
+      step.segments.erase(step.segments.begin() + i);
+      in_step.erase(in_step.begin() + i);
+    } else {
+      ++i;
+    }
+  }
+  if (step.segments.empty()) return;
+
+  std::vector<float> logits;
+  {
+    std::lock_guard<std::mutex> lock(forward_mutex_);
+    model_->forward(step, pool_, logits);
+  }
+  const int vocab = model_->info().vocab_size;
+  int row = 0;
+  int sampled = 0;
+  int prompt_tokens = 0;
+  std::vector<Sequence*> finished;
+  std::vector<std::string> reasons;
+  for (size_t i = 0; i < step.segments.size(); ++i) {
+    Sequence* seq = in_step[i];
+    const StepSegment& s = step.segments[i];
+    seq->kv->set_length(s.start_pos + static_cast<int>(s.tokens.size()));
+    if (seq->prefilling()) {
+      seq->fed += static_cast<int>(s.tokens.size());
+      prompt_tokens += static_cast<int>(s.tokens.size());
+    }
+    if (!s.want_logits) continue;
+    ++sampled;
+    const int token = seq->sampler.sample(logits.data() + static_cast<size_t>(row) * vocab, vocab);
+    ++row;
+    if (seq->generated.empty()) seq->first_token = Clock::now();
+    const bool is_stop = std::find(seq->request.stop_tokens.begin(), seq->request.stop_tokens.end(), token) !=
+                         seq->request.stop_tokens.end();
+    if (seq->request.max_tokens == 0) {
+      finished.push_back(seq);
+      reasons.push_back("length");
+      continue;
+    }
+    seq->generated.push_back(token);
+    if (is_stop) {
+      finished.push_back(seq);
+      reasons.push_back("stop");
+      continue;
+    }
+    EngineEvent e;
+    e.kind = EngineEvent::Kind::Tokens;
+    e.id = seq->request.id;
+    e.tokens = {token};
+    emit(std::move(e));
+    if (static_cast<int>(seq->generated.size()) >= seq->request.max_tokens) {
+      finished.push_back(seq);
+      reasons.push_back("length");
+    }
+  }
+  {
+    std::lock_guard<std::mutex> lock(stats_mutex_);
+    stats_.steps += 1;
+    stats_.tokens_generated += sampled;
+    stats_.prompt_tokens_processed += prompt_tokens;
+    if (sampled > 0) stats_.sampled_rows_histogram[sampled] += 1;
+    stats_.max_rows_sampled_in_a_step = std::max(stats_.max_rows_sampled_in_a_step, sampled);
+  }
+  for (size_t i = 0; i < finished.size(); ++i) {
+    finish(*finished[i], reasons[i]);
+    active_.erase(std::find_if(active_.begin(), active_.end(), [&](auto& p) { return p.get() == finished[i]; }));
+  }
+  std::lock_guard<std::mutex> lock(stats_mutex_);
+  stats_.active_sequences = static_cast<int>(active_.size());
+  stats_.kv_blocks_used = pool_.used_blocks();
+  stats_.kv_bytes = pool_.allocated_bytes();
+}
+
+std::vector<float> Engine::score(const std::vector<int32_t>& tokens) {
+  std::lock_guard<std::mutex> lock(forward_mutex_);
+  SequenceKv kv(pool_);
+  std::vector<float> all;
+  const int vocab = model_->info().vocab_size;
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    // One position per pass keeps the logits of every position (decode-shaped steps).
+    Step step;
+    StepSegment s;
+    s.kv = &kv;
+    s.tokens = {tokens[i]};
+    s.start_pos = static_cast<int>(i);
+    s.want_logits = true;
+    if (!kv.reserve(static_cast<int>(i) + 1)) throw std::runtime_error("KV budget exhausted while scoring");
+    step.segments.push_back(std::move(s));
+    std::vector<float> logits;
+    model_->forward(step, pool_, logits);
+    kv.set_length(static_cast<int>(i) + 1);
+    all.insert(all.end(), logits.begin(), logits.begin() + vocab);
+  }
+  return all;
+}
+
+}  // namespace llmd

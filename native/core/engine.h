@@ -1,0 +1,132 @@
+// The engine: one thread running a continuous-batching loop over all in-flight sequences.
+//
+// Every step packs the next token of each decoding sequence and a chunk of each prefilling
+// one into a single forward pass (Step), bounded by a token budget so a long prompt never
+// stalls running streams for longer than one chunk. Requests beyond max_sequences wait in a
+// FIFO queue. Callers talk to it through submit/cancel and drain events with poll().
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_set>
+#include <vector>
+
+#include "kv_cache.h"
+#include "model.h"
+#include "sampler.h"
+
+namespace llmd {
+
+struct GenerateRequest {
+  std::string id;
+  std::vector<int32_t> prompt;
+  int max_tokens = 0;
+  SamplingParams sampling;
+  std::vector<int32_t> stop_tokens;
+};
+
+struct EngineEvent {
+  enum class Kind { Tokens, Done, Error };
+  Kind kind = Kind::Tokens;
+  std::string id;
+  std::vector<int32_t> tokens;
+  // Done
+  std::string finish_reason;
+  int prompt_tokens = 0;
+  int completion_tokens = 0;
+  int cached_tokens = 0;
+  double queued_ms = 0, prefill_ms = 0, decode_ms = 0;
+  // Error
+  std::string code;
+  std::string message;
+};
+
+struct EngineOptions {
+  int max_sequences = 8;
+  int step_token_budget = 512;  // tokens per forward pass (decode rows + prefill chunk)
+  size_t kv_budget_bytes = size_t{1} << 30;
+  int context_length = 0;       // 0: the model's
+};
+
+struct EngineStats {
+  int active_sequences = 0;
+  int queued_requests = 0;
+  uint64_t steps = 0;
+  uint64_t tokens_generated = 0;
+  uint64_t prompt_tokens_processed = 0;
+  size_t kv_bytes = 0;
+  size_t kv_blocks_used = 0;
+  int max_rows_sampled_in_a_step = 0;
+  // How many steps sampled k sequences at once (k -> steps): proves steps are batched.
+  std::map<int, uint64_t> sampled_rows_histogram;
+};
+
+class Engine {
+ public:
+  Engine(std::unique_ptr<Model> model, EngineOptions options);
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  void submit(GenerateRequest request);
+  void cancel(const std::string& id);
+  // Waits up to timeout_ms for events, then returns all pending ones.
+  std::vector<EngineEvent> poll(int timeout_ms);
+  EngineStats stats();
+  const ModelInfo& info() const { return model_->info(); }
+  int context_length() const { return context_length_; }
+  const EngineOptions& options() const { return options_; }
+  std::map<std::string, std::string> matmul_paths() const { return model_->matmul_paths(); }
+
+  // Synchronous helper for tests and parity scripts: logits of every position of `tokens`
+  // run as one fresh sequence (teacher forcing), [n, vocab]. Must not race with generation.
+  std::vector<float> score(const std::vector<int32_t>& tokens);
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  struct Sequence {
+    GenerateRequest request;
+    std::unique_ptr<SequenceKv> kv;
+    Sampler sampler;
+    int fed = 0;                  // prompt tokens already in the KV
+    std::vector<int32_t> generated;
+    Clock::time_point submitted, admitted, first_token;
+    explicit Sequence(GenerateRequest r, KvPool& pool)
+        : request(std::move(r)), kv(std::make_unique<SequenceKv>(pool)), sampler(request.sampling) {}
+    bool prefilling() const { return fed < static_cast<int>(request.prompt.size()); }
+  };
+
+  void loop();
+  void step_once();
+  void finish(Sequence& seq, const std::string& reason);
+  void emit(EngineEvent event);
+  std::string validate(const GenerateRequest& r, std::string& code) const;
+
+  std::unique_ptr<Model> model_;
+  EngineOptions options_;
+  int context_length_;
+  KvPool pool_;
+
+  std::mutex mutex_;  // guards waiting_, cancels_, stop_, events_
+  std::condition_variable work_cv_;
+  std::condition_variable events_cv_;
+  std::deque<std::unique_ptr<Sequence>> waiting_;
+  std::unordered_set<std::string> cancels_;
+  std::vector<EngineEvent> events_;
+  bool stop_ = false;
+
+  std::vector<std::unique_ptr<Sequence>> active_;  // engine thread only
+  std::mutex stats_mutex_;
+  EngineStats stats_;
+  std::mutex forward_mutex_;  // serialises forward passes (engine thread vs score())
+  std::thread thread_;
+};
+
+}  // namespace llmd

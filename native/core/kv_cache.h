@@ -1,0 +1,78 @@
+// Key/value storage for all sequences, in fixed-size blocks of token positions.
+//
+// Why blocks: a sequence's KV grows token by token and sequences come and go; blocks keep
+// allocation O(1), let memory be budgeted, and are the unit the prefix cache shares between
+// sequences (vLLM's block pool idea). One block holds kBlockTokens positions of every layer.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+namespace llmd {
+
+struct KvShape {
+  int n_layers = 0;
+  int n_kv_heads = 0;
+  int head_dim = 0;
+};
+
+class KvPool {
+ public:
+  static constexpr int kBlockTokens = 64;
+
+  KvPool(KvShape shape, size_t budget_bytes);
+
+  const KvShape& shape() const { return shape_; }
+  size_t block_bytes() const { return block_floats_ * sizeof(float); }
+  size_t capacity_blocks() const { return max_blocks_; }
+  size_t used_blocks() const { return used_; }
+  size_t allocated_bytes() const { return storage_.size() * block_bytes(); }
+
+  // Returns a block id, or -1 if the budget is exhausted.
+  int allocate();
+  void release(int block);
+
+  // Pointers to positions [0, kBlockTokens) of one head in one layer.
+  float* keys(int block, int layer, int head) { return at(block, layer, 0, head); }
+  float* values(int block, int layer, int head) { return at(block, layer, 1, head); }
+
+ private:
+  float* at(int block, int layer, int kv, int head) {
+    const size_t off = ((static_cast<size_t>(layer) * 2 + kv) * shape_.n_kv_heads + head) *
+                       kBlockTokens * shape_.head_dim;
+    return storage_[block].get() + off;
+  }
+
+  KvShape shape_;
+  size_t block_floats_;
+  size_t max_blocks_;
+  size_t used_ = 0;
+  std::vector<std::unique_ptr<float[]>> storage_;
+  std::vector<int> free_;
+};
+
+// The KV positions owned by one sequence: its blocks, in order, and how many positions hold data.
+class SequenceKv {
+ public:
+  explicit SequenceKv(KvPool& pool) : pool_(&pool) {}
+  ~SequenceKv();
+  SequenceKv(const SequenceKv&) = delete;
+  SequenceKv& operator=(const SequenceKv&) = delete;
+
+  int length() const { return length_; }
+  const std::vector<int>& blocks() const { return blocks_; }
+
+  // Makes room for positions up to `new_length`; false if the pool is out of budget.
+  bool reserve(int new_length);
+  void set_length(int n) { length_ = n; }
+  void clear();
+
+ private:
+  KvPool* pool_;
+  std::vector<int> blocks_;
+  int length_ = 0;
+};
+
+}  // namespace llmd

@@ -1,0 +1,50 @@
+// The backend-independent face of a loaded model: the engine schedules Steps and samples from
+// the logits; an architecture file (native/mlx/<arch>.cpp) implements forward().
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kv_cache.h"
+#include "metadata.h"
+#include "step.h"
+
+namespace llmd {
+
+struct ModelInfo {
+  std::string architecture;
+  int vocab_size = 0;
+  int context_length = 0;
+  int n_layers = 0;
+  int n_heads = 0;
+  int n_kv_heads = 0;
+  int head_dim = 0;
+  int hidden_size = 0;
+  std::string weight_format;
+  size_t weight_bytes = 0;
+};
+
+class Model {
+ public:
+  virtual ~Model() = default;
+  virtual const ModelInfo& info() const = 0;
+  virtual KvShape kv_shape() const = 0;
+  // Which matmul path each weight runs, e.g. {"blk.attn_qkv": "llmd:q4_1:avx512vnni"}.
+  virtual std::map<std::string, std::string> matmul_paths() const = 0;
+  // Runs the step, writing new KV into `pool` and the logits of every segment with
+  // want_logits (in segment order) into `logits` as [rows, vocab].
+  virtual void forward(const Step& step, KvPool& pool, std::vector<float>& logits) = 0;
+};
+
+struct LoadOptions {
+  int context_length = 0;  // 0: the model's own
+};
+
+// Loads a GGUF file or a Hugging Face safetensors directory; throws std::runtime_error with a
+// message naming what is unsupported.
+std::unique_ptr<Model> load_model(const std::string& path, const LoadOptions& options,
+                                  const Metadata& hf_config);
+
+}  // namespace llmd

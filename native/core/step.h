@@ -1,0 +1,35 @@
+// What one engine step runs: token chunks of several sequences sharing one forward pass.
+// Plain data, printable and testable without a model (vLLM's SchedulerOutput idea).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "kv_cache.h"
+
+namespace llmd {
+
+struct StepSegment {
+  SequenceKv* kv = nullptr;      // KV of the sequence; positions [0, start_pos) already filled
+  std::vector<int32_t> tokens;   // tokens fed this step, at positions start_pos...
+  int start_pos = 0;
+  bool want_logits = false;      // sample a token after the last fed token
+};
+
+struct Step {
+  std::vector<StepSegment> segments;
+
+  int total_tokens() const {
+    int n = 0;
+    for (const auto& s : segments) n += static_cast<int>(s.tokens.size());
+    return n;
+  }
+  int logits_rows() const {
+    int n = 0;
+    for (const auto& s : segments) n += s.want_logits ? 1 : 0;
+    return n;
+  }
+};
+
+}  // namespace llmd

@@ -1,0 +1,80 @@
+// Chooses the kernel table once per process from the CPU's features (never from build flags),
+// with LLMD_CPU_PATH forcing a lower path (the tests use it to exercise every path).
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+#include "qgemm.h"
+
+namespace llmd::kernels {
+
+#if !(defined(__x86_64__) || defined(_M_X64))
+const KernelTable* avx2_table() { return nullptr; }
+const KernelTable* avx512vnni_table() { return nullptr; }
+#endif
+#if !defined(__aarch64__)
+const KernelTable* neon_table() { return nullptr; }
+#endif
+
+namespace {
+bool cpu_has_avx512vnni() {
+#if defined(__x86_64__) || defined(_M_X64)
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni") &&
+         __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+#else
+  return false;
+#endif
+}
+
+bool cpu_has_avx2() {
+#if defined(__x86_64__) || defined(_M_X64)
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+         __builtin_cpu_supports("f16c");
+#else
+  return false;
+#endif
+}
+}  // namespace
+
+GemmFn KernelTable::gemm_for(TensorType type) const {
+  switch (type) {
+    case TensorType::Q4_0: return q4_0;
+    case TensorType::Q4_1: return q4_1;
+    case TensorType::Q8_0: return q8_0;
+    default: return nullptr;
+  }
+}
+
+std::vector<const KernelTable*> runnable_tables() {
+  std::vector<const KernelTable*> tables;
+  if (cpu_has_avx512vnni() && avx512vnni_table()) tables.push_back(avx512vnni_table());
+  if (cpu_has_avx2() && avx2_table()) tables.push_back(avx2_table());
+  if (neon_table()) tables.push_back(neon_table());
+  tables.push_back(scalar_table());
+  return tables;
+}
+
+const KernelTable* table_named(const std::string& isa) {
+  for (const KernelTable* t : runnable_tables()) {
+    if (isa == t->isa) return t;
+  }
+  return nullptr;
+}
+
+const KernelTable& active_table() {
+  static const KernelTable* chosen = [] {
+    const auto tables = runnable_tables();
+    if (const char* forced = std::getenv("LLMD_CPU_PATH"); forced && *forced) {
+      if (const KernelTable* t = table_named(forced)) return t;
+      std::fprintf(stderr, "llmd: LLMD_CPU_PATH=%s is not runnable here; using %s\n", forced,
+                   tables.front()->isa);
+    }
+    return tables.front();
+  }();
+  return *chosen;
+}
+
+}  // namespace llmd::kernels

@@ -1,0 +1,63 @@
+// llmd's CPU kernels for products of quantized GGUF weights with float activations.
+//
+// Why activations are quantized to int8 blocks: the weights are 4/8-bit integers in blocks of
+// 32 with a float scale, so quantizing each 32-wide slice of the activation row the same way
+// turns every block's dot product into one integer dot product (VNNI `vpdpbusd`, AVX2
+// `pmaddubsw`, NEON `sdot`) plus one float multiply-add. Measured here, that is what reaches
+// memory bandwidth on decode and keeps prefill compute-bound instead of conversion-bound.
+//
+// Isolation: each output element is computed by exactly the same sequence of operations
+// whatever the number of activation rows in the call (rows are tiled, but every tile keeps an
+// independent accumulator per (row, column) pair with the same block order), so a sequence's
+// output never depends on what it was batched with.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "../../core/tensor_types.h"
+
+namespace llmd::kernels {
+
+constexpr int kBlock = 32;
+
+// One 32-wide slice of an activation row, quantized: x ~= d * q, and s = d * sum(q).
+struct ActBlock {
+  float d;
+  float s;
+  int8_t q[kBlock];
+};
+
+using QuantizeRowFn = void (*)(const float* x, ActBlock* out, int k);
+
+// out[r * ldo + n] = dot(weight row n, activation row r) for r in [0, rows), n in [n0, n1).
+// `w` points at weight row 0; rows are `w_row_bytes` apart. `a` holds rows * (k / 32) blocks.
+using GemmFn = void (*)(const uint8_t* w, size_t w_row_bytes, const ActBlock* a, int k, int rows,
+                        int n0, int n1, float* out, int ldo);
+
+struct KernelTable {
+  const char* isa;  // "avx512vnni", "avx2", "neon", "scalar"
+  QuantizeRowFn quantize_row;
+  GemmFn q4_0;
+  GemmFn q4_1;
+  GemmFn q8_0;
+
+  GemmFn gemm_for(TensorType type) const;  // nullptr if this table has no kernel for it
+};
+
+// Kernel tables compiled into this build, best first, that this CPU can run.
+std::vector<const KernelTable*> runnable_tables();
+// The table the engine uses: the best runnable one, or the one named by LLMD_CPU_PATH
+// (an unknown or unrunnable name falls back to the best and is reported in the log).
+const KernelTable& active_table();
+const KernelTable* table_named(const std::string& isa);
+
+// Per-ISA entry points (defined in qgemm_<isa>.cpp; null where not compiled in).
+const KernelTable* scalar_table();
+const KernelTable* avx2_table();
+const KernelTable* avx512vnni_table();
+const KernelTable* neon_table();
+
+}  // namespace llmd::kernels

@@ -1,0 +1,237 @@
+// Kernel bodies shared by the per-ISA translation units. Each qgemm_<isa>.cpp defines the
+// LLMD_ISA_* macro for its target, includes this file and exports one KernelTable. Compiled
+// with that file's own -m flags only, so the build never needs -march=native.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "../../core/fp16.h"
+#include "qgemm.h"
+
+#if defined(LLMD_ISA_X86)
+#include <immintrin.h>
+#elif defined(LLMD_ISA_NEON)
+#include <arm_neon.h>
+#endif
+
+namespace llmd::kernels::LLMD_ISA_NAMESPACE {
+
+constexpr int kRowTile = 4;     // activation rows sharing one unpacked weight block
+constexpr int kRowChunk = 32;   // activation rows kept hot in cache while sweeping columns
+
+// ------------------------------------------------------------------ activation quantization
+
+inline void quantize_row(const float* x, ActBlock* out, int k) {
+  for (int b = 0; b < k / kBlock; ++b) {
+    const float* xb = x + b * kBlock;
+    float amax = 0.f;
+    for (int i = 0; i < kBlock; ++i) amax = std::max(amax, std::fabs(xb[i]));
+    const float d = amax / 127.f;
+    const float id = d > 0.f ? 1.f / d : 0.f;
+    int sum = 0;
+    for (int i = 0; i < kBlock; ++i) {
+      const int q = static_cast<int>(std::nearbyint(xb[i] * id));
+      out[b].q[i] = static_cast<int8_t>(q);
+      sum += q;
+    }
+    out[b].d = d;
+    out[b].s = d * static_cast<float>(sum);
+  }
+}
+
+// ------------------------------------------------------------------ per-block integer dots
+
+#if defined(LLMD_ISA_X86)
+
+inline float half(const uint8_t* p) { return _cvtsh_ss(read_u16(p)); }
+
+inline __m256i isum_u8s8(__m256i w_u8, __m256i a_s8) {
+#if defined(LLMD_ISA_VNNI)
+  return _mm256_dpbusd_epi32(_mm256_setzero_si256(), w_u8, a_s8);
+#else
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(w_u8, a_s8), _mm256_set1_epi16(1));
+#endif
+}
+
+inline __m256i unpack_nibbles(const uint8_t* qs) {
+  const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
+  const __m128i mask = _mm_set1_epi8(0x0f);
+  const __m128i lo = _mm_and_si128(bytes, mask);
+  const __m128i hi = _mm_and_si128(_mm_srli_epi16(bytes, 4), mask);
+  return _mm256_set_m128i(hi, lo);
+}
+
+inline float hsum(__m256 v) {
+  const __m128 lo = _mm256_castps256_ps128(v);
+  const __m128 hi = _mm256_extractf128_ps(v, 1);
+  __m128 s = _mm_add_ps(lo, hi);
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+// Q4_0 / Q4_1: weight = d * q + m with q in [0, 15] (Q4_0: m = -8 d).
+template <int R, bool kHasMin>
+inline void dot_q4(const uint8_t* w, const ActBlock* const* a, int nb, float* out) {
+  constexpr int kBytes = kHasMin ? 20 : 18;
+  constexpr int kQs = kHasMin ? 4 : 2;
+  __m256 acc[R];
+  float accm[R];
+  for (int r = 0; r < R; ++r) {
+    acc[r] = _mm256_setzero_ps();
+    accm[r] = 0.f;
+  }
+  for (int b = 0; b < nb; ++b) {
+    const uint8_t* blk = w + b * kBytes;
+    const float d = half(blk);
+    const float m = kHasMin ? half(blk + 2) : -8.f * d;
+    const __m256i wq = unpack_nibbles(blk + kQs);
+    for (int r = 0; r < R; ++r) {
+      const ActBlock& ab = a[r][b];
+      const __m256i aq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ab.q));
+      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum_u8s8(wq, aq)), _mm256_set1_ps(d * ab.d),
+                               acc[r]);
+      accm[r] = std::fma(m, ab.s, accm[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) out[r] = hsum(acc[r]) + accm[r];
+}
+
+// Q8_0: weight = d * q with q signed; sign trick makes the weight operand unsigned.
+template <int R>
+inline void dot_q8(const uint8_t* w, const ActBlock* const* a, int nb, float* out) {
+  __m256 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+  for (int b = 0; b < nb; ++b) {
+    const uint8_t* blk = w + b * 34;
+    const float d = half(blk);
+    const __m256i wq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2));
+    const __m256i wabs = _mm256_sign_epi8(wq, wq);
+    for (int r = 0; r < R; ++r) {
+      const ActBlock& ab = a[r][b];
+      const __m256i aq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ab.q));
+      const __m256i as = _mm256_sign_epi8(aq, wq);
+      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum_u8s8(wabs, as)), _mm256_set1_ps(d * ab.d),
+                               acc[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) out[r] = hsum(acc[r]);
+}
+
+#else  // portable scalar path (also the NEON build's fallback until its intrinsics land)
+
+inline float half(const uint8_t* p) { return half_to_float(read_u16(p)); }
+
+template <int R, bool kHasMin>
+inline void dot_q4(const uint8_t* w, const ActBlock* const* a, int nb, float* out) {
+  constexpr int kBytes = kHasMin ? 20 : 18;
+  constexpr int kQs = kHasMin ? 4 : 2;
+  float acc[R];
+  float accm[R];
+  for (int r = 0; r < R; ++r) acc[r] = accm[r] = 0.f;
+  for (int b = 0; b < nb; ++b) {
+    const uint8_t* blk = w + b * kBytes;
+    const float d = half(blk);
+    const float m = kHasMin ? half(blk + 2) : -8.f * d;
+    const uint8_t* qs = blk + kQs;
+    for (int r = 0; r < R; ++r) {
+      const ActBlock& ab = a[r][b];
+      int isum = 0;
+      for (int i = 0; i < 16; ++i) {
+        isum += (qs[i] & 0x0f) * ab.q[i] + (qs[i] >> 4) * ab.q[i + 16];
+      }
+      acc[r] = std::fma(static_cast<float>(isum), d * ab.d, acc[r]);
+      accm[r] = std::fma(m, ab.s, accm[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) out[r] = acc[r] + accm[r];
+}
+
+template <int R>
+inline void dot_q8(const uint8_t* w, const ActBlock* const* a, int nb, float* out) {
+  float acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = 0.f;
+  for (int b = 0; b < nb; ++b) {
+    const uint8_t* blk = w + b * 34;
+    const float d = half(blk);
+    const int8_t* qs = reinterpret_cast<const int8_t*>(blk + 2);
+    for (int r = 0; r < R; ++r) {
+      const ActBlock& ab = a[r][b];
+      int isum = 0;
+      for (int i = 0; i < kBlock; ++i) isum += qs[i] * ab.q[i];
+      acc[r] = std::fma(static_cast<float>(isum), d * ab.d, acc[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) out[r] = acc[r];
+}
+
+#endif
+
+// ------------------------------------------------------------------ tiled GEMM driver
+
+template <template <int> class Dot>
+inline void gemm(const uint8_t* w, size_t w_row_bytes, const ActBlock* a, int k, int rows, int n0,
+                 int n1, float* out, int ldo) {
+  const int nb = k / kBlock;
+  for (int r0 = 0; r0 < rows; r0 += kRowChunk) {
+    const int r1 = std::min(rows, r0 + kRowChunk);
+    for (int n = n0; n < n1; ++n) {
+      const uint8_t* wrow = w + static_cast<size_t>(n) * w_row_bytes;
+      int r = r0;
+      for (; r + kRowTile <= r1; r += kRowTile) {
+        const ActBlock* rows_a[kRowTile];
+        float res[kRowTile];
+        for (int t = 0; t < kRowTile; ++t) rows_a[t] = a + static_cast<size_t>(r + t) * nb;
+        Dot<kRowTile>::run(wrow, rows_a, nb, res);
+        for (int t = 0; t < kRowTile; ++t) out[static_cast<size_t>(r + t) * ldo + n] = res[t];
+      }
+      for (; r < r1; ++r) {
+        const ActBlock* row_a = a + static_cast<size_t>(r) * nb;
+        float res;
+        Dot<1>::run(wrow, &row_a, nb, &res);
+        out[static_cast<size_t>(r) * ldo + n] = res;
+      }
+    }
+  }
+}
+
+template <int R>
+struct DotQ4_0 {
+  static void run(const uint8_t* w, const ActBlock* const* a, int nb, float* out) {
+    dot_q4<R, false>(w, a, nb, out);
+  }
+};
+template <int R>
+struct DotQ4_1 {
+  static void run(const uint8_t* w, const ActBlock* const* a, int nb, float* out) {
+    dot_q4<R, true>(w, a, nb, out);
+  }
+};
+template <int R>
+struct DotQ8_0 {
+  static void run(const uint8_t* w, const ActBlock* const* a, int nb, float* out) {
+    dot_q8<R>(w, a, nb, out);
+  }
+};
+
+inline void gemm_q4_0(const uint8_t* w, size_t rb, const ActBlock* a, int k, int rows, int n0,
+                      int n1, float* out, int ldo) {
+  gemm<DotQ4_0>(w, rb, a, k, rows, n0, n1, out, ldo);
+}
+inline void gemm_q4_1(const uint8_t* w, size_t rb, const ActBlock* a, int k, int rows, int n0,
+                      int n1, float* out, int ldo) {
+  gemm<DotQ4_1>(w, rb, a, k, rows, n0, n1, out, ldo);
+}
+inline void gemm_q8_0(const uint8_t* w, size_t rb, const ActBlock* a, int k, int rows, int n0,
+                      int n1, float* out, int ldo) {
+  gemm<DotQ8_0>(w, rb, a, k, rows, n0, n1, out, ldo);
+}
+
+inline const KernelTable* make_table(const char* isa) {
+  static const KernelTable table{isa, quantize_row, gemm_q4_0, gemm_q4_1, gemm_q8_0};
+  return &table;
+}
+
+}  // namespace llmd::kernels::LLMD_ISA_NAMESPACE

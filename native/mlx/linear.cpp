@@ -1,0 +1,99 @@
+#include "linear.h"
+
+#include <cstring>
+#include <stdexcept>
+
+#include "../core/dequantize.h"
+#include "quantized_matmul.h"
+
+namespace llmd {
+
+namespace {
+mx::array owned_bytes(size_t n) {
+  // MLX-owned buffer so the weights live as long as any graph that uses them.
+  mx::array a = mx::zeros({static_cast<int>(n)}, mx::uint8);
+  a.eval();
+  return a;
+}
+}  // namespace
+
+Linear Linear::from_gguf(const std::vector<const TensorView*>& parts) {
+  if (parts.empty()) throw std::invalid_argument("Linear needs at least one tensor");
+  Linear lin;
+  lin.type_ = parts[0]->type;
+  lin.k_ = static_cast<int>(parts[0]->shape[0]);
+  for (const TensorView* p : parts) {
+    if (p->type != lin.type_ || p->shape[0] != lin.k_ || p->shape.size() != 2) {
+      throw std::invalid_argument("cannot stack " + p->name + " with " + parts[0]->name);
+    }
+    lin.n_ += static_cast<int>(p->shape[1]);
+  }
+  const kernels::KernelTable& table = kernels::active_table();
+  if (is_quantized(lin.type_)) {
+    if (!table.gemm_for(lin.type_)) {
+      throw std::runtime_error("tensor " + parts[0]->name + " is " + type_name(lin.type_) +
+                               ", which this build of llmd cannot run natively yet");
+    }
+    lin.quantized_ = true;
+    const size_t rb = row_bytes(lin.type_, lin.k_);
+    mx::array bytes = owned_bytes(rb * lin.n_);
+    uint8_t* dst = bytes.data<uint8_t>();
+    for (const TensorView* p : parts) {
+      std::memcpy(dst, p->data, p->n_bytes);
+      dst += p->n_bytes;
+    }
+    lin.weight_ = mx::reshape(bytes, {lin.n_, static_cast<int>(rb)});
+    lin.weight_.eval();
+  } else {
+    std::vector<float> f(static_cast<size_t>(lin.n_) * lin.k_);
+    size_t row = 0;
+    for (const TensorView* p : parts) {
+      for (int64_t r = 0; r < p->shape[1]; ++r, ++row) {
+        dequantize_row(p->type, p->data + r * row_bytes(p->type, lin.k_), f.data() + row * lin.k_, lin.k_);
+      }
+    }
+    lin.weight_ = mx::array(f.begin(), {lin.n_, lin.k_}, mx::float32);
+    lin.weight_.eval();
+  }
+  return lin;
+}
+
+Linear Linear::from_float(mx::array weight) {
+  Linear lin;
+  lin.type_ = TensorType::F32;
+  lin.n_ = weight.shape(0);
+  lin.k_ = weight.shape(1);
+  lin.weight_ = mx::astype(weight, mx::float32);
+  lin.weight_.eval();
+  return lin;
+}
+
+mx::array Linear::operator()(const mx::array& x) const {
+  if (quantized_) return quantized_matmul(x, weight_, type_, n_, k_);
+  return mx::matmul(x, mx::transpose(weight_));
+}
+
+std::string Linear::path() const {
+  if (quantized_) {
+    std::string t = type_name(type_);
+    for (auto& c : t) c = static_cast<char>(std::tolower(c));
+    return std::string("llmd:") + t + ":" + kernels::active_table().isa;
+  }
+  return "mlx:matmul:f32";
+}
+
+mx::array dequantize_tensor(const TensorView& t) {
+  const int64_t n = t.n_elements();
+  std::vector<float> f(n);
+  const int64_t row = t.shape[0];
+  for (int64_t r = 0; r < n / row; ++r) {
+    dequantize_row(t.type, t.data + r * row_bytes(t.type, row), f.data() + r * row, row);
+  }
+  mx::Shape shape;
+  for (auto it = t.shape.rbegin(); it != t.shape.rend(); ++it) shape.push_back(static_cast<int>(*it));
+  mx::array a(f.begin(), shape, mx::float32);
+  a.eval();
+  return a;
+}
+
+}  // namespace llmd

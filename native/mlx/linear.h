@@ -1,0 +1,44 @@
+// A weight matrix and the path that multiplies by it: llmd's quantized kernels for GGUF block
+// types, MLX's matmul for float weights. Built from one or more same-shaped-K tensors whose
+// rows are stacked (q|k|v, gate|up), so a fused projection is one kernel call.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include <mlx/mlx.h>
+
+#include "../core/gguf_file.h"
+#include "../core/tensor_types.h"
+
+namespace llmd {
+
+namespace mx = mlx::core;
+
+class Linear {
+ public:
+  Linear() = default;
+  // Stacks the rows of `parts` (each [n_i, k] in GGUF order shape {k, n_i}).
+  static Linear from_gguf(const std::vector<const TensorView*>& parts);
+  // Float weights [n, k] already in memory (safetensors path).
+  static Linear from_float(mx::array weight);
+
+  mx::array operator()(const mx::array& x) const;
+
+  int out_features() const { return n_; }
+  int in_features() const { return k_; }
+  // "llmd:q4_1:avx512vnni" or "mlx:matmul:f32".
+  std::string path() const;
+
+ private:
+  TensorType type_ = TensorType::F32;
+  bool quantized_ = false;
+  int n_ = 0;
+  int k_ = 0;
+  mx::array weight_{0.f};  // uint8 [n, row_bytes] when quantized, float32 [n, k] otherwise
+};
+
+// A float copy of a 1-D or 2-D GGUF tensor (norm weights, small tensors).
+mx::array dequantize_tensor(const TensorView& t);
+
+}  // namespace llmd
