@@ -1,8 +1,18 @@
 #include "thread_pool.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <memory>
+
+#if defined(__x86_64__) || defined(_M_X64)
+#include <immintrin.h>
+#define LLMD_PAUSE() _mm_pause()
+#elif defined(__aarch64__)
+#define LLMD_PAUSE() asm volatile("yield")
+#else
+#define LLMD_PAUSE() ((void)0)
+#endif
 
 namespace llmd {
 
@@ -12,6 +22,9 @@ std::unique_ptr<ThreadPool>& global_slot() {
   return pool;
 }
 std::mutex global_mutex;
+
+// How long an idle worker spins before sleeping: covers the gap between the ops of one step.
+constexpr auto kSpin = std::chrono::microseconds(300);
 
 void split(int n_tasks, int n_parts, int part, int& begin, int& end) {
   const int base = n_tasks / n_parts;
@@ -48,23 +61,27 @@ ThreadPool::~ThreadPool() {
 void ThreadPool::worker_loop(int worker_index) {
   unsigned long seen = 0;
   while (true) {
-    const std::function<void(int, int)>* job;
-    int tasks;
-    {
-      std::unique_lock<std::mutex> lock(mutex_);
-      work_ready_.wait(lock, [&] { return stopping_ || generation_ != seen; });
-      if (stopping_) return;
-      seen = generation_;
-      job = job_;
-      tasks = job_tasks_;
+    // Spin, then sleep, until a new generation of work is published.
+    const auto spin_until = std::chrono::steady_clock::now() + kSpin;
+    int polls = 0;
+    while (generation_.load(std::memory_order_acquire) == seen && !stopping_.load()) {
+      LLMD_PAUSE();
+      if (++polls % 64 == 0 && std::chrono::steady_clock::now() > spin_until) {
+        std::unique_lock<std::mutex> lock(mutex_);
+        sleepers_.fetch_add(1);
+        work_ready_.wait(lock, [&] { return stopping_.load() || generation_.load() != seen; });
+        sleepers_.fetch_sub(1);
+        break;
+      }
     }
+    if (stopping_.load()) return;
+    seen = generation_.load(std::memory_order_acquire);
+    const std::function<void(int, int)>* job = job_;
+    const int tasks = job_tasks_;
     int begin, end;
     split(tasks, n_threads_, worker_index, begin, end);
     if (begin < end) (*job)(begin, end);
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      if (--pending_ == 0) work_done_.notify_one();
-    }
+    pending_.fetch_sub(1, std::memory_order_acq_rel);
   }
 }
 
@@ -74,19 +91,18 @@ void ThreadPool::parallel_for(int n_tasks, const std::function<void(int, int)>& 
     fn(0, n_tasks);
     return;
   }
+  job_ = &fn;
+  job_tasks_ = n_tasks;
+  pending_.store(n_threads_ - 1, std::memory_order_release);
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    job_ = &fn;
-    job_tasks_ = n_tasks;
-    pending_ = n_threads_ - 1;
-    ++generation_;
+    generation_.fetch_add(1, std::memory_order_acq_rel);
   }
-  work_ready_.notify_all();
+  if (sleepers_.load() > 0) work_ready_.notify_all();
   int begin, end;
   split(n_tasks, n_threads_, 0, begin, end);
   if (begin < end) fn(begin, end);
-  std::unique_lock<std::mutex> lock(mutex_);
-  work_done_.wait(lock, [&] { return pending_ == 0; });
+  while (pending_.load(std::memory_order_acquire) != 0) LLMD_PAUSE();
   job_ = nullptr;
 }
 

@@ -12,7 +12,8 @@ namespace llmd::kernels {
 const KernelTable* avx2_table() { return nullptr; }
 const KernelTable* avx512vnni_table() { return nullptr; }
 #endif
-#if !defined(__aarch64__)
+#if !defined(LLMD_HAVE_NEON_KERNELS)
+// NEON kernels (sdot) are not written yet: arm64 runs the portable scalar path.
 const KernelTable* neon_table() { return nullptr; }
 #endif
 
