@@ -16,7 +16,7 @@ Principles (DESIGN.md §3):
 
 from __future__ import annotations
 
-from typing import Annotated, Literal, Union
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
@@ -61,7 +61,7 @@ class Shutdown(_Message):
 
 
 DaemonMessage = Annotated[
-    Union[Generate, Cancel, StatsRequest, Shutdown], Field(discriminator="type")
+    Generate | Cancel | StatsRequest | Shutdown, Field(discriminator="type")
 ]
 
 # ---------------------------------------------------------------- worker -> daemon
@@ -146,7 +146,7 @@ class Stats(_Message):
 
 
 WorkerMessage = Annotated[
-    Union[Ready, Fatal, Tokens, Done, Error, Stats], Field(discriminator="type")
+    Ready | Fatal | Tokens | Done | Error | Stats, Field(discriminator="type")
 ]
 
 daemon_message_adapter: TypeAdapter[DaemonMessage] = TypeAdapter(DaemonMessage)

@@ -41,7 +41,9 @@ def _tolerance(x: np.ndarray, w_deq: np.ndarray) -> np.ndarray:
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("type_name", list(TYPES))
 @pytest.mark.parametrize("n,k", [(1, 32), (7, 96), (33, 576), (130, 1536)])
-def test_kernel_matches_gguf_dequantize_reference(path: str, type_name: str, n: int, k: int) -> None:
+def test_kernel_matches_gguf_dequantize_reference(
+    path: str, type_name: str, n: int, k: int
+) -> None:
     rng = np.random.default_rng(n * 1000 + k)
     packed, w_deq = _weights(rng, n, k, TYPES[type_name])
     for rows in (1, 2, 5, 67):

@@ -25,7 +25,10 @@ def _site_packages() -> list[Path]:
 
 def find_openblas() -> Path | None:
     for sp in _site_packages():
-        for candidate in (sp / "cmeel.prefix" / "lib" / "libopenblas.so.0", sp / "cmeel.prefix" / "lib" / "libopenblas.so"):
+        for candidate in (
+            sp / "cmeel.prefix" / "lib" / "libopenblas.so.0",
+            sp / "cmeel.prefix" / "lib" / "libopenblas.so",
+        ):
             if candidate.exists():
                 return candidate
     return None

@@ -48,7 +48,10 @@ def hf_config(model_path: str) -> dict[str, Any]:
         return {}
     config = json.loads((path / "config.json").read_text())
     if "text_config" in config and "num_hidden_layers" not in config:
-        config = {**config["text_config"], "model_type": config["text_config"].get("model_type", "")}
+        config = {
+            **config["text_config"],
+            "model_type": config["text_config"].get("model_type", ""),
+        }
     flat: dict[str, Any] = {}
     _flatten("", config, flat)
     return flat

@@ -1,0 +1,92 @@
+"""One generation, protocol-agnostic: prompt ids in, text deltas and a final result out.
+Detokenization, stop strings and cancellation live here once for every API route."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from . import protocol as p
+from .detokenizer import IncrementalDetokenizer
+from .errors import ApiError, bad_request, server_error
+from .model_registry import LoadedModel
+from .stop_strings import StopMatcher
+from .worker_client import WorkerError
+
+
+@dataclass
+class Finished:
+    finish_reason: str
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int = 0
+
+
+def token_budget(prompt_len: int, requested: int | None, context_length: int, param: str) -> int:
+    """max_tokens after checking the context window (absent: what is left of it)."""
+    if prompt_len >= context_length:
+        raise ApiError(
+            400,
+            f"the prompt is {prompt_len} tokens, which does not fit the model's context of {context_length} tokens",
+            param="messages",
+            code="context_length_exceeded",
+        )
+    if requested is None:
+        return context_length - prompt_len
+    if prompt_len + requested > context_length:
+        raise ApiError(
+            400,
+            f"this model's context is {context_length} tokens; the prompt is {prompt_len} tokens and "
+            f"{param} asks for {requested} more ({prompt_len + requested} in total). Reduce the prompt or {param}.",
+            param=param,
+            code="context_length_exceeded",
+        )
+    return requested
+
+
+def _api_error(exc: WorkerError) -> ApiError:
+    if exc.code == "context_length_exceeded":
+        return ApiError(400, exc.message, code=exc.code)
+    if exc.code == "invalid_request":
+        return bad_request(exc.message)
+    if exc.code == "worker_died":
+        return server_error(exc.message, code=exc.code, status=503)
+    return server_error(exc.message, code=exc.code)
+
+
+async def generate_text(
+    model: LoadedModel,
+    prompt: list[int],
+    *,
+    max_tokens: int,
+    sampling: p.SamplingParams,
+    stops: list[str],
+) -> AsyncIterator[str | Finished]:
+    detok = IncrementalDetokenizer(model.text.tokenizer)
+    matcher = StopMatcher(stops)
+    produced = 0
+    events = model.worker.generate(
+        prompt, max_tokens=max_tokens, sampling=sampling, stop_tokens=model.text.stop_token_ids
+    )
+    try:
+        async for event in events:
+            if isinstance(event, p.Tokens):
+                produced += len(event.tokens)
+                piece = matcher.feed(detok.add(event.tokens))
+                if piece:
+                    yield piece
+                if matcher.stopped:
+                    yield Finished("stop", len(prompt), produced)
+                    return  # closing `events` cancels the sequence in the worker
+            else:
+                tail = matcher.feed(detok.flush())
+                tail += matcher.flush()
+                if tail:
+                    yield tail
+                reason = "stop" if matcher.stopped else event.finish_reason
+                yield Finished(reason, event.prompt_tokens, produced, event.cached_tokens)
+                return
+    except WorkerError as exc:
+        raise _api_error(exc) from exc
+    finally:
+        await events.aclose()

@@ -1,0 +1,97 @@
+"""Loaded models: name -> (text side, worker). A model's worker is spawned on its first
+request; a dead worker is replaced on the next one. (Keep-alive, unloading and restart with
+backoff arrive with the lifecycle issue.)"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .catalog import install_hint
+from .errors import ApiError, model_not_found, server_error
+from .store import ModelRecord, ModelStore
+from .text_model import TextModel, load_text_model
+from .tokenizer import UnsupportedTokenizer
+from .worker_client import WorkerClient, WorkerError
+
+log = logging.getLogger("llmd.models")
+
+
+@dataclass
+class LoadedModel:
+    record: ModelRecord
+    text: TextModel
+    worker: WorkerClient
+    loaded_at: float = field(default_factory=time.time)
+
+    @property
+    def context_length(self) -> int:
+        assert self.worker.ready is not None
+        return self.worker.ready.context_length
+
+
+class ModelRegistry:
+    def __init__(
+        self, store: ModelStore, *, context_length: int | None = None, threads: int | None = None
+    ) -> None:
+        self.store = store
+        self.context_length = context_length
+        self.threads = threads
+        self._loaded: dict[str, LoadedModel] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
+
+    def loaded(self) -> list[LoadedModel]:
+        return list(self._loaded.values())
+
+    async def get(self, name: str) -> LoadedModel:
+        current = self._loaded.get(name)
+        if current is not None and current.worker.dead is None:
+            return current
+        lock = self._locks.setdefault(name, asyncio.Lock())
+        async with lock:
+            current = self._loaded.get(name)
+            if current is not None and current.worker.dead is None:
+                return current
+            record = self.store.resolve(name)
+            if record is None:
+                raise model_not_found(name, install_hint(name))
+            loaded = await self._load(record)
+            self._loaded[name] = loaded
+            return loaded
+
+    async def _load(self, record: ModelRecord) -> LoadedModel:
+        try:
+            text = await asyncio.to_thread(load_text_model, Path(record.path))
+        except UnsupportedTokenizer as exc:
+            raise ApiError(
+                400, f"model '{record.name}' cannot be served: {exc}", param="model"
+            ) from exc
+        if not text.chat_template:
+            log.warning("model %s has no chat template; chat requests will be refused", record.name)
+        worker = WorkerClient(record.path, context_length=self.context_length, threads=self.threads)
+        started = time.perf_counter()
+        try:
+            ready = await worker.start()
+        except WorkerError as exc:
+            raise server_error(
+                f"model '{record.name}' failed to load: {exc.message}", code=exc.code, status=503
+            ) from exc
+        log.info(
+            "loaded %s in %.0f ms: backend=%s kernels=%s blas=%s threads=%d",
+            record.name,
+            (time.perf_counter() - started) * 1000,
+            ready.backend,
+            ready.kernels.get("isa"),
+            ready.blas,
+            ready.threads,
+        )
+        return LoadedModel(record=record, text=text, worker=worker)
+
+    async def close(self) -> None:
+        await asyncio.gather(
+            *(m.worker.stop() for m in self._loaded.values()), return_exceptions=True
+        )
+        self._loaded.clear()

@@ -1,0 +1,67 @@
+"""Where llmd keeps its state. Everything lives under platformdirs' per-user directories,
+or under ``$LLMD_HOME`` when set (tests and relocations use it)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import platformdirs
+
+DEFAULT_PORT = 7477  # collides with no well-known local server (Ollama 11434, LM Studio 1234, ...)
+DEFAULT_HOST = "127.0.0.1"
+_SOCKET_PATH_LIMIT = 107  # sun_path is 108 bytes including the NUL
+
+
+@dataclass(frozen=True)
+class Paths:
+    data: Path  # models and manifests
+    cache: Path
+    logs: Path
+    runtime: Path  # socket, pid files
+
+    @property
+    def models(self) -> Path:
+        return self.data / "models"
+
+    @property
+    def manifests(self) -> Path:
+        return self.models / "manifests"
+
+    @property
+    def blobs(self) -> Path:
+        return self.models / "blobs"
+
+    @property
+    def socket(self) -> Path:
+        preferred = self.runtime / "llmd.sock"
+        if len(str(preferred).encode()) <= _SOCKET_PATH_LIMIT:
+            return preferred
+        digest = hashlib.sha256(str(preferred).encode()).hexdigest()[:12]
+        return Path(tempfile.gettempdir()) / f"llmd-{os.getuid()}-{digest}.sock"
+
+
+def get_paths() -> Paths:
+    home = os.environ.get("LLMD_HOME")
+    if home:
+        root = Path(home).expanduser().resolve()
+        return Paths(
+            data=root / "data", cache=root / "cache", logs=root / "logs", runtime=root / "run"
+        )
+    runtime = platformdirs.user_runtime_dir("llmd", ensure_exists=False)
+    return Paths(
+        data=Path(platformdirs.user_data_dir("llmd")),
+        cache=Path(platformdirs.user_cache_dir("llmd")),
+        logs=Path(platformdirs.user_log_dir("llmd")),
+        runtime=Path(runtime),
+    )
+
+
+def ensure_private_dir(path: Path) -> Path:
+    """Create `path` (mode 0700) if needed; the socket's directory must not be world-readable."""
+    path.mkdir(parents=True, exist_ok=True)
+    os.chmod(path, 0o700)
+    return path

@@ -1,0 +1,334 @@
+"""HTTP API (aiohttp): OpenAI-compatible routes on TCP and a Unix socket.
+
+Handlers only translate between HTTP and the generation pipeline (generation.py); errors
+always leave in the OpenAI envelope with the right status.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+
+from . import __version__
+from . import protocol as p
+from .chat_template import render_chat
+from .errors import ApiError, bad_request, server_error
+from .generation import Finished, generate_text, token_budget
+from .model_registry import LoadedModel, ModelRegistry
+from .openai_schemas import ChatCompletionRequest, CompletionRequest, SamplingFields, parse_request
+from .paths import Paths, ensure_private_dir
+from .store import ModelStore
+
+log = logging.getLogger("llmd.server")
+
+DEFAULT_MAX_BODY = 16 * 1024 * 1024
+REGISTRY = web.AppKey("registry", ModelRegistry)
+STORE = web.AppKey("store", ModelStore)
+
+
+# ---------------------------------------------------------------------- errors
+
+
+def _error_response(err: ApiError) -> web.Response:
+    return web.json_response(err.envelope(), status=err.status)
+
+
+@web.middleware
+async def error_middleware(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except ApiError as err:
+        return _error_response(err)
+    except web.HTTPException as exc:
+        if exc.status == 413:
+            return _error_response(
+                ApiError(413, "request body too large", code="request_too_large")
+            )
+        if exc.status < 400:
+            raise
+        kind = "not_found" if exc.status == 404 else "invalid_request_error"
+        return _error_response(ApiError(exc.status, exc.reason or "error", type=kind))
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - the daemon keeps serving whatever went wrong
+        log.exception("unhandled error on %s %s", request.method, request.path)
+        return _error_response(server_error(f"internal error: {exc}"))
+
+
+async def _json_body(request: web.Request) -> Any:
+    raw = await request.read()
+    try:
+        return json.loads(raw)
+    except ValueError as exc:
+        raise bad_request(f"the request body is not valid JSON: {exc}") from exc
+
+
+# ---------------------------------------------------------------------- helpers
+
+
+def _sampling(req: SamplingFields) -> p.SamplingParams:
+    return p.SamplingParams(
+        temperature=req.temperature,
+        top_k=req.top_k,
+        top_p=req.top_p,
+        min_p=req.min_p,
+        seed=req.seed,
+    )
+
+
+def _usage(done: Finished) -> dict[str, Any]:
+    return {
+        "prompt_tokens": done.prompt_tokens,
+        "completion_tokens": done.completion_tokens,
+        "total_tokens": done.prompt_tokens + done.completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": done.cached_tokens},
+    }
+
+
+async def _sse_start(request: web.Request) -> web.StreamResponse:
+    resp = web.StreamResponse(
+        headers={
+            "Content-Type": "text/event-stream",
+            "Cache-Control": "no-cache",
+            "X-Accel-Buffering": "no",
+        }
+    )
+    await resp.prepare(request)
+    return resp
+
+
+async def _sse_send(resp: web.StreamResponse, payload: Any) -> None:
+    data = payload if isinstance(payload, str) else json.dumps(payload, ensure_ascii=False)
+    await resp.write(f"data: {data}\n\n".encode())
+
+
+async def _stream(
+    request: web.Request,
+    pieces: AsyncIterator[str | Finished],
+    make_chunk: Callable[[str | None, str | None], dict[str, Any]],
+    include_usage: bool,
+    first: dict[str, Any] | None,
+) -> web.StreamResponse:
+    resp = await _sse_start(request)
+    try:
+        if first is not None:
+            await _sse_send(resp, first)
+        async for piece in pieces:
+            if isinstance(piece, Finished):
+                await _sse_send(resp, make_chunk(None, piece.finish_reason))
+                if include_usage:
+                    final = make_chunk(None, None)
+                    final["choices"] = []
+                    final["usage"] = _usage(piece)
+                    await _sse_send(resp, final)
+            else:
+                await _sse_send(resp, make_chunk(piece, None))
+        await _sse_send(resp, "[DONE]")
+    except ApiError as err:
+        # The stream has started: the error travels as one SSE event, then the stream ends.
+        await _sse_send(resp, err.envelope())
+    finally:
+        await pieces.aclose()  # type: ignore[attr-defined]
+    await resp.write_eof()
+    return resp
+
+
+async def _collect(pieces: AsyncIterator[str | Finished]) -> tuple[str, Finished]:
+    text: list[str] = []
+    done: Finished | None = None
+    async for piece in pieces:
+        if isinstance(piece, Finished):
+            done = piece
+        else:
+            text.append(piece)
+    assert done is not None
+    return "".join(text), done
+
+
+async def _model(request: web.Request, name: str) -> LoadedModel:
+    return await request.app[REGISTRY].get(name)
+
+
+# ---------------------------------------------------------------------- routes
+
+
+async def health(request: web.Request) -> web.Response:
+    return web.json_response({"status": "ok", "version": __version__})
+
+
+async def list_models(request: web.Request) -> web.Response:
+    store = request.app[STORE]
+    names = {r.name: r for r in store.list()}
+    from .catalog import load_catalog
+
+    for name in load_catalog():
+        if name not in names:
+            record = store.resolve(name)
+            if record is not None:
+                names[name] = record
+    data = [
+        {"id": name, "object": "model", "created": int(r.modified), "owned_by": "llmd"}
+        for name, r in sorted(names.items())
+    ]
+    return web.json_response({"object": "list", "data": data})
+
+
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    req: ChatCompletionRequest = parse_request(await _json_body(request), ChatCompletionRequest)
+    model = await _model(request, req.model)
+    if not model.text.chat_template:
+        raise bad_request(
+            f"model '{req.model}' has no chat template; use /v1/completions", param="model"
+        )
+    messages = [
+        {"role": m.role if m.role != "developer" else "system", "content": m.text()}
+        for m in req.messages
+    ]
+    rendered = render_chat(
+        model.text.chat_template,
+        messages,
+        bos_token=model.text.bos_token,
+        eos_token=model.text.eos_token,
+    )
+    prompt = model.text.encode_rendered_chat(rendered)
+    param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
+    max_tokens = token_budget(len(prompt), req.token_limit(), model.context_length, param)
+    pieces = generate_text(
+        model, prompt, max_tokens=max_tokens, sampling=_sampling(req), stops=req.stop_list()
+    )
+    cid = f"chatcmpl-{uuid.uuid4().hex}"
+    created = int(time.time())
+
+    if req.stream:
+        include_usage = bool(req.stream_options and req.stream_options.include_usage)
+
+        def chunk(content: str | None, finish: str | None) -> dict[str, Any]:
+            delta = {} if content is None else {"content": content}
+            out: dict[str, Any] = {
+                "id": cid,
+                "object": "chat.completion.chunk",
+                "created": created,
+                "model": req.model,
+                "system_fingerprint": f"llmd-{__version__}",
+                "choices": [
+                    {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+                ],
+            }
+            if include_usage:
+                out["usage"] = None
+            return out
+
+        first = chunk(None, None)
+        first["choices"][0]["delta"] = {"role": "assistant", "content": ""}
+        return await _stream(request, pieces, chunk, include_usage, first)
+
+    text, done = await _collect(pieces)
+    return web.json_response(
+        {
+            "id": cid,
+            "object": "chat.completion",
+            "created": created,
+            "model": req.model,
+            "system_fingerprint": f"llmd-{__version__}",
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": text, "refusal": None},
+                    "logprobs": None,
+                    "finish_reason": done.finish_reason,
+                }
+            ],
+            "usage": _usage(done),
+        }
+    )
+
+
+async def completions(request: web.Request) -> web.StreamResponse:
+    req: CompletionRequest = parse_request(await _json_body(request), CompletionRequest)
+    model = await _model(request, req.model)
+    prompt = model.text.encode(req.prompt_text())
+    if not prompt:
+        raise bad_request("the prompt is empty", param="prompt")
+    max_tokens = token_budget(len(prompt), req.max_tokens, model.context_length, "max_tokens")
+    pieces = generate_text(
+        model, prompt, max_tokens=max_tokens, sampling=_sampling(req), stops=req.stop_list()
+    )
+    cid = f"cmpl-{uuid.uuid4().hex}"
+    created = int(time.time())
+
+    def chunk(text: str | None, finish: str | None) -> dict[str, Any]:
+        return {
+            "id": cid,
+            "object": "text_completion",
+            "created": created,
+            "model": req.model,
+            "choices": [
+                {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
+            ],
+        }
+
+    if req.stream:
+        include_usage = bool(req.stream_options and req.stream_options.include_usage)
+        return await _stream(request, pieces, chunk, include_usage, None)
+    text, done = await _collect(pieces)
+    body = chunk(text, done.finish_reason)
+    body["usage"] = _usage(done)
+    return web.json_response(body)
+
+
+# ---------------------------------------------------------------------- app
+
+
+def create_app(
+    paths: Paths,
+    *,
+    max_body: int = DEFAULT_MAX_BODY,
+    context_length: int | None = None,
+    threads: int | None = None,
+) -> web.Application:
+    app = web.Application(client_max_size=max_body, middlewares=[error_middleware])
+    store = ModelStore(paths)
+    app[STORE] = store
+    app[REGISTRY] = ModelRegistry(store, context_length=context_length, threads=threads)
+    app.router.add_get("/health", health)
+    app.router.add_get("/v1/models", list_models)
+    app.router.add_post("/v1/chat/completions", chat_completions)
+    app.router.add_post("/v1/completions", completions)
+
+    async def close_workers(app: web.Application) -> None:
+        await app[REGISTRY].close()
+
+    app.on_cleanup.append(close_workers)
+    return app
+
+
+async def serve(paths: Paths, host: str, port: int, **app_options: Any) -> None:
+    """Run until cancelled: TCP on host:port and the Unix socket (0600 in a 0700 dir)."""
+    app = create_app(paths, **app_options)
+    runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, host, port).start()
+    sock = paths.socket
+    ensure_private_dir(sock.parent) if sock.parent == paths.runtime else sock.parent.mkdir(
+        parents=True, exist_ok=True
+    )
+    if sock.exists():
+        sock.unlink()
+    await web.UnixSite(runner, str(sock)).start()
+    os.chmod(sock, 0o600)
+    print(f"llmd {__version__} listening on http://{host}:{port} and unix:{sock}", flush=True)
+    try:
+        await asyncio.Event().wait()
+    finally:
+        await runner.cleanup()
+        sock.unlink(missing_ok=True)

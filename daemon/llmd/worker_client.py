@@ -1,0 +1,190 @@
+"""The daemon's side of one worker process: spawn it, wait for ``ready``, multiplex requests
+by id over its stdin/stdout, and turn its death into errors for whoever was waiting - the
+daemon itself never dies with a worker."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import os
+from collections.abc import AsyncIterator
+from typing import Any
+
+from . import protocol as p
+from .worker.launch import worker_command
+
+log = logging.getLogger("llmd.worker")
+
+_ids = itertools.count(1)
+
+
+class WorkerError(Exception):
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+class WorkerClient:
+    def __init__(
+        self, model_path: str, *, context_length: int | None = None, **options: Any
+    ) -> None:
+        self.model_path = model_path
+        self.context_length = context_length
+        self.options = options
+        self.ready: p.Ready | None = None
+        self._proc: asyncio.subprocess.Process | None = None
+        self._queues: dict[str, asyncio.Queue[p.WorkerMessage | WorkerError]] = {}
+        self._stats_waiters: list[asyncio.Future[p.Stats]] = []
+        self._reader: asyncio.Task[None] | None = None
+        self._stderr: asyncio.Task[None] | None = None
+        self._write_lock = asyncio.Lock()
+        self.dead: WorkerError | None = None
+
+    async def start(self, timeout: float = 300.0) -> p.Ready:
+        argv, env = worker_command(
+            self.model_path, context_length=self.context_length, **self.options
+        )
+        self._proc = await asyncio.create_subprocess_exec(
+            *argv,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            env=env,
+            limit=1 << 24,
+        )
+        self._stderr = asyncio.create_task(self._pump_stderr())
+        assert self._proc.stdout is not None
+        try:
+            line = await asyncio.wait_for(self._proc.stdout.readline(), timeout)
+        except asyncio.TimeoutError:
+            await self.stop()
+            raise WorkerError(
+                "load_timeout", f"the worker did not become ready in {timeout:.0f}s"
+            ) from None
+        if not line:
+            code = await self._proc.wait()
+            raise WorkerError("worker_died", f"the worker exited with status {code} while loading")
+        first = p.decode_worker_message(line)
+        if isinstance(first, p.Fatal):
+            await self._proc.wait()
+            raise WorkerError(first.code, first.message)
+        if not isinstance(first, p.Ready):
+            await self.stop()
+            raise WorkerError("protocol", f"the worker's first message was {first.type}, not ready")
+        self.ready = first
+        self._reader = asyncio.create_task(self._pump_stdout())
+        return first
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc else None
+
+    async def _pump_stderr(self) -> None:
+        assert self._proc is not None and self._proc.stderr is not None
+        async for raw in self._proc.stderr:
+            log.info("[worker %s] %s", self._proc.pid, raw.decode(errors="replace").rstrip())
+
+    async def _pump_stdout(self) -> None:
+        assert self._proc is not None and self._proc.stdout is not None
+        try:
+            async for raw in self._proc.stdout:
+                try:
+                    msg = p.decode_worker_message(raw)
+                except ValueError:
+                    log.warning("unparseable worker line: %r", raw[:200])
+                    continue
+                if isinstance(msg, p.Stats):
+                    if self._stats_waiters:
+                        self._stats_waiters.pop(0).set_result(msg)
+                    continue
+                rid = getattr(msg, "id", None)
+                if rid is None:
+                    log.warning("worker error without a request: %s", msg)
+                    continue
+                queue = self._queues.get(rid)
+                if queue is not None:
+                    queue.put_nowait(msg)
+        finally:
+            code = await self._proc.wait()
+            self.dead = WorkerError(
+                "worker_died", f"the model worker exited unexpectedly (status {code})"
+            )
+            for queue in self._queues.values():
+                queue.put_nowait(self.dead)
+            for fut in self._stats_waiters:
+                if not fut.done():
+                    fut.set_exception(self.dead)
+
+    async def _send(self, message: p.BaseModel) -> None:
+        if self.dead or self._proc is None or self._proc.stdin is None:
+            raise self.dead or WorkerError("worker_died", "the model worker is not running")
+        async with self._write_lock:
+            self._proc.stdin.write(p.encode(message))
+            try:
+                await self._proc.stdin.drain()
+            except (BrokenPipeError, ConnectionResetError) as exc:
+                raise WorkerError("worker_died", "the model worker is not running") from exc
+
+    async def generate(
+        self,
+        prompt: list[int],
+        *,
+        max_tokens: int,
+        sampling: p.SamplingParams,
+        stop_tokens: list[int],
+    ) -> AsyncIterator[p.Tokens | p.Done]:
+        """Yields token events then one Done; raises WorkerError on error. Closing the
+        iterator early (client gone, stop string hit) cancels the request in the worker."""
+        rid = f"r{next(_ids)}-{os.getpid()}"
+        queue: asyncio.Queue[p.WorkerMessage | WorkerError] = asyncio.Queue()
+        self._queues[rid] = queue
+        finished = False
+        try:
+            await self._send(
+                p.Generate(
+                    id=rid,
+                    prompt=prompt,
+                    max_tokens=max_tokens,
+                    sampling=sampling,
+                    stop_tokens=stop_tokens,
+                )
+            )
+            while True:
+                msg = await queue.get()
+                if isinstance(msg, WorkerError):
+                    finished = True
+                    raise msg
+                if isinstance(msg, p.Error):
+                    finished = True
+                    raise WorkerError(msg.code, msg.message)
+                if isinstance(msg, p.Done):
+                    finished = True
+                    yield msg
+                    return
+                if isinstance(msg, p.Tokens):
+                    yield msg
+        finally:
+            self._queues.pop(rid, None)
+            if not finished and not self.dead:
+                try:
+                    await self._send(p.Cancel(id=rid))
+                except WorkerError:
+                    pass
+
+    async def stats(self, timeout: float = 10.0) -> p.Stats:
+        fut: asyncio.Future[p.Stats] = asyncio.get_running_loop().create_future()
+        self._stats_waiters.append(fut)
+        await self._send(p.StatsRequest())
+        return await asyncio.wait_for(fut, timeout)
+
+    async def stop(self, timeout: float = 10.0) -> None:
+        if self._proc is None or self._proc.returncode is not None:
+            return
+        try:
+            await self._send(p.Shutdown())
+            await asyncio.wait_for(self._proc.wait(), timeout)
+        except (WorkerError, asyncio.TimeoutError):
+            self._proc.kill()
+            await self._proc.wait()
