@@ -165,17 +165,17 @@ PYBIND11_MODULE(_engine, m) {
       .def_property_readonly("context_length", &Engine::context_length)
       .def_property_readonly("max_sequences", [](Engine& e) { return e.options().max_sequences; })
       .def("matmul_paths", &Engine::matmul_paths)
-      .def("score", [](Engine& e, const std::vector<int32_t>& tokens) {
+      .def("score", [](Engine& e, const std::vector<int32_t>& tokens, int first_scored) {
         std::vector<float> logits;
         {
           py::gil_scoped_release release;
-          logits = e.score(tokens);
+          logits = e.score(tokens, first_scored);
         }
         const int vocab = e.info().vocab_size;
-        py::array_t<float> out({static_cast<py::ssize_t>(tokens.size()), static_cast<py::ssize_t>(vocab)});
+        py::array_t<float> out({static_cast<py::ssize_t>(logits.size() / vocab), static_cast<py::ssize_t>(vocab)});
         std::memcpy(out.mutable_data(), logits.data(), logits.size() * sizeof(float));
         return out;
-      });
+      }, py::arg("tokens"), py::arg("first_scored") = 1);
 
   m.def("set_threads", &ThreadPool::configure_global, py::arg("n_threads"),
         "Size llmd's kernel thread pool (0: all cores / LLMD_THREADS).");

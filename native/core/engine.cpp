@@ -165,6 +165,11 @@ void Engine::loop() {
         active_.push_back(std::move(seq));
       }
     }
+    {
+      std::lock_guard<std::mutex> lock(stats_mutex_);
+      stats_.active_sequences = static_cast<int>(active_.size());
+      stats_.kv_blocks_used = pool_.used_blocks();
+    }
     if (active_.empty()) continue;
     try {
       step_once();
@@ -299,24 +304,39 @@ void Engine::step_once() {
   stats_.kv_bytes = pool_.allocated_bytes();
 }
 
-std::vector<float> Engine::score(const std::vector<int32_t>& tokens) {
+std::vector<float> Engine::score(const std::vector<int32_t>& tokens, int first_scored) {
   std::lock_guard<std::mutex> lock(forward_mutex_);
   SequenceKv kv(pool_);
   std::vector<float> all;
   const int vocab = model_->info().vocab_size;
-  for (size_t i = 0; i < tokens.size(); ++i) {
-    // One position per pass keeps the logits of every position (decode-shaped steps).
+  const int n = static_cast<int>(tokens.size());
+  first_scored = std::clamp(first_scored, 1, n);
+  if (!kv.reserve(n)) throw std::runtime_error("KV budget exhausted while scoring");
+  // Unscored prefix in prefill chunks, then one position per pass so each keeps its logits.
+  for (int pos = 0; pos < first_scored - 1;) {
+    const int chunk = std::min(options_.step_token_budget, first_scored - 1 - pos);
+    Step step;
+    StepSegment s;
+    s.kv = &kv;
+    s.tokens.assign(tokens.begin() + pos, tokens.begin() + pos + chunk);
+    s.start_pos = pos;
+    step.segments.push_back(std::move(s));
+    std::vector<float> unused;
+    model_->forward(step, pool_, unused);
+    pos += chunk;
+    kv.set_length(pos);
+  }
+  for (int i = first_scored - 1; i < n; ++i) {
     Step step;
     StepSegment s;
     s.kv = &kv;
     s.tokens = {tokens[i]};
-    s.start_pos = static_cast<int>(i);
+    s.start_pos = i;
     s.want_logits = true;
-    if (!kv.reserve(static_cast<int>(i) + 1)) throw std::runtime_error("KV budget exhausted while scoring");
     step.segments.push_back(std::move(s));
     std::vector<float> logits;
     model_->forward(step, pool_, logits);
-    kv.set_length(static_cast<int>(i) + 1);
+    kv.set_length(i + 1);
     all.insert(all.end(), logits.begin(), logits.begin() + vocab);
   }
   return all;

@@ -85,9 +85,10 @@ class Engine {
   const EngineOptions& options() const { return options_; }
   std::map<std::string, std::string> matmul_paths() const { return model_->matmul_paths(); }
 
-  // Synchronous helper for tests and parity scripts: logits of every position of `tokens`
-  // run as one fresh sequence (teacher forcing), [n, vocab]. Must not race with generation.
-  std::vector<float> score(const std::vector<int32_t>& tokens);
+  // Synchronous helper for tests and parity scripts (teacher forcing): runs `tokens` as one
+  // fresh sequence and returns the logits after each position p >= first_scored - 1, i.e. the
+  // predictions of tokens[first_scored..n] and of the next token: [n - first_scored + 1, vocab].
+  std::vector<float> score(const std::vector<int32_t>& tokens, int first_scored);
 
  private:
   using Clock = std::chrono::steady_clock;

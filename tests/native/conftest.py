@@ -1,0 +1,38 @@
+"""Native-engine fixtures: one engine on the test model per test module."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+FIXTURES = Path(__file__).parents[1] / "fixtures"
+
+
+@pytest.fixture(scope="session")
+def reference() -> dict:
+    return json.loads((FIXTURES / "llamacpp_reference.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def engine(model_path: Path):  # type: ignore[no-untyped-def]
+    native = pytest.importorskip("llmd._engine")
+    return native.Engine(str(model_path), context_length=4096, max_sequences=8)
+
+
+def run_all(engine, requests: dict[str, dict]) -> dict[str, dict]:  # type: ignore[no-untyped-def]
+    """Submit every request at once, collect tokens and the done event of each."""
+    for rid, r in requests.items():
+        engine.submit(rid, **r)
+    results = {rid: {"tokens": [], "done": None} for rid in requests}
+    pending = set(requests)
+    while pending:
+        for ev in engine.poll(1000):
+            res = results[ev["id"]]
+            if ev["type"] == "tokens":
+                res["tokens"] += ev["tokens"]
+            else:
+                res["done"] = ev
+                pending.discard(ev["id"])
+    return results
