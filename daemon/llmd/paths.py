@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import os
 import tempfile
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -51,7 +52,10 @@ def get_paths() -> Paths:
         return Paths(
             data=root / "data", cache=root / "cache", logs=root / "logs", runtime=root / "run"
         )
-    runtime = platformdirs.user_runtime_dir("llmd", ensure_exists=False)
+    with warnings.catch_warnings():
+        # Without XDG_RUNTIME_DIR platformdirs falls back to a private /tmp dir: that is fine.
+        warnings.simplefilter("ignore")
+        runtime = platformdirs.user_runtime_dir("llmd", ensure_exists=False)
     return Paths(
         data=Path(platformdirs.user_data_dir("llmd")),
         cache=Path(platformdirs.user_cache_dir("llmd")),
