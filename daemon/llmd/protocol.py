@@ -60,9 +60,7 @@ class Shutdown(_Message):
     type: Literal["shutdown"] = "shutdown"
 
 
-DaemonMessage = Annotated[
-    Generate | Cancel | StatsRequest | Shutdown, Field(discriminator="type")
-]
+DaemonMessage = Annotated[Generate | Cancel | StatsRequest | Shutdown, Field(discriminator="type")]
 
 # ---------------------------------------------------------------- worker -> daemon
 
