@@ -79,11 +79,15 @@ py::array_t<float> kernel_gemm(const std::string& type, py::array_t<uint8_t, py:
                                py::array_t<float, py::array::c_style> x, const std::string& isa) {
   const kernels::KernelTable* table = isa.empty() ? &kernels::active_table() : kernels::table_named(isa);
   if (!table) throw std::invalid_argument("kernel path '" + isa + "' is not runnable on this CPU");
-  TensorType tt;
-  if (type == "Q4_0") tt = TensorType::Q4_0;
-  else if (type == "Q4_1") tt = TensorType::Q4_1;
-  else if (type == "Q8_0") tt = TensorType::Q8_0;
-  else throw std::invalid_argument("no kernel for type " + type);
+  TensorType tt = TensorType::F32;
+  bool known = false;
+  for (TensorType t : {TensorType::Q4_0, TensorType::Q4_1, TensorType::Q8_0, TensorType::Q4_K, TensorType::Q6_K}) {
+    if (type_name(t) == type) {
+      tt = t;
+      known = true;
+    }
+  }
+  if (!known || !table->gemm_for(tt)) throw std::invalid_argument("no kernel for type " + type + " on " + table->isa);
   const size_t rb = row_bytes(tt, k);
   if (static_cast<size_t>(w.size()) != rb * n) throw std::invalid_argument("weight bytes do not match n x k");
   if (x.ndim() != 2 || x.shape(1) != k) throw std::invalid_argument("x must be [rows, k]");

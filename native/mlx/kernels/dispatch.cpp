@@ -45,6 +45,8 @@ GemmFn KernelTable::gemm_for(TensorType type) const {
     case TensorType::Q4_0: return q4_0;
     case TensorType::Q4_1: return q4_1;
     case TensorType::Q8_0: return q8_0;
+    case TensorType::Q4_K: return q4_k;
+    case TensorType::Q6_K: return q6_k;
     default: return nullptr;
   }
 }

@@ -43,6 +43,8 @@ struct KernelTable {
   GemmFn q4_0;
   GemmFn q4_1;
   GemmFn q8_0;
+  GemmFn q4_k;  // nullptr where not implemented: such weights are refused at load
+  GemmFn q6_k;
 
   GemmFn gemm_for(TensorType type) const;  // nullptr if this table has no kernel for it
 };

@@ -229,8 +229,14 @@ inline void gemm_q8_0(const uint8_t* w, size_t rb, const ActBlock* a, int k, int
   gemm<DotQ8_0>(w, rb, a, k, rows, n0, n1, out, ldo);
 }
 
+}  // namespace llmd::kernels::LLMD_ISA_NAMESPACE
+
+#include "kquant_impl.h"
+
+namespace llmd::kernels::LLMD_ISA_NAMESPACE {
+
 inline const KernelTable* make_table(const char* isa) {
-  static const KernelTable table{isa, quantize_row, gemm_q4_0, gemm_q4_1, gemm_q8_0};
+  static const KernelTable table{isa, quantize_row, gemm_q4_0, gemm_q4_1, gemm_q8_0, gemm_q4_k, gemm_q6_k};
   return &table;
 }
 
