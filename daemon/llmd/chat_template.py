@@ -11,29 +11,61 @@ from datetime import datetime
 from functools import lru_cache
 from typing import Any
 
-from jinja2 import TemplateError
+from jinja2 import Template, TemplateError, nodes
+from jinja2.ext import Extension
+from jinja2.parser import Parser
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from .errors import bad_request
 
 
 class TemplateRaised(Exception):
-    pass
+    """A template called ``raise_exception`` (e.g. roles that do not alternate)."""
 
 
 def _raise(message: str) -> None:
     raise TemplateRaised(message)
 
 
-def _tojson(value: Any, indent: int | None = None, **_: Any) -> str:
-    return json.dumps(value, ensure_ascii=False, indent=indent)
+def _strftime_now(fmt: str) -> str:
+    return datetime.now().strftime(fmt)
+
+
+def _tojson(
+    value: Any,
+    ensure_ascii: bool = False,
+    indent: int | None = None,
+    separators: tuple[str, str] | None = None,
+    sort_keys: bool = False,
+) -> str:
+    # Jinja's own tojson HTML-escapes and sorts keys; templates are written against HF's.
+    return json.dumps(
+        value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+    )
+
+
+class _Generation(Extension):
+    """``{% generation %}...{% endgeneration %}`` marks assistant text for training masks in HF;
+    for inference the body simply renders."""
+
+    tags = {"generation"}
+
+    def parse(self, parser: Parser) -> nodes.Node:
+        lineno = next(parser.stream).lineno
+        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+        return nodes.Scope(body).set_lineno(lineno)
 
 
 @lru_cache(maxsize=16)
-def _compile(source: str):  # type: ignore[no-untyped-def]
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+def _compile(source: str) -> Template:
+    """One sandboxed environment per template source, configured as transformers does."""
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True,
+        lstrip_blocks=True,
+        extensions=[_Generation, "jinja2.ext.loopcontrols"],
+    )
     env.globals["raise_exception"] = _raise
-    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+    env.globals["strftime_now"] = _strftime_now
     env.filters["tojson"] = _tojson
     return env.from_string(source)
 
@@ -47,6 +79,7 @@ def render_chat(
     add_generation_prompt: bool = True,
     **extra: Any,
 ) -> str:
+    """The prompt text for `messages`; a template's refusal or failure is the client's 400."""
     try:
         return _compile(source).render(
             messages=messages,

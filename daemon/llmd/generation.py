@@ -16,19 +16,29 @@ from .worker_client import WorkerError
 
 @dataclass
 class Finished:
+    """How a generation ended; the counts are what `usage` reports."""
+
     finish_reason: str
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int = 0
 
 
-def token_budget(prompt_len: int, requested: int | None, context_length: int, param: str) -> int:
+def token_budget(
+    prompt_len: int,
+    requested: int | None,
+    context_length: int,
+    *,
+    limit_param: str,
+    prompt_param: str,
+) -> int:
     """max_tokens after checking the context window (absent: what is left of it)."""
     if prompt_len >= context_length:
         raise ApiError(
             400,
-            f"the prompt is {prompt_len} tokens, which does not fit the model's context of {context_length} tokens",
-            param="messages",
+            f"the prompt is {prompt_len} tokens, which does not fit this model's context of "
+            f"{context_length} tokens (at least one token must be left to generate)",
+            param=prompt_param,
             code="context_length_exceeded",
         )
     if requested is None:
@@ -36,9 +46,10 @@ def token_budget(prompt_len: int, requested: int | None, context_length: int, pa
     if prompt_len + requested > context_length:
         raise ApiError(
             400,
-            f"this model's context is {context_length} tokens; the prompt is {prompt_len} tokens and "
-            f"{param} asks for {requested} more ({prompt_len + requested} in total). Reduce the prompt or {param}.",
-            param=param,
+            f"this model's context is {context_length} tokens; the prompt is {prompt_len} tokens "
+            f"and {limit_param} asks for {requested} more ({prompt_len + requested} in total). "
+            f"Reduce the prompt or {limit_param}.",
+            param=limit_param,
             code="context_length_exceeded",
         )
     return requested
@@ -49,7 +60,7 @@ def _api_error(exc: WorkerError) -> ApiError:
         return ApiError(400, exc.message, code=exc.code)
     if exc.code == "invalid_request":
         return bad_request(exc.message)
-    if exc.code == "worker_died":
+    if exc.code in ("worker_died", "capacity"):
         return server_error(exc.message, code=exc.code, status=503)
     return server_error(exc.message, code=exc.code)
 
@@ -62,7 +73,12 @@ async def generate_text(
     sampling: p.SamplingParams,
     stops: list[str],
 ) -> AsyncIterator[str | Finished]:
-    detok = IncrementalDetokenizer(model.text.tokenizer)
+    """Yields text deltas (never half a character, never a stop string or what follows it),
+    then exactly one Finished. Raises ApiError. Closing it early cancels the worker request."""
+    # Control tokens (end of turn, ...) are markup, not answer text (llama-server and vLLM
+    # leave them out of the output by default too).
+    hidden = model.text.special_ids | set(model.text.stop_token_ids)
+    detok = IncrementalDetokenizer(model.text.tokenizer, skip_ids=hidden)
     matcher = StopMatcher(stops)
     produced = 0
     events = model.worker.generate(
@@ -84,7 +100,10 @@ async def generate_text(
                 if tail:
                     yield tail
                 reason = "stop" if matcher.stopped else event.finish_reason
-                yield Finished(reason, event.prompt_tokens, produced, event.cached_tokens)
+                # The worker's count includes an end-of-turn token it did not send as text.
+                yield Finished(
+                    reason, event.prompt_tokens, event.completion_tokens, event.cached_tokens
+                )
                 return
     except WorkerError as exc:
         raise _api_error(exc) from exc

@@ -1,12 +1,19 @@
 """OpenAI request bodies as pydantic models, plus the policy for parameters llmd does not
 implement (DESIGN §6): harmless ones are accepted and ignored, anything that would change the
-output is a 400 naming it - never silently ignored."""
+output is a 400 naming it - never silently ignored.
+
+Supported now: model, messages/prompt, max_tokens, max_completion_tokens, temperature, top_p,
+top_k, min_p, seed, stop, stream, stream_options. Absent ``max_tokens`` means "until the model
+stops or the context is full" (llama-server's default), on both routes.
+"""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+import re
+from collections.abc import Callable
+from typing import Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from .errors import ApiError, bad_request
 
@@ -17,6 +24,9 @@ class _Strict(BaseModel):
 
 class StreamOptions(_Strict):
     include_usage: bool = False
+    # Only pads chunks against side channels on the wire; the text is the same. Accepted,
+    # ignored: llmd serves on loopback and its own socket.
+    include_obfuscation: bool | None = None
 
 
 class TextPart(_Strict):
@@ -24,11 +34,12 @@ class TextPart(_Strict):
     text: str
 
 
-class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="ignore")  # e.g. `refusal: null` echoed back by clients
-    role: Literal["system", "developer", "user", "assistant", "tool"]
+class ChatMessage(_Strict):
+    role: Literal["system", "developer", "user", "assistant"]
     content: str | list[TextPart] | None = None
     name: str | None = None
+    # Echoed back by clients that resend an assistant message as they received it.
+    refusal: None = None
 
     def text(self) -> str:
         """Text parts are joined; null content is empty (DESIGN §6)."""
@@ -38,6 +49,17 @@ class ChatMessage(BaseModel):
             return self.content
         return "".join(part.text for part in self.content)
 
+    def for_template(self) -> dict[str, Any]:
+        """The message as a chat template sees it (``developer`` is the system role for
+        models that predate it)."""
+        out: dict[str, Any] = {
+            "role": "system" if self.role == "developer" else self.role,
+            "content": self.text(),
+        }
+        if self.name is not None:
+            out["name"] = self.name
+        return out
+
 
 class SamplingFields(_Strict):
     model: str = Field(min_length=1)
@@ -46,7 +68,7 @@ class SamplingFields(_Strict):
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
     top_k: int = Field(default=0, ge=0)
     min_p: float = Field(default=0.0, ge=0.0, le=1.0)
-    seed: int | None = None
+    seed: int | None = Field(default=None, ge=-(2**63), lt=2**64)
     stop: str | list[str] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -58,27 +80,49 @@ class SamplingFields(_Strict):
             raise ValueError("at most 16 stop sequences")
         return v
 
+    @model_validator(mode="after")
+    def _stream_options_need_stream(self) -> SamplingFields:
+        if self.stream_options is not None and not self.stream:
+            raise bad_request(
+                "stream_options is only allowed when stream is true", param="stream_options"
+            )
+        return self
+
     def stop_list(self) -> list[str]:
         if self.stop is None:
             return []
         return [self.stop] if isinstance(self.stop, str) else list(self.stop)
+
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
 
 
 class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
 
-    def token_limit(self) -> int | None:
-        return (
-            self.max_completion_tokens
-            if self.max_completion_tokens is not None
-            else self.max_tokens
-        )
+    @model_validator(mode="after")
+    def _one_limit(self) -> ChatCompletionRequest:
+        if (
+            self.max_tokens is not None
+            and self.max_completion_tokens is not None
+            and self.max_tokens != self.max_completion_tokens
+        ):
+            raise bad_request(
+                "max_tokens and max_completion_tokens disagree; send only max_completion_tokens",
+                param="max_tokens",
+            )
+        return self
+
+    def token_limit(self) -> tuple[int | None, str]:
+        """The requested completion limit and the parameter that set it (for error messages)."""
+        if self.max_completion_tokens is not None:
+            return self.max_completion_tokens, "max_completion_tokens"
+        return self.max_tokens, "max_tokens"
 
 
 class CompletionRequest(SamplingFields):
     prompt: str | list[str]
-    max_tokens: int | None = Field(default=16, ge=1)
 
     @field_validator("prompt")
     @classmethod
@@ -91,45 +135,41 @@ class CompletionRequest(SamplingFields):
         return self.prompt if isinstance(self.prompt, str) else self.prompt[0]
 
 
-# Accepted and ignored: they cannot change the generated text (value predicates say when).
-_HARMLESS: dict[str, Any] = {
+# Accepted and ignored: with these values they cannot change the generated text.
+_HARMLESS: dict[str, Callable[[Any], bool]] = {
     "user": lambda v: True,
     "metadata": lambda v: True,
     "store": lambda v: v in (False, None),
     "service_tier": lambda v: True,
     "n": lambda v: v in (1, None),
     "logprobs": lambda v: v in (False, None),
-    "frequency_penalty": lambda v: v in (0, 0.0, None),
-    "presence_penalty": lambda v: v in (0, 0.0, None),
+    "top_logprobs": lambda v: v in (0, None),
+    "frequency_penalty": lambda v: v in (0, None),
+    "presence_penalty": lambda v: v in (0, None),
+    "repetition_penalty": lambda v: v in (1, None),
     "logit_bias": lambda v: not v,
+    "tools": lambda v: not v,
     "tool_choice": lambda v: v in ("none", None),
     "response_format": lambda v: v is None or v == {"type": "text"},
     "echo": lambda v: v in (False, None),
     "best_of": lambda v: v in (1, None),
+    "suffix": lambda v: v in ("", None),
 }
-# Changes the output and is not implemented yet.
+# Change the output and are not implemented yet: a 400 naming them.
 _NOT_YET = {
-    "tools",
-    "tool_choice",
-    "response_format",
-    "logprobs",
-    "top_logprobs",
-    "n",
-    "frequency_penalty",
-    "presence_penalty",
-    "repetition_penalty",
-    "logit_bias",
-    "echo",
-    "best_of",
-    "suffix",
     "functions",
     "function_call",
     "audio",
     "modalities",
     "prediction",
     "reasoning_effort",
+    "verbosity",
     "web_search_options",
+    "prompt_cache_key",
+    "safety_identifier",
 }
+# Message fields that only make sense with tool calling, which is not implemented yet.
+_MESSAGE_TOOL_FIELDS = ("tool_calls", "tool_call_id", "function_call")
 
 
 def _screen_unknown(body: dict[str, Any], model: type[BaseModel]) -> dict[str, Any]:
@@ -144,7 +184,7 @@ def _screen_unknown(body: dict[str, Any], model: type[BaseModel]) -> dict[str, A
             continue
         elif key in _HARMLESS and _HARMLESS[key](value):
             continue
-        elif key in _NOT_YET or key in _HARMLESS:
+        elif key in _NOT_YET or key in _HARMLESS or key == "parallel_tool_calls":
             unsupported.append(key)
         else:
             unknown.append(key)
@@ -156,25 +196,81 @@ def _screen_unknown(body: dict[str, Any], model: type[BaseModel]) -> dict[str, A
         )
     if unknown:
         raise bad_request(
-            f"unrecognized request argument(s): {', '.join(unknown)}",
+            f"unrecognized request argument(s) supplied: {', '.join(unknown)}",
             param=unknown[0],
             code="unknown_parameter",
         )
     return kept
 
 
-def parse_request(body: Any, model: type[SamplingFields]) -> Any:
+def _screen_messages(messages: Any) -> None:
+    """Tool turns and non-text content get a 400 that says what is missing, instead of a
+    pydantic error about union members."""
+    if not isinstance(messages, list):
+        return
+    for i, msg in enumerate(messages):
+        if not isinstance(msg, dict):
+            continue
+        if msg.get("role") == "tool":
+            raise bad_request(
+                "tool messages are not supported yet (tool calling lands later)",
+                param=f"messages.[{i}].role",
+                code="unsupported_parameter",
+            )
+        for key in _MESSAGE_TOOL_FIELDS:
+            if msg.get(key):
+                raise bad_request(
+                    f"{key} in messages is not supported yet (tool calling lands later)",
+                    param=f"messages.[{i}].{key}",
+                    code="unsupported_parameter",
+                )
+            msg.pop(key, None)  # null/empty: harmless
+        content = msg.get("content")
+        if isinstance(content, list):
+            for j, part in enumerate(content):
+                kind = part.get("type") if isinstance(part, dict) else None
+                if kind is not None and kind != "text":
+                    raise bad_request(
+                        f"content parts of type '{kind}' are not supported yet (text only)",
+                        param=f"messages.[{i}].content.[{j}].type",
+                        code="unsupported_parameter",
+                    )
+
+
+# pydantic puts union members and validator names into error locations; they are no params.
+_LOC_TAG = re.compile(r"^(str|int|float|bool|none|list\[.*|dict\[.*|function-.*|.*\[.*\].*)$")
+
+
+def _param_name(loc: tuple[int | str, ...]) -> str:
+    parts = []
+    for item in loc:
+        if isinstance(item, int):
+            parts.append(f"[{item}]")
+        elif not _LOC_TAG.match(item):
+            parts.append(item)
+    return ".".join(parts)
+
+
+Request = TypeVar("Request", bound=SamplingFields)
+
+
+def parse_request(body: Any, model: type[Request]) -> Request:
+    """Validate a decoded JSON body; every problem is an ApiError naming the parameter."""
     if not isinstance(body, dict):
         raise bad_request("the request body must be a JSON object")
+    kept = _screen_unknown(body, model)
+    if "messages" in kept:
+        _screen_messages(kept["messages"])
     try:
-        return model.model_validate(_screen_unknown(body, model))
+        return model.model_validate(kept)
     except ValidationError as exc:
-        problems = []
-        params = []
+        problems: list[str] = []
+        params: list[str] = []
         for err in exc.errors():
-            loc = ".".join(str(p) for p in err["loc"] if not isinstance(p, int) or True)
-            params.append(loc)
-            problems.append(f"{loc}: {err['msg']}")
+            param = _param_name(err["loc"])
+            if param not in params:
+                params.append(param)
+                problems.append(f"{param}: {err['msg']}" if param else err["msg"])
         raise ApiError(
             400, "invalid request: " + "; ".join(problems), param=params[0] if params else None
         ) from exc

@@ -8,17 +8,36 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gguf import GGUFReader
+from typing import Any
+
 from tokenizers import Tokenizer
 
+from .gguf_metadata import read_gguf_metadata
 from .tokenizer import tokenizer_from_dir, tokenizer_from_gguf_fields
 
-# End-of-turn markers of common chat formats; any that exist in a vocabulary stop generation.
-_END_OF_TURN = ("<|im_end|>", "<|eot_id|>", "<end_of_turn>", "<|end|>", "<|eom_id|>")
+# End-of-generation markers: any of these present in a vocabulary stops generation, as in
+# llama.cpp (src/llama-vocab.cpp), so a model ends its turn the same way under both engines.
+END_OF_GENERATION_TOKENS = (
+    "<|eot_id|>",
+    "<|im_end|>",
+    "<|end|>",
+    "<|return|>",
+    "<|call|>",
+    "<end_of_turn>",
+    "<|endoftext|>",
+    "<|eom_id|>",
+    "<EOT>",
+    "_<EOT>",
+    "<|end_of_text|>",
+    "<end_of_utterance>",
+)
+_CONTROL = 3  # GGUF token type of control tokens
 
 
 @dataclass
 class TextModel:
+    """The text side of one model. `special_ids` are control tokens: never shown as text."""
+
     tokenizer: Tokenizer
     chat_template: str | None
     bos_token: str
@@ -30,6 +49,7 @@ class TextModel:
     special_ids: set[int] = field(default_factory=set)
 
     def encode(self, text: str, *, add_bos: bool | None = None) -> list[int]:
+        """Token ids of `text`, with the model's BOS when it wants one (and lacks it)."""
         ids = self.tokenizer.encode(text, add_special_tokens=False).ids
         if (self.add_bos if add_bos is None else add_bos) and self.bos_id is not None:
             if not ids or ids[0] != self.bos_id:
@@ -41,51 +61,68 @@ class TextModel:
         return self.encode(rendered)
 
 
-def _stop_ids(tokenizer: Tokenizer, eos_id: int | None) -> list[int]:
-    ids = [] if eos_id is None else [eos_id]
-    for tok in _END_OF_TURN:
+def _stop_ids(tokenizer: Tokenizer, declared: list[int | None]) -> list[int]:
+    """The declared end ids (eos, eot, eom) plus every end-of-generation token in the vocab."""
+    ids: list[int] = []
+    for tid in declared:
+        if tid is not None and tid not in ids:
+            ids.append(tid)
+    for tok in END_OF_GENERATION_TOKENS:
         tid = tokenizer.token_to_id(tok)
         if tid is not None and tid not in ids:
             ids.append(tid)
     return ids
 
 
-def _field(reader: GGUFReader, key: str, default=None):  # type: ignore[no-untyped-def]
-    f = reader.fields.get(key)
-    return default if f is None else f.contents()
-
-
 def load_gguf_text_model(path: Path) -> TextModel:
-    reader = GGUFReader(str(path))
-    arch = _field(reader, "general.architecture", "llama")
-    tokens = _field(reader, "tokenizer.ggml.tokens")
+    meta = read_gguf_metadata(path)
+    arch = meta.get("general.architecture", "llama")
+    tokens: list[str] = meta["tokenizer.ggml.tokens"]
+    types: list[int] = meta.get("tokenizer.ggml.token_type", [1] * len(tokens))
     tokenizer = tokenizer_from_gguf_fields(
-        _field(reader, "tokenizer.ggml.model", "gpt2"),
-        _field(reader, "tokenizer.ggml.pre", "default"),
+        meta.get("tokenizer.ggml.model", "gpt2"),
+        meta.get("tokenizer.ggml.pre", ""),
         tokens,
-        _field(reader, "tokenizer.ggml.token_type", [1] * len(tokens)),
-        _field(reader, "tokenizer.ggml.merges", []),
+        types,
+        meta.get("tokenizer.ggml.merges", []),
     )
-    bos_id = _field(reader, "tokenizer.ggml.bos_token_id")
-    eos_id = _field(reader, "tokenizer.ggml.eos_token_id")
-    types = _field(reader, "tokenizer.ggml.token_type", [])
+    bos_id = meta.get("tokenizer.ggml.bos_token_id")
+    eos_id = meta.get("tokenizer.ggml.eos_token_id")
+    declared = [
+        eos_id,
+        meta.get("tokenizer.ggml.eot_token_id"),
+        meta.get("tokenizer.ggml.eom_token_id"),
+    ]
     return TextModel(
         tokenizer=tokenizer,
-        chat_template=_field(reader, "tokenizer.chat_template"),
+        chat_template=meta.get("tokenizer.chat_template"),
         bos_token=tokens[bos_id] if bos_id is not None else "",
         eos_token=tokens[eos_id] if eos_id is not None else "",
         bos_id=bos_id,
-        add_bos=bool(_field(reader, "tokenizer.ggml.add_bos_token", False)),
-        stop_token_ids=_stop_ids(tokenizer, eos_id),
-        context_length=int(_field(reader, f"{arch}.context_length", 4096)),
-        special_ids={i for i, t in enumerate(types) if t == 3},
+        add_bos=bool(meta.get("tokenizer.ggml.add_bos_token", False)),
+        stop_token_ids=_stop_ids(tokenizer, declared),
+        context_length=int(meta.get(f"{arch}.context_length", 4096)),
+        special_ids={i for i, t in enumerate(types) if t == _CONTROL},
     )
 
 
-def _token_text(value) -> str:  # type: ignore[no-untyped-def]
+def _token_text(value: Any) -> str:
     if isinstance(value, dict):
         return value.get("content", "")
     return value or ""
+
+
+def _dir_special_ids(tokenizer: Tokenizer, tk_config: dict[str, Any]) -> set[int]:
+    """Added tokens marked special (tokenizer_config.json's `added_tokens_decoder`)."""
+    ids = {
+        int(i)
+        for i, tok in tk_config.get("added_tokens_decoder", {}).items()
+        if isinstance(tok, dict) and tok.get("special")
+    }
+    for tid, tok in tokenizer.get_added_tokens_decoder().items():
+        if tok.special:
+            ids.add(tid)
+    return ids
 
 
 def load_dir_text_model(path: Path) -> TextModel:
@@ -94,6 +131,9 @@ def load_dir_text_model(path: Path) -> TextModel:
     tk_config_file = path / "tokenizer_config.json"
     tk_config = json.loads(tk_config_file.read_text()) if tk_config_file.exists() else {}
     template = tk_config.get("chat_template")
+    if isinstance(template, list):  # older configs: named templates; chat uses "default"
+        named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
+        template = named.get("default")
     if template is None and (path / "chat_template.jinja").exists():
         template = (path / "chat_template.jinja").read_text()
     bos = _token_text(tk_config.get("bos_token"))
@@ -105,9 +145,7 @@ def load_dir_text_model(path: Path) -> TextModel:
         if eos
         else (eos_cfg[0] if isinstance(eos_cfg, list) else eos_cfg)
     )
-    stops = _stop_ids(tokenizer, eos_id)
-    if isinstance(eos_cfg, list):
-        stops += [i for i in eos_cfg if i not in stops]
+    stops = _stop_ids(tokenizer, [eos_id, *(eos_cfg if isinstance(eos_cfg, list) else [eos_cfg])])
     return TextModel(
         tokenizer=tokenizer,
         chat_template=template,
@@ -117,9 +155,10 @@ def load_dir_text_model(path: Path) -> TextModel:
         add_bos=bool(tk_config.get("add_bos_token", False)),
         stop_token_ids=stops,
         context_length=int(config.get("max_position_embeddings", 4096)),
-        special_ids={t.id for t in []},
+        special_ids=_dir_special_ids(tokenizer, tk_config),
     )
 
 
 def load_text_model(path: Path) -> TextModel:
+    """A GGUF file's or a Hugging Face directory's text side."""
     return load_dir_text_model(path) if path.is_dir() else load_gguf_text_model(path)

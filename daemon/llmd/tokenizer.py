@@ -15,36 +15,62 @@ from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_token
 _CONTROL = 3
 _USER_DEFINED = 4
 
+# Pre-tokenizer regexes, as llama.cpp applies them per `tokenizer.ggml.pre` (src/llama-vocab.cpp)
+# and as the models' own tokenizer.json files write them.
 _LLAMA3_SPLIT = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
     r"|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
+# Qwen2 differs from Llama 3 only in splitting digits one by one.
+_QWEN2_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+# Digits split one by one, then GPT-2's byte-level regex.
+_DIGITS_THEN_GPT2 = ("smollm", "starcoder", "refact", "command-r")
+_GPT2 = ("gpt2", "gpt-2", "mpt", "olmo", "jais")
+_LLAMA3 = ("llama-bpe", "llama3", "dbrx", "smaug-bpe")
+_QWEN2 = ("qwen2", "stablelm2", "hunyuan")
+SUPPORTED_PRE_TOKENIZERS = frozenset(_DIGITS_THEN_GPT2 + _GPT2 + _LLAMA3 + _QWEN2)
 
 
 class UnsupportedTokenizer(Exception):
-    pass
+    """The model's tokenizer is one llmd cannot reproduce exactly (yet); serving it with an
+    approximation would silently change every prompt, so the model is refused instead."""
+
+
+def _split_then_bytes(pattern: str) -> pre_tokenizers.PreTokenizer:
+    return pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(pattern), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
 
 
 def _pre_tokenizer(pre: str) -> pre_tokenizers.PreTokenizer:
     byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-    if pre in ("smollm", "starcoder", "refact", "qwen2"):
-        # Digits split one by one, then GPT-2's byte-level regex (as these models' tokenizer.json)
+    if pre in _DIGITS_THEN_GPT2:
         return pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
-    if pre in ("llama-bpe", "llama3", "dbrx", "smaug-bpe"):
-        return pre_tokenizers.Sequence(
-            [
-                pre_tokenizers.Split(Regex(_LLAMA3_SPLIT), behavior="isolated", invert=False),
-                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-            ]
-        )
-    if pre in ("gpt2", "default", ""):
+    if pre in _LLAMA3:
+        return _split_then_bytes(_LLAMA3_SPLIT)
+    if pre in _QWEN2:
+        return _split_then_bytes(_QWEN2_SPLIT)
+    if pre in _GPT2:
         return byte_level
-    raise UnsupportedTokenizer(f"GGUF pre-tokenizer '{pre}' is not supported yet")
+    # llama.cpp's "default" (a GGUF without `tokenizer.ggml.pre`) uses its own regex set; better
+    # to refuse than to tokenize differently from the model's training.
+    raise UnsupportedTokenizer(
+        f"GGUF pre-tokenizer '{pre or 'default'}' is not supported yet "
+        f"(supported: {', '.join(sorted(SUPPORTED_PRE_TOKENIZERS))})"
+    )
 
 
 def tokenizer_from_gguf_fields(
     model: str, pre: str, tokens: list[str], token_types: list[int], merges: list[str]
 ) -> Tokenizer:
+    """Rebuild a GGUF's byte-level BPE tokenizer. Control and user-defined tokens are matched
+    as whole tokens inside text, as llama-server does when it tokenizes a rendered template."""
     if model != "gpt2":
         raise UnsupportedTokenizer(
             f"GGUF tokenizer model '{model}' is not supported yet (only byte-level BPE, 'gpt2')"
@@ -64,6 +90,7 @@ def tokenizer_from_gguf_fields(
 
 
 def tokenizer_from_dir(path: Path) -> Tokenizer:
+    """A Hugging Face directory's own tokenizer.json: no reconstruction needed."""
     file = path / "tokenizer.json"
     if not file.exists():
         raise UnsupportedTokenizer(f"{path} has no tokenizer.json")

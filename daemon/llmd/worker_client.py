@@ -9,17 +9,34 @@ import itertools
 import logging
 import os
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Protocol
 
 from . import protocol as p
-from .worker.launch import worker_command
 
 log = logging.getLogger("llmd.worker")
 
 _ids = itertools.count(1)
 
 
+class WorkerLauncher(Protocol):
+    """Builds argv and env of a worker process; `llmd.worker.launch.worker_command` in
+    production, a fake worker in the daemon's unit tests."""
+
+    def __call__(
+        self, model_path: str, *, context_length: int | None = None, threads: int | None = None
+    ) -> tuple[list[str], dict[str, str]]: ...
+
+
+def default_launcher() -> WorkerLauncher:
+    # Imported lazily: launch.py is the lead's module and pulls in BLAS discovery.
+    from .worker.launch import worker_command
+
+    return worker_command
+
+
 class WorkerError(Exception):
+    """A request (or the whole worker) failed; `code` is the protocol's error code."""
+
     def __init__(self, code: str, message: str) -> None:
         super().__init__(message)
         self.code = code
@@ -27,12 +44,22 @@ class WorkerError(Exception):
 
 
 class WorkerClient:
+    """One worker process. Requests are multiplexed by id: each has its own event queue."""
+
     def __init__(
-        self, model_path: str, *, context_length: int | None = None, **options: Any
+        self,
+        model_path: str,
+        *,
+        context_length: int | None = None,
+        threads: int | None = None,
+        launcher: WorkerLauncher | None = None,
+        name: str = "",
     ) -> None:
         self.model_path = model_path
         self.context_length = context_length
-        self.options = options
+        self.threads = threads
+        self.launcher = launcher or default_launcher()
+        self.name = name or model_path
         self.ready: p.Ready | None = None
         self._proc: asyncio.subprocess.Process | None = None
         self._queues: dict[str, asyncio.Queue[p.WorkerMessage | WorkerError]] = {}
@@ -43,8 +70,8 @@ class WorkerClient:
         self.dead: WorkerError | None = None
 
     async def start(self, timeout: float = 300.0) -> p.Ready:
-        argv, env = worker_command(
-            self.model_path, context_length=self.context_length, **self.options
+        argv, env = self.launcher(
+            self.model_path, context_length=self.context_length, threads=self.threads
         )
         self._proc = await asyncio.create_subprocess_exec(
             *argv,
@@ -55,18 +82,16 @@ class WorkerClient:
             limit=1 << 24,
         )
         self._stderr = asyncio.create_task(self._pump_stderr())
-        assert self._proc.stdout is not None
         try:
-            line = await asyncio.wait_for(self._proc.stdout.readline(), timeout)
+            first = await asyncio.wait_for(self._first_message(), timeout)
         except asyncio.TimeoutError:
             await self.stop()
             raise WorkerError(
                 "load_timeout", f"the worker did not become ready in {timeout:.0f}s"
             ) from None
-        if not line:
+        if first is None:
             code = await self._proc.wait()
             raise WorkerError("worker_died", f"the worker exited with status {code} while loading")
-        first = p.decode_worker_message(line)
         if isinstance(first, p.Fatal):
             await self._proc.wait()
             raise WorkerError(first.code, first.message)
@@ -77,6 +102,16 @@ class WorkerClient:
         self._reader = asyncio.create_task(self._pump_stdout())
         return first
 
+    async def _first_message(self) -> p.WorkerMessage | None:
+        """The first protocol line; stray output (a library printing to stdout) is logged."""
+        assert self._proc is not None and self._proc.stdout is not None
+        while line := await self._proc.stdout.readline():
+            try:
+                return p.decode_worker_message(line)
+            except ValueError:
+                log.warning("[worker %s] non-protocol output: %r", self.name, line[:200])
+        return None
+
     @property
     def pid(self) -> int | None:
         return self._proc.pid if self._proc else None
@@ -84,7 +119,9 @@ class WorkerClient:
     async def _pump_stderr(self) -> None:
         assert self._proc is not None and self._proc.stderr is not None
         async for raw in self._proc.stderr:
-            log.info("[worker %s] %s", self._proc.pid, raw.decode(errors="replace").rstrip())
+            log.info(
+                "[worker %s %s] %s", self.name, self._proc.pid, raw.decode(errors="replace").rstrip()
+            )
 
     async def _pump_stdout(self) -> None:
         assert self._proc is not None and self._proc.stdout is not None

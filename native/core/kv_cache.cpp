@@ -1,5 +1,8 @@
 #include "kv_cache.h"
 
+#include <cstdlib>
+#include <new>
+
 namespace llmd {
 
 KvPool::KvPool(KvShape shape, size_t budget_bytes)
@@ -18,7 +21,9 @@ int KvPool::allocate() {
     return b;
   }
   if (storage_.size() >= max_blocks_) return -1;
-  storage_.push_back(std::make_unique<float[]>(block_floats_));
+  void* p = std::aligned_alloc(64, (block_bytes() + 63) / 64 * 64);
+  if (!p) throw std::bad_alloc();
+  storage_.emplace_back(static_cast<float*>(p));
   ++used_;
   return static_cast<int>(storage_.size()) - 1;
 }
@@ -27,6 +32,8 @@ void KvPool::release(int block) {
   free_.push_back(block);
   --used_;
 }
+
+void KvPool::AlignedFree::operator()(float* p) const { std::free(p); }
 
 SequenceKv::~SequenceKv() { clear(); }
 

@@ -34,7 +34,9 @@ class KvPool {
   int allocate();
   void release(int block);
 
-  // Pointers to positions [0, kBlockTokens) of one head in one layer.
+  // One head of one layer in a block. Keys are stored transposed, [head_dim][kBlockTokens],
+  // so attention scores 16 positions per vector op without horizontal sums; values are
+  // [kBlockTokens][head_dim]. Blocks are 64-byte aligned.
   float* keys(int block, int layer, int head) { return at(block, layer, 0, head); }
   float* values(int block, int layer, int head) { return at(block, layer, 1, head); }
 
@@ -49,7 +51,10 @@ class KvPool {
   size_t block_floats_;
   size_t max_blocks_;
   size_t used_ = 0;
-  std::vector<std::unique_ptr<float[]>> storage_;
+  struct AlignedFree {
+    void operator()(float* p) const;
+  };
+  std::vector<std::unique_ptr<float[], AlignedFree>> storage_;
   std::vector<int> free_;
 };
 

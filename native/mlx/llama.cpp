@@ -98,6 +98,7 @@ class LlamaModel : public Model {
       row += n;
       if (seg.want_logits) logit_rows.push_back(row - 1);
     }
+    batch->build_rope_tables(*rope_);
     mx::array x(x_host.begin(), {T, D}, mx::float32);
     const AttentionShape ashape{cfg_.n_heads, cfg_.n_kv_heads, cfg_.head_dim,
                                 1.f / std::sqrt(static_cast<float>(cfg_.head_dim))};

@@ -8,12 +8,16 @@
 #include <stdexcept>
 
 #include "../core/thread_pool.h"
+#include "attention_kernels.h"
 
 namespace llmd {
 
 mx::array paged_attention(const mx::array& qkv, std::shared_ptr<const AttentionBatch> batch,
                           int layer, AttentionShape shape, std::shared_ptr<const Rope> rope) {
   const int width = (shape.n_heads + 2 * shape.n_kv_heads) * shape.head_dim;
+  if (shape.head_dim % 16 != 0) {
+    throw std::invalid_argument("paged_attention: head_dim must be a multiple of 16");
+  }
   if (qkv.ndim() != 2 || qkv.shape(1) != width) {
     throw std::invalid_argument("paged_attention: qkv must be [rows, " + std::to_string(width) + "]");
   }
@@ -32,20 +36,28 @@ void PagedAttention::eval_gpu(const std::vector<mx::array>&, mx::array&) {
   throw std::runtime_error("LlmdPagedAttention has no GPU kernel in this build");
 }
 
+void AttentionBatch::build_rope_tables(const Rope& rope) {
+  const int half = rope.dims / 2;
+  int rows = 0;
+  for (const auto& seg : segments) rows += seg.n_rows;
+  rope_cos.resize(static_cast<size_t>(rows) * half);
+  rope_sin.resize(static_cast<size_t>(rows) * half);
+  for (const auto& seg : segments) {
+    for (int i = 0; i < seg.n_rows; ++i) {
+      const size_t off = static_cast<size_t>(seg.row0 + i) * half;
+      rope.tables(seg.start_pos + i, rope_cos.data() + off, rope_sin.data() + off);
+    }
+  }
+}
+
 namespace {
 
-// Rows of one segment with their positions, flattened so tasks can be split evenly.
-struct RowRef {
+// A tile of up to kMaxTileRows consecutive rows of one segment.
+struct TileRef {
   const AttentionBatch::Segment* seg;
-  int row;
-  int pos;
+  int row0;
+  int n_rows;
 };
-
-inline float dot(const float* a, const float* b, int n) {
-  float s = 0.f;
-  for (int i = 0; i < n; ++i) s += a[i] * b[i];
-  return s;
-}
 
 }  // namespace
 
@@ -61,69 +73,85 @@ void PagedAttention::eval_cpu(const std::vector<mx::array>& inputs, mx::array& o
     const int G = shape.n_kv_heads;
     const int group = H / G;
     const int width = (H + 2 * G) * hd;
+    const int half = rope->dims / 2;
+    const int rows = qkv.shape(0);
     const float* in = qkv.data<float>();
     float* o = out.data<float>();
     KvPool& pool = *batch->pool;
     constexpr int BT = KvPool::kBlockTokens;
-
-    std::vector<RowRef> rows;
-    for (const auto& seg : batch->segments) {
-      for (int i = 0; i < seg.n_rows; ++i) rows.push_back({&seg, seg.row0 + i, seg.start_pos + i});
-    }
     auto& threads = ThreadPool::global();
 
-    // Phase 1: rotate and append this step's keys and values.
-    threads.parallel_for(static_cast<int>(rows.size()), [&](int r0, int r1) {
-      for (int i = r0; i < r1; ++i) {
-        const RowRef& r = rows[i];
-        const float* src = in + static_cast<size_t>(r.row) * width;
-        const int block = r.seg->kv->blocks()[r.pos / BT];
-        const int off = r.pos % BT;
+    // Phase 1: rotate keys into the (transposed) KV blocks, values as they are; rotate and
+    // pre-scale queries into a scratch copy.
+    thread_local std::vector<float> queries;
+    queries.resize(static_cast<size_t>(rows) * H * hd);
+    std::vector<std::pair<const AttentionBatch::Segment*, int>> row_seg(rows);
+    for (const auto& seg : batch->segments) {
+      for (int i = 0; i < seg.n_rows; ++i) row_seg[seg.row0 + i] = {&seg, seg.start_pos + i};
+    }
+    float* qs = queries.data();
+    threads.parallel_for(rows, [&](int r0, int r1) {
+      std::vector<float> k(hd);
+      for (int row = r0; row < r1; ++row) {
+        const auto [seg, pos] = row_seg[row];
+        const float* src = in + static_cast<size_t>(row) * width;
+        const float* ct = batch->rope_cos.data() + static_cast<size_t>(row) * half;
+        const float* st = batch->rope_sin.data() + static_cast<size_t>(row) * half;
+        const int block = seg->kv->blocks()[pos / BT];
+        const int off = pos % BT;
         for (int g = 0; g < G; ++g) {
-          float* k = pool.keys(block, layer, g) + off * hd;
-          float* v = pool.values(block, layer, g) + off * hd;
-          std::memcpy(k, src + (H + g) * hd, hd * sizeof(float));
-          std::memcpy(v, src + (H + G + g) * hd, hd * sizeof(float));
-          rope->apply(k, r.pos);
+          std::memcpy(k.data(), src + (H + g) * hd, hd * sizeof(float));
+          rope->rotate(k.data(), ct, st);
+          float* kt = pool.keys(block, layer, g);
+          for (int d = 0; d < hd; ++d) kt[static_cast<size_t>(d) * BT + off] = k[d];
+          std::memcpy(pool.values(block, layer, g) + static_cast<size_t>(off) * hd, src + (H + G + g) * hd,
+                      hd * sizeof(float));
+        }
+        for (int h = 0; h < H; ++h) {
+          float* q = qs + (static_cast<size_t>(row) * H + h) * hd;
+          std::memcpy(q, src + h * hd, hd * sizeof(float));
+          rope->rotate(q, ct, st);
+          for (int d = 0; d < hd; ++d) q[d] *= shape.scale;
         }
       }
     });
 
-    // Phase 2: each (row, head) attends over positions [0, pos] of its own sequence.
-    const int tasks = static_cast<int>(rows.size()) * H;
+    // Phase 2: tiles of consecutive rows of one sequence, one task per (tile, head).
+    std::vector<TileRef> tiles;
+    for (const auto& seg : batch->segments) {
+      for (int i = 0; i < seg.n_rows; i += kMaxTileRows) {
+        tiles.push_back({&seg, seg.row0 + i, std::min(kMaxTileRows, seg.n_rows - i)});
+      }
+    }
+    const int tasks = static_cast<int>(tiles.size()) * H;
     threads.parallel_for(tasks, [&](int t0, int t1) {
-      std::vector<float> scores;
-      std::vector<float> q(hd);
-      std::vector<float> acc(hd);
+      std::vector<const float*> kb;
+      std::vector<const float*> vb;
+      std::vector<float> scratch;
       for (int t = t0; t < t1; ++t) {
-        const RowRef& r = rows[t / H];
+        const TileRef& tile = tiles[t / H];
         const int h = t % H;
         const int g = h / group;
-        std::memcpy(q.data(), in + static_cast<size_t>(r.row) * width + h * hd, hd * sizeof(float));
-        rope->apply(q.data(), r.pos);
-        const int n = r.pos + 1;
-        scores.resize(n);
-        const auto& blocks = r.seg->kv->blocks();
-        float mx_score = -INFINITY;
-        for (int j = 0; j < n; ++j) {
-          const float* k = pool.keys(blocks[j / BT], layer, g) + (j % BT) * hd;
-          scores[j] = dot(q.data(), k, hd) * shape.scale;
-          mx_score = std::max(mx_score, scores[j]);
+        const auto& blocks = tile.seg->kv->blocks();
+        AttentionTile at;
+        at.rows = tile.n_rows;
+        int n_max = 0;
+        for (int i = 0; i < tile.n_rows; ++i) {
+          const int row = tile.row0 + i;
+          at.q[i] = qs + (static_cast<size_t>(row) * H + h) * hd;
+          at.n_pos[i] = row_seg[row].second + 1;
+          at.out[i] = o + static_cast<size_t>(row) * H * hd + h * hd;
+          n_max = std::max(n_max, at.n_pos[i]);
         }
-        float denom = 0.f;
-        for (int j = 0; j < n; ++j) {
-          scores[j] = std::exp(scores[j] - mx_score);
-          denom += scores[j];
+        const int nb = (n_max + BT - 1) / BT;
+        kb.resize(nb);
+        vb.resize(nb);
+        for (int b = 0; b < nb; ++b) {
+          kb[b] = pool.keys(blocks[b], layer, g);
+          vb[b] = pool.values(blocks[b], layer, g);
         }
-        std::fill(acc.begin(), acc.end(), 0.f);
-        for (int j = 0; j < n; ++j) {
-          const float* v = pool.values(blocks[j / BT], layer, g) + (j % BT) * hd;
-          const float w = scores[j];
-          for (int d = 0; d < hd; ++d) acc[d] += w * v[d];
-        }
-        float* dst = o + static_cast<size_t>(r.row) * H * hd + h * hd;
-        const float inv = 1.f / denom;
-        for (int d = 0; d < hd; ++d) dst[d] = acc[d] * inv;
+        scratch.resize(static_cast<size_t>(kMaxTileRows) * ((n_max + 15) / 16 * 16));
+        attend_tile(at, kb.data(), vb.data(), hd, BT, scratch.data());
       }
     });
   });

@@ -39,6 +39,11 @@ struct AttentionBatch {
   };
   std::vector<Segment> segments;
   KvPool* pool = nullptr;
+  // RoPE cos/sin per row ([rows][dims / 2]), computed once per step for all layers.
+  std::vector<float> rope_cos;
+  std::vector<float> rope_sin;
+
+  void build_rope_tables(const Rope& rope);
 };
 
 class PagedAttention : public mx::UnaryPrimitive {

@@ -34,18 +34,23 @@ std::vector<float> llama3_rope_factors(int dims, double theta, double factor, do
   return factors;
 }
 
-void Rope::apply(float* x, int pos) const {
+void Rope::tables(int pos, float* cos_out, float* sin_out) const {
+  for (int i = 0; i < dims / 2; ++i) {
+    const double angle = static_cast<double>(pos) * inv_freq[i];
+    cos_out[i] = static_cast<float>(std::cos(angle));
+    sin_out[i] = static_cast<float>(std::sin(angle));
+  }
+}
+
+void Rope::rotate(float* x, const float* cos_t, const float* sin_t) const {
   const int half = dims / 2;
   for (int i = 0; i < half; ++i) {
-    const double angle = static_cast<double>(pos) * inv_freq[i];
-    const float c = static_cast<float>(std::cos(angle));
-    const float s = static_cast<float>(std::sin(angle));
     const int a = interleaved ? 2 * i : i;
     const int b = interleaved ? 2 * i + 1 : i + half;
     const float x0 = x[a];
     const float x1 = x[b];
-    x[a] = x0 * c - x1 * s;
-    x[b] = x0 * s + x1 * c;
+    x[a] = x0 * cos_t[i] - x1 * sin_t[i];
+    x[b] = x0 * sin_t[i] + x1 * cos_t[i];
   }
 }
 

@@ -12,8 +12,11 @@ struct Rope {
   bool interleaved = true;
   std::vector<float> inv_freq;   // dims / 2 frequencies, scaling already applied
 
-  // Rotates one head vector in place for position `pos`.
-  void apply(float* x, int pos) const;
+  // cos/sin of every frequency at position `pos` (dims / 2 each): computed once per row per
+  // step and shared by all layers and heads.
+  void tables(int pos, float* cos_out, float* sin_out) const;
+  // Rotates one head vector in place with a row's tables.
+  void rotate(float* x, const float* cos_t, const float* sin_t) const;
 };
 
 // Frequencies theta^(-2i/dims), divided by per-frequency `factors` when given (llama 3

@@ -93,7 +93,7 @@ inline void dot_q4(const uint8_t* w, const ActBlock* const* a, int nb, float* ou
       const __m256i aq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ab.q));
       acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum_u8s8(wq, aq)), _mm256_set1_ps(d * ab.d),
                                acc[r]);
-      accm[r] = std::fma(m, ab.s, accm[r]);
+      accm[r] += m * ab.s;
     }
   }
   for (int r = 0; r < R; ++r) out[r] = hsum(acc[r]) + accm[r];
@@ -142,8 +142,8 @@ inline void dot_q4(const uint8_t* w, const ActBlock* const* a, int nb, float* ou
       for (int i = 0; i < 16; ++i) {
         isum += (qs[i] & 0x0f) * ab.q[i] + (qs[i] >> 4) * ab.q[i + 16];
       }
-      acc[r] = std::fma(static_cast<float>(isum), d * ab.d, acc[r]);
-      accm[r] = std::fma(m, ab.s, accm[r]);
+      acc[r] += static_cast<float>(isum) * (d * ab.d);
+      accm[r] += m * ab.s;
     }
   }
   for (int r = 0; r < R; ++r) out[r] = acc[r] + accm[r];
@@ -161,7 +161,7 @@ inline void dot_q8(const uint8_t* w, const ActBlock* const* a, int nb, float* ou
       const ActBlock& ab = a[r][b];
       int isum = 0;
       for (int i = 0; i < kBlock; ++i) isum += qs[i] * ab.q[i];
-      acc[r] = std::fma(static_cast<float>(isum), d * ab.d, acc[r]);
+      acc[r] += static_cast<float>(isum) * (d * ab.d);
     }
   }
   for (int r = 0; r < R; ++r) out[r] = acc[r];
