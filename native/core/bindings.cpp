@@ -9,6 +9,7 @@
 
 #include "../mlx/kernels/qgemm.h"
 #include "engine.h"
+#include "op_profile.h"
 #include "thread_pool.h"
 
 namespace py = pybind11;
@@ -183,6 +184,9 @@ PYBIND11_MODULE(_engine, m) {
 
   m.def("set_threads", &ThreadPool::configure_global, py::arg("n_threads"),
         "Size llmd's kernel thread pool (0: all cores / LLMD_THREADS).");
+  m.def("profile", [] { return OpProfile::snapshot_ms(); },
+        "Wall ms and calls per op kind since start (LLMD_PROFILE=1 enables it).");
+  m.def("profile_reset", [] { OpProfile::reset(); });
   m.def("thread_count", [] { return ThreadPool::global().size(); });
   m.def("active_kernel_path", [] { return std::string(kernels::active_table().isa); });
   m.def("runnable_kernel_paths", [] {

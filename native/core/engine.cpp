@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <stdexcept>
 
+#include "op_profile.h"
+
 namespace llmd {
 
 namespace {
@@ -242,6 +244,7 @@ void Engine::step_once() {
   std::vector<float> logits;
   {
     std::lock_guard<std::mutex> lock(forward_mutex_);
+    ScopedOpTimer timer(OpKind::Forward);
     model_->forward(step, pool_, logits);
   }
   const int vocab = model_->info().vocab_size;

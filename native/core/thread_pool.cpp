@@ -24,7 +24,10 @@ std::unique_ptr<ThreadPool>& global_slot() {
 std::mutex global_mutex;
 
 // How long an idle worker spins before sleeping: covers the gap between the ops of one step.
-constexpr auto kSpin = std::chrono::microseconds(300);
+const std::chrono::microseconds kSpin{[] {
+  const char* v = std::getenv("LLMD_SPIN_US");
+  return v ? std::atoi(v) : 300;
+}()};
 
 void split(int n_tasks, int n_parts, int part, int& begin, int& end) {
   const int base = n_tasks / n_parts;

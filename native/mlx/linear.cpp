@@ -17,7 +17,7 @@ mx::array owned_bytes(size_t n) {
 }
 }  // namespace
 
-Linear Linear::from_gguf(const std::vector<const TensorView*>& parts) {
+Linear Linear::from_gguf(const std::vector<const TensorView*>& parts, bool interleave_pairs) {
   if (parts.empty()) throw std::invalid_argument("Linear needs at least one tensor");
   Linear lin;
   lin.type_ = parts[0]->type;
@@ -38,9 +38,22 @@ Linear Linear::from_gguf(const std::vector<const TensorView*>& parts) {
     const size_t rb = row_bytes(lin.type_, lin.k_);
     mx::array bytes = owned_bytes(rb * lin.n_);
     uint8_t* dst = bytes.data<uint8_t>();
-    for (const TensorView* p : parts) {
-      std::memcpy(dst, p->data, p->n_bytes);
-      dst += p->n_bytes;
+    if (interleave_pairs) {
+      if (parts.size() != 2 || parts[0]->shape[1] != parts[1]->shape[1]) {
+        throw std::invalid_argument("interleaving needs two tensors of equal shape");
+      }
+      for (int64_t r = 0; r < parts[0]->shape[1]; ++r) {
+        for (const TensorView* p : parts) {
+          std::memcpy(dst, p->data + r * rb, rb);
+          dst += rb;
+        }
+      }
+      lin.interleaved_ = true;
+    } else {
+      for (const TensorView* p : parts) {
+        std::memcpy(dst, p->data, p->n_bytes);
+        dst += p->n_bytes;
+      }
     }
     lin.weight_ = mx::reshape(bytes, {lin.n_, static_cast<int>(rb)});
     lin.weight_.eval();
@@ -68,9 +81,30 @@ Linear Linear::from_float(mx::array weight) {
   return lin;
 }
 
-mx::array Linear::operator()(const mx::array& x) const {
-  if (quantized_) return quantized_matmul(x, weight_, type_, n_, k_);
-  return mx::matmul(x, mx::transpose(weight_));
+mx::array Linear::operator()(const mx::array& x, const Fused& fused) const {
+  if (quantized_) {
+    if (fused.swiglu && !interleaved_) throw std::logic_error("fused SwiGLU needs interleaved gate/up rows");
+    QuantizedMatmulSpec spec;
+    spec.type = type_;
+    spec.n = n_;
+    spec.k = k_;
+    spec.rms_norm = fused.rms_norm_weight.has_value();
+    spec.eps = fused.eps;
+    spec.epilogue = fused.swiglu ? Epilogue::SwiGLU : fused.residual ? Epilogue::AddResidual : Epilogue::None;
+    return quantized_matmul(x, weight_, spec, fused.rms_norm_weight, fused.residual);
+  }
+  // Float weights: the same maths as separate MLX ops.
+  mx::array h = fused.rms_norm_weight ? mx::fast::rms_norm(x, *fused.rms_norm_weight, fused.eps) : x;
+  mx::array y = mx::matmul(h, mx::transpose(weight_));
+  if (fused.swiglu) {
+    const int rows = y.shape(0);
+    const int half = n_ / 2;
+    mx::array g = mx::slice(y, {0, 0}, {rows, half});
+    mx::array u = mx::slice(y, {0, half}, {rows, n_});
+    y = mx::multiply(mx::multiply(g, mx::sigmoid(g)), u);
+  }
+  if (fused.residual) y = mx::add(*fused.residual, y);
+  return y;
 }
 
 std::string Linear::path() const {

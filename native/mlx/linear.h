@@ -3,6 +3,7 @@
 // rows are stacked (q|k|v, gate|up), so a fused projection is one kernel call.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -18,12 +19,22 @@ namespace mx = mlx::core;
 class Linear {
  public:
   Linear() = default;
-  // Stacks the rows of `parts` (each [n_i, k] in GGUF order shape {k, n_i}).
-  static Linear from_gguf(const std::vector<const TensorView*>& parts);
-  // Float weights [n, k] already in memory (safetensors path).
+  // Stacks the rows of `parts` (each [n_i, k] in GGUF order shape {k, n_i}). With
+  // `interleave_pairs` (two equal parts: gate, up) rows alternate gate_0, up_0, gate_1, ...
+  // so a fused SwiGLU finds each pair in adjacent output columns.
+  static Linear from_gguf(const std::vector<const TensorView*>& parts, bool interleave_pairs = false);
+  // Float weights [n, k] already in memory (safetensors path); pairs are never interleaved.
   static Linear from_float(mx::array weight);
 
-  mx::array operator()(const mx::array& x) const;
+  // Row-wise work fused around the product (one kernel pass on the quantized path).
+  struct Fused {
+    std::optional<mx::array> rms_norm_weight;  // normalise x first
+    float eps = 1e-5f;
+    std::optional<mx::array> residual;         // add to the result
+    bool swiglu = false;                       // silu(gate) * up over the two halves/pairs
+  };
+  mx::array operator()(const mx::array& x, const Fused& fused) const;
+  mx::array operator()(const mx::array& x) const { return (*this)(x, Fused{}); }
 
   int out_features() const { return n_; }
   bool quantized() const { return quantized_; }
@@ -37,6 +48,7 @@ class Linear {
  private:
   TensorType type_ = TensorType::F32;
   bool quantized_ = false;
+  bool interleaved_ = false;
   int n_ = 0;
   int k_ = 0;
   mx::array weight_{0.f};  // uint8 [n, row_bytes] when quantized, float32 [n, k] otherwise

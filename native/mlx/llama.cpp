@@ -1,11 +1,13 @@
 #include "llama.h"
 
 #include <cmath>
+#include <optional>
 #include <cstring>
 #include <filesystem>
 #include <stdexcept>
 
 #include "../core/dequantize.h"
+#include "../core/op_profile.h"
 #include "linear.h"
 #include "paged_attention.h"
 
@@ -84,6 +86,7 @@ class LlamaModel : public Model {
   }
 
   void forward(const Step& step, KvPool& pool, std::vector<float>& logits) override {
+    std::optional<ScopedOpTimer> build_timer(std::in_place, OpKind::GraphBuild);
     const int T = step.total_tokens();
     const int D = cfg_.hidden_size;
     auto batch = std::make_shared<AttentionBatch>();
@@ -102,27 +105,26 @@ class LlamaModel : public Model {
     mx::array x(x_host.begin(), {T, D}, mx::float32);
     const AttentionShape ashape{cfg_.n_heads, cfg_.n_kv_heads, cfg_.head_dim,
                                 1.f / std::sqrt(static_cast<float>(cfg_.head_dim))};
-    const int F = cfg_.ffn_size;
+    // Five ops per layer: norm+qkv, attention, o+residual, norm+gate/up+SwiGLU, down+residual.
     for (int l = 0; l < cfg_.n_layers; ++l) {
       const Layer& L = layers_[l];
-      mx::array h = mx::fast::rms_norm(x, L.attn_norm, cfg_.rms_eps);
-      mx::array a = paged_attention(L.qkv(h), batch, l, ashape, rope_);
-      x = mx::add(x, L.wo(a));
-      h = mx::fast::rms_norm(x, L.ffn_norm, cfg_.rms_eps);
-      mx::array gu = L.gate_up(h);
-      mx::array g = mx::slice(gu, {0, 0}, {T, F});
-      mx::array u = mx::slice(gu, {0, F}, {T, 2 * F});
-      x = mx::add(x, L.down(mx::multiply(mx::multiply(g, mx::sigmoid(g)), u)));
+      mx::array qkv = L.qkv(x, {.rms_norm_weight = L.attn_norm, .eps = cfg_.rms_eps});
+      mx::array a = paged_attention(qkv, batch, l, ashape, rope_);
+      x = L.wo(a, {.residual = x});
+      mx::array h = L.gate_up(x, {.rms_norm_weight = L.ffn_norm, .eps = cfg_.rms_eps, .swiglu = true});
+      x = L.down(h, {.residual = x});
     }
     if (logit_rows.empty()) {
+      build_timer.reset();
       mx::eval(x);
       logits.clear();
       return;
     }
     mx::array idx(logit_rows.begin(), {static_cast<int>(logit_rows.size())}, mx::int32);
     mx::array last = mx::take(x, idx, 0);
-    mx::array out = lm_head_(mx::fast::rms_norm(last, out_norm_, cfg_.rms_eps));
+    mx::array out = lm_head_(last, {.rms_norm_weight = out_norm_, .eps = cfg_.rms_eps});
     out = mx::astype(out, mx::float32);
+    build_timer.reset();
     mx::eval(out);
     logits.resize(out.size());
     std::memcpy(logits.data(), out.data<float>(), out.nbytes());
@@ -214,7 +216,7 @@ std::unique_ptr<Model> load_llama_gguf(const GgufFile& file, const LoadOptions& 
     if (gate->type != up->type) {
       throw std::runtime_error("mixed quantization types for ffn_gate/ffn_up are not supported yet");
     }
-    L.gate_up = Linear::from_gguf({gate, up});
+    L.gate_up = Linear::from_gguf({gate, up}, /*interleave_pairs=*/true);
     L.down = Linear::from_gguf({&file.tensor(b + "ffn_down.weight")});
   }
   mx::array out_norm = dequantize_tensor(file.tensor("output_norm.weight"));

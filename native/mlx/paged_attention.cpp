@@ -7,6 +7,7 @@
 #include <cstring>
 #include <stdexcept>
 
+#include "../core/op_profile.h"
 #include "../core/thread_pool.h"
 #include "attention_kernels.h"
 
@@ -68,6 +69,7 @@ void PagedAttention::eval_cpu(const std::vector<mx::array>& inputs, mx::array& o
   encoder.set_input_array(qkv);
   encoder.set_output_array(out);
   encoder.dispatch([qkv, out, batch = batch_, layer = layer_, shape = shape_, rope = rope_]() mutable {
+    ScopedOpTimer timer(OpKind::Attention);
     const int hd = shape.head_dim;
     const int H = shape.n_heads;
     const int G = shape.n_kv_heads;

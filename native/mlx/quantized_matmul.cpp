@@ -2,46 +2,57 @@
 
 #include <mlx/backend/cpu/encoder.h>
 
+#include <cmath>
 #include <stdexcept>
 #include <vector>
 
+#include "../core/op_profile.h"
 #include "../core/thread_pool.h"
 
 namespace llmd {
 
 namespace {
-// Output columns handed to one pool task: large enough to amortise the hand-out, small
-// enough that 2..16 threads get an even share of a 192-row K/V projection.
+// Output columns handed to one pool task (even, so SwiGLU pairs never straddle tasks).
 constexpr int kColumnsPerTask = 16;
+
+// RMS-normalise one row into `dst` (float accumulation in a fixed order: batch-invariant).
+void rms_norm_row(const float* x, const float* w, float eps, int k, float* dst) {
+  float ss = 0.f;
+  for (int i = 0; i < k; ++i) ss += x[i] * x[i];
+  const float inv = 1.f / std::sqrt(ss / static_cast<float>(k) + eps);
+  for (int i = 0; i < k; ++i) dst[i] = x[i] * inv * w[i];
+}
+
+float silu(float g) { return g / (1.f + std::exp(-g)); }
 }  // namespace
 
-mx::array quantized_matmul(const mx::array& x, const mx::array& w, TensorType type, int n, int k,
+mx::array quantized_matmul(const mx::array& x, const mx::array& w, const QuantizedMatmulSpec& spec,
+                           const std::optional<mx::array>& norm_weight, const std::optional<mx::array>& residual,
                            const kernels::KernelTable& table) {
-  if (x.shape(-1) != k) {
-    throw std::invalid_argument("quantized_matmul: activation width " +
-                                std::to_string(x.shape(-1)) + " != weight width " +
-                                std::to_string(k));
+  if (x.ndim() != 2 || x.shape(1) != spec.k) {
+    throw std::invalid_argument("quantized_matmul: activations must be [rows, " + std::to_string(spec.k) + "]");
   }
-  if (!table.gemm_for(type)) {
-    throw std::invalid_argument("no CPU kernel for " + type_name(type));
+  if (!table.gemm_for(spec.type)) throw std::invalid_argument("no CPU kernel for " + type_name(spec.type));
+  if (spec.rms_norm != norm_weight.has_value()) throw std::invalid_argument("quantized_matmul: norm weight mismatch");
+  if ((spec.epilogue == Epilogue::AddResidual) != residual.has_value()) {
+    throw std::invalid_argument("quantized_matmul: residual mismatch");
   }
-  auto shape = x.shape();
-  shape.back() = n;
   const auto stream = mx::default_stream(mx::Device::cpu);
-  auto xin = mx::contiguous(mx::astype(x, mx::float32, stream), false, stream);
-  return mx::array(shape, mx::float32,
-                   std::make_shared<QuantizedMatmul>(stream, type, n, k, table), {xin, w});
+  auto as_input = [&](const mx::array& a) { return mx::contiguous(mx::astype(a, mx::float32, stream), false, stream); };
+  std::vector<mx::array> inputs{as_input(x), w};
+  if (norm_weight) inputs.push_back(as_input(*norm_weight));
+  if (residual) inputs.push_back(as_input(*residual));
+  return mx::array({x.shape(0), spec.out_features()}, mx::float32,
+                   std::make_shared<QuantizedMatmul>(stream, spec, table), std::move(inputs));
 }
 
 std::vector<mx::Shape> QuantizedMatmul::output_shapes(const std::vector<mx::array>& inputs) {
-  auto shape = inputs[0].shape();
-  shape.back() = n_;
-  return {shape};
+  return {{inputs[0].shape(0), spec_.out_features()}};
 }
 
 bool QuantizedMatmul::is_equivalent(const mx::Primitive& other) const {
   const auto& o = static_cast<const QuantizedMatmul&>(other);
-  return o.type_ == type_ && o.n_ == n_ && o.k_ == k_ && &o.table_ == &table_;
+  return o.spec_ == spec_ && &o.table_ == &table_;
 }
 
 void QuantizedMatmul::eval_gpu(const std::vector<mx::array>&, mx::array&) {
@@ -49,37 +60,66 @@ void QuantizedMatmul::eval_gpu(const std::vector<mx::array>&, mx::array&) {
 }
 
 void QuantizedMatmul::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
-  const mx::array& x = inputs[0];
-  const mx::array& w = inputs[1];
   out.set_data(mx::allocator::malloc(out.nbytes()));
   auto& encoder = mx::cpu::get_command_encoder(stream());
-  encoder.set_input_array(x);
-  encoder.set_input_array(w);
+  for (const auto& in : inputs) encoder.set_input_array(in);
   encoder.set_output_array(out);
-  const int rows = static_cast<int>(x.size() / k_);
-  const TensorType type = type_;
-  const int n = n_;
-  const int k = k_;
   const kernels::KernelTable* table = &table_;
-  encoder.dispatch([x, w, out, rows, type, n, k, table]() mutable {
-    const size_t row_bytes = llmd::row_bytes(type, k);
+  encoder.dispatch([inputs, out, spec = spec_, table]() mutable {
+    ScopedOpTimer timer(OpKind::QuantizedMatmul);
+    const mx::array& x = inputs[0];
+    const mx::array& w = inputs[1];
+    const int k = spec.k;
+    const int n = spec.n;
+    const int rows = x.shape(0);
+    const size_t row_bytes = llmd::row_bytes(spec.type, k);
     const int nb = k / kernels::kBlock;
+    const float* norm_w = spec.rms_norm ? inputs[2].data<float>() : nullptr;
+    const float* residual = spec.epilogue == Epilogue::AddResidual ? inputs.back().data<float>() : nullptr;
     thread_local std::vector<kernels::ActBlock> act;
     act.resize(static_cast<size_t>(rows) * nb);
     const float* xp = x.data<float>();
     auto& pool = ThreadPool::global();
     kernels::ActBlock* ap = act.data();
     pool.parallel_for(rows, [&](int r0, int r1) {
-      for (int r = r0; r < r1; ++r) table->quantize_row(xp + static_cast<size_t>(r) * k, ap + static_cast<size_t>(r) * nb, k);
+      std::vector<float> normed(norm_w ? k : 0);
+      for (int r = r0; r < r1; ++r) {
+        const float* src = xp + static_cast<size_t>(r) * k;
+        if (norm_w) {
+          rms_norm_row(src, norm_w, spec.eps, k, normed.data());
+          src = normed.data();
+        }
+        table->quantize_row(src, ap + static_cast<size_t>(r) * nb, k);
+      }
     });
-    const kernels::GemmFn gemm = table->gemm_for(type);
+    const kernels::GemmFn gemm = table->gemm_for(spec.type);
     const uint8_t* wp = w.data<uint8_t>();
     float* op = out.data<float>();
+    const int out_n = spec.out_features();
     const int tasks = (n + kColumnsPerTask - 1) / kColumnsPerTask;
     pool.parallel_for(tasks, [&](int t0, int t1) {
       const int n0 = t0 * kColumnsPerTask;
       const int n1 = std::min(n, t1 * kColumnsPerTask);
-      gemm(wp, row_bytes, ap, k, rows, n0, n1, op, n);
+      if (spec.epilogue != Epilogue::SwiGLU) {
+        gemm(wp, row_bytes, ap, k, rows, n0, n1, op, n);
+        if (residual) {
+          for (int r = 0; r < rows; ++r) {
+            float* o = op + static_cast<size_t>(r) * n;
+            const float* res = residual + static_cast<size_t>(r) * n;
+            for (int j = n0; j < n1; ++j) o[j] += res[j];
+          }
+        }
+        return;
+      }
+      // SwiGLU: columns (2i, 2i+1) are (gate_i, up_i); out[i] = silu(gate) * up.
+      const int width = n1 - n0;
+      std::vector<float> tmp(static_cast<size_t>(rows) * width);
+      gemm(wp + static_cast<size_t>(n0) * row_bytes, row_bytes, ap, k, rows, 0, width, tmp.data(), width);
+      for (int r = 0; r < rows; ++r) {
+        const float* t = tmp.data() + static_cast<size_t>(r) * width;
+        float* o = op + static_cast<size_t>(r) * out_n + n0 / 2;
+        for (int i = 0; i < width / 2; ++i) o[i] = silu(t[2 * i]) * t[2 * i + 1];
+      }
     });
   });
 }
