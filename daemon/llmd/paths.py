@@ -1,5 +1,10 @@
 """Where llmd keeps its state. Everything lives under platformdirs' per-user directories,
-or under ``$LLMD_HOME`` when set (tests and relocations use it)."""
+or under ``$LLMD_HOME`` when set (tests and relocations use it): ``$LLMD_HOME/data`` (models),
+``cache``, ``logs`` and ``run`` (the Unix socket).
+
+The API listens on 127.0.0.1:7477 by default: a port no well-known local server uses (Ollama
+11434, LM Studio 1234, llama-server 8080, vLLM 8000, Jupyter 8888).
+"""
 
 from __future__ import annotations
 
@@ -19,6 +24,8 @@ _SOCKET_PATH_LIMIT = 107  # sun_path is 108 bytes including the NUL
 
 @dataclass(frozen=True)
 class Paths:
+    """The directories of one llmd home."""
+
     data: Path  # models and manifests
     cache: Path
     logs: Path
@@ -38,14 +45,18 @@ class Paths:
 
     @property
     def socket(self) -> Path:
+        """``<runtime>/llmd.sock``; where that passes the 107-byte limit of a socket path, a
+        short one in a private per-user temp dir, derived from the long one (so every llmd
+        command of this home finds the same socket)."""
         preferred = self.runtime / "llmd.sock"
         if len(str(preferred).encode()) <= _SOCKET_PATH_LIMIT:
             return preferred
         digest = hashlib.sha256(str(preferred).encode()).hexdigest()[:12]
-        return Path(tempfile.gettempdir()) / f"llmd-{os.getuid()}-{digest}.sock"
+        return Path(tempfile.gettempdir()) / f"llmd-{os.getuid()}" / f"{digest}.sock"
 
 
 def get_paths() -> Paths:
+    """The paths of this user's llmd, relocated wholesale by ``$LLMD_HOME``."""
     home = os.environ.get("LLMD_HOME")
     if home:
         root = Path(home).expanduser().resolve()
@@ -65,7 +76,12 @@ def get_paths() -> Paths:
 
 
 def ensure_private_dir(path: Path) -> Path:
-    """Create `path` (mode 0700) if needed; the socket's directory must not be world-readable."""
+    """Create `path` (mode 0700) if needed: the socket's directory must be ours alone. A dir
+    someone else created (e.g. in a shared /tmp) is refused rather than trusted."""
     path.mkdir(parents=True, exist_ok=True)
+    if path.stat().st_uid != os.getuid():
+        raise PermissionError(
+            f"{path} belongs to another user; refusing to put llmd's socket there"
+        )
     os.chmod(path, 0o700)
     return path

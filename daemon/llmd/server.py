@@ -1,7 +1,11 @@
 """HTTP API (aiohttp): OpenAI-compatible routes on TCP and a Unix socket.
 
+Routes: ``GET /health``, ``GET /v1/models``, ``POST /v1/chat/completions``,
+``POST /v1/completions`` (streaming as SSE ending in ``data: [DONE]``, or one JSON body).
 Handlers only translate between HTTP and the generation pipeline (generation.py); errors
-always leave in the OpenAI envelope with the right status.
+always leave in the OpenAI envelope with the right status, and an error after a stream has
+started is one ``data: {"error": ...}`` event, then the stream ends. A client that goes away
+mid-generation cancels its request in the worker.
 """
 
 from __future__ import annotations
@@ -10,6 +14,8 @@ import asyncio
 import json
 import logging
 import os
+import signal
+import socket
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -19,6 +25,7 @@ from aiohttp import web
 
 from . import __version__
 from . import protocol as p
+from .catalog import load_catalog
 from .chat_template import render_chat
 from .errors import ApiError, bad_request, server_error
 from .generation import Finished, generate_text, token_budget
@@ -26,6 +33,7 @@ from .model_registry import LoadedModel, ModelRegistry
 from .openai_schemas import ChatCompletionRequest, CompletionRequest, SamplingFields, parse_request
 from .paths import Paths, ensure_private_dir
 from .store import ModelStore
+from .worker_client import WorkerLauncher
 
 log = logging.getLogger("llmd.server")
 
@@ -137,6 +145,13 @@ async def _stream(
     except ApiError as err:
         # The stream has started: the error travels as one SSE event, then the stream ends.
         await _sse_send(resp, err.envelope())
+    except ConnectionResetError:  # aiohttp's ClientConnectionResetError is one too
+        # The client went away; closing `pieces` (below) cancels the request in the worker.
+        log.info("client disconnected from %s mid-stream", request.path)
+        return resp
+    except Exception as exc:  # noqa: BLE001 - a started stream can only report, not re-status
+        log.exception("error while streaming %s", request.path)
+        await _sse_send(resp, server_error(f"internal error: {exc}").envelope())
     finally:
         await pieces.aclose()  # type: ignore[attr-defined]
     await resp.write_eof()
@@ -146,11 +161,14 @@ async def _stream(
 async def _collect(pieces: AsyncIterator[str | Finished]) -> tuple[str, Finished]:
     text: list[str] = []
     done: Finished | None = None
-    async for piece in pieces:
-        if isinstance(piece, Finished):
-            done = piece
-        else:
-            text.append(piece)
+    try:
+        async for piece in pieces:
+            if isinstance(piece, Finished):
+                done = piece
+            else:
+                text.append(piece)
+    finally:
+        await pieces.aclose()  # type: ignore[attr-defined]  # client gone: cancel in worker
     assert done is not None
     return "".join(text), done
 
@@ -167,10 +185,9 @@ async def health(request: web.Request) -> web.Response:
 
 
 async def list_models(request: web.Request) -> web.Response:
+    """Installed models plus catalog models served from an installed package."""
     store = request.app[STORE]
     names = {r.name: r for r in store.list()}
-    from .catalog import load_catalog
-
     for name in load_catalog():
         if name not in names:
             record = store.resolve(name)
@@ -190,19 +207,25 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         raise bad_request(
             f"model '{req.model}' has no chat template; use /v1/completions", param="model"
         )
-    messages = [
-        {"role": m.role if m.role != "developer" else "system", "content": m.text()}
-        for m in req.messages
-    ]
-    rendered = render_chat(
-        model.text.chat_template,
-        messages,
-        bos_token=model.text.bos_token,
-        eos_token=model.text.eos_token,
+    messages = [m.for_template() for m in req.messages]
+    template = model.text.chat_template
+
+    def build_prompt() -> list[int]:
+        rendered = render_chat(
+            template, messages, bos_token=model.text.bos_token, eos_token=model.text.eos_token
+        )
+        return model.text.encode_rendered_chat(rendered)
+
+    # Off the event loop: a long prompt must not stall other clients' streams.
+    prompt = await asyncio.to_thread(build_prompt)
+    requested, limit_param = req.token_limit()
+    max_tokens = token_budget(
+        len(prompt),
+        requested,
+        model.context_length,
+        limit_param=limit_param,
+        prompt_param="messages",
     )
-    prompt = model.text.encode_rendered_chat(rendered)
-    param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
-    max_tokens = token_budget(len(prompt), req.token_limit(), model.context_length, param)
     pieces = generate_text(
         model, prompt, max_tokens=max_tokens, sampling=_sampling(req), stops=req.stop_list()
     )
@@ -210,7 +233,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     created = int(time.time())
 
     if req.stream:
-        include_usage = bool(req.stream_options and req.stream_options.include_usage)
+        include_usage = req.include_usage()
 
         def chunk(content: str | None, finish: str | None) -> dict[str, Any]:
             delta = {} if content is None else {"content": content}
@@ -256,10 +279,16 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
 async def completions(request: web.Request) -> web.StreamResponse:
     req: CompletionRequest = parse_request(await _json_body(request), CompletionRequest)
     model = await _model(request, req.model)
-    prompt = model.text.encode(req.prompt_text())
+    prompt = await asyncio.to_thread(model.text.encode, req.prompt_text())
     if not prompt:
         raise bad_request("the prompt is empty", param="prompt")
-    max_tokens = token_budget(len(prompt), req.max_tokens, model.context_length, "max_tokens")
+    max_tokens = token_budget(
+        len(prompt),
+        req.max_tokens,
+        model.context_length,
+        limit_param="max_tokens",
+        prompt_param="prompt",
+    )
     pieces = generate_text(
         model, prompt, max_tokens=max_tokens, sampling=_sampling(req), stops=req.stop_list()
     )
@@ -267,7 +296,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
     created = int(time.time())
 
     def chunk(text: str | None, finish: str | None) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "id": cid,
             "object": "text_completion",
             "created": created,
@@ -276,10 +305,12 @@ async def completions(request: web.Request) -> web.StreamResponse:
                 {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
             ],
         }
+        if req.include_usage():
+            out["usage"] = None
+        return out
 
     if req.stream:
-        include_usage = bool(req.stream_options and req.stream_options.include_usage)
-        return await _stream(request, pieces, chunk, include_usage, None)
+        return await _stream(request, pieces, chunk, req.include_usage(), None)
     text, done = await _collect(pieces)
     body = chunk(text, done.finish_reason)
     body["usage"] = _usage(done)
@@ -295,11 +326,15 @@ def create_app(
     max_body: int = DEFAULT_MAX_BODY,
     context_length: int | None = None,
     threads: int | None = None,
+    worker_launcher: WorkerLauncher | None = None,
 ) -> web.Application:
+    """The aiohttp app; `worker_launcher` replaces the real worker (tests use a fake one)."""
     app = web.Application(client_max_size=max_body, middlewares=[error_middleware])
     store = ModelStore(paths)
     app[STORE] = store
-    app[REGISTRY] = ModelRegistry(store, context_length=context_length, threads=threads)
+    app[REGISTRY] = ModelRegistry(
+        store, context_length=context_length, threads=threads, launcher=worker_launcher
+    )
     app.router.add_get("/health", health)
     app.router.add_get("/v1/models", list_models)
     app.router.add_post("/v1/chat/completions", chat_completions)
@@ -312,23 +347,64 @@ def create_app(
     return app
 
 
+class AlreadyRunning(RuntimeError):
+    """Another llmd answers on this home's Unix socket."""
+
+
+def _socket_answers(path: str) -> bool:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(1.0)
+        try:
+            s.connect(path)
+        except OSError:
+            return False
+    return True
+
+
+def prepare_socket(paths: Paths) -> str:
+    """The socket path, in a private (0700) directory, with any stale socket removed. A live
+    daemon's socket is never taken over."""
+    sock = paths.socket
+    ensure_private_dir(sock.parent)
+    if sock.exists() or sock.is_symlink():
+        if _socket_answers(str(sock)):
+            raise AlreadyRunning(f"another llmd is already serving on unix:{sock}")
+        sock.unlink()
+    return str(sock)
+
+
 async def serve(paths: Paths, host: str, port: int, **app_options: Any) -> None:
-    """Run until cancelled: TCP on host:port and the Unix socket (0600 in a 0700 dir)."""
+    """Run until SIGINT/SIGTERM: TCP on host:port and the Unix socket (0600 in a 0700 dir).
+    Shutdown stops every worker and removes the socket."""
+    sock = prepare_socket(paths)
     app = create_app(paths, **app_options)
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
     await runner.setup()
-    await web.TCPSite(runner, host, port).start()
-    sock = paths.socket
-    ensure_private_dir(sock.parent) if sock.parent == paths.runtime else sock.parent.mkdir(
-        parents=True, exist_ok=True
-    )
-    if sock.exists():
-        sock.unlink()
-    await web.UnixSite(runner, str(sock)).start()
-    os.chmod(sock, 0o600)
-    print(f"llmd {__version__} listening on http://{host}:{port} and unix:{sock}", flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
     try:
-        await asyncio.Event().wait()
+        tcp = web.TCPSite(runner, host, port)
+        await tcp.start()
+        # Created with a private umask so the socket is never briefly open to others.
+        old_umask = os.umask(0o177)
+        try:
+            await web.UnixSite(runner, sock).start()
+        finally:
+            os.umask(old_umask)
+        os.chmod(sock, 0o600)
+        tcp_addresses = [a for a in runner.addresses if isinstance(a, tuple)]
+        actual_port = tcp_addresses[0][1] if tcp_addresses else port  # --port 0 picks one
+        print(
+            f"llmd {__version__} listening on http://{host}:{actual_port} and unix:{sock}",
+            flush=True,
+        )
+        await stop.wait()
+        log.info("shutting down")
     finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
         await runner.cleanup()
-        sock.unlink(missing_ok=True)
+        if os.path.exists(sock):
+            os.unlink(sock)

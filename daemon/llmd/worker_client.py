@@ -68,6 +68,7 @@ class WorkerClient:
         self._stderr: asyncio.Task[None] | None = None
         self._write_lock = asyncio.Lock()
         self.dead: WorkerError | None = None
+        self._stopping = False
 
     async def start(self, timeout: float = 300.0) -> p.Ready:
         argv, env = self.launcher(
@@ -120,7 +121,10 @@ class WorkerClient:
         assert self._proc is not None and self._proc.stderr is not None
         async for raw in self._proc.stderr:
             log.info(
-                "[worker %s %s] %s", self.name, self._proc.pid, raw.decode(errors="replace").rstrip()
+                "[worker %s %s] %s",
+                self.name,
+                self._proc.pid,
+                raw.decode(errors="replace").rstrip(),
             )
 
     async def _pump_stdout(self) -> None:
@@ -145,6 +149,14 @@ class WorkerClient:
                     queue.put_nowait(msg)
         finally:
             code = await self._proc.wait()
+            if not self._stopping:
+                log.warning(
+                    "worker for %s (pid %s) exited with status %s; %d request(s) in flight",
+                    self.name,
+                    self._proc.pid,
+                    code,
+                    len(self._queues),
+                )
             self.dead = WorkerError(
                 "worker_died", f"the model worker exited unexpectedly (status {code})"
             )
@@ -219,6 +231,7 @@ class WorkerClient:
     async def stop(self, timeout: float = 10.0) -> None:
         if self._proc is None or self._proc.returncode is not None:
             return
+        self._stopping = True
         try:
             await self._send(p.Shutdown())
             await asyncio.wait_for(self._proc.wait(), timeout)

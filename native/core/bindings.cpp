@@ -148,6 +148,10 @@ PYBIND11_MODULE(_engine, m) {
              d["kv_bytes"] = s.kv_bytes;
              d["kv_blocks_used"] = s.kv_blocks_used;
              d["max_rows_sampled_in_a_step"] = s.max_rows_sampled_in_a_step;
+             d["prefix_cache_hits"] = s.prefix_cache_hits;
+             d["prefix_cached_tokens"] = s.prefix_cached_tokens;
+             d["prefix_cache_blocks"] = s.prefix_cache_blocks;
+             d["kv_idle_cached_blocks"] = s.kv_idle_cached_blocks;
              py::dict hist;
              for (const auto& [k, v] : s.sampled_rows_histogram) hist[py::str(std::to_string(k))] = v;
              d["sampled_rows_histogram"] = hist;

@@ -18,7 +18,8 @@ Engine::Engine(std::unique_ptr<Model> model, EngineOptions options)
       options_(options),
       context_length_(options.context_length > 0 ? std::min(options.context_length, model_->info().context_length)
                                                  : model_->info().context_length),
-      pool_(model_->kv_shape(), options.kv_budget_bytes) {
+      pool_(model_->kv_shape(), options.kv_budget_bytes),
+      prefix_cache_(pool_) {
   if (options_.max_sequences < 1) options_.max_sequences = 1;
   if (options_.step_token_budget < options_.max_sequences) options_.step_token_budget = options_.max_sequences;
   thread_ = std::thread([this] { loop(); });
@@ -115,6 +116,7 @@ void Engine::finish(Sequence& seq, const std::string& reason) {
   e.finish_reason = reason;
   e.prompt_tokens = static_cast<int>(seq.request.prompt.size());
   e.completion_tokens = static_cast<int>(seq.generated.size());
+  e.cached_tokens = seq.cached;
   const auto now = Clock::now();
   const auto admitted = seq.admitted.time_since_epoch().count() ? seq.admitted : now;
   e.queued_ms = ms_between(seq.submitted, admitted);
@@ -123,6 +125,33 @@ void Engine::finish(Sequence& seq, const std::string& reason) {
   e.decode_ms = has_first ? ms_between(seq.first_token, now) : 0.0;
   seq.kv->clear();
   emit(std::move(e));
+}
+
+void Engine::admit(Sequence& seq) {
+  // Reuse cached KV for the longest block-aligned prefix, always leaving at least one prompt
+  // token to run so the first sampled token has fresh logits.
+  const auto& prompt = seq.request.prompt;
+  PrefixCache::Match m = prefix_cache_.match(prompt.data(), static_cast<int>(prompt.size()) - 1);
+  if (m.blocks.empty()) return;
+  seq.kv->adopt(m.blocks, m.tokens());
+  seq.fed = seq.cached = m.tokens();
+  seq.block_keys = std::move(m.keys);
+  std::lock_guard<std::mutex> lock(stats_mutex_);
+  stats_.prefix_cache_hits += 1;
+  stats_.prefix_cached_tokens += seq.cached;
+}
+
+void Engine::index_full_blocks(Sequence& seq) {
+  constexpr int BT = KvPool::kBlockTokens;
+  std::vector<int32_t> tokens(BT);
+  while (static_cast<int>(seq.block_keys.size() + 1) * BT <= seq.kv->length()) {
+    const int index = static_cast<int>(seq.block_keys.size());
+    for (int i = 0; i < BT; ++i) tokens[i] = seq.token_at(index * BT + i);
+    const uint64_t parent = index == 0 ? 0 : seq.block_keys.back();
+    const uint64_t key = PrefixCache::chain(parent, tokens.data());
+    prefix_cache_.insert(key, parent, tokens.data(), seq.kv->blocks()[index]);
+    seq.block_keys.push_back(key);
+  }
 }
 
 void Engine::loop() {
@@ -164,6 +193,7 @@ void Engine::loop() {
         auto seq = std::move(waiting_.front());
         waiting_.pop_front();
         seq->admitted = Clock::now();
+        admit(*seq);
         active_.push_back(std::move(seq));
       }
     }
@@ -261,6 +291,7 @@ void Engine::step_once() {
       seq->fed += static_cast<int>(s.tokens.size());
       prompt_tokens += static_cast<int>(s.tokens.size());
     }
+    index_full_blocks(*seq);
     if (!s.want_logits) continue;
     ++sampled;
     const int token = seq->sampler.sample(logits.data() + static_cast<size_t>(row) * vocab, vocab);
@@ -305,6 +336,8 @@ void Engine::step_once() {
   stats_.active_sequences = static_cast<int>(active_.size());
   stats_.kv_blocks_used = pool_.used_blocks();
   stats_.kv_bytes = pool_.allocated_bytes();
+  stats_.prefix_cache_blocks = prefix_cache_.entries();
+  stats_.kv_idle_cached_blocks = pool_.cached_idle_blocks();
 }
 
 std::vector<float> Engine::score(const std::vector<int32_t>& tokens, int first_scored) {

@@ -20,6 +20,7 @@
 
 #include "kv_cache.h"
 #include "model.h"
+#include "prefix_cache.h"
 #include "sampler.h"
 
 namespace llmd {
@@ -64,6 +65,10 @@ struct EngineStats {
   size_t kv_bytes = 0;
   size_t kv_blocks_used = 0;
   int max_rows_sampled_in_a_step = 0;
+  uint64_t prefix_cache_hits = 0;       // requests that reused cached KV
+  uint64_t prefix_cached_tokens = 0;    // prompt tokens not prefilled thanks to the cache
+  size_t prefix_cache_blocks = 0;       // blocks indexed by the cache
+  size_t kv_idle_cached_blocks = 0;     // cached blocks no running sequence uses
   // How many steps sampled k sequences at once (k -> steps): proves steps are batched.
   std::map<int, uint64_t> sampled_rows_histogram;
 };
@@ -97,16 +102,24 @@ class Engine {
     std::unique_ptr<SequenceKv> kv;
     Sampler sampler;
     int fed = 0;                  // prompt tokens already in the KV
+    int cached = 0;               // of which reused from the prefix cache
+    std::vector<uint64_t> block_keys;  // prefix-cache keys of this sequence's full blocks
     std::vector<int32_t> generated;
     Clock::time_point submitted, admitted, first_token;
     explicit Sequence(GenerateRequest r, KvPool& pool)
         : request(std::move(r)), kv(std::make_unique<SequenceKv>(pool)), sampler(request.sampling) {}
     bool prefilling() const { return fed < static_cast<int>(request.prompt.size()); }
+    int32_t token_at(int pos) const {
+      const int n = static_cast<int>(request.prompt.size());
+      return pos < n ? request.prompt[pos] : generated[pos - n];
+    }
   };
 
   void loop();
   void step_once();
   void finish(Sequence& seq, const std::string& reason);
+  void admit(Sequence& seq);
+  void index_full_blocks(Sequence& seq);
   void emit(EngineEvent event);
   std::string validate(const GenerateRequest& r, std::string& code) const;
 
@@ -114,6 +127,7 @@ class Engine {
   EngineOptions options_;
   int context_length_;
   KvPool pool_;
+  PrefixCache prefix_cache_;
 
   std::mutex mutex_;  // guards waiting_, cancels_, stop_, events_
   std::condition_variable work_cv_;

@@ -14,24 +14,50 @@ KvPool::KvPool(KvShape shape, size_t budget_bytes)
 }
 
 int KvPool::allocate() {
+  int b = -1;
   if (!free_.empty()) {
-    const int b = free_.back();
+    b = free_.back();
     free_.pop_back();
-    ++used_;
-    return b;
+  } else if (storage_.size() < max_blocks_) {
+    void* p = std::aligned_alloc(64, (block_bytes() + 63) / 64 * 64);
+    if (!p) throw std::bad_alloc();
+    storage_.emplace_back(static_cast<float*>(p));
+    refs_.push_back(0);
+    cacheable_.push_back(false);
+    idle_pos_.emplace_back();
+    b = static_cast<int>(storage_.size()) - 1;
+  } else if (!idle_.empty()) {
+    b = idle_.front();
+    idle_.pop_front();
+    if (on_evict_) on_evict_(b);
+    cacheable_[b] = false;
+  } else {
+    return -1;
   }
-  if (storage_.size() >= max_blocks_) return -1;
-  void* p = std::aligned_alloc(64, (block_bytes() + 63) / 64 * 64);
-  if (!p) throw std::bad_alloc();
-  storage_.emplace_back(static_cast<float*>(p));
+  refs_[b] = 1;
   ++used_;
-  return static_cast<int>(storage_.size()) - 1;
+  return b;
+}
+
+void KvPool::retain(int block) {
+  if (refs_[block]++ == 0) {
+    idle_.erase(idle_pos_[block]);  // a reused idle cached block
+    ++used_;
+  }
 }
 
 void KvPool::release(int block) {
-  free_.push_back(block);
+  if (--refs_[block] > 0) return;
   --used_;
+  if (cacheable_[block]) {
+    idle_.push_back(block);
+    idle_pos_[block] = std::prev(idle_.end());
+  } else {
+    free_.push_back(block);
+  }
 }
+
+void KvPool::mark_cacheable(int block) { cacheable_[block] = true; }
 
 void KvPool::AlignedFree::operator()(float* p) const { std::free(p); }
 
@@ -45,6 +71,13 @@ bool SequenceKv::reserve(int new_length) {
     blocks_.push_back(b);
   }
   return true;
+}
+
+void SequenceKv::adopt(const std::vector<int>& blocks, int length) {
+  clear();
+  for (int b : blocks) pool_->retain(b);
+  blocks_ = blocks;
+  length_ = length;
 }
 
 void SequenceKv::clear() {

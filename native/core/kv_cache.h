@@ -7,6 +7,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
+#include <list>
 #include <memory>
 #include <vector>
 
@@ -27,12 +29,21 @@ class KvPool {
   const KvShape& shape() const { return shape_; }
   size_t block_bytes() const { return block_floats_ * sizeof(float); }
   size_t capacity_blocks() const { return max_blocks_; }
-  size_t used_blocks() const { return used_; }
+  size_t used_blocks() const { return used_; }            // referenced by sequences
+  size_t cached_idle_blocks() const { return idle_.size(); }  // kept only for reuse
   size_t allocated_bytes() const { return storage_.size() * block_bytes(); }
 
-  // Returns a block id, or -1 if the budget is exhausted.
+  // Returns a block id with one reference, or -1 if the budget is exhausted even after
+  // evicting the least recently used idle cached block.
   int allocate();
+  void retain(int block);
   void release(int block);
+
+  // Blocks marked cacheable stay allocated after their last reference is released (idle, in
+  // LRU order) until memory is needed; `on_evict` is told before an idle block is reused.
+  void mark_cacheable(int block);
+  bool is_cacheable(int block) const { return cacheable_[block]; }
+  void set_evict_callback(std::function<void(int)> on_evict) { on_evict_ = std::move(on_evict); }
 
   // One head of one layer in a block. Keys are stored transposed, [head_dim][kBlockTokens],
   // so attention scores 16 positions per vector op without horizontal sums; values are
@@ -56,6 +67,11 @@ class KvPool {
   };
   std::vector<std::unique_ptr<float[], AlignedFree>> storage_;
   std::vector<int> free_;
+  std::vector<int> refs_;
+  std::vector<bool> cacheable_;
+  std::list<int> idle_;  // cacheable blocks with no reference, least recently used first
+  std::vector<std::list<int>::iterator> idle_pos_;
+  std::function<void(int)> on_evict_;
 };
 
 // The KV positions owned by one sequence: its blocks, in order, and how many positions hold data.
@@ -71,6 +87,8 @@ class SequenceKv {
 
   // Makes room for positions up to `new_length`; false if the pool is out of budget.
   bool reserve(int new_length);
+  // Starts the sequence on shared, already filled blocks (a cached prefix).
+  void adopt(const std::vector<int>& blocks, int length);
   void set_length(int n) { length_ = n; }
   void clear();
 

@@ -9,6 +9,8 @@ import urllib.request
 import pytest
 from openai import OpenAI
 
+pytest.importorskip("llmd._engine", reason="the native engine (llmd._engine) is not built")
+
 CAPITAL = "What is the capital of France? Answer in one sentence."
 
 
@@ -197,13 +199,16 @@ def test_bad_requests_get_openai_error_envelopes(server, body, status, param, co
         assert err["code"] == code
 
 
-def test_unknown_model_message_says_how_to_get_it(server) -> None:  # type: ignore[no-untyped-def]
-    _, payload = post(
+def test_not_installed_model_message_says_how_to_get_it(server) -> None:  # type: ignore[no-untyped-def]
+    status, payload = post(
         server,
         "/v1/chat/completions",
         {"model": "smollm2-360m", "messages": [{"role": "user", "content": "x"}]},
     )
-    assert "llmd pull smollm2-360m" in payload["error"]["message"]
+    assert status == 404
+    message = payload["error"]["message"]
+    assert "not downloadable yet" in message
+    assert "llmd pull ./smollm2-360m-instruct-q8_0.gguf --name smollm2-360m" in message
 
 
 def test_malformed_json_and_oversized_bodies_are_rejected_then_serving_continues(

@@ -10,7 +10,12 @@ import sys
 import urllib.request
 from pathlib import Path
 
+import pytest
 from openai import OpenAI
+
+from tests.conftest import short_home
+
+pytest.importorskip("llmd._engine", reason="the native engine (llmd._engine) is not built")
 
 
 def llmd(server, *args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:  # type: ignore[no-untyped-def]
@@ -100,3 +105,22 @@ def test_health_reports_version(server) -> None:  # type: ignore[no-untyped-def]
 
     assert body == {"status": "ok", "version": __version__}
     assert os.environ.get("LLMD_HOME") != str(server.home)  # tests never touch the user's home
+
+
+def test_run_without_a_daemon_starts_a_temporary_one() -> None:
+    home = short_home()
+    try:
+        out = subprocess.run(
+            [sys.executable, "-m", "llmd", "run", "smollm2-135m", "--max-tokens", "12", "Say hi."],
+            env={**os.environ, "LLMD_HOME": str(home)},
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
+        assert out.returncode == 0, out.stderr
+        assert "temporary" in out.stderr and out.stdout.strip()
+        assert not (home / "run" / "llmd.sock").exists()  # it went away with the command
+    finally:
+        import shutil
+
+        shutil.rmtree(home, ignore_errors=True)

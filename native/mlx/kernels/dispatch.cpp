@@ -6,6 +6,12 @@
 
 #include "qgemm.h"
 
+#if defined(__aarch64__) && defined(__linux__)
+#include <sys/auxv.h>
+#elif defined(__aarch64__) && defined(__APPLE__)
+#include <sys/sysctl.h>
+#endif
+
 namespace llmd::kernels {
 
 #if !(defined(__x86_64__) || defined(_M_X64))
@@ -13,7 +19,8 @@ const KernelTable* avx2_table() { return nullptr; }
 const KernelTable* avx512vnni_table() { return nullptr; }
 #endif
 #if !defined(LLMD_HAVE_NEON_KERNELS)
-// NEON kernels (sdot) are not written yet: arm64 runs the portable scalar path.
+// Only arm64 builds compile qgemm_neon.cpp / qgemm_neondot.cpp (native/CMakeLists.txt).
+const KernelTable* neondot_table() { return nullptr; }
 const KernelTable* neon_table() { return nullptr; }
 #endif
 
@@ -38,6 +45,23 @@ bool cpu_has_avx2() {
   return false;
 #endif
 }
+
+// ASIMD itself is part of arm64's base ISA; the dot-product extension (sdot, Armv8.2+) is not.
+bool cpu_has_dotprod() {
+#if defined(__aarch64__) && defined(__linux__)
+#if defined(HWCAP_ASIMDDP)
+  return (getauxval(AT_HWCAP) & HWCAP_ASIMDDP) != 0;
+#else
+  return (getauxval(AT_HWCAP) & (1UL << 20)) != 0;  // HWCAP_ASIMDDP in <asm/hwcap.h>
+#endif
+#elif defined(__aarch64__) && defined(__APPLE__)
+  int has = 0;
+  size_t len = sizeof(has);
+  return sysctlbyname("hw.optional.arm.FEAT_DotProd", &has, &len, nullptr, 0) == 0 && has != 0;
+#else
+  return false;
+#endif
+}
 }  // namespace
 
 GemmFn KernelTable::gemm_for(TensorType type) const {
@@ -55,6 +79,7 @@ std::vector<const KernelTable*> runnable_tables() {
   std::vector<const KernelTable*> tables;
   if (cpu_has_avx512vnni() && avx512vnni_table()) tables.push_back(avx512vnni_table());
   if (cpu_has_avx2() && avx2_table()) tables.push_back(avx2_table());
+  if (cpu_has_dotprod() && neondot_table()) tables.push_back(neondot_table());
   if (neon_table()) tables.push_back(neon_table());
   tables.push_back(scalar_table());
   return tables;

@@ -1,10 +1,446 @@
 // K-quant kernels (Q4_K, Q6_K: 256-element super-blocks). Included by qgemm_impl.h inside
-// each ISA's translation unit. Not implemented yet: weights of these types are refused at load.
+// each ISA's translation unit, after its helpers (half, isum_u8s8, hsum).
+//
+// Block layouts (ggml-common.h):
+//   Q4_K, 144 bytes: half d, half dmin, 12 bytes of 6-bit scales/mins for 8 sub-blocks of 32,
+//     128 bytes qs. Chunk j = qs[32j .. 32j+31]: low nibbles are sub-block 2j, high nibbles
+//     sub-block 2j+1, each in element order. weight = d * sc * q - dmin * m, q in [0, 15].
+//   Q6_K, 210 bytes: ql[128], qh[64], int8 scales[16] (one per 16 elements), half d.
+//     weight = d * scale * (q - 32), q in [0, 63]; element order as in dequantize_row_q6_K.
+// Each 32-wide activation block lines up with one Q4_K sub-block or two Q6_K sub-blocks.
+//
+// x86 layout trick: the activation rows are shared by every weight column, so once per call
+// each row's int8 blocks are rearranged ("lane-transposed") so that 32-bit lane i of every
+// vector holds only elements of activation block i of the super-block; each weight super-block
+// is shuffled to the same placement as it is unpacked (a few blends and in-lane shuffles).
+// Then the 8 integer dot products of a super-block chain into one vector (VNNI accumulates for
+// free) whose lane i is block i's integer sum, and a super-block costs one float FMA per row
+// and column (plus one for Q4_K's mins).
+//
+// Isolation: the driver sweeps rows in chunks but gives every (row, column) its own
+// accumulator, fed super-block by super-block in the same order whatever `rows` is.
 #pragma once
 
 namespace llmd::kernels::LLMD_ISA_NAMESPACE {
 
-constexpr GemmFn gemm_q4_k = nullptr;
-constexpr GemmFn gemm_q6_k = nullptr;
+constexpr int kSuper = 256;                   // elements per K-quant super-block
+constexpr int kSubBlocks = kSuper / kBlock;   // activation blocks per super-block
+constexpr int kQ4KBytes = 144;
+constexpr int kQ6KBytes = 210;
+
+#if defined(LLMD_ISA_X86)
+
+// One row's activations for one super-block, lane-transposed (see the top of the file).
+struct alignas(32) KqAct {
+  int8_t q[kSuper];
+  float d[kSubBlocks];      // lane i: block i's scale
+  float s[kSubBlocks];      // lane i: block i's d * sum(q)   (Q4_K mins)
+  int32_t c[2 * kSubBlocks];  // Q6_K: -32 * sum(q) of each block's first / second 16
+};
+
+// Q6_K layout: t[0..3] lane i holds the first 16 bytes of v[i] (sub-block 2i), t[4..7] lane i
+// the second 16 bytes (sub-block 2i + 1). Blend-and-swap over pairs of lanes, then lane pairs,
+// then the 128-bit halves are regrouped.
+inline void kq6_transpose(const __m256i v[8], __m256i t[8]) {
+  __m256i x1[8];  // x1[2p + u] lane i: from v[2p + (i & 1)]
+  for (int p = 0; p < 4; ++p) {
+    const __m256i a = v[2 * p], b = v[2 * p + 1];
+    x1[2 * p] = _mm256_blend_epi32(a, b, 0xaa);
+    x1[2 * p + 1] = _mm256_shuffle_epi32(_mm256_blend_epi32(b, a, 0xaa), _MM_SHUFFLE(2, 3, 0, 1));
+  }
+  __m256i x2[8];  // x2[4q + u] lane i: from v[4q + (i & 3)]
+  for (int q = 0; q < 2; ++q) {
+    for (int u = 0; u < 2; ++u) {
+      const __m256i a = x1[4 * q + u], b = x1[4 * q + 2 + u];
+      x2[4 * q + 2 * u] = _mm256_blend_epi32(a, b, 0xcc);
+      x2[4 * q + 2 * u + 1] =
+          _mm256_shuffle_epi32(_mm256_blend_epi32(b, a, 0xcc), _MM_SHUFFLE(1, 0, 3, 2));
+    }
+  }
+  for (int u = 0; u < 4; ++u) {
+    t[u] = _mm256_permute2x128_si256(x2[u], x2[4 + u], 0x20);
+    t[4 + u] = _mm256_permute2x128_si256(x2[u], x2[4 + u], 0x31);
+  }
+}
+
+// Q4_K layout, cheaper than unpacking 8 vectors and transposing them: the 4 packed chunks are
+// transposed at 64-bit granularity first (r[u] lanes 2m, 2m+1 from chunk m, which holds blocks
+// 2m and 2m+1), then each r[u] splits into two vectors whose even lanes take low nibbles
+// (block 2m) and odd lanes high nibbles (block 2m+1), the second after swapping lane pairs.
+inline void kq_transpose64(const __m256i c[4], __m256i r[4]) {
+  __m256i x[4];  // x[2p + u]: 64-bit slot s from c[2p + (s & 1)]
+  for (int p = 0; p < 2; ++p) {
+    const __m256i a = c[2 * p], b = c[2 * p + 1];
+    x[2 * p] = _mm256_blend_epi32(a, b, 0xcc);
+    x[2 * p + 1] =
+        _mm256_shuffle_epi32(_mm256_blend_epi32(b, a, 0xcc), _MM_SHUFFLE(1, 0, 3, 2));
+  }
+  for (int u = 0; u < 2; ++u) {
+    r[2 * u] = _mm256_blend_epi32(x[u], x[2 + u], 0xf0);
+    r[2 * u + 1] = _mm256_permute2x128_si256(x[u], x[2 + u], 0x21);
+  }
+}
+
+inline void kq4_weights(const uint8_t* qs, __m256i t[8]) {
+  __m256i c[4], r[4];
+  for (int j = 0; j < 4; ++j) {
+    c[j] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + 32 * j));
+  }
+  kq_transpose64(c, r);
+  const __m256i m4 = _mm256_set1_epi8(0x0f);
+  const __m256i shift = _mm256_setr_epi32(0, 4, 0, 4, 0, 4, 0, 4);
+  for (int u = 0; u < 4; ++u) {
+    t[2 * u] = _mm256_and_si256(_mm256_srlv_epi32(r[u], shift), m4);
+    t[2 * u + 1] = _mm256_and_si256(
+        _mm256_srlv_epi32(_mm256_shuffle_epi32(r[u], _MM_SHUFFLE(2, 3, 0, 1)), shift), m4);
+  }
+}
+
+// The same placement for activation bytes: v[m] is block m, in element order.
+inline void kq4_acts(const __m256i v[8], __m256i t[8]) {
+  __m256i even[4], odd[4], re[4], ro[4];
+  for (int j = 0; j < 4; ++j) {
+    even[j] = v[2 * j];
+    odd[j] = v[2 * j + 1];
+  }
+  kq_transpose64(even, re);
+  kq_transpose64(odd, ro);
+  for (int u = 0; u < 4; ++u) {
+    t[2 * u] = _mm256_blend_epi32(re[u], ro[u], 0xaa);
+    t[2 * u + 1] =
+        _mm256_blend_epi32(_mm256_shuffle_epi32(re[u], _MM_SHUFFLE(2, 3, 0, 1)),
+                           _mm256_shuffle_epi32(ro[u], _MM_SHUFFLE(2, 3, 0, 1)), 0xaa);
+  }
+}
+
+template <bool kSplitHalves>
+inline void kq_prepare(const ActBlock* b, int nsb, KqAct* out) {
+  for (int sb = 0; sb < nsb; ++sb, b += kSubBlocks) {
+    KqAct& o = out[sb];
+    __m256i v[8], t[8];
+    for (int m = 0; m < kSubBlocks; ++m) {
+      v[m] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b[m].q));
+      o.d[m] = b[m].d;
+      o.s[m] = b[m].s;
+      if constexpr (kSplitHalves) {
+        int lo = 0, hi = 0;
+        for (int i = 0; i < 16; ++i) {
+          lo += b[m].q[i];
+          hi += b[m].q[16 + i];
+        }
+        o.c[m] = -32 * lo;
+        o.c[kSubBlocks + m] = -32 * hi;
+      }
+    }
+    if constexpr (kSplitHalves) {
+      kq6_transpose(v, t);
+    } else {
+      kq4_acts(v, t);
+    }
+    for (int m = 0; m < kSubBlocks; ++m) {
+      _mm256_store_si256(reinterpret_cast<__m256i*>(o.q + 32 * m), t[m]);
+    }
+  }
+}
+
+inline __m256i kq_load(const int8_t* p) {
+  return _mm256_load_si256(reinterpret_cast<const __m256i*>(p));
+}
+
+struct KqQ4K {
+  static constexpr int kBytes = kQ4KBytes;
+  static constexpr bool kSplit = false;
+  using Act = KqAct;
+  using Acc = __m256;
+  struct Weights {
+    __m256i t[8];  // q in [0, 15], lane-transposed
+    __m256 dsc;    // lane i: d * sc[i]
+    __m256 dm;     // lane i: dmin * m[i]
+  };
+
+  static void unpack(const uint8_t* blk, Weights& w) {
+    // The 6-bit scales and mins as in the scalar path's kq4_scales, on 32-bit lanes:
+    // u = {u0, u1, u2, -} -> bytes {sc[0..3], sc[4..7], m[0..3], m[4..7]}. Reads 16 bytes at
+    // blk + 4, inside the block.
+    const __m128i u = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 4));
+    const __m128i u22 = _mm_srlv_epi32(_mm_shuffle_epi32(u, _MM_SHUFFLE(2, 2, 2, 2)),
+                                       _mm_setr_epi32(0, 4, 0, 0));
+    const __m128i lo = _mm_and_si128(u, _mm_set1_epi8(0x3f));
+    const __m128i hi = _mm_or_si128(
+        _mm_and_si128(u22, _mm_set1_epi8(0x0f)),
+        _mm_slli_epi32(_mm_and_si128(_mm_srli_epi32(u, 6), _mm_set1_epi8(0x03)), 4));
+    const __m128i scm = _mm_unpacklo_epi32(lo, hi);
+    const __m256 fsc = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(scm));
+    const __m256 fmn = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(scm, 8)));
+    w.dsc = _mm256_mul_ps(_mm256_set1_ps(half(blk)), fsc);
+    w.dm = _mm256_mul_ps(_mm256_set1_ps(half(blk + 2)), fmn);
+    kq4_weights(blk + 16, w.t);
+  }
+
+  static __m256 step(const Weights& w, const Act& a, __m256 acc) {
+#if defined(LLMD_ISA_VNNI)
+    __m256i s0 = _mm256_dpbusd_epi32(_mm256_setzero_si256(), w.t[0], kq_load(a.q));
+    __m256i s1 = _mm256_dpbusd_epi32(_mm256_setzero_si256(), w.t[1], kq_load(a.q + 32));
+    for (int t = 2; t < 8; t += 2) {
+      s0 = _mm256_dpbusd_epi32(s0, w.t[t], kq_load(a.q + 32 * t));
+      s1 = _mm256_dpbusd_epi32(s1, w.t[t + 1], kq_load(a.q + 32 * t + 32));
+    }
+    const __m256i isum = _mm256_add_epi32(s0, s1);
+#else
+    // |pair| <= 2 * 15 * 127, so eight 16-bit partial sums cannot overflow.
+    __m256i s16 = _mm256_maddubs_epi16(w.t[0], kq_load(a.q));
+    for (int t = 1; t < 8; ++t) {
+      s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(w.t[t], kq_load(a.q + 32 * t)));
+    }
+    const __m256i isum = _mm256_madd_epi16(s16, _mm256_set1_epi16(1));
+#endif
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(w.dsc, _mm256_load_ps(a.d)), acc);
+    return _mm256_fnmadd_ps(w.dm, _mm256_load_ps(a.s), acc);
+  }
+};
+
+struct KqQ6K {
+  static constexpr int kBytes = kQ6KBytes;
+  static constexpr bool kSplit = true;
+  using Act = KqAct;
+  using Acc = __m256;
+  struct Weights {
+    __m256i t[8];    // q in [0, 63]; t[0..3] first halves of blocks, t[4..7] second halves
+    __m256i sc_lo;   // lane i: scales[2i]
+    __m256i sc_hi;   // lane i: scales[2i + 1]
+    __m256 d;
+  };
+
+  static void unpack(const uint8_t* blk, Weights& w) {
+    const uint8_t* ql = blk;
+    const uint8_t* qh = blk + 128;
+    const __m256i m4 = _mm256_set1_epi8(0x0f);
+    const __m256i m30 = _mm256_set1_epi8(0x30);
+    __m256i v[8];
+    for (int h = 0; h < 2; ++h) {
+      const __m256i l0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ql + 64 * h));
+      const __m256i l1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ql + 64 * h + 32));
+      const __m256i hb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qh + 32 * h));
+      v[4 * h + 0] = _mm256_or_si256(_mm256_and_si256(l0, m4),
+                                     _mm256_and_si256(_mm256_slli_epi16(hb, 4), m30));
+      v[4 * h + 1] = _mm256_or_si256(_mm256_and_si256(l1, m4),
+                                     _mm256_and_si256(_mm256_slli_epi16(hb, 2), m30));
+      v[4 * h + 2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
+                                     _mm256_and_si256(hb, m30));
+      v[4 * h + 3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                                     _mm256_and_si256(_mm256_srli_epi16(hb, 2), m30));
+    }
+    kq6_transpose(v, w.t);
+    const __m256i s16 =
+        _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 192)));
+    w.sc_lo = _mm256_srai_epi32(_mm256_slli_epi32(s16, 16), 16);
+    w.sc_hi = _mm256_srai_epi32(s16, 16);
+    w.d = _mm256_set1_ps(half(blk + 208));
+  }
+
+  static __m256 step(const Weights& w, const Act& a, __m256 acc) {
+    // Starting from -32 * sum(a) turns the u8 x s8 dot of q into the dot of (q - 32).
+    __m256i lo = _mm256_load_si256(reinterpret_cast<const __m256i*>(a.c));
+    __m256i hi = _mm256_load_si256(reinterpret_cast<const __m256i*>(a.c + kSubBlocks));
+#if defined(LLMD_ISA_VNNI)
+    for (int t = 0; t < 4; ++t) {
+      lo = _mm256_dpbusd_epi32(lo, w.t[t], kq_load(a.q + 32 * t));
+      hi = _mm256_dpbusd_epi32(hi, w.t[4 + t], kq_load(a.q + 32 * (4 + t)));
+    }
+#else
+    // |pair| <= 2 * 63 * 127, so two 16-bit partial sums cannot overflow.
+    const __m256i ones = _mm256_set1_epi16(1);
+    for (int t = 0; t < 4; t += 2) {
+      const __m256i l16 =
+          _mm256_add_epi16(_mm256_maddubs_epi16(w.t[t], kq_load(a.q + 32 * t)),
+                           _mm256_maddubs_epi16(w.t[t + 1], kq_load(a.q + 32 * (t + 1))));
+      const __m256i h16 =
+          _mm256_add_epi16(_mm256_maddubs_epi16(w.t[4 + t], kq_load(a.q + 32 * (4 + t))),
+                           _mm256_maddubs_epi16(w.t[5 + t], kq_load(a.q + 32 * (5 + t))));
+      lo = _mm256_add_epi32(lo, _mm256_madd_epi16(l16, ones));
+      hi = _mm256_add_epi32(hi, _mm256_madd_epi16(h16, ones));
+    }
+#endif
+    // |lo|, |hi| <= 16 * 32 * 127 and |scale| <= 128: the scaled sum stays well inside int32.
+    const __m256i isum =
+        _mm256_add_epi32(_mm256_mullo_epi32(lo, w.sc_lo), _mm256_mullo_epi32(hi, w.sc_hi));
+    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(w.d, _mm256_load_ps(a.d)), acc);
+  }
+};
+
+inline float kq_finish(__m256 acc) { return hsum(acc); }
+
+#else  // portable scalar path
+
+// Q4_K's 6-bit scales and mins (the packing of get_scale_min_k4), 4 at a time through 32-bit
+// words: bytes 0-3 hold sc[0..3] plus the top 2 bits of sc[4..7], bytes 4-7 the same for the
+// mins, bytes 8-11 the low nibbles of sc[4..7] (low) and m[4..7] (high). Little-endian.
+inline void kq4_scales(const uint8_t* p, uint8_t sc[8], uint8_t mn[8]) {
+  uint32_t u[3];
+  std::memcpy(u, p, 12);
+  const uint32_t s_hi = (u[2] & 0x0f0f0f0fu) | (((u[0] >> 6) & 0x03030303u) << 4);
+  const uint32_t m_hi = ((u[2] >> 4) & 0x0f0f0f0fu) | (((u[1] >> 6) & 0x03030303u) << 4);
+  const uint32_t s_lo = u[0] & 0x3f3f3f3fu;
+  const uint32_t m_lo = u[1] & 0x3f3f3f3fu;
+  std::memcpy(sc, &s_lo, 4);
+  std::memcpy(sc + 4, &s_hi, 4);
+  std::memcpy(mn, &m_lo, 4);
+  std::memcpy(mn + 4, &m_hi, 4);
+}
+
+struct KqAct {
+  const ActBlock* b;  // the super-block's 8 activation blocks, used in place
+};
+
+template <bool kSplitHalves>
+inline void kq_prepare(const ActBlock* b, int nsb, KqAct* out) {
+  for (int sb = 0; sb < nsb; ++sb) out[sb].b = b + static_cast<size_t>(sb) * kSubBlocks;
+}
+
+struct KqQ4K {
+  static constexpr int kBytes = kQ4KBytes;
+  static constexpr bool kSplit = false;
+  using Act = KqAct;
+  using Acc = float;
+  struct Weights {
+    uint8_t q[kSuper];  // in element order
+    float dsc[8];
+    float dm[8];
+  };
+
+  static void unpack(const uint8_t* blk, Weights& w) {
+    uint8_t sc[8], mn[8];
+    kq4_scales(blk + 4, sc, mn);
+    const float d = half(blk), dmin = half(blk + 2);
+    for (int j = 0; j < 8; ++j) {
+      w.dsc[j] = d * static_cast<float>(sc[j]);
+      w.dm[j] = dmin * static_cast<float>(mn[j]);
+    }
+    const uint8_t* qs = blk + 16;
+    for (int j = 0; j < 4; ++j) {
+      for (int i = 0; i < 32; ++i) {
+        w.q[64 * j + i] = qs[32 * j + i] & 0x0f;
+        w.q[64 * j + 32 + i] = qs[32 * j + i] >> 4;
+      }
+    }
+  }
+
+  static float step(const Weights& w, const Act& a, float acc) {
+    for (int j = 0; j < kSubBlocks; ++j) {
+      const ActBlock& ab = a.b[j];
+      int isum = 0;
+      for (int i = 0; i < kBlock; ++i) isum += w.q[32 * j + i] * ab.q[i];
+      acc = std::fma(static_cast<float>(isum), w.dsc[j] * ab.d, acc);
+      acc = std::fma(-w.dm[j], ab.s, acc);
+    }
+    return acc;
+  }
+};
+
+struct KqQ6K {
+  static constexpr int kBytes = kQ6KBytes;
+  static constexpr bool kSplit = true;
+  using Act = KqAct;
+  using Acc = float;
+  struct Weights {
+    int8_t q[kSuper];  // q - 32, in element order
+    int sc[16];
+    float d;
+  };
+
+  static void unpack(const uint8_t* blk, Weights& w) {
+    const uint8_t* ql = blk;
+    const uint8_t* qh = blk + 128;
+    for (int h = 0; h < 2; ++h) {
+      for (int l = 0; l < 32; ++l) {
+        const uint8_t* lo = ql + 64 * h;
+        const int hb = qh[32 * h + l];
+        int8_t* q = w.q + 128 * h;
+        q[l] = static_cast<int8_t>(((lo[l] & 0x0f) | ((hb & 3) << 4)) - 32);
+        q[l + 32] = static_cast<int8_t>(((lo[l + 32] & 0x0f) | (((hb >> 2) & 3) << 4)) - 32);
+        q[l + 64] = static_cast<int8_t>(((lo[l] >> 4) | (((hb >> 4) & 3) << 4)) - 32);
+        q[l + 96] = static_cast<int8_t>(((lo[l + 32] >> 4) | (((hb >> 6) & 3) << 4)) - 32);
+      }
+    }
+    for (int j = 0; j < 16; ++j) w.sc[j] = static_cast<int8_t>(blk[192 + j]);
+    w.d = half(blk + 208);
+  }
+
+  static float step(const Weights& w, const Act& a, float acc) {
+    for (int j = 0; j < kSubBlocks; ++j) {
+      const ActBlock& ab = a.b[j];
+      int lo = 0, hi = 0;
+      for (int i = 0; i < 16; ++i) {
+        lo += w.q[32 * j + i] * ab.q[i];
+        hi += w.q[32 * j + 16 + i] * ab.q[16 + i];
+      }
+      const int isum = w.sc[2 * j] * lo + w.sc[2 * j + 1] * hi;
+      acc = std::fma(static_cast<float>(isum), w.d * ab.d, acc);
+    }
+    return acc;
+  }
+};
+
+inline float kq_finish(float acc) { return acc; }
+
+#endif
+
+// Rows are swept in chunks of kRowChunk, whose prepared activations stay in cache; within a
+// chunk, each weight super-block is unpacked once and applied to every row, each (row, column)
+// keeping its own accumulator fed in super-block order. With several rows, columns go in
+// tiles of kKqColTile so that one super-block of the chunk's activations serves the whole tile
+// from L1 (the tiling never changes any output's operation sequence).
+constexpr int kKqColTile = 8;
+
+template <class K>
+inline void kq_gemm(const uint8_t* w, size_t w_row_bytes, const ActBlock* a, int k, int rows,
+                    int n0, int n1, float* out, int ldo) {
+  using Acc = typename K::Acc;
+  const int nsb = k / kSuper;
+  const int nb = k / kBlock;
+  thread_local std::vector<KqAct> act;  // [super-block][row of the chunk]
+  act.resize(static_cast<size_t>(nsb) * kRowChunk);
+  for (int r0 = 0; r0 < rows; r0 += kRowChunk) {
+    const int rc = std::min(rows - r0, kRowChunk);
+    for (int r = 0; r < rc; ++r) {
+      const ActBlock* ar = a + static_cast<size_t>(r0 + r) * nb;
+      for (int sb = 0; sb < nsb; ++sb) {
+        kq_prepare<K::kSplit>(ar + sb * kSubBlocks, 1, &act[static_cast<size_t>(sb) * rc + r]);
+      }
+    }
+    const int col_tile = rc >= 4 ? kKqColTile : 1;
+    for (int c0 = n0; c0 < n1; c0 += col_tile) {
+      const int nc = std::min(col_tile, n1 - c0);
+      Acc acc[kKqColTile][kRowChunk];
+      for (int c = 0; c < nc; ++c) {
+        for (int r = 0; r < rc; ++r) acc[c][r] = Acc{};
+      }
+      for (int sb = 0; sb < nsb; ++sb) {
+        const KqAct* as = &act[static_cast<size_t>(sb) * rc];
+        for (int c = 0; c < nc; ++c) {
+          typename K::Weights wt;
+          const uint8_t* blk =
+              w + static_cast<size_t>(c0 + c) * w_row_bytes + static_cast<size_t>(sb) * K::kBytes;
+          K::unpack(blk, wt);
+          for (int r = 0; r < rc; ++r) acc[c][r] = K::step(wt, as[r], acc[c][r]);
+        }
+      }
+      for (int c = 0; c < nc; ++c) {
+        for (int r = 0; r < rc; ++r) {
+          out[static_cast<size_t>(r0 + r) * ldo + c0 + c] = kq_finish(acc[c][r]);
+        }
+      }
+    }
+  }
+}
+
+inline void gemm_q4_k(const uint8_t* w, size_t rb, const ActBlock* a, int k, int rows, int n0,
+                      int n1, float* out, int ldo) {
+  kq_gemm<KqQ4K>(w, rb, a, k, rows, n0, n1, out, ldo);
+}
+inline void gemm_q6_k(const uint8_t* w, size_t rb, const ActBlock* a, int k, int rows, int n0,
+                      int n1, float* out, int ldo) {
+  kq_gemm<KqQ6K>(w, rb, a, k, rows, n0, n1, out, ldo);
+}
 
 }  // namespace llmd::kernels::LLMD_ISA_NAMESPACE

@@ -38,7 +38,7 @@ using GemmFn = void (*)(const uint8_t* w, size_t w_row_bytes, const ActBlock* a,
                         int n0, int n1, float* out, int ldo);
 
 struct KernelTable {
-  const char* isa;  // "avx512vnni", "avx2", "neon", "scalar"
+  const char* isa;  // "avx512vnni", "avx2", "neondot", "neon", "scalar"
   QuantizeRowFn quantize_row;
   GemmFn q4_0;
   GemmFn q4_1;
@@ -60,6 +60,7 @@ const KernelTable* table_named(const std::string& isa);
 const KernelTable* scalar_table();
 const KernelTable* avx2_table();
 const KernelTable* avx512vnni_table();
+const KernelTable* neondot_table();
 const KernelTable* neon_table();
 
 }  // namespace llmd::kernels

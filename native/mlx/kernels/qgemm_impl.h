@@ -120,7 +120,82 @@ inline void dot_q8(const uint8_t* w, const ActBlock* const* a, int nb, float* ou
   for (int r = 0; r < R; ++r) out[r] = hsum(acc[r]);
 }
 
-#else  // portable scalar path (also the NEON build's fallback until its intrinsics land)
+#elif defined(LLMD_ISA_NEON)
+
+// arm64 (ASIMD is part of the base ISA). Built twice: with -march=armv8.2-a+dotprod (`sdot`,
+// __ARM_FEATURE_DOTPROD) and with plain -march=armv8-a (widening multiplies). Both keep one
+// float32x4 accumulator per row whose lanes take the block's partial integer sums, like the
+// x86 path's 8 lanes; the lanes are summed once at the end.
+
+inline float half(const uint8_t* p) {
+  __fp16 h;
+  std::memcpy(&h, p, sizeof(h));
+  return static_cast<float>(h);
+}
+
+// Partial sums of w[i] * a[i] over 16 int8 pairs, 4 lanes (exact: the lane split differs
+// between the two builds, the total does not).
+inline int32x4_t isum_s8(int32x4_t acc, int8x16_t w, int8x16_t a) {
+#if defined(__ARM_FEATURE_DOTPROD)
+  return vdotq_s32(acc, w, a);
+#else
+  // |w * a| <= 128 * 127 fits int16; pairs are widened to int32 before any further sum.
+  acc = vpadalq_s16(acc, vmull_s8(vget_low_s8(w), vget_low_s8(a)));
+  return vpadalq_s16(acc, vmull_high_s8(w, a));
+#endif
+}
+
+// Q4_0 / Q4_1: weight = d * q + m with q in [0, 15] (Q4_0: m = -8 d); q fits int8 as is.
+template <int R, bool kHasMin>
+inline void dot_q4(const uint8_t* w, const ActBlock* const* a, int nb, float* out) {
+  constexpr int kBytes = kHasMin ? 20 : 18;
+  constexpr int kQs = kHasMin ? 4 : 2;
+  const uint8x16_t mask = vdupq_n_u8(0x0f);
+  float32x4_t acc[R];
+  float accm[R];
+  for (int r = 0; r < R; ++r) {
+    acc[r] = vdupq_n_f32(0.f);
+    accm[r] = 0.f;
+  }
+  for (int b = 0; b < nb; ++b) {
+    const uint8_t* blk = w + b * kBytes;
+    const float d = half(blk);
+    const float m = kHasMin ? half(blk + 2) : -8.f * d;
+    const uint8x16_t bytes = vld1q_u8(blk + kQs);
+    const int8x16_t lo = vreinterpretq_s8_u8(vandq_u8(bytes, mask));  // elements 0..15
+    const int8x16_t hi = vreinterpretq_s8_u8(vshrq_n_u8(bytes, 4));   // elements 16..31
+    for (int r = 0; r < R; ++r) {
+      const ActBlock& ab = a[r][b];
+      int32x4_t isum = isum_s8(vdupq_n_s32(0), lo, vld1q_s8(ab.q));
+      isum = isum_s8(isum, hi, vld1q_s8(ab.q + 16));
+      acc[r] = vfmaq_n_f32(acc[r], vcvtq_f32_s32(isum), d * ab.d);
+      accm[r] = std::fma(m, ab.s, accm[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) out[r] = vaddvq_f32(acc[r]) + accm[r];
+}
+
+// Q8_0: weight = d * q with q signed.
+template <int R>
+inline void dot_q8(const uint8_t* w, const ActBlock* const* a, int nb, float* out) {
+  float32x4_t acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = vdupq_n_f32(0.f);
+  for (int b = 0; b < nb; ++b) {
+    const uint8_t* blk = w + b * 34;
+    const float d = half(blk);
+    const int8x16_t w0 = vld1q_s8(reinterpret_cast<const int8_t*>(blk + 2));
+    const int8x16_t w1 = vld1q_s8(reinterpret_cast<const int8_t*>(blk + 18));
+    for (int r = 0; r < R; ++r) {
+      const ActBlock& ab = a[r][b];
+      int32x4_t isum = isum_s8(vdupq_n_s32(0), w0, vld1q_s8(ab.q));
+      isum = isum_s8(isum, w1, vld1q_s8(ab.q + 16));
+      acc[r] = vfmaq_n_f32(acc[r], vcvtq_f32_s32(isum), d * ab.d);
+    }
+  }
+  for (int r = 0; r < R; ++r) out[r] = vaddvq_f32(acc[r]);
+}
+
+#else  // portable scalar path
 
 inline float half(const uint8_t* p) { return half_to_float(read_u16(p)); }
 

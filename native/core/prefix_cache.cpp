@@ -1,0 +1,61 @@
+#include "prefix_cache.h"
+
+#include <algorithm>
+
+namespace llmd {
+
+namespace {
+uint64_t mix(uint64_t h) {  // splitmix64 finaliser
+  h ^= h >> 30;
+  h *= 0xbf58476d1ce4e5b9ULL;
+  h ^= h >> 27;
+  h *= 0x94d049bb133111ebULL;
+  h ^= h >> 31;
+  return h;
+}
+}  // namespace
+
+PrefixCache::PrefixCache(KvPool& pool) : pool_(pool) {
+  pool_.set_evict_callback([this](int block) { forget(block); });
+}
+
+uint64_t PrefixCache::chain(uint64_t parent, const int32_t* tokens) {
+  uint64_t h = mix(parent ^ 0x9e3779b97f4a7c15ULL);
+  for (int i = 0; i < KvPool::kBlockTokens; ++i) h = mix(h ^ static_cast<uint32_t>(tokens[i]));
+  return h;
+}
+
+PrefixCache::Match PrefixCache::match(const int32_t* tokens, int max_tokens) const {
+  Match m;
+  uint64_t parent = 0;
+  for (int start = 0; start + KvPool::kBlockTokens <= max_tokens; start += KvPool::kBlockTokens) {
+    const uint64_t key = chain(parent, tokens + start);
+    auto it = by_key_.find(key);
+    if (it == by_key_.end() || it->second.parent != parent ||
+        !std::equal(it->second.tokens.begin(), it->second.tokens.end(), tokens + start)) {
+      break;
+    }
+    m.blocks.push_back(it->second.block);
+    m.keys.push_back(key);
+    parent = key;
+  }
+  return m;
+}
+
+void PrefixCache::insert(uint64_t key, uint64_t parent, const int32_t* tokens, int block) {
+  if (by_key_.count(key) || key_of_block_.count(block)) return;  // already cached elsewhere
+  Entry e{parent, {}, block};
+  std::copy(tokens, tokens + KvPool::kBlockTokens, e.tokens.begin());
+  by_key_.emplace(key, e);
+  key_of_block_[block] = key;
+  pool_.mark_cacheable(block);
+}
+
+void PrefixCache::forget(int block) {
+  auto it = key_of_block_.find(block);
+  if (it == key_of_block_.end()) return;
+  by_key_.erase(it->second);
+  key_of_block_.erase(it);
+}
+
+}  // namespace llmd

@@ -1,0 +1,182 @@
+"""llmd's Q4_K and Q6_K kernels against a reference built from the `gguf` package.
+
+gguf 0.19 can dequantize K-quants but not quantize them, so this file carries a small numpy
+quantizer. Its packing is checked first: the integers it chose, dequantized by hand with the
+formulas of ggml's block layouts, must equal what `gguf.quants.dequantize` reads back from the
+packed bytes, and the result must be close to the input. The kernels are then checked as in
+test_kernels.py: reference = x (float64) @ gguf-dequantized W.T, tolerance = the worst case of
+the int8 activation rounding (sum_i |w_i| * blockmax|x| / 254) plus a small float term. Besides
+quantized weights, blocks of random bytes (sane fp16 scales) reach every bit pattern: 6-bit
+scale high bits, negative Q6_K scales, q = 0 and q = 63.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType
+from gguf.quants import dequantize
+
+engine = pytest.importorskip("llmd._engine")
+
+QK = 256
+TYPES = {"Q4_K": GGMLQuantizationType.Q4_K, "Q6_K": GGMLQuantizationType.Q6_K}
+BLOCK_BYTES = {"Q4_K": 144, "Q6_K": 210}
+PATHS = engine.runnable_kernel_paths()
+
+
+def _f16(v: np.ndarray) -> np.ndarray:
+    return v.astype(np.float16)
+
+
+def quantize_q4_k(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """w [n, k] -> (packed uint8 [n, k/256*144], what those bytes should dequantize to)."""
+    x = w.astype(np.float32).reshape(-1, 8, 32)  # [blocks, sub-block, element]
+    lo = np.minimum(x.min(axis=2), 0.0)
+    hi = np.maximum(x.max(axis=2), 0.0)
+    scale = (hi - lo) / 15.0  # per sub-block step
+    mn = -lo  # per sub-block offset, >= 0
+    d = _f16(scale.max(axis=1) / 63.0)
+    dmin = _f16(mn.max(axis=1) / 63.0)
+    df, dminf = d.astype(np.float32)[:, None], dmin.astype(np.float32)[:, None]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        sc = np.where(df > 0, np.rint(scale / df), 0).clip(0, 63).astype(np.uint8)
+        m = np.where(dminf > 0, np.rint(mn / dminf), 0).clip(0, 63).astype(np.uint8)
+        step = (df * sc)[:, :, None]
+        q = np.where(step > 0, np.rint((x + (dminf * m)[:, :, None]) / step), 0)
+    q = q.clip(0, 15).astype(np.uint8)
+
+    nblk = x.shape[0]
+    scales = np.zeros((nblk, 12), np.uint8)
+    scales[:, 0:4] = sc[:, 0:4] | ((sc[:, 4:8] >> 4) << 6)
+    scales[:, 4:8] = m[:, 0:4] | ((m[:, 4:8] >> 4) << 6)
+    scales[:, 8:12] = (sc[:, 4:8] & 0x0F) | ((m[:, 4:8] & 0x0F) << 4)
+    qq = q.reshape(nblk, 4, 2, 32)  # chunk j: sub-blocks 2j (low nibble), 2j+1 (high)
+    qs = (qq[:, :, 0, :] | (qq[:, :, 1, :] << 4)).reshape(nblk, 128)
+    packed = np.concatenate(
+        [d.view(np.uint8).reshape(nblk, 2), dmin.view(np.uint8).reshape(nblk, 2), scales, qs],
+        axis=1,
+    )
+    expect = df[:, :, None] * sc[:, :, None] * q - dminf[:, :, None] * m[:, :, None]
+    n = w.shape[0]
+    return packed.reshape(n, -1), expect.reshape(w.shape)
+
+
+def quantize_q6_k(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """w [n, k] -> (packed uint8 [n, k/256*210], what those bytes should dequantize to)."""
+    x = w.astype(np.float32).reshape(-1, 16, 16)  # [blocks, sub-block, element]
+    scale = np.abs(x).max(axis=2) / 31.0
+    d = _f16(scale.max(axis=1) / 127.0)
+    df = d.astype(np.float32)[:, None]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        sc = np.where(df > 0, np.rint(scale / df), 0).clip(-128, 127).astype(np.int8)
+        step = (df * sc)[:, :, None]
+        q = np.where(step != 0, np.rint(x / step), 0)
+    q = (q.clip(-32, 31) + 32).astype(np.uint8)  # [0, 63]
+
+    nblk = x.shape[0]
+    qe = q.reshape(nblk, 2, 4, 32)  # half h, quarter t, l: element 128h + 32t + l
+    ql = np.concatenate(
+        [
+            qe[:, :, 0] & 0x0F | (qe[:, :, 2] & 0x0F) << 4,
+            qe[:, :, 1] & 0x0F | (qe[:, :, 3] & 0x0F) << 4,
+        ],
+        axis=2,
+    ).reshape(nblk, 128)
+    qh = (
+        (qe[:, :, 0] >> 4)
+        | (qe[:, :, 1] >> 4) << 2
+        | (qe[:, :, 2] >> 4) << 4
+        | (qe[:, :, 3] >> 4) << 6
+    ).reshape(nblk, 64)
+    packed = np.concatenate([ql, qh, sc.view(np.uint8), d.view(np.uint8).reshape(nblk, 2)], axis=1)
+    expect = df[:, :, None] * sc[:, :, None] * (q.astype(np.float32) - 32)
+    n = w.shape[0]
+    return packed.reshape(n, -1), expect.reshape(w.shape)
+
+
+QUANTIZERS = {"Q4_K": quantize_q4_k, "Q6_K": quantize_q6_k}
+
+
+def _random_blocks(rng: np.random.Generator, n: int, k: int, type_name: str) -> np.ndarray:
+    """Blocks of random bytes, with finite fp16 super-block scales of a sane size."""
+    blocks = rng.integers(0, 256, (n * k // QK, BLOCK_BYTES[type_name]), dtype=np.uint8)
+    scale = _f16(rng.uniform(1e-4, 2e-3, (blocks.shape[0], 2)))
+    if type_name == "Q4_K":
+        blocks[:, 0:4] = scale.view(np.uint8)
+    else:
+        blocks[:, 208:210] = scale[:, :1].view(np.uint8)
+    return blocks.reshape(n, -1)
+
+
+def _weights(rng: np.random.Generator, n: int, k: int, type_name: str, source: str):
+    if source == "random_bytes":
+        packed = _random_blocks(rng, n, k, type_name)
+    else:
+        packed, _ = QUANTIZERS[type_name](rng.standard_normal((n, k), dtype=np.float32) * 0.05)
+    packed = np.ascontiguousarray(packed)
+    return packed, dequantize(packed, TYPES[type_name]).astype(np.float64)
+
+
+@pytest.mark.parametrize("type_name", list(TYPES))
+def test_quantizer_packs_what_gguf_reads(type_name: str) -> None:
+    rng = np.random.default_rng(3)
+    w = rng.standard_normal((9, 1024), dtype=np.float32) * 0.05
+    w[0, :256] = 0.0  # an all-zero super-block
+    w[1] = np.abs(w[1])  # no negative values: Q4_K mins of 0
+    packed, expect = QUANTIZERS[type_name](w)
+    assert packed.dtype == np.uint8 and packed.shape == (9, 1024 // QK * BLOCK_BYTES[type_name])
+    got = dequantize(packed, TYPES[type_name])
+    assert got.shape == w.shape
+    np.testing.assert_allclose(got, expect, rtol=1e-6, atol=1e-9)
+    err = np.abs(got - w).reshape(-1, 32).max(axis=1)
+    span = np.abs(w).reshape(-1, 32).max(axis=1)
+    # Half a quantization step plus the 6/8-bit scale rounding, per 32-element slice.
+    limit = span * (0.1 if type_name == "Q4_K" else 0.03) + 1e-7
+    assert (err <= limit).all(), f"worst relative error {(err / np.maximum(span, 1e-12)).max()}"
+    rms = np.sqrt(((got - w) ** 2).mean() / (w**2).mean())
+    assert rms < (0.09 if type_name == "Q4_K" else 0.03), rms
+
+
+def _tolerance(x: np.ndarray, w_deq: np.ndarray) -> np.ndarray:
+    rows, k = x.shape
+    blockmax = np.abs(x.reshape(rows, k // 32, 32)).max(axis=2)  # [rows, k/32]
+    step = np.repeat(blockmax / 254.0, 32, axis=1)  # max rounding error per element
+    bound = step @ np.abs(w_deq).T  # [rows, n]
+    scale = np.abs(x) @ np.abs(w_deq).T
+    return bound * 1.001 + scale * 1e-5 + 1e-6
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("type_name", list(TYPES))
+@pytest.mark.parametrize("source", ["quantized", "random_bytes"])
+@pytest.mark.parametrize("k", [256, 512, 1536])
+@pytest.mark.parametrize("n", [1, 7, 33, 130])
+def test_kernel_matches_gguf_dequantize_reference(
+    path: str, type_name: str, source: str, k: int, n: int
+) -> None:
+    rng = np.random.default_rng(n * 1000 + k)
+    packed, w_deq = _weights(rng, n, k, type_name, source)
+    for rows in (1, 2, 5, 67):
+        x = rng.standard_normal((rows, k), dtype=np.float32)
+        out = engine.kernel_gemm(type_name, packed, n, k, x, path)
+        ref = x.astype(np.float64) @ w_deq.T
+        err = np.abs(out - ref)
+        tol = _tolerance(x, w_deq)
+        assert (err <= tol).all(), f"{path} {type_name} rows={rows}: max excess {(err - tol).max()}"
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("type_name", list(TYPES))
+def test_each_row_is_bit_identical_whatever_the_batch(path: str, type_name: str) -> None:
+    """Isolation: a row's output must not depend on the rows batched with it."""
+    rng = np.random.default_rng(7)
+    n, k = 45, 1536
+    packed, _ = _weights(rng, n, k, type_name, "quantized")
+    x = rng.standard_normal((67, k), dtype=np.float32)
+    batched = engine.kernel_gemm(type_name, packed, n, k, x, path)
+    for r in (0, 3, 4, 31, 32, 66):
+        alone = engine.kernel_gemm(type_name, packed, n, k, x[r : r + 1], path)
+        assert np.array_equal(alone[0], batched[r])
+        pair = engine.kernel_gemm(type_name, packed, n, k, x[max(r - 1, 0) : r + 1], path)
+        assert np.array_equal(pair[-1], batched[r])

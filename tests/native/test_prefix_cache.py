@@ -1,0 +1,80 @@
+"""Prefix cache: KV of earlier requests is reused by later ones that share a prefix, without
+changing a single output token."""
+
+from __future__ import annotations
+
+from .conftest import run_all
+
+BLOCK = 64
+
+
+def _long_prompt(reference: dict) -> list[int]:
+    return next(c["prompt_ids"] for c in reference["cases"] if c["name"] == "long_1000")
+
+
+def test_repeated_prompt_reuses_kv_and_gives_the_same_tokens(engine, reference: dict) -> None:  # type: ignore[no-untyped-def]
+    prompt = _long_prompt(reference)
+    first = run_all(engine, {"p1": {"prompt": prompt, "max_tokens": 12}})["p1"]
+    again = run_all(engine, {"p2": {"prompt": prompt, "max_tokens": 12}})["p2"]
+    assert again["tokens"] == first["tokens"]
+    cached = again["done"]["cached_tokens"]
+    # Whole prompt cached but the last token, rounded down to a block: the first sampled
+    # token still gets fresh logits.
+    assert cached == (len(prompt) - 1) // BLOCK * BLOCK
+    assert again["done"]["timings"]["prefill_ms"] < first["done"]["timings"]["prefill_ms"] / 3
+
+
+def test_next_chat_turn_prefills_only_the_new_tokens(engine, reference: dict) -> None:  # type: ignore[no-untyped-def]
+    turn1 = _long_prompt(reference)[:-5]
+    r1 = run_all(engine, {"t1": {"prompt": turn1, "max_tokens": 70}})["t1"]
+    turn2 = turn1 + r1["tokens"] + [2, 198, 1, 4093, 198, 1780, 314, 2, 198, 1, 520, 9531, 198]
+    r2 = run_all(engine, {"t2": {"prompt": turn2, "max_tokens": 8}})["t2"]
+    # Blocks filled by turn 1's generated tokens are reused too.
+    assert r2["done"]["cached_tokens"] >= (len(turn1) + 64) // BLOCK * BLOCK - BLOCK
+    assert r2["done"]["cached_tokens"] > len(turn1) // BLOCK * BLOCK - 1
+    cold = run_all(engine, {"cold": {"prompt": [1, 2, *turn2[2:]], "max_tokens": 8}})["cold"]
+    assert cold["done"]["cached_tokens"] == 0  # a different second token shares nothing
+
+
+def test_shared_system_prompt_is_prefilled_once_for_many_requests(engine, reference: dict) -> None:  # type: ignore[no-untyped-def]
+    system = _long_prompt(reference)[:600]
+    reqs = {
+        f"q{i}": {"prompt": system + [198, 100 + i, 200 + i, 198], "max_tokens": 4}
+        for i in range(4)
+    }
+    run_all(engine, {"warm": {"prompt": system + [198], "max_tokens": 1}})
+    results = run_all(engine, reqs)
+    for r in results.values():
+        assert r["done"]["cached_tokens"] == 600 // BLOCK * BLOCK
+    stats = engine.stats()
+    assert stats["prefix_cache_hits"] >= 4 and stats["prefix_cache_blocks"] > 0
+
+
+def test_cached_prefix_output_equals_uncached_engine(model_path, reference: dict) -> None:  # type: ignore[no-untyped-def]
+    """Reused KV is bit-identical to recomputed KV: a fresh engine gives the same tokens."""
+    import llmd._engine as native
+
+    prompt = _long_prompt(reference)
+    warm = native.Engine(str(model_path), context_length=2048)
+    run_all(warm, {"a": {"prompt": prompt[:700], "max_tokens": 1}})
+    reused = run_all(warm, {"b": {"prompt": prompt, "max_tokens": 16}})["b"]
+    assert reused["done"]["cached_tokens"] > 0
+    fresh = native.Engine(str(model_path), context_length=2048)
+    plain = run_all(fresh, {"c": {"prompt": prompt, "max_tokens": 16}})["c"]
+    assert plain["done"]["cached_tokens"] == 0
+    assert reused["tokens"] == plain["tokens"]
+
+
+def test_tight_kv_budget_evicts_old_prefixes_and_keeps_serving(model_path, reference: dict) -> None:  # type: ignore[no-untyped-def]
+    import llmd._engine as native
+
+    block_bytes = 30 * 2 * 3 * 64 * 64 * 4
+    small = native.Engine(str(model_path), context_length=2048, kv_budget_bytes=24 * block_bytes)
+    prompt = _long_prompt(reference)  # ~17 blocks: two different prompts cannot both stay cached
+    a = run_all(small, {"a": {"prompt": prompt, "max_tokens": 4}})["a"]
+    b = run_all(small, {"b": {"prompt": [1, 5, *prompt[2:]], "max_tokens": 4}})["b"]
+    assert a["done"]["finish_reason"] == b["done"]["finish_reason"] == "length"
+    again = run_all(small, {"a2": {"prompt": prompt, "max_tokens": 4}})["a2"]
+    assert again["tokens"] == a["tokens"]
+    assert again["done"]["cached_tokens"] < (len(prompt) - 1) // BLOCK * BLOCK  # partly evicted
+    assert small.stats()["kv_bytes"] <= 24 * block_bytes

@@ -1,0 +1,129 @@
+"""Request validation policy (DESIGN §6): harmless parameters accepted, anything that would
+change the output and is not implemented is a 400 naming it, bad values name their param."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from llmd.errors import ApiError
+from llmd.openai_schemas import ChatCompletionRequest, parse_request
+
+USER = [{"role": "user", "content": "hi"}]
+
+
+def chat(**extra: Any) -> ChatCompletionRequest:
+    return parse_request({"model": "m", "messages": USER, **extra}, ChatCompletionRequest)
+
+
+def rejected(**extra: Any) -> ApiError:
+    with pytest.raises(ApiError) as info:
+        chat(**extra)
+    assert info.value.status == 400
+    return info.value
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {"user": "me"},
+        {"metadata": {"k": "v"}},
+        {"store": False},
+        {"service_tier": "auto"},
+        {"n": 1},
+        {"logprobs": False},
+        {"parallel_tool_calls": True},
+        {"frequency_penalty": 0},
+        {"response_format": {"type": "text"}},
+        {"stream": True, "stream_options": {"include_usage": True}},
+    ],
+)
+def test_harmless_parameters_are_accepted(extra: dict[str, Any]) -> None:
+    chat(**extra)
+
+
+@pytest.mark.parametrize(
+    "extra,param",
+    [
+        ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+        ({"tool_choice": "required"}, "tool_choice"),
+        ({"response_format": {"type": "json_object"}}, "response_format"),
+        ({"logprobs": True}, "logprobs"),
+        ({"top_logprobs": 3}, "top_logprobs"),
+        ({"n": 2}, "n"),
+        ({"presence_penalty": 0.3}, "presence_penalty"),
+        ({"logit_bias": {"42": 5}}, "logit_bias"),
+        ({"reasoning_effort": "low"}, "reasoning_effort"),
+    ],
+)
+def test_output_changing_parameters_are_not_supported_yet(
+    extra: dict[str, Any], param: str
+) -> None:
+    err = rejected(**extra)
+    assert err.param == param and err.code == "unsupported_parameter"
+    assert param in err.message and "not supported yet" in err.message
+
+
+def test_unknown_parameter_is_named() -> None:
+    err = rejected(temprature=0.5)
+    assert err.param == "temprature" and err.code == "unknown_parameter"
+
+
+@pytest.mark.parametrize(
+    "extra,param",
+    [
+        ({"temperature": -1}, "temperature"),
+        ({"top_k": -1}, "top_k"),
+        ({"min_p": 2}, "min_p"),
+        ({"max_completion_tokens": 0}, "max_completion_tokens"),
+        ({"stop": ["a"] * 17}, "stop"),
+        ({"seed": "x"}, "seed"),
+        ({"messages": [{"role": "wizard", "content": "x"}]}, "messages.[0].role"),
+        ({"messages": [{"role": "user", "content": 5}]}, "messages.[0].content"),
+    ],
+)
+def test_invalid_values_name_their_parameter(extra: dict[str, Any], param: str) -> None:
+    assert rejected(**extra).param == param
+
+
+def test_stream_options_need_stream() -> None:
+    assert rejected(stream_options={"include_usage": True}).param == "stream_options"
+
+
+def test_conflicting_token_limits_are_refused_equal_ones_accepted() -> None:
+    assert rejected(max_tokens=5, max_completion_tokens=9).param == "max_tokens"
+    assert chat(max_tokens=7, max_completion_tokens=7).token_limit() == (
+        7,
+        "max_completion_tokens",
+    )
+    assert chat(max_tokens=7).token_limit() == (7, "max_tokens")
+
+
+def test_tool_turns_and_images_are_not_supported_yet() -> None:
+    err = rejected(messages=[{"role": "tool", "content": "42", "tool_call_id": "c1"}])
+    assert err.param == "messages.[0].role" and err.code == "unsupported_parameter"
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    err = rejected(messages=[{"role": "assistant", "content": None, "tool_calls": [call]}])
+    assert err.param == "messages.[0].tool_calls"
+    image = {"type": "image_url", "image_url": {"url": "data:,"}}
+    err = rejected(messages=[{"role": "user", "content": [image]}])
+    assert err.param == "messages.[0].content.[0].type" and "image_url" in err.message
+
+
+def test_message_content_is_flattened_for_the_template() -> None:
+    req = chat(
+        messages=[
+            {
+                "role": "developer",
+                "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}],
+            },
+            {"role": "user", "content": "q", "name": "ada"},
+            {"role": "assistant", "content": None, "refusal": None, "tool_calls": []},
+        ]
+    )
+    assert [m.for_template() for m in req.messages] == [
+        {"role": "system", "content": "ab"},
+        {"role": "user", "content": "q", "name": "ada"},
+        {"role": "assistant", "content": ""},
+    ]

