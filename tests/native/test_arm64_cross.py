@@ -25,6 +25,8 @@ import pytest
 from gguf import GGMLQuantizationType
 from gguf.quants import dequantize, quantize
 
+from .kernel_checks import activation_rounding_tolerance
+
 NATIVE = Path(__file__).parents[2] / "native"
 COMMON = ["mlx/kernels/dispatch.cpp", "mlx/kernels/qgemm_scalar.cpp"]
 COMMON += ["core/thread_pool.cpp", "core/tensor_types.cpp", "tests/kernel_selftest.cpp"]
@@ -72,16 +74,6 @@ def _build(cxx: str, files: dict[str, list[str]], defines: list[str], out: Path)
     return out
 
 
-def _tolerance(x: np.ndarray, w_deq: np.ndarray) -> np.ndarray:
-    """Same bound as test_kernels.py: worst case of int8 activation rounding + float sums."""
-    rows, k = x.shape
-    blockmax = np.abs(x.reshape(rows, k // 32, 32)).max(axis=2)
-    step = np.repeat(blockmax / 254.0, 32, axis=1)
-    bound = step @ np.abs(w_deq).T
-    scale = np.abs(x) @ np.abs(w_deq).T
-    return bound * 1.001 + scale * 1e-5 + 1e-6
-
-
 @pytest.fixture(scope="module")
 def cases(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[dict]]:
     """Writes the case file; returns it with each case's reference and tolerance."""
@@ -102,7 +94,7 @@ def cases(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[dict]]:
                     ref = x.astype(np.float64) @ w_deq.T
                     label = f"{name} n={n} k={k} rows={rows}"
                     meta.append({"label": label, "shape": (rows, n), "ref": ref})
-                    meta[-1]["tol"] = _tolerance(x, w_deq)
+                    meta[-1]["tol"] = activation_rounding_tolerance(x, w_deq)
     return path, meta
 
 

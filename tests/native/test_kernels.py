@@ -13,6 +13,8 @@ import pytest
 from gguf import GGMLQuantizationType
 from gguf.quants import dequantize, quantize
 
+from .kernel_checks import check_matches_reference, check_rows_batch_invariant
+
 engine = pytest.importorskip("llmd._engine")
 
 TYPES = {
@@ -29,15 +31,6 @@ def _weights(rng: np.random.Generator, n: int, k: int, qtype: GGMLQuantizationTy
     return np.ascontiguousarray(packed), dequantize(packed, qtype).astype(np.float64)
 
 
-def _tolerance(x: np.ndarray, w_deq: np.ndarray) -> np.ndarray:
-    rows, k = x.shape
-    blockmax = np.abs(x.reshape(rows, k // 32, 32)).max(axis=2)  # [rows, k/32]
-    step = np.repeat(blockmax / 254.0, 32, axis=1)  # max rounding error per element
-    bound = step @ np.abs(w_deq).T  # [rows, n]
-    scale = np.abs(x) @ np.abs(w_deq).T
-    return bound * 1.001 + scale * 1e-5 + 1e-6
-
-
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("type_name", list(TYPES))
 @pytest.mark.parametrize("n,k", [(1, 32), (7, 96), (33, 576), (130, 1536)])
@@ -46,13 +39,7 @@ def test_kernel_matches_gguf_dequantize_reference(
 ) -> None:
     rng = np.random.default_rng(n * 1000 + k)
     packed, w_deq = _weights(rng, n, k, TYPES[type_name])
-    for rows in (1, 2, 5, 67):
-        x = rng.standard_normal((rows, k), dtype=np.float32)
-        out = engine.kernel_gemm(type_name, packed, n, k, x, path)
-        ref = x.astype(np.float64) @ w_deq.T
-        err = np.abs(out - ref)
-        tol = _tolerance(x, w_deq)
-        assert (err <= tol).all(), f"{path} {type_name} rows={rows}: max excess {(err - tol).max()}"
+    check_matches_reference(engine.kernel_gemm, type_name, packed, w_deq, path, rng)
 
 
 @pytest.mark.parametrize("path", PATHS)
@@ -62,11 +49,7 @@ def test_each_row_is_bit_identical_whatever_the_batch(path: str, type_name: str)
     rng = np.random.default_rng(7)
     n, k = 45, 576
     packed, _ = _weights(rng, n, k, TYPES[type_name])
-    x = rng.standard_normal((67, k), dtype=np.float32)
-    batched = engine.kernel_gemm(type_name, packed, n, k, x, path)
-    for r in (0, 3, 4, 31, 32, 66):
-        alone = engine.kernel_gemm(type_name, packed, n, k, x[r : r + 1], path)
-        assert np.array_equal(alone[0], batched[r])
+    check_rows_batch_invariant(engine.kernel_gemm, type_name, packed, n, k, path, rng)
 
 
 def test_the_best_path_this_cpu_runs_is_active() -> None:

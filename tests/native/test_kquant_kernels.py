@@ -17,6 +17,8 @@ import pytest
 from gguf import GGMLQuantizationType
 from gguf.quants import dequantize
 
+from .kernel_checks import check_matches_reference
+
 engine = pytest.importorskip("llmd._engine")
 
 QK = 256
@@ -138,15 +140,6 @@ def test_quantizer_packs_what_gguf_reads(type_name: str) -> None:
     assert rms < (0.09 if type_name == "Q4_K" else 0.03), rms
 
 
-def _tolerance(x: np.ndarray, w_deq: np.ndarray) -> np.ndarray:
-    rows, k = x.shape
-    blockmax = np.abs(x.reshape(rows, k // 32, 32)).max(axis=2)  # [rows, k/32]
-    step = np.repeat(blockmax / 254.0, 32, axis=1)  # max rounding error per element
-    bound = step @ np.abs(w_deq).T  # [rows, n]
-    scale = np.abs(x) @ np.abs(w_deq).T
-    return bound * 1.001 + scale * 1e-5 + 1e-6
-
-
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("type_name", list(TYPES))
 @pytest.mark.parametrize("source", ["quantized", "random_bytes"])
@@ -157,13 +150,7 @@ def test_kernel_matches_gguf_dequantize_reference(
 ) -> None:
     rng = np.random.default_rng(n * 1000 + k)
     packed, w_deq = _weights(rng, n, k, type_name, source)
-    for rows in (1, 2, 5, 67):
-        x = rng.standard_normal((rows, k), dtype=np.float32)
-        out = engine.kernel_gemm(type_name, packed, n, k, x, path)
-        ref = x.astype(np.float64) @ w_deq.T
-        err = np.abs(out - ref)
-        tol = _tolerance(x, w_deq)
-        assert (err <= tol).all(), f"{path} {type_name} rows={rows}: max excess {(err - tol).max()}"
+    check_matches_reference(engine.kernel_gemm, type_name, packed, w_deq, path, rng)
 
 
 @pytest.mark.parametrize("path", PATHS)
