@@ -197,11 +197,7 @@ void Engine::loop() {
         active_.push_back(std::move(seq));
       }
     }
-    {
-      std::lock_guard<std::mutex> lock(stats_mutex_);
-      stats_.active_sequences = static_cast<int>(active_.size());
-      stats_.kv_blocks_used = pool_.used_blocks();
-    }
+    publish_gauges();
     if (active_.empty()) continue;
     try {
       step_once();
@@ -332,6 +328,10 @@ void Engine::step_once() {
     finish(*finished[i], reasons[i]);
     active_.erase(std::find_if(active_.begin(), active_.end(), [&](auto& p) { return p.get() == finished[i]; }));
   }
+  publish_gauges();
+}
+
+void Engine::publish_gauges() {
   std::lock_guard<std::mutex> lock(stats_mutex_);
   stats_.active_sequences = static_cast<int>(active_.size());
   stats_.kv_blocks_used = pool_.used_blocks();

@@ -120,6 +120,7 @@ class Engine {
   void finish(Sequence& seq, const std::string& reason);
   void admit(Sequence& seq);
   void index_full_blocks(Sequence& seq);
+  void publish_gauges();  // engine thread: occupancy figures for stats()
   void emit(EngineEvent event);
   std::string validate(const GenerateRequest& r, std::string& code) const;
 

@@ -8,14 +8,12 @@
 
 namespace llmd {
 
-namespace {
 mx::array owned_bytes(size_t n) {
   // MLX-owned buffer so the weights live as long as any graph that uses them.
   mx::array a = mx::zeros({static_cast<int>(n)}, mx::uint8);
   a.eval();
   return a;
 }
-}  // namespace
 
 Linear Linear::from_gguf(const std::vector<const TensorView*>& parts, bool interleave_pairs) {
   if (parts.empty()) throw std::invalid_argument("Linear needs at least one tensor");

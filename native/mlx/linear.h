@@ -54,6 +54,9 @@ class Linear {
   mx::array weight_{0.f};  // uint8 [n, row_bytes] when quantized, float32 [n, k] otherwise
 };
 
+// An evaluated, MLX-owned uint8 buffer of n bytes for weights copied out of a mapped file.
+mx::array owned_bytes(size_t n);
+
 // A float copy of a 1-D or 2-D GGUF tensor (norm weights, small tensors).
 mx::array dequantize_tensor(const TensorView& t);
 

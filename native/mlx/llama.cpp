@@ -56,8 +56,7 @@ class Embedding {
 };
 
 mx::array copy_bytes(const TensorView& t) {
-  mx::array a = mx::zeros({static_cast<int>(t.n_bytes)}, mx::uint8);
-  a.eval();
+  mx::array a = owned_bytes(t.n_bytes);
   std::memcpy(a.data<uint8_t>(), t.data, t.n_bytes);
   return a;
 }
@@ -304,7 +303,6 @@ std::unique_ptr<Model> load_llama_safetensors(const std::string& dir, const Meta
   mx::array embed_bytes = mx::view(mx::flatten(embed_w), mx::uint8);
   embed_bytes.eval();
   Embedding embed(embed_bytes, TensorType::F32, c.hidden_size);
-  std::string dtype = "bf16";
   ModelInfo info = make_info(c, "safetensors");
   if (options.context_length > 0) info.context_length = std::min(info.context_length, options.context_length);
   return std::make_unique<LlamaModel>(c, info, std::move(layers), out_norm, std::move(lm_head),
