@@ -1,0 +1,59 @@
+"""Shared checks for llmd's quantized matmul kernels (test_kernels, test_kquant_kernels,
+test_arm64_cross).
+
+The kernels quantize activations to int8 per 32-wide block, so the stated tolerance against a
+float64 reference is the worst case of that rounding, sum_i |w_i| * (blockmax|x| / 254), plus a
+small float-accumulation term.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+# kernel(type_name, packed, n, k, x, path) -> out [rows, n]
+Kernel = Callable[[str, np.ndarray, int, int, np.ndarray, str], np.ndarray]
+
+
+def activation_rounding_tolerance(x: np.ndarray, w_deq: np.ndarray) -> np.ndarray:
+    rows, k = x.shape
+    blockmax = np.abs(x.reshape(rows, k // 32, 32)).max(axis=2)  # [rows, k/32]
+    step = np.repeat(blockmax / 254.0, 32, axis=1)  # max rounding error per element
+    bound = step @ np.abs(w_deq).T  # [rows, n]
+    scale = np.abs(x) @ np.abs(w_deq).T
+    return bound * 1.001 + scale * 1e-5 + 1e-6
+
+
+def check_matches_reference(
+    kernel: Kernel,
+    type_name: str,
+    packed: np.ndarray,
+    w_deq: np.ndarray,
+    path: str,
+    rng: np.random.Generator,
+) -> None:
+    n, k = w_deq.shape
+    for rows in (1, 2, 5, 67):
+        x = rng.standard_normal((rows, k), dtype=np.float32)
+        out = kernel(type_name, packed, n, k, x, path)
+        err = np.abs(out - x.astype(np.float64) @ w_deq.T)
+        tol = activation_rounding_tolerance(x, w_deq)
+        assert (err <= tol).all(), f"{path} {type_name} rows={rows}: max excess {(err - tol).max()}"
+
+
+def check_rows_batch_invariant(
+    kernel: Kernel,
+    type_name: str,
+    packed: np.ndarray,
+    n: int,
+    k: int,
+    path: str,
+    rng: np.random.Generator,
+) -> None:
+    """Isolation: a row's output must not depend on the rows batched with it."""
+    x = rng.standard_normal((67, k), dtype=np.float32)
+    batched = kernel(type_name, packed, n, k, x, path)
+    for r in (0, 3, 4, 31, 32, 66):
+        alone = kernel(type_name, packed, n, k, x[r : r + 1], path)
+        assert np.array_equal(alone[0], batched[r]), f"{path} {type_name} row {r}"
