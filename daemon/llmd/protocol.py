@@ -78,7 +78,7 @@ class ModelFacts(_Message):
 
 class Ready(_Message):
     type: Literal["ready"] = "ready"
-    backend: str  # "mlx-cpu", "mlx-metal", "mlx-cuda"
+    backend: str  # "llmd-cpu" (llmd's SIMD kernels), "mlx-cuda", "mlx-metal", "mlx-cpu" (tests)
     device: str
     model: ModelFacts
     context_length: int  # the context the engine serves (<= model's)

@@ -62,11 +62,13 @@ py::dict event_to_dict(const EngineEvent& e) {
 }
 
 std::unique_ptr<Engine> make_engine(const std::string& path, int context_length, int max_sequences,
-                                    int step_token_budget, size_t kv_budget_bytes, const py::dict& hf_config) {
+                                    int step_token_budget, size_t kv_budget_bytes, const py::dict& hf_config,
+                                    const std::string& backend) {
   Metadata hf = metadata_from_dict(hf_config);
   py::gil_scoped_release release;
   LoadOptions load;
   load.context_length = context_length;
+  load.backend = backend;
   auto model = load_model(path, load, hf);
   EngineOptions opts;
   opts.max_sequences = max_sequences;
@@ -108,7 +110,8 @@ PYBIND11_MODULE(_engine, m) {
   py::class_<Engine>(m, "Engine")
       .def(py::init(&make_engine), py::arg("model_path"), py::arg("context_length") = 0,
            py::arg("max_sequences") = 8, py::arg("step_token_budget") = 512,
-           py::arg("kv_budget_bytes") = size_t{1} << 30, py::arg("hf_config") = py::dict())
+           py::arg("kv_budget_bytes") = size_t{1} << 30, py::arg("hf_config") = py::dict(),
+           py::arg("backend") = "auto")
       .def(
           "submit",
           [](Engine& e, const std::string& id, std::vector<int32_t> prompt, int max_tokens, float temperature,
@@ -169,6 +172,9 @@ PYBIND11_MODULE(_engine, m) {
              d["n_kv_heads"] = i.n_kv_heads;
              d["hidden_size"] = i.hidden_size;
              d["weight_format"] = i.weight_format;
+             d["backend"] = i.backend;
+             d["device_name"] = i.device_name;
+             d["device_memory_bytes"] = i.device_memory_bytes;
              return d;
            })
       .def_property_readonly("context_length", &Engine::context_length)

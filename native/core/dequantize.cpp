@@ -7,6 +7,38 @@
 
 namespace llmd {
 
+namespace {
+
+// The 6-bit scale and min of sub-block j of a Q4_K super-block (llama.cpp's packing).
+void q4k_scale_min(int j, const uint8_t* q, int& sc, int& m) {
+  if (j < 4) {
+    sc = q[j] & 63;
+    m = q[j + 4] & 63;
+  } else {
+    sc = (q[j + 4] & 0x0f) | ((q[j - 4] >> 6) << 4);
+    m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+  }
+}
+
+}  // namespace
+
+void q4k_block_affine(const uint8_t* blk, uint8_t* q, float* scales, float* mins) {
+  const float d = half_to_float(read_u16(blk));
+  const float dmin = half_to_float(read_u16(blk + 2));
+  const uint8_t* sc = blk + 4;
+  const uint8_t* qs = blk + 16;
+  for (int pair = 0; pair < 4; ++pair) {
+    for (int half = 0; half < 2; ++half) {
+      const int j = pair * 2 + half;
+      int s = 0, m = 0;
+      q4k_scale_min(j, sc, s, m);
+      scales[j] = d * s;
+      mins[j] = dmin * m;
+      for (int l = 0; l < 32; ++l) q[j * 32 + l] = half ? (qs[pair * 32 + l] >> 4) : (qs[pair * 32 + l] & 0x0f);
+    }
+  }
+}
+
 void dequantize_row(TensorType type, const uint8_t* src, float* dst, int64_t n) {
   switch (type) {
     case TensorType::F32:
@@ -42,6 +74,33 @@ void dequantize_row(TensorType type, const uint8_t* src, float* dst, int64_t n) 
       }
       return;
     }
+    case TensorType::Q4_K: {
+      uint8_t q[256];
+      float scales[8], mins[8];
+      for (int64_t b = 0; b < n / 256; ++b) {
+        q4k_block_affine(src + b * 144, q, scales, mins);
+        for (int i = 0; i < 256; ++i) dst[b * 256 + i] = scales[i / 32] * q[i] - mins[i / 32];
+      }
+      return;
+    }
+    case TensorType::Q6_K:
+      for (int64_t b = 0; b < n / 256; ++b) {
+        const uint8_t* ql = src + b * 210;
+        const uint8_t* qh = ql + 128;
+        const int8_t* sc = reinterpret_cast<const int8_t*>(ql + 192);
+        const float d = half_to_float(read_u16(ql + 208));
+        float* y = dst + b * 256;
+        for (int h = 0; h < 2; ++h, y += 128, ql += 64, qh += 32, sc += 8) {
+          for (int l = 0; l < 32; ++l) {
+            const int is = l / 16;
+            y[l] = d * sc[is] * (((ql[l] & 0x0f) | (((qh[l] >> 0) & 3) << 4)) - 32);
+            y[l + 32] = d * sc[is + 2] * (((ql[l + 32] & 0x0f) | (((qh[l] >> 2) & 3) << 4)) - 32);
+            y[l + 64] = d * sc[is + 4] * (((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32);
+            y[l + 96] = d * sc[is + 6] * (((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32);
+          }
+        }
+      }
+      return;
     default:
       throw std::runtime_error("cannot dequantize " + type_name(type) + " yet");
   }

@@ -10,4 +10,9 @@ namespace llmd {
 
 void dequantize_row(TensorType type, const uint8_t* src, float* dst, int64_t n);
 
+// One Q4_K super-block (256 weights) as 8 affine groups of 32: weight i is
+// scales[i / 32] * q[i] - mins[i / 32], with q in 0..15. Exact, so a device backend can hold
+// Q4_K in a 4-bit affine format without requantizing.
+void q4k_block_affine(const uint8_t* blk, uint8_t* q, float* scales, float* mins);
+
 }  // namespace llmd

@@ -18,14 +18,16 @@ int KvPool::allocate() {
   if (!free_.empty()) {
     b = free_.back();
     free_.pop_back();
-  } else if (storage_.size() < max_blocks_) {
-    void* p = std::aligned_alloc(64, (block_bytes() + 63) / 64 * 64);
-    if (!p) throw std::bad_alloc();
-    storage_.emplace_back(static_cast<float*>(p));
+  } else if (created_ < max_blocks_) {
+    if (shape_.host_storage) {
+      void* p = std::aligned_alloc(64, (block_bytes() + 63) / 64 * 64);
+      if (!p) throw std::bad_alloc();
+      storage_.emplace_back(static_cast<float*>(p));
+    }
     refs_.push_back(0);
     cacheable_.push_back(false);
     idle_pos_.emplace_back();
-    b = static_cast<int>(storage_.size()) - 1;
+    b = static_cast<int>(created_++);
   } else if (!idle_.empty()) {
     b = idle_.front();
     idle_.pop_front();

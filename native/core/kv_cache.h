@@ -18,6 +18,11 @@ struct KvShape {
   int n_layers = 0;
   int n_kv_heads = 0;
   int head_dim = 0;
+  // Where the KV numbers live. The CPU backend keeps float32 blocks here in host memory; a
+  // device backend keeps its own storage (indexed by the same block ids) and this pool only
+  // does the bookkeeping: allocation, sharing, budget and LRU eviction.
+  bool host_storage = true;
+  int element_bytes = 4;
 };
 
 class KvPool {
@@ -27,11 +32,13 @@ class KvPool {
   KvPool(KvShape shape, size_t budget_bytes);
 
   const KvShape& shape() const { return shape_; }
-  size_t block_bytes() const { return block_floats_ * sizeof(float); }
+  size_t block_bytes() const { return block_floats_ * shape_.element_bytes; }
   size_t capacity_blocks() const { return max_blocks_; }
   size_t used_blocks() const { return used_; }            // referenced by sequences
   size_t cached_idle_blocks() const { return idle_.size(); }  // kept only for reuse
-  size_t allocated_bytes() const { return storage_.size() * block_bytes(); }
+  size_t allocated_bytes() const { return created_ * block_bytes(); }
+  // Block ids handed out so far run from 0 to created_blocks() - 1.
+  size_t created_blocks() const { return created_; }
 
   // Returns a block id with one reference, or -1 if the budget is exhausted even after
   // evicting the least recently used idle cached block.
@@ -48,6 +55,7 @@ class KvPool {
   // One head of one layer in a block. Keys are stored transposed, [head_dim][kBlockTokens],
   // so attention scores 16 positions per vector op without horizontal sums; values are
   // [kBlockTokens][head_dim]. Blocks are 64-byte aligned.
+  // Host storage only (shape().host_storage).
   float* keys(int block, int layer, int head) { return at(block, layer, 0, head); }
   float* values(int block, int layer, int head) { return at(block, layer, 1, head); }
 
@@ -62,6 +70,7 @@ class KvPool {
   size_t block_floats_;
   size_t max_blocks_;
   size_t used_ = 0;
+  size_t created_ = 0;
   struct AlignedFree {
     void operator()(float* p) const;
   };

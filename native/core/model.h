@@ -24,12 +24,16 @@ struct ModelInfo {
   int hidden_size = 0;
   std::string weight_format;
   size_t weight_bytes = 0;
+  std::string backend;      // "cpu" (llmd's kernels), "gpu" or "mlx-cpu" (MLX's kernels)
+  std::string device_name;  // e.g. "NVIDIA H100 80GB HBM3", or the CPU kernel path
+  size_t device_memory_bytes = 0;  // total memory of the GPU, 0 on the CPU backend
 };
 
 class Model {
  public:
   virtual ~Model() = default;
   virtual const ModelInfo& info() const = 0;
+  virtual ModelInfo& mutable_info() = 0;  // for the loader to fill in backend facts
   virtual KvShape kv_shape() const = 0;
   // Which matmul path each weight runs, e.g. {"blk.attn_qkv": "llmd:q4_1:avx512vnni"}.
   virtual std::map<std::string, std::string> matmul_paths() const = 0;
@@ -40,6 +44,11 @@ class Model {
 
 struct LoadOptions {
   int context_length = 0;  // 0: the model's own
+  // "auto" (the GPU when MLX has one, else "cpu"), "cpu" (llmd's SIMD kernels over GGUF
+  // blocks), "gpu" (MLX's kernels on its GPU: CUDA or Metal), or "mlx-cpu" (the GPU backend's
+  // graph on MLX's CPU device: slow, but it runs the device code path where no GPU exists).
+  std::string backend = "auto";
+  bool on_device() const { return backend == "gpu" || backend == "mlx-cpu"; }
 };
 
 // Loads a GGUF file or a Hugging Face safetensors directory; throws std::runtime_error with a

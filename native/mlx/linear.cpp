@@ -9,13 +9,18 @@
 namespace llmd {
 
 mx::array owned_bytes(size_t n) {
-  // MLX-owned buffer so the weights live as long as any graph that uses them.
-  mx::array a = mx::zeros({static_cast<int>(n)}, mx::uint8);
+  // MLX-owned buffer so the weights live as long as any graph that uses them. Filled on the
+  // CPU whatever the default device: the host writes it next.
+  mx::array a = mx::zeros({static_cast<int>(n)}, mx::uint8, mx::default_stream(mx::Device::cpu));
   a.eval();
   return a;
 }
 
-Linear Linear::from_gguf(const std::vector<const TensorView*>& parts, bool interleave_pairs) {
+namespace {
+std::string device_name() { return mx::default_device() == mx::Device::gpu ? "gpu" : "cpu"; }
+}  // namespace
+
+Linear Linear::from_gguf(const std::vector<const TensorView*>& parts, bool interleave_pairs, bool on_device) {
   if (parts.empty()) throw std::invalid_argument("Linear needs at least one tensor");
   Linear lin;
   lin.type_ = parts[0]->type;
@@ -25,6 +30,27 @@ Linear Linear::from_gguf(const std::vector<const TensorView*>& parts, bool inter
       throw std::invalid_argument("cannot stack " + p->name + " with " + parts[0]->name);
     }
     lin.n_ += static_cast<int>(p->shape[1]);
+  }
+  if (on_device) {
+    if (interleave_pairs && (parts.size() != 2 || parts[0]->shape[1] != parts[1]->shape[1])) {
+      throw std::invalid_argument("interleaving needs two tensors of equal shape");
+    }
+    std::vector<RowRef> rows;
+    rows.reserve(lin.n_);
+    if (interleave_pairs) {
+      for (int64_t r = 0; r < parts[0]->shape[1]; ++r) {
+        for (const TensorView* p : parts) rows.push_back({p, r});
+      }
+    } else {
+      for (const TensorView* p : parts) {
+        for (int64_t r = 0; r < p->shape[1]; ++r) rows.push_back({p, r});
+      }
+    }
+    lin.interleaved_ = interleave_pairs;
+    lin.quantized_ = is_quantized(lin.type_);
+    lin.device_ = device_weight_from_rows(rows, lin.type_, lin.k_);
+    lin.device_name_ = device_name();
+    return lin;
   }
   const kernels::KernelTable& table = kernels::active_table();
   if (is_quantized(lin.type_)) {
@@ -69,17 +95,45 @@ Linear Linear::from_gguf(const std::vector<const TensorView*>& parts, bool inter
   return lin;
 }
 
-Linear Linear::from_float(mx::array weight) {
+Linear Linear::from_float(mx::array weight, bool on_device) {
   Linear lin;
   lin.type_ = TensorType::F32;
   lin.n_ = weight.shape(0);
   lin.k_ = weight.shape(1);
+  if (on_device) {
+    lin.device_ = device_weight_from_float(weight);
+    lin.device_name_ = device_name();
+    return lin;
+  }
   lin.weight_ = mx::astype(weight, mx::float32);
   lin.weight_.eval();
   return lin;
 }
 
+mx::array Linear::device_forward(const mx::array& x, const Fused& fused) const {
+  // The residual stream stays float32; only the product runs in the compute dtype.
+  mx::array h = fused.rms_norm_weight ? mx::fast::rms_norm(x, *fused.rms_norm_weight, fused.eps) : x;
+  mx::array y = mx::astype(device_->matmul(mx::astype(h, device_compute_dtype())), mx::float32);
+  if (fused.swiglu) {
+    const int rows = y.shape(0);
+    const int half = n_ / 2;
+    mx::array g{0.f}, u{0.f};
+    if (interleaved_) {
+      mx::array pairs = mx::reshape(y, {rows, half, 2});
+      g = mx::squeeze(mx::slice(pairs, {0, 0, 0}, {rows, half, 1}), 2);
+      u = mx::squeeze(mx::slice(pairs, {0, 0, 1}, {rows, half, 2}), 2);
+    } else {
+      g = mx::slice(y, {0, 0}, {rows, half});
+      u = mx::slice(y, {0, half}, {rows, n_});
+    }
+    y = mx::multiply(mx::multiply(g, mx::sigmoid(g)), u);
+  }
+  if (fused.residual) y = mx::add(*fused.residual, y);
+  return y;
+}
+
 mx::array Linear::operator()(const mx::array& x, const Fused& fused) const {
+  if (device_) return device_forward(x, fused);
   if (quantized_) {
     if (fused.swiglu && !interleaved_) throw std::logic_error("fused SwiGLU needs interleaved gate/up rows");
     QuantizedMatmulSpec spec;
@@ -106,9 +160,12 @@ mx::array Linear::operator()(const mx::array& x, const Fused& fused) const {
 }
 
 std::string Linear::path() const {
+  std::string t = type_name(type_);
+  for (auto& c : t) c = static_cast<char>(std::tolower(c));
+  if (device_) {
+    return (device_->bits ? "mlx:qmm:" : "mlx:matmul:") + t + "->" + device_->format() + ":" + device_name_;
+  }
   if (quantized_) {
-    std::string t = type_name(type_);
-    for (auto& c : t) c = static_cast<char>(std::tolower(c));
     return std::string("llmd:") + t + ":" + kernels::active_table().isa;
   }
   return "mlx:matmul:f32";

@@ -11,6 +11,7 @@
 
 #include "../core/gguf_file.h"
 #include "../core/tensor_types.h"
+#include "device_weight.h"
 
 namespace llmd {
 
@@ -22,9 +23,12 @@ class Linear {
   // Stacks the rows of `parts` (each [n_i, k] in GGUF order shape {k, n_i}). With
   // `interleave_pairs` (two equal parts: gate, up) rows alternate gate_0, up_0, gate_1, ...
   // so a fused SwiGLU finds each pair in adjacent output columns.
-  static Linear from_gguf(const std::vector<const TensorView*>& parts, bool interleave_pairs = false);
+  // With `on_device`, the weight is converted to MLX's formats for the device backend
+  // (device_weight.h) instead of staying in GGUF blocks for llmd's CPU kernels.
+  static Linear from_gguf(const std::vector<const TensorView*>& parts, bool interleave_pairs = false,
+                          bool on_device = false);
   // Float weights [n, k] already in memory (safetensors path); pairs are never interleaved.
-  static Linear from_float(mx::array weight);
+  static Linear from_float(mx::array weight, bool on_device = false);
 
   // Row-wise work fused around the product (one kernel pass on the quantized path).
   struct Fused {
@@ -42,7 +46,9 @@ class Linear {
   // The stored weight: uint8 [n, row_bytes] blocks, or float32 [n, k].
   const mx::array& weight() const { return weight_; }
   int in_features() const { return k_; }
-  // "llmd:q4_1:avx512vnni" or "mlx:matmul:f32".
+  bool on_device() const { return device_.has_value(); }
+  // "llmd:q4_1:avx512vnni", "mlx:matmul:f32", or on the device backend
+  // "mlx:qmm:q4_1->affine4:gpu".
   std::string path() const;
 
  private:
@@ -52,6 +58,9 @@ class Linear {
   int n_ = 0;
   int k_ = 0;
   mx::array weight_{0.f};  // uint8 [n, row_bytes] when quantized, float32 [n, k] otherwise
+  std::optional<DeviceWeight> device_;  // replaces weight_ on the device backend
+  std::string device_name_;
+  mx::array device_forward(const mx::array& x, const Fused& fused) const;
 };
 
 // An evaluated, MLX-owned uint8 buffer of n bytes for weights copied out of a mapped file.

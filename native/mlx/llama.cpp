@@ -8,6 +8,7 @@
 
 #include "../core/dequantize.h"
 #include "../core/op_profile.h"
+#include "device_attention.h"
 #include "linear.h"
 #include "paged_attention.h"
 
@@ -66,10 +67,16 @@ class LlamaModel : public Model {
   LlamaModel(LlamaConfig cfg, ModelInfo info, std::vector<Layer> layers, mx::array out_norm,
              Linear lm_head, Embedding embed, std::shared_ptr<const Rope> rope)
       : cfg_(cfg), info_(std::move(info)), layers_(std::move(layers)), out_norm_(std::move(out_norm)),
-        lm_head_(std::move(lm_head)), embed_(std::move(embed)), rope_(std::move(rope)) {}
+        lm_head_(std::move(lm_head)), embed_(std::move(embed)), rope_(std::move(rope)),
+        on_device_(lm_head_.on_device()), device_(mx::default_device()) {}
 
   const ModelInfo& info() const override { return info_; }
-  KvShape kv_shape() const override { return {cfg_.n_layers, cfg_.n_kv_heads, cfg_.head_dim}; }
+  ModelInfo& mutable_info() override { return info_; }
+  KvShape kv_shape() const override {
+    // The device backend keeps KV in MLX arrays of its compute dtype (device_attention.h).
+    return {cfg_.n_layers, cfg_.n_kv_heads, cfg_.head_dim, !on_device_,
+            on_device_ ? static_cast<int>(mx::size_of(device_compute_dtype())) : 4};
+  }
 
   std::map<std::string, std::string> matmul_paths() const override {
     std::map<std::string, std::string> paths;
@@ -101,14 +108,22 @@ class LlamaModel : public Model {
       if (seg.want_logits) logit_rows.push_back(row - 1);
     }
     batch->build_rope_tables(*rope_);
-    mx::array x(x_host.begin(), {T, D}, mx::float32);
     const AttentionShape ashape{cfg_.n_heads, cfg_.n_kv_heads, cfg_.head_dim,
                                 1.f / std::sqrt(static_cast<float>(cfg_.head_dim))};
+    std::optional<DeviceAttentionPlan> plan;
+    if (on_device_) {
+      mx::set_default_device(device_);  // the engine thread builds this step's graph
+      if (!device_kv_) device_kv_ = std::make_unique<DeviceKvStore>(kv_shape());
+      device_kv_->ensure_blocks(pool.created_blocks(), pool.capacity_blocks());
+      plan = DeviceAttentionPlan::build(*batch, rope_->dims);
+    }
+    mx::array x(x_host.begin(), {T, D}, mx::float32);
     // Five ops per layer: norm+qkv, attention, o+residual, norm+gate/up+SwiGLU, down+residual.
     for (int l = 0; l < cfg_.n_layers; ++l) {
       const Layer& L = layers_[l];
       mx::array qkv = L.qkv(x, {.rms_norm_weight = L.attn_norm, .eps = cfg_.rms_eps});
-      mx::array a = paged_attention(qkv, batch, l, ashape, rope_);
+      mx::array a = plan ? device_attention(qkv, *plan, l, ashape, *rope_, *device_kv_)
+                         : paged_attention(qkv, batch, l, ashape, rope_);
       x = L.wo(a, {.residual = x});
       mx::array h = L.gate_up(x, {.rms_norm_weight = L.ffn_norm, .eps = cfg_.rms_eps, .swiglu = true});
       x = L.down(h, {.residual = x});
@@ -137,6 +152,9 @@ class LlamaModel : public Model {
   Linear lm_head_;
   Embedding embed_;
   std::shared_ptr<const Rope> rope_;
+  bool on_device_;
+  mx::Device device_;
+  std::unique_ptr<DeviceKvStore> device_kv_;  // KV storage of the device backend
 };
 
 ModelInfo make_info(const LlamaConfig& c, const std::string& format) {
@@ -193,6 +211,7 @@ std::unique_ptr<Model> load_llama_gguf(const GgufFile& file, const LoadOptions& 
     for (float& f : rope->inv_freq) f = static_cast<float>(f / factor);
   }
 
+  const bool dev = options.on_device();
   std::vector<Layer> layers(c.n_layers);
   for (int i = 0; i < c.n_layers; ++i) {
     const std::string b = "blk." + std::to_string(i) + ".";
@@ -203,26 +222,27 @@ std::unique_ptr<Model> load_llama_gguf(const GgufFile& file, const LoadOptions& 
     const TensorView* k = &file.tensor(b + "attn_k.weight");
     const TensorView* v = &file.tensor(b + "attn_v.weight");
     if (q->type == k->type && k->type == v->type) {
-      L.qkv = Linear::from_gguf({q, k, v});
+      L.qkv = Linear::from_gguf({q, k, v}, false, dev);
     } else {
       throw std::runtime_error("mixed quantization types within one attention block (" + type_name(q->type) +
                                "/" + type_name(k->type) + "/" + type_name(v->type) +
                                ") are not supported yet");
     }
-    L.wo = Linear::from_gguf({&file.tensor(b + "attn_output.weight")});
+    L.wo = Linear::from_gguf({&file.tensor(b + "attn_output.weight")}, false, dev);
     const TensorView* gate = &file.tensor(b + "ffn_gate.weight");
     const TensorView* up = &file.tensor(b + "ffn_up.weight");
     if (gate->type != up->type) {
       throw std::runtime_error("mixed quantization types for ffn_gate/ffn_up are not supported yet");
     }
-    L.gate_up = Linear::from_gguf({gate, up}, /*interleave_pairs=*/true);
-    L.down = Linear::from_gguf({&file.tensor(b + "ffn_down.weight")});
+    L.gate_up = Linear::from_gguf({gate, up}, /*interleave_pairs=*/true, dev);
+    L.down = Linear::from_gguf({&file.tensor(b + "ffn_down.weight")}, false, dev);
   }
   mx::array out_norm = dequantize_tensor(file.tensor("output_norm.weight"));
   const TensorView* output = file.find("output.weight");
-  Linear lm_head = Linear::from_gguf({output ? output : &embd});
-  // Tied embeddings: the lookup reads the lm_head's rows, so the table is stored once.
-  Embedding embed = (!output && lm_head.quantized())
+  Linear lm_head = Linear::from_gguf({output ? output : &embd}, false, dev);
+  // Tied embeddings: the lookup reads the lm_head's rows, so the table is stored once (on the
+  // CPU backend; the device backend's lm_head is in another format).
+  Embedding embed = (!output && lm_head.quantized() && !dev)
                         ? Embedding(lm_head.weight(), embd.type, c.hidden_size)
                         : Embedding(copy_bytes(embd), embd.type, c.hidden_size);
 
@@ -282,6 +302,7 @@ std::unique_ptr<Model> load_llama_safetensors(const std::string& dir, const Meta
     for (float& f : rope->inv_freq) f = static_cast<float>(f / factor);
   }
 
+  const bool dev = options.on_device();
   std::vector<Layer> layers(c.n_layers);
   for (int i = 0; i < c.n_layers; ++i) {
     const std::string b = "model.layers." + std::to_string(i) + ".";
@@ -289,16 +310,16 @@ std::unique_ptr<Model> load_llama_safetensors(const std::string& dir, const Meta
     L.attn_norm = get(b + "input_layernorm.weight");
     L.ffn_norm = get(b + "post_attention_layernorm.weight");
     L.qkv = Linear::from_float(mx::concatenate({get(b + "self_attn.q_proj.weight"), get(b + "self_attn.k_proj.weight"),
-                                                get(b + "self_attn.v_proj.weight")}, 0));
-    L.wo = Linear::from_float(get(b + "self_attn.o_proj.weight"));
-    L.gate_up = Linear::from_float(mx::concatenate({get(b + "mlp.gate_proj.weight"), get(b + "mlp.up_proj.weight")}, 0));
-    L.down = Linear::from_float(get(b + "mlp.down_proj.weight"));
+                                                get(b + "self_attn.v_proj.weight")}, 0), dev);
+    L.wo = Linear::from_float(get(b + "self_attn.o_proj.weight"), dev);
+    L.gate_up = Linear::from_float(mx::concatenate({get(b + "mlp.gate_proj.weight"), get(b + "mlp.up_proj.weight")}, 0), dev);
+    L.down = Linear::from_float(get(b + "mlp.down_proj.weight"), dev);
     mx::eval({L.attn_norm, L.ffn_norm});
   }
   mx::array embed_w = get("model.embed_tokens.weight");
   mx::array out_norm = get("model.norm.weight");
   const bool tied = hf.get_bool("tie_word_embeddings").value_or(w.find("lm_head.weight") == w.end());
-  Linear lm_head = Linear::from_float(tied ? embed_w : get("lm_head.weight"));
+  Linear lm_head = Linear::from_float(tied ? embed_w : get("lm_head.weight"), dev);
   mx::eval({embed_w, out_norm});
   mx::array embed_bytes = mx::view(mx::flatten(embed_w), mx::uint8);
   embed_bytes.eval();

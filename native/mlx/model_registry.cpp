@@ -7,7 +7,10 @@
 
 #include "../core/gguf_file.h"
 #include "../core/model.h"
+#include "kernels/qgemm.h"
 #include "llama.h"
+
+#include <mlx/mlx.h>
 
 namespace llmd {
 
@@ -30,10 +33,42 @@ std::string known(const auto& loaders) {
   for (const auto& [name, _] : loaders) s += (s.empty() ? "" : ", ") + name;
   return s;
 }
-}  // namespace
 
-std::unique_ptr<Model> load_model(const std::string& path, const LoadOptions& options,
-                                  const Metadata& hf_config) {
+namespace mx = mlx::core;
+
+// Resolves "auto", checks the choice is runnable, and makes MLX's default device match it.
+LoadOptions resolve_backend(LoadOptions options) {
+  const bool has_gpu = mx::is_available(mx::Device::gpu);
+  if (options.backend == "auto") options.backend = has_gpu ? "gpu" : "cpu";
+  if (options.backend == "gpu" && !has_gpu) {
+    throw std::runtime_error("backend 'gpu' requested but this MLX build has no GPU (install llmd[cuda] on an NVIDIA box)");
+  }
+  if (options.backend != "cpu" && options.backend != "gpu" && options.backend != "mlx-cpu") {
+    throw std::runtime_error("unknown backend '" + options.backend + "' (expected auto, cpu, gpu or mlx-cpu)");
+  }
+  mx::set_default_device(options.backend == "gpu" ? mx::Device::gpu : mx::Device::cpu);
+  return options;
+}
+
+void describe_backend(ModelInfo& info, const std::string& backend) {
+  info.backend = backend;
+  if (backend != "gpu") {
+    info.device_name = backend == "cpu" ? std::string("cpu:") + kernels::active_table().isa : "cpu:mlx";
+    return;
+  }
+  const auto& dev = mx::device_info(mx::Device::gpu);
+  if (auto it = dev.find("device_name"); it != dev.end()) {
+    if (auto* s = std::get_if<std::string>(&it->second)) info.device_name = *s;
+  }
+  for (const char* key : {"total_memory", "memory_size"}) {
+    if (auto it = dev.find(key); it != dev.end()) {
+      if (auto* n = std::get_if<size_t>(&it->second)) info.device_memory_bytes = *n;
+    }
+  }
+}
+
+std::unique_ptr<Model> load_model_on(const std::string& path, const LoadOptions& options,
+                                     const Metadata& hf_config) {
   namespace fs = std::filesystem;
   if (fs::is_directory(path)) {
     const std::string type = hf_config.get_string("model_type").value_or("");
@@ -50,6 +85,16 @@ std::unique_ptr<Model> load_model(const std::string& path, const LoadOptions& op
     throw std::runtime_error("architecture '" + arch + "' is not supported (supported: " + known(gguf_loaders()) + ")");
   }
   return it->second(file, options);
+}
+
+}  // namespace
+
+std::unique_ptr<Model> load_model(const std::string& path, const LoadOptions& requested,
+                                  const Metadata& hf_config) {
+  const LoadOptions options = resolve_backend(requested);
+  auto model = load_model_on(path, options, hf_config);
+  describe_backend(model->mutable_info(), options.backend);
+  return model;
 }
 
 }  // namespace llmd

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -15,10 +16,17 @@ def reference() -> dict:
     return json.loads((FIXTURES / "llamacpp_reference.json").read_text())
 
 
+# The backend the shared engine runs: "cpu" here and in CI; on a GPU machine the same parity,
+# isolation and prefix-cache tests run with LLMD_TEST_BACKEND=gpu (see bench/gpu/README.md).
+TEST_BACKEND = os.environ.get("LLMD_TEST_BACKEND", "cpu")
+
+
 @pytest.fixture(scope="module")
 def engine(model_path: Path):  # type: ignore[no-untyped-def]
     native = pytest.importorskip("llmd._engine")
-    return native.Engine(str(model_path), context_length=4096, max_sequences=8)
+    return native.Engine(
+        str(model_path), context_length=4096, max_sequences=8, backend=TEST_BACKEND
+    )
 
 
 def run_all(engine, requests: dict[str, dict]) -> dict[str, dict]:  # type: ignore[no-untyped-def]

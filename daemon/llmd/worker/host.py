@@ -114,6 +114,13 @@ def _read_commands(engine: Any, writer: Writer, stop: threading.Event) -> None:
     stop.set()
 
 
+def _backend_name(engine_backend: str) -> str:
+    """The ready handshake's backend: llmd's CPU kernels, or MLX on a GPU (CUDA or Metal)."""
+    if engine_backend == "gpu":
+        return "mlx-metal" if sys.platform == "darwin" else "mlx-cuda"
+    return "llmd-cpu" if engine_backend == "cpu" else engine_backend
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m llmd.worker", description=__doc__)
     parser.add_argument("--model", required=True, help="GGUF file or Hugging Face directory")
@@ -122,6 +129,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-sequences", type=int, default=8)
     parser.add_argument("--step-tokens", type=int, default=512)
     parser.add_argument("--kv-budget", type=int, default=1 << 30, help="KV cache bytes")
+    parser.add_argument(
+        "--backend",
+        default=os.environ.get("LLMD_BACKEND", "auto"),
+        choices=["auto", "cpu", "gpu", "mlx-cpu"],
+        help="auto: the GPU when MLX has one, else llmd's CPU kernels",
+    )
     args = parser.parse_args(argv)
 
     writer = Writer(sys.stdout.buffer)
@@ -129,7 +142,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         from .. import _engine  # the native extension; imported only in workers
     except ImportError as exc:
-        writer.send(p.Fatal(code="engine_unavailable", message=f"native engine missing: {exc}"))
+        hint = (
+            " (no MLX backend is installed: pip install 'llmd[cpu]', or 'llmd[cuda]' on NVIDIA)"
+            if "libmlx" in str(exc)
+            else ""
+        )
+        writer.send(
+            p.Fatal(code="engine_unavailable", message=f"native engine missing: {exc}{hint}")
+        )
         return 2
     if args.threads:
         _engine.set_threads(args.threads)
@@ -143,6 +163,7 @@ def main(argv: list[str] | None = None) -> int:
             step_token_budget=args.step_tokens,
             kv_budget_bytes=args.kv_budget,
             hf_config=hf_config(args.model),
+            backend=args.backend,
         )
     except Exception as exc:  # noqa: BLE001 - every load failure is reported, then exit
         writer.send(p.Fatal(code="load_failed", message=str(exc)))
@@ -152,8 +173,8 @@ def main(argv: list[str] | None = None) -> int:
     paths = engine.matmul_paths()
     writer.send(
         p.Ready(
-            backend="mlx-metal" if sys.platform == "darwin" else "mlx-cpu",
-            device=os.uname().machine,
+            backend=_backend_name(info["backend"]),
+            device=info["device_name"],
             model=p.ModelFacts(
                 architecture=info["architecture"],
                 vocab_size=info["vocab_size"],
@@ -171,7 +192,11 @@ def main(argv: list[str] | None = None) -> int:
             features=["continuous_batching", "cancel"],
             load_ms=load_ms,
             threads=_engine.thread_count(),
-            memory={"rss_before_load": rss_before, "rss_after_load": _rss_bytes()},
+            memory={
+                "rss_before_load": rss_before,
+                "rss_after_load": _rss_bytes(),
+                "device_total": info["device_memory_bytes"],
+            },
         )
     )
 

@@ -1,0 +1,140 @@
+"""Write a random-weight llama GGUF of a given shape, tensor by tensor, with the `gguf` package.
+
+Why: the GPU benchmark needs an 8B-shaped model on a machine that cannot download one. The
+weights are random Q4_0 blocks (uniform 4-bit codes, one float16 scale per 32 weights chosen so
+weights have a std of ~0.02), written straight as blocks: nothing is ever held in float32, and
+only one tensor is in memory at a time. The vocabulary is a synthetic SentencePiece-style list
+(control, byte and filler tokens) so llama.cpp's tools load the file too. Text is gibberish;
+speed is what it is for.
+
+    python bench/gpu/make_random_gguf.py --preset llama3-8b --out /tmp/llama3-8b-q4_0.gguf
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+from pathlib import Path
+
+import gguf
+import numpy as np
+
+Q4_0 = gguf.GGMLQuantizationType.Q4_0
+BLOCK_ELEMS, BLOCK_BYTES = 32, 18
+
+
+@dataclass(frozen=True)
+class Shape:
+    vocab: int
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    ffn: int
+    context: int
+    rope_theta: float
+
+
+PRESETS = {
+    # Meta-Llama-3-8B's dimensions.
+    "llama3-8b": Shape(128256, 4096, 32, 32, 8, 14336, 8192, 500000.0),
+    # A few MB: for tests of this script and of loaders.
+    "tiny": Shape(512, 128, 2, 4, 2, 256, 512, 10000.0),
+}
+
+
+def q4_0_blocks(rng: np.random.Generator, rows: int, cols: int, std: float = 0.02) -> np.ndarray:
+    """[rows, cols / 32 * 18] uint8: random codes, scales ~ std / 4.6 (the std of q - 8)."""
+    n_blocks = rows * cols // BLOCK_ELEMS
+    blocks = rng.integers(0, 256, size=(n_blocks, BLOCK_BYTES), dtype=np.uint8)
+    scales = (std / 4.6 * rng.uniform(0.8, 1.2, size=n_blocks)).astype(np.float16)
+    blocks[:, :2] = scales.view(np.uint8).reshape(n_blocks, 2)
+    return blocks.reshape(rows, cols // BLOCK_ELEMS * BLOCK_BYTES)
+
+
+def vocabulary(n: int) -> tuple[list[str], list[float], list[int]]:
+    tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)]
+    types = [2, 3, 3] + [6] * 256
+    tokens += [f"\u2581w{i}" for i in range(n - len(tokens))]
+    types += [1] * (n - len(types))
+    scores = [0.0] * 259 + [-float(i) for i in range(n - 259)]
+    return tokens, scores, types
+
+
+def tensor_plan(s: Shape) -> list[tuple[str, int, int]]:
+    """(name, rows, cols) in file order; rows == 0 marks a 1-D float32 norm of `cols`."""
+    hd = s.hidden // s.heads
+    plan = [("token_embd.weight", s.vocab, s.hidden)]
+    for i in range(s.layers):
+        b = f"blk.{i}."
+        plan += [
+            (b + "attn_norm.weight", 0, s.hidden),
+            (b + "attn_q.weight", s.hidden, s.hidden),
+            (b + "attn_k.weight", s.kv_heads * hd, s.hidden),
+            (b + "attn_v.weight", s.kv_heads * hd, s.hidden),
+            (b + "attn_output.weight", s.hidden, s.hidden),
+            (b + "ffn_norm.weight", 0, s.hidden),
+            (b + "ffn_gate.weight", s.ffn, s.hidden),
+            (b + "ffn_up.weight", s.ffn, s.hidden),
+            (b + "ffn_down.weight", s.hidden, s.ffn),
+        ]
+    plan += [("output_norm.weight", 0, s.hidden), ("output.weight", s.vocab, s.hidden)]
+    return plan
+
+
+def write(shape: Shape, out: Path, seed: int = 0) -> None:
+    rng = np.random.default_rng(seed)
+    w = gguf.GGUFWriter(str(out), "llama")
+    w.add_name("random-llama")
+    w.add_block_count(shape.layers)
+    w.add_context_length(shape.context)
+    w.add_embedding_length(shape.hidden)
+    w.add_feed_forward_length(shape.ffn)
+    w.add_head_count(shape.heads)
+    w.add_head_count_kv(shape.kv_heads)
+    w.add_rope_dimension_count(shape.hidden // shape.heads)
+    w.add_rope_freq_base(shape.rope_theta)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_file_type(gguf.LlamaFileType.MOSTLY_Q4_0)
+    tokens, scores, types = vocabulary(shape.vocab)
+    w.add_tokenizer_model("llama")
+    w.add_token_list(tokens)
+    w.add_token_scores(scores)
+    w.add_token_types(types)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_unk_token_id(0)
+    plan = tensor_plan(shape)
+    for name, rows, cols in plan:
+        if rows == 0:
+            w.add_tensor_info(name, (cols,), np.dtype(np.float32), cols * 4)
+        else:
+            nbytes = rows * cols // BLOCK_ELEMS * BLOCK_BYTES
+            w.add_tensor_info(
+                name, (rows, nbytes // rows), np.dtype(np.uint8), nbytes, raw_dtype=Q4_0
+            )
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+    for _name, rows, cols in plan:
+        if rows == 0:
+            w.write_tensor_data(np.ones(cols, dtype=np.float32))
+        else:
+            w.write_tensor_data(q4_0_blocks(rng, rows, cols))
+    w.close()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--preset", choices=sorted(PRESETS), default="llama3-8b")
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+    write(PRESETS[args.preset], args.out, args.seed)
+    print(f"wrote {args.out} ({args.out.stat().st_size / 2**30:.2f} GiB)")
+
+
+if __name__ == "__main__":
+    main()

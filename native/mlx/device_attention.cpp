@@ -1,0 +1,172 @@
+#include "device_attention.h"
+
+#include <algorithm>
+
+#include "device_weight.h"
+
+namespace llmd {
+
+namespace {
+
+constexpr int BT = KvPool::kBlockTokens;
+
+int slot_of(const SequenceKv& kv, int pos) { return kv.blocks()[pos / BT] * BT + pos % BT; }
+
+mx::array int_array(const std::vector<int32_t>& v, mx::Shape shape) {
+  return mx::array(v.begin(), std::move(shape), mx::int32);
+}
+
+// Rotates the first rope.dims features of each head: x [rows, heads, head_dim] float32.
+mx::array apply_rope(const mx::array& x, const DeviceAttentionPlan& plan, const Rope& rope) {
+  const int rows = x.shape(0), heads = x.shape(1), hd = x.shape(2), half = rope.dims / 2;
+  mx::array rot = rope.dims == hd ? x : mx::slice(x, {0, 0, 0}, {rows, heads, rope.dims});
+  mx::array x0{0.f}, x1{0.f};
+  if (rope.interleaved) {
+    mx::array pairs = mx::reshape(rot, {rows, heads, half, 2});
+    x0 = mx::squeeze(mx::slice(pairs, {0, 0, 0, 0}, {rows, heads, half, 1}), 3);
+    x1 = mx::squeeze(mx::slice(pairs, {0, 0, 0, 1}, {rows, heads, half, 2}), 3);
+  } else {
+    x0 = mx::slice(rot, {0, 0, 0}, {rows, heads, half});
+    x1 = mx::slice(rot, {0, 0, half}, {rows, heads, rope.dims});
+  }
+  const mx::array& c = plan.rope_cos;
+  const mx::array& s = plan.rope_sin;
+  mx::array o0 = mx::subtract(mx::multiply(x0, c), mx::multiply(x1, s));
+  mx::array o1 = mx::add(mx::multiply(x0, s), mx::multiply(x1, c));
+  mx::array out = rope.interleaved ? mx::reshape(mx::stack({o0, o1}, -1), {rows, heads, rope.dims})
+                                   : mx::concatenate({o0, o1}, -1);
+  if (rope.dims == hd) return out;
+  return mx::concatenate({out, mx::slice(x, {0, 0, rope.dims}, {rows, heads, hd})}, -1);
+}
+
+}  // namespace
+
+void DeviceKvStore::ensure_blocks(size_t n_blocks, size_t max_blocks) {
+  if (n_blocks <= blocks_) return;
+  const size_t grown = std::min(std::max(n_blocks, blocks_ * 2), std::max(max_blocks, n_blocks));
+  const int width = shape_.n_kv_heads * shape_.head_dim;
+  const int extra = static_cast<int>((grown - blocks_) * BT);
+  std::vector<mx::array> all;
+  if (keys_.empty()) {
+    keys_.assign(shape_.n_layers, mx::array(0.f));
+    values_.assign(shape_.n_layers, mx::array(0.f));
+  }
+  for (int l = 0; l < shape_.n_layers; ++l) {
+    for (mx::array* a : {&keys_[l], &values_[l]}) {
+      mx::array more = mx::zeros({extra, width}, device_compute_dtype());
+      *a = blocks_ == 0 ? more : mx::concatenate({*a, more}, 0);
+      all.push_back(*a);
+    }
+  }
+  mx::eval(all);
+  blocks_ = grown;
+}
+
+DeviceAttentionPlan DeviceAttentionPlan::build(const AttentionBatch& batch, int rope_dims) {
+  DeviceAttentionPlan plan;
+  int rows = 0;
+  for (const auto& seg : batch.segments) rows += seg.n_rows;
+  std::vector<int32_t> slots;
+  slots.reserve(rows);
+  for (const auto& seg : batch.segments) {
+    for (int i = 0; i < seg.n_rows; ++i) slots.push_back(slot_of(*seg.kv, seg.start_pos + i));
+  }
+  plan.write_slots = int_array(slots, {rows});
+  const int half = rope_dims / 2;
+  plan.rope_cos = mx::array(batch.rope_cos.begin(), {rows, 1, half}, mx::float32);
+  plan.rope_sin = mx::array(batch.rope_sin.begin(), {rows, 1, half}, mx::float32);
+
+  const auto& segs = batch.segments;
+  size_t i = 0;
+  while (i < segs.size()) {
+    // A run of single-token segments in consecutive rows: one batched decode call.
+    size_t j = i;
+    while (j < segs.size() && segs[j].n_rows == 1 && (j == i || segs[j].row0 == segs[j - 1].row0 + 1)) ++j;
+    if (j - i >= 2) {
+      const int b = static_cast<int>(j - i);
+      int lmax = 0, lmin = 1 << 30;
+      for (size_t s = i; s < j; ++s) {
+        lmax = std::max(lmax, segs[s].start_pos + 1);
+        lmin = std::min(lmin, segs[s].start_pos + 1);
+      }
+      std::vector<int32_t> gather(static_cast<size_t>(b) * lmax, 0);
+      std::vector<uint8_t> mask(static_cast<size_t>(b) * lmax, 0);
+      for (int r = 0; r < b; ++r) {
+        const auto& seg = segs[i + r];
+        for (int p = 0; p <= seg.start_pos; ++p) {
+          gather[static_cast<size_t>(r) * lmax + p] = slot_of(*seg.kv, p);
+          mask[static_cast<size_t>(r) * lmax + p] = 1;
+        }
+      }
+      Group g;
+      g.row0 = segs[i].row0;
+      g.n_rows = b;
+      g.batched_decode = true;
+      g.gather = int_array(gather, {b, lmax});
+      if (lmin != lmax) {
+        g.mask = mx::astype(mx::array(mask.begin(), {b, 1, 1, lmax}, mx::uint8), mx::bool_);
+      }
+      plan.groups.push_back(std::move(g));
+      i = j;
+      continue;
+    }
+    const auto& seg = segs[i];
+    const int len = seg.start_pos + seg.n_rows;
+    std::vector<int32_t> gather(len);
+    for (int p = 0; p < len; ++p) gather[p] = slot_of(*seg.kv, p);
+    Group g;
+    g.row0 = seg.row0;
+    g.n_rows = seg.n_rows;
+    g.gather = int_array(gather, {len});
+    plan.groups.push_back(std::move(g));
+    ++i;
+  }
+  return plan;
+}
+
+mx::array device_attention(const mx::array& qkv, const DeviceAttentionPlan& plan, int layer,
+                           const AttentionShape& shape, const Rope& rope, DeviceKvStore& kv) {
+  const int rows = qkv.shape(0);
+  const int H = shape.n_heads, KVH = shape.n_kv_heads, hd = shape.head_dim;
+  const int qw = H * hd, kw = KVH * hd;
+  mx::array q = mx::reshape(mx::slice(qkv, {0, 0}, {rows, qw}), {rows, H, hd});
+  mx::array k = mx::reshape(mx::slice(qkv, {0, qw}, {rows, qw + kw}), {rows, KVH, hd});
+  mx::array v = mx::slice(qkv, {0, qw + kw}, {rows, qw + 2 * kw});
+  const mx::Dtype dt = device_compute_dtype();
+  q = mx::astype(apply_rope(q, plan, rope), dt);
+  k = mx::astype(apply_rope(k, plan, rope), dt);
+  // The store's arrays are replaced by the scattered ones, so MLX updates them in place.
+  mx::array& keys = kv.keys(layer);
+  mx::array& values = kv.values(layer);
+  keys = mx::scatter(keys, {plan.write_slots}, mx::reshape(k, {rows, 1, kw}), {0});
+  values = mx::scatter(values, {plan.write_slots}, mx::reshape(mx::astype(v, dt), {rows, 1, kw}), {0});
+
+  std::vector<mx::array> outs;
+  outs.reserve(plan.groups.size());
+  for (const auto& g : plan.groups) {
+    mx::array qg = mx::slice(q, {g.row0, 0, 0}, {g.row0 + g.n_rows, H, hd});
+    if (g.batched_decode) {
+      const int b = g.n_rows, lmax = g.gather.shape(1);
+      auto gathered = [&](const mx::array& store) {
+        return mx::transpose(mx::reshape(mx::take(store, g.gather, 0), {b, lmax, KVH, hd}), {0, 2, 1, 3});
+      };
+      mx::array o = mx::fast::scaled_dot_product_attention(
+          mx::reshape(qg, {b, H, 1, hd}), gathered(keys), gathered(values), shape.scale,
+          g.mask ? "array" : "", g.mask);
+      outs.push_back(mx::reshape(o, {b, qw}));
+    } else {
+      const int len = g.gather.shape(0);
+      auto gathered = [&](const mx::array& store) {
+        return mx::expand_dims(mx::transpose(mx::reshape(mx::take(store, g.gather, 0), {len, KVH, hd}), {1, 0, 2}), 0);
+      };
+      mx::array qt = mx::expand_dims(mx::transpose(qg, {1, 0, 2}), 0);
+      mx::array o = mx::fast::scaled_dot_product_attention(qt, gathered(keys), gathered(values), shape.scale,
+                                                           g.n_rows > 1 ? "causal" : "");
+      outs.push_back(mx::reshape(mx::transpose(mx::squeeze(o, 0), {1, 0, 2}), {g.n_rows, qw}));
+    }
+  }
+  mx::array out = outs.size() == 1 ? outs[0] : mx::concatenate(outs, 0);
+  return mx::astype(out, mx::float32);
+}
+
+}  // namespace llmd

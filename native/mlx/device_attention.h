@@ -1,0 +1,66 @@
+// Attention for the device backend (MLX's own kernels on the GPU, or on MLX's CPU device in
+// tests): KV lives in MLX arrays indexed by the engine's block ids, new keys/values are
+// scattered into their slots, and each sequence's keys are gathered for MLX's
+// scaled_dot_product_attention.
+//
+// Why this shape: the engine's block pool, prefix cache and sessions stay exactly as on the
+// CPU backend (block ids are the currency); only the storage moves to the device. Decode rows
+// of many sequences share one padded attention call (masked when lengths differ); a prefill
+// chunk gets its own causal call. Gathering keys per step costs a copy of each sequence's KV
+// per layer; a paged attention kernel of our own (native/cuda) removes it later.
+#pragma once
+
+#include <optional>
+#include <vector>
+
+#include <mlx/mlx.h>
+
+#include "../core/kv_cache.h"
+#include "paged_attention.h"
+#include "rope.h"
+
+namespace llmd {
+
+namespace mx = mlx::core;
+
+// Per layer: keys and values of every block slot, [slots, n_kv_heads * head_dim] in the
+// compute dtype (float16 on a GPU),
+// slot = block * kBlockTokens + position in block.
+class DeviceKvStore {
+ public:
+  explicit DeviceKvStore(KvShape shape) : shape_(shape) {}
+  // Grows storage (at least doubling) so block ids < n_blocks have slots.
+  void ensure_blocks(size_t n_blocks, size_t max_blocks);
+  mx::array& keys(int layer) { return keys_[layer]; }
+  mx::array& values(int layer) { return values_[layer]; }
+  size_t capacity_blocks() const { return blocks_; }
+
+ private:
+  KvShape shape_;
+  size_t blocks_ = 0;
+  std::vector<mx::array> keys_;
+  std::vector<mx::array> values_;
+};
+
+// Index arrays of one step, built once on the host and shared by every layer.
+struct DeviceAttentionPlan {
+  mx::array write_slots{0};  // [rows] int32: the slot each row's k/v goes to
+  mx::array rope_cos{0.f};   // [rows, 1, dims / 2]
+  mx::array rope_sin{0.f};
+  struct Group {
+    int row0 = 0;
+    int n_rows = 0;
+    bool batched_decode = false;     // n_rows sequences of one token each
+    mx::array gather{0};             // [L] (one sequence) or [n_rows, Lmax] (decode batch)
+    std::optional<mx::array> mask;   // [n_rows, 1, 1, Lmax] bool, when decode lengths differ
+  };
+  std::vector<Group> groups;  // in row order, covering every row
+
+  static DeviceAttentionPlan build(const AttentionBatch& batch, int rope_dims);
+};
+
+// qkv: [rows, (n_heads + 2 * n_kv_heads) * head_dim] float32 -> [rows, n_heads * head_dim].
+mx::array device_attention(const mx::array& qkv, const DeviceAttentionPlan& plan, int layer,
+                           const AttentionShape& shape, const Rope& rope, DeviceKvStore& kv);
+
+}  // namespace llmd

@@ -1,0 +1,113 @@
+"""The device backend (MLX's kernels, KV in MLX arrays: what runs on CUDA and Metal) checked on
+MLX's CPU device, so its graph, weight re-packing and attention are tested on machines without a
+GPU. MLX's CPU quantized kernels are slow, so the cases here are short; on a GPU machine the full
+parity and isolation suites run with LLMD_TEST_BACKEND=gpu, and the GPU tests below run too."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from .conftest import run_all
+
+ROOT = Path(__file__).parents[2]
+NEAR_TIE = 0.5
+
+
+def _case(reference: dict, name: str) -> dict:
+    return next(c for c in reference["cases"] if c["name"] == name)
+
+
+def _has_gpu() -> bool:
+    mx = pytest.importorskip("mlx.core")
+    return bool(mx.is_available(mx.gpu))
+
+
+@pytest.fixture(scope="module")
+def device_engine(model_path: Path):  # type: ignore[no-untyped-def]
+    native = pytest.importorskip("llmd._engine")
+    return native.Engine(
+        str(model_path),
+        context_length=1024,
+        max_sequences=4,
+        kv_budget_bytes=64 << 20,
+        backend="gpu" if _has_gpu() else "mlx-cpu",
+    )
+
+
+def test_every_weight_runs_mlx_kernels_in_repacked_formats(device_engine) -> None:  # type: ignore[no-untyped-def]
+    paths = device_engine.matmul_paths()
+    assert len(paths) == 30 * 4 + 1
+    # Q4_1 and Q8_0 map exactly onto MLX's 4/8-bit affine groups: nothing is requantized.
+    assert all(p.startswith("mlx:qmm:q4_1->affine4:") for k, p in paths.items() if k != "output")
+    assert paths["output"].startswith("mlx:qmm:q8_0->affine8:")
+    info = device_engine.info()
+    assert info["backend"] in ("gpu", "mlx-cpu") and info["device_name"]
+
+
+def test_teacher_forced_argmax_matches_llamacpp(device_engine, reference: dict) -> None:  # type: ignore[no-untyped-def]
+    case = _case(reference, "capital_france")
+    prompt, gen, gaps = case["prompt_ids"], case["generated_ids"], case["top2_gaps"]
+    logits = device_engine.score(prompt + gen[:-1], len(prompt))
+    ours = np.argmax(logits, axis=1)
+    decided = [i for i, g in enumerate(gaps) if g > NEAR_TIE]
+    assert decided
+    assert [int(ours[i]) for i in decided] == [gen[i] for i in decided]
+
+
+def test_batched_decode_of_unequal_lengths_matches_solo_runs(
+    device_engine, reference: dict
+) -> None:  # type: ignore[no-untyped-def]
+    """Three sequences of different lengths decode in one masked attention call per layer and
+    give exactly their solo greedy tokens."""
+    names = ["capital_france", "python_code", "emoji"]
+    reqs = {n: {"prompt": _case(reference, n)["prompt_ids"], "max_tokens": 6} for n in names}
+    solo = {n: run_all(device_engine, {n: r})[n]["tokens"] for n, r in reqs.items()}
+    together = run_all(device_engine, reqs)
+    for n in names:
+        assert together[n]["tokens"] == solo[n], n
+    assert solo["capital_france"] == _case(reference, "capital_france")["generated_ids"][:6]
+    assert device_engine.stats()["max_rows_sampled_in_a_step"] >= 3
+
+
+def test_random_q4_0_model_gives_the_same_tokens_on_both_backends(tmp_path: Path) -> None:
+    """The benchmark's model generator writes a loadable GGUF, and Q4_0 re-packed for the
+    device backend computes what llmd's CPU kernels compute."""
+    native = pytest.importorskip("llmd._engine")
+    out = tmp_path / "tiny.gguf"
+    subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "bench/gpu/make_random_gguf.py"),
+            "--preset",
+            "tiny",
+            "--out",
+            str(out),
+        ],
+        check=True,
+        capture_output=True,
+    )
+    tokens = {}
+    for backend in ("cpu", "mlx-cpu"):
+        e = native.Engine(
+            str(out), context_length=256, max_sequences=2, kv_budget_bytes=8 << 20, backend=backend
+        )
+        assert e.info()["weight_format"] == "gguf:Q4_0"
+        tokens[backend] = run_all(e, {"a": {"prompt": [1, 5, 6, 7, 8], "max_tokens": 12}})["a"][
+            "tokens"
+        ]
+    assert len(tokens["cpu"]) == 12
+    assert tokens["cpu"] == tokens["mlx-cpu"]
+
+
+def test_unknown_or_unavailable_backend_is_refused(model_path: Path) -> None:
+    native = pytest.importorskip("llmd._engine")
+    with pytest.raises(RuntimeError, match="unknown backend 'tpu'"):
+        native.Engine(str(model_path), backend="tpu")
+    if not _has_gpu():
+        with pytest.raises(RuntimeError, match="no GPU"):
+            native.Engine(str(model_path), backend="gpu")
