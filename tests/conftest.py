@@ -67,11 +67,17 @@ def fake_launcher(**settings: str | int | float) -> FakeLauncher:
     source_root = str(Path(llmd.__file__).resolve().parents[1])
 
     def launch(
-        model_path: str, *, context_length: int | None = None, threads: int | None = None
+        model_path: str,
+        *,
+        context_length: int | None = None,
+        threads: int | None = None,
+        kv_budget_bytes: int | None = None,
     ) -> tuple[list[str], dict[str, str]]:
         argv = [sys.executable, str(FAKE_WORKER), "--model", model_path]
         if context_length:
             argv += ["--context-length", str(context_length)]
+        if kv_budget_bytes:
+            argv += ["--kv-budget", str(kv_budget_bytes)]
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [source_root, env.get("PYTHONPATH")]))
         for key, value in settings.items():

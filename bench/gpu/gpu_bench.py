@@ -45,7 +45,7 @@ class Llmd:
             model,
             context_length=8192,
             max_sequences=32,
-            step_token_budget=4096,
+            step_token_budget=512,
             kv_budget_bytes=kv_budget,
             backend=backend,
         )
@@ -91,32 +91,25 @@ class Llmd:
         return out
 
 
+def _run_tool(argv: list[str]) -> subprocess.CompletedProcess:
+    """Runs a llama.cpp tool; on failure shows its stderr (the exit status alone says nothing)."""
+    import mlx.core as mx
+
+    mx.clear_cache()  # hand MLX's cached buffers back so the other process can allocate
+    r = subprocess.run(argv, capture_output=True, text=True)
+    if r.returncode != 0:
+        raise RuntimeError(f"{argv[0]} exited {r.returncode}: {r.stderr[-2000:]}")
+    return r
+
+
 def llamacpp_round(bin_dir: Path, model: str) -> dict[str, float]:
     out: dict[str, float] = {}
-    r = subprocess.run(
-        [
-            str(bin_dir / "llama-bench"),
-            "-m",
-            model,
-            "-ngl",
-            "99",
-            "-p",
-            "512,4096",
-            "-n",
-            "128",
-            "-r",
-            "1",
-            "-o",
-            "json",
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    for t in json.loads(r.stdout):
-        key = f"pp{t['n_prompt']}" if t["n_gen"] == 0 else f"tg{t['n_gen']}"
-        out[key] = float(t["avg_ts"])
-    r = subprocess.run(
+    bench = [str(bin_dir / "llama-bench"), "-m", model, "-ngl", "99", "-r", "1", "-o", "json"]
+    for extra in (["-p", "512,4096", "-n", "0"], ["-p", "0", "-n", "128"]):
+        for t in json.loads(_run_tool(bench + extra).stdout):
+            key = f"pp{t['n_prompt']}" if t["n_gen"] == 0 else f"tg{t['n_gen']}"
+            out[key] = float(t["avg_ts"])
+    r = _run_tool(
         [
             str(bin_dir / "llama-batched-bench"),
             "-m",
@@ -135,10 +128,7 @@ def llamacpp_round(bin_dir: Path, model: str) -> dict[str, float]:
             "8,32",
             "--output-format",
             "jsonl",
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
+        ]
     )
     for line in (r.stdout + r.stderr).splitlines():
         line = line.strip()

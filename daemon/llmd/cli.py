@@ -19,6 +19,7 @@ import click
 
 from . import __version__
 from .catalog import DEFAULT_MODEL
+from .limits import DEFAULT_QUEUE_LIMIT, parse_size
 from .paths import DEFAULT_HOST, DEFAULT_PORT, get_paths
 from .store import ModelStore, StoreError
 
@@ -42,6 +43,16 @@ def main() -> None:
     """
 
 
+def _size_option(value: str, name: str) -> int | None:
+    """'auto' -> None; '2GiB', '512MB', '1048576' -> bytes."""
+    if value == "auto":
+        return None
+    try:
+        return parse_size(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint=name) from exc
+
+
 @main.command()
 @click.option(
     "--host",
@@ -63,6 +74,19 @@ def main() -> None:
     show_default=True,
     help="Largest request body in bytes (413 beyond).",
 )
+@click.option(
+    "--queue-limit",
+    type=click.IntRange(min=0),
+    default=DEFAULT_QUEUE_LIMIT,
+    show_default=True,
+    help="Requests that may wait per model beyond its running ones; more get HTTP 429.",
+)
+@click.option(
+    "--kv-budget",
+    default="auto",
+    show_default=True,
+    help="KV cache memory per model (e.g. 2GiB, 512MiB); auto: a quarter of free memory.",
+)
 @click.option("-v", "--verbose", is_flag=True, help="Log worker output and debug details.")
 def serve(
     host: str,
@@ -70,6 +94,8 @@ def serve(
     context_length: int | None,
     threads: int | None,
     max_body: int,
+    queue_limit: int,
+    kv_budget: str,
     verbose: bool,
 ) -> None:
     """Run the API server in the foreground (TCP and a Unix socket).
@@ -102,6 +128,8 @@ def serve(
                 max_body=max_body,
                 context_length=context_length,
                 threads=threads,
+                queue_limit=queue_limit,
+                kv_budget_bytes=_size_option(kv_budget, "--kv-budget"),
             )
         )
     except KeyboardInterrupt:

@@ -11,7 +11,7 @@ from .detokenizer import IncrementalDetokenizer
 from .errors import ApiError, bad_request, server_error
 from .model_registry import LoadedModel
 from .stop_strings import StopMatcher
-from .worker_client import WorkerError
+from .worker_client import ACCEPTED, Accepted, WorkerError
 
 
 @dataclass
@@ -60,6 +60,8 @@ def _api_error(exc: WorkerError) -> ApiError:
         return ApiError(400, exc.message, code=exc.code)
     if exc.code == "invalid_request":
         return bad_request(exc.message)
+    if exc.code == "queue_full":
+        return ApiError(429, exc.message, type="rate_limit_error", code=exc.code)
     if exc.code in ("worker_died", "capacity"):
         return server_error(exc.message, code=exc.code, status=503)
     return server_error(exc.message, code=exc.code)
@@ -72,8 +74,9 @@ async def generate_text(
     max_tokens: int,
     sampling: p.SamplingParams,
     stops: list[str],
-) -> AsyncIterator[str | Finished]:
-    """Yields text deltas (never half a character, never a stop string or what follows it),
+) -> AsyncIterator[Accepted | str | Finished]:
+    """Yields ACCEPTED once the worker has the request (a 429 or other ApiError comes before
+    it), then text deltas (never half a character, never a stop string or what follows it),
     then exactly one Finished. Raises ApiError. Closing it early cancels the worker request."""
     # Control tokens (end of turn, ...) are markup, not answer text (llama-server and vLLM
     # leave them out of the output by default too).
@@ -86,7 +89,9 @@ async def generate_text(
     )
     try:
         async for event in events:
-            if isinstance(event, p.Tokens):
+            if isinstance(event, Accepted):
+                yield ACCEPTED
+            elif isinstance(event, p.Tokens):
                 produced += len(event.tokens)
                 piece = matcher.feed(detok.add(event.tokens))
                 if piece:

@@ -45,11 +45,15 @@ class ModelRegistry:
         context_length: int | None = None,
         threads: int | None = None,
         launcher: WorkerLauncher | None = None,
+        queue_limit: int | None = None,
+        kv_budget_bytes: int | None = None,
     ) -> None:
         self.store = store
         self.context_length = context_length
         self.threads = threads
         self.launcher = launcher
+        self.queue_limit = queue_limit
+        self.kv_budget_bytes = kv_budget_bytes
         self._loaded: dict[str, LoadedModel] = {}
         self._locks: dict[str, asyncio.Lock] = {}
 
@@ -90,6 +94,8 @@ class ModelRegistry:
             threads=self.threads,
             launcher=self.launcher,
             name=record.name,
+            queue_limit=self.queue_limit,
+            kv_budget_bytes=self.kv_budget_bytes,
         )
         started = time.perf_counter()
         try:

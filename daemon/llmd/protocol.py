@@ -87,6 +87,7 @@ class Ready(_Message):
     blas: str = ""  # BLAS library the backend resolved, e.g. "openblas"
     features: list[str] = []
     load_ms: float = 0.0
+    kv_budget_bytes: int = 0  # KV cache memory the engine may use (prefix cache included)
     threads: int = 0
     # Resident memory of the worker before and after the weights were loaded (bytes).
     memory: dict[str, int] = {}

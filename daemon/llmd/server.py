@@ -29,11 +29,12 @@ from .catalog import load_catalog
 from .chat_template import render_chat
 from .errors import ApiError, bad_request, server_error
 from .generation import Finished, generate_text, token_budget
+from .limits import DEFAULT_QUEUE_LIMIT
 from .model_registry import LoadedModel, ModelRegistry
 from .openai_schemas import ChatCompletionRequest, CompletionRequest, SamplingFields, parse_request
 from .paths import Paths, ensure_private_dir
 from .store import ModelStore
-from .worker_client import WorkerLauncher
+from .worker_client import Accepted, WorkerLauncher
 
 log = logging.getLogger("llmd.server")
 
@@ -122,50 +123,54 @@ async def _sse_send(resp: web.StreamResponse, payload: Any) -> None:
 
 async def _stream(
     request: web.Request,
-    pieces: AsyncIterator[str | Finished],
+    pieces: AsyncIterator[Accepted | str | Finished],
     make_chunk: Callable[[str | None, str | None], dict[str, Any]],
     include_usage: bool,
     first: dict[str, Any] | None,
 ) -> web.StreamResponse:
-    resp = await _sse_start(request)
     try:
-        if first is not None:
-            await _sse_send(resp, first)
-        async for piece in pieces:
-            if isinstance(piece, Finished):
-                await _sse_send(resp, make_chunk(None, piece.finish_reason))
-                if include_usage:
-                    final = make_chunk(None, None)
-                    final["choices"] = []
-                    final["usage"] = _usage(piece)
-                    await _sse_send(resp, final)
-            else:
-                await _sse_send(resp, make_chunk(piece, None))
-        await _sse_send(resp, "[DONE]")
-    except ApiError as err:
-        # The stream has started: the error travels as one SSE event, then the stream ends.
-        await _sse_send(resp, err.envelope())
-    except ConnectionResetError:  # aiohttp's ClientConnectionResetError is one too
-        # The client went away; closing `pieces` (below) cancels the request in the worker.
-        log.info("client disconnected from %s mid-stream", request.path)
-        return resp
-    except Exception as exc:  # noqa: BLE001 - a started stream can only report, not re-status
-        log.exception("error while streaming %s", request.path)
-        await _sse_send(resp, server_error(f"internal error: {exc}").envelope())
+        # Until the worker has the request (429 when full), errors are plain HTTP statuses.
+        if not isinstance(await anext(pieces), Accepted):
+            raise RuntimeError("generation did not start with ACCEPTED")
+        resp = await _sse_start(request)
+        try:
+            if first is not None:
+                await _sse_send(resp, first)
+            async for piece in pieces:
+                if isinstance(piece, Finished):
+                    await _sse_send(resp, make_chunk(None, piece.finish_reason))
+                    if include_usage:
+                        final = make_chunk(None, None)
+                        final["choices"] = []
+                        final["usage"] = _usage(piece)
+                        await _sse_send(resp, final)
+                elif isinstance(piece, str):
+                    await _sse_send(resp, make_chunk(piece, None))
+            await _sse_send(resp, "[DONE]")
+        except ApiError as err:
+            # The stream has started: the error travels as one SSE event, then it ends.
+            await _sse_send(resp, err.envelope())
+        except ConnectionResetError:  # aiohttp's ClientConnectionResetError is one too
+            # The client went away; closing `pieces` (below) cancels the request in the worker.
+            log.info("client disconnected from %s mid-stream", request.path)
+            return resp
+        except Exception as exc:  # noqa: BLE001 - a started stream can only report, not re-status
+            log.exception("error while streaming %s", request.path)
+            await _sse_send(resp, server_error(f"internal error: {exc}").envelope())
     finally:
         await pieces.aclose()  # type: ignore[attr-defined]
     await resp.write_eof()
     return resp
 
 
-async def _collect(pieces: AsyncIterator[str | Finished]) -> tuple[str, Finished]:
+async def _collect(pieces: AsyncIterator[Accepted | str | Finished]) -> tuple[str, Finished]:
     text: list[str] = []
     done: Finished | None = None
     try:
         async for piece in pieces:
             if isinstance(piece, Finished):
                 done = piece
-            else:
+            elif isinstance(piece, str):
                 text.append(piece)
     finally:
         await pieces.aclose()  # type: ignore[attr-defined]  # client gone: cancel in worker
@@ -327,13 +332,20 @@ def create_app(
     context_length: int | None = None,
     threads: int | None = None,
     worker_launcher: WorkerLauncher | None = None,
+    queue_limit: int | None = DEFAULT_QUEUE_LIMIT,
+    kv_budget_bytes: int | None = None,
 ) -> web.Application:
     """The aiohttp app; `worker_launcher` replaces the real worker (tests use a fake one)."""
     app = web.Application(client_max_size=max_body, middlewares=[error_middleware])
     store = ModelStore(paths)
     app[STORE] = store
     app[REGISTRY] = ModelRegistry(
-        store, context_length=context_length, threads=threads, launcher=worker_launcher
+        store,
+        context_length=context_length,
+        threads=threads,
+        launcher=worker_launcher,
+        queue_limit=queue_limit,
+        kv_budget_bytes=kv_budget_bytes,
     )
     app.router.add_get("/health", health)
     app.router.add_get("/v1/models", list_models)

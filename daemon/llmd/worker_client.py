@@ -23,7 +23,12 @@ class WorkerLauncher(Protocol):
     production, a fake worker in the daemon's unit tests."""
 
     def __call__(
-        self, model_path: str, *, context_length: int | None = None, threads: int | None = None
+        self,
+        model_path: str,
+        *,
+        context_length: int | None = None,
+        threads: int | None = None,
+        kv_budget_bytes: int | None = None,
     ) -> tuple[list[str], dict[str, str]]: ...
 
 
@@ -43,6 +48,14 @@ class WorkerError(Exception):
         self.message = message
 
 
+class Accepted:
+    """Yielded first by `WorkerClient.generate` once the worker has the request: what comes
+    after is the model's output, so a server can still answer an HTTP status before it."""
+
+
+ACCEPTED = Accepted()
+
+
 class WorkerClient:
     """One worker process. Requests are multiplexed by id: each has its own event queue."""
 
@@ -54,10 +67,15 @@ class WorkerClient:
         threads: int | None = None,
         launcher: WorkerLauncher | None = None,
         name: str = "",
+        queue_limit: int | None = None,
+        kv_budget_bytes: int | None = None,
     ) -> None:
         self.model_path = model_path
         self.context_length = context_length
         self.threads = threads
+        # Requests that may wait beyond the engine's running sequences; None: no limit.
+        self.queue_limit = queue_limit
+        self.kv_budget_bytes = kv_budget_bytes
         self.launcher = launcher or default_launcher()
         self.name = name or model_path
         self.ready: p.Ready | None = None
@@ -71,8 +89,9 @@ class WorkerClient:
         self._stopping = False
 
     async def start(self, timeout: float = 300.0) -> p.Ready:
+        options = {"kv_budget_bytes": self.kv_budget_bytes} if self.kv_budget_bytes else {}
         argv, env = self.launcher(
-            self.model_path, context_length=self.context_length, threads=self.threads
+            self.model_path, context_length=self.context_length, threads=self.threads, **options
         )
         self._proc = await asyncio.create_subprocess_exec(
             *argv,
@@ -183,9 +202,12 @@ class WorkerClient:
         max_tokens: int,
         sampling: p.SamplingParams,
         stop_tokens: list[int],
-    ) -> AsyncIterator[p.Tokens | p.Done]:
-        """Yields token events then one Done; raises WorkerError on error. Closing the
-        iterator early (client gone, stop string hit) cancels the request in the worker."""
+    ) -> AsyncIterator[Accepted | p.Tokens | p.Done]:
+        """Yields ACCEPTED, token events, then one Done; raises WorkerError on error (code
+        ``queue_full`` before ACCEPTED when the worker has max_sequences running and
+        queue_limit waiting). Closing the iterator early (client gone, stop string hit)
+        cancels the request in the worker."""
+        self._check_capacity()
         rid = f"r{next(_ids)}-{os.getpid()}"
         queue: asyncio.Queue[p.WorkerMessage | WorkerError] = asyncio.Queue()
         self._queues[rid] = queue
@@ -200,6 +222,7 @@ class WorkerClient:
                     stop_tokens=stop_tokens,
                 )
             )
+            yield ACCEPTED
             while True:
                 msg = await queue.get()
                 if isinstance(msg, WorkerError):
@@ -221,6 +244,25 @@ class WorkerClient:
                     await self._send(p.Cancel(id=rid))
                 except WorkerError:
                     pass
+
+    @property
+    def in_flight(self) -> int:
+        """Requests this worker is running or queueing."""
+        return len(self._queues)
+
+    def _check_capacity(self) -> None:
+        # Why a bound: the engine queues fairly (FIFO) but without limit; past it a client is
+        # better served by a clear 429 it can retry than by a latency that grows without end.
+        if self.queue_limit is None or self.ready is None:
+            return
+        capacity = self.ready.max_sequences + self.queue_limit
+        if self.in_flight >= capacity:
+            raise WorkerError(
+                "queue_full",
+                f"model '{self.name}' is at capacity: {self.ready.max_sequences} requests running "
+                f"and {self.in_flight - self.ready.max_sequences} waiting (queue limit "
+                f"{self.queue_limit}); retry later",
+            )
 
     async def stats(self, timeout: float = 10.0) -> p.Stats:
         fut: asyncio.Future[p.Stats] = asyncio.get_running_loop().create_future()

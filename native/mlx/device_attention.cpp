@@ -1,6 +1,7 @@
 #include "device_attention.h"
 
 #include <algorithm>
+#include <limits>
 
 #include "device_weight.h"
 
@@ -37,6 +38,31 @@ mx::array apply_rope(const mx::array& x, const DeviceAttentionPlan& plan, const 
                                    : mx::concatenate({o0, o1}, -1);
   if (rope.dims == hd) return out;
   return mx::concatenate({out, mx::slice(x, {0, 0, rope.dims}, {rows, heads, hd})}, -1);
+}
+
+// Attention of q [B, H, Lq, hd] over k, v [B, KVH, L, hd]. MLX's fused kernel serves one
+// unmasked query row per sequence (its vector kernel); causal prefill chunks and decode batches
+// of unequal lengths run as explicit ops. Why: MLX's other fused path is cuDNN's, which crashes
+// when first used from a thread other than the process's main one (MLX 0.32.4 with cuDNN 9 on
+// an H100; reproduced with a plain Python thread), and the engine steps on its own thread.
+mx::array attend(const mx::array& q, const mx::array& k, const mx::array& v, float scale,
+                 const std::optional<mx::array>& mask, bool causal) {
+  const int b = q.shape(0), h = q.shape(1), lq = q.shape(2), hd = q.shape(3);
+  const int kvh = k.shape(1), len = k.shape(2), rep = h / kvh;
+  if (lq == 1 && !mask && !causal && (hd == 64 || hd == 96 || hd == 128)) {
+    return mx::fast::scaled_dot_product_attention(q, k, v, scale);
+  }
+  mx::array s = mx::matmul(mx::reshape(q, {b, kvh, rep * lq, hd}), mx::swapaxes(k, -1, -2));
+  s = mx::reshape(mx::multiply(mx::astype(s, mx::float32), mx::array(scale)), {b, kvh, rep, lq, len});
+  const mx::array neg_inf(-std::numeric_limits<float>::infinity());
+  if (causal) {  // row i sees positions <= (len - lq) + i
+    mx::array rows = mx::add(mx::expand_dims(mx::arange(lq), 1), mx::array(len - lq));
+    s = mx::where(mx::greater_equal(rows, mx::expand_dims(mx::arange(len), 0)), s, neg_inf);
+  }
+  if (mask) s = mx::where(mx::reshape(*mask, {b, 1, 1, 1, len}), s, neg_inf);
+  mx::array p = mx::astype(mx::softmax(s, -1, /*precise=*/true), v.dtype());
+  mx::array o = mx::matmul(mx::reshape(p, {b, kvh, rep * lq, len}), v);
+  return mx::reshape(o, {b, h, lq, hd});
 }
 
 }  // namespace
@@ -150,9 +176,8 @@ mx::array device_attention(const mx::array& qkv, const DeviceAttentionPlan& plan
       auto gathered = [&](const mx::array& store) {
         return mx::transpose(mx::reshape(mx::take(store, g.gather, 0), {b, lmax, KVH, hd}), {0, 2, 1, 3});
       };
-      mx::array o = mx::fast::scaled_dot_product_attention(
-          mx::reshape(qg, {b, H, 1, hd}), gathered(keys), gathered(values), shape.scale,
-          g.mask ? "array" : "", g.mask);
+      mx::array o = attend(mx::reshape(qg, {b, H, 1, hd}), gathered(keys), gathered(values), shape.scale,
+                           g.mask, false);
       outs.push_back(mx::reshape(o, {b, qw}));
     } else {
       const int len = g.gather.shape(0);
@@ -160,8 +185,7 @@ mx::array device_attention(const mx::array& qkv, const DeviceAttentionPlan& plan
         return mx::expand_dims(mx::transpose(mx::reshape(mx::take(store, g.gather, 0), {len, KVH, hd}), {1, 0, 2}), 0);
       };
       mx::array qt = mx::expand_dims(mx::transpose(qg, {1, 0, 2}), 0);
-      mx::array o = mx::fast::scaled_dot_product_attention(qt, gathered(keys), gathered(values), shape.scale,
-                                                           g.n_rows > 1 ? "causal" : "");
+      mx::array o = attend(qt, gathered(keys), gathered(values), shape.scale, std::nullopt, g.n_rows > 1);
       outs.push_back(mx::reshape(mx::transpose(mx::squeeze(o, 0), {1, 0, 2}), {g.n_rows, qw}));
     }
   }

@@ -113,6 +113,13 @@ class LlamaModel : public Model {
     std::optional<DeviceAttentionPlan> plan;
     if (on_device_) {
       mx::set_default_device(device_);  // the engine thread builds this step's graph
+      // MLX's GPU streams belong to the thread that made them: give each thread that runs
+      // steps (the engine's, or a caller of score()) a stream of its own.
+      thread_local bool has_stream = false;
+      if (!has_stream) {
+        mx::set_default_stream(mx::new_stream(device_));
+        has_stream = true;
+      }
       if (!device_kv_) device_kv_ = std::make_unique<DeviceKvStore>(kv_shape());
       device_kv_->ensure_blocks(pool.created_blocks(), pool.capacity_blocks());
       plan = DeviceAttentionPlan::build(*batch, rope_->dims);

@@ -1,5 +1,6 @@
 // Architecture registry: maps a checkpoint's architecture name to its loader. Adding an
 // architecture is one file plus one line here.
+#include <cstdlib>
 #include <filesystem>
 #include <functional>
 #include <map>
@@ -47,6 +48,14 @@ LoadOptions resolve_backend(LoadOptions options) {
     throw std::runtime_error("unknown backend '" + options.backend + "' (expected auto, cpu, gpu or mlx-cpu)");
   }
   mx::set_default_device(options.backend == "gpu" ? mx::Device::gpu : mx::Device::cpu);
+  if (options.on_device()) {
+    // MLX keeps freed buffers for reuse, by default up to 95% of the device's memory; a daemon
+    // must not hold memory it does not use (another process on the GPU failed to allocate
+    // while an llmd engine ran on an H100). The KV store and weights are live arrays, so only
+    // transient step buffers are cached, and 1 GiB covers them.
+    const char* env = std::getenv("LLMD_MLX_CACHE_BYTES");
+    mx::set_cache_limit(env ? std::strtoull(env, nullptr, 10) : (size_t{1} << 30));
+  }
   return options;
 }
 

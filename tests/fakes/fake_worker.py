@@ -22,8 +22,8 @@ Environment: ``FAKE_WORKER_CONTEXT`` (context length, default 256), ``FAKE_WORKE
 ``FAKE_WORKER_FATAL`` (a message: send ``fatal`` instead of ``ready`` and exit 3),
 ``FAKE_WORKER_BATCH``, ``FAKE_WORKER_TOKEN_DELAY``.
 
-Run as ``python fake_worker.py --model PATH [--context-length N] [--threads N]`` (the real
-worker's arguments).
+Run as ``python fake_worker.py --model PATH [--context-length N] [--threads N] [--kv-budget B]``
+(the real worker's arguments; the KV budget is only reported back in ``ready``).
 """
 
 from __future__ import annotations
@@ -126,6 +126,7 @@ async def main() -> int:
     parser.add_argument("--model", required=True)
     parser.add_argument("--context-length", type=int, default=0)
     parser.add_argument("--threads", type=int, default=0)
+    parser.add_argument("--kv-budget", type=int, default=0)
     args = parser.parse_args()
 
     fatal = os.environ.get("FAKE_WORKER_FATAL")
@@ -155,6 +156,7 @@ async def main() -> int:
             ),
             context_length=context,
             max_sequences=8,
+            kv_budget_bytes=args.kv_budget,
         )
     )
     print(f"fake worker ready for {args.model}", file=sys.stderr, flush=True)

