@@ -21,6 +21,7 @@ from . import __version__
 from .catalog import DEFAULT_MODEL
 from .limits import DEFAULT_QUEUE_LIMIT, parse_size
 from .paths import DEFAULT_HOST, DEFAULT_PORT, get_paths
+from .sessions import DEFAULT_MAX_SESSIONS, DEFAULT_SESSION_TTL
 from .store import ModelStore, StoreError
 
 
@@ -87,6 +88,20 @@ def _size_option(value: str, name: str) -> int | None:
     show_default=True,
     help="KV cache memory per model (e.g. 2GiB, 512MiB); auto: a quarter of free memory.",
 )
+@click.option(
+    "--session-ttl",
+    type=click.FloatRange(min=0, min_open=True),
+    default=DEFAULT_SESSION_TTL,
+    show_default=True,
+    help="Seconds a named session's KV stays pinned after its last request.",
+)
+@click.option(
+    "--max-sessions",
+    type=click.IntRange(min=0),
+    default=DEFAULT_MAX_SESSIONS,
+    show_default=True,
+    help="Named sessions that may pin KV at once; more get HTTP 429.",
+)
 @click.option("-v", "--verbose", is_flag=True, help="Log worker output and debug details.")
 def serve(
     host: str,
@@ -96,6 +111,8 @@ def serve(
     max_body: int,
     queue_limit: int,
     kv_budget: str,
+    session_ttl: float,
+    max_sessions: int,
     verbose: bool,
 ) -> None:
     """Run the API server in the foreground (TCP and a Unix socket).
@@ -130,6 +147,8 @@ def serve(
                 threads=threads,
                 queue_limit=queue_limit,
                 kv_budget_bytes=_size_option(kv_budget, "--kv-budget"),
+                session_ttl=session_ttl,
+                max_sessions=max_sessions,
             )
         )
     except KeyboardInterrupt:

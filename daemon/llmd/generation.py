@@ -74,6 +74,7 @@ async def generate_text(
     max_tokens: int,
     sampling: p.SamplingParams,
     stops: list[str],
+    session: str = "",
 ) -> AsyncIterator[Accepted | str | Finished]:
     """Yields ACCEPTED once the worker has the request (a 429 or other ApiError comes before
     it), then text deltas (never half a character, never a stop string or what follows it),
@@ -85,7 +86,11 @@ async def generate_text(
     matcher = StopMatcher(stops)
     produced = 0
     events = model.worker.generate(
-        prompt, max_tokens=max_tokens, sampling=sampling, stop_tokens=model.text.stop_token_ids
+        prompt,
+        max_tokens=max_tokens,
+        sampling=sampling,
+        stop_tokens=model.text.stop_token_ids,
+        session=session,
     )
     try:
         async for event in events:

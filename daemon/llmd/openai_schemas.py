@@ -72,6 +72,11 @@ class SamplingFields(_Strict):
     stop: str | list[str] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
+    # llmd extension: a named session keeps its KV pinned between turns (X-Session-Id too).
+    session_id: str | None = Field(
+        default=None, min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:@-]+$"
+    )
+    session_ttl: float | None = Field(default=None, gt=0, le=7 * 24 * 3600)
 
     @field_validator("stop")
     @classmethod

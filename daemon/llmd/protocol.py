@@ -45,11 +45,19 @@ class Generate(_Message):
     max_tokens: int
     sampling: SamplingParams = SamplingParams()
     stop_tokens: list[int] = []
+    session: str = ""  # named session: its KV stays pinned when the request ends
 
 
 class Cancel(_Message):
     type: Literal["cancel"] = "cancel"
     id: str
+
+
+class Unpin(_Message):
+    """A named session is over (idle TTL, DELETE): its KV goes back to the evictable cache."""
+
+    type: Literal["unpin"] = "unpin"
+    session: str
 
 
 class StatsRequest(_Message):
@@ -60,7 +68,9 @@ class Shutdown(_Message):
     type: Literal["shutdown"] = "shutdown"
 
 
-DaemonMessage = Annotated[Generate | Cancel | StatsRequest | Shutdown, Field(discriminator="type")]
+DaemonMessage = Annotated[
+    Generate | Cancel | Unpin | StatsRequest | Shutdown, Field(discriminator="type")
+]
 
 # ---------------------------------------------------------------- worker -> daemon
 

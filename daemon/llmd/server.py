@@ -14,6 +14,7 @@ import asyncio
 import json
 import logging
 import os
+import re
 import signal
 import socket
 import time
@@ -33,6 +34,7 @@ from .limits import DEFAULT_QUEUE_LIMIT
 from .model_registry import LoadedModel, ModelRegistry
 from .openai_schemas import ChatCompletionRequest, CompletionRequest, SamplingFields, parse_request
 from .paths import Paths, ensure_private_dir
+from .sessions import DEFAULT_MAX_SESSIONS, DEFAULT_SESSION_TTL, Session, SessionTable
 from .store import ModelStore
 from .worker_client import Accepted, WorkerLauncher
 
@@ -40,6 +42,8 @@ log = logging.getLogger("llmd.server")
 
 DEFAULT_MAX_BODY = 16 * 1024 * 1024
 REGISTRY = web.AppKey("registry", ModelRegistry)
+SESSIONS = web.AppKey("sessions", SessionTable)
+_SESSION_ID = re.compile(r"^[A-Za-z0-9._:@-]{1,128}$")
 STORE = web.AppKey("store", ModelStore)
 
 
@@ -205,6 +209,46 @@ async def list_models(request: web.Request) -> web.Response:
     return web.json_response({"object": "list", "data": data})
 
 
+def _session_pieces(
+    request: web.Request,
+    req: SamplingFields,
+    model: LoadedModel,
+    make_pieces: Callable[[str], AsyncIterator[Accepted | str | Finished]],
+) -> AsyncIterator[Accepted | str | Finished]:
+    """The generation, inside the request's named session if it has one (`session_id` in the
+    body or an `X-Session-Id` header): its KV stays pinned in the worker after it ends."""
+    sid = req.session_id or request.headers.get("X-Session-Id")
+    if not sid:
+        return make_pieces("")
+    if not _SESSION_ID.match(sid):
+        raise bad_request("X-Session-Id must be 1-128 letters, digits or ._:@-", param="session_id")
+    table = request.app[SESSIONS]
+    session = table.begin(sid, req.model, model.worker, req.session_ttl)
+    return _in_session(make_pieces(sid), table, session)
+
+
+async def _in_session(
+    pieces: AsyncIterator[Accepted | str | Finished], table: SessionTable, session: Session
+) -> AsyncIterator[Accepted | str | Finished]:
+    try:
+        async for piece in pieces:
+            yield piece
+    finally:
+        await pieces.aclose()  # type: ignore[attr-defined]
+        await table.end(session)
+
+
+async def list_sessions(request: web.Request) -> web.Response:
+    return web.json_response({"object": "list", "data": request.app[SESSIONS].list()})
+
+
+async def delete_session(request: web.Request) -> web.Response:
+    sid = request.match_info["session_id"]
+    if not await request.app[SESSIONS].delete(sid):
+        raise ApiError(404, f"no session '{sid}'", param="session_id", code="session_not_found")
+    return web.json_response({"id": sid, "object": "session", "deleted": True})
+
+
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     req: ChatCompletionRequest = parse_request(await _json_body(request), ChatCompletionRequest)
     model = await _model(request, req.model)
@@ -231,8 +275,18 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         limit_param=limit_param,
         prompt_param="messages",
     )
-    pieces = generate_text(
-        model, prompt, max_tokens=max_tokens, sampling=_sampling(req), stops=req.stop_list()
+    pieces = _session_pieces(
+        request,
+        req,
+        model,
+        lambda sid: generate_text(
+            model,
+            prompt,
+            max_tokens=max_tokens,
+            sampling=_sampling(req),
+            stops=req.stop_list(),
+            session=sid,
+        ),
     )
     cid = f"chatcmpl-{uuid.uuid4().hex}"
     created = int(time.time())
@@ -294,8 +348,18 @@ async def completions(request: web.Request) -> web.StreamResponse:
         limit_param="max_tokens",
         prompt_param="prompt",
     )
-    pieces = generate_text(
-        model, prompt, max_tokens=max_tokens, sampling=_sampling(req), stops=req.stop_list()
+    pieces = _session_pieces(
+        request,
+        req,
+        model,
+        lambda sid: generate_text(
+            model,
+            prompt,
+            max_tokens=max_tokens,
+            sampling=_sampling(req),
+            stops=req.stop_list(),
+            session=sid,
+        ),
     )
     cid = f"cmpl-{uuid.uuid4().hex}"
     created = int(time.time())
@@ -334,6 +398,9 @@ def create_app(
     worker_launcher: WorkerLauncher | None = None,
     queue_limit: int | None = DEFAULT_QUEUE_LIMIT,
     kv_budget_bytes: int | None = None,
+    session_ttl: float = DEFAULT_SESSION_TTL,
+    max_sessions: int = DEFAULT_MAX_SESSIONS,
+    session_sweep_interval: float = 1.0,
 ) -> web.Application:
     """The aiohttp app; `worker_launcher` replaces the real worker (tests use a fake one)."""
     app = web.Application(client_max_size=max_body, middlewares=[error_middleware])
@@ -351,6 +418,16 @@ def create_app(
     app.router.add_get("/v1/models", list_models)
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_post("/v1/completions", completions)
+    app.router.add_get("/v1/sessions", list_sessions)
+    app.router.add_delete("/v1/sessions/{session_id}", delete_session)
+    app[SESSIONS] = SessionTable(default_ttl=session_ttl, max_sessions=max_sessions)
+
+    async def sweep_sessions(app: web.Application) -> AsyncIterator[None]:
+        task = asyncio.create_task(app[SESSIONS].run_expiry(session_sweep_interval))
+        yield
+        task.cancel()
+
+    app.cleanup_ctx.append(sweep_sessions)
 
     async def close_workers(app: web.Application) -> None:
         await app[REGISTRY].close()

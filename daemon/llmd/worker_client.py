@@ -202,6 +202,7 @@ class WorkerClient:
         max_tokens: int,
         sampling: p.SamplingParams,
         stop_tokens: list[int],
+        session: str = "",
     ) -> AsyncIterator[Accepted | p.Tokens | p.Done]:
         """Yields ACCEPTED, token events, then one Done; raises WorkerError on error (code
         ``queue_full`` before ACCEPTED when the worker has max_sequences running and
@@ -220,6 +221,7 @@ class WorkerClient:
                     max_tokens=max_tokens,
                     sampling=sampling,
                     stop_tokens=stop_tokens,
+                    session=session,
                 )
             )
             yield ACCEPTED
@@ -244,6 +246,14 @@ class WorkerClient:
                     await self._send(p.Cancel(id=rid))
                 except WorkerError:
                     pass
+
+    async def unpin(self, session: str) -> None:
+        """Lets the session's KV be evicted again (no-op if the worker is gone)."""
+        if not self.dead:
+            try:
+                await self._send(p.Unpin(session=session))
+            except WorkerError:
+                pass
 
     @property
     def in_flight(self) -> int:

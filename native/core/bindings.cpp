@@ -115,19 +115,22 @@ PYBIND11_MODULE(_engine, m) {
       .def(
           "submit",
           [](Engine& e, const std::string& id, std::vector<int32_t> prompt, int max_tokens, float temperature,
-             int top_k, float top_p, float min_p, uint64_t seed, std::vector<int32_t> stop_tokens) {
+             int top_k, float top_p, float min_p, uint64_t seed, std::vector<int32_t> stop_tokens,
+             std::string session) {
             GenerateRequest r;
             r.id = id;
             r.prompt = std::move(prompt);
             r.max_tokens = max_tokens;
             r.sampling = {temperature, top_k, top_p, min_p, seed};
             r.stop_tokens = std::move(stop_tokens);
+            r.session = std::move(session);
             e.submit(std::move(r));
           },
           py::arg("id"), py::arg("prompt"), py::arg("max_tokens"), py::arg("temperature") = 0.f,
           py::arg("top_k") = 0, py::arg("top_p") = 1.f, py::arg("min_p") = 0.f, py::arg("seed") = 0,
-          py::arg("stop_tokens") = std::vector<int32_t>{})
+          py::arg("stop_tokens") = std::vector<int32_t>{}, py::arg("session") = "")
       .def("cancel", &Engine::cancel)
+      .def("unpin", &Engine::unpin)
       .def("poll",
            [](Engine& e, int timeout_ms) {
              std::vector<EngineEvent> events;
@@ -155,6 +158,8 @@ PYBIND11_MODULE(_engine, m) {
              d["prefix_cached_tokens"] = s.prefix_cached_tokens;
              d["prefix_cache_blocks"] = s.prefix_cache_blocks;
              d["kv_idle_cached_blocks"] = s.kv_idle_cached_blocks;
+             d["pinned_sessions"] = s.pinned_sessions;
+             d["pinned_blocks"] = s.pinned_blocks;
              py::dict hist;
              for (const auto& [k, v] : s.sampled_rows_histogram) hist[py::str(std::to_string(k))] = v;
              d["sampled_rows_histogram"] = hist;

@@ -19,7 +19,8 @@ Engine::Engine(std::unique_ptr<Model> model, EngineOptions options)
       context_length_(options.context_length > 0 ? std::min(options.context_length, model_->info().context_length)
                                                  : model_->info().context_length),
       pool_(model_->kv_shape(), options.kv_budget_bytes),
-      prefix_cache_(pool_) {
+      prefix_cache_(pool_),
+      session_pins_(pool_) {
   if (options_.max_sequences < 1) options_.max_sequences = 1;
   if (options_.step_token_budget < options_.max_sequences) options_.step_token_budget = options_.max_sequences;
   thread_ = std::thread([this] { loop(); });
@@ -68,6 +69,14 @@ void Engine::submit(GenerateRequest request) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     waiting_.push_back(std::move(seq));
+  }
+  work_cv_.notify_one();
+}
+
+void Engine::unpin(const std::string& session) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    unpins_.push_back(session);
   }
   work_cv_.notify_one();
 }
@@ -123,7 +132,14 @@ void Engine::finish(Sequence& seq, const std::string& reason) {
   const bool has_first = seq.first_token.time_since_epoch().count() != 0;
   e.prefill_ms = ms_between(admitted, has_first ? seq.first_token : now);
   e.decode_ms = has_first ? ms_between(seq.first_token, now) : 0.0;
+  if (!seq.request.session.empty()) {
+    // The full blocks the prefix cache indexed for this request stay held for the session.
+    const auto& blocks = seq.kv->blocks();
+    const size_t n = std::min(seq.block_keys.size(), blocks.size());
+    session_pins_.pin(seq.request.session, std::vector<int>(blocks.begin(), blocks.begin() + n));
+  }
   seq.kv->clear();
+  publish_gauges();  // a client that saw `done` sees the KV it left behind in stats
   emit(std::move(e));
 }
 
@@ -158,8 +174,12 @@ void Engine::loop() {
   while (true) {
     {
       std::unique_lock<std::mutex> lock(mutex_);
-      work_cv_.wait(lock, [&] { return stop_ || !waiting_.empty() || !active_.empty() || !cancels_.empty(); });
+      work_cv_.wait(lock, [&] {
+        return stop_ || !waiting_.empty() || !active_.empty() || !cancels_.empty() || !unpins_.empty();
+      });
       if (stop_) return;
+      for (const std::string& s : unpins_) session_pins_.unpin(s);
+      unpins_.clear();
       // Cancellations: waiting requests end at once; running ones at this step boundary.
       if (!cancels_.empty()) {
         for (auto it = waiting_.begin(); it != waiting_.end();) {
@@ -338,6 +358,8 @@ void Engine::publish_gauges() {
   stats_.kv_bytes = pool_.allocated_bytes();
   stats_.prefix_cache_blocks = prefix_cache_.entries();
   stats_.kv_idle_cached_blocks = pool_.cached_idle_blocks();
+  stats_.pinned_sessions = session_pins_.sessions();
+  stats_.pinned_blocks = session_pins_.blocks();
 }
 
 std::vector<float> Engine::score(const std::vector<int32_t>& tokens, int first_scored) {

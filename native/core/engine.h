@@ -21,6 +21,7 @@
 #include "kv_cache.h"
 #include "model.h"
 #include "prefix_cache.h"
+#include "session_pins.h"
 #include "sampler.h"
 
 namespace llmd {
@@ -31,6 +32,7 @@ struct GenerateRequest {
   int max_tokens = 0;
   SamplingParams sampling;
   std::vector<int32_t> stop_tokens;
+  std::string session;  // named session: its KV is pinned when it ends (session_pins.h)
 };
 
 struct EngineEvent {
@@ -68,6 +70,8 @@ struct EngineStats {
   uint64_t prefix_cache_hits = 0;       // requests that reused cached KV
   uint64_t prefix_cached_tokens = 0;    // prompt tokens not prefilled thanks to the cache
   size_t prefix_cache_blocks = 0;       // blocks indexed by the cache
+  size_t pinned_sessions = 0;           // named sessions holding KV
+  size_t pinned_blocks = 0;             // blocks they hold (shared blocks counted per session)
   size_t kv_idle_cached_blocks = 0;     // cached blocks no running sequence uses
   // How many steps sampled k sequences at once (k -> steps): proves steps are batched.
   std::map<int, uint64_t> sampled_rows_histogram;
@@ -82,6 +86,8 @@ class Engine {
 
   void submit(GenerateRequest request);
   void cancel(const std::string& id);
+  // Lets a named session's KV go back to the cache (evictable); unknown names are ignored.
+  void unpin(const std::string& session);
   // Waits up to timeout_ms for events, then returns all pending ones.
   std::vector<EngineEvent> poll(int timeout_ms);
   EngineStats stats();
@@ -129,12 +135,14 @@ class Engine {
   int context_length_;
   KvPool pool_;
   PrefixCache prefix_cache_;
+  SessionPins session_pins_;  // after pool_: released before it
 
   std::mutex mutex_;  // guards waiting_, cancels_, stop_, events_
   std::condition_variable work_cv_;
   std::condition_variable events_cv_;
   std::deque<std::unique_ptr<Sequence>> waiting_;
   std::unordered_set<std::string> cancels_;
+  std::vector<std::string> unpins_;  // guarded by mutex_; applied on the engine thread
   std::vector<EngineEvent> events_;
   bool stop_ = false;
 

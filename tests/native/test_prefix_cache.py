@@ -78,3 +78,36 @@ def test_tight_kv_budget_evicts_old_prefixes_and_keeps_serving(model_path, refer
     assert again["tokens"] == a["tokens"]
     assert again["done"]["cached_tokens"] < (len(prompt) - 1) // BLOCK * BLOCK  # partly evicted
     assert small.stats()["kv_bytes"] <= 24 * block_bytes
+
+
+def test_named_session_keeps_its_kv_through_cache_pressure_until_unpinned(
+    model_path, reference: dict
+) -> None:  # type: ignore[no-untyped-def]
+    """A session's blocks survive other requests that evict every idle block; once unpinned
+    they are ordinary cache again and the same pressure evicts them."""
+    import llmd._engine as native
+
+    block_bytes = 30 * 2 * 3 * 64 * 64 * 4
+    long = _long_prompt(reference)
+    ours = long[:700]
+    others = [[1, 7 + i, *long[300:998]] for i in range(2)]  # same length, different prefixes
+
+    def pressure(engine) -> None:  # type: ignore[no-untyped-def]
+        for i, p in enumerate(others):
+            run_all(engine, {f"o{i}": {"prompt": p, "max_tokens": 2}})
+
+    for pinned in (True, False):
+        e = native.Engine(str(model_path), context_length=2048, kv_budget_bytes=24 * block_bytes)
+        first = run_all(e, {"s1": {"prompt": ours, "max_tokens": 4, "session": "chat-1"}})["s1"]
+        stats = e.stats()
+        assert stats["pinned_sessions"] == 1 and stats["pinned_blocks"] == len(ours) // BLOCK
+        if not pinned:
+            e.unpin("chat-1")
+        pressure(e)
+        turn2 = ours + first["tokens"] + [198, 504]
+        again = run_all(e, {"s2": {"prompt": turn2, "max_tokens": 2, "session": "chat-1"}})["s2"]
+        if pinned:
+            assert again["done"]["cached_tokens"] >= len(ours) // BLOCK * BLOCK
+        else:
+            assert again["done"]["cached_tokens"] < len(ours) // BLOCK * BLOCK
+            assert e.stats()["pinned_sessions"] == 1  # turn 2 pinned it again

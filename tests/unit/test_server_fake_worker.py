@@ -393,3 +393,54 @@ async def test_kv_budget_reaches_the_worker(llmd_home: Path) -> None:
         [loaded] = client.server.app[REGISTRY].loaded()
     assert status == 200
     assert loaded.worker.ready.kv_budget_bytes == 3 << 30
+
+
+async def test_named_sessions_are_listed_and_deleted_and_unpinned_in_the_worker(
+    llmd_home: Path,
+) -> None:
+    async with api(llmd_home) as client:
+        status, _ = await complete(client, prompt="turn one", session_id="chat-7")
+        assert status == 200
+        resp = await client.post(
+            "/v1/completions",
+            json={"model": MODEL, "prompt": "turn two"},
+            headers={"X-Session-Id": "chat-7"},
+        )
+        assert resp.status == 200
+        listed = await (await client.get("/v1/sessions")).json()
+        [s] = listed["data"]
+        assert (s["id"], s["model"], s["requests"], s["active_requests"]) == ("chat-7", MODEL, 2, 0)
+        assert [g["session"] for g in sent_to_worker(client, "generate")] == ["chat-7", "chat-7"]
+        resp = await client.delete("/v1/sessions/chat-7")
+        assert resp.status == 200 and (await resp.json())["deleted"] is True
+        deadline = time.monotonic() + 5
+        while not sent_to_worker(client, "unpin") and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        assert [u["session"] for u in sent_to_worker(client, "unpin")] == ["chat-7"]
+        assert (await (await client.get("/v1/sessions")).json())["data"] == []
+        resp = await client.delete("/v1/sessions/chat-7")
+        assert resp.status == 404 and (await resp.json())["error"]["code"] == "session_not_found"
+        # Plain requests name no session.
+        status, _ = await complete(client, prompt="no session")
+        assert sent_to_worker(client, "generate")[-1]["session"] == ""
+
+
+async def test_session_limit_is_429_and_bad_ids_are_400(llmd_home: Path) -> None:
+    async with api(llmd_home, app_options={"max_sessions": 1}) as client:
+        assert (await complete(client, prompt="a", session_id="one"))[0] == 200
+        status, body = await complete(client, prompt="b", session_id="two")
+        assert status == 429 and body["error"]["code"] == "session_limit"
+        assert (await complete(client, prompt="c", session_id="one"))[0] == 200  # same one: fine
+        status, body = await complete(client, prompt="d", session_id="no spaces please")
+        assert status == 400 and body["error"]["param"] == "session_id"
+
+
+async def test_idle_sessions_expire_after_their_ttl_unless_overridden(llmd_home: Path) -> None:
+    opts = {"session_ttl": 0.3, "session_sweep_interval": 0.05}
+    async with api(llmd_home, app_options=opts) as client:
+        await complete(client, prompt="short", session_id="brief")
+        await complete(client, prompt="long", session_id="kept", session_ttl=60)
+        await asyncio.sleep(1.0)
+        ids = [s["id"] for s in (await (await client.get("/v1/sessions")).json())["data"]]
+        assert ids == ["kept"]
+        assert [u["session"] for u in sent_to_worker(client, "unpin")] == ["brief"]

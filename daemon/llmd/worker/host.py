@@ -94,9 +94,12 @@ def _read_commands(engine: Any, writer: Writer, stop: threading.Event) -> None:
                 min_p=s.min_p,
                 seed=seed & 0xFFFFFFFFFFFFFFFF,
                 stop_tokens=msg.stop_tokens,
+                session=msg.session,
             )
         elif isinstance(msg, p.Cancel):
             engine.cancel(msg.id)
+        elif isinstance(msg, p.Unpin):
+            engine.unpin(msg.session)
         elif isinstance(msg, p.StatsRequest):
             st = engine.stats()
             writer.send(

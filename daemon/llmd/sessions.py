@@ -1,0 +1,121 @@
+"""Named sessions: a client that sends `session_id` (or `X-Session-Id`) gets its KV pinned in
+the model's worker between turns, until the session has been idle for its TTL or is deleted.
+
+Why in the daemon: the worker only holds or releases blocks (`Unpin`); when to let go is policy
+— the idle TTL (a default and a per-session `session_ttl`), the limit on how many sessions may
+pin memory at once (a clear 429 past it), and the `GET/DELETE /v1/sessions` routes."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from .errors import ApiError
+from .worker_client import WorkerClient
+
+DEFAULT_SESSION_TTL = 600.0  # seconds idle before a session's KV is released
+DEFAULT_MAX_SESSIONS = 64
+
+
+@dataclass
+class Session:
+    id: str
+    model: str
+    worker: WorkerClient
+    ttl: float
+    created: float
+    last_used: float
+    requests: int = 0
+    active: int = 0  # requests of this session running now (never expired while > 0)
+    previous_workers: list[WorkerClient] = field(default_factory=list)
+
+    def expires_at(self) -> float:
+        return self.last_used + self.ttl
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "object": "session",
+            "model": self.model,
+            "created": int(self.created),
+            "last_used": int(self.last_used),
+            "ttl": self.ttl,
+            "expires_at": int(self.expires_at()),
+            "requests": self.requests,
+            "active_requests": self.active,
+        }
+
+
+class SessionTable:
+    def __init__(
+        self,
+        *,
+        default_ttl: float = DEFAULT_SESSION_TTL,
+        max_sessions: int = DEFAULT_MAX_SESSIONS,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.default_ttl = default_ttl
+        self.max_sessions = max_sessions
+        self.clock = clock
+        self._sessions: dict[str, Session] = {}
+
+    def begin(self, sid: str, model: str, worker: WorkerClient, ttl: float | None) -> Session:
+        """Marks a request of session `sid` as running; creates the session if new (429 when
+        `max_sessions` are already open). A session moving to another model lets go of its KV
+        in the old one."""
+        now = self.clock()
+        s = self._sessions.get(sid)
+        if s is None:
+            if len(self._sessions) >= self.max_sessions:
+                raise ApiError(
+                    429,
+                    f"too many open sessions ({self.max_sessions}); delete one with "
+                    "DELETE /v1/sessions/{id} or wait for one to expire",
+                    type="rate_limit_error",
+                    param="session_id",
+                    code="session_limit",
+                )
+            s = Session(sid, model, worker, ttl or self.default_ttl, now, now)
+            self._sessions[sid] = s
+        elif s.worker is not worker:
+            s.previous_workers.append(s.worker)
+            s.model, s.worker = model, worker
+        if ttl:
+            s.ttl = ttl
+        s.requests += 1
+        s.active += 1
+        s.last_used = now
+        return s
+
+    async def end(self, s: Session) -> None:
+        s.active -= 1
+        s.last_used = self.clock()
+        for old in s.previous_workers:
+            await old.unpin(s.id)
+        s.previous_workers.clear()
+
+    def list(self) -> list[dict[str, Any]]:
+        return [s.describe() for s in sorted(self._sessions.values(), key=lambda s: s.created)]
+
+    async def delete(self, sid: str) -> bool:
+        s = self._sessions.pop(sid, None)
+        if s is None:
+            return False
+        await s.worker.unpin(sid)
+        return True
+
+    async def expire(self) -> list[str]:
+        """Deletes idle sessions past their TTL; returns their ids."""
+        now = self.clock()
+        gone = [s.id for s in self._sessions.values() if s.active == 0 and s.expires_at() <= now]
+        for sid in gone:
+            await self.delete(sid)
+        return gone
+
+    async def run_expiry(self, interval: float = 1.0) -> None:
+        while True:
+            await asyncio.sleep(interval)
+            await self.expire()
