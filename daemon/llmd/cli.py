@@ -315,6 +315,45 @@ def pull(source: str, name: str | None) -> None:
     )
 
 
+@main.command()
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def status(as_json: bool) -> None:
+    """Show what the running daemon is doing: loaded models (backend, device, KV budget,
+    running and queued sequences, cache use) and named sessions. Over the Unix socket."""
+    sock = str(get_paths().socket)
+
+    async def fetch() -> dict[str, Any]:
+        async with aiohttp.ClientSession(connector=aiohttp.UnixConnector(path=sock)) as s:
+            async with s.get("http://llmd/status", timeout=aiohttp.ClientTimeout(total=15)) as r:
+                return await r.json()
+
+    try:
+        info = asyncio.run(fetch())
+    except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as exc:
+        raise click.ClickException(f"no llmd daemon answers on unix:{sock} ({exc})") from exc
+    info["socket"] = sock
+    if as_json:
+        click.echo(json.dumps(info, indent=2))
+        return
+    click.echo(f"llmd {info['version']}, up {info['uptime_s']:.0f} s, unix:{sock}")
+    if not info["models"]:
+        click.echo("no models loaded")
+    for m in info["models"]:
+        e = m.get("engine", {})
+        click.echo(
+            f"{m['name']}: {m.get('backend', '?')} on {m.get('device', '?')}, pid {m['pid']}, "
+            f"{e.get('active_sequences', '?')} running / {e.get('queued_requests', '?')} queued "
+            f"(max {m.get('max_sequences', '?')}), KV {e.get('kv_bytes', 0) / 2**20:.0f} MiB of "
+            f"{m.get('kv_budget_bytes', 0) / 2**20:.0f} MiB, {e.get('prefix_cache_blocks', 0)} "
+            f"cached blocks"
+        )
+    for sess in info["sessions"]:
+        click.echo(
+            f"session {sess['id']}: {sess['model']}, {sess['requests']} requests, "
+            f"expires in {max(0, sess['expires_at'] - time.time()):.0f} s"
+        )
+
+
 @main.command(name="list")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def list_models(as_json: bool) -> None:

@@ -43,6 +43,7 @@ log = logging.getLogger("llmd.server")
 DEFAULT_MAX_BODY = 16 * 1024 * 1024
 REGISTRY = web.AppKey("registry", ModelRegistry)
 SESSIONS = web.AppKey("sessions", SessionTable)
+STARTED = web.AppKey("started", float)
 _SESSION_ID = re.compile(r"^[A-Za-z0-9._:@-]{1,128}$")
 STORE = web.AppKey("store", ModelStore)
 
@@ -191,6 +192,43 @@ async def _model(request: web.Request, name: str) -> LoadedModel:
 
 async def health(request: web.Request) -> web.Response:
     return web.json_response({"status": "ok", "version": __version__})
+
+
+async def status(request: web.Request) -> web.Response:
+    """What the daemon is doing: each loaded model's worker (backend, device, KV budget, its
+    engine's live counters) and the named sessions. `llmd status` reads the same."""
+    models = []
+    for loaded in request.app[REGISTRY].loaded():
+        worker = loaded.worker
+        ready = worker.ready
+        entry: dict[str, Any] = {
+            "name": loaded.record.name,
+            "loaded_at": int(loaded.loaded_at),
+            "pid": worker.pid,
+            "in_flight": worker.in_flight,
+        }
+        if ready is not None:
+            entry.update(
+                backend=ready.backend,
+                device=ready.device,
+                context_length=ready.context_length,
+                max_sequences=ready.max_sequences,
+                kv_budget_bytes=ready.kv_budget_bytes,
+            )
+        try:
+            stats = await worker.stats(timeout=5.0)
+            entry["engine"] = {**stats.model_dump(exclude={"type", "extra"}), **stats.extra}
+        except Exception as exc:  # noqa: BLE001 - a busy or dead worker is reported, not fatal
+            entry["engine_error"] = str(exc)
+        models.append(entry)
+    return web.json_response(
+        {
+            "version": __version__,
+            "uptime_s": round(time.time() - request.app[STARTED], 1),
+            "models": models,
+            "sessions": request.app[SESSIONS].list(),
+        }
+    )
 
 
 async def list_models(request: web.Request) -> web.Response:
@@ -414,7 +452,9 @@ def create_app(
         queue_limit=queue_limit,
         kv_budget_bytes=kv_budget_bytes,
     )
+    app[STARTED] = time.time()
     app.router.add_get("/health", health)
+    app.router.add_get("/status", status)
     app.router.add_get("/v1/models", list_models)
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_post("/v1/completions", completions)

@@ -231,3 +231,52 @@ def test_malformed_json_and_oversized_bodies_are_rejected_then_serving_continues
 def test_models_list_contains_default(client: OpenAI) -> None:
     ids = [m.id for m in client.models.list().data]
     assert "smollm2-135m" in ids
+
+
+def get(server, path: str) -> dict:  # type: ignore[no-untyped-def]
+    with urllib.request.urlopen(server.base_url + path, timeout=60) as r:
+        return json.loads(r.read())
+
+
+def test_a_storm_of_disconnecting_streams_leaks_no_sequence_or_kv(server) -> None:  # type: ignore[no-untyped-def]
+    """20 streaming clients that hang up after their first chunk: the worker cancels every
+    sequence, releases its KV (only idle prefix-cache blocks remain), and keeps answering."""
+    import http.client
+    import time
+    from urllib.parse import urlparse
+
+    url = urlparse(server.base_url)
+    body = json.dumps(
+        {
+            "model": "smollm2-135m",
+            "messages": [{"role": "user", "content": "Write a long story about a lighthouse."}],
+            "max_tokens": 400,
+            "stream": True,
+        }
+    )
+    for _ in range(20):
+        conn = http.client.HTTPConnection(url.hostname, url.port, timeout=60)
+        conn.request("POST", "/v1/chat/completions", body, {"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        assert resp.status == 200
+        resp.readline()  # the stream has started
+        conn.close()  # the client goes away mid-generation
+    deadline = time.monotonic() + 60
+    while True:
+        [model] = [m for m in get(server, "/status")["models"] if m["name"] == "smollm2-135m"]
+        engine = model["engine"]
+        idle = engine["active_sequences"] == 0 and engine["queued_requests"] == 0
+        if (idle and model["in_flight"] == 0) or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert model["in_flight"] == 0
+    assert engine["active_sequences"] == 0 and engine["queued_requests"] == 0
+    assert engine["kv_blocks_used"] == engine["pinned_blocks"] == 0  # nothing held but cache
+    assert engine["tokens_generated"] < 20 * 400  # they were cut short, not run to the end
+    assert model["backend"] and model["kv_budget_bytes"] > 0
+    status, _ = post(
+        server,
+        "/v1/chat/completions",
+        {"model": "smollm2-135m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4},
+    )
+    assert status == 200

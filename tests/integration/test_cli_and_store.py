@@ -124,3 +124,15 @@ def test_run_without_a_daemon_starts_a_temporary_one() -> None:
         import shutil
 
         shutil.rmtree(home, ignore_errors=True)
+
+
+def test_status_shows_the_loaded_model_and_its_engine(server) -> None:  # type: ignore[no-untyped-def]
+    assert llmd(server, "run", "smollm2-135m", "Say hi.").returncode == 0  # loads the model
+    out = llmd(server, "status", "--json")
+    assert out.returncode == 0, out.stderr
+    info = json.loads(out.stdout)
+    [model] = [m for m in info["models"] if m["name"] == "smollm2-135m"]
+    assert model["backend"] == "llmd-cpu" and model["kv_budget_bytes"] > 0
+    assert model["engine"]["steps"] > 0
+    text = llmd(server, "status")
+    assert "smollm2-135m: llmd-cpu" in text.stdout
