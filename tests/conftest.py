@@ -72,12 +72,15 @@ def fake_launcher(**settings: str | int | float) -> FakeLauncher:
         context_length: int | None = None,
         threads: int | None = None,
         kv_budget_bytes: int | None = None,
+        max_sequences: int | None = None,
     ) -> tuple[list[str], dict[str, str]]:
         argv = [sys.executable, str(FAKE_WORKER), "--model", model_path]
         if context_length:
             argv += ["--context-length", str(context_length)]
         if kv_budget_bytes:
             argv += ["--kv-budget", str(kv_budget_bytes)]
+        if max_sequences:
+            argv += ["--max-sequences", str(max_sequences)]
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [source_root, env.get("PYTHONPATH")]))
         for key, value in settings.items():

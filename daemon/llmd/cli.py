@@ -76,6 +76,13 @@ def _size_option(value: str, name: str) -> int | None:
     help="Largest request body in bytes (413 beyond).",
 )
 @click.option(
+    "--max-sequences",
+    type=click.IntRange(min=1),
+    default=16,
+    show_default=True,
+    help="Requests per model decoded together in one batch; more wait in its queue.",
+)
+@click.option(
     "--queue-limit",
     type=click.IntRange(min=0),
     default=DEFAULT_QUEUE_LIMIT,
@@ -109,6 +116,7 @@ def serve(
     context_length: int | None,
     threads: int | None,
     max_body: int,
+    max_sequences: int,
     queue_limit: int,
     kv_budget: str,
     session_ttl: float,
@@ -145,6 +153,7 @@ def serve(
                 max_body=max_body,
                 context_length=context_length,
                 threads=threads,
+                max_sequences=max_sequences,
                 queue_limit=queue_limit,
                 kv_budget_bytes=_size_option(kv_budget, "--kv-budget"),
                 session_ttl=session_ttl,

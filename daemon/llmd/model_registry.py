@@ -47,6 +47,7 @@ class ModelRegistry:
         launcher: WorkerLauncher | None = None,
         queue_limit: int | None = None,
         kv_budget_bytes: int | None = None,
+        max_sequences: int | None = None,
     ) -> None:
         self.store = store
         self.context_length = context_length
@@ -54,6 +55,7 @@ class ModelRegistry:
         self.launcher = launcher
         self.queue_limit = queue_limit
         self.kv_budget_bytes = kv_budget_bytes
+        self.max_sequences = max_sequences
         self._loaded: dict[str, LoadedModel] = {}
         self._locks: dict[str, asyncio.Lock] = {}
 
@@ -96,6 +98,7 @@ class ModelRegistry:
             name=record.name,
             queue_limit=self.queue_limit,
             kv_budget_bytes=self.kv_budget_bytes,
+            max_sequences=self.max_sequences,
         )
         started = time.perf_counter()
         try:

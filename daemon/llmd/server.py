@@ -436,6 +436,7 @@ def create_app(
     worker_launcher: WorkerLauncher | None = None,
     queue_limit: int | None = DEFAULT_QUEUE_LIMIT,
     kv_budget_bytes: int | None = None,
+    max_sequences: int | None = None,
     session_ttl: float = DEFAULT_SESSION_TTL,
     max_sessions: int = DEFAULT_MAX_SESSIONS,
     session_sweep_interval: float = 1.0,
@@ -451,6 +452,7 @@ def create_app(
         launcher=worker_launcher,
         queue_limit=queue_limit,
         kv_budget_bytes=kv_budget_bytes,
+        max_sequences=max_sequences,
     )
     app[STARTED] = time.time()
     app.router.add_get("/health", health)

@@ -29,6 +29,7 @@ class WorkerLauncher(Protocol):
         context_length: int | None = None,
         threads: int | None = None,
         kv_budget_bytes: int | None = None,
+        max_sequences: int | None = None,
     ) -> tuple[list[str], dict[str, str]]: ...
 
 
@@ -69,6 +70,7 @@ class WorkerClient:
         name: str = "",
         queue_limit: int | None = None,
         kv_budget_bytes: int | None = None,
+        max_sequences: int | None = None,
     ) -> None:
         self.model_path = model_path
         self.context_length = context_length
@@ -76,6 +78,7 @@ class WorkerClient:
         # Requests that may wait beyond the engine's running sequences; None: no limit.
         self.queue_limit = queue_limit
         self.kv_budget_bytes = kv_budget_bytes
+        self.max_sequences = max_sequences
         self.launcher = launcher or default_launcher()
         self.name = name or model_path
         self.ready: p.Ready | None = None
@@ -89,7 +92,8 @@ class WorkerClient:
         self._stopping = False
 
     async def start(self, timeout: float = 300.0) -> p.Ready:
-        options = {"kv_budget_bytes": self.kv_budget_bytes} if self.kv_budget_bytes else {}
+        given = {"kv_budget_bytes": self.kv_budget_bytes, "max_sequences": self.max_sequences}
+        options = {k: v for k, v in given.items() if v}
         argv, env = self.launcher(
             self.model_path, context_length=self.context_length, threads=self.threads, **options
         )

@@ -127,6 +127,7 @@ async def main() -> int:
     parser.add_argument("--context-length", type=int, default=0)
     parser.add_argument("--threads", type=int, default=0)
     parser.add_argument("--kv-budget", type=int, default=0)
+    parser.add_argument("--max-sequences", type=int, default=8)
     args = parser.parse_args()
 
     fatal = os.environ.get("FAKE_WORKER_FATAL")
@@ -155,7 +156,7 @@ async def main() -> int:
                 weight_format="fake",
             ),
             context_length=context,
-            max_sequences=8,
+            max_sequences=args.max_sequences,
             kv_budget_bytes=args.kv_budget,
         )
     )

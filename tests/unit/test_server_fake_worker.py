@@ -387,12 +387,14 @@ async def test_requests_past_the_queue_limit_get_429_and_the_others_complete(
     assert status == 200 and body["choices"][0]["text"] == "room again"
 
 
-async def test_kv_budget_reaches_the_worker(llmd_home: Path) -> None:
-    async with api(llmd_home, app_options={"kv_budget_bytes": 3 << 30}) as client:
+async def test_kv_budget_and_batch_size_reach_the_worker(llmd_home: Path) -> None:
+    opts = {"kv_budget_bytes": 3 << 30, "max_sequences": 12}
+    async with api(llmd_home, app_options=opts) as client:
         status, _ = await complete(client, prompt="hello")
         [loaded] = client.server.app[REGISTRY].loaded()
     assert status == 200
     assert loaded.worker.ready.kv_budget_bytes == 3 << 30
+    assert loaded.worker.ready.max_sequences == 12
 
 
 async def test_named_sessions_are_listed_and_deleted_and_unpinned_in_the_worker(
