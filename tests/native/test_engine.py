@@ -111,3 +111,38 @@ def test_worker_memory_stays_near_the_file_size(model_path: Path) -> None:
     grown = ready["memory"]["rss_after_load"] - ready["memory"]["rss_before_load"]
     assert grown <= 1.2 * model_path.stat().st_size, grown
     assert ready["kernels"]["isa"] in ready["kernels"]["blk.0.attn_qkv"]
+
+
+def test_neighbours_of_a_cancelled_sequence_and_of_an_unpinned_session_keep_their_tokens(
+    engine, reference: dict
+) -> None:  # type: ignore[no-untyped-def]
+    """Isolation under churn: while A and B decode, C is cancelled mid-way and session S's
+    pinned KV is released mid-request; A, B and S still give exactly their solo tokens."""
+    a = {"prompt": _prompt(reference, "capital_france"), "max_tokens": 40}
+    b = {"prompt": _prompt(reference, "python_code"), "max_tokens": 40}
+    s1 = run_all(
+        engine, {"s1": {"prompt": _prompt(reference, "emoji"), "max_tokens": 8, "session": "iso"}}
+    )
+    s = {"prompt": _prompt(reference, "emoji") + s1["s1"]["tokens"] + [198], "max_tokens": 40}
+    solo = {k: run_all(engine, {k: r})[k]["tokens"] for k, r in {"a": a, "b": b, "s": s}.items()}
+
+    for rid, r in {"a": a, "b": b, "s": s}.items():
+        engine.submit(rid, **r, session="iso" if rid == "s" else "")
+    engine.submit("c", _prompt(reference, "cpp_question"), 500)
+    tokens: dict[str, list[int]] = {k: [] for k in "absc"}
+    done: dict[str, dict] = {}
+    churned = False
+    while len(done) < 4:
+        for ev in engine.poll(1000):
+            if ev["type"] == "tokens":
+                tokens[ev["id"]] += ev["tokens"]
+            else:
+                done[ev["id"]] = ev
+        if not churned and len(tokens["c"]) >= 3:
+            assert not done and min(len(tokens[k]) for k in "abs") < 40  # all still running
+            engine.cancel("c")
+            engine.unpin("iso")
+            churned = True
+    assert churned and done["c"]["finish_reason"] == "cancelled"
+    for k in "abs":
+        assert tokens[k] == solo[k], k
