@@ -1,17 +1,22 @@
-"""The `llmd` command line: `serve` runs the daemon; `run` talks to it over its Unix socket
-(starting a temporary one if none answers); `pull`, `list` and `rm` manage the local store
-directly (no daemon needed)."""
+"""The `llmd` command line: `serve` runs the daemon in the foreground, `start`/`stop` in the
+background; `status`, `ps` and `run` talk to it over its Unix socket (`run` starts a temporary
+one if none answers); `pull`, `list` and `rm` manage the local store directly (no daemon
+needed); `service` installs it as a user service."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import logging
+import logging.handlers
+import os
+import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -19,8 +24,12 @@ import click
 
 from . import __version__
 from .catalog import DEFAULT_MODEL
-from .limits import DEFAULT_QUEUE_LIMIT, parse_size
+from .instance import AlreadyRunning, running_pid
+from .keep_alive import parse_keep_alive
+from .limits import DEFAULT_MAX_LOADED, DEFAULT_QUEUE_LIMIT, parse_size
 from .paths import DEFAULT_HOST, DEFAULT_PORT, get_paths
+from .security import SecurityConfig
+from .service import service
 from .sessions import DEFAULT_MAX_SESSIONS, DEFAULT_SESSION_TTL
 from .store import ModelStore, StoreError
 
@@ -32,8 +41,9 @@ def main() -> None:
 
     \b
     Quick start (offline, with the default model):
-      llmd serve &                              # http://127.0.0.1:7477/v1
+      llmd start                                # http://127.0.0.1:7477/v1
       llmd run smollm2-135m "Why is the sky blue?"
+      llmd status; llmd stop
 
     \b
     Any OpenAI client works against it:
@@ -54,62 +64,165 @@ def _size_option(value: str, name: str) -> int | None:
         raise click.BadParameter(str(exc), param_hint=name) from exc
 
 
+def serve_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """The daemon's settings, shared by `serve` (foreground) and `start` (detached)."""
+    options = [
+        click.option(
+            "--host",
+            default=DEFAULT_HOST,
+            show_default=True,
+            help="Address to listen on (loopback by default).",
+        ),
+        click.option("--port", default=DEFAULT_PORT, show_default=True, type=int, help="TCP port."),
+        click.option(
+            "--context-length", type=int, default=None, help="Cap every model's context (tokens)."
+        ),
+        click.option(
+            "--threads", type=int, default=None, help="CPU threads per worker (default: all cores)."
+        ),
+        click.option(
+            "--max-body",
+            type=int,
+            default=16 * 1024 * 1024,
+            show_default=True,
+            help="Largest request body in bytes (413 beyond).",
+        ),
+        click.option(
+            "--max-sequences",
+            type=click.IntRange(min=1),
+            default=16,
+            show_default=True,
+            help="Requests per model decoded together in one batch; more wait in its queue.",
+        ),
+        click.option(
+            "--queue-limit",
+            type=click.IntRange(min=0),
+            default=DEFAULT_QUEUE_LIMIT,
+            show_default=True,
+            help="Requests that may wait per model beyond its running ones; more get HTTP 429.",
+        ),
+        click.option(
+            "--kv-budget",
+            default="auto",
+            show_default=True,
+            help="KV cache memory per model (e.g. 2GiB, 512MiB); auto: a quarter of free memory.",
+        ),
+        click.option(
+            "--session-ttl",
+            type=click.FloatRange(min=0, min_open=True),
+            default=DEFAULT_SESSION_TTL,
+            show_default=True,
+            help="Seconds a named session's KV stays pinned after its last request.",
+        ),
+        click.option(
+            "--max-sessions",
+            type=click.IntRange(min=0),
+            default=DEFAULT_MAX_SESSIONS,
+            show_default=True,
+            help="Named sessions that may pin KV at once; more get HTTP 429.",
+        ),
+        click.option(
+            "--keep-alive",
+            default="5m",
+            show_default=True,
+            help="How long a model stays loaded after its last request (5m, 1h, 0, -1 = forever); "
+            "requests may override it with keep_alive.",
+        ),
+        click.option(
+            "--max-loaded",
+            type=click.IntRange(min=1),
+            default=DEFAULT_MAX_LOADED,
+            show_default=True,
+            help="Models loaded at once; loading one more unloads the least recently used.",
+        ),
+        click.option(
+            "--memory-budget",
+            default="auto",
+            show_default=True,
+            help="Memory for loaded models (weights + KV budgets), e.g. 12GiB; auto: 80%% of RAM. "
+            "Loading beyond it unloads least recently used models.",
+        ),
+        click.option(
+            "--preload",
+            multiple=True,
+            metavar="NAME",
+            help="Load and warm up NAME at start and keep it loaded (repeatable).",
+        ),
+        click.option(
+            "--drain-timeout",
+            type=click.FloatRange(min=0),
+            default=30.0,
+            show_default=True,
+            help="On stop, seconds running requests may take to finish before they are ended.",
+        ),
+        click.option(
+            "--log-file",
+            type=click.Path(dir_okay=False),
+            default=None,
+            help="Log here, rotated at 10 MiB (5 kept), instead of to stderr.",
+        ),
+        click.option(
+            "--allow-host",
+            multiple=True,
+            metavar="NAME",
+            help="Also accept requests whose Host is NAME (repeatable; * for any, behind a "
+            "proxy you trust). Loopback names always work.",
+        ),
+        click.option(
+            "--cors-origin",
+            multiple=True,
+            metavar="ORIGIN",
+            help="Let web pages from ORIGIN (e.g. http://localhost:3000) call the API "
+            "(repeatable; * for any). Other origins are refused.",
+        ),
+        click.option(
+            "--api-key",
+            envvar="LLMD_API_KEY",
+            default=None,
+            help="Require `Authorization: Bearer KEY` (or x-api-key) over TCP "
+            "[env LLMD_API_KEY]. The Unix socket never needs it.",
+        ),
+        click.option("-v", "--verbose", is_flag=True, help="Log worker output and debug details."),
+    ]
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
+def _allowed_hosts(host: str, extra: tuple[str, ...], api_key: str | None) -> tuple[str, ...]:
+    """Warn loudly when listening beyond loopback. A specific IP address listened on is
+    allowed as a Host (a bare IP cannot be DNS-rebound); names must be allowed explicitly."""
+    if host in ("127.0.0.1", "localhost", "::1"):
+        return extra
+    click.secho(
+        f"WARNING: listening on {host}: anyone who can reach it can use your models"
+        + ("" if api_key else " (set --api-key)")
+        + ". Clients must address it by IP or by a name given with --allow-host.",
+        fg="red",
+        err=True,
+    )
+    logging.getLogger("llmd").warning("listening on non-loopback address %s", host)
+    if host not in ("0.0.0.0", "::"):
+        return (*extra, host)
+    return extra
+
+
+def _setup_logging(log_file: str | None, verbose: bool) -> None:
+    level = logging.DEBUG if verbose else logging.INFO
+    fmt = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+    if log_file is None:
+        logging.basicConfig(level=level, format=fmt)
+        return
+    Path(log_file).parent.mkdir(parents=True, exist_ok=True)
+    handler = logging.handlers.RotatingFileHandler(
+        log_file, maxBytes=10 * 2**20, backupCount=5, encoding="utf-8"
+    )
+    handler.setFormatter(logging.Formatter(fmt))
+    logging.basicConfig(level=level, handlers=[handler])
+
+
 @main.command()
-@click.option(
-    "--host",
-    default=DEFAULT_HOST,
-    show_default=True,
-    help="Address to listen on (loopback by default).",
-)
-@click.option("--port", default=DEFAULT_PORT, show_default=True, type=int, help="TCP port.")
-@click.option(
-    "--context-length", type=int, default=None, help="Cap every model's context (tokens)."
-)
-@click.option(
-    "--threads", type=int, default=None, help="CPU threads per worker (default: all cores)."
-)
-@click.option(
-    "--max-body",
-    type=int,
-    default=16 * 1024 * 1024,
-    show_default=True,
-    help="Largest request body in bytes (413 beyond).",
-)
-@click.option(
-    "--max-sequences",
-    type=click.IntRange(min=1),
-    default=16,
-    show_default=True,
-    help="Requests per model decoded together in one batch; more wait in its queue.",
-)
-@click.option(
-    "--queue-limit",
-    type=click.IntRange(min=0),
-    default=DEFAULT_QUEUE_LIMIT,
-    show_default=True,
-    help="Requests that may wait per model beyond its running ones; more get HTTP 429.",
-)
-@click.option(
-    "--kv-budget",
-    default="auto",
-    show_default=True,
-    help="KV cache memory per model (e.g. 2GiB, 512MiB); auto: a quarter of free memory.",
-)
-@click.option(
-    "--session-ttl",
-    type=click.FloatRange(min=0, min_open=True),
-    default=DEFAULT_SESSION_TTL,
-    show_default=True,
-    help="Seconds a named session's KV stays pinned after its last request.",
-)
-@click.option(
-    "--max-sessions",
-    type=click.IntRange(min=0),
-    default=DEFAULT_MAX_SESSIONS,
-    show_default=True,
-    help="Named sessions that may pin KV at once; more get HTTP 429.",
-)
-@click.option("-v", "--verbose", is_flag=True, help="Log worker output and debug details.")
+@serve_options
 def serve(
     host: str,
     port: int,
@@ -121,35 +234,48 @@ def serve(
     kv_budget: str,
     session_ttl: float,
     max_sessions: int,
+    keep_alive: str,
+    max_loaded: int,
+    memory_budget: str,
+    preload: tuple[str, ...],
+    drain_timeout: float,
+    log_file: str | None,
+    allow_host: tuple[str, ...],
+    cors_origin: tuple[str, ...],
+    api_key: str | None,
     verbose: bool,
 ) -> None:
-    """Run the API server in the foreground (TCP and a Unix socket).
+    """Run the daemon in the foreground (TCP and a Unix socket); `llmd start` detaches it.
 
     \b
     Serves OpenAI's /v1/chat/completions, /v1/completions and /v1/models, plus
-    /health, on http://HOST:PORT and on a Unix socket (mode 0600) in llmd's runtime
-    dir; the socket path is printed at start. Models load on their first request,
-    each in its own worker process. Stop with Ctrl-C or SIGTERM.
+    /health and /status, on http://HOST:PORT and on a Unix socket (mode 0600) in
+    llmd's runtime dir; the socket path is printed at start. Models load on their
+    first request (or with --preload), each in its own supervised worker process,
+    and unload after --keep-alive idle. Stop with Ctrl-C, SIGTERM or `llmd stop`:
+    running requests get --drain-timeout seconds to finish.
     """
-    from .server import AlreadyRunning
     from .server import serve as run_server
 
-    logging.basicConfig(
-        level=logging.DEBUG if verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
-    if host not in ("127.0.0.1", "localhost", "::1"):
-        click.secho(
-            f"WARNING: listening on {host}: anyone who can reach it can use your models.",
-            fg="red",
-            err=True,
+    try:
+        keep_alive_s = parse_keep_alive(keep_alive)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--keep-alive") from exc
+    _setup_logging(log_file, verbose)
+    allowed = _allowed_hosts(host, allow_host, api_key)
+    try:
+        security = SecurityConfig(
+            allowed_hosts=allowed, cors_origins=cors_origin, api_key=api_key or None
         )
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from exc
     try:
         asyncio.run(
             run_server(
                 get_paths(),
                 host,
                 port,
+                drain_timeout=drain_timeout,
                 max_body=max_body,
                 context_length=context_length,
                 threads=threads,
@@ -158,6 +284,11 @@ def serve(
                 kv_budget_bytes=_size_option(kv_budget, "--kv-budget"),
                 session_ttl=session_ttl,
                 max_sessions=max_sessions,
+                keep_alive=keep_alive_s,
+                max_loaded=max_loaded,
+                memory_budget=_size_option(memory_budget, "--memory-budget"),
+                preload=preload,
+                security=security,
             )
         )
     except KeyboardInterrupt:
@@ -324,43 +455,254 @@ def pull(source: str, name: str | None) -> None:
     )
 
 
-@main.command()
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def status(as_json: bool) -> None:
-    """Show what the running daemon is doing: loaded models (backend, device, KV budget,
-    running and queued sequences, cache use) and named sessions. Over the Unix socket."""
-    sock = str(get_paths().socket)
+def _daemon_status(sock: str, timeout: float = 15.0) -> dict[str, Any]:
+    """GET /status over the Unix socket (ClickException when no daemon answers)."""
 
     async def fetch() -> dict[str, Any]:
         async with aiohttp.ClientSession(connector=aiohttp.UnixConnector(path=sock)) as s:
-            async with s.get("http://llmd/status", timeout=aiohttp.ClientTimeout(total=15)) as r:
+            async with s.get(
+                "http://llmd/status", timeout=aiohttp.ClientTimeout(total=timeout)
+            ) as r:
                 return await r.json()
 
     try:
-        info = asyncio.run(fetch())
+        return asyncio.run(fetch())
     except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as exc:
-        raise click.ClickException(f"no llmd daemon answers on unix:{sock} ({exc})") from exc
+        raise click.ClickException(f"llmd is not running (nothing answers on unix:{sock})") from exc
+
+
+def _ago(ts: float | None) -> str:
+    return "-" if not ts else f"{max(0.0, time.time() - ts):.0f} s ago"
+
+
+def _until(ts: float | None) -> str:
+    if ts is None:
+        return "never"
+    left = ts - time.time()
+    return "now" if left <= 0 else f"in {left:.0f} s"
+
+
+def _mib(n: int | None) -> str:
+    return "-" if n is None else f"{n / 2**20:.0f} MiB"
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def status(as_json: bool) -> None:
+    """Show what the running daemon is doing: version, addresses, uptime, loaded models
+    (state, backend, memory, running and queued sequences, cache use, last use, unload
+    deadline, restarts and last error), named sessions and queue depth. Over the Unix socket."""
+    sock = str(get_paths().socket)
+    info = _daemon_status(sock)
     info["socket"] = sock
     if as_json:
         click.echo(json.dumps(info, indent=2))
         return
-    click.echo(f"llmd {info['version']}, up {info['uptime_s']:.0f} s, unix:{sock}")
+    click.echo(
+        f"llmd {info['version']} (pid {info.get('pid', '?')}), up {info['uptime_s']:.0f} s"
+        + (", DRAINING" if info.get("draining") else "")
+    )
+    click.echo("  " + "  ".join(info.get("addresses") or [f"unix:{sock}"]))
+    click.echo(
+        f"  {info.get('requests_in_flight', 0)} request(s) in flight, "
+        f"{info.get('queued_requests', 0)} queued"
+    )
     if not info["models"]:
         click.echo("no models loaded")
     for m in info["models"]:
         e = m.get("engine", {})
         click.echo(
-            f"{m['name']}: {m.get('backend', '?')} on {m.get('device', '?')}, pid {m['pid']}, "
-            f"{e.get('active_sequences', '?')} running / {e.get('queued_requests', '?')} queued "
-            f"(max {m.get('max_sequences', '?')}), KV {e.get('kv_bytes', 0) / 2**20:.0f} MiB of "
-            f"{m.get('kv_budget_bytes', 0) / 2**20:.0f} MiB, {e.get('prefix_cache_blocks', 0)} "
-            f"cached blocks"
+            f"{m['name']}: {m.get('state', '?')}, {m.get('backend', '?')} on "
+            f"{m.get('device', '?')}, pid {m.get('pid') or '-'}, memory "
+            f"{_mib(m.get('rss_bytes'))}"
         )
+        click.echo(
+            f"  {e.get('active_sequences', 0)} running / {e.get('queued_requests', 0)} queued "
+            f"(max {m.get('max_sequences', '?')}), KV {_mib(e.get('kv_bytes', 0))} of "
+            f"{_mib(m.get('kv_budget_bytes', 0))}, {e.get('prefix_cache_blocks', 0)} cached blocks"
+        )
+        click.echo(
+            f"  last used {_ago(m.get('last_used'))}, unloads {_until(m.get('expires_at'))}, "
+            f"{m.get('restarts', 0)} restart(s)"
+            + (f", warmup {m['warmup']['ms']:.0f} ms" if m.get("warmup") else "")
+        )
+        if m.get("last_error"):
+            click.echo(f"  last error: {m['last_error']}")
     for sess in info["sessions"]:
         click.echo(
             f"session {sess['id']}: {sess['model']}, {sess['requests']} requests, "
             f"expires in {max(0, sess['expires_at'] - time.time()):.0f} s"
         )
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def ps(as_json: bool) -> None:
+    """List the loaded models (as `ollama ps`): state, backend, memory, sequences, and when
+    each unloads."""
+    info = _daemon_status(str(get_paths().socket))
+    if as_json:
+        click.echo(json.dumps(info["models"], indent=2))
+        return
+    click.echo(f"{'NAME':24} {'STATE':10} {'BACKEND':10} {'MEMORY':>10} {'SEQS':>5}  UNTIL")
+    for m in info["models"]:
+        e = m.get("engine", {})
+        click.echo(
+            f"{m['name']:24} {m.get('state', '?'):10} {m.get('backend', '-'):10} "
+            f"{_mib(m.get('rss_bytes')):>10} {e.get('active_sequences', 0):>5}  "
+            f"{_until(m.get('expires_at'))}"
+        )
+
+
+@main.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@click.option(
+    "--wait",
+    type=float,
+    default=120.0,
+    show_default=True,
+    help="Seconds to wait for the daemon (and its --preload models) to be ready.",
+)
+@click.argument("serve_args", nargs=-1, type=click.UNPROCESSED)
+def start(wait: float, serve_args: tuple[str, ...]) -> None:
+    """Start the daemon in the background and return once it answers.
+
+    \b
+    SERVE_ARGS are `llmd serve` options, e.g.:
+      llmd start --preload smollm2-135m --keep-alive 30m
+    One daemon runs per home; a second `start` says it is already running.
+    Logs go to llmd's log dir (llmd.log, rotated; llmd.out for early output).
+    """
+    try:  # the options are checked here, not discovered later in a log file
+        parsed = serve.make_context("llmd serve", list(serve_args)).params
+    except click.exceptions.Exit:
+        return
+    paths = get_paths()
+    sock = str(paths.socket)
+    if _socket_alive(sock):
+        info = _daemon_status(sock)
+        click.echo(
+            f"llmd is already running (pid {info.get('pid', '?')}): "
+            + "  ".join(info.get("addresses") or [f"unix:{sock}"])
+        )
+        return
+    paths.logs.mkdir(parents=True, exist_ok=True)
+    argv = [sys.executable, "-m", "llmd", "serve", *serve_args]
+    if parsed.get("log_file") is None:
+        argv += ["--log-file", str(paths.logs / "llmd.log")]
+    out_path = paths.logs / "llmd.out"
+    with open(out_path, "ab") as out:
+        proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # not in the terminal's process group: Ctrl-C spares it
+            close_fds=True,
+        )
+    deadline = time.monotonic() + wait
+    while not _socket_alive(sock):
+        if proc.poll() is not None:
+            _fail_start(
+                out_path, paths.logs / "llmd.log", f"it exited with status {proc.returncode}"
+            )
+        if time.monotonic() > deadline:
+            _fail_start(out_path, paths.logs / "llmd.log", f"it did not answer in {wait:.0f} s")
+        time.sleep(0.1)
+    _wait_for_preloads(sock, parsed.get("preload") or (), deadline)
+    info = _daemon_status(sock)
+    click.echo(f"llmd started (pid {proc.pid}): " + "  ".join(info.get("addresses") or []))
+
+
+def _fail_start(out_path: Path, log_path: Path, why: str) -> None:
+    lines: list[str] = []
+    for path in (out_path, log_path):
+        if path.exists():
+            lines += path.read_text(errors="replace").strip().splitlines()[-5:]
+    raise click.ClickException(
+        f"llmd did not start: {why}\n  "
+        + "\n  ".join(lines or ["(no output)"])
+        + f"\n(logs: {log_path}, {out_path})"
+    )
+
+
+def _wait_for_preloads(sock: str, names: tuple[str, ...], deadline: float) -> None:
+    """Progress of `--preload` models (loading, warming up) until each is ready or failed."""
+    shown: dict[str, str] = {}
+    pending = set(names)
+    while pending:
+        models = {m["name"]: m for m in _daemon_status(sock).get("models", [])}
+        for name in sorted(pending):
+            m = models.get(name)
+            state = m["state"] if m else "loading"
+            if shown.get(name) != state:
+                shown[name] = state
+                extra = ""
+                if state == "ready" and m is not None:
+                    warm = m.get("warmup") or {}
+                    extra = (
+                        f" (load {m.get('load_ms', 0):.0f} ms, warmup {warm.get('ms', 0):.0f} ms)"
+                    )
+                elif m is not None and m.get("last_error"):
+                    extra = f": {m['last_error']}"
+                click.echo(f"{name}: {state}{extra}", err=True)
+            if state in ("ready", "failed") or (m and m.get("last_error")):
+                pending.discard(name)
+        if pending and time.monotonic() > deadline:
+            raise click.ClickException(f"still loading after the --wait: {', '.join(pending)}")
+        if pending:
+            time.sleep(0.2)
+
+
+@main.command()
+@click.option(
+    "--timeout",
+    type=float,
+    default=60.0,
+    show_default=True,
+    help="Seconds to wait for it to exit (it drains running requests first).",
+)
+@click.option("--force", is_flag=True, help="SIGKILL it if it has not exited by then.")
+def stop(timeout: float, force: bool) -> None:
+    """Stop the running daemon: running requests finish (up to its --drain-timeout),
+    new ones are refused, then it exits."""
+    paths = get_paths()
+    sock = str(paths.socket)
+    if _socket_alive(sock):
+        pid = _daemon_status(sock).get("pid")
+    else:
+        pid = running_pid(paths)
+    if not pid:
+        click.echo("llmd is not running")
+        return
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while _pid_alive(pid):
+        if time.monotonic() > deadline:
+            if not force:
+                raise click.ClickException(
+                    f"llmd (pid {pid}) is still running after {timeout:.0f} s; "
+                    "`llmd stop --force` kills it"
+                )
+            os.kill(pid, signal.SIGKILL)
+            click.echo(f"killed llmd (pid {pid})")
+            return
+        time.sleep(0.1)
+    click.echo(f"llmd stopped (pid {pid})")
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie child of ours (the test harness's) has exited for our purposes.
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return True
 
 
 @main.command(name="list")
@@ -393,3 +735,6 @@ def rm(name: str) -> None:
     except StoreError as exc:
         raise click.ClickException(str(exc)) from exc
     click.echo(f"removed {name}")
+
+
+main.add_command(service)

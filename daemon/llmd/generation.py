@@ -9,8 +9,8 @@ from dataclasses import dataclass
 from . import protocol as p
 from .detokenizer import IncrementalDetokenizer
 from .errors import ApiError, bad_request, server_error
-from .model_registry import LoadedModel
 from .stop_strings import StopMatcher
+from .supervisor import ModelSupervisor
 from .worker_client import ACCEPTED, Accepted, WorkerError
 
 
@@ -62,13 +62,13 @@ def _api_error(exc: WorkerError) -> ApiError:
         return bad_request(exc.message)
     if exc.code == "queue_full":
         return ApiError(429, exc.message, type="rate_limit_error", code=exc.code)
-    if exc.code in ("worker_died", "capacity"):
+    if exc.code in ("worker_died", "capacity", "model_unloaded", "shutting_down"):
         return server_error(exc.message, code=exc.code, status=503)
     return server_error(exc.message, code=exc.code)
 
 
 async def generate_text(
-    model: LoadedModel,
+    model: ModelSupervisor,
     prompt: list[int],
     *,
     max_tokens: int,
@@ -78,44 +78,57 @@ async def generate_text(
 ) -> AsyncIterator[Accepted | str | Finished]:
     """Yields ACCEPTED once the worker has the request (a 429 or other ApiError comes before
     it), then text deltas (never half a character, never a stop string or what follows it),
-    then exactly one Finished. Raises ApiError. Closing it early cancels the worker request."""
+    then exactly one Finished. Raises ApiError. Closing it early cancels the worker request.
+
+    A request whose worker dies before it produced a token (it was queued, or prefilling) is
+    sent once more to the restarted worker: the client sees a delay, not an error. A second
+    death is reported (the request itself may be what kills it)."""
     # Control tokens (end of turn, ...) are markup, not answer text (llama-server and vLLM
     # leave them out of the output by default too).
     hidden = model.text.special_ids | set(model.text.stop_token_ids)
     detok = IncrementalDetokenizer(model.text.tokenizer, skip_ids=hidden)
     matcher = StopMatcher(stops)
     produced = 0
-    events = model.worker.generate(
-        prompt,
-        max_tokens=max_tokens,
-        sampling=sampling,
-        stop_tokens=model.text.stop_token_ids,
-        session=session,
-    )
-    try:
-        async for event in events:
-            if isinstance(event, Accepted):
-                yield ACCEPTED
-            elif isinstance(event, p.Tokens):
-                produced += len(event.tokens)
-                piece = matcher.feed(detok.add(event.tokens))
-                if piece:
-                    yield piece
-                if matcher.stopped:
-                    yield Finished("stop", len(prompt), produced)
-                    return  # closing `events` cancels the sequence in the worker
-            else:
-                tail = matcher.feed(detok.flush())
-                tail += matcher.flush()
-                if tail:
-                    yield tail
-                reason = "stop" if matcher.stopped else event.finish_reason
-                # The worker's count includes an end-of-turn token it did not send as text.
-                yield Finished(
-                    reason, event.prompt_tokens, event.completion_tokens, event.cached_tokens
-                )
-                return
-    except WorkerError as exc:
-        raise _api_error(exc) from exc
-    finally:
-        await events.aclose()
+    accepted = False
+    retried = False
+    while True:
+        worker = await model.ensure_ready()
+        events = worker.generate(
+            prompt,
+            max_tokens=max_tokens,
+            sampling=sampling,
+            stop_tokens=model.text.stop_token_ids,
+            session=session,
+        )
+        try:
+            async for event in events:
+                if isinstance(event, Accepted):
+                    if not accepted:
+                        accepted = True
+                        yield ACCEPTED
+                elif isinstance(event, p.Tokens):
+                    produced += len(event.tokens)
+                    piece = matcher.feed(detok.add(event.tokens))
+                    if piece:
+                        yield piece
+                    if matcher.stopped:
+                        yield Finished("stop", len(prompt), produced)
+                        return  # closing `events` cancels the sequence in the worker
+                else:
+                    tail = matcher.feed(detok.flush())
+                    tail += matcher.flush()
+                    if tail:
+                        yield tail
+                    reason = "stop" if matcher.stopped else event.finish_reason
+                    # The worker's count includes an end-of-turn token it did not send as text.
+                    yield Finished(
+                        reason, event.prompt_tokens, event.completion_tokens, event.cached_tokens
+                    )
+                    return
+        except WorkerError as exc:
+            if exc.code == "worker_died" and produced == 0 and not retried:
+                retried = True
+                continue
+            raise _api_error(exc) from exc
+        finally:
+            await events.aclose()

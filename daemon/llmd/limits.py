@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import os
 import re
 
 # Requests that may wait per model beyond its running sequences before new ones get HTTP 429.
 DEFAULT_QUEUE_LIMIT = 64
+DEFAULT_MAX_LOADED = 3  # models loaded at once, as Ollama on a CPU box
 
 _UNITS = {"": 1, "k": 1000, "m": 1000**2, "g": 1000**3, "t": 1000**4}
 
@@ -21,3 +23,29 @@ def parse_size(text: str) -> int:
     if value <= 0:
         raise ValueError(f"'{text}' must be more than 0 bytes")
     return value
+
+
+KV_BUDGET_MIN = 256 << 20
+KV_BUDGET_MAX = 16 << 30
+
+
+def available_host_memory() -> int:
+    """Memory the OS could give a new process now (Linux MemAvailable)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    # macOS and others: half the physical memory as a stand-in for what is free.
+    return total_host_memory() // 2
+
+
+def total_host_memory() -> int:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def kv_budget_share(free: int) -> int:
+    """The automatic KV budget: a quarter of `free`, clamped to [256 MiB, 16 GiB]."""
+    return max(KV_BUDGET_MIN, min(KV_BUDGET_MAX, free // 4))

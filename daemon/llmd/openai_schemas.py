@@ -16,6 +16,7 @@ from typing import Any, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from .errors import ApiError, bad_request
+from .keep_alive import parse_keep_alive
 
 
 class _Strict(BaseModel):
@@ -77,6 +78,18 @@ class SamplingFields(_Strict):
         default=None, min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:@-]+$"
     )
     session_ttl: float | None = Field(default=None, gt=0, le=7 * 24 * 3600)
+    # Ollama's extension: how long the model stays loaded after this request ("5m", 0, -1).
+    keep_alive: str | float | None = None
+
+    @field_validator("keep_alive")
+    @classmethod
+    def _keep_alive(cls, v: str | float | None) -> str | float | None:
+        if v is not None:
+            parse_keep_alive(v)  # ValueError -> 400 naming keep_alive
+        return v
+
+    def keep_alive_seconds(self) -> float | None:
+        return None if self.keep_alive is None else parse_keep_alive(self.keep_alive)
 
     @field_validator("stop")
     @classmethod

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import os
 import re
 import signal
@@ -30,13 +31,17 @@ from .catalog import load_catalog
 from .chat_template import render_chat
 from .errors import ApiError, bad_request, server_error
 from .generation import Finished, generate_text, token_budget
-from .limits import DEFAULT_QUEUE_LIMIT
-from .model_registry import LoadedModel, ModelRegistry
+from .instance import AlreadyRunning, InstanceLock, lock_path
+from .keep_alive import DEFAULT_KEEP_ALIVE
+from .limits import DEFAULT_MAX_LOADED, DEFAULT_QUEUE_LIMIT
+from .model_registry import ModelRegistry
 from .openai_schemas import ChatCompletionRequest, CompletionRequest, SamplingFields, parse_request
 from .paths import Paths, ensure_private_dir
+from .security import SecurityConfig, install_cors, make_runner, security_middlewares
 from .sessions import DEFAULT_MAX_SESSIONS, DEFAULT_SESSION_TTL, Session, SessionTable
 from .store import ModelStore
-from .worker_client import Accepted, WorkerLauncher
+from .supervisor import ModelSupervisor, RestartPolicy
+from .worker_client import Accepted, WorkerError, WorkerLauncher
 
 log = logging.getLogger("llmd.server")
 
@@ -44,6 +49,9 @@ DEFAULT_MAX_BODY = 16 * 1024 * 1024
 REGISTRY = web.AppKey("registry", ModelRegistry)
 SESSIONS = web.AppKey("sessions", SessionTable)
 STARTED = web.AppKey("started", float)
+DRAINING = web.AppKey("draining", asyncio.Event)
+ADDRESSES = web.AppKey("addresses", list)
+SECURITY = web.AppKey("security", SecurityConfig)
 _SESSION_ID = re.compile(r"^[A-Za-z0-9._:@-]{1,128}$")
 STORE = web.AppKey("store", ModelStore)
 
@@ -183,10 +191,6 @@ async def _collect(pieces: AsyncIterator[Accepted | str | Finished]) -> tuple[st
     return "".join(text), done
 
 
-async def _model(request: web.Request, name: str) -> LoadedModel:
-    return await request.app[REGISTRY].get(name)
-
-
 # ---------------------------------------------------------------------- routes
 
 
@@ -195,36 +199,30 @@ async def health(request: web.Request) -> web.Response:
 
 
 async def status(request: web.Request) -> web.Response:
-    """What the daemon is doing: each loaded model's worker (backend, device, KV budget, its
-    engine's live counters) and the named sessions. `llmd status` reads the same."""
+    """What the daemon is doing: each loaded model (state, worker, backend, device, memory,
+    last use and unload deadline, restarts and last error, warmup, its engine's live
+    counters) and the named sessions. `llmd status` and `llmd ps` read the same."""
     models = []
-    for loaded in request.app[REGISTRY].loaded():
-        worker = loaded.worker
-        ready = worker.ready
-        entry: dict[str, Any] = {
-            "name": loaded.record.name,
-            "loaded_at": int(loaded.loaded_at),
-            "pid": worker.pid,
-            "in_flight": worker.in_flight,
-        }
-        if ready is not None:
-            entry.update(
-                backend=ready.backend,
-                device=ready.device,
-                context_length=ready.context_length,
-                max_sequences=ready.max_sequences,
-                kv_budget_bytes=ready.kv_budget_bytes,
-            )
-        try:
-            stats = await worker.stats(timeout=5.0)
-            entry["engine"] = {**stats.model_dump(exclude={"type", "extra"}), **stats.extra}
-        except Exception as exc:  # noqa: BLE001 - a busy or dead worker is reported, not fatal
-            entry["engine_error"] = str(exc)
+    for model in request.app[REGISTRY].loaded():
+        entry = model.describe()
+        worker = model.worker
+        if worker is not None and worker.dead is None:
+            try:
+                stats = await worker.stats(timeout=5.0)
+                entry["engine"] = {**stats.model_dump(exclude={"type", "extra"}), **stats.extra}
+            except Exception as exc:  # noqa: BLE001 - a busy or dead worker is reported
+                entry["engine_error"] = str(exc)
         models.append(entry)
+    queued = sum(m.get("engine", {}).get("queued_requests", 0) for m in models)
     return web.json_response(
         {
             "version": __version__,
+            "pid": os.getpid(),
+            "addresses": request.app[ADDRESSES],
             "uptime_s": round(time.time() - request.app[STARTED], 1),
+            "draining": request.app[DRAINING].is_set(),
+            "requests_in_flight": request.app[REGISTRY].in_flight(),
+            "queued_requests": queued,
             "models": models,
             "sessions": request.app[SESSIONS].list(),
         }
@@ -250,7 +248,7 @@ async def list_models(request: web.Request) -> web.Response:
 def _session_pieces(
     request: web.Request,
     req: SamplingFields,
-    model: LoadedModel,
+    model: ModelSupervisor,
     make_pieces: Callable[[str], AsyncIterator[Accepted | str | Finished]],
 ) -> AsyncIterator[Accepted | str | Finished]:
     """The generation, inside the request's named session if it has one (`session_id` in the
@@ -261,7 +259,7 @@ def _session_pieces(
     if not _SESSION_ID.match(sid):
         raise bad_request("X-Session-Id must be 1-128 letters, digits or ._:@-", param="session_id")
     table = request.app[SESSIONS]
-    session = table.begin(sid, req.model, model.worker, req.session_ttl)
+    session = table.begin(sid, req.model, model, req.session_ttl)
     return _in_session(make_pieces(sid), table, session)
 
 
@@ -289,7 +287,13 @@ async def delete_session(request: web.Request) -> web.Response:
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     req: ChatCompletionRequest = parse_request(await _json_body(request), ChatCompletionRequest)
-    model = await _model(request, req.model)
+    async with request.app[REGISTRY].use(req.model, req.keep_alive_seconds()) as model:
+        return await _chat(request, req, model)
+
+
+async def _chat(
+    request: web.Request, req: ChatCompletionRequest, model: ModelSupervisor
+) -> web.StreamResponse:
     if not model.text.chat_template:
         raise bad_request(
             f"model '{req.model}' has no chat template; use /v1/completions", param="model"
@@ -375,7 +379,13 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
 
 async def completions(request: web.Request) -> web.StreamResponse:
     req: CompletionRequest = parse_request(await _json_body(request), CompletionRequest)
-    model = await _model(request, req.model)
+    async with request.app[REGISTRY].use(req.model, req.keep_alive_seconds()) as model:
+        return await _complete(request, req, model)
+
+
+async def _complete(
+    request: web.Request, req: CompletionRequest, model: ModelSupervisor
+) -> web.StreamResponse:
     prompt = await asyncio.to_thread(model.text.encode, req.prompt_text())
     if not prompt:
         raise bad_request("the prompt is empty", param="prompt")
@@ -427,6 +437,19 @@ async def completions(request: web.Request) -> web.StreamResponse:
 # ---------------------------------------------------------------------- app
 
 
+@web.middleware
+async def drain_middleware(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    """While the daemon drains (llmd stop, SIGTERM), running requests finish and new work is
+    refused with 503, so a client retries elsewhere instead of being cut off half-way."""
+    if request.app[DRAINING].is_set() and request.method == "POST":
+        raise server_error(
+            "llmd is shutting down; retry once it is back", code="shutting_down", status=503
+        )
+    return await handler(request)
+
+
 def create_app(
     paths: Paths,
     *,
@@ -440,12 +463,24 @@ def create_app(
     session_ttl: float = DEFAULT_SESSION_TTL,
     max_sessions: int = DEFAULT_MAX_SESSIONS,
     session_sweep_interval: float = 1.0,
+    keep_alive: float = DEFAULT_KEEP_ALIVE,
+    max_loaded: int = DEFAULT_MAX_LOADED,
+    memory_budget: int | None = None,
+    restart_policy: RestartPolicy | None = None,
+    preload: tuple[str, ...] = (),
+    security: SecurityConfig | None = None,
 ) -> web.Application:
     """The aiohttp app; `worker_launcher` replaces the real worker (tests use a fake one)."""
-    app = web.Application(client_max_size=max_body, middlewares=[error_middleware])
+    security = security or SecurityConfig()
+    app = web.Application(
+        client_max_size=max_body,
+        middlewares=[error_middleware, *security_middlewares(security), drain_middleware],
+    )
+    app[SECURITY] = security
+    install_cors(app, security)
     store = ModelStore(paths)
     app[STORE] = store
-    app[REGISTRY] = ModelRegistry(
+    registry = ModelRegistry(
         store,
         context_length=context_length,
         threads=threads,
@@ -453,8 +488,15 @@ def create_app(
         queue_limit=queue_limit,
         kv_budget_bytes=kv_budget_bytes,
         max_sequences=max_sequences,
+        policy=restart_policy,
+        keep_alive=keep_alive,
+        max_loaded=max_loaded,
+        memory_budget=memory_budget,
     )
+    app[REGISTRY] = registry
     app[STARTED] = time.time()
+    app[DRAINING] = asyncio.Event()
+    app[ADDRESSES] = []
     app.router.add_get("/health", health)
     app.router.add_get("/status", status)
     app.router.add_get("/v1/models", list_models)
@@ -462,24 +504,59 @@ def create_app(
     app.router.add_post("/v1/completions", completions)
     app.router.add_get("/v1/sessions", list_sessions)
     app.router.add_delete("/v1/sessions/{session_id}", delete_session)
-    app[SESSIONS] = SessionTable(default_ttl=session_ttl, max_sessions=max_sessions)
+    sessions = SessionTable(default_ttl=session_ttl, max_sessions=max_sessions)
+    app[SESSIONS] = sessions
+    registry.pinned_until = sessions.pinned_until
 
-    async def sweep_sessions(app: web.Application) -> AsyncIterator[None]:
-        task = asyncio.create_task(app[SESSIONS].run_expiry(session_sweep_interval))
+    async def background(app: web.Application) -> AsyncIterator[None]:
+        tasks = [
+            asyncio.create_task(sessions.run_expiry(session_sweep_interval)),
+            asyncio.create_task(registry.run_keep_alive(session_sweep_interval)),
+            *(asyncio.create_task(_preload(registry, name)) for name in preload),
+        ]
         yield
-        task.cancel()
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
-    app.cleanup_ctx.append(sweep_sessions)
+    app.cleanup_ctx.append(background)
 
     async def close_workers(app: web.Application) -> None:
-        await app[REGISTRY].close()
+        await registry.close()
 
     app.on_cleanup.append(close_workers)
     return app
 
 
-class AlreadyRunning(RuntimeError):
-    """Another llmd answers on this home's Unix socket."""
+async def _preload(registry: ModelRegistry, name: str) -> None:
+    """`--preload NAME`: load and warm up at start; kept loaded until the daemon stops."""
+    try:
+        await registry.get(name, keep_alive=math.inf)
+    except ApiError as exc:
+        log.error("preloading %s failed: %s", name, exc.message)
+
+
+async def drain(app: web.Application, timeout: float) -> None:
+    """Refuse new work, let running requests finish for up to `timeout` seconds, then end
+    the rest with a clear error (an SSE error event or a 503) by stopping the workers."""
+    app[DRAINING].set()
+    registry = app[REGISTRY]
+    deadline = time.monotonic() + timeout
+    if registry.in_flight():
+        log.info("draining %d request(s) for up to %.0f s", registry.in_flight(), timeout)
+    while registry.in_flight() and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    if registry.in_flight():
+        log.warning(
+            "%d request(s) still running after %.0f s: ending them", registry.in_flight(), timeout
+        )
+    await registry.close(
+        WorkerError("shutting_down", "llmd is shutting down; retry once it is back")
+    )
+    for _ in range(40):  # the handlers deliver those errors before connections close
+        if not registry.in_flight():
+            break
+        await asyncio.sleep(0.05)
 
 
 def _socket_answers(path: str) -> bool:
@@ -504,17 +581,38 @@ def prepare_socket(paths: Paths) -> str:
     return str(sock)
 
 
-async def serve(paths: Paths, host: str, port: int, **app_options: Any) -> None:
+async def serve(
+    paths: Paths, host: str, port: int, *, drain_timeout: float = 30.0, **app_options: Any
+) -> None:
     """Run until SIGINT/SIGTERM: TCP on host:port and the Unix socket (0600 in a 0700 dir).
-    Shutdown stops every worker and removes the socket."""
+    One daemon per home (an exclusive lock). Shutdown drains running requests for up to
+    `drain_timeout` seconds (a second signal cuts that short), stops every worker and removes
+    the socket."""
+    lock = InstanceLock(lock_path(paths)).acquire()
+    try:
+        await _serve_locked(paths, host, port, drain_timeout, app_options)
+    finally:
+        lock.release()
+
+
+async def _serve_locked(
+    paths: Paths, host: str, port: int, drain_timeout: float, app_options: dict[str, Any]
+) -> None:
     sock = prepare_socket(paths)
     app = create_app(paths, **app_options)
-    runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+    runner = make_runner(app, app[SECURITY], handler_cancellation=True, access_log=None)
     await runner.setup()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
+
+    def on_signal() -> None:
+        if stop.is_set():  # a second signal: stop waiting for running requests
+            drain_timeout_cut.set()
+        stop.set()
+
+    drain_timeout_cut = asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, on_signal)
     try:
         tcp = web.TCPSite(runner, host, port)
         await tcp.start()
@@ -527,12 +625,21 @@ async def serve(paths: Paths, host: str, port: int, **app_options: Any) -> None:
         os.chmod(sock, 0o600)
         tcp_addresses = [a for a in runner.addresses if isinstance(a, tuple)]
         actual_port = tcp_addresses[0][1] if tcp_addresses else port  # --port 0 picks one
+        url_host = f"[{host}]" if ":" in host else host
+        app[ADDRESSES].extend([f"http://{url_host}:{actual_port}", f"unix:{sock}"])
         print(
-            f"llmd {__version__} listening on http://{host}:{actual_port} and unix:{sock}",
+            f"llmd {__version__} listening on http://{url_host}:{actual_port} and unix:{sock}",
             flush=True,
         )
         await stop.wait()
         log.info("shutting down")
+        drain_task = asyncio.create_task(drain(app, drain_timeout))
+        cut = asyncio.create_task(drain_timeout_cut.wait())
+        await asyncio.wait({drain_task, cut}, return_when=asyncio.FIRST_COMPLETED)
+        cut.cancel()
+        if not drain_task.done():
+            drain_task.cancel()
+            await app[REGISTRY].close()
     finally:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)

@@ -8,13 +8,20 @@ pin memory at once (a clear 429 past it), and the `GET/DELETE /v1/sessions` rout
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from .errors import ApiError
-from .worker_client import WorkerClient
+
+
+class Pinner(Protocol):
+    """Where a session's KV lives: the served model (its current worker, across restarts)."""
+
+    async def unpin(self, session: str) -> None: ...
+
 
 DEFAULT_SESSION_TTL = 600.0  # seconds idle before a session's KV is released
 DEFAULT_MAX_SESSIONS = 64
@@ -24,13 +31,13 @@ DEFAULT_MAX_SESSIONS = 64
 class Session:
     id: str
     model: str
-    worker: WorkerClient
+    worker: Pinner
     ttl: float
     created: float
     last_used: float
     requests: int = 0
     active: int = 0  # requests of this session running now (never expired while > 0)
-    previous_workers: list[WorkerClient] = field(default_factory=list)
+    previous_workers: list[Pinner] = field(default_factory=list)
 
     def expires_at(self) -> float:
         return self.last_used + self.ttl
@@ -62,7 +69,7 @@ class SessionTable:
         self.clock = clock
         self._sessions: dict[str, Session] = {}
 
-    def begin(self, sid: str, model: str, worker: WorkerClient, ttl: float | None) -> Session:
+    def begin(self, sid: str, model: str, worker: Pinner, ttl: float | None) -> Session:
         """Marks a request of session `sid` as running; creates the session if new (429 when
         `max_sessions` are already open). A session moving to another model lets go of its KV
         in the old one."""
@@ -96,6 +103,16 @@ class SessionTable:
         for old in s.previous_workers:
             await old.unpin(s.id)
         s.previous_workers.clear()
+
+    def pinned_until(self, model: str) -> float:
+        """When the last named session on `model` may expire (0: none): the model is kept
+        loaded until then, so its sessions' KV outlives the model's keep-alive."""
+        ends = [
+            math.inf if s.active else s.expires_at()
+            for s in self._sessions.values()
+            if s.model == model
+        ]
+        return max(ends, default=0.0)
 
     def list(self) -> list[dict[str, Any]]:
         return [s.describe() for s in sorted(self._sessions.values(), key=lambda s: s.created)]

@@ -8,6 +8,8 @@ import asyncio
 import itertools
 import logging
 import os
+import signal
+from collections import deque
 from collections.abc import AsyncIterator
 from typing import Protocol
 
@@ -89,7 +91,11 @@ class WorkerClient:
         self._stderr: asyncio.Task[None] | None = None
         self._write_lock = asyncio.Lock()
         self.dead: WorkerError | None = None
-        self._stopping = False
+        self._stopping: WorkerError | None = None  # why the daemon is stopping it, if it is
+        # The worker's last log lines: what `status` shows when it crashes or fails to load.
+        self.stderr_tail: deque[str] = deque(maxlen=20)
+        self.completed = 0  # requests that ended with `done`: proof the worker can serve
+        self.exited: asyncio.Future[int] = asyncio.get_running_loop().create_future()
 
     async def start(self, timeout: float = 300.0) -> p.Ready:
         given = {"kv_budget_bytes": self.kv_budget_bytes, "max_sequences": self.max_sequences}
@@ -115,9 +121,11 @@ class WorkerClient:
             ) from None
         if first is None:
             code = await self._proc.wait()
-            raise WorkerError("worker_died", f"the worker exited with status {code} while loading")
+            await self._stderr_drained()
+            self._set_exited(code)
+            raise WorkerError("worker_died", f"the worker {describe_exit(code)} while loading")
         if isinstance(first, p.Fatal):
-            await self._proc.wait()
+            self._set_exited(await self._proc.wait())
             raise WorkerError(first.code, first.message)
         if not isinstance(first, p.Ready):
             await self.stop()
@@ -140,15 +148,24 @@ class WorkerClient:
     def pid(self) -> int | None:
         return self._proc.pid if self._proc else None
 
+    def _set_exited(self, code: int) -> None:
+        if not self.exited.done():
+            self.exited.set_result(code)
+
+    async def _stderr_drained(self, timeout: float = 1.0) -> None:
+        """Lets the last log lines of a dead worker arrive (they explain its death)."""
+        if self._stderr is not None:
+            try:
+                await asyncio.wait_for(asyncio.shield(self._stderr), timeout)
+            except asyncio.TimeoutError:
+                pass
+
     async def _pump_stderr(self) -> None:
         assert self._proc is not None and self._proc.stderr is not None
         async for raw in self._proc.stderr:
-            log.info(
-                "[worker %s %s] %s",
-                self.name,
-                self._proc.pid,
-                raw.decode(errors="replace").rstrip(),
-            )
+            line = raw.decode(errors="replace").rstrip()
+            self.stderr_tail.append(line)
+            log.info("[worker %s %s] %s", self.name, self._proc.pid, line)
 
     async def _pump_stdout(self) -> None:
         assert self._proc is not None and self._proc.stdout is not None
@@ -161,8 +178,12 @@ class WorkerClient:
                     continue
                 if isinstance(msg, p.Stats):
                     if self._stats_waiters:
-                        self._stats_waiters.pop(0).set_result(msg)
+                        waiter = self._stats_waiters.pop(0)
+                        if not waiter.done():  # its asker may have timed out
+                            waiter.set_result(msg)
                     continue
+                if isinstance(msg, p.Done):
+                    self.completed += 1
                 rid = getattr(msg, "id", None)
                 if rid is None:
                     log.warning("worker error without a request: %s", msg)
@@ -172,17 +193,21 @@ class WorkerClient:
                     queue.put_nowait(msg)
         finally:
             code = await self._proc.wait()
-            if not self._stopping:
+            if self._stopping is None:
+                await self._stderr_drained()
                 log.warning(
-                    "worker for %s (pid %s) exited with status %s; %d request(s) in flight",
+                    "worker for %s (pid %s) %s; %d request(s) in flight",
                     self.name,
                     self._proc.pid,
-                    code,
+                    describe_exit(code),
                     len(self._queues),
                 )
-            self.dead = WorkerError(
-                "worker_died", f"the model worker exited unexpectedly (status {code})"
-            )
+                self.dead = WorkerError(
+                    "worker_died", f"the model worker {describe_exit(code)} unexpectedly"
+                )
+            else:
+                self.dead = self._stopping
+            self._set_exited(code)
             for queue in self._queues.values():
                 queue.put_nowait(self.dead)
             for fut in self._stats_waiters:
@@ -207,13 +232,14 @@ class WorkerClient:
         sampling: p.SamplingParams,
         stop_tokens: list[int],
         session: str = "",
+        tag: str = "r",
     ) -> AsyncIterator[Accepted | p.Tokens | p.Done]:
         """Yields ACCEPTED, token events, then one Done; raises WorkerError on error (code
         ``queue_full`` before ACCEPTED when the worker has max_sequences running and
         queue_limit waiting). Closing the iterator early (client gone, stop string hit)
         cancels the request in the worker."""
         self._check_capacity()
-        rid = f"r{next(_ids)}-{os.getpid()}"
+        rid = f"{tag}{next(_ids)}-{os.getpid()}"  # tag: "warmup" for the supervisor's
         queue: asyncio.Queue[p.WorkerMessage | WorkerError] = asyncio.Queue()
         self._queues[rid] = queue
         finished = False
@@ -284,13 +310,35 @@ class WorkerClient:
         await self._send(p.StatsRequest())
         return await asyncio.wait_for(fut, timeout)
 
-    async def stop(self, timeout: float = 10.0) -> None:
+    def kill(self) -> None:
+        """SIGKILL (a hung worker): its death is then handled like a crash."""
+        if self._proc is not None and self._proc.returncode is None:
+            self._proc.kill()
+
+    async def stop(self, timeout: float = 10.0, reason: WorkerError | None = None) -> None:
+        """Asks the worker to exit (SIGKILL after `timeout`). Requests still in flight end
+        with `reason` (default: the model was unloaded)."""
         if self._proc is None or self._proc.returncode is not None:
             return
-        self._stopping = True
+        self._stopping = reason or WorkerError(
+            "model_unloaded", f"model '{self.name}' was unloaded while this request ran"
+        )
         try:
             await self._send(p.Shutdown())
             await asyncio.wait_for(self._proc.wait(), timeout)
         except (WorkerError, asyncio.TimeoutError):
             self._proc.kill()
             await self._proc.wait()
+        if self._reader is not None:
+            await asyncio.gather(self._reader, return_exceptions=True)
+        self._set_exited(self._proc.returncode or 0)
+
+
+def describe_exit(code: int) -> str:
+    """'exited with status 3' / 'was killed by SIGKILL' for a process's return code."""
+    if code < 0:
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited with status {code}"

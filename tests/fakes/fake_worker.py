@@ -15,7 +15,10 @@ Behaviour, per ``generate`` request:
 - ``cancel`` ends the request at its next step with ``finish_reason="cancelled"``;
 - a prompt longer than the context gets ``error`` ``context_length_exceeded``;
 - magic seeds: ``sampling.seed == 666`` makes the worker exit abruptly (status 17) after the
-  first token event; ``667`` sends ``error`` (code ``internal``) after the first token event.
+  first token event; ``667`` sends ``error`` (code ``internal``) after the first token event;
+  ``665`` makes it exit (status 19) on receipt, before any token, the first time only (a
+  marker file ``FAKE_WORKER_CRASH_MARKER`` remembers it across worker processes); ``668``
+  makes it hang: it stops reading and answering (a stuck engine) until killed.
 
 Environment: ``FAKE_WORKER_CONTEXT`` (context length, default 256), ``FAKE_WORKER_LOG``
 (a file that receives every daemon message, one JSON line each, for assertions),
@@ -32,6 +35,7 @@ import argparse
 import asyncio
 import os
 import sys
+import time
 
 from llmd import protocol as p
 
@@ -54,6 +58,12 @@ class FakeEngine:
         self.generated = 0
 
     async def run(self, req: p.Generate) -> None:
+        marker = os.environ.get("FAKE_WORKER_CRASH_MARKER", "")
+        if req.sampling.seed == 665 and marker and not os.path.exists(marker):
+            open(marker, "w").close()
+            os._exit(19)
+        if req.sampling.seed == 668:
+            time.sleep(3600)  # blocks the event loop: no reads, no answers
         prompt = req.prompt
         if len(prompt) >= self.context_length:
             await _send(

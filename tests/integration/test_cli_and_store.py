@@ -135,4 +135,4 @@ def test_status_shows_the_loaded_model_and_its_engine(server) -> None:  # type: 
     assert model["backend"] == "llmd-cpu" and model["kv_budget_bytes"] > 0
     assert model["engine"]["steps"] > 0
     text = llmd(server, "status")
-    assert "smollm2-135m: llmd-cpu" in text.stdout
+    assert "smollm2-135m: ready, llmd-cpu" in text.stdout

@@ -74,13 +74,9 @@ def test_sizes_parse_and_bad_kv_budget_is_refused_by_serve(llmd_home: Path) -> N
 
 
 def test_auto_kv_budget_is_a_bounded_share_of_free_memory() -> None:
-    from llmd.worker.host import (
-        KV_BUDGET_MAX,
-        KV_BUDGET_MIN,
-        _available_host_memory,
-        auto_kv_budget,
-    )
+    from llmd.limits import KV_BUDGET_MAX, KV_BUDGET_MIN, available_host_memory
+    from llmd.worker.host import auto_kv_budget
 
     budget = auto_kv_budget("cpu")
     assert KV_BUDGET_MIN <= budget <= KV_BUDGET_MAX
-    assert budget <= max(KV_BUDGET_MIN, _available_host_memory() // 4)
+    assert budget <= max(KV_BUDGET_MIN, available_host_memory() // 4)

@@ -20,6 +20,7 @@ from typing import Any, BinaryIO
 from pydantic import ValidationError
 
 from .. import protocol as p
+from ..limits import available_host_memory, kv_budget_share
 from .blas import loaded_blas
 
 
@@ -117,28 +118,12 @@ def _read_commands(engine: Any, writer: Writer, stop: threading.Event) -> None:
     stop.set()
 
 
-KV_BUDGET_MIN = 256 << 20
-KV_BUDGET_MAX = 16 << 30
-
-
-def _available_host_memory() -> int:
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    # macOS and others: half the physical memory as a stand-in for what is free.
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2
-
-
 def auto_kv_budget(backend: str) -> int:
     """A quarter of the memory free now, clamped to [256 MiB, 16 GiB]: the GPU's free memory
     when the engine will run there (CUDA), else host memory (CPU, and Metal's unified memory).
     Why a quarter: weights, activations, other models and the rest of the machine share it;
     the prefix cache then keeps as much as it can and evicts LRU past the budget."""
-    free = _available_host_memory()
+    free = available_host_memory()
     if backend in ("auto", "gpu") and sys.platform != "darwin":
         try:
             import mlx.core as mx
@@ -147,7 +132,7 @@ def auto_kv_budget(backend: str) -> int:
                 free = int(mx.device_info(mx.gpu).get("free_memory", free))
         except Exception:  # noqa: BLE001 - no usable MLX GPU: host memory it is
             pass
-    return max(KV_BUDGET_MIN, min(KV_BUDGET_MAX, free // 4))
+    return kv_budget_share(free)
 
 
 def _backend_name(engine_backend: str) -> str:

@@ -1,0 +1,43 @@
+"""How long a model stays loaded after its last request: Ollama's `keep_alive`, so clients
+written for Ollama keep working. A number is seconds; a string is a Go-style duration ("5m",
+"1h30m", "90s", "500ms"); 0 unloads right after the request; a negative value keeps the model
+loaded until the daemon stops."""
+
+from __future__ import annotations
+
+import math
+import re
+
+DEFAULT_KEEP_ALIVE = 300.0  # seconds, as Ollama: long enough for a conversation's next turn
+FOREVER = math.inf
+
+_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|h|m|s)")
+_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def parse_keep_alive(value: str | float | int) -> float:
+    """Seconds (FOREVER for a negative value); ValueError for anything else."""
+    if isinstance(value, bool):
+        raise ValueError("keep_alive must be a duration such as '5m' or a number of seconds")
+    if isinstance(value, (int, float)):
+        seconds = float(value)
+    else:
+        text = value.strip()
+        sign = -1.0 if text.startswith("-") else 1.0
+        body = text.lstrip("+-")
+        try:
+            seconds = sign * float(body)  # "300" as a string is seconds too
+        except ValueError:
+            parts = _PART.findall(body)
+            if not body or "".join(n + u for n, u in parts) != body:
+                raise ValueError(
+                    f"'{value}' is not a duration (examples: 5m, 1h30m, 90s, 0, -1)"
+                ) from None
+            seconds = sign * sum(float(n) * _SECONDS[u] for n, u in parts)
+    if math.isnan(seconds):
+        raise ValueError("keep_alive must be a number")
+    return FOREVER if seconds < 0 else seconds
+
+
+def describe_keep_alive(seconds: float) -> str:
+    return "forever" if math.isinf(seconds) else f"{seconds:g}s"
