@@ -4,7 +4,7 @@ Detokenization, stop strings and cancellation live here once for every API route
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from . import protocol as p
 from .detokenizer import IncrementalDetokenizer
@@ -12,6 +12,16 @@ from .errors import ApiError, bad_request, server_error
 from .stop_strings import StopMatcher
 from .supervisor import ModelSupervisor
 from .worker_client import ACCEPTED, Accepted, WorkerError
+
+
+@dataclass
+class Delta:
+    """New answer text, and the tokens behind it with their logprobs when the request asked
+    (tokens may be ahead of text that waits for the rest of a UTF-8 character)."""
+
+    text: str
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[p.TokenLogprob] = field(default_factory=list)
 
 
 @dataclass
@@ -75,7 +85,8 @@ async def generate_text(
     sampling: p.SamplingParams,
     stops: list[str],
     session: str = "",
-) -> AsyncIterator[Accepted | str | Finished]:
+    grammar: str | None = None,
+) -> AsyncIterator[Accepted | Delta | Finished]:
     """Yields ACCEPTED once the worker has the request (a 429 or other ApiError comes before
     it), then text deltas (never half a character, never a stop string or what follows it),
     then exactly one Finished. Raises ApiError. Closing it early cancels the worker request.
@@ -99,6 +110,7 @@ async def generate_text(
             sampling=sampling,
             stop_tokens=model.text.stop_token_ids,
             session=session,
+            grammar=grammar,
         )
         try:
             async for event in events:
@@ -109,8 +121,8 @@ async def generate_text(
                 elif isinstance(event, p.Tokens):
                     produced += len(event.tokens)
                     piece = matcher.feed(detok.add(event.tokens))
-                    if piece:
-                        yield piece
+                    if piece or event.logprobs:
+                        yield Delta(piece, event.tokens, event.logprobs or [])
                     if matcher.stopped:
                         yield Finished("stop", len(prompt), produced)
                         return  # closing `events` cancels the sequence in the worker
@@ -118,7 +130,7 @@ async def generate_text(
                     tail = matcher.feed(detok.flush())
                     tail += matcher.flush()
                     if tail:
-                        yield tail
+                        yield Delta(tail)
                     reason = "stop" if matcher.stopped else event.finish_reason
                     # The worker's count includes an end-of-turn token it did not send as text.
                     yield Finished(

@@ -2,9 +2,11 @@
 implement (DESIGN §6): harmless ones are accepted and ignored, anything that would change the
 output is a 400 naming it - never silently ignored.
 
-Supported now: model, messages/prompt, max_tokens, max_completion_tokens, temperature, top_p,
-top_k, min_p, seed, stop, stream, stream_options. Absent ``max_tokens`` means "until the model
-stops or the context is full" (llama-server's default), on both routes.
+Supported: model, messages/prompt, max_tokens, max_completion_tokens, temperature, top_p,
+top_k, min_p, seed, stop, stream, stream_options, frequency/presence/repetition penalties,
+logit_bias, n, logprobs/top_logprobs (chat) and logprobs/echo (completions), response_format.
+Absent ``max_tokens`` means "until the model stops or the context is full" (llama-server's
+default), on both routes.
 """
 
 from __future__ import annotations
@@ -62,6 +64,20 @@ class ChatMessage(_Strict):
         return out
 
 
+class JsonSchemaSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    name: str = Field(default="response", max_length=64, pattern=r"^[A-Za-z0-9_-]+$")
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(_Strict):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaSpec | None = None
+
+
 class SamplingFields(_Strict):
     model: str = Field(min_length=1)
     max_tokens: int | None = Field(default=None, ge=1)
@@ -73,6 +89,14 @@ class SamplingFields(_Strict):
     stop: str | list[str] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
+    frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
+    presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
+    repetition_penalty: float = Field(default=1.0, gt=0.0, le=10.0)
+    logit_bias: dict[str, float] | None = None
+    # n choices from one prompt; its KV is prefilled once (the first choice's, reused through
+    # the prefix cache by the others).
+    n: int = Field(default=1, ge=1, le=16)
+    response_format: ResponseFormat | None = None
     # llmd extension: a named session keeps its KV pinned between turns (X-Session-Id too).
     session_id: str | None = Field(
         default=None, min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:@-]+$"
@@ -90,6 +114,19 @@ class SamplingFields(_Strict):
 
     def keep_alive_seconds(self) -> float | None:
         return None if self.keep_alive is None else parse_keep_alive(self.keep_alive)
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _logit_bias(cls, v: dict[str, float] | None) -> dict[str, float] | None:
+        for key, bias in (v or {}).items():
+            if not key.isdigit():
+                raise ValueError(f"logit_bias keys are token ids; '{key}' is not one")
+            if not -100 <= bias <= 100:
+                raise ValueError(f"logit_bias values must be in [-100, 100]; got {bias}")
+        return v
+
+    def logit_bias_ids(self) -> dict[int, float]:
+        return {int(k): b for k, b in (self.logit_bias or {}).items()}
 
     @field_validator("stop")
     @classmethod
@@ -118,6 +155,18 @@ class SamplingFields(_Strict):
 class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+
+    @model_validator(mode="after")
+    def _top_logprobs_need_logprobs(self) -> ChatCompletionRequest:
+        if self.top_logprobs and not self.logprobs:
+            raise bad_request("top_logprobs needs logprobs: true", param="top_logprobs")
+        return self
+
+    def engine_logprobs(self) -> int:
+        """The worker's top_logprobs: -1 none, else the alternatives per token."""
+        return (self.top_logprobs or 0) if self.logprobs else -1
 
     @model_validator(mode="after")
     def _one_limit(self) -> ChatCompletionRequest:
@@ -141,6 +190,22 @@ class ChatCompletionRequest(SamplingFields):
 
 class CompletionRequest(SamplingFields):
     prompt: str | list[str]
+    max_tokens: int | None = Field(default=None, ge=0)  # 0: score the prompt (with echo)
+    logprobs: int | None = Field(default=None, ge=0, le=20)
+    echo: bool = False
+
+    @model_validator(mode="after")
+    def _zero_tokens_need_echo(self) -> CompletionRequest:
+        if self.max_tokens == 0 and not self.echo:
+            raise bad_request(
+                "max_tokens: 0 generates nothing; it is only useful with echo (to score the "
+                "prompt)",
+                param="max_tokens",
+            )
+        return self
+
+    def engine_logprobs(self) -> int:
+        return -1 if self.logprobs is None else self.logprobs
 
     @field_validator("prompt")
     @classmethod
@@ -159,17 +224,8 @@ _HARMLESS: dict[str, Callable[[Any], bool]] = {
     "metadata": lambda v: True,
     "store": lambda v: v in (False, None),
     "service_tier": lambda v: True,
-    "n": lambda v: v in (1, None),
-    "logprobs": lambda v: v in (False, None),
-    "top_logprobs": lambda v: v in (0, None),
-    "frequency_penalty": lambda v: v in (0, None),
-    "presence_penalty": lambda v: v in (0, None),
-    "repetition_penalty": lambda v: v in (1, None),
-    "logit_bias": lambda v: not v,
     "tools": lambda v: not v,
     "tool_choice": lambda v: v in ("none", None),
-    "response_format": lambda v: v is None or v == {"type": "text"},
-    "echo": lambda v: v in (False, None),
     "best_of": lambda v: v in (1, None),
     "suffix": lambda v: v in ("", None),
 }

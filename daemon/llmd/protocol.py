@@ -36,6 +36,11 @@ class SamplingParams(_Message):
     top_p: float = 1.0
     min_p: float = 0.0
     seed: int | None = None  # None: the worker picks a fresh seed
+    frequency_penalty: float = 0.0  # OpenAI's: generated tokens only
+    presence_penalty: float = 0.0
+    repetition_penalty: float = 1.0  # HF/vLLM's: prompt and generated tokens
+    logit_bias: dict[int, float] = {}
+    top_logprobs: int = -1  # -1: none; 0: the sampled token's logprob; n: and n alternatives
 
 
 class Generate(_Message):
@@ -46,6 +51,19 @@ class Generate(_Message):
     sampling: SamplingParams = SamplingParams()
     stop_tokens: list[int] = []
     session: str = ""  # named session: its KV stays pinned when the request ends
+    # A llguidance grammar (JSON schema, Lark, regex; llguidance's serialized form) the
+    # output must follow: enforced token by token in the worker.
+    grammar: str | None = None
+
+
+class Score(_Message):
+    """Log probabilities of a prompt's own tokens (legacy completions `echo` + `logprobs`):
+    answered by one `scored` message."""
+
+    type: Literal["score"] = "score"
+    id: str
+    tokens: list[int]
+    top_logprobs: int = 0
 
 
 class Cancel(_Message):
@@ -69,7 +87,7 @@ class Shutdown(_Message):
 
 
 DaemonMessage = Annotated[
-    Generate | Cancel | Unpin | StatsRequest | Shutdown, Field(discriminator="type")
+    Generate | Score | Cancel | Unpin | StatsRequest | Shutdown, Field(discriminator="type")
 ]
 
 # ---------------------------------------------------------------- worker -> daemon
@@ -111,12 +129,30 @@ class Fatal(_Message):
     message: str
 
 
+class TokenLogprob(_Message):
+    """A sampled token's log probability under the model (raw logits: before penalties,
+    bias, grammar and temperature) and the likeliest alternatives as (id, logprob)."""
+
+    logprob: float
+    top: list[tuple[int, float]] = []
+
+
 class Tokens(_Message):
     """New tokens of one request, in order. May carry several tokens."""
 
     type: Literal["tokens"] = "tokens"
     id: str
     tokens: list[int]
+    logprobs: list[TokenLogprob] | None = None  # one per token, when the request asked
+
+
+class Scored(_Message):
+    """Answer to `score`: entry i is token i+1's logprob given tokens[:i+1] (the first token
+    has no context, so it has no entry)."""
+
+    type: Literal["scored"] = "scored"
+    id: str
+    logprobs: list[TokenLogprob]
 
 
 class Timings(_Message):
@@ -155,7 +191,7 @@ class Stats(_Message):
 
 
 WorkerMessage = Annotated[
-    Ready | Fatal | Tokens | Done | Error | Stats, Field(discriminator="type")
+    Ready | Fatal | Tokens | Scored | Done | Error | Stats, Field(discriminator="type")
 ]
 
 daemon_message_adapter: TypeAdapter[DaemonMessage] = TypeAdapter(DaemonMessage)

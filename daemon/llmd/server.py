@@ -1,59 +1,52 @@
-"""HTTP API (aiohttp): OpenAI-compatible routes on TCP and a Unix socket.
+"""The daemon's HTTP app (aiohttp) on TCP and a Unix socket, and its life from start to
+drained stop.
 
-Routes: ``GET /health``, ``GET /v1/models``, ``POST /v1/chat/completions``,
-``POST /v1/completions`` (streaming as SSE ending in ``data: [DONE]``, or one JSON body).
-Handlers only translate between HTTP and the generation pipeline (generation.py); errors
-always leave in the OpenAI envelope with the right status, and an error after a stream has
-started is one ``data: {"error": ...}`` event, then the stream ends. A client that goes away
-mid-generation cancels its request in the worker.
+Routes here: ``GET /health``, ``GET /status``, ``GET /v1/models``, ``GET /v1/sessions``,
+``DELETE /v1/sessions/{id}``; the OpenAI generation routes live in openai_routes.py. Errors
+always leave in the OpenAI envelope with the right status.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import math
 import os
-import re
 import signal
 import socket
 import time
-import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
 
 from . import __version__
-from . import protocol as p
 from .catalog import load_catalog
-from .chat_template import render_chat
-from .errors import ApiError, bad_request, server_error
-from .generation import Finished, generate_text, token_budget
+from .errors import ApiError, server_error
+from .http_common import (
+    ADDRESSES,
+    DRAINING,
+    REGISTRY,
+    SECURITY,
+    SESSIONS,
+    STARTED,
+    STORE,
+)
 from .instance import AlreadyRunning, InstanceLock, lock_path
 from .keep_alive import DEFAULT_KEEP_ALIVE
 from .limits import DEFAULT_MAX_LOADED, DEFAULT_QUEUE_LIMIT
 from .model_registry import ModelRegistry
-from .openai_schemas import ChatCompletionRequest, CompletionRequest, SamplingFields, parse_request
+from .openai_routes import add_openai_routes
 from .paths import Paths, ensure_private_dir
 from .security import SecurityConfig, install_cors, make_runner, security_middlewares
-from .sessions import DEFAULT_MAX_SESSIONS, DEFAULT_SESSION_TTL, Session, SessionTable
+from .sessions import DEFAULT_MAX_SESSIONS, DEFAULT_SESSION_TTL, SessionTable
 from .store import ModelStore
-from .supervisor import ModelSupervisor, RestartPolicy
-from .worker_client import Accepted, WorkerError, WorkerLauncher
+from .supervisor import RestartPolicy
+from .worker_client import WorkerError, WorkerLauncher
 
 log = logging.getLogger("llmd.server")
 
 DEFAULT_MAX_BODY = 16 * 1024 * 1024
-REGISTRY = web.AppKey("registry", ModelRegistry)
-SESSIONS = web.AppKey("sessions", SessionTable)
-STARTED = web.AppKey("started", float)
-DRAINING = web.AppKey("draining", asyncio.Event)
-ADDRESSES = web.AppKey("addresses", list)
-SECURITY = web.AppKey("security", SecurityConfig)
-_SESSION_ID = re.compile(r"^[A-Za-z0-9._:@-]{1,128}$")
-STORE = web.AppKey("store", ModelStore)
 
 
 # ---------------------------------------------------------------------- errors
@@ -85,110 +78,6 @@ async def error_middleware(
     except Exception as exc:  # noqa: BLE001 - the daemon keeps serving whatever went wrong
         log.exception("unhandled error on %s %s", request.method, request.path)
         return _error_response(server_error(f"internal error: {exc}"))
-
-
-async def _json_body(request: web.Request) -> Any:
-    raw = await request.read()
-    try:
-        return json.loads(raw)
-    except ValueError as exc:
-        raise bad_request(f"the request body is not valid JSON: {exc}") from exc
-
-
-# ---------------------------------------------------------------------- helpers
-
-
-def _sampling(req: SamplingFields) -> p.SamplingParams:
-    return p.SamplingParams(
-        temperature=req.temperature,
-        top_k=req.top_k,
-        top_p=req.top_p,
-        min_p=req.min_p,
-        seed=req.seed,
-    )
-
-
-def _usage(done: Finished) -> dict[str, Any]:
-    return {
-        "prompt_tokens": done.prompt_tokens,
-        "completion_tokens": done.completion_tokens,
-        "total_tokens": done.prompt_tokens + done.completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": done.cached_tokens},
-    }
-
-
-async def _sse_start(request: web.Request) -> web.StreamResponse:
-    resp = web.StreamResponse(
-        headers={
-            "Content-Type": "text/event-stream",
-            "Cache-Control": "no-cache",
-            "X-Accel-Buffering": "no",
-        }
-    )
-    await resp.prepare(request)
-    return resp
-
-
-async def _sse_send(resp: web.StreamResponse, payload: Any) -> None:
-    data = payload if isinstance(payload, str) else json.dumps(payload, ensure_ascii=False)
-    await resp.write(f"data: {data}\n\n".encode())
-
-
-async def _stream(
-    request: web.Request,
-    pieces: AsyncIterator[Accepted | str | Finished],
-    make_chunk: Callable[[str | None, str | None], dict[str, Any]],
-    include_usage: bool,
-    first: dict[str, Any] | None,
-) -> web.StreamResponse:
-    try:
-        # Until the worker has the request (429 when full), errors are plain HTTP statuses.
-        if not isinstance(await anext(pieces), Accepted):
-            raise RuntimeError("generation did not start with ACCEPTED")
-        resp = await _sse_start(request)
-        try:
-            if first is not None:
-                await _sse_send(resp, first)
-            async for piece in pieces:
-                if isinstance(piece, Finished):
-                    await _sse_send(resp, make_chunk(None, piece.finish_reason))
-                    if include_usage:
-                        final = make_chunk(None, None)
-                        final["choices"] = []
-                        final["usage"] = _usage(piece)
-                        await _sse_send(resp, final)
-                elif isinstance(piece, str):
-                    await _sse_send(resp, make_chunk(piece, None))
-            await _sse_send(resp, "[DONE]")
-        except ApiError as err:
-            # The stream has started: the error travels as one SSE event, then it ends.
-            await _sse_send(resp, err.envelope())
-        except ConnectionResetError:  # aiohttp's ClientConnectionResetError is one too
-            # The client went away; closing `pieces` (below) cancels the request in the worker.
-            log.info("client disconnected from %s mid-stream", request.path)
-            return resp
-        except Exception as exc:  # noqa: BLE001 - a started stream can only report, not re-status
-            log.exception("error while streaming %s", request.path)
-            await _sse_send(resp, server_error(f"internal error: {exc}").envelope())
-    finally:
-        await pieces.aclose()  # type: ignore[attr-defined]
-    await resp.write_eof()
-    return resp
-
-
-async def _collect(pieces: AsyncIterator[Accepted | str | Finished]) -> tuple[str, Finished]:
-    text: list[str] = []
-    done: Finished | None = None
-    try:
-        async for piece in pieces:
-            if isinstance(piece, Finished):
-                done = piece
-            elif isinstance(piece, str):
-                text.append(piece)
-    finally:
-        await pieces.aclose()  # type: ignore[attr-defined]  # client gone: cancel in worker
-    assert done is not None
-    return "".join(text), done
 
 
 # ---------------------------------------------------------------------- routes
@@ -245,35 +134,6 @@ async def list_models(request: web.Request) -> web.Response:
     return web.json_response({"object": "list", "data": data})
 
 
-def _session_pieces(
-    request: web.Request,
-    req: SamplingFields,
-    model: ModelSupervisor,
-    make_pieces: Callable[[str], AsyncIterator[Accepted | str | Finished]],
-) -> AsyncIterator[Accepted | str | Finished]:
-    """The generation, inside the request's named session if it has one (`session_id` in the
-    body or an `X-Session-Id` header): its KV stays pinned in the worker after it ends."""
-    sid = req.session_id or request.headers.get("X-Session-Id")
-    if not sid:
-        return make_pieces("")
-    if not _SESSION_ID.match(sid):
-        raise bad_request("X-Session-Id must be 1-128 letters, digits or ._:@-", param="session_id")
-    table = request.app[SESSIONS]
-    session = table.begin(sid, req.model, model, req.session_ttl)
-    return _in_session(make_pieces(sid), table, session)
-
-
-async def _in_session(
-    pieces: AsyncIterator[Accepted | str | Finished], table: SessionTable, session: Session
-) -> AsyncIterator[Accepted | str | Finished]:
-    try:
-        async for piece in pieces:
-            yield piece
-    finally:
-        await pieces.aclose()  # type: ignore[attr-defined]
-        await table.end(session)
-
-
 async def list_sessions(request: web.Request) -> web.Response:
     return web.json_response({"object": "list", "data": request.app[SESSIONS].list()})
 
@@ -283,155 +143,6 @@ async def delete_session(request: web.Request) -> web.Response:
     if not await request.app[SESSIONS].delete(sid):
         raise ApiError(404, f"no session '{sid}'", param="session_id", code="session_not_found")
     return web.json_response({"id": sid, "object": "session", "deleted": True})
-
-
-async def chat_completions(request: web.Request) -> web.StreamResponse:
-    req: ChatCompletionRequest = parse_request(await _json_body(request), ChatCompletionRequest)
-    async with request.app[REGISTRY].use(req.model, req.keep_alive_seconds()) as model:
-        return await _chat(request, req, model)
-
-
-async def _chat(
-    request: web.Request, req: ChatCompletionRequest, model: ModelSupervisor
-) -> web.StreamResponse:
-    if not model.text.chat_template:
-        raise bad_request(
-            f"model '{req.model}' has no chat template; use /v1/completions", param="model"
-        )
-    messages = [m.for_template() for m in req.messages]
-    template = model.text.chat_template
-
-    def build_prompt() -> list[int]:
-        rendered = render_chat(
-            template, messages, bos_token=model.text.bos_token, eos_token=model.text.eos_token
-        )
-        return model.text.encode_rendered_chat(rendered)
-
-    # Off the event loop: a long prompt must not stall other clients' streams.
-    prompt = await asyncio.to_thread(build_prompt)
-    requested, limit_param = req.token_limit()
-    max_tokens = token_budget(
-        len(prompt),
-        requested,
-        model.context_length,
-        limit_param=limit_param,
-        prompt_param="messages",
-    )
-    pieces = _session_pieces(
-        request,
-        req,
-        model,
-        lambda sid: generate_text(
-            model,
-            prompt,
-            max_tokens=max_tokens,
-            sampling=_sampling(req),
-            stops=req.stop_list(),
-            session=sid,
-        ),
-    )
-    cid = f"chatcmpl-{uuid.uuid4().hex}"
-    created = int(time.time())
-
-    if req.stream:
-        include_usage = req.include_usage()
-
-        def chunk(content: str | None, finish: str | None) -> dict[str, Any]:
-            delta = {} if content is None else {"content": content}
-            out: dict[str, Any] = {
-                "id": cid,
-                "object": "chat.completion.chunk",
-                "created": created,
-                "model": req.model,
-                "system_fingerprint": f"llmd-{__version__}",
-                "choices": [
-                    {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
-                ],
-            }
-            if include_usage:
-                out["usage"] = None
-            return out
-
-        first = chunk(None, None)
-        first["choices"][0]["delta"] = {"role": "assistant", "content": ""}
-        return await _stream(request, pieces, chunk, include_usage, first)
-
-    text, done = await _collect(pieces)
-    return web.json_response(
-        {
-            "id": cid,
-            "object": "chat.completion",
-            "created": created,
-            "model": req.model,
-            "system_fingerprint": f"llmd-{__version__}",
-            "choices": [
-                {
-                    "index": 0,
-                    "message": {"role": "assistant", "content": text, "refusal": None},
-                    "logprobs": None,
-                    "finish_reason": done.finish_reason,
-                }
-            ],
-            "usage": _usage(done),
-        }
-    )
-
-
-async def completions(request: web.Request) -> web.StreamResponse:
-    req: CompletionRequest = parse_request(await _json_body(request), CompletionRequest)
-    async with request.app[REGISTRY].use(req.model, req.keep_alive_seconds()) as model:
-        return await _complete(request, req, model)
-
-
-async def _complete(
-    request: web.Request, req: CompletionRequest, model: ModelSupervisor
-) -> web.StreamResponse:
-    prompt = await asyncio.to_thread(model.text.encode, req.prompt_text())
-    if not prompt:
-        raise bad_request("the prompt is empty", param="prompt")
-    max_tokens = token_budget(
-        len(prompt),
-        req.max_tokens,
-        model.context_length,
-        limit_param="max_tokens",
-        prompt_param="prompt",
-    )
-    pieces = _session_pieces(
-        request,
-        req,
-        model,
-        lambda sid: generate_text(
-            model,
-            prompt,
-            max_tokens=max_tokens,
-            sampling=_sampling(req),
-            stops=req.stop_list(),
-            session=sid,
-        ),
-    )
-    cid = f"cmpl-{uuid.uuid4().hex}"
-    created = int(time.time())
-
-    def chunk(text: str | None, finish: str | None) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "id": cid,
-            "object": "text_completion",
-            "created": created,
-            "model": req.model,
-            "choices": [
-                {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
-            ],
-        }
-        if req.include_usage():
-            out["usage"] = None
-        return out
-
-    if req.stream:
-        return await _stream(request, pieces, chunk, req.include_usage(), None)
-    text, done = await _collect(pieces)
-    body = chunk(text, done.finish_reason)
-    body["usage"] = _usage(done)
-    return web.json_response(body)
 
 
 # ---------------------------------------------------------------------- app
@@ -500,8 +211,7 @@ def create_app(
     app.router.add_get("/health", health)
     app.router.add_get("/status", status)
     app.router.add_get("/v1/models", list_models)
-    app.router.add_post("/v1/chat/completions", chat_completions)
-    app.router.add_post("/v1/completions", completions)
+    add_openai_routes(app)
     app.router.add_get("/v1/sessions", list_sessions)
     app.router.add_delete("/v1/sessions/{session_id}", delete_session)
     sessions = SessionTable(default_ttl=session_ttl, max_sessions=max_sessions)

@@ -233,6 +233,7 @@ class WorkerClient:
         stop_tokens: list[int],
         session: str = "",
         tag: str = "r",
+        grammar: str | None = None,
     ) -> AsyncIterator[Accepted | p.Tokens | p.Done]:
         """Yields ACCEPTED, token events, then one Done; raises WorkerError on error (code
         ``queue_full`` before ACCEPTED when the worker has max_sequences running and
@@ -252,6 +253,7 @@ class WorkerClient:
                     sampling=sampling,
                     stop_tokens=stop_tokens,
                     session=session,
+                    grammar=grammar,
                 )
             )
             yield ACCEPTED
@@ -276,6 +278,23 @@ class WorkerClient:
                     await self._send(p.Cancel(id=rid))
                 except WorkerError:
                     pass
+
+    async def score(self, tokens: list[int], top_logprobs: int = 0) -> list[p.TokenLogprob]:
+        """Logprobs of each of `tokens` after the first, given the ones before it."""
+        rid = f"s{next(_ids)}-{os.getpid()}"
+        queue: asyncio.Queue[p.WorkerMessage | WorkerError] = asyncio.Queue()
+        self._queues[rid] = queue
+        try:
+            await self._send(p.Score(id=rid, tokens=tokens, top_logprobs=top_logprobs))
+            msg = await queue.get()
+        finally:
+            self._queues.pop(rid, None)
+        if isinstance(msg, WorkerError):
+            raise msg
+        if isinstance(msg, p.Error):
+            raise WorkerError(msg.code, msg.message)
+        assert isinstance(msg, p.Scored)
+        return msg.logprobs
 
     async def unpin(self, session: str) -> None:
         """Lets the session's KV be evicted again (no-op if the worker is gone)."""

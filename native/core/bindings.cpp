@@ -5,6 +5,7 @@
 #include <pybind11/stl.h>
 
 #include <cstring>
+#include <mutex>
 #include <stdexcept>
 
 #include "../mlx/kernels/qgemm.h"
@@ -35,6 +36,59 @@ Metadata metadata_from_dict(const py::dict& d) {
   return m;
 }
 
+// Python objects released by the engine thread, which must not take the GIL to drop them
+// (the main thread may hold it while it waits for the engine); poll() drops them.
+std::mutex graveyard_mutex;
+std::vector<PyObject*> graveyard;
+
+void bury_dead_objects() {
+  std::vector<PyObject*> dead;
+  {
+    std::lock_guard<std::mutex> lock(graveyard_mutex);
+    dead.swap(graveyard);
+  }
+  for (PyObject* o : dead) Py_DECREF(o);
+}
+
+// A constraint implemented in Python (the worker host's llguidance matcher): an object with
+// allowed_tokens() -> bytes | None (a little-endian uint32 bitmask) and accept(token).
+class PyTokenConstraint final : public TokenConstraint {
+ public:
+  explicit PyTokenConstraint(py::object obj) : obj_(obj.release().ptr()) {}
+  ~PyTokenConstraint() override {
+    std::lock_guard<std::mutex> lock(graveyard_mutex);
+    graveyard.push_back(obj_);
+  }
+  PyTokenConstraint(const PyTokenConstraint&) = delete;
+  PyTokenConstraint& operator=(const PyTokenConstraint&) = delete;
+
+  bool allowed_tokens(std::vector<uint32_t>& allowed) override {
+    py::gil_scoped_acquire gil;
+    py::object mask = py::reinterpret_borrow<py::object>(obj_).attr("allowed_tokens")();
+    if (mask.is_none()) return false;
+    const std::string bytes = mask.cast<py::bytes>();
+    std::memcpy(allowed.data(), bytes.data(), std::min(bytes.size(), allowed.size() * sizeof(uint32_t)));
+    return true;
+  }
+  void accept(int32_t token) override {
+    py::gil_scoped_acquire gil;
+    py::reinterpret_borrow<py::object>(obj_).attr("accept")(token);
+  }
+
+ private:
+  PyObject* obj_;  // owned reference, handed to the graveyard on destruction
+};
+
+py::list logprobs_to_list(const std::vector<TokenLogprob>& lps) {
+  py::list out;
+  for (const auto& lp : lps) {
+    py::list top;
+    for (const auto& [t, l] : lp.top) top.append(py::make_tuple(t, l));
+    out.append(py::dict(py::arg("logprob") = lp.logprob, py::arg("top") = top));
+  }
+  return out;
+}
+
 py::dict event_to_dict(const EngineEvent& e) {
   py::dict d;
   d["id"] = e.id;
@@ -42,6 +96,7 @@ py::dict event_to_dict(const EngineEvent& e) {
     case EngineEvent::Kind::Tokens:
       d["type"] = "tokens";
       d["tokens"] = e.tokens;
+      if (!e.logprobs.empty()) d["logprobs"] = logprobs_to_list(e.logprobs);
       break;
     case EngineEvent::Kind::Done:
       d["type"] = "done";
@@ -116,19 +171,39 @@ PYBIND11_MODULE(_engine, m) {
           "submit",
           [](Engine& e, const std::string& id, std::vector<int32_t> prompt, int max_tokens, float temperature,
              int top_k, float top_p, float min_p, uint64_t seed, std::vector<int32_t> stop_tokens,
-             std::string session) {
+             std::string session, float frequency_penalty, float presence_penalty, float repetition_penalty,
+             std::vector<std::pair<int32_t, float>> logit_bias, int top_logprobs, py::object constraint) {
             GenerateRequest r;
             r.id = id;
             r.prompt = std::move(prompt);
             r.max_tokens = max_tokens;
-            r.sampling = {temperature, top_k, top_p, min_p, seed};
+            r.sampling.temperature = temperature;
+            r.sampling.top_k = top_k;
+            r.sampling.top_p = top_p;
+            r.sampling.min_p = min_p;
+            r.sampling.seed = seed;
+            r.sampling.frequency_penalty = frequency_penalty;
+            r.sampling.presence_penalty = presence_penalty;
+            r.sampling.repetition_penalty = repetition_penalty;
+            r.sampling.logit_bias = std::move(logit_bias);
+            r.sampling.top_logprobs = top_logprobs;
             r.stop_tokens = std::move(stop_tokens);
             r.session = std::move(session);
+            if (!constraint.is_none()) r.constraint = std::make_shared<PyTokenConstraint>(constraint);
             e.submit(std::move(r));
           },
           py::arg("id"), py::arg("prompt"), py::arg("max_tokens"), py::arg("temperature") = 0.f,
           py::arg("top_k") = 0, py::arg("top_p") = 1.f, py::arg("min_p") = 0.f, py::arg("seed") = 0,
-          py::arg("stop_tokens") = std::vector<int32_t>{}, py::arg("session") = "")
+          py::arg("stop_tokens") = std::vector<int32_t>{}, py::arg("session") = "",
+          py::arg("frequency_penalty") = 0.f, py::arg("presence_penalty") = 0.f,
+          py::arg("repetition_penalty") = 1.f,
+          py::arg("logit_bias") = std::vector<std::pair<int32_t, float>>{}, py::arg("top_logprobs") = -1,
+          py::arg("constraint") = py::none())
+      .def("shutdown",
+           [](Engine& e) {
+             py::gil_scoped_release release;
+             e.shutdown();
+           })
       .def("cancel", &Engine::cancel)
       .def("unpin", &Engine::unpin)
       .def("poll",
@@ -138,6 +213,7 @@ PYBIND11_MODULE(_engine, m) {
                py::gil_scoped_release release;
                events = e.poll(timeout_ms);
              }
+             bury_dead_objects();
              py::list out;
              for (const auto& ev : events) out.append(event_to_dict(ev));
              return out;

@@ -1,6 +1,7 @@
 #include "engine.h"
 
 #include <algorithm>
+#include <limits>
 #include <stdexcept>
 
 #include "op_profile.h"
@@ -26,13 +27,15 @@ Engine::Engine(std::unique_ptr<Model> model, EngineOptions options)
   thread_ = std::thread([this] { loop(); });
 }
 
-Engine::~Engine() {
+Engine::~Engine() { shutdown(); }
+
+void Engine::shutdown() {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     stop_ = true;
   }
   work_cv_.notify_all();
-  thread_.join();
+  if (thread_.joinable()) thread_.join();
 }
 
 std::string Engine::validate(const GenerateRequest& r, std::string& code) const {
@@ -65,6 +68,7 @@ void Engine::submit(GenerateRequest request) {
     return;
   }
   auto seq = std::make_unique<Sequence>(std::move(request), pool_);
+  if (needs_counts(seq->request.sampling)) seq->counts.add_prompt(seq->request.prompt);
   seq->submitted = Clock::now();
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -310,9 +314,15 @@ void Engine::step_once() {
     index_full_blocks(*seq);
     if (!s.want_logits) continue;
     ++sampled;
-    const int token = seq->sampler.sample(logits.data() + static_cast<size_t>(row) * vocab, vocab);
+    TokenLogprob lp;
+    const int token = sample_row(*seq, logits.data() + static_cast<size_t>(row) * vocab, vocab, lp);
     ++row;
     if (seq->generated.empty()) seq->first_token = Clock::now();
+    if (token < 0) {  // the constraint is complete: nothing may follow
+      finished.push_back(seq);
+      reasons.push_back("stop");
+      continue;
+    }
     const bool is_stop = std::find(seq->request.stop_tokens.begin(), seq->request.stop_tokens.end(), token) !=
                          seq->request.stop_tokens.end();
     if (seq->request.max_tokens == 0) {
@@ -321,6 +331,7 @@ void Engine::step_once() {
       continue;
     }
     seq->generated.push_back(token);
+    if (needs_counts(seq->request.sampling)) seq->counts.add_generated(token);
     if (is_stop) {
       finished.push_back(seq);
       reasons.push_back("stop");
@@ -330,6 +341,7 @@ void Engine::step_once() {
     e.kind = EngineEvent::Kind::Tokens;
     e.id = seq->request.id;
     e.tokens = {token};
+    if (seq->request.sampling.top_logprobs >= 0) e.logprobs.push_back(std::move(lp));
     emit(std::move(e));
     if (static_cast<int>(seq->generated.size()) >= seq->request.max_tokens) {
       finished.push_back(seq);
@@ -349,6 +361,35 @@ void Engine::step_once() {
     active_.erase(std::find_if(active_.begin(), active_.end(), [&](auto& p) { return p.get() == finished[i]; }));
   }
   publish_gauges();
+}
+
+int Engine::sample_row(Sequence& seq, float* logits, int vocab, TokenLogprob& lp) {
+  const SamplingParams& p = seq.request.sampling;
+  float log_z = 0.f;
+  std::vector<float> raw;
+  if (p.top_logprobs >= 0) {
+    log_z = log_normaliser(logits, vocab);
+    lp.top = top_logprobs(logits, vocab, log_z, p.top_logprobs);
+    raw.assign(logits, logits + vocab);
+  }
+  if (needs_counts(p) || !p.logit_bias.empty()) apply_logit_processors(p, seq.counts, logits, vocab);
+  if (seq.request.constraint) {
+    std::vector<uint32_t> allowed((static_cast<size_t>(vocab) + 31) / 32, 0u);
+    if (!seq.request.constraint->allowed_tokens(allowed)) return -1;
+    bool any = false;
+    for (int t = 0; t < vocab; ++t) {
+      if ((allowed[t >> 5] >> (t & 31)) & 1u) {
+        any = true;
+      } else {
+        logits[t] = -std::numeric_limits<float>::infinity();
+      }
+    }
+    if (!any) return -1;
+  }
+  const int token = seq.sampler.sample(logits, vocab);
+  if (seq.request.constraint) seq.request.constraint->accept(token);
+  if (p.top_logprobs >= 0) lp.logprob = raw[token] - log_z;
+  return token;
 }
 
 void Engine::publish_gauges() {

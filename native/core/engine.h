@@ -23,6 +23,7 @@
 #include "prefix_cache.h"
 #include "session_pins.h"
 #include "sampler.h"
+#include "token_constraint.h"
 
 namespace llmd {
 
@@ -33,6 +34,7 @@ struct GenerateRequest {
   SamplingParams sampling;
   std::vector<int32_t> stop_tokens;
   std::string session;  // named session: its KV is pinned when it ends (session_pins.h)
+  std::shared_ptr<TokenConstraint> constraint;  // grammar-constrained decoding, if any
 };
 
 struct EngineEvent {
@@ -40,6 +42,7 @@ struct EngineEvent {
   Kind kind = Kind::Tokens;
   std::string id;
   std::vector<int32_t> tokens;
+  std::vector<TokenLogprob> logprobs;  // one per token when the request asked for them
   // Done
   std::string finish_reason;
   int prompt_tokens = 0;
@@ -85,6 +88,9 @@ class Engine {
   Engine& operator=(const Engine&) = delete;
 
   void submit(GenerateRequest request);
+  // Stops the engine thread (idempotent; the destructor calls it). Callers that may hold a
+  // lock the engine thread needs (a Python GIL for constraints) call it after releasing it.
+  void shutdown();
   void cancel(const std::string& id);
   // Lets a named session's KV go back to the cache (evictable); unknown names are ignored.
   void unpin(const std::string& session);
@@ -111,6 +117,7 @@ class Engine {
     int cached = 0;               // of which reused from the prefix cache
     std::vector<uint64_t> block_keys;  // prefix-cache keys of this sequence's full blocks
     std::vector<int32_t> generated;
+    TokenCounts counts;  // only filled when a penalty needs it
     Clock::time_point submitted, admitted, first_token;
     explicit Sequence(GenerateRequest r, KvPool& pool)
         : request(std::move(r)), kv(std::make_unique<SequenceKv>(pool)), sampler(request.sampling) {}
@@ -128,6 +135,9 @@ class Engine {
   void index_full_blocks(Sequence& seq);
   void publish_gauges();  // engine thread: occupancy figures for stats()
   void emit(EngineEvent event);
+  // Processors, constraint and sampler on one row of logits (modified in place); -1 when the
+  // constraint admits no token. Fills `lp` when the request asked for logprobs.
+  int sample_row(Sequence& seq, float* logits, int vocab, TokenLogprob& lp);
   std::string validate(const GenerateRequest& r, std::string& code) const;
 
   std::unique_ptr<Model> model_;

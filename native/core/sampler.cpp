@@ -13,6 +13,58 @@ int argmax(const float* logits, int vocab) {
   return best;
 }
 
+void TokenCounts::add_prompt(const std::vector<int32_t>& prompt) {
+  for (int32_t t : prompt) ++seen[t];
+}
+
+void TokenCounts::add_generated(int32_t token) {
+  ++generated[token];
+  ++seen[token];
+}
+
+bool needs_counts(const SamplingParams& p) {
+  return p.frequency_penalty != 0.f || p.presence_penalty != 0.f || p.repetition_penalty != 1.f;
+}
+
+void apply_logit_processors(const SamplingParams& p, const TokenCounts& counts, float* logits, int vocab) {
+  if (p.repetition_penalty != 1.f) {
+    for (const auto& [t, n] : counts.seen) {
+      if (t < 0 || t >= vocab) continue;
+      float& l = logits[t];
+      l = l > 0.f ? l / p.repetition_penalty : l * p.repetition_penalty;
+    }
+  }
+  if (p.frequency_penalty != 0.f || p.presence_penalty != 0.f) {
+    for (const auto& [t, n] : counts.generated) {
+      if (t < 0 || t >= vocab) continue;
+      logits[t] -= static_cast<float>(n) * p.frequency_penalty + p.presence_penalty;
+    }
+  }
+  for (const auto& [t, bias] : p.logit_bias) {
+    if (t >= 0 && t < vocab) logits[t] += bias;
+  }
+}
+
+float log_normaliser(const float* logits, int vocab) {
+  float max_logit = logits[0];
+  for (int i = 1; i < vocab; ++i) max_logit = std::max(max_logit, logits[i]);
+  double total = 0.0;
+  for (int i = 0; i < vocab; ++i) total += std::exp(static_cast<double>(logits[i] - max_logit));
+  return max_logit + static_cast<float>(std::log(total));
+}
+
+std::vector<std::pair<int32_t, float>> top_logprobs(const float* logits, int vocab, float log_z, int n) {
+  n = std::clamp(n, 0, vocab);
+  std::vector<int32_t> ids(vocab);
+  for (int i = 0; i < vocab; ++i) ids[i] = i;
+  auto better = [&](int32_t a, int32_t b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); };
+  std::partial_sort(ids.begin(), ids.begin() + n, ids.end(), better);
+  std::vector<std::pair<int32_t, float>> out;
+  out.reserve(n);
+  for (int i = 0; i < n; ++i) out.emplace_back(ids[i], logits[ids[i]] - log_z);
+  return out;
+}
+
 int Sampler::sample(const float* logits, int vocab) {
   if (params_.temperature <= 0.f || params_.top_k == 1) return argmax(logits, vocab);
   candidates_.clear();

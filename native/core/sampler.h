@@ -1,9 +1,13 @@
 // Token sampling from one row of logits: greedy, temperature, top-k, top-p, min-p, with a
-// per-request seeded generator so the same seed gives the same tokens.
+// per-request seeded generator so the same seed gives the same tokens; the logit processors
+// that run before it (repetition / frequency / presence penalties, logit bias); and log
+// probabilities of the model's own distribution for `logprobs`.
 #pragma once
 
 #include <cstdint>
 #include <random>
+#include <unordered_map>
+#include <utility>
 #include <vector>
 
 namespace llmd {
@@ -14,7 +18,36 @@ struct SamplingParams {
   float top_p = 1.f;        // 1: off
   float min_p = 0.f;        // 0: off
   uint64_t seed = 0;
+  // OpenAI's penalties count generated tokens only; the repetition penalty (HF / vLLM
+  // semantics: logit / p when positive, * p when negative) covers prompt and output.
+  float frequency_penalty = 0.f;
+  float presence_penalty = 0.f;
+  float repetition_penalty = 1.f;  // 1: off
+  std::vector<std::pair<int32_t, float>> logit_bias;
+  int top_logprobs = -1;  // -1: no logprobs; 0: the sampled token's; n: also the n likeliest
 };
+
+// The sampled token's log probability under the model (log-softmax of the raw logits, before
+// penalties, bias, constraints and temperature), and the likeliest alternatives.
+struct TokenLogprob {
+  float logprob = 0.f;
+  std::vector<std::pair<int32_t, float>> top;
+};
+
+// Token occurrence counts of one sequence, kept only when a penalty needs them.
+struct TokenCounts {
+  std::unordered_map<int32_t, int> generated;
+  std::unordered_map<int32_t, int> seen;  // prompt + generated
+  void add_prompt(const std::vector<int32_t>& prompt);
+  void add_generated(int32_t token);
+};
+
+bool needs_counts(const SamplingParams& p);
+// Penalties and bias, in place, on one row of logits.
+void apply_logit_processors(const SamplingParams& p, const TokenCounts& counts, float* logits, int vocab);
+// Log-softmax facts of a raw row: the normaliser and the top-n tokens with their logprobs.
+float log_normaliser(const float* logits, int vocab);
+std::vector<std::pair<int32_t, float>> top_logprobs(const float* logits, int vocab, float log_z, int n);
 
 class Sampler {
  public:

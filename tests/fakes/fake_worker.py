@@ -14,6 +14,8 @@ Behaviour, per ``generate`` request:
   counted too); reaching ``max_tokens`` first ends with ``length``;
 - ``cancel`` ends the request at its next step with ``finish_reason="cancelled"``;
 - a prompt longer than the context gets ``error`` ``context_length_exceeded``;
+- logprobs, when asked (``sampling.top_logprobs >= 0``): every token -0.25, alternatives
+  token+k at -1-k; ``score`` answers -1.0 for every prompt token after the first;
 - magic seeds: ``sampling.seed == 666`` makes the worker exit abruptly (status 17) after the
   first token event; ``667`` sends ``error`` (code ``internal``) after the first token event;
   ``665`` makes it exit (status 19) on receipt, before any token, the first time only (a
@@ -109,7 +111,17 @@ class FakeEngine:
             if chunk:
                 emitted += len(chunk)
                 self.generated += len(chunk)
-                await _send(p.Tokens(id=req.id, tokens=chunk))
+                lps = None
+                n = req.sampling.top_logprobs
+                if n >= 0:
+                    lps = [
+                        p.TokenLogprob(
+                            logprob=-0.25,
+                            top=[(t, -0.25)] + [(t + k, -1.0 - k) for k in range(1, n)],
+                        )
+                        for t in chunk
+                    ]
+                await _send(p.Tokens(id=req.id, tokens=chunk, logprobs=lps))
             if stopped:
                 reason = "stop"
                 break
@@ -182,6 +194,9 @@ async def main() -> int:
         msg = p.decode_daemon_message(line)
         if isinstance(msg, p.Generate):
             engine.submit(msg)
+        elif isinstance(msg, p.Score):
+            lps = [p.TokenLogprob(logprob=-1.0, top=[]) for _ in msg.tokens[1:]]
+            await _send(p.Scored(id=msg.id, logprobs=lps))
         elif isinstance(msg, p.Cancel):
             engine.cancelled.add(msg.id)
         elif isinstance(msg, p.StatsRequest):

@@ -55,7 +55,18 @@ async def test_absent_max_tokens_means_the_rest_of_the_context(llmd_home: Path) 
 async def test_sampling_parameters_and_stop_tokens_reach_the_worker(llmd_home: Path) -> None:
     async with api(llmd_home) as client:
         status, _ = await complete(
-            client, prompt="x", temperature=0.7, top_p=0.9, top_k=40, min_p=0.05, seed=1234
+            client,
+            prompt="x",
+            temperature=0.7,
+            top_p=0.9,
+            top_k=40,
+            min_p=0.05,
+            seed=1234,
+            frequency_penalty=0.5,
+            presence_penalty=-0.25,
+            repetition_penalty=1.1,
+            logit_bias={"42": -100},
+            logprobs=3,
         )
         assert status == 200
         [gen] = sent_to_worker(client, "generate")
@@ -65,6 +76,11 @@ async def test_sampling_parameters_and_stop_tokens_reach_the_worker(llmd_home: P
         "top_p": 0.9,
         "min_p": 0.05,
         "seed": 1234,
+        "frequency_penalty": 0.5,
+        "presence_penalty": -0.25,
+        "repetition_penalty": 1.1,
+        "logit_bias": {"42": -100.0},
+        "top_logprobs": 3,
     }
     # SmolLM2: eos <|im_end|> (2) plus <|endoftext|> (0), as llama.cpp's end-of-generation set.
     assert gen["stop_tokens"] == [2, 0]
@@ -229,9 +245,10 @@ async def test_worker_that_cannot_load_is_503_with_its_reason(llmd_home: Path) -
         ({"prompt": "x", "temperature": 3}, "temperature", None),
         ({"prompt": "x", "top_p": 0}, "top_p", None),
         ({"prompt": "x", "max_tokens": 0}, "max_tokens", None),
-        ({"prompt": "x", "logprobs": 2}, "logprobs", "unsupported_parameter"),
-        ({"prompt": "x", "echo": True}, "echo", "unsupported_parameter"),
-        ({"prompt": "x", "frequency_penalty": 0.5}, "frequency_penalty", "unsupported_parameter"),
+        ({"prompt": "x", "logprobs": 21}, "logprobs", None),
+        ({"prompt": "x", "max_tokens": 0, "echo": False}, "max_tokens", None),
+        ({"prompt": "x", "frequency_penalty": 2.5}, "frequency_penalty", None),
+        ({"prompt": "x", "logit_bias": {"99999": 1}}, "logit_bias", None),
         ({"prompt": "x", "wat": 1}, "wat", "unknown_parameter"),
         ({"prompt": ["a", "b"]}, "prompt", None),
         ({"prompt": "x", "stream_options": {"include_usage": True}}, "stream_options", None),

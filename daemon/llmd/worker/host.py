@@ -22,6 +22,7 @@ from pydantic import ValidationError
 from .. import protocol as p
 from ..limits import available_host_memory, kv_budget_share
 from .blas import loaded_blas
+from .grammar import GrammarFactory
 
 
 def _rss_bytes() -> int:
@@ -72,7 +73,32 @@ class Writer:
             self._stream.flush()
 
 
-def _read_commands(engine: Any, writer: Writer, stop: threading.Event) -> None:
+def _logprobs(raw: list[dict[str, Any]] | None) -> list[p.TokenLogprob] | None:
+    if raw is None:
+        return None
+    return [p.TokenLogprob(logprob=x["logprob"], top=x["top"]) for x in raw]
+
+
+def _score(engine: Any, msg: p.Score, writer: Writer) -> None:
+    """Teacher-forced logprobs of the prompt's own tokens (the engine's synchronous scorer)."""
+    import numpy as np
+
+    logits = engine.score(msg.tokens, 1)  # rows predict tokens[1:] (and one more)
+    out = []
+    for i, token in enumerate(msg.tokens[1:]):
+        row = logits[i].astype(np.float64)
+        log_z = float(np.logaddexp.reduce(row))
+        top = []
+        if msg.top_logprobs > 0:
+            ids = np.argsort(-row, kind="stable")[: msg.top_logprobs]
+            top = [(int(t), float(row[t] - log_z)) for t in ids]
+        out.append(p.TokenLogprob(logprob=float(row[token] - log_z), top=top))
+    writer.send(p.Scored(id=msg.id, logprobs=out))
+
+
+def _read_commands(
+    engine: Any, writer: Writer, stop: threading.Event, grammars: GrammarFactory
+) -> None:
     for raw in sys.stdin.buffer:
         line = raw.strip()
         if not line:
@@ -85,6 +111,13 @@ def _read_commands(engine: Any, writer: Writer, stop: threading.Event) -> None:
         if isinstance(msg, p.Generate):
             s = msg.sampling
             seed = s.seed if s.seed is not None else random.getrandbits(63)
+            constraint = None
+            if msg.grammar is not None:
+                try:
+                    constraint = grammars.constraint(msg.grammar)
+                except ValueError as exc:
+                    writer.send(p.Error(id=msg.id, code="invalid_request", message=str(exc)))
+                    continue
             engine.submit(
                 msg.id,
                 msg.prompt,
@@ -96,7 +129,18 @@ def _read_commands(engine: Any, writer: Writer, stop: threading.Event) -> None:
                 seed=seed & 0xFFFFFFFFFFFFFFFF,
                 stop_tokens=msg.stop_tokens,
                 session=msg.session,
+                frequency_penalty=s.frequency_penalty,
+                presence_penalty=s.presence_penalty,
+                repetition_penalty=s.repetition_penalty,
+                logit_bias=list(s.logit_bias.items()),
+                top_logprobs=s.top_logprobs,
+                constraint=constraint,
             )
+        elif isinstance(msg, p.Score):
+            try:
+                _score(engine, msg, writer)
+            except Exception as exc:  # noqa: BLE001 - a failed score fails that request only
+                writer.send(p.Error(id=msg.id, code="internal", message=f"scoring failed: {exc}"))
         elif isinstance(msg, p.Cancel):
             engine.cancel(msg.id)
         elif isinstance(msg, p.Unpin):
@@ -226,13 +270,20 @@ def main(argv: list[str] | None = None) -> int:
     )
 
     stop = threading.Event()
-    reader = threading.Thread(target=_read_commands, args=(engine, writer, stop), daemon=True)
+    grammars = GrammarFactory(args.model, info["vocab_size"])
+    reader = threading.Thread(
+        target=_read_commands, args=(engine, writer, stop, grammars), daemon=True
+    )
     reader.start()
     while not stop.is_set():
         for ev in engine.poll(50):
             kind = ev["type"]
             if kind == "tokens":
-                writer.send(p.Tokens(id=ev["id"], tokens=ev["tokens"]))
+                writer.send(
+                    p.Tokens(
+                        id=ev["id"], tokens=ev["tokens"], logprobs=_logprobs(ev.get("logprobs"))
+                    )
+                )
             elif kind == "done":
                 writer.send(
                     p.Done(
@@ -246,4 +297,5 @@ def main(argv: list[str] | None = None) -> int:
                 )
             else:
                 writer.send(p.Error(id=ev["id"], code=ev["code"], message=ev["message"]))
+    engine.shutdown()  # with the GIL released: a constraint callback may be waiting for it
     return 0
