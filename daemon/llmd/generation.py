@@ -86,6 +86,7 @@ async def generate_text(
     stops: list[str],
     session: str = "",
     grammar: str | None = None,
+    show_tokens: frozenset[int] = frozenset(),
 ) -> AsyncIterator[Accepted | Delta | Finished]:
     """Yields ACCEPTED once the worker has the request (a 429 or other ApiError comes before
     it), then text deltas (never half a character, never a stop string or what follows it),
@@ -96,7 +97,8 @@ async def generate_text(
     death is reported (the request itself may be what kills it)."""
     # Control tokens (end of turn, ...) are markup, not answer text (llama-server and vLLM
     # leave them out of the output by default too).
-    hidden = model.text.special_ids | set(model.text.stop_token_ids)
+    # `show_tokens`: control tokens that are markup the API parses (tool-call markers).
+    hidden = (model.text.special_ids | set(model.text.stop_token_ids)) - show_tokens
     detok = IncrementalDetokenizer(model.text.tokenizer, skip_ids=hidden)
     matcher = StopMatcher(stops)
     produced = 0

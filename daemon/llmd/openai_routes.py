@@ -23,15 +23,29 @@ from aiohttp import web
 
 from . import __version__
 from . import protocol as p
+from .chat_output import ChatOutputPlan
 from .chat_template import render_chat
 from .errors import ApiError, bad_request, server_error
 from .generation import Delta, Finished, generate_text, token_budget
 from .http_common import REGISTRY, SESSION_ID, SESSIONS, json_body
 from .logprobs import TokenTexts
 from .openai_schemas import ChatCompletionRequest, CompletionRequest, SamplingFields, parse_request
+from .reasoning import ReasoningSupport, prompt_opens_reasoning, reasoning_support
 from .sessions import Session, SessionTable
 from .structured import response_format_grammar
 from .supervisor import ModelSupervisor
+from .tools import (
+    ToolPlan,
+    ToolSpecError,
+    fallback_messages,
+    function_specs,
+    grammar_error,
+    marker_token_ids,
+    plan_tools,
+    resolve_tool_choice,
+    template_messages,
+    tool_call_grammar,
+)
 from .worker_client import ACCEPTED, Accepted, WorkerError
 
 log = logging.getLogger("llmd.api")
@@ -149,10 +163,13 @@ def _choice_maker(
     prompt: list[int],
     max_tokens: int,
     top_logprobs: int,
+    grammar: str | None = None,
+    show_tokens: frozenset[int] = frozenset(),
 ) -> MakeChoice:
     """Choice i's generation; choice 0 runs in the request's named session (`session_id` or
-    an `X-Session-Id` header), whose KV then stays pinned in the worker."""
-    grammar = response_format_grammar(req.response_format)
+    an `X-Session-Id` header), whose KV then stays pinned in the worker. `grammar`: a forced
+    tool call's (else the response_format's, if any)."""
+    grammar = grammar or response_format_grammar(req.response_format)
     sid = req.session_id or request.headers.get("X-Session-Id") or ""
     if sid and not SESSION_ID.match(sid):
         raise bad_request("X-Session-Id must be 1-128 letters, digits or ._:@-", param="session_id")
@@ -168,6 +185,7 @@ def _choice_maker(
             stops=req.stop_list(),
             session=sid if index == 0 else "",
             grammar=grammar,
+            show_tokens=show_tokens,
         )
         if index == 0 and session is not None:
             return _in_session(pieces, table, session)
@@ -288,6 +306,84 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         return await _chat(request, req, model)
 
 
+def _model_plans(model: ModelSupervisor) -> tuple[ToolPlan, ReasoningSupport]:
+    """How this model speaks tools and whether it thinks: read from its template once."""
+    cached = getattr(model.text, "_chat_plans", None)
+    if cached is None:
+        template = model.text.chat_template
+        cached = (plan_tools(template, None), reasoning_support(template, None))
+        model.text._chat_plans = cached  # type: ignore[attr-defined]
+    return cached
+
+
+@dataclass
+class ChatPrompt:
+    ids: list[int]
+    output: ChatOutputPlan
+    grammar: str | None
+    show_tokens: frozenset[int]
+
+
+def _chat_prompt(req: ChatCompletionRequest, model: ModelSupervisor) -> ChatPrompt:
+    """Render the conversation (with tools, natively or through llmd's fallback prompt),
+    and decide how the answer is parsed and what, if anything, constrains it."""
+    text = model.text
+    template = text.chat_template
+    assert template is not None
+    plan, thinking = _model_plans(model)
+    messages = [m.for_template() for m in req.messages]
+    try:
+        specs = function_specs(req.tools)
+        choice = resolve_tool_choice(req.tool_choice, specs)
+    except ToolSpecError as exc:
+        raise bad_request(str(exc), param=exc.param) from exc
+    offer_tools = bool(specs) and choice.mode != "none"
+    has_tool_turns = any(m.get("tool_calls") or m["role"] == "tool" for m in messages)
+    extra: dict[str, Any] = {}
+    if (offer_tools or has_tool_turns) and plan.template_renders_tools:
+        messages = template_messages(messages)
+        if offer_tools:
+            extra["tools"] = req.tools
+    elif offer_tools or has_tool_turns:
+        messages = fallback_messages(messages, req.tools if offer_tools else None, plan.family)
+    rendered = render_chat(
+        template, messages, bos_token=text.bos_token, eos_token=text.eos_token, **extra
+    )
+    ids = text.encode_rendered_chat(rendered)
+    starts_in = thinking.is_reasoning_model and prompt_opens_reasoning(rendered)
+    parallel = req.parallel_tool_calls is not False
+    grammar = None
+    if offer_tools and choice.forces_call:
+        if req.response_format is not None and req.response_format.type != "text":
+            raise bad_request(
+                "a forced tool call and response_format cannot both constrain the answer",
+                param="tool_choice",
+            )
+        special = marker_token_ids(plan.parser, text.tokenizer.token_to_id, text.special_ids)
+        reasoning = ("open" if starts_in else "optional") if thinking.is_reasoning_model else None
+        grammar = tool_call_grammar(
+            specs, choice, plan.parser, parallel, special_tokens=special, reasoning=reasoning
+        )
+        if grammar is not None and (error := grammar_error(grammar)):
+            raise bad_request(f"the tools cannot be enforced: {error}", param="tools")
+    show: set[int] = set()
+    if offer_tools:
+        for marker in plan.parser.visible_tokens:
+            token = text.tokenizer.token_to_id(marker)
+            if token is not None:
+                show.add(token)
+    names = tuple(s.name for s in specs) if choice.function is None else (choice.function,)
+    output = ChatOutputPlan(
+        split_reasoning=thinking.is_reasoning_model,
+        starts_in_reasoning=starts_in,
+        keep_inline=req.reasoning_format == "none",
+        tools=plan.parser if offer_tools else None,
+        function_names=names,
+        parallel=parallel,
+    )
+    return ChatPrompt(ids, output, grammar, frozenset(show))
+
+
 async def _chat(
     request: web.Request, req: ChatCompletionRequest, model: ModelSupervisor
 ) -> web.StreamResponse:
@@ -296,17 +392,9 @@ async def _chat(
             f"model '{req.model}' has no chat template; use /v1/completions", param="model"
         )
     _check_logit_bias(req, model)
-    messages = [m.for_template() for m in req.messages]
-    template = model.text.chat_template
-
-    def build_prompt() -> list[int]:
-        rendered = render_chat(
-            template, messages, bos_token=model.text.bos_token, eos_token=model.text.eos_token
-        )
-        return model.text.encode_rendered_chat(rendered)
-
     # Off the event loop: a long prompt must not stall other clients' streams.
-    prompt = await asyncio.to_thread(build_prompt)
+    chat = await asyncio.to_thread(_chat_prompt, req, model)
+    prompt = chat.ids
     requested, limit_param = req.token_limit()
     max_tokens = token_budget(
         len(prompt),
@@ -316,7 +404,9 @@ async def _chat(
         prompt_param="messages",
     )
     top_logprobs = req.engine_logprobs()
-    make = _choice_maker(request, req, model, prompt, max_tokens, top_logprobs)
+    make = _choice_maker(
+        request, req, model, prompt, max_tokens, top_logprobs, chat.grammar, chat.show_tokens
+    )
     pieces = run_choices(make, req.n)
     cid = f"chatcmpl-{uuid.uuid4().hex}"
     created = int(time.time())
@@ -334,6 +424,7 @@ async def _chat(
 
     if req.stream:
         include_usage = req.include_usage()
+        streams = [chat.output.stream() for _ in range(req.n)]
 
         def chunk(index: int, delta: dict[str, Any], **fields: Any) -> dict[str, Any]:
             choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": None}
@@ -346,11 +437,13 @@ async def _chat(
             if piece is None:
                 return [chunk(index, {"role": "assistant", "content": ""})]
             if isinstance(piece, Finished):
-                return [chunk(index, {}, finish_reason=piece.finish_reason)]
+                deltas, reason = streams[index].finish(piece.finish_reason)
+                return [chunk(index, d) for d in deltas] + [chunk(index, {}, finish_reason=reason)]
+            deltas = streams[index].feed(piece.text)
             lp = logprobs_of(piece.tokens, piece.logprobs)
-            if not piece.text and lp is None:
-                return []
-            return [chunk(index, {"content": piece.text}, logprobs=lp)]
+            if lp is not None and not deltas:
+                deltas = [{"content": ""}]
+            return [chunk(index, d, logprobs=lp if i == 0 else None) for i, d in enumerate(deltas)]
 
         def usage_chunk(finished: list[Finished]) -> dict[str, Any]:
             return {**base, "choices": [], "usage": _usage(finished)}
@@ -359,19 +452,24 @@ async def _chat(
 
     collected = await _collect(pieces, req.n)
     finished = [c.finished for c in collected if c.finished is not None]
+    choices = []
+    for i, c in enumerate(collected):
+        message, reason = chat.output.whole(
+            "".join(c.text), c.finished.finish_reason if c.finished else "stop"
+        )
+        choices.append(
+            {
+                "index": i,
+                "message": message,
+                "logprobs": logprobs_of(c.tokens, c.logprobs),
+                "finish_reason": reason,
+            }
+        )
     return web.json_response(
         {
             **_envelope("chat.completion", cid, created, req.model),
             "system_fingerprint": f"llmd-{__version__}",
-            "choices": [
-                {
-                    "index": i,
-                    "message": {"role": "assistant", "content": "".join(c.text), "refusal": None},
-                    "logprobs": logprobs_of(c.tokens, c.logprobs),
-                    "finish_reason": c.finished.finish_reason if c.finished else None,
-                }
-                for i, c in enumerate(collected)
-            ],
+            "choices": choices,
             "usage": _usage(finished),
         }
     )

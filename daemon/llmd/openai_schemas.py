@@ -37,12 +37,34 @@ class TextPart(_Strict):
     text: str
 
 
+class FunctionCall(_Strict):
+    name: str
+    arguments: str
+
+
+class ToolCallEntry(_Strict):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(_Strict):
-    role: Literal["system", "developer", "user", "assistant"]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
     name: str | None = None
     # Echoed back by clients that resend an assistant message as they received it.
     refusal: None = None
+    reasoning_content: str | None = None  # dropped: templates strip earlier thinking anyway
+    tool_calls: list[ToolCallEntry] | None = None  # an assistant turn that called tools
+    tool_call_id: str | None = None  # a tool turn: which call it answers
+
+    @model_validator(mode="after")
+    def _tool_turns(self) -> ChatMessage:
+        if self.role == "tool" and not self.tool_call_id:
+            raise ValueError("a tool message needs the tool_call_id of the call it answers")
+        if self.tool_calls and self.role != "assistant":
+            raise ValueError("only assistant messages carry tool_calls")
+        return self
 
     def text(self) -> str:
         """Text parts are joined; null content is empty (DESIGN §6)."""
@@ -61,6 +83,12 @@ class ChatMessage(_Strict):
         }
         if self.name is not None:
             out["name"] = self.name
+        if self.tool_calls:
+            out["tool_calls"] = [c.model_dump() for c in self.tool_calls]
+            if self.content is None:
+                out["content"] = None
+        if self.tool_call_id is not None:
+            out["tool_call_id"] = self.tool_call_id
         return out
 
 
@@ -157,6 +185,12 @@ class ChatCompletionRequest(SamplingFields):
     max_completion_tokens: int | None = Field(default=None, ge=1)
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    # llama-server's switch: "none" keeps <think>...</think> inline in the content; "auto"
+    # and "deepseek" put it in `reasoning_content` (the default for reasoning models).
+    reasoning_format: Literal["auto", "deepseek", "none"] = "auto"
 
     @model_validator(mode="after")
     def _top_logprobs_need_logprobs(self) -> ChatCompletionRequest:
@@ -224,8 +258,6 @@ _HARMLESS: dict[str, Callable[[Any], bool]] = {
     "metadata": lambda v: True,
     "store": lambda v: v in (False, None),
     "service_tier": lambda v: True,
-    "tools": lambda v: not v,
-    "tool_choice": lambda v: v in ("none", None),
     "best_of": lambda v: v in (1, None),
     "suffix": lambda v: v in ("", None),
 }
@@ -242,8 +274,8 @@ _NOT_YET = {
     "prompt_cache_key",
     "safety_identifier",
 }
-# Message fields that only make sense with tool calling, which is not implemented yet.
-_MESSAGE_TOOL_FIELDS = ("tool_calls", "tool_call_id", "function_call")
+# The legacy (pre-tools) function-calling field of messages.
+_MESSAGE_LEGACY_FIELDS = ("function_call",)
 
 
 def _screen_unknown(body: dict[str, Any], model: type[BaseModel]) -> dict[str, Any]:
@@ -254,11 +286,9 @@ def _screen_unknown(body: dict[str, Any], model: type[BaseModel]) -> dict[str, A
     for key, value in body.items():
         if key in fields:
             kept[key] = value
-        elif key == "parallel_tool_calls" and not body.get("tools"):
-            continue
         elif key in _HARMLESS and _HARMLESS[key](value):
             continue
-        elif key in _NOT_YET or key in _HARMLESS or key == "parallel_tool_calls":
+        elif key in _NOT_YET or key in _HARMLESS:
             unsupported.append(key)
         else:
             unknown.append(key)
@@ -285,20 +315,16 @@ def _screen_messages(messages: Any) -> None:
     for i, msg in enumerate(messages):
         if not isinstance(msg, dict):
             continue
-        if msg.get("role") == "tool":
-            raise bad_request(
-                "tool messages are not supported yet (tool calling lands later)",
-                param=f"messages.[{i}].role",
-                code="unsupported_parameter",
-            )
-        for key in _MESSAGE_TOOL_FIELDS:
+        for key in _MESSAGE_LEGACY_FIELDS:
             if msg.get(key):
                 raise bad_request(
-                    f"{key} in messages is not supported yet (tool calling lands later)",
+                    f"{key} in messages is the legacy function-calling API; use tool_calls",
                     param=f"messages.[{i}].{key}",
                     code="unsupported_parameter",
                 )
             msg.pop(key, None)  # null/empty: harmless
+        if msg.get("tool_calls") in ([], None):
+            msg.pop("tool_calls", None)
         content = msg.get("content")
         if isinstance(content, list):
             for j, part in enumerate(content):

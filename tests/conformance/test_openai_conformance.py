@@ -186,3 +186,32 @@ def test_bad_requests_raise_the_clients_errors_with_the_envelope(
     assert envelope["param"] == param and envelope["message"]
     assert isinstance(err, openai.NotFoundError if status == 404 else openai.BadRequestError)
     json.dumps(envelope)
+
+
+def test_tool_call_shape(client: OpenAI) -> None:
+    tool = {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Get the weather for a city",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}},
+                "required": ["city"],
+            },
+        },
+    }
+    out = client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "What is the weather in Paris?"}],
+        tools=[tool],
+        tool_choice="required",
+        parallel_tool_calls=False,
+        temperature=0,
+        max_tokens=60,
+    )
+    choice = out.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    [call] = choice.message.tool_calls
+    assert call.type == "function" and call.id and call.function.name == "get_weather"
+    assert isinstance(json.loads(call.function.arguments), dict)

@@ -46,8 +46,6 @@ def test_harmless_parameters_are_accepted(extra: dict[str, Any]) -> None:
 @pytest.mark.parametrize(
     "extra,param",
     [
-        ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
-        ({"tool_choice": "required"}, "tool_choice"),
         ({"reasoning_effort": "low"}, "reasoning_effort"),
     ],
 )
@@ -104,12 +102,20 @@ def test_conflicting_token_limits_are_refused_equal_ones_accepted() -> None:
     assert chat(max_tokens=7).token_limit() == (7, "max_tokens")
 
 
-def test_tool_turns_and_images_are_not_supported_yet() -> None:
-    err = rejected(messages=[{"role": "tool", "content": "42", "tool_call_id": "c1"}])
-    assert err.param == "messages.[0].role" and err.code == "unsupported_parameter"
+def test_tool_turns_are_accepted_and_images_are_not_supported_yet() -> None:
     call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
-    err = rejected(messages=[{"role": "assistant", "content": None, "tool_calls": [call]}])
-    assert err.param == "messages.[0].tool_calls"
+    req = chat(
+        messages=[
+            {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "content": "42", "tool_call_id": "c1"},
+        ]
+    )
+    turns = [m.for_template() for m in req.messages]
+    assert turns[1]["tool_calls"][0]["function"]["name"] == "f" and turns[1]["content"] is None
+    assert turns[2] == {"role": "tool", "content": "42", "tool_call_id": "c1"}
+    err = rejected(messages=[{"role": "tool", "content": "42"}])
+    assert err.param == "messages.[0]"
     image = {"type": "image_url", "image_url": {"url": "data:,"}}
     err = rejected(messages=[{"role": "user", "content": [image]}])
     assert err.param == "messages.[0].content.[0].type" and "image_url" in err.message

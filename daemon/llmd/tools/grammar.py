@@ -1,0 +1,274 @@
+"""Grammars that make ``tool_choice`` ``required`` (or a named function) a guarantee.
+
+The worker enforces a grammar with llguidance as a token mask at every step; this module
+writes that grammar in llguidance's Lark dialect, in the model's own markup (out-of-
+distribution markup makes small models ramble, see llguidance's docs/toolcalls.md), with
+each call's arguments held to the function's JSON schema by an inline ``%json { ... }``.
+
+Arguments may only be the properties a function declares, unless its schema allows more
+(see :func:`_closed`). JSON is forced into the spacing templates render it with
+(``json.dumps`` defaults, ``{"name": "f", "arguments": {"a": 1}}``): what models saw in
+training, and no room to loop on whitespace. Markers that are control tokens in the model's
+vocabulary (``[TOOL_CALLS]``) must be written as tokens: pass their ids in `special_tokens`
+(:func:`marker_token_ids`).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Callable, Collection, Mapping, Sequence
+from typing import Any, Literal, cast
+
+from .select import ToolParserFactory
+from .specs import FunctionSpec, ToolChoice, function_specs, resolve_tool_choice
+
+ReasoningPrefix = Literal["optional", "open"] | None
+
+_JSON_STYLE = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+_MARKERS = {
+    "hermes": ("<tool_call>", "</tool_call>"),
+    "mistral": ("[TOOL_CALLS]",),
+    "mistral_v11": ("[TOOL_CALLS]", "[ARGS]"),
+    "llama3": (),
+    "gemma": (),
+}
+
+
+def marker_token_ids(
+    family: str | ToolParserFactory,
+    token_to_id: Callable[[str], int | None],
+    special_ids: Collection[int],
+) -> dict[str, int]:
+    """The family's markers that are special (control) tokens in this vocabulary, with their
+    ids: those must be forced as tokens, since a special token never matches text."""
+    fam = family.family if isinstance(family, ToolParserFactory) else family
+    ids = {m: token_to_id(m) for m in (*_MARKERS[fam], "<think>", "</think>")}
+    return {m: i for m, i in ids.items() if i is not None and i in special_ids}
+
+
+def _rebase_refs(schema: Any, pointer: str) -> Any:
+    """Local ``$ref``s (``#/$defs/X``) of a schema embedded at `pointer` in a larger one."""
+    if isinstance(schema, dict):
+        out = {}
+        for key, value in schema.items():
+            if key == "$ref" and isinstance(value, str) and value.startswith("#"):
+                out[key] = pointer + value[1:]
+            else:
+                out[key] = _rebase_refs(value, pointer)
+        return out
+    if isinstance(schema, list):
+        return [_rebase_refs(item, pointer) for item in schema]
+    return schema
+
+
+_OPEN_KEYS = ("additionalProperties", "patternProperties", "unevaluatedProperties")
+
+
+def _closed(schema: Any) -> Any:
+    """Objects that declare ``properties`` and say nothing about others accept only those
+    (as OpenAI's strict mode does): a forced call cannot invent arguments the function does
+    not take. Members of ``allOf`` are left open, since closing them would make their
+    intersection unsatisfiable."""
+    if not isinstance(schema, dict):
+        return schema
+    out = dict(schema)
+    if isinstance(out.get("properties"), dict):
+        out["properties"] = {k: _closed(v) for k, v in out["properties"].items()}
+        if not any(key in out for key in _OPEN_KEYS):
+            out["additionalProperties"] = False
+    for key in ("items", "additionalProperties", "contains", "not", "if", "then", "else"):
+        if isinstance(out.get(key), dict):
+            out[key] = _closed(out[key])
+    for key in ("anyOf", "oneOf", "prefixItems"):
+        if isinstance(out.get(key), list):
+            out[key] = [_closed(item) for item in out[key]]
+    for key in ("$defs", "definitions", "patternProperties"):
+        if isinstance(out.get(key), dict):
+            out[key] = {k: _closed(v) for k, v in out[key].items()}
+    return out
+
+
+def _call_schema(spec: FunctionSpec, args_key: str, pointer: str = "#") -> dict[str, Any]:
+    """``{"name": <const>, args_key: <parameters>}``, keys in that order."""
+    return {
+        "type": "object",
+        "properties": {
+            "name": {"const": spec.name},
+            args_key: _rebase_refs(_closed(spec.parameters), f"{pointer}/properties/{args_key}"),
+        },
+        "required": ["name", args_key],
+        "additionalProperties": False,
+    }
+
+
+def _json(schema: dict[str, Any]) -> str:
+    return "%json " + json.dumps({**schema, "x-guidance": _JSON_STYLE}, ensure_ascii=False)
+
+
+class _Lark:
+    """Rules of one grammar; literals become tokens where the vocabulary has them special."""
+
+    def __init__(self, special_tokens: Mapping[str, int]) -> None:
+        self.rules: list[str] = []
+        self.special = special_tokens
+
+    def lit(self, text: str) -> str:
+        if text in self.special:
+            return f"<[{self.special[text]}]>"
+        return json.dumps(text, ensure_ascii=False)
+
+    def rule(self, name: str, body: str, options: str = "") -> str:
+        self.rules.append(f"{name}{options}: {body}")
+        return name
+
+
+def _hermes(g: _Lark, specs: Sequence[FunctionSpec], parallel: bool) -> str:
+    alts = [g.rule(f"call{i}", _json(_call_schema(s, "arguments"))) for i, s in enumerate(specs)]
+    body = g.rule("call_json", " | ".join(alts))
+    one = g.rule("call", f'{g.lit("<tool_call>")} "\\n" {body} "\\n" {g.lit("</tool_call>")}')
+    return f'{one} ("\\n" {one})*' if parallel else one
+
+
+def _llama3(g: _Lark, specs: Sequence[FunctionSpec], parallel: bool) -> str:
+    alts = [g.rule(f"call{i}", _json(_call_schema(s, "parameters"))) for i, s in enumerate(specs)]
+    one = g.rule("call", " | ".join(alts))
+    return f'{one} ("; " {one})*' if parallel else one
+
+
+def _mistral(g: _Lark, specs: Sequence[FunctionSpec], parallel: bool) -> str:
+    items = [_call_schema(s, "arguments", f"#/items/anyOf/{i}") for i, s in enumerate(specs)]
+    array: dict[str, Any] = {"type": "array", "items": {"anyOf": items}, "minItems": 1}
+    if not parallel:
+        array["maxItems"] = 1
+    return f"{g.lit('[TOOL_CALLS]')} {g.rule('calls', _json(array))}"
+
+
+def _mistral_v11(g: _Lark, specs: Sequence[FunctionSpec], parallel: bool) -> str:
+    alts = [
+        g.rule(
+            f"call{i}",
+            f"{g.lit('[TOOL_CALLS]')} {g.lit(s.name)} {g.lit('[ARGS]')} "
+            + _json(_closed(s.parameters)),
+        )
+        for i, s in enumerate(specs)
+    ]
+    one = g.rule("call", " | ".join(alts))
+    return f"{one}+" if parallel else one
+
+
+def _value_schema(prop: Any, parameters: dict[str, Any]) -> dict[str, Any]:
+    """A property's schema as a root of its own, keeping the definitions its refs point to."""
+    schema = copy.deepcopy(prop) if isinstance(prop, dict) else {}
+    for defs in ("$defs", "definitions"):
+        if defs in parameters:
+            schema.setdefault(defs, parameters[defs])
+    return _closed(schema)
+
+
+def _gemma_call(g: _Lark, i: int, spec: FunctionSpec) -> str:
+    """``name(a=<json>, b=<json>)``: properties in schema order, required ones mandatory."""
+    props = spec.parameters.get("properties") or {}
+    required = set(spec.parameters.get("required") or [])
+    names = list(props)
+    items = [
+        g.rule(
+            f"g{i}_arg{k}",
+            f"{g.lit(name + '=')} {_json(_value_schema(props[name], spec.parameters))}",
+        )
+        for k, name in enumerate(names)
+    ]
+    # tail(k): the arguments from k on, after one was written; head(k): before any was.
+    tail: list[str] = [""] * (len(names) + 1)
+    head: list[str] = [""] * (len(names) + 1)
+    for k in range(len(names) - 1, -1, -1):
+        rest = f" {tail[k + 1]}" if tail[k + 1] else ""
+        if names[k] in required:
+            tail[k] = g.rule(f"g{i}_t{k}", f'", " {items[k]}{rest}')
+            head[k] = g.rule(f"g{i}_h{k}", f"{items[k]}{rest}")
+        else:
+            tail[k] = g.rule(f"g{i}_t{k}", f'(", " {items[k]})?{rest}')
+            first = f"{items[k]}{rest}"
+            head[k] = g.rule(
+                f"g{i}_h{k}", f"{first} | {head[k + 1]}" if head[k + 1] else f"({first})?"
+            )
+    args = f" {head[0]}" if head and head[0] else ""
+    return g.rule(f"call{i}", f'{g.lit(spec.name + "(")}{args} ")"')
+
+
+def _gemma(g: _Lark, specs: Sequence[FunctionSpec], parallel: bool) -> str:
+    one = g.rule("call", " | ".join(_gemma_call(g, i, s) for i, s in enumerate(specs)))
+    calls = f'{one} ("\\n" {one})*' if parallel else one
+    return f'"```tool_code\\n" {calls} "\\n```"'
+
+
+def _think_rest(g: _Lark) -> str:
+    """Reasoning text up to and including the first ``</think>`` (lazy: it cannot run past
+    it). A special-token ``</think>`` ends the text as a token instead."""
+    if "</think>" in g.special:
+        return g.rule("think_text", f"/(.|\\n)*/ {g.lit('</think>')}")
+    return g.rule("think_text", r"/(.|\n)*<\/think>/", "[lazy]")
+
+
+_FAMILIES = {
+    "hermes": _hermes,
+    "llama3": _llama3,
+    "mistral": _mistral,
+    "mistral_v11": _mistral_v11,
+    "gemma": _gemma,
+}
+
+
+def _as_specs(tools: Sequence[dict[str, Any]] | Sequence[FunctionSpec]) -> list[FunctionSpec]:
+    if all(isinstance(t, FunctionSpec) for t in tools):
+        return list(cast(Sequence[FunctionSpec], tools))
+    return function_specs(cast(Sequence[dict[str, Any]], tools))
+
+
+def tool_call_grammar(
+    tools: Sequence[dict[str, Any]] | Sequence[FunctionSpec],
+    choice: Any,
+    family: str | ToolParserFactory,
+    parallel: bool = True,
+    *,
+    special_tokens: Mapping[str, int] | None = None,
+    reasoning: ReasoningPrefix = None,
+) -> str | None:
+    """The llguidance Lark grammar for `choice`, or None when nothing is forced (``auto``,
+    ``none``).
+
+    ``required``: one call (or, with `parallel`, one or more) to any of `tools`; a named
+    function: exactly one call to it. Nothing but the calls may be written; after them only
+    the end of the turn. `reasoning`: ``optional`` lets a thinking model write its
+    ``<think>...</think>`` block first; ``open`` is for a prompt that already opened it (the
+    output must close it first). Raises :class:`~.specs.ToolSpecError` for an unusable
+    `tools`/`choice`; a schema llguidance cannot compile shows in :func:`grammar_error`."""
+    specs = _as_specs(tools)
+    resolved = choice if isinstance(choice, ToolChoice) else resolve_tool_choice(choice, specs)
+    if not resolved.forces_call:
+        return None
+    if resolved.function is not None:
+        specs = [s for s in specs if s.name == resolved.function]
+        parallel = False
+    fam = family.family if isinstance(family, ToolParserFactory) else family
+    g = _Lark(special_tokens or {})
+    calls = _FAMILIES[fam](g, specs, parallel)
+    if reasoning is not None:
+        think = _think_rest(g)
+        if reasoning == "optional":
+            start = f"({g.lit('<think>')} {think} /[ \\n]*/)? {calls}"
+        else:
+            start = f"{think} /[ \\n]*/ {calls}"
+    else:
+        start = calls
+    return "\n".join(["%llguidance {}", f"start: {start}", *g.rules]) + "\n"
+
+
+def grammar_error(grammar: str, tokenizer: Any = None) -> str | None:
+    """Why llguidance would refuse `grammar` (e.g. a tool schema using an unsupported
+    keyword), or None: lets the daemon answer 400 before the request reaches a worker.
+    `tokenizer`: an ``llguidance.LLTokenizer``, needed to check special-token references."""
+    from llguidance import LLMatcher
+
+    message = LLMatcher.validate_grammar(LLMatcher.grammar_from_lark(grammar), tokenizer)
+    return message or None

@@ -1,0 +1,157 @@
+"""Tool calling and reasoning output through the real server, worker and model. SmolLM2's
+template ignores `tools`, so llmd prompts them itself (Hermes markup) and parses the answer;
+`required` and a named function are enforced by a grammar in the worker, so even a 135M
+model produces a valid call."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from openai import OpenAI
+
+pytest.importorskip("llmd._engine", reason="the native engine (llmd._engine) is not built")
+
+MODEL = "smollm2-135m"
+TOOLS: list[dict[str, Any]] = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Get the weather for a city",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}},
+                "required": ["city"],
+            },
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "get_time",
+            "description": "Get the time in a timezone",
+            "parameters": {
+                "type": "object",
+                "properties": {"timezone": {"type": "string"}},
+                "required": ["timezone"],
+            },
+        },
+    },
+]
+QUESTION = [{"role": "user", "content": "What is the weather in Paris?"}]
+
+
+@pytest.fixture(scope="module")
+def client(server) -> OpenAI:  # type: ignore[no-untyped-def]
+    return OpenAI(base_url=server.base_url + "/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+def test_required_tool_choice_always_yields_a_valid_call(client: OpenAI) -> None:
+    out = client.chat.completions.create(
+        model=MODEL,
+        messages=QUESTION,
+        tools=TOOLS,
+        tool_choice="required",
+        parallel_tool_calls=False,
+        temperature=0,
+        max_tokens=80,
+    )
+    choice = out.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    [call] = choice.message.tool_calls
+    assert call.type == "function" and call.id.startswith("call_")
+    assert call.function.name in ("get_weather", "get_time")
+    args = json.loads(call.function.arguments)
+    assert set(args) == ({"city"} if call.function.name == "get_weather" else {"timezone"})
+    assert not choice.message.content
+
+
+def test_a_named_function_is_the_one_called(client: OpenAI) -> None:
+    out = client.chat.completions.create(
+        model=MODEL,
+        messages=QUESTION,
+        tools=TOOLS,
+        tool_choice={"type": "function", "function": {"name": "get_time"}},
+        temperature=0,
+        max_tokens=80,
+    )
+    [call] = out.choices[0].message.tool_calls
+    assert call.function.name == "get_time"
+    assert set(json.loads(call.function.arguments)) == {"timezone"}
+
+
+def test_streamed_tool_calls_have_stable_ids_and_reassemble(client: OpenAI) -> None:
+    stream = client.chat.completions.create(
+        model=MODEL,
+        messages=QUESTION,
+        tools=TOOLS,
+        tool_choice="required",
+        parallel_tool_calls=False,
+        temperature=0,
+        max_tokens=80,
+        stream=True,
+    )
+    ids, names, args, finish = set(), [], "", None
+    for chunk in stream:
+        if not chunk.choices:
+            continue
+        delta = chunk.choices[0].delta
+        for tc in delta.tool_calls or []:
+            assert tc.index == 0
+            if tc.id:
+                ids.add(tc.id)
+            if tc.function and tc.function.name:
+                names.append(tc.function.name)
+            if tc.function and tc.function.arguments:
+                args += tc.function.arguments
+        finish = chunk.choices[0].finish_reason or finish
+    assert len(ids) == 1 and len(names) == 1 and finish == "tool_calls"
+    assert isinstance(json.loads(args), dict)
+
+
+def test_tool_choice_none_answers_in_text(client: OpenAI) -> None:
+    out = client.chat.completions.create(
+        model=MODEL,
+        messages=QUESTION,
+        tools=TOOLS,
+        tool_choice="none",
+        temperature=0,
+        max_tokens=20,
+    )
+    assert out.choices[0].message.tool_calls is None and out.choices[0].message.content
+    assert out.choices[0].finish_reason in ("stop", "length")
+
+
+def test_a_tool_result_turn_is_accepted_and_answered(client: OpenAI) -> None:
+    call = {
+        "id": "call_1",
+        "type": "function",
+        "function": {"name": "get_weather", "arguments": json.dumps({"city": "Paris"})},
+    }
+    out = client.chat.completions.create(
+        model=MODEL,
+        messages=[
+            *QUESTION,
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "call_1", "content": "Sunny, 24 C"},
+        ],
+        tools=TOOLS,
+        temperature=0,
+        max_tokens=20,
+    )
+    assert out.choices[0].message.content or out.choices[0].message.tool_calls
+
+
+def test_unknown_tool_choice_is_a_400_naming_it(client: OpenAI) -> None:
+    import openai
+
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(
+            model=MODEL,
+            messages=QUESTION,
+            tools=TOOLS,
+            tool_choice={"type": "function", "function": {"name": "launch_rockets"}},
+        )
+    assert info.value.response.json()["error"]["param"] == "tool_choice"
