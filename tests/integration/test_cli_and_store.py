@@ -61,7 +61,8 @@ def test_pull_default_offline_list_and_rm(server) -> None:  # type: ignore[no-un
     record = next(r for r in listed if r["name"] == "smollm2-135m")
     blob = Path(record["path"])
     assert blob.parent.name == "blobs" and blob.name == "sha256-" + record["digest"].split(":")[1]
-    assert llmd(server, "rm", "smollm2-135m").returncode == 0
+    # --force: an earlier test may have left the model loaded in the shared daemon
+    assert llmd(server, "rm", "--force", "smollm2-135m").returncode == 0
     assert not blob.exists()
     assert "smollm2-135m" not in llmd(server, "list").stdout.split()
 
@@ -80,19 +81,21 @@ def test_pull_local_gguf_under_a_name_and_chat_with_it(server, model_path) -> No
         max_tokens=30,
     )
     assert "Paris" in r.choices[0].message.content
-    assert llmd(server, "rm", "tiny-local").returncode == 0
+    refused = llmd(server, "rm", "tiny-local")  # loaded: refused without --force
+    assert refused.returncode != 0 and "loaded in the running daemon" in refused.stderr
+    assert llmd(server, "rm", "--force", "tiny-local").returncode == 0
 
 
 def test_pull_errors_are_clear(server, tmp_path) -> None:  # type: ignore[no-untyped-def]
     out = llmd(server, "pull", str(tmp_path / "missing.gguf"))
-    assert out.returncode != 0 and "neither a catalog name nor a local file" in out.stderr
+    assert out.returncode != 0 and "neither a catalog name, a hub repo" in out.stderr
     out = llmd(server, "rm", "never-installed")
     assert out.returncode != 0 and "not installed" in out.stderr
 
 
 def test_help_is_useful(server) -> None:  # type: ignore[no-untyped-def]
     top = llmd(server, "--help").stdout
-    for cmd in ("serve", "run", "pull", "list", "rm"):
+    for cmd in ("serve", "run", "pull", "list", "show", "rm", "cp", "gc"):
         assert cmd in top
         sub = llmd(server, cmd, "--help")
         assert sub.returncode == 0 and len(sub.stdout.splitlines()) > 3

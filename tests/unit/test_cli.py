@@ -39,7 +39,9 @@ def test_help_explains_every_command() -> None:
 
 def test_pull_list_rm_roundtrip(llmd_home: Path, tmp_path: Path) -> None:
     src = tmp_path / "tiny.gguf"
-    src.write_bytes(b"GGUF" + struct.pack("<IQQ", 3, 0, 0))
+    key, arch = b"general.architecture", b"llama"  # pulls refuse GGUFs the engine cannot run
+    kv = struct.pack("<Q", len(key)) + key + struct.pack("<IQ", 8, len(arch)) + arch
+    src.write_bytes(b"GGUF" + struct.pack("<IQQ", 3, 0, 1) + kv)
     code, out = invoke("pull", str(src), "--name", "tiny")
     assert code == 0 and "installed tiny" in out
     code, out = invoke("list")
@@ -53,8 +55,8 @@ def test_pull_list_rm_roundtrip(llmd_home: Path, tmp_path: Path) -> None:
 
 
 def test_failures_exit_nonzero_with_a_message(llmd_home: Path) -> None:
-    code, out = invoke("pull", "smollm2-360m")
-    assert code == 1 and "not downloadable yet" in out
+    code, out = invoke("pull", "qwen3-4b")
+    assert code == 1 and "'qwen3' model; llmd's engine runs llama" in out
     code, out = invoke("rm", "ghost")
     assert code == 1 and "not installed" in out
     code, out = invoke("run", "smollm2-135m")

