@@ -90,6 +90,19 @@ def fake_launcher(**settings: str | int | float) -> FakeLauncher:
     return launch
 
 
+def run_llmd(
+    env: dict[str, str], *args: str, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    """`llmd ARGS` as a user runs it: its own process, output captured as text."""
+    return subprocess.run(
+        [sys.executable, "-m", "llmd", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -31,3 +31,16 @@ async def json_body(request: web.Request) -> Any:
         return json.loads(raw)
     except ValueError as exc:
         raise bad_request(f"the request body is not valid JSON: {exc}") from exc
+
+
+async def start_stream(request: web.Request, content_type: str) -> web.StreamResponse:
+    """A prepared streaming response (SSE or NDJSON) that proxies do not buffer."""
+    resp = web.StreamResponse(
+        headers={
+            "Content-Type": content_type,
+            "Cache-Control": "no-cache",
+            "X-Accel-Buffering": "no",
+        }
+    )
+    await resp.prepare(request)
+    return resp

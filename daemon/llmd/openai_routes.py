@@ -27,7 +27,7 @@ from .chat_output import ChatOutputPlan
 from .chat_template import render_chat
 from .errors import ApiError, bad_request, server_error
 from .generation import Delta, Finished, generate_text, token_budget
-from .http_common import REGISTRY, SESSION_ID, SESSIONS, json_body
+from .http_common import REGISTRY, SESSION_ID, SESSIONS, json_body, start_stream
 from .logprobs import TokenTexts
 from .openai_schemas import ChatCompletionRequest, CompletionRequest, SamplingFields, parse_request
 from .reasoning import ReasoningSupport, prompt_opens_reasoning, reasoning_support
@@ -245,23 +245,17 @@ async def _stream(
     request: web.Request,
     pieces: AsyncIterator[Accepted | Piece],
     chunks: Callable[[int, Delta | Finished | None], list[dict[str, Any]]],
-    usage_chunk: Callable[[list[Finished]], dict[str, Any]] | None,
+    usage_base: dict[str, Any] | None,
     n: int,
 ) -> web.StreamResponse:
     """`chunks(index, None)` gives a choice's opening chunks (role, echo), sent before its
-    first piece; `usage_chunk` the final usage chunk when the client asked for one."""
+    first piece; `usage_base` the envelope of the final usage chunk when the client asked
+    for one (`stream_options.include_usage`)."""
     try:
         # Until the worker has the request (429 when full), errors are plain HTTP statuses.
         if not isinstance(await anext(pieces), Accepted):
             raise RuntimeError("generation did not start with ACCEPTED")
-        resp = web.StreamResponse(
-            headers={
-                "Content-Type": "text/event-stream",
-                "Cache-Control": "no-cache",
-                "X-Accel-Buffering": "no",
-            }
-        )
-        await resp.prepare(request)
+        resp = await start_stream(request, "text/event-stream")
         finished: list[Finished | None] = [None] * n
         try:
             for index in range(n):
@@ -274,8 +268,9 @@ async def _stream(
                     finished[index] = piece
                 for chunk in chunks(index, piece):
                     await _sse_send(resp, chunk)
-            if usage_chunk is not None:
-                await _sse_send(resp, usage_chunk([f for f in finished if f is not None]))
+            if usage_base is not None:
+                usage = _usage([f for f in finished if f is not None])
+                await _sse_send(resp, {**usage_base, "choices": [], "usage": usage})
             await _sse_send(resp, "[DONE]")
         except ApiError as err:
             # The stream has started: the error travels as one SSE event, then it ends.
@@ -445,10 +440,7 @@ async def _chat(
                 deltas = [{"content": ""}]
             return [chunk(index, d, logprobs=lp if i == 0 else None) for i, d in enumerate(deltas)]
 
-        def usage_chunk(finished: list[Finished]) -> dict[str, Any]:
-            return {**base, "choices": [], "usage": _usage(finished)}
-
-        return await _stream(request, pieces, chunks, usage_chunk if include_usage else None, req.n)
+        return await _stream(request, pieces, chunks, base if include_usage else None, req.n)
 
     collected = await _collect(pieces, req.n)
     finished = [c.finished for c in collected if c.finished is not None]
@@ -571,10 +563,7 @@ async def _complete(
             offsets[index] += len(piece.text)
             return [chunk(index, piece.text, lp, None)] if piece.text or lp else []
 
-        def usage_chunk(finished: list[Finished]) -> dict[str, Any]:
-            return {**base, "choices": [], "usage": _usage(finished)}
-
-        return await _stream(request, pieces, chunks, usage_chunk if include_usage else None, req.n)
+        return await _stream(request, pieces, chunks, base if include_usage else None, req.n)
 
     collected = await _collect(pieces, req.n)
     finished = [c.finished for c in collected if c.finished is not None]

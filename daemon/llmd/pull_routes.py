@@ -27,7 +27,7 @@ from typing import Any
 from aiohttp import web
 
 from .errors import ApiError, bad_request
-from .http_common import STORE
+from .http_common import STORE, start_stream
 from .pulls import PullManager
 from .security import read_body
 from .store import ModelStore, StoreError
@@ -81,14 +81,7 @@ async def pull(request: web.Request) -> web.StreamResponse:
     if not stream:
         final = await job.wait()
         return web.json_response(final, status=job.status_code)
-    resp = web.StreamResponse(
-        headers={
-            "Content-Type": "application/x-ndjson",
-            "Cache-Control": "no-cache",
-            "X-Accel-Buffering": "no",
-        }
-    )
-    await resp.prepare(request)
+    resp = await start_stream(request, "application/x-ndjson")
     async for event in job.follow():
         await resp.write(json.dumps(event).encode() + b"\n")
     await resp.write_eof()

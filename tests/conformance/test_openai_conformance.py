@@ -189,22 +189,12 @@ def test_bad_requests_raise_the_clients_errors_with_the_envelope(
 
 
 def test_tool_call_shape(client: OpenAI) -> None:
-    tool = {
-        "type": "function",
-        "function": {
-            "name": "get_weather",
-            "description": "Get the weather for a city",
-            "parameters": {
-                "type": "object",
-                "properties": {"city": {"type": "string"}},
-                "required": ["city"],
-            },
-        },
-    }
+    from tests.integration.test_tools import TOOLS
+
     out = client.chat.completions.create(
         model=MODEL,
         messages=[{"role": "user", "content": "What is the weather in Paris?"}],
-        tools=[tool],
+        tools=TOOLS[:1],
         tool_choice="required",
         parallel_tool_calls=False,
         temperature=0,

@@ -13,19 +13,13 @@ from pathlib import Path
 import pytest
 from openai import OpenAI
 
-from tests.conftest import short_home
+from tests.conftest import run_llmd, short_home
 
 pytest.importorskip("llmd._engine", reason="the native engine (llmd._engine) is not built")
 
 
 def llmd(server, *args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:  # type: ignore[no-untyped-def]
-    return subprocess.run(
-        [sys.executable, "-m", "llmd", *args],
-        env=server.env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+    return run_llmd(server.env, *args, timeout=timeout)
 
 
 def test_run_streams_an_answer_over_the_unix_socket(server) -> None:  # type: ignore[no-untyped-def]

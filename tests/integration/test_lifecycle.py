@@ -12,7 +12,6 @@ import random
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,7 +20,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from tests.conftest import LiveServer, short_home, start_server, stop_server
+from tests.conftest import LiveServer, run_llmd, short_home, start_server, stop_server
 
 pytest.importorskip("llmd._engine", reason="the native engine (llmd._engine) is not built")
 
@@ -166,14 +165,7 @@ async def test_20_crash_restart_cycles_leave_no_zombies_or_leaked_fds(
 
 
 def llmd(home: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "LLMD_HOME": str(home)}
-    return subprocess.run(
-        [sys.executable, "-m", "llmd", *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+    return run_llmd({**os.environ, "LLMD_HOME": str(home)}, *args, timeout=timeout)
 
 
 @pytest.fixture

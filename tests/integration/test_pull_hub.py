@@ -27,7 +27,7 @@ from openai import OpenAI
 
 from llmd.convert import convert_gguf, plan_with
 from llmd.gguf_layout import read_layout
-from tests.conftest import LiveServer, free_port, short_home, stop_server
+from tests.conftest import LiveServer, free_port, run_llmd, short_home, stop_server
 from tests.fakes.fake_hub import FakeHub
 
 pytest.importorskip("llmd._engine", reason="the native engine (llmd._engine) is not built")
@@ -98,13 +98,7 @@ def llmd(
 ) -> subprocess.CompletedProcess[str]:
     """`llmd ARGS` as a user runs it (its own process, its own terminal signals)."""
     env = {**daemon.env, "HF_ENDPOINT": hub.endpoint, "COLUMNS": "100"}
-    return subprocess.run(
-        [sys.executable, "-m", "llmd", *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+    return run_llmd(env, *args, timeout=timeout)
 
 
 def cli(daemon: LiveServer, *args: str, **env: str) -> Any:
