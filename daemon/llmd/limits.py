@@ -49,3 +49,15 @@ def total_host_memory() -> int:
 def kv_budget_share(free: int) -> int:
     """The automatic KV budget: a quarter of `free`, clamped to [256 MiB, 16 GiB]."""
     return max(KV_BUDGET_MIN, min(KV_BUDGET_MAX, free // 4))
+
+
+def process_rss(pid: int | str = "self") -> int | None:
+    """Resident memory of a process (Linux /proc; None where that cannot be read)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None

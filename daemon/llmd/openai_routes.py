@@ -17,6 +17,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any
 
 from aiohttp import web
@@ -28,7 +29,6 @@ from .chat_template import render_chat
 from .errors import ApiError, bad_request, server_error
 from .generation import Delta, Finished, generate_text, token_budget
 from .http_common import REGISTRY, SESSION_ID, SESSIONS, json_body, start_stream
-from .logprobs import TokenTexts
 from .openai_schemas import ChatCompletionRequest, CompletionRequest, SamplingFields, parse_request
 from .reasoning import ReasoningSupport, prompt_opens_reasoning, reasoning_support
 from .sessions import Session, SessionTable
@@ -92,14 +92,6 @@ def _usage(finished: list[Finished]) -> dict[str, Any]:
         "total_tokens": first.prompt_tokens + completion,
         "prompt_tokens_details": {"cached_tokens": first.cached_tokens},
     }
-
-
-def _token_texts(model: ModelSupervisor) -> TokenTexts:
-    texts = getattr(model.text, "_token_texts", None)
-    if texts is None:
-        texts = TokenTexts(model.text.tokenizer)
-        model.text._token_texts = texts  # type: ignore[attr-defined]
-    return texts
 
 
 # ---------------------------------------------------------------------- choices
@@ -301,14 +293,10 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         return await _chat(request, req, model)
 
 
-def _model_plans(model: ModelSupervisor) -> tuple[ToolPlan, ReasoningSupport]:
-    """How this model speaks tools and whether it thinks: read from its template once."""
-    cached = getattr(model.text, "_chat_plans", None)
-    if cached is None:
-        template = model.text.chat_template
-        cached = (plan_tools(template, None), reasoning_support(template, None))
-        model.text._chat_plans = cached  # type: ignore[attr-defined]
-    return cached
+@lru_cache(maxsize=32)
+def _template_plans(template: str) -> tuple[ToolPlan, ReasoningSupport]:
+    """How a template's model speaks tools and whether it thinks: read once per template."""
+    return plan_tools(template, None), reasoning_support(template, None)
 
 
 @dataclass
@@ -325,7 +313,7 @@ def _chat_prompt(req: ChatCompletionRequest, model: ModelSupervisor) -> ChatProm
     text = model.text
     template = text.chat_template
     assert template is not None
-    plan, thinking = _model_plans(model)
+    plan, thinking = _template_plans(template)
     messages = [m.for_template() for m in req.messages]
     try:
         specs = function_specs(req.tools)
@@ -405,7 +393,7 @@ async def _chat(
     pieces = run_choices(make, req.n)
     cid = f"chatcmpl-{uuid.uuid4().hex}"
     created = int(time.time())
-    texts = _token_texts(model)
+    texts = model.text.token_texts
     base = {**_envelope("chat.completion.chunk", cid, created, req.model)}
     base["system_fingerprint"] = f"llmd-{__version__}"
 
@@ -504,7 +492,7 @@ async def _complete(
         prompt_param="prompt",
     )
     top_logprobs = req.engine_logprobs()
-    texts = _token_texts(model)
+    texts = model.text.token_texts
     cid = f"cmpl-{uuid.uuid4().hex}"
     created = int(time.time())
     base = _envelope("text_completion", cid, created, req.model)

@@ -24,6 +24,7 @@ from typing import Any
 from . import protocol as p
 from .errors import ApiError, server_error
 from .keep_alive import DEFAULT_KEEP_ALIVE
+from .limits import process_rss
 from .store import ModelRecord
 from .text_model import TextModel
 from .worker_client import WorkerClient, WorkerError
@@ -348,15 +349,3 @@ class ModelSupervisor:
             if rss is not None:
                 entry["rss_bytes"] = rss
         return entry
-
-
-def process_rss(pid: int) -> int | None:
-    """Resident memory of a process (Linux /proc; None elsewhere)."""
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        return None
-    return None

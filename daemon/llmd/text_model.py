@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 from tokenizers import Tokenizer
 
 from .gguf_metadata import read_gguf_metadata
+from .logprobs import TokenTexts
 from .tokenizer import tokenizer_from_dir, tokenizer_from_gguf_fields
 
 # End-of-generation markers: any of these present in a vocabulary stops generation, as in
@@ -54,6 +56,11 @@ class TextModel:
             if not ids or ids[0] != self.bos_id:
                 ids = [self.bos_id, *ids]
         return ids
+
+    @cached_property
+    def token_texts(self) -> TokenTexts:
+        """Bytes and display text of token ids (logprobs), built once per model."""
+        return TokenTexts(self.tokenizer)
 
     def encode_rendered_chat(self, rendered: str) -> list[int]:
         """Templates that write the BOS themselves must not get a second one."""

@@ -20,6 +20,7 @@ from typing import Any
 import aiohttp
 import pytest
 
+from llmd.limits import process_rss
 from tests.conftest import LiveServer, run_llmd, short_home, start_server, stop_server
 
 pytest.importorskip("llmd._engine", reason="the native engine (llmd._engine) is not built")
@@ -102,10 +103,9 @@ def open_fds(pid: int) -> int:
 
 
 def rss(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    raise AssertionError("no VmRSS")
+    size = process_rss(pid)
+    assert size is not None, "no VmRSS"
+    return size
 
 
 async def test_a_worker_killed_mid_stream_ends_the_stream_within_2s_and_the_next_request_works(

@@ -20,19 +20,9 @@ from typing import Any, BinaryIO
 from pydantic import ValidationError
 
 from .. import protocol as p
-from ..limits import available_host_memory, kv_budget_share
+from ..limits import available_host_memory, kv_budget_share, process_rss
 from .blas import loaded_blas
 from .grammar import GrammarFactory
-
-
-def _rss_bytes() -> int:
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0
 
 
 def _flatten(prefix: str, value: Any, out: dict[str, Any]) -> None:
@@ -205,7 +195,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     writer = Writer(sys.stdout.buffer)
-    rss_before = _rss_bytes()
     try:
         from .. import _engine  # the native extension; imported only in workers
     except ImportError as exc:
@@ -220,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.threads:
         _engine.set_threads(args.threads)
-    rss_before = _rss_bytes()
+    rss_before = process_rss() or 0
     started = time.perf_counter()
     kv_budget = args.kv_budget or auto_kv_budget(args.backend)
     try:
@@ -263,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
             threads=_engine.thread_count(),
             memory={
                 "rss_before_load": rss_before,
-                "rss_after_load": _rss_bytes(),
+                "rss_after_load": (process_rss() or 0),
                 "device_total": info["device_memory_bytes"],
             },
         )
