@@ -126,6 +126,7 @@ class Downloader:
         self.store = store
         self.options = options or DownloadOptions()
         self._active: dict[str, _Download] = {}
+        self.bytes_received = 0  # from the network, all downloads (GET /metrics)
 
     # ------------------------------------------------------------------ public
 
@@ -390,6 +391,7 @@ class Downloader:
                 os.pwrite(fd, data, offset)
                 hasher.feed(offset, data)
                 seg.done += len(data)
+                self.bytes_received += len(data)
                 job.progress(len(data))
 
     def _headers(self, hub: HubClient, remote: RemoteFile) -> dict[str, str]:
@@ -415,6 +417,7 @@ class Downloader:
                 data = bytearray()
                 async for chunk in r.content.iter_chunked(_READ_CHUNK):
                     data += chunk
+                    self.bytes_received += len(chunk)
                     if len(data) >= end - start:
                         break
                 return bytes(data[: end - start])
@@ -430,6 +433,7 @@ class Downloader:
                 if r.status != 200:
                     await self._refuse(hub, remote, r)
                 data = await r.read()
+                self.bytes_received += len(data)
         except (aiohttp.ClientError, asyncio.TimeoutError, ConnectionError) as exc:
             raise hub.unreachable(exc) from exc
         if remote.git_sha1:

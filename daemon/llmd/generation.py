@@ -9,9 +9,10 @@ from dataclasses import dataclass, field
 from . import protocol as p
 from .detokenizer import IncrementalDetokenizer
 from .errors import ApiError, bad_request, server_error
+from .metrics import observe_generation
 from .stop_strings import StopMatcher
 from .supervisor import ModelSupervisor
-from .worker_client import ACCEPTED, Accepted, WorkerError
+from .worker_client import Accepted, WorkerError
 
 
 @dataclass
@@ -32,6 +33,7 @@ class Finished:
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int = 0
+    stop_sequence: str | None = None  # the request's stop string that ended it, if one did
 
 
 def token_budget(
@@ -87,8 +89,9 @@ async def generate_text(
     session: str = "",
     grammar: str | None = None,
     show_tokens: frozenset[int] = frozenset(),
+    prefill_of: str = "",
 ) -> AsyncIterator[Accepted | Delta | Finished]:
-    """Yields ACCEPTED once the worker has the request (a 429 or other ApiError comes before
+    """Yields Accepted once the worker has the request (a 429 or other ApiError comes before
     it), then text deltas (never half a character, never a stop string or what follows it),
     then exactly one Finished. Raises ApiError. Closing it early cancels the worker request.
 
@@ -101,6 +104,7 @@ async def generate_text(
     hidden = (model.text.special_ids | set(model.text.stop_token_ids)) - show_tokens
     detok = IncrementalDetokenizer(model.text.tokenizer, skip_ids=hidden)
     matcher = StopMatcher(stops)
+    observed = observe_generation(model)  # tokens and latencies for GET /metrics
     produced = 0
     accepted = False
     retried = False
@@ -113,20 +117,24 @@ async def generate_text(
             stop_tokens=model.text.stop_token_ids,
             session=session,
             grammar=grammar,
+            prefill_of=prefill_of,
         )
         try:
             async for event in events:
                 if isinstance(event, Accepted):
                     if not accepted:
                         accepted = True
-                        yield ACCEPTED
+                        yield event
                 elif isinstance(event, p.Tokens):
                     produced += len(event.tokens)
+                    observed.tokens(len(event.tokens))
                     piece = matcher.feed(detok.add(event.tokens))
                     if piece or event.logprobs:
                         yield Delta(piece, event.tokens, event.logprobs or [])
                     if matcher.stopped:
-                        yield Finished("stop", len(prompt), produced)
+                        yield observed.finished(
+                            Finished("stop", len(prompt), produced, stop_sequence=matcher.matched)
+                        )
                         return  # closing `events` cancels the sequence in the worker
                 else:
                     tail = matcher.feed(detok.flush())
@@ -135,8 +143,14 @@ async def generate_text(
                         yield Delta(tail)
                     reason = "stop" if matcher.stopped else event.finish_reason
                     # The worker's count includes an end-of-turn token it did not send as text.
-                    yield Finished(
-                        reason, event.prompt_tokens, event.completion_tokens, event.cached_tokens
+                    yield observed.finished(
+                        Finished(
+                            reason,
+                            event.prompt_tokens,
+                            event.completion_tokens,
+                            event.cached_tokens,
+                            stop_sequence=matcher.matched,
+                        )
                     )
                     return
         except WorkerError as exc:

@@ -1,15 +1,18 @@
-"""What the HTTP route modules share: the application's keys and the JSON body reader."""
+"""What the HTTP route modules share: the application's keys, the JSON body reader and the
+relay that streams a protocol's frames (SSE or NDJSON)."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import re
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
 
-from .errors import bad_request
+from .errors import ApiError, bad_request, server_error
 from .model_registry import ModelRegistry
 from .security import SecurityConfig
 from .sessions import SessionTable
@@ -22,7 +25,25 @@ STARTED = web.AppKey("started", float)
 DRAINING = web.AppKey("draining", asyncio.Event)
 ADDRESSES = web.AppKey("addresses", list)
 SECURITY = web.AppKey("security", SecurityConfig)
+ErrorShape = Callable[[ApiError], Any]
+# (path prefix, renderer): a protocol's routes answer errors in its own shape.
+ERROR_SHAPES = web.AppKey("error_shapes", list)
 SESSION_ID = re.compile(r"^[A-Za-z0-9._:@-]{1,128}$")
+
+log = logging.getLogger("llmd.http")
+
+
+def add_error_shape(app: web.Application, prefix: str, render: ErrorShape) -> None:
+    """Errors on paths under `prefix` (any status, from any middleware or handler) are
+    rendered by `render` instead of as OpenAI's envelope."""
+    app.setdefault(ERROR_SHAPES, []).append((prefix, render))
+
+
+def error_shape_for(request: web.Request) -> ErrorShape:
+    for prefix, render in request.app.get(ERROR_SHAPES, []):
+        if request.path == prefix or request.path.startswith(prefix.rstrip("/") + "/"):
+            return render  # type: ignore[no-any-return]
+    return ApiError.envelope
 
 
 async def json_body(request: web.Request) -> Any:
@@ -44,3 +65,48 @@ async def start_stream(request: web.Request, content_type: str) -> web.StreamRes
     )
     await resp.prepare(request)
     return resp
+
+
+async def relay(
+    request: web.Request,
+    accepted: Awaitable[None],
+    frames: AsyncIterator[bytes],
+    *,
+    content_type: str,
+    error_frame: Callable[[ApiError], bytes],
+) -> web.StreamResponse:
+    """Stream a generation's `frames` once `accepted` (the worker took the request) returns.
+
+    Until then errors are plain HTTP statuses (a 429 when the queue is full). Once the stream
+    has started an error can only travel in-band: `error_frame` renders it in the protocol's
+    own shape, then the stream ends. A client that goes away stops the relay; closing
+    `frames` then cancels the generation in the worker."""
+    try:
+        await accepted
+        resp = await start_stream(request, content_type)
+        try:
+            async for frame in frames:
+                await resp.write(frame)
+        except ApiError as err:
+            await resp.write(error_frame(err))
+        except ConnectionResetError:  # aiohttp's ClientConnectionResetError is one too
+            log.info("client disconnected from %s mid-stream", request.path)
+            return resp
+        except Exception as exc:  # noqa: BLE001 - a started stream can only report, not re-status
+            log.exception("error while streaming %s", request.path)
+            await resp.write(error_frame(server_error(f"internal error: {exc}")))
+    finally:
+        await frames.aclose()  # type: ignore[attr-defined]
+    await resp.write_eof()
+    return resp
+
+
+def sse(payload: Any, event: str | None = None) -> bytes:
+    """One server-sent event (`event:` line when named), JSON data unless already a string."""
+    data = payload if isinstance(payload, str) else json.dumps(payload, ensure_ascii=False)
+    head = f"event: {event}\n" if event else ""
+    return f"{head}data: {data}\n\n".encode()
+
+
+def ndjson(payload: Any) -> bytes:
+    return json.dumps(payload, ensure_ascii=False).encode() + b"\n"

@@ -17,6 +17,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .catalog import install_hint
 from .errors import ApiError, model_not_found, server_error
@@ -32,6 +33,9 @@ from .supervisor import ModelState, ModelSupervisor, RestartPolicy
 from .text_model import TextModel, load_text_model
 from .tokenizer import UnsupportedTokenizer
 from .worker_client import WorkerClient, WorkerError, WorkerLauncher
+
+if TYPE_CHECKING:
+    from .metrics import Metrics
 
 log = logging.getLogger("llmd.models")
 
@@ -73,6 +77,7 @@ class ModelRegistry:
         self.memory_budget = memory_budget or default_memory_budget()
         # When a model's named sessions end (sessions.py): it is not unloaded before.
         self.pinned_until: Callable[[str], float] = lambda name: 0.0
+        self.metrics: Metrics | None = None  # the app's, handed to each model it loads
         self._models: dict[str, ModelSupervisor] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self._load_lock = asyncio.Lock()  # room-making and spawning, one model at a time
@@ -106,6 +111,7 @@ class ModelRegistry:
                         self.policy,
                         keep_alive=self.keep_alive,
                     )
+                    current.metrics = self.metrics
                     self._models[name] = current
                     current.touch(keep_alive)
                     await current.ensure_ready()

@@ -121,8 +121,7 @@ class SamplingFields(_Strict):
     presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
     repetition_penalty: float = Field(default=1.0, gt=0.0, le=10.0)
     logit_bias: dict[str, float] | None = None
-    # n choices from one prompt; its KV is prefilled once (the first choice's, reused through
-    # the prefix cache by the others).
+    # n choices from one prompt; its KV is prefilled once (the engine forks choice 0's).
     n: int = Field(default=1, ge=1, le=16)
     response_format: ResponseFormat | None = None
     # llmd extension: a named session keeps its KV pinned between turns (X-Session-Id too).

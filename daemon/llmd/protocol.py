@@ -54,6 +54,9 @@ class Generate(_Message):
     # A llguidance grammar (JSON schema, Lark, regex; llguidance's serialized form) the
     # output must follow: enforced token by token in the worker.
     grammar: str | None = None
+    # A sibling choice: the id of an earlier request with the same prompt whose prefill (KV
+    # and last logits) this one starts from, so an `n > 1` prompt is prefilled once.
+    prefill_of: str = ""
 
 
 class Score(_Message):

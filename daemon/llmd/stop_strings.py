@@ -12,6 +12,7 @@ class StopMatcher:
         self._stops = [s for s in stops if s]
         self._held = ""
         self.stopped = False
+        self.matched: str | None = None  # the stop string that ended the text
 
     def feed(self, text: str) -> str:
         """Returns the text safe to emit; sets `stopped` when a stop string appeared."""
@@ -20,8 +21,9 @@ class StopMatcher:
         if not self._stops:
             return text
         buf = self._held + text
-        first = min((i for i in (buf.find(s) for s in self._stops) if i >= 0), default=-1)
-        if first >= 0:
+        hits = [(i, s) for s in self._stops if (i := buf.find(s)) >= 0]
+        if hits:
+            first, self.matched = min(hits, key=lambda hit: hit[0])
             self.stopped = True
             self._held = ""
             return buf[:first]

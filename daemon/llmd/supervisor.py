@@ -19,7 +19,7 @@ import time
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import protocol as p
 from .errors import ApiError, server_error
@@ -28,6 +28,9 @@ from .limits import process_rss
 from .store import ModelRecord
 from .text_model import TextModel
 from .worker_client import WorkerClient, WorkerError
+
+if TYPE_CHECKING:
+    from .metrics import Metrics
 
 log = logging.getLogger("llmd.supervisor")
 
@@ -97,6 +100,7 @@ class ModelSupervisor:
         self._watcher: asyncio.Task[None] | None = None
         self._deaths_seen: weakref.WeakSet[WorkerClient] = weakref.WeakSet()
         self._stopped = False
+        self.metrics: Metrics | None = None  # the app's (set by the registry): GET /metrics
 
     # ------------------------------------------------------------------ facts
 
@@ -282,6 +286,8 @@ class ModelSupervisor:
         detail = f" (last output: {' | '.join(tail)})" if tail else ""
         self._record_failure(worker.dead.message + detail)
         self.restarts += 1
+        if self.metrics is not None:
+            self.metrics.worker_restarts.labels(self.name).inc()
         if self.state is ModelState.FAILED:
             return False
         self.state = ModelState.RESTARTING

@@ -11,6 +11,7 @@ import os
 import signal
 from collections import deque
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Protocol
 
 from . import protocol as p
@@ -51,9 +52,13 @@ class WorkerError(Exception):
         self.message = message
 
 
+@dataclass(frozen=True)
 class Accepted:
     """Yielded first by `WorkerClient.generate` once the worker has the request: what comes
-    after is the model's output, so a server can still answer an HTTP status before it."""
+    after is the model's output, so a server can still answer an HTTP status before it.
+    `request_id`: the worker's id of the request (sibling choices name it in `prefill_of`)."""
+
+    request_id: str = ""
 
 
 ACCEPTED = Accepted()
@@ -234,6 +239,7 @@ class WorkerClient:
         session: str = "",
         tag: str = "r",
         grammar: str | None = None,
+        prefill_of: str = "",
     ) -> AsyncIterator[Accepted | p.Tokens | p.Done]:
         """Yields ACCEPTED, token events, then one Done; raises WorkerError on error (code
         ``queue_full`` before ACCEPTED when the worker has max_sequences running and
@@ -254,9 +260,10 @@ class WorkerClient:
                     stop_tokens=stop_tokens,
                     session=session,
                     grammar=grammar,
+                    prefill_of=prefill_of,
                 )
             )
-            yield ACCEPTED
+            yield Accepted(rid)
             while True:
                 msg = await queue.get()
                 if isinstance(msg, WorkerError):

@@ -172,7 +172,8 @@ PYBIND11_MODULE(_engine, m) {
           [](Engine& e, const std::string& id, std::vector<int32_t> prompt, int max_tokens, float temperature,
              int top_k, float top_p, float min_p, uint64_t seed, std::vector<int32_t> stop_tokens,
              std::string session, float frequency_penalty, float presence_penalty, float repetition_penalty,
-             std::vector<std::pair<int32_t, float>> logit_bias, int top_logprobs, py::object constraint) {
+             std::vector<std::pair<int32_t, float>> logit_bias, int top_logprobs, py::object constraint,
+             std::string prefill_of) {
             GenerateRequest r;
             r.id = id;
             r.prompt = std::move(prompt);
@@ -189,6 +190,7 @@ PYBIND11_MODULE(_engine, m) {
             r.sampling.top_logprobs = top_logprobs;
             r.stop_tokens = std::move(stop_tokens);
             r.session = std::move(session);
+            r.prefill_of = std::move(prefill_of);
             if (!constraint.is_none()) r.constraint = std::make_shared<PyTokenConstraint>(constraint);
             e.submit(std::move(r));
           },
@@ -198,7 +200,7 @@ PYBIND11_MODULE(_engine, m) {
           py::arg("frequency_penalty") = 0.f, py::arg("presence_penalty") = 0.f,
           py::arg("repetition_penalty") = 1.f,
           py::arg("logit_bias") = std::vector<std::pair<int32_t, float>>{}, py::arg("top_logprobs") = -1,
-          py::arg("constraint") = py::none())
+          py::arg("constraint") = py::none(), py::arg("prefill_of") = "")
       .def("shutdown",
            [](Engine& e) {
              py::gil_scoped_release release;
@@ -231,6 +233,7 @@ PYBIND11_MODULE(_engine, m) {
              d["kv_blocks_used"] = s.kv_blocks_used;
              d["max_rows_sampled_in_a_step"] = s.max_rows_sampled_in_a_step;
              d["prefix_cache_hits"] = s.prefix_cache_hits;
+             d["forked_sequences"] = s.forked_sequences;
              d["prefix_cached_tokens"] = s.prefix_cached_tokens;
              d["prefix_cache_blocks"] = s.prefix_cache_blocks;
              d["kv_idle_cached_blocks"] = s.kv_idle_cached_blocks;

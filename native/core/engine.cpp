@@ -72,7 +72,12 @@ void Engine::submit(GenerateRequest request) {
   seq->submitted = Clock::now();
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    waiting_.push_back(std::move(seq));
+    if (seq->request.prefill_of.empty()) {
+      waiting_.push_back(std::move(seq));
+    } else {
+      const std::string parent = seq->request.prefill_of;
+      forks_[parent].push_back(std::move(seq));
+    }
   }
   work_cv_.notify_one();
 }
@@ -150,6 +155,7 @@ void Engine::finish(Sequence& seq, const std::string& reason) {
 void Engine::admit(Sequence& seq) {
   // Reuse cached KV for the longest block-aligned prefix, always leaving at least one prompt
   // token to run so the first sampled token has fresh logits.
+  if (seq.fed > 0) return;  // a forked sibling waiting for room: its KV is already there
   const auto& prompt = seq.request.prompt;
   PrefixCache::Match m = prefix_cache_.match(prompt.data(), static_cast<int>(prompt.size()) - 1);
   if (m.blocks.empty()) return;
@@ -179,7 +185,8 @@ void Engine::loop() {
     {
       std::unique_lock<std::mutex> lock(mutex_);
       work_cv_.wait(lock, [&] {
-        return stop_ || !waiting_.empty() || !active_.empty() || !cancels_.empty() || !unpins_.empty();
+        return stop_ || !waiting_.empty() || !active_.empty() || !cancels_.empty() || !unpins_.empty() ||
+               !forks_.empty();
       });
       if (stop_) return;
       for (const std::string& s : unpins_) session_pins_.unpin(s);
@@ -211,8 +218,22 @@ void Engine::loop() {
             ++it;
           }
         }
+        for (auto& [parent, children] : forks_) {
+          for (auto it = children.begin(); it != children.end();) {
+            if (cancels_.count((*it)->request.id)) {
+              auto seq = std::move(*it);
+              it = children.erase(it);
+              lock.unlock();
+              finish(*seq, "cancelled");
+              lock.lock();
+            } else {
+              ++it;
+            }
+          }
+        }
         cancels_.clear();  // ids of requests that already finished
       }
+      settle_forks(lock);
       while (!waiting_.empty() && static_cast<int>(active_.size()) < options_.max_sequences) {
         auto seq = std::move(waiting_.front());
         waiting_.pop_front();
@@ -314,38 +335,16 @@ void Engine::step_once() {
     index_full_blocks(*seq);
     if (!s.want_logits) continue;
     ++sampled;
-    TokenLogprob lp;
-    const int token = sample_row(*seq, logits.data() + static_cast<size_t>(row) * vocab, vocab, lp);
+    float* row_logits = logits.data() + static_cast<size_t>(row) * vocab;
     ++row;
-    if (seq->generated.empty()) seq->first_token = Clock::now();
-    if (token < 0) {  // the constraint is complete: nothing may follow
+    // Siblings waiting for this prompt start now, from copies of the unprocessed logits.
+    std::vector<std::unique_ptr<Sequence>> forks;
+    if (seq->generated.empty()) forks = take_forks(seq->request.id);
+    for (auto& child : forks) start_fork(*seq, std::move(child), row_logits, vocab);
+    const std::string reason = take_token(*seq, row_logits, vocab);
+    if (!reason.empty()) {
       finished.push_back(seq);
-      reasons.push_back("stop");
-      continue;
-    }
-    const bool is_stop = std::find(seq->request.stop_tokens.begin(), seq->request.stop_tokens.end(), token) !=
-                         seq->request.stop_tokens.end();
-    if (seq->request.max_tokens == 0) {
-      finished.push_back(seq);
-      reasons.push_back("length");
-      continue;
-    }
-    seq->generated.push_back(token);
-    if (needs_counts(seq->request.sampling)) seq->counts.add_generated(token);
-    if (is_stop) {
-      finished.push_back(seq);
-      reasons.push_back("stop");
-      continue;
-    }
-    EngineEvent e;
-    e.kind = EngineEvent::Kind::Tokens;
-    e.id = seq->request.id;
-    e.tokens = {token};
-    if (seq->request.sampling.top_logprobs >= 0) e.logprobs.push_back(std::move(lp));
-    emit(std::move(e));
-    if (static_cast<int>(seq->generated.size()) >= seq->request.max_tokens) {
-      finished.push_back(seq);
-      reasons.push_back("length");
+      reasons.push_back(reason);
     }
   }
   {
@@ -361,6 +360,96 @@ void Engine::step_once() {
     active_.erase(std::find_if(active_.begin(), active_.end(), [&](auto& p) { return p.get() == finished[i]; }));
   }
   publish_gauges();
+}
+
+std::string Engine::take_token(Sequence& seq, float* logits, int vocab) {
+  TokenLogprob lp;
+  const int token = sample_row(seq, logits, vocab, lp);
+  if (seq.generated.empty()) seq.first_token = Clock::now();
+  if (token < 0) return "stop";  // the constraint is complete: nothing may follow
+  if (seq.request.max_tokens == 0) return "length";
+  const bool is_stop = std::find(seq.request.stop_tokens.begin(), seq.request.stop_tokens.end(), token) !=
+                       seq.request.stop_tokens.end();
+  seq.generated.push_back(token);
+  if (needs_counts(seq.request.sampling)) seq.counts.add_generated(token);
+  if (is_stop) return "stop";
+  EngineEvent e;
+  e.kind = EngineEvent::Kind::Tokens;
+  e.id = seq.request.id;
+  e.tokens = {token};
+  if (seq.request.sampling.top_logprobs >= 0) e.logprobs.push_back(std::move(lp));
+  emit(std::move(e));
+  if (static_cast<int>(seq.generated.size()) >= seq.request.max_tokens) return "length";
+  return "";
+}
+
+std::vector<std::unique_ptr<Engine::Sequence>> Engine::take_forks(const std::string& parent) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = forks_.find(parent);
+  if (it == forks_.end()) return {};
+  auto children = std::move(it->second);
+  forks_.erase(it);
+  return children;
+}
+
+void Engine::start_fork(Sequence& parent, std::unique_ptr<Sequence> child, const float* logits, int vocab) {
+  constexpr int BT = KvPool::kBlockTokens;
+  const int length = parent.kv->length();
+  if (child->request.prompt != parent.request.prompt) {  // not a sibling after all
+    std::lock_guard<std::mutex> lock(mutex_);
+    waiting_.push_back(std::move(child));
+    return;
+  }
+  const auto& blocks = parent.kv->blocks();
+  const int full = length / BT;
+  child->admitted = Clock::now();
+  child->kv->adopt(std::vector<int>(blocks.begin(), blocks.begin() + full), full * BT);
+  if (length % BT != 0) {
+    if (!child->kv->reserve(length)) {
+      child->kv->clear();  // no room for its own partial block: it prefills alone later
+      std::lock_guard<std::mutex> lock(mutex_);
+      waiting_.push_back(std::move(child));
+      return;
+    }
+    model_->copy_kv_block(pool_, blocks[full], child->kv->blocks()[full]);
+  }
+  child->kv->set_length(length);
+  child->fed = child->cached = length;
+  child->block_keys.assign(parent.block_keys.begin(),
+                           parent.block_keys.begin() + std::min<size_t>(full, parent.block_keys.size()));
+  {
+    std::lock_guard<std::mutex> lock(stats_mutex_);
+    stats_.forked_sequences += 1;
+  }
+  std::vector<float> row(logits, logits + vocab);
+  const std::string reason = take_token(*child, row.data(), vocab);
+  if (!reason.empty()) {
+    finish(*child, reason);
+    return;
+  }
+  if (static_cast<int>(active_.size()) < options_.max_sequences) {
+    active_.push_back(std::move(child));
+  } else {
+    std::lock_guard<std::mutex> lock(mutex_);
+    waiting_.push_front(std::move(child));  // decodes as soon as a slot frees
+  }
+}
+
+void Engine::settle_forks(std::unique_lock<std::mutex>& lock) {
+  for (auto it = forks_.begin(); it != forks_.end();) {
+    const std::string& parent = it->first;
+    const auto same = [&](const std::unique_ptr<Sequence>& s) { return s->request.id == parent; };
+    const bool waiting = std::any_of(waiting_.begin(), waiting_.end(), same);
+    const auto active = std::find_if(active_.begin(), active_.end(), same);
+    const bool prefilling = active != active_.end() && (*active)->generated.empty();
+    if ((waiting || prefilling) && !it->second.empty()) {
+      ++it;
+      continue;
+    }
+    for (auto& child : it->second) waiting_.push_back(std::move(child));
+    it = forks_.erase(it);
+  }
+  (void)lock;
 }
 
 int Engine::sample_row(Sequence& seq, float* logits, int vocab, TokenLogprob& lp) {

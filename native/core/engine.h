@@ -35,6 +35,11 @@ struct GenerateRequest {
   std::vector<int32_t> stop_tokens;
   std::string session;  // named session: its KV is pinned when it ends (session_pins.h)
   std::shared_ptr<TokenConstraint> constraint;  // grammar-constrained decoding, if any
+  // Another request's id with the same prompt (a sibling choice of one `n > 1` request): this
+  // one waits for that prompt's prefill and starts from a copy of its KV and its last logits,
+  // so the prompt is prefilled once. If that request is gone or past its prefill, this one
+  // runs as an ordinary request.
+  std::string prefill_of;
 };
 
 struct EngineEvent {
@@ -72,6 +77,7 @@ struct EngineStats {
   int max_rows_sampled_in_a_step = 0;
   uint64_t prefix_cache_hits = 0;       // requests that reused cached KV
   uint64_t prefix_cached_tokens = 0;    // prompt tokens not prefilled thanks to the cache
+  uint64_t forked_sequences = 0;        // sequences started from a sibling's prefill
   size_t prefix_cache_blocks = 0;       // blocks indexed by the cache
   size_t pinned_sessions = 0;           // named sessions holding KV
   size_t pinned_blocks = 0;             // blocks they hold (shared blocks counted per session)
@@ -133,6 +139,17 @@ class Engine {
   void finish(Sequence& seq, const std::string& reason);
   void admit(Sequence& seq);
   void index_full_blocks(Sequence& seq);
+  // Samples seq's next token from `logits` (modified) and emits it; the finish reason when
+  // the sequence ends with it, else "".
+  std::string take_token(Sequence& seq, float* logits, int vocab);
+  // Siblings waiting for `parent`'s prefill (mutex_ taken inside).
+  std::vector<std::unique_ptr<Sequence>> take_forks(const std::string& parent);
+  // Starts a sibling from parent's just-prefilled prompt: shared full blocks, a copy of the
+  // partial last one, its first token sampled from the parent's last logits.
+  void start_fork(Sequence& parent, std::unique_ptr<Sequence> child, const float* logits, int vocab);
+  // Under mutex_: siblings whose parent is cancelled, failed or already past its prefill run
+  // as ordinary requests; cancelled siblings end.
+  void settle_forks(std::unique_lock<std::mutex>& lock);
   void publish_gauges();  // engine thread: occupancy figures for stats()
   void emit(EngineEvent event);
   // Processors, constraint and sampler on one row of logits (modified in place); -1 when the
@@ -151,6 +168,7 @@ class Engine {
   std::condition_variable work_cv_;
   std::condition_variable events_cv_;
   std::deque<std::unique_ptr<Sequence>> waiting_;
+  std::map<std::string, std::vector<std::unique_ptr<Sequence>>> forks_;  // parent id -> siblings
   std::unordered_set<std::string> cancels_;
   std::vector<std::string> unpins_;  // guarded by mutex_; applied on the engine thread
   std::vector<EngineEvent> events_;

@@ -1,6 +1,7 @@
 #include "kv_cache.h"
 
 #include <cstdlib>
+#include <cstring>
 #include <new>
 
 namespace llmd {
@@ -57,6 +58,10 @@ void KvPool::release(int block) {
   } else {
     free_.push_back(block);
   }
+}
+
+void KvPool::copy_block(int src, int dst) {
+  std::memcpy(storage_[dst].get(), storage_[src].get(), block_bytes());
 }
 
 void KvPool::mark_cacheable(int block) { cacheable_[block] = true; }

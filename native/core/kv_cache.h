@@ -45,6 +45,9 @@ class KvPool {
   int allocate();
   void retain(int block);
   void release(int block);
+  // Copies every layer's keys and values of block `src` into block `dst` (host storage only;
+  // a device backend copies its own storage: Model::copy_kv_block).
+  void copy_block(int src, int dst);
 
   // Blocks marked cacheable stay allocated after their last reference is released (idle, in
   // LRU order) until memory is needed; `on_evict` is told before an idle block is reused.

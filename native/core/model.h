@@ -40,6 +40,9 @@ class Model {
   // Runs the step, writing new KV into `pool` and the logits of every segment with
   // want_logits (in segment order) into `logits` as [rows, vocab].
   virtual void forward(const Step& step, KvPool& pool, std::vector<float>& logits) = 0;
+  // Copies KV block `src` into block `dst` wherever this backend keeps KV (a sibling sequence
+  // forked from a prefilled prompt gets its own copy of the partial last block).
+  virtual void copy_kv_block(KvPool& pool, int src, int dst) { pool.copy_block(src, dst); }
 };
 
 struct LoadOptions {

@@ -67,6 +67,19 @@ mx::array attend(const mx::array& q, const mx::array& k, const mx::array& v, flo
 
 }  // namespace
 
+void DeviceKvStore::copy_block(int src, int dst) {
+  const int width = shape_.n_kv_heads * shape_.head_dim;
+  std::vector<mx::array> all;
+  for (int l = 0; l < shape_.n_layers; ++l) {
+    for (mx::array* a : {&keys_[l], &values_[l]}) {
+      mx::array block = mx::slice(*a, mx::Shape{src * BT, 0}, mx::Shape{(src + 1) * BT, width});
+      *a = mx::slice_update(*a, block, mx::Shape{dst * BT, 0}, mx::Shape{(dst + 1) * BT, width});
+      all.push_back(*a);
+    }
+  }
+  mx::eval(all);
+}
+
 void DeviceKvStore::ensure_blocks(size_t n_blocks, size_t max_blocks) {
   if (n_blocks <= blocks_) return;
   const size_t grown = std::min(std::max(n_blocks, blocks_ * 2), std::max(max_blocks, n_blocks));

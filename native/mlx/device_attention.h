@@ -31,6 +31,8 @@ class DeviceKvStore {
   explicit DeviceKvStore(KvShape shape) : shape_(shape) {}
   // Grows storage (at least doubling) so block ids < n_blocks have slots.
   void ensure_blocks(size_t n_blocks, size_t max_blocks);
+  // Every layer's slots of block `src` copied into block `dst` (both < capacity_blocks()).
+  void copy_block(int src, int dst);
   mx::array& keys(int layer) { return keys_[layer]; }
   mx::array& values(int layer) { return values_[layer]; }
   size_t capacity_blocks() const { return blocks_; }

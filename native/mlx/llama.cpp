@@ -151,6 +151,16 @@ class LlamaModel : public Model {
     std::memcpy(logits.data(), out.data<float>(), out.nbytes());
   }
 
+  void copy_kv_block(KvPool& pool, int src, int dst) override {
+    if (!on_device_) {
+      pool.copy_block(src, dst);
+      return;
+    }
+    // The source block was written by an earlier step, so the store exists.
+    device_kv_->ensure_blocks(pool.created_blocks(), pool.capacity_blocks());
+    device_kv_->copy_block(src, dst);
+  }
+
  private:
   LlamaConfig cfg_;
   ModelInfo info_;

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import uuid
 from typing import Any
 
 import jsonschema
@@ -132,8 +133,13 @@ def test_echo_logprobs_match_the_generated_tokens_logprobs(server) -> None:  # t
 
 
 def test_n_choices_share_the_prompt_and_differ_when_sampled(server, client: OpenAI) -> None:  # type: ignore[no-untyped-def]
-    long_prompt = "Here is a story. " + "The lighthouse keeper watched the sea. " * 30
-    before = get(server, "/status")["models"][0]["engine"]["prefix_cache_hits"]
+    long_prompt = (
+        f"Here is story {uuid.uuid4().hex}. " + "The lighthouse keeper watched the sea. " * 30
+    )
+    client.chat.completions.create(  # the model is loaded before its counters are read
+        model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=1
+    )
+    before = get(server, "/status")["models"][0]["engine"]
     out = client.chat.completions.create(
         model=MODEL,
         messages=[{"role": "user", "content": long_prompt + " Continue it."}],
@@ -142,11 +148,14 @@ def test_n_choices_share_the_prompt_and_differ_when_sampled(server, client: Open
         seed=11,
         n=3,
     )
-    after = get(server, "/status")["models"][0]["engine"]["prefix_cache_hits"]
+    after = get(server, "/status")["models"][0]["engine"]
     texts = [c.message.content for c in out.choices]
     assert [c.index for c in out.choices] == [0, 1, 2]
     assert len(set(texts)) == 3  # seeds seed, seed+1, seed+2
-    assert after - before >= 2  # choices 1 and 2 reused choice 0's prompt KV
+    # The prompt was prefilled once: choices 1 and 2 started from choice 0's KV and logits.
+    assert after["forked_sequences"] - before["forked_sequences"] == 2
+    prefilled = after["prompt_tokens_processed"] - before["prompt_tokens_processed"]
+    assert prefilled == out.usage.prompt_tokens - out.usage.prompt_tokens_details.cached_tokens
     assert out.usage.completion_tokens == 36 or all(
         c.finish_reason in ("stop", "length") for c in out.choices
     )

@@ -111,3 +111,20 @@ def test_unknown_or_unavailable_backend_is_refused(model_path: Path) -> None:
     if not _has_gpu():
         with pytest.raises(RuntimeError, match="no GPU"):
             native.Engine(str(model_path), backend="gpu")
+
+
+def test_forked_siblings_copy_device_kv(device_engine, reference: dict) -> None:  # type: ignore[no-untyped-def]
+    """The device backend copies a partial KV block in its own storage for a sibling choice."""
+    prompt = _case(reference, "capital_france")["prompt_ids"]
+    assert len(prompt) % 64 != 0
+    solo = run_all(device_engine, {"solo": {"prompt": prompt, "max_tokens": 6}})["solo"]["tokens"]
+    before = device_engine.stats()["forked_sequences"]
+    out = run_all(
+        device_engine,
+        {
+            "p": {"prompt": prompt, "max_tokens": 6},
+            "c": {"prompt": prompt, "max_tokens": 6, "prefill_of": "p"},
+        },
+    )
+    assert device_engine.stats()["forked_sequences"] == before + 1
+    assert out["p"]["tokens"] == out["c"]["tokens"] == solo

@@ -146,3 +146,51 @@ def test_neighbours_of_a_cancelled_sequence_and_of_an_unpinned_session_keep_thei
     assert churned and done["c"]["finish_reason"] == "cancelled"
     for k in "abs":
         assert tokens[k] == solo[k], k
+
+
+def test_sibling_choices_start_from_one_prefill(engine, reference: dict) -> None:  # type: ignore[no-untyped-def]
+    """`n > 1`: siblings naming the first choice in `prefill_of` copy its KV (shared full blocks
+    plus a copy of the partial last one) and its last logits: the prompt is prefilled once, and
+    greedy siblings produce exactly the solo run's tokens (the copied KV is the real one)."""
+    prompt = _prompt(reference, "long_1000")
+    assert len(prompt) % 64 != 0  # the last block is partial: it must be copied, not shared
+    solo = run_all(engine, {"solo": {"prompt": prompt, "max_tokens": 16}})["solo"]["tokens"]
+    before = engine.stats()
+    together = run_all(
+        engine,
+        {
+            "p": {"prompt": prompt, "max_tokens": 16},
+            "u": {"prompt": [1, 2, 3], "max_tokens": 1},  # an unrelated request in between
+            "c1": {"prompt": prompt, "max_tokens": 16, "prefill_of": "p"},
+            "c2": {"prompt": prompt, "max_tokens": 16, "prefill_of": "p"},
+        },
+    )
+    after = engine.stats()
+    assert after["forked_sequences"] - before["forked_sequences"] == 2
+    parent = together["p"]["done"]
+    fresh = parent["prompt_tokens"] - parent["cached_tokens"]
+    # Only the parent's uncached prompt tokens (and the tiny unrelated prompt) were prefilled.
+    assert after["prompt_tokens_processed"] - before["prompt_tokens_processed"] <= fresh + 3
+    for rid in ("p", "c1", "c2"):
+        assert together[rid]["tokens"] == solo, rid
+    assert together["c1"]["done"]["cached_tokens"] == len(prompt)
+
+
+def test_sampled_siblings_differ_and_orphans_run_alone(engine, reference: dict) -> None:  # type: ignore[no-untyped-def]
+    prompt = _prompt(reference, "system_prompt")
+    sampled = {"temperature": 1.0, "max_tokens": 12}
+    out = run_all(
+        engine,
+        {
+            "sp": {"prompt": prompt, "seed": 1, **sampled},
+            "sc1": {"prompt": prompt, "seed": 2, "prefill_of": "sp", **sampled},
+            "sc2": {"prompt": prompt, "seed": 3, "prefill_of": "sp", **sampled},
+        },
+    )
+    assert len({tuple(out[r]["tokens"]) for r in ("sp", "sc1", "sc2")}) == 3
+    # Same seed as a sibling or alone: the same tokens (the fork is exact).
+    alone = run_all(engine, {"a2": {"prompt": prompt, "seed": 2, **sampled}})["a2"]["tokens"]
+    assert alone == out["sc1"]["tokens"]
+    # A sibling whose parent is unknown (a restarted worker) runs as an ordinary request.
+    orphan = run_all(engine, {"o": {"prompt": prompt, "seed": 2, "prefill_of": "gone", **sampled}})
+    assert orphan["o"]["tokens"] == alone

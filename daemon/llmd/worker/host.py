@@ -125,6 +125,7 @@ def _read_commands(
                 logit_bias=list(s.logit_bias.items()),
                 top_logprobs=s.top_logprobs,
                 constraint=constraint,
+                prefill_of=msg.prefill_of,
             )
         elif isinstance(msg, p.Score):
             try:

@@ -1,0 +1,505 @@
+"""The one generation pipeline every protocol translates into (OpenAI Chat Completions and
+Completions, Anthropic Messages, OpenAI Responses, Ollama's API).
+
+Decision: the internal request is the validated OpenAI Chat Completions request
+(`ChatCompletionRequest`: it already names every feature llmd implements: sampling, tools,
+structured output, sessions, keep-alive), and the internal events are OpenAI's chat `delta`
+objects per choice (`content`, `reasoning_content`, `tool_calls` fragments with stable ids)
+plus one end event per choice with the engine's counts. A protocol module holds only its
+schemas and the mapping to and from these; validation, templating, tool and reasoning
+parsing, stop handling, cancellation and sessions live here and below, once.
+
+Life of a run: `start_chat` (or `start_text` for a raw prompt) checks and renders everything
+that can fail with a 400 before anything runs; `accepted()` waits until the worker has the
+request (a 429 or 503 arrives here, before any byte of a stream); then either `events()`
+(streaming) or `result()` (whole). Closing the run (or the `events()` iterator) cancels its
+requests in the worker. With `n > 1`, the other choices start from choice 0's prefill (the
+engine copies its KV and last logits), so the prompt is prefilled once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Any
+
+from aiohttp import web
+
+from . import protocol as p
+from .chat_output import ChatOutputPlan, ChatStream
+from .chat_template import render_chat
+from .errors import bad_request
+from .generation import Delta, Finished, generate_text, token_budget
+from .http_common import SESSION_ID, SESSIONS
+from .openai_schemas import ChatCompletionRequest, SamplingFields
+from .reasoning import ReasoningSupport, prompt_opens_reasoning, reasoning_support
+from .sessions import Session, SessionTable
+from .structured import response_format_grammar
+from .supervisor import ModelSupervisor
+from .tools import (
+    ToolPlan,
+    ToolSpecError,
+    fallback_messages,
+    function_specs,
+    grammar_error,
+    marker_token_ids,
+    plan_tools,
+    resolve_tool_choice,
+    template_messages,
+    tool_call_grammar,
+)
+from .worker_client import ACCEPTED, Accepted
+
+Piece = tuple[int, Delta | Finished]
+# make(index, prefill_of): choice `index`'s generation, starting from request `prefill_of`'s
+# prefill when that is not empty.
+MakeChoice = Callable[[int, str], AsyncIterator[Accepted | Delta | Finished]]
+
+
+# ---------------------------------------------------------------------- events
+
+
+@dataclass
+class ChoiceDelta:
+    """Part of choice `index`'s answer: one OpenAI chat `delta` (exactly one of `content`,
+    `reasoning_content` or a one-entry `tool_calls` list), and the OpenAI `logprobs` object of
+    the tokens behind it when the request asked for them."""
+
+    index: int
+    delta: dict[str, Any]
+    logprobs: dict[str, Any] | None = None
+
+
+@dataclass
+class ChoiceEnd:
+    """Choice `index` is complete: its finish reason (`stop`, `length`, `tool_calls`) and the
+    engine's counts."""
+
+    index: int
+    finish_reason: str
+    finished: Finished
+
+
+ChatEvent = ChoiceDelta | ChoiceEnd
+
+
+@dataclass
+class ChatChoice:
+    """One whole answer: an OpenAI assistant message (`content`, `reasoning_content`,
+    `tool_calls` with `function.arguments` as a JSON string), its finish reason and logprobs."""
+
+    message: dict[str, Any]
+    finish_reason: str
+    logprobs: dict[str, Any] | None = None
+
+
+@dataclass
+class ChatResult:
+    choices: list[ChatChoice]
+    usage: dict[str, Any]
+
+
+def usage_of(finished: list[Finished]) -> dict[str, Any]:
+    """OpenAI's usage object; the prompt counts once however many choices shared it (as
+    OpenAI bills it)."""
+    first = finished[0]
+    completion = sum(f.completion_tokens for f in finished)
+    return {
+        "prompt_tokens": first.prompt_tokens,
+        "completion_tokens": completion,
+        "total_tokens": first.prompt_tokens + completion,
+        "prompt_tokens_details": {"cached_tokens": first.cached_tokens},
+    }
+
+
+# ---------------------------------------------------------------------- choices
+
+
+def sampling_params(req: SamplingFields, index: int, top_logprobs: int) -> p.SamplingParams:
+    """Choice `index` of a seeded request uses seed + index: choices differ, runs repeat."""
+    seed = None if req.seed is None else (req.seed + index) % 2**64
+    return p.SamplingParams(
+        temperature=req.temperature,
+        top_k=req.top_k,
+        top_p=req.top_p,
+        min_p=req.min_p,
+        seed=seed,
+        frequency_penalty=req.frequency_penalty,
+        presence_penalty=req.presence_penalty,
+        repetition_penalty=req.repetition_penalty,
+        logit_bias=req.logit_bias_ids(),
+        top_logprobs=top_logprobs,
+    )
+
+
+def check_logit_bias(req: SamplingFields, model: ModelSupervisor) -> None:
+    assert model.worker is not None and model.worker.ready is not None
+    vocab = model.worker.ready.model.vocab_size
+    for token in req.logit_bias_ids():
+        if token >= vocab:
+            raise bad_request(
+                f"logit_bias names token {token}, outside this model's vocabulary of {vocab}",
+                param="logit_bias",
+            )
+
+
+_END = object()
+
+
+async def run_choices(make: MakeChoice, n: int) -> AsyncIterator[Accepted | Piece]:
+    """ACCEPTED once choice 0's request is in the worker, then (index, piece) of every
+    choice as they come. Raises the first choice error. Closing it cancels every choice.
+
+    Choices 1..n-1 are submitted once choice 0 is accepted, naming it in `prefill_of`: the
+    engine starts them from choice 0's prefilled KV and last logits, so the prompt is
+    prefilled once (engine stat `forked_sequences`)."""
+    queue: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()
+    tasks: list[asyncio.Task[None]] = []
+
+    async def pump(index: int, prefill_of: str) -> None:
+        pieces = None
+        try:
+            pieces = make(index, prefill_of)
+            async for piece in pieces:
+                queue.put_nowait((index, piece))
+        except Exception as exc:  # noqa: BLE001 - handed to the consumer, which raises it
+            queue.put_nowait((index, exc))
+        finally:
+            if pieces is not None:
+                await pieces.aclose()  # type: ignore[attr-defined]
+            queue.put_nowait((index, _END))
+
+    tasks.append(asyncio.create_task(pump(0, "")))
+    ended = 0
+    try:
+        while ended < len(tasks):
+            index, piece = await queue.get()
+            if piece is _END:
+                ended += 1
+                continue
+            if isinstance(piece, Exception):
+                raise piece
+            if isinstance(piece, Accepted):
+                if index == 0:
+                    tasks.extend(
+                        asyncio.create_task(pump(i, piece.request_id)) for i in range(1, n)
+                    )
+                    yield ACCEPTED
+                continue
+            yield index, piece
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def request_session_id(request: web.Request, req: SamplingFields) -> str:
+    """The request's named session: `session_id` in the body or an `X-Session-Id` header."""
+    sid = req.session_id or request.headers.get("X-Session-Id") or ""
+    if sid and not SESSION_ID.match(sid):
+        raise bad_request("X-Session-Id must be 1-128 letters, digits or ._:@-", param="session_id")
+    return sid
+
+
+def choice_maker(
+    request: web.Request,
+    req: SamplingFields,
+    model: ModelSupervisor,
+    prompt: list[int],
+    max_tokens: int,
+    top_logprobs: int,
+    grammar: str | None = None,
+    show_tokens: frozenset[int] = frozenset(),
+) -> MakeChoice:
+    """Choice i's generation; choice 0 runs in the request's named session, whose KV then
+    stays pinned in the worker. `grammar`: a forced tool call's (else the response_format's,
+    if any). The session is opened when choice 0 starts, so nothing can fail between opening
+    and the generation that closes it."""
+    grammar = grammar or response_format_grammar(req.response_format)
+    sid = request_session_id(request, req)
+    table = request.app[SESSIONS]
+
+    def make(index: int, prefill_of: str) -> AsyncIterator[Accepted | Delta | Finished]:
+        pieces = generate_text(
+            model,
+            prompt,
+            max_tokens=max_tokens,
+            sampling=sampling_params(req, index, top_logprobs),
+            stops=req.stop_list(),
+            session=sid if index == 0 else "",
+            grammar=grammar,
+            show_tokens=show_tokens,
+            prefill_of=prefill_of,
+        )
+        if index == 0 and sid:
+            session = table.begin(sid, req.model, model, req.session_ttl)
+            return _in_session(pieces, table, session)
+        return pieces
+
+    return make
+
+
+async def _in_session(
+    pieces: AsyncIterator[Accepted | Delta | Finished], table: SessionTable, session: Session
+) -> AsyncIterator[Accepted | Delta | Finished]:
+    try:
+        async for piece in pieces:
+            yield piece
+    finally:
+        await pieces.aclose()  # type: ignore[attr-defined]
+        await table.end(session)
+
+
+@dataclass
+class Collected:
+    """One choice, gathered for a non-streaming answer."""
+
+    text: list[str] = field(default_factory=list)
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[p.TokenLogprob] = field(default_factory=list)
+    finished: Finished | None = None
+
+
+async def collect(pieces: AsyncIterator[Accepted | Piece], n: int) -> list[Collected]:
+    out = [Collected() for _ in range(n)]
+    try:
+        async for item in pieces:
+            if isinstance(item, Accepted):
+                continue
+            index, piece = item
+            if isinstance(piece, Finished):
+                out[index].finished = piece
+            else:
+                out[index].text.append(piece.text)
+                out[index].tokens += piece.tokens
+                out[index].logprobs += piece.logprobs
+    finally:
+        await pieces.aclose()  # type: ignore[attr-defined]  # client gone: cancel in worker
+    return out
+
+
+# ---------------------------------------------------------------------- the chat prompt
+
+
+@lru_cache(maxsize=32)
+def _template_plans(template: str) -> tuple[ToolPlan, ReasoningSupport]:
+    """How a template's model speaks tools and whether it thinks: read once per template."""
+    return plan_tools(template, None), reasoning_support(template, None)
+
+
+@dataclass
+class ChatPrompt:
+    ids: list[int]
+    output: ChatOutputPlan
+    grammar: str | None
+    show_tokens: frozenset[int]
+
+
+def chat_prompt(req: ChatCompletionRequest, model: ModelSupervisor) -> ChatPrompt:
+    """Render the conversation (with tools, natively or through llmd's fallback prompt),
+    and decide how the answer is parsed and what, if anything, constrains it."""
+    text = model.text
+    template = text.chat_template
+    assert template is not None
+    plan, thinking = _template_plans(template)
+    messages = [m.for_template() for m in req.messages]
+    try:
+        specs = function_specs(req.tools)
+        choice = resolve_tool_choice(req.tool_choice, specs)
+    except ToolSpecError as exc:
+        raise bad_request(str(exc), param=exc.param) from exc
+    offer_tools = bool(specs) and choice.mode != "none"
+    has_tool_turns = any(m.get("tool_calls") or m["role"] == "tool" for m in messages)
+    extra: dict[str, Any] = {}
+    if (offer_tools or has_tool_turns) and plan.template_renders_tools:
+        messages = template_messages(messages)
+        if offer_tools:
+            extra["tools"] = req.tools
+    elif offer_tools or has_tool_turns:
+        messages = fallback_messages(messages, req.tools if offer_tools else None, plan.family)
+    rendered = render_chat(
+        template, messages, bos_token=text.bos_token, eos_token=text.eos_token, **extra
+    )
+    ids = text.encode_rendered_chat(rendered)
+    starts_in = thinking.is_reasoning_model and prompt_opens_reasoning(rendered)
+    parallel = req.parallel_tool_calls is not False
+    grammar = None
+    if offer_tools and choice.forces_call:
+        if req.response_format is not None and req.response_format.type != "text":
+            raise bad_request(
+                "a forced tool call and response_format cannot both constrain the answer",
+                param="tool_choice",
+            )
+        special = marker_token_ids(plan.parser, text.tokenizer.token_to_id, text.special_ids)
+        reasoning = ("open" if starts_in else "optional") if thinking.is_reasoning_model else None
+        grammar = tool_call_grammar(
+            specs, choice, plan.parser, parallel, special_tokens=special, reasoning=reasoning
+        )
+        if grammar is not None and (error := grammar_error(grammar)):
+            raise bad_request(f"the tools cannot be enforced: {error}", param="tools")
+    show: set[int] = set()
+    if offer_tools:
+        for marker in plan.parser.visible_tokens:
+            token = text.tokenizer.token_to_id(marker)
+            if token is not None:
+                show.add(token)
+    names = tuple(s.name for s in specs) if choice.function is None else (choice.function,)
+    output = ChatOutputPlan(
+        split_reasoning=thinking.is_reasoning_model,
+        starts_in_reasoning=starts_in,
+        keep_inline=req.reasoning_format == "none",
+        tools=plan.parser if offer_tools else None,
+        function_names=names,
+        parallel=parallel,
+    )
+    return ChatPrompt(ids, output, grammar, frozenset(show))
+
+
+# ---------------------------------------------------------------------- runs
+
+
+class ChatRun:
+    """A started generation of `n` choices, read either as events or as a whole result."""
+
+    def __init__(
+        self,
+        pieces: AsyncIterator[Accepted | Piece],
+        output: ChatOutputPlan,
+        n: int,
+        prompt_tokens: int,
+        chat_logprobs: Callable[[list[int], list[p.TokenLogprob]], dict[str, Any] | None],
+    ) -> None:
+        self._pieces = pieces
+        self.output = output
+        self.n = n
+        self.prompt_tokens = prompt_tokens
+        self._logprobs = chat_logprobs
+        self._accepted = False
+
+    async def accepted(self) -> None:
+        """Returns once the worker has the request; raises ApiError (429 queue full, 503 no
+        worker, ...) before that. Call it before a stream's first byte."""
+        if self._accepted:
+            return
+        if not isinstance(await anext(self._pieces), Accepted):
+            raise RuntimeError("generation did not start with ACCEPTED")
+        self._accepted = True
+
+    async def events(self) -> AsyncIterator[ChatEvent]:
+        """Every choice's deltas and its end, in the order they are produced. Raises ApiError
+        for a failure mid-generation. Closing it cancels the run."""
+        await self.accepted()
+        streams: list[ChatStream] = [self.output.stream() for _ in range(self.n)]
+        try:
+            async for item in self._pieces:
+                assert not isinstance(item, Accepted)
+                index, piece = item
+                if isinstance(piece, Finished):
+                    deltas, reason = streams[index].finish(piece.finish_reason)
+                    for delta in deltas:
+                        yield ChoiceDelta(index, delta)
+                    yield ChoiceEnd(index, reason, piece)
+                    continue
+                deltas = streams[index].feed(piece.text)
+                lp = self._logprobs(piece.tokens, piece.logprobs)
+                if lp is not None and not deltas:
+                    deltas = [{"content": ""}]
+                for i, delta in enumerate(deltas):
+                    yield ChoiceDelta(index, delta, lp if i == 0 else None)
+        finally:
+            await self.aclose()
+
+    async def result(self) -> ChatResult:
+        """The whole answer of every choice, parsed (reasoning, tool calls) and with usage."""
+        collected = await collect(self._pieces, self.n)
+        choices = []
+        for c in collected:
+            message, reason = self.output.whole(
+                "".join(c.text), c.finished.finish_reason if c.finished else "stop"
+            )
+            choices.append(ChatChoice(message, reason, self._logprobs(c.tokens, c.logprobs)))
+        finished = [c.finished for c in collected if c.finished is not None]
+        return ChatResult(choices, usage_of(finished))
+
+    async def aclose(self) -> None:
+        await self._pieces.aclose()  # type: ignore[attr-defined]
+
+
+def _logprobs_formatter(
+    model: ModelSupervisor, top_logprobs: int
+) -> Callable[[list[int], list[p.TokenLogprob]], dict[str, Any] | None]:
+    texts = model.text.token_texts
+
+    def chat_logprobs(tokens: list[int], lps: list[p.TokenLogprob]) -> dict[str, Any] | None:
+        if top_logprobs < 0:
+            return None
+        return {
+            "content": [texts.chat_entry(t, lp) for t, lp in zip(tokens, lps, strict=True)],
+            "refusal": None,
+        }
+
+    return chat_logprobs
+
+
+async def start_chat(
+    request: web.Request, req: ChatCompletionRequest, model: ModelSupervisor
+) -> ChatRun:
+    """Check, render and start a chat request (400s are raised here, before anything runs).
+    `request` supplies the session header and the app's session table."""
+    if not model.text.chat_template:
+        raise bad_request(
+            f"model '{req.model}' has no chat template; use /v1/completions", param="model"
+        )
+    check_logit_bias(req, model)
+    # Off the event loop: a long prompt must not stall other clients' streams.
+    chat = await asyncio.to_thread(chat_prompt, req, model)
+    requested, limit_param = req.token_limit()
+    max_tokens = token_budget(
+        len(chat.ids),
+        requested,
+        model.context_length,
+        limit_param=limit_param,
+        prompt_param="messages",
+    )
+    top_logprobs = req.engine_logprobs()
+    make = choice_maker(
+        request, req, model, chat.ids, max_tokens, top_logprobs, chat.grammar, chat.show_tokens
+    )
+    pieces = run_choices(make, req.n)
+    return ChatRun(
+        pieces, chat.output, req.n, len(chat.ids), _logprobs_formatter(model, top_logprobs)
+    )
+
+
+async def start_text(
+    request: web.Request,
+    req: SamplingFields,
+    model: ModelSupervisor,
+    prompt_text: str,
+    *,
+    prompt_param: str = "prompt",
+    output: ChatOutputPlan | None = None,
+) -> ChatRun:
+    """A raw prompt (no chat template) continued as plain text: its events carry `content`
+    deltas only. For protocols with a raw mode (Ollama's `/api/generate` with `raw`)."""
+    prompt = await asyncio.to_thread(model.text.encode, prompt_text)
+    if not prompt:
+        raise bad_request("the prompt is empty", param=prompt_param)
+    check_logit_bias(req, model)
+    max_tokens = token_budget(
+        len(prompt),
+        req.max_tokens,
+        model.context_length,
+        limit_param="max_tokens",
+        prompt_param=prompt_param,
+    )
+    make = choice_maker(request, req, model, prompt, max_tokens, -1)
+    return ChatRun(
+        run_choices(make, req.n),
+        output or ChatOutputPlan(),
+        req.n,
+        len(prompt),
+        _logprobs_formatter(model, -1),
+    )
