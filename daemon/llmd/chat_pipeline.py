@@ -473,17 +473,11 @@ async def start_chat(
     )
 
 
-async def start_text(
-    request: web.Request,
-    req: SamplingFields,
-    model: ModelSupervisor,
-    prompt_text: str,
-    *,
-    prompt_param: str = "prompt",
-    output: ChatOutputPlan | None = None,
-) -> ChatRun:
-    """A raw prompt (no chat template) continued as plain text: its events carry `content`
-    deltas only. For protocols with a raw mode (Ollama's `/api/generate` with `raw`)."""
+async def encode_prompt(
+    req: SamplingFields, model: ModelSupervisor, prompt_text: str, prompt_param: str = "prompt"
+) -> tuple[list[int], int]:
+    """A raw prompt's token ids (encoded off the event loop) and its max_tokens, after the
+    checks that answer 400 (empty prompt, logit_bias, context window)."""
     prompt = await asyncio.to_thread(model.text.encode, prompt_text)
     if not prompt:
         raise bad_request("the prompt is empty", param=prompt_param)
@@ -495,6 +489,21 @@ async def start_text(
         limit_param="max_tokens",
         prompt_param=prompt_param,
     )
+    return prompt, max_tokens
+
+
+async def start_text(
+    request: web.Request,
+    req: SamplingFields,
+    model: ModelSupervisor,
+    prompt_text: str,
+    *,
+    prompt_param: str = "prompt",
+    output: ChatOutputPlan | None = None,
+) -> ChatRun:
+    """A raw prompt (no chat template) continued as plain text: its events carry `content`
+    deltas only. For protocols with a raw mode (Ollama's `/api/generate` with `raw`)."""
+    prompt, max_tokens = await encode_prompt(req, model, prompt_text, prompt_param)
     make = choice_maker(request, req, model, prompt, max_tokens, -1)
     return ChatRun(
         run_choices(make, req.n),

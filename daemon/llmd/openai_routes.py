@@ -9,7 +9,6 @@ from choice 0's KV and last logits (chat_pipeline.run_choices).
 
 from __future__ import annotations
 
-import asyncio
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -23,15 +22,15 @@ from .chat_pipeline import (
     ChoiceDelta,
     ChoiceEnd,
     Piece,
-    check_logit_bias,
     choice_maker,
     collect,
+    encode_prompt,
     run_choices,
     start_chat,
     usage_of,
 )
-from .errors import ApiError, bad_request, server_error
-from .generation import Finished, token_budget
+from .errors import ApiError, server_error
+from .generation import Finished
 from .http_common import REGISTRY, json_body, relay, sse
 from .openai_schemas import ChatCompletionRequest, CompletionRequest, parse_request
 from .supervisor import ModelSupervisor
@@ -142,17 +141,7 @@ async def _complete(
     request: web.Request, req: CompletionRequest, model: ModelSupervisor
 ) -> web.StreamResponse:
     prompt_text = req.prompt_text()
-    prompt = await asyncio.to_thread(model.text.encode, prompt_text)
-    if not prompt:
-        raise bad_request("the prompt is empty", param="prompt")
-    check_logit_bias(req, model)
-    max_tokens = token_budget(
-        len(prompt),
-        req.max_tokens,
-        model.context_length,
-        limit_param="max_tokens",
-        prompt_param="prompt",
-    )
+    prompt, max_tokens = await encode_prompt(req, model, prompt_text)
     top_logprobs = req.engine_logprobs()
     texts = model.text.token_texts
     cid = f"cmpl-{uuid.uuid4().hex}"

@@ -2,8 +2,8 @@
 drained stop.
 
 Routes here: ``GET /health``, ``GET /status``, ``GET /v1/models``, ``GET /v1/sessions``,
-``DELETE /v1/sessions/{id}``; the OpenAI generation routes live in openai_routes.py. Errors
-always leave in the OpenAI envelope with the right status.
+``DELETE /v1/sessions/{id}``, ``GET /metrics`` (metrics.py); the OpenAI generation routes live
+in openai_routes.py. Errors always leave in the OpenAI envelope with the right status.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import Any
 from aiohttp import web
 
 from . import __version__
-from .catalog import load_catalog
+from .anthropic_messages import add_anthropic_routes
 from .errors import ApiError, server_error
 from .http_common import (
     ADDRESSES,
@@ -31,14 +31,18 @@ from .http_common import (
     SESSIONS,
     STARTED,
     STORE,
+    error_shape_for,
 )
 from .instance import AlreadyRunning, InstanceLock, lock_path
 from .keep_alive import DEFAULT_KEEP_ALIVE
 from .limits import DEFAULT_MAX_LOADED, DEFAULT_QUEUE_LIMIT
+from .metrics import Metrics, add_metrics, metrics_middleware
 from .model_registry import ModelRegistry
+from .ollama_models import add_ollama_routes
 from .openai_routes import add_openai_routes
 from .paths import Paths, ensure_private_dir
 from .pull_routes import add_pull_routes
+from .responses_api import add_responses_routes
 from .security import SecurityConfig, install_cors, make_runner, security_middlewares
 from .sessions import DEFAULT_MAX_SESSIONS, DEFAULT_SESSION_TTL, SessionTable
 from .store import ModelStore
@@ -53,8 +57,11 @@ DEFAULT_MAX_BODY = 16 * 1024 * 1024
 # ---------------------------------------------------------------------- errors
 
 
-def _error_response(err: ApiError) -> web.Response:
-    return web.json_response(err.envelope(), status=err.status)
+def _error_response(err: ApiError, request: web.Request) -> web.Response:
+    """In the envelope of the protocol the path belongs to (OpenAI's unless a protocol
+    registered its own shape for its routes)."""
+    render = error_shape_for(request)
+    return web.json_response(render(err), status=err.status)
 
 
 @web.middleware
@@ -64,21 +71,21 @@ async def error_middleware(
     try:
         return await handler(request)
     except ApiError as err:
-        return _error_response(err)
+        return _error_response(err, request)
     except web.HTTPException as exc:
         if exc.status == 413:
             return _error_response(
-                ApiError(413, "request body too large", code="request_too_large")
+                ApiError(413, "request body too large", code="request_too_large"), request
             )
         if exc.status < 400:
             raise
         kind = "not_found" if exc.status == 404 else "invalid_request_error"
-        return _error_response(ApiError(exc.status, exc.reason or "error", type=kind))
+        return _error_response(ApiError(exc.status, exc.reason or "error", type=kind), request)
     except asyncio.CancelledError:
         raise
     except Exception as exc:  # noqa: BLE001 - the daemon keeps serving whatever went wrong
         log.exception("unhandled error on %s %s", request.method, request.path)
-        return _error_response(server_error(f"internal error: {exc}"))
+        return _error_response(server_error(f"internal error: {exc}"), request)
 
 
 # ---------------------------------------------------------------------- routes
@@ -121,16 +128,9 @@ async def status(request: web.Request) -> web.Response:
 
 async def list_models(request: web.Request) -> web.Response:
     """Installed models plus catalog models served from an installed package."""
-    store = request.app[STORE]
-    names = {r.name: r for r in store.list()}
-    for name in load_catalog():
-        if name not in names:
-            record = store.resolve(name)
-            if record is not None:
-                names[name] = record
     data = [
-        {"id": name, "object": "model", "created": int(r.modified), "owned_by": "llmd"}
-        for name, r in sorted(names.items())
+        {"id": r.name, "object": "model", "created": int(r.modified), "owned_by": "llmd"}
+        for r in request.app[STORE].served()
     ]
     return web.json_response({"object": "list", "data": data})
 
@@ -186,7 +186,12 @@ def create_app(
     security = security or SecurityConfig()
     app = web.Application(
         client_max_size=max_body,
-        middlewares=[error_middleware, *security_middlewares(security), drain_middleware],
+        middlewares=[
+            metrics_middleware,  # outermost: it counts the statuses the others produce
+            error_middleware,
+            *security_middlewares(security),
+            drain_middleware,
+        ],
     )
     app[SECURITY] = security
     install_cors(app, security)
@@ -206,6 +211,8 @@ def create_app(
         memory_budget=memory_budget,
     )
     app[REGISTRY] = registry
+    registry.metrics = Metrics()
+    add_metrics(app, registry.metrics)
     app[STARTED] = time.time()
     app[DRAINING] = asyncio.Event()
     app[ADDRESSES] = []
@@ -214,6 +221,9 @@ def create_app(
     app.router.add_get("/v1/models", list_models)
     add_openai_routes(app)
     add_pull_routes(app)
+    add_responses_routes(app)
+    add_ollama_routes(app)
+    add_anthropic_routes(app)
     app.router.add_get("/v1/sessions", list_sessions)
     app.router.add_delete("/v1/sessions/{session_id}", delete_session)
     sessions = SessionTable(default_ttl=session_ttl, max_sessions=max_sessions)

@@ -168,6 +168,17 @@ class ModelStore:
         except (ValueError, TypeError):
             return None
 
+    def served(self) -> list[ModelRecord]:
+        """What the daemon can serve, by name: installed models plus catalog models whose
+        package file is installed (what /v1/models and Ollama's /api/tags list)."""
+        records = {r.name: r for r in self.list()}
+        for name in load_catalog():
+            if name not in records:
+                record = self.resolve(name)
+                if record is not None:
+                    records[name] = record
+        return [records[n] for n in sorted(records)]
+
     def resolve(self, name: str) -> ModelRecord | None:
         """The installed model called `name`, or the default model's package file."""
         record = self.get(name)
