@@ -128,7 +128,8 @@ def sampling_params(req: SamplingFields, index: int, top_logprobs: int) -> p.Sam
         seed=seed,
         frequency_penalty=req.frequency_penalty,
         presence_penalty=req.presence_penalty,
-        repetition_penalty=req.repetition_penalty,
+        repetition_penalty=1.0 if req.repeat_last_n == 0 else req.repetition_penalty,
+        repetition_window=max(0, req.repeat_last_n),
         logit_bias=req.logit_bias_ids(),
         top_logprobs=top_logprobs,
     )

@@ -5,9 +5,9 @@ Request mapping (decisions, also in README):
 
 - ``options``: ``num_predict`` -> max_tokens (``-1``/``-2``/``0``: until the model stops or
   the context is full; a prompt plus ``num_predict`` beyond the context is a 400, as on /v1), ``temperature``, ``top_k``, ``top_p``, ``min_p``, ``seed`` (``-1``:
-  random, as Ollama), ``stop``, ``repeat_penalty`` -> repetition_penalty (over the whole
-  context: ``repeat_last_n`` other than ``-1`` is refused while a penalty is set),
-  ``presence_penalty``, ``frequency_penalty``. ``num_ctx`` is a load-time setting in Ollama;
+  random, as Ollama), ``stop``, ``repeat_penalty`` -> repetition_penalty over the latest
+  ``repeat_last_n`` tokens (Ollama's default 64; ``-1`` the whole context, ``0`` off),
+  ``presence_penalty``, ``frequency_penalty`` (OpenAI's: over the generated tokens). ``num_ctx`` is a load-time setting in Ollama;
   llmd serves each model with one context (``--context-length``), so any ``num_ctx`` is
   accepted and the served context is used: a prompt that does not fit is a 400 (Ollama would
   truncate it) and an answer that fills the context ends with ``done_reason: "length"``.
@@ -280,16 +280,6 @@ def map_options(raw: dict[str, Any] | None) -> dict[str, Any]:
         refused.append("typical_p")
     if opts.tfs_z not in (None, 1.0):
         refused.append("tfs_z")
-    penalised = any(
-        v not in (None, n)
-        for v, n in (
-            (opts.repeat_penalty, 1.0),
-            (opts.presence_penalty, 0.0),
-            (opts.frequency_penalty, 0.0),
-        )
-    )
-    if penalised and opts.repeat_last_n not in (None, -1):
-        refused.append("repeat_last_n (llmd's penalties cover the whole context: use -1)")
     if refused:
         raise bad_request(
             f"option(s) not supported by llmd: {', '.join(refused)}",
@@ -313,6 +303,8 @@ def map_options(raw: dict[str, Any] | None) -> dict[str, Any]:
         out["frequency_penalty"] = opts.frequency_penalty
     if opts.repeat_penalty is not None:
         out["repetition_penalty"] = opts.repeat_penalty
+        # Ollama's default window is the latest 64 tokens (-1: the whole context, 0: off).
+        out["repeat_last_n"] = 64 if opts.repeat_last_n is None else opts.repeat_last_n
     if opts.seed is not None and opts.seed != -1:  # -1: a random seed, as Ollama
         out["seed"] = opts.seed
     if opts.stop:

@@ -120,6 +120,9 @@ class SamplingFields(_Strict):
     frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
     presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
     repetition_penalty: float = Field(default=1.0, gt=0.0, le=10.0)
+    # llama-server's extension: the latest tokens the repetition penalty covers (-1: the
+    # whole context, the default; 0: the penalty is off).
+    repeat_last_n: int = Field(default=-1, ge=-1)
     logit_bias: dict[str, float] | None = None
     # n choices from one prompt; its KV is prefilled once (the engine forks choice 0's).
     n: int = Field(default=1, ge=1, le=16)

@@ -39,6 +39,7 @@ class SamplingParams(_Message):
     frequency_penalty: float = 0.0  # OpenAI's: generated tokens only
     presence_penalty: float = 0.0
     repetition_penalty: float = 1.0  # HF/vLLM's: prompt and generated tokens
+    repetition_window: int = 0  # the latest tokens the repetition penalty covers; 0: all
     logit_bias: dict[int, float] = {}
     top_logprobs: int = -1  # -1: none; 0: the sampled token's logprob; n: and n alternatives
 

@@ -173,7 +173,7 @@ PYBIND11_MODULE(_engine, m) {
              int top_k, float top_p, float min_p, uint64_t seed, std::vector<int32_t> stop_tokens,
              std::string session, float frequency_penalty, float presence_penalty, float repetition_penalty,
              std::vector<std::pair<int32_t, float>> logit_bias, int top_logprobs, py::object constraint,
-             std::string prefill_of) {
+             std::string prefill_of, int repetition_window) {
             GenerateRequest r;
             r.id = id;
             r.prompt = std::move(prompt);
@@ -186,6 +186,7 @@ PYBIND11_MODULE(_engine, m) {
             r.sampling.frequency_penalty = frequency_penalty;
             r.sampling.presence_penalty = presence_penalty;
             r.sampling.repetition_penalty = repetition_penalty;
+            r.sampling.repetition_window = repetition_window;
             r.sampling.logit_bias = std::move(logit_bias);
             r.sampling.top_logprobs = top_logprobs;
             r.stop_tokens = std::move(stop_tokens);
@@ -200,7 +201,8 @@ PYBIND11_MODULE(_engine, m) {
           py::arg("frequency_penalty") = 0.f, py::arg("presence_penalty") = 0.f,
           py::arg("repetition_penalty") = 1.f,
           py::arg("logit_bias") = std::vector<std::pair<int32_t, float>>{}, py::arg("top_logprobs") = -1,
-          py::arg("constraint") = py::none(), py::arg("prefill_of") = "")
+          py::arg("constraint") = py::none(), py::arg("prefill_of") = "",
+          py::arg("repetition_window") = 0)
       .def("shutdown",
            [](Engine& e) {
              py::gil_scoped_release release;

@@ -126,7 +126,10 @@ class Engine {
     TokenCounts counts;  // only filled when a penalty needs it
     Clock::time_point submitted, admitted, first_token;
     explicit Sequence(GenerateRequest r, KvPool& pool)
-        : request(std::move(r)), kv(std::make_unique<SequenceKv>(pool)), sampler(request.sampling) {}
+        : request(std::move(r)),
+          kv(std::make_unique<SequenceKv>(pool)),
+          sampler(request.sampling),
+          counts(request.sampling.repetition_window) {}
     bool prefilling() const { return fed < static_cast<int>(request.prompt.size()); }
     int32_t token_at(int pos) const {
       const int n = static_cast<int>(request.prompt.size());

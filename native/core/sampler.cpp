@@ -13,13 +13,24 @@ int argmax(const float* logits, int vocab) {
   return best;
 }
 
+void TokenCounts::see(int32_t token) {
+  ++seen[token];
+  if (window <= 0) return;
+  recent.push_back(token);
+  if (static_cast<int>(recent.size()) > window) {
+    const int32_t old = recent.front();
+    recent.pop_front();
+    if (--seen[old] == 0) seen.erase(old);
+  }
+}
+
 void TokenCounts::add_prompt(const std::vector<int32_t>& prompt) {
-  for (int32_t t : prompt) ++seen[t];
+  for (int32_t t : prompt) see(t);
 }
 
 void TokenCounts::add_generated(int32_t token) {
   ++generated[token];
-  ++seen[token];
+  see(token);
 }
 
 bool needs_counts(const SamplingParams& p) {

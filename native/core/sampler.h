@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <random>
 #include <unordered_map>
 #include <utility>
@@ -23,6 +24,9 @@ struct SamplingParams {
   float frequency_penalty = 0.f;
   float presence_penalty = 0.f;
   float repetition_penalty = 1.f;  // 1: off
+  // How many of the latest tokens (prompt and output) the repetition penalty looks at
+  // (llama.cpp's and Ollama's repeat_last_n); 0: the whole context.
+  int repetition_window = 0;
   std::vector<std::pair<int32_t, float>> logit_bias;
   int top_logprobs = -1;  // -1: no logprobs; 0: the sampled token's; n: also the n likeliest
 };
@@ -36,10 +40,16 @@ struct TokenLogprob {
 
 // Token occurrence counts of one sequence, kept only when a penalty needs them.
 struct TokenCounts {
+  explicit TokenCounts(int window = 0) : window(window) {}
   std::unordered_map<int32_t, int> generated;
-  std::unordered_map<int32_t, int> seen;  // prompt + generated
+  std::unordered_map<int32_t, int> seen;  // prompt + generated (the latest `window` when > 0)
   void add_prompt(const std::vector<int32_t>& prompt);
   void add_generated(int32_t token);
+
+ private:
+  void see(int32_t token);
+  int window = 0;
+  std::deque<int32_t> recent;  // the tokens `seen` counts, when windowed
 };
 
 bool needs_counts(const SamplingParams& p);

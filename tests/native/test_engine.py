@@ -194,3 +194,20 @@ def test_sampled_siblings_differ_and_orphans_run_alone(engine, reference: dict) 
     # A sibling whose parent is unknown (a restarted worker) runs as an ordinary request.
     orphan = run_all(engine, {"o": {"prompt": prompt, "seed": 2, "prefill_of": "gone", **sampled}})
     assert orphan["o"]["tokens"] == alone
+
+
+def test_repetition_window_limits_what_the_penalty_sees(engine, reference: dict) -> None:  # type: ignore[no-untyped-def]
+    """`repeat_last_n`: a window covering the whole sequence is the unwindowed penalty; a
+    one-token window penalises only the previous token, which changes the greedy answer."""
+    prompt = _prompt(reference, "python_code")
+    n = 24
+
+    def run(**sampling: float) -> list[int]:
+        rid = f"w{len(sampling)}-{sampling.get('repetition_window', 'all')}"
+        return run_all(engine, {rid: {"prompt": prompt, "max_tokens": n, **sampling}})[rid][
+            "tokens"
+        ]
+
+    whole = run(repetition_penalty=3.0)
+    assert run(repetition_penalty=3.0, repetition_window=len(prompt) + n) == whole
+    assert run(repetition_penalty=3.0, repetition_window=1) != whole

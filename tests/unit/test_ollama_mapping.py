@@ -67,9 +67,15 @@ def test_options_map_to_the_pipelines_sampling_fields() -> None:
         "seed": 7,
         "stop": ["\n", "user:"],
         "repetition_penalty": 1.2,
+        "repeat_last_n": -1,
         "presence_penalty": 0.5,
         "frequency_penalty": 0.25,
     }
+
+
+def test_repeat_penalty_looks_at_ollamas_default_window() -> None:
+    assert map_options({"repeat_penalty": 1.1}) == {"repetition_penalty": 1.1, "repeat_last_n": 64}
+    assert map_options({"repeat_penalty": 1.1, "repeat_last_n": 0})["repeat_last_n"] == 0
 
 
 @pytest.mark.parametrize("value", [-1, -2, 0])
@@ -105,7 +111,6 @@ def test_load_and_speed_options_are_accepted_and_change_nothing() -> None:
         ({"mirostat": 2}, "mirostat"),
         ({"typical_p": 0.7}, "typical_p"),
         ({"tfs_z": 0.5}, "tfs_z"),
-        ({"repeat_penalty": 1.1, "repeat_last_n": 64}, "repeat_last_n"),
         ({"not_an_option": 1}, "not_an_option"),
     ],
 )

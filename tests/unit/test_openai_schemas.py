@@ -137,3 +137,19 @@ def test_message_content_is_flattened_for_the_template() -> None:
         {"role": "user", "content": "q", "name": "ada"},
         {"role": "assistant", "content": ""},
     ]
+
+
+def test_repeat_last_n_sets_the_repetition_window() -> None:
+    from llmd.chat_pipeline import sampling_params
+
+    def sampling(**extra: object):  # type: ignore[no-untyped-def]
+        body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], **extra}
+        return sampling_params(parse_request(body, ChatCompletionRequest), 0, -1)
+
+    assert sampling(repetition_penalty=1.3).repetition_window == 0  # the whole context
+    windowed = sampling(repetition_penalty=1.3, repeat_last_n=64)
+    assert (windowed.repetition_penalty, windowed.repetition_window) == (1.3, 64)
+    assert sampling(repetition_penalty=1.3, repeat_last_n=0).repetition_penalty == 1.0  # off
+    with pytest.raises(ApiError) as bad:
+        sampling(repeat_last_n=-2)
+    assert bad.value.param == "repeat_last_n"

@@ -122,6 +122,7 @@ def _read_commands(
                 frequency_penalty=s.frequency_penalty,
                 presence_penalty=s.presence_penalty,
                 repetition_penalty=s.repetition_penalty,
+                repetition_window=s.repetition_window,
                 logit_bias=list(s.logit_bias.items()),
                 top_logprobs=s.top_logprobs,
                 constraint=constraint,
