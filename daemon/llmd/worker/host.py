@@ -29,12 +29,16 @@ def _flatten(prefix: str, value: Any, out: dict[str, Any]) -> None:
     if isinstance(value, dict):
         for k, v in value.items():
             _flatten(f"{prefix}{k}.", v, out)
+    elif isinstance(value, list):  # per-layer lists (layer_types) as ``key.0``, ``key.1``, ...
+        for i, v in enumerate(value):
+            _flatten(f"{prefix}{i}.", v, out)
     elif isinstance(value, (bool, int, float, str)):
         out[prefix[:-1]] = value
 
 
 def hf_config(model_path: str) -> dict[str, Any]:
-    """config.json of a Hugging Face directory, nested keys flattened as ``a.b``."""
+    """config.json of a Hugging Face directory, nested keys flattened as ``a.b`` (list items
+    as ``a.0``)."""
     path = Path(model_path)
     if not path.is_dir():
         return {}
