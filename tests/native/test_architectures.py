@@ -150,3 +150,63 @@ def test_greedy_matches_transformers_and_interleaving_does_not_bleed(
     again = run_all(engine, {"t": {"prompt": turn2, "max_tokens": 8, "session": "s"}})
     assert again["t"]["done"]["cached_tokens"] >= 64  # whole KV blocks are shared
     assert again["t"]["tokens"] == fresh["t"]["tokens"]
+
+
+def _tiny_tokenizer(directory: Path, vocab: int) -> None:
+    """A word-level tokenizer.json over the tiny vocabulary, a chat template and special tokens,
+    as a Hugging Face repo brings them (the daemon never rebuilds a directory's tokenizer)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    words = {f"w{i}": i for i in range(vocab)}
+    words.update({"<bos>": 1, "<eos>": 2})
+    del words["w1"], words["w2"]
+    tk = Tokenizer(models.WordLevel(words, unk_token="w0"))
+    tk.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tk.save(str(directory / "tokenizer.json"))
+    (directory / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "chat_template": "{{ bos_token }}{% for m in messages %}{{ m.content }} {% endfor %}",
+                "bos_token": "<bos>",
+                "eos_token": "<eos>",
+                "add_bos_token": False,
+            }
+        )
+    )
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_worker_serves_a_hugging_face_directory(tmp_path: Path, arch: str) -> None:
+    """The worker process (as the daemon starts it) loads the directory, reports the
+    architecture, and generates transformers' greedy tokens; the daemon's text side (tokenizer,
+    template, stop tokens) loads from the same directory."""
+    import subprocess
+    import sys
+
+    from llmd.text_model import load_text_model
+
+    fx = _fixture(arch)
+    write_checkpoint(tmp_path, arch)
+    _tiny_tokenizer(tmp_path, CONFIGS[arch]["vocab_size"])
+    text = load_text_model(tmp_path)
+    assert text.encode("w17 w99") == [17, 99] and text.stop_token_ids[0] == 2
+    assert text.context_length == CONFIGS[arch]["max_position_embeddings"]
+    request = {"type": "generate", "id": "g", "prompt": fx["greedy_prompt"], "max_tokens": 16}
+    cmd = [sys.executable, "-m", "llmd.worker", "--model", str(tmp_path), "--backend", "cpu"]
+    with subprocess.Popen(
+        cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
+    ) as proc:
+        assert proc.stdin and proc.stdout
+        ready = json.loads(proc.stdout.readline())
+        assert ready["type"] == "ready", ready
+        assert ready["model"]["architecture"] == arch.removesuffix("_text")
+        proc.stdin.write((json.dumps(request) + "\n").encode())
+        proc.stdin.flush()
+        tokens: list[int] = []
+        while (event := json.loads(proc.stdout.readline()))["type"] != "done":
+            assert event["type"] == "tokens", event
+            tokens += event["tokens"]
+        proc.stdin.write(b'{"type": "shutdown"}\n')
+        proc.stdin.close()
+        assert proc.wait(timeout=60) == 0
+    assert tokens == fx["greedy"]
