@@ -255,9 +255,12 @@ std::unique_ptr<Model> load_gemma3_safetensors(const std::string& dir, const Met
   }
   mx::array embed_w = w.get(m + "embed_tokens.weight");
   mx::array out_norm = norm(m + "norm.weight");
-  const bool has_head = w.has("lm_head.weight");
-  const bool tied = hf.get_bool("tie_word_embeddings").value_or(!has_head) || !has_head;
-  Linear lm_head = Linear::from_float(tied ? embed_w : w.get("lm_head.weight"), dev);
+  // An untied head: top-level in text-only and transformers 5 checkpoints, inside the
+  // language model in older multimodal ones. None stored means tied (as Gemma 3 ships).
+  std::string head = "lm_head.weight";
+  if (!w.has(head) && w.has("language_model.lm_head.weight")) head = "language_model.lm_head.weight";
+  const bool tied = !w.has(head) || hf.get_bool("tie_word_embeddings").value_or(true);  // HF default
+  Linear lm_head = Linear::from_float(tied ? embed_w : w.get(head), dev);
   embed_w.eval();
   ModelInfo info = make_info(d, "gemma3", "safetensors", options);
   return std::make_unique<Gemma3Model>(c, info, std::move(layers), out_norm, std::move(lm_head),

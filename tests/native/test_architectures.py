@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 
 from .conftest import run_all
-from .tiny_models import CONFIGS, TOKENS, write_checkpoint, write_gguf
+from .tiny_models import CONFIGS, TOKENS, weights, write_checkpoint, write_gguf, write_safetensors
 
 native = pytest.importorskip("llmd._engine")
 
@@ -210,3 +210,34 @@ def test_worker_serves_a_hugging_face_directory(tmp_path: Path, arch: str) -> No
         proc.stdin.close()
         assert proc.wait(timeout=60) == 0
     assert tokens == fx["greedy"]
+
+
+@pytest.mark.parametrize("layout", ["transformers-4", "transformers-5"])
+def test_gemma3_text_inside_a_multimodal_checkpoint(tmp_path: Path, layout: str) -> None:
+    """A Gemma3ForConditionalGeneration directory (config with a text_config, the language
+    model's tensors under its prefix, a vision tower beside them) serves its text model."""
+    prefix = "language_model.model." if layout == "transformers-4" else "model.language_model."
+    head = "language_model.lm_head.weight" if layout == "transformers-4" else "lm_head.weight"
+    tensors = {
+        (prefix + k.removeprefix("model.") if k.startswith("model.") else head): v
+        for k, v in weights("gemma3_text").items()
+    }
+    tensors["vision_tower.vision_model.post_layernorm.weight"] = np.ones(8, dtype=np.float32)
+    write_safetensors(tmp_path / "model.safetensors", tensors)
+    text = {k: v for k, v in CONFIGS["gemma3_text"].items() if k != "tie_word_embeddings"}
+    config = {
+        "model_type": "gemma3",
+        "architectures": ["Gemma3ForConditionalGeneration"],
+        "text_config": text,
+        "vision_config": {"model_type": "siglip_vision_model", "hidden_size": 8},
+        "tie_word_embeddings": False,
+    }
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    ref = np.array(_fixture("gemma3_text")["logits"], dtype=np.float32)
+    engine = _engine(tmp_path, "cpu")
+    assert engine.info()["architecture"] == "gemma3"
+    assert _max_rel(engine.score(TOKENS, 1)[: len(TOKENS)], ref) < TIGHT
+    from llmd.text_model import load_text_model
+
+    _tiny_tokenizer(tmp_path, text["vocab_size"])
+    assert load_text_model(tmp_path).context_length == text["max_position_embeddings"]

@@ -44,7 +44,11 @@ def hf_config(model_path: str) -> dict[str, Any]:
         return {}
     config = json.loads((path / "config.json").read_text())
     if "text_config" in config and "num_hidden_layers" not in config:
+        # A multimodal wrapper: the text model's keys win; top-level ones such as
+        # tie_word_embeddings still apply to it.
+        outer = {k: v for k, v in config.items() if not k.endswith("_config")}
         config = {
+            **outer,
             **config["text_config"],
             "model_type": config["text_config"].get("model_type", ""),
         }
