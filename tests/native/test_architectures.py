@@ -1,8 +1,9 @@
 """Each architecture against Hugging Face transformers: tiny random checkpoints (tiny_models.py)
 loaded by llmd's engine from safetensors and from GGUF, on llmd's CPU kernels and on the device
 backend's graph (MLX on its CPU device), give transformers' logits (fixtures recorded by
-tests/fixtures/record_transformers.py with transformers 5.23 in float32); and interleaved
-sequences on one engine never see each other's state (no bleed).
+tests/fixtures/record_transformers.py with transformers 5.23 in float32), the GGUFs give
+llama.cpp's logits (tests/fixtures/record_llamacpp_architectures.py), and interleaved sequences
+on one engine never see each other's state (no bleed).
 
 Tolerances: the reference and llmd both compute in float32 on the same bf16-valued weights, so
 logits agree to float32 rounding of a different summation order (~1e-5 of their scale); the
@@ -109,6 +110,26 @@ def test_gguf_gives_the_safetensors_logits(
         assert engine.matmul_paths()["blk.0.attn_qkv"].startswith("llmd:q8_0")
         quant = engine.score(TOKENS, 1)[: len(TOKENS)]
         assert _max_rel(quant, ours) < Q8_BOUND
+
+
+# ggml's CPU GELU reads a float16 table, which moves Gemma's logits by ~6e-4 of their scale
+# (transformers and llmd agree to 3e-6); Qwen's SwiGLU path agrees with llama.cpp to 5e-7.
+LLAMACPP_BOUND = {"qwen2": TIGHT, "qwen3": TIGHT, "gemma3_text": 2e-3}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("arch", ARCHS)
+def test_gguf_logits_match_llamacpp(tmp_path: Path, arch: str, backend: str) -> None:
+    """The GGUF loaders read llama.cpp's conventions as llama.cpp itself does (fixtures from
+    tests/fixtures/record_llamacpp_architectures.py on the same F32 GGUF)."""
+    ref = np.array(
+        json.loads((FIXTURES / f"{arch}_llamacpp.json").read_text())["logits"], dtype=np.float32
+    )
+    path = tmp_path / f"{arch}.gguf"
+    write_gguf(path, arch)
+    ours = _engine(path, backend).score(TOKENS, 1)[: len(TOKENS)]
+    assert _max_rel(ours, ref) < LLAMACPP_BOUND[arch]
+    assert (ours.argmax(1) == ref.argmax(1)).all()
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -224,6 +224,16 @@ def write_gguf(path: Path, arch: str, seed: int = 0, quant: str = "F32") -> None
         w.add_rope_scaling_type(RopeScalingType.LINEAR)
         w.add_rope_scaling_factor(c["rope_scaling"]["factor"])
         w.add_final_logit_softcapping(c["final_logit_softcapping"])
+    # A byte-level BPE vocabulary of the model's size: llama.cpp loads no model without one.
+    tokens = [f"<t{i}>" for i in range(c["vocab_size"])]
+    tokens[3:7] = ["a", "b", "ab", "\u010a"]  # one merge, and the newline token it looks for
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("qwen2")
+    w.add_token_list(tokens)
+    w.add_token_types([1] * len(tokens))
+    w.add_token_merges(["a b"])
+    w.add_bos_token_id(c["bos_token_id"])
+    w.add_eos_token_id(c["eos_token_id"])
     for name, x in weights(arch, seed).items():
         if arch == "gemma3_text" and name.endswith("norm.weight"):
             x = x + 1  # Gemma3RMSNorm multiplies by (1 + w); llama.cpp stores 1 + w
