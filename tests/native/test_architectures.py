@@ -139,7 +139,8 @@ def test_greedy_matches_transformers_and_interleaving_does_not_bleed(
 ) -> None:  # type: ignore[no-untyped-def]
     """Solo greedy decoding reproduces transformers' generate(); then sequences of different
     lengths (one spanning several prefill chunks) run together, with a session and a
-    cancelled neighbour, and each gives exactly its solo tokens."""
+    cancelled neighbour, and each gives exactly its solo tokens; a session's next turn and a
+    forked sibling reuse KV and still give the solo tokens."""
     fx = _fixture(arch)
     engine = _engine(checkpoints[arch], backend, step_token_budget=16)
     solo_ref = run_all(engine, {"g": {"prompt": fx["greedy_prompt"], "max_tokens": 16}})["g"]
@@ -171,6 +172,15 @@ def test_greedy_matches_transformers_and_interleaving_does_not_bleed(
     again = run_all(engine, {"t": {"prompt": turn2, "max_tokens": 8, "session": "s"}})
     assert again["t"]["done"]["cached_tokens"] >= 64  # whole KV blocks are shared
     assert again["t"]["tokens"] == fresh["t"]["tokens"]
+    # A sibling choice forks the prefilled prompt (shared blocks, a copied partial block).
+    forked = run_all(
+        engine,
+        {
+            "a": {"prompt": prompts["p70"], "max_tokens": 12},
+            "b": {"prompt": prompts["p70"], "max_tokens": 12, "prefill_of": "a"},
+        },
+    )
+    assert forked["a"]["tokens"] == forked["b"]["tokens"] == solo["p70"][:12]
 
 
 def _tiny_tokenizer(directory: Path, vocab: int) -> None:
