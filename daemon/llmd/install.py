@@ -18,6 +18,7 @@ from .convert import ConversionError, ConversionPlan, convert_gguf, plan_convers
 from .gguf_layout import GGUFFormatError, GGUFLayout, read_layout
 from .model_support import architecture_supported, unsupported_architecture_message
 from .store import ModelRecord, ModelStore, StoreError, UnsupportedModel
+from .tokenizer import gguf_tokenizer_problem
 
 _HF_DIR_SUFFIXES = {".json", ".safetensors", ".jinja", ".txt", ".model"}
 
@@ -30,6 +31,11 @@ def check_gguf(layout: GGUFLayout, what: str) -> ConversionPlan:
     arch = layout.architecture
     if not architecture_supported(arch):
         raise UnsupportedModel(unsupported_architecture_message(arch, what))
+    problem = gguf_tokenizer_problem(
+        layout.get("tokenizer.ggml.model"), layout.get("tokenizer.ggml.pre")
+    )
+    if problem:
+        raise UnsupportedModel(f"{what}: {problem}")
     try:
         return plan_conversion(layout)
     except (ConversionError, GGUFFormatError) as exc:

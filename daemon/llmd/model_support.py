@@ -2,8 +2,8 @@
 
 Pulls consult this before downloading anything, so a model the engine cannot run is refused
 with a message naming the reason instead of failing at its first request. When the engine
-learns a new architecture (Qwen2/Qwen3/Gemma 3 are next) or a new kernel, extend the constants
-here and nothing else.
+learns a new architecture or a new kernel, extend the constants here and nothing else. (A GGUF's
+tokenizer is checked at pull time as well: ``tokenizer.gguf_tokenizer_problem``.)
 
 Conversion decision (measured, see ``CONVERSION_TARGET``): GGUF tensors of a type the engine
 has no kernel for are dequantized and re-quantized to **Q8_0** at pull time. On heavy-tailed
@@ -21,8 +21,10 @@ from __future__ import annotations
 
 from gguf import GGMLQuantizationType as T
 
-# `general.architecture` values (GGUF) / `model_type` values (config.json) the engine runs.
-SUPPORTED_ARCHITECTURES: tuple[str, ...] = ("llama",)
+# `general.architecture` values (GGUF) / `model_type` values (config.json) the engine runs
+# (native/mlx/model_registry.cpp). Gemma 3 is `gemma3` in GGUF and in multimodal configs (whose
+# text_config is a `gemma3_text`), `gemma3_text` in text-only configs.
+SUPPORTED_ARCHITECTURES: tuple[str, ...] = ("llama", "qwen2", "qwen3", "gemma3", "gemma3_text")
 
 # GGUF tensor types with a native kernel (native/mlx/kernels) or a float path.
 NATIVE_GGUF_TYPES: frozenset[int] = frozenset(
@@ -56,6 +58,5 @@ def architecture_supported(arch: str) -> bool:
 def unsupported_architecture_message(arch: str, what: str) -> str:
     return (
         f"{what} is a '{arch or 'unknown'}' model; llmd's engine runs "
-        f"{', '.join(SUPPORTED_ARCHITECTURES)} models only so far (Qwen2/Qwen3 and Gemma 3 are "
-        "on the way)."
+        f"{', '.join(SUPPORTED_ARCHITECTURES)} models only so far."
     )

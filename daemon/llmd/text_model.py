@@ -131,6 +131,12 @@ def _dir_special_ids(tokenizer: Tokenizer, tk_config: dict[str, Any]) -> set[int
     return ids
 
 
+def _text_config(config: dict[str, Any]) -> dict[str, Any]:
+    """The language model's part of a config.json (multimodal ones nest it in text_config)."""
+    text = config.get("text_config")
+    return {**config, **text} if isinstance(text, dict) else config
+
+
 def load_dir_text_model(path: Path) -> TextModel:
     tokenizer = tokenizer_from_dir(path)
     config = json.loads((path / "config.json").read_text())
@@ -160,7 +166,7 @@ def load_dir_text_model(path: Path) -> TextModel:
         bos_id=bos_id,
         add_bos=bool(tk_config.get("add_bos_token", False)),
         stop_token_ids=stops,
-        context_length=int(config.get("max_position_embeddings", 4096)),
+        context_length=int(_text_config(config).get("max_position_embeddings", 4096)),
         special_ids=_dir_special_ids(tokenizer, tk_config),
     )
 

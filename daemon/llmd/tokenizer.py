@@ -48,6 +48,31 @@ def _split_then_bytes(pattern: str) -> pre_tokenizers.PreTokenizer:
     )
 
 
+def gguf_tokenizer_problem(model: str | None, pre: str | None) -> str | None:
+    """Why llmd cannot rebuild a GGUF's tokenizer from `tokenizer.ggml.model` and
+    `tokenizer.ggml.pre`, or None when it can (or the file names no tokenizer model). Pulls ask
+    this of the header, before downloading the weights."""
+    if model is None:
+        return None
+    if model != "gpt2":
+        kind = {"llama": "SentencePiece ('llama': Gemma, Llama 2, Mistral)"}.get(
+            model, f"'{model}'"
+        )
+        return (
+            f"GGUF tokenizer model {kind} is not supported yet (only byte-level BPE, 'gpt2'); "
+            "the model's Hugging Face repository (safetensors with tokenizer.json) can be "
+            "pulled instead"
+        )
+    if (pre or "") not in SUPPORTED_PRE_TOKENIZERS:
+        # llama.cpp's "default" (a GGUF without `tokenizer.ggml.pre`) uses its own regex set;
+        # better to refuse than to tokenize differently from the model's training.
+        return (
+            f"GGUF pre-tokenizer '{pre or 'default'}' is not supported yet "
+            f"(supported: {', '.join(sorted(SUPPORTED_PRE_TOKENIZERS))})"
+        )
+    return None
+
+
 def _pre_tokenizer(pre: str) -> pre_tokenizers.PreTokenizer:
     byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     if pre in _DIGITS_THEN_GPT2:
@@ -58,12 +83,7 @@ def _pre_tokenizer(pre: str) -> pre_tokenizers.PreTokenizer:
         return _split_then_bytes(_QWEN2_SPLIT)
     if pre in _GPT2:
         return byte_level
-    # llama.cpp's "default" (a GGUF without `tokenizer.ggml.pre`) uses its own regex set; better
-    # to refuse than to tokenize differently from the model's training.
-    raise UnsupportedTokenizer(
-        f"GGUF pre-tokenizer '{pre or 'default'}' is not supported yet "
-        f"(supported: {', '.join(sorted(SUPPORTED_PRE_TOKENIZERS))})"
-    )
+    raise UnsupportedTokenizer(gguf_tokenizer_problem("gpt2", pre))
 
 
 def tokenizer_from_gguf_fields(
@@ -71,10 +91,8 @@ def tokenizer_from_gguf_fields(
 ) -> Tokenizer:
     """Rebuild a GGUF's byte-level BPE tokenizer. Control and user-defined tokens are matched
     as whole tokens inside text, as llama-server does when it tokenizes a rendered template."""
-    if model != "gpt2":
-        raise UnsupportedTokenizer(
-            f"GGUF tokenizer model '{model}' is not supported yet (only byte-level BPE, 'gpt2')"
-        )
+    if problem := gguf_tokenizer_problem(model, pre):
+        raise UnsupportedTokenizer(problem)
     vocab = {tok: i for i, tok in enumerate(tokens)}
     pairs = [tuple(m.split(" ", 1)) for m in merges]
     tk = Tokenizer(models.BPE(vocab=vocab, merges=pairs, fuse_unk=False))

@@ -53,13 +53,18 @@ void attend_tile(const AttentionTile& tile, const float* const* k_blocks, const 
                  int head_dim, int block_tokens, float* scratch) {
   const int R = tile.rows;
   int n_max = 0;
-  for (int r = 0; r < R; ++r) n_max = std::max(n_max, tile.n_pos[r]);
+  int lo = tile.first_pos[0];
+  for (int r = 0; r < R; ++r) {
+    n_max = std::max(n_max, tile.n_pos[r]);
+    lo = std::min(lo, tile.first_pos[r]);
+  }
+  lo = lo / 16 * 16;  // vector-aligned start (blocks are a multiple of 16 positions)
   const int padded = (n_max + 15) / 16 * 16;
   float* scores[kMaxTileRows];
   for (int r = 0; r < R; ++r) scores[r] = scratch + static_cast<size_t>(r) * padded;
 
   // Scores, 16 positions at a time: s[j..j+16] += q[d] * Kt[d][j..j+16].
-  for (int j0 = 0; j0 < n_max; j0 += 16) {
+  for (int j0 = lo; j0 < n_max; j0 += 16) {
     const float* kt = k_blocks[j0 / block_tokens] + (j0 % block_tokens);
     v16 acc[kMaxTileRows] = {};
     for (int d = 0; d < head_dim; ++d) {
@@ -69,16 +74,18 @@ void attend_tile(const AttentionTile& tile, const float* const* k_blocks, const 
     for (int r = 0; r < R; ++r) store(scores[r] + j0, acc[r]);
   }
 
-  // Softmax of each row over its own causal range; positions past it weigh exactly 0.
+  // Softmax of each row over its own range; positions outside it weigh exactly 0.
   float inv_sum[kMaxTileRows];
   for (int r = 0; r < R; ++r) {
+    const int first = tile.first_pos[r];
     const int n = tile.n_pos[r];
     float* s = scores[r];
-    float mx = s[0];
-    for (int j = 1; j < n; ++j) mx = std::max(mx, s[j]);
+    float mx = s[first];
+    for (int j = first + 1; j < n; ++j) mx = std::max(mx, s[j]);
+    for (int j = lo; j < first; ++j) s[j] = -INFINITY;
     for (int j = n; j < padded; ++j) s[j] = -INFINITY;
     v16 sum = {};
-    for (int j = 0; j < padded; j += 16) {
+    for (int j = lo; j < padded; j += 16) {
       const v16 raw = load(s + j);
       const v16 e = (raw == -INFINITY) ? splat(0.f) : vexp(raw - mx);
       store(s + j, e);
@@ -94,7 +101,7 @@ void attend_tile(const AttentionTile& tile, const float* const* k_blocks, const 
   for (int c0 = 0; c0 < chunks; c0 += 4) {
     const int cn = std::min(4, chunks - c0);
     v16 acc[kMaxTileRows][4] = {};
-    for (int j = 0; j < n_max; ++j) {
+    for (int j = lo; j < n_max; ++j) {
       const float* v = v_blocks[j / block_tokens] + static_cast<size_t>(j % block_tokens) * head_dim + c0 * 16;
       for (int c = 0; c < cn; ++c) {
         const v16 vv = load(v + c * 16);

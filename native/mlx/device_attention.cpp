@@ -59,7 +59,7 @@ mx::array attend(const mx::array& q, const mx::array& k, const mx::array& v, flo
     mx::array rows = mx::add(mx::expand_dims(mx::arange(lq), 1), mx::array(len - lq));
     s = mx::where(mx::greater_equal(rows, mx::expand_dims(mx::arange(len), 0)), s, neg_inf);
   }
-  if (mask) s = mx::where(mx::reshape(*mask, {b, 1, 1, 1, len}), s, neg_inf);
+  if (mask) s = mx::where(*mask, s, neg_inf);
   mx::array p = mx::astype(mx::softmax(s, -1, /*precise=*/true), v.dtype());
   mx::array o = mx::matmul(mx::reshape(p, {b, kvh, rep * lq, len}), v);
   return mx::reshape(o, {b, h, lq, hd});
@@ -114,6 +114,8 @@ DeviceAttentionPlan DeviceAttentionPlan::build(const AttentionBatch& batch, int 
   const int half = rope_dims / 2;
   plan.rope_cos = mx::array(batch.rope_cos.begin(), {rows, 1, half}, mx::float32);
   plan.rope_sin = mx::array(batch.rope_sin.begin(), {rows, 1, half}, mx::float32);
+  // First position a query at `pos` sees: 0, or the start of its sliding window.
+  auto first_seen = [w = batch.window](int pos) { return w > 0 ? std::max(0, pos - w + 1) : 0; };
 
   const auto& segs = batch.segments;
   size_t i = 0;
@@ -125,16 +127,18 @@ DeviceAttentionPlan DeviceAttentionPlan::build(const AttentionBatch& batch, int 
       const int b = static_cast<int>(j - i);
       int lmax = 0, lmin = 1 << 30;
       for (size_t s = i; s < j; ++s) {
-        lmax = std::max(lmax, segs[s].start_pos + 1);
-        lmin = std::min(lmin, segs[s].start_pos + 1);
+        const int n = segs[s].start_pos + 1 - first_seen(segs[s].start_pos);
+        lmax = std::max(lmax, n);
+        lmin = std::min(lmin, n);
       }
       std::vector<int32_t> gather(static_cast<size_t>(b) * lmax, 0);
       std::vector<uint8_t> mask(static_cast<size_t>(b) * lmax, 0);
       for (int r = 0; r < b; ++r) {
         const auto& seg = segs[i + r];
-        for (int p = 0; p <= seg.start_pos; ++p) {
-          gather[static_cast<size_t>(r) * lmax + p] = slot_of(*seg.kv, p);
-          mask[static_cast<size_t>(r) * lmax + p] = 1;
+        const int lo = first_seen(seg.start_pos);
+        for (int p = lo; p <= seg.start_pos; ++p) {
+          gather[static_cast<size_t>(r) * lmax + (p - lo)] = slot_of(*seg.kv, p);
+          mask[static_cast<size_t>(r) * lmax + (p - lo)] = 1;
         }
       }
       Group g;
@@ -143,20 +147,30 @@ DeviceAttentionPlan DeviceAttentionPlan::build(const AttentionBatch& batch, int 
       g.batched_decode = true;
       g.gather = int_array(gather, {b, lmax});
       if (lmin != lmax) {
-        g.mask = mx::astype(mx::array(mask.begin(), {b, 1, 1, lmax}, mx::uint8), mx::bool_);
+        g.mask = mx::astype(mx::array(mask.begin(), {b, 1, 1, 1, lmax}, mx::uint8), mx::bool_);
       }
       plan.groups.push_back(std::move(g));
       i = j;
       continue;
     }
     const auto& seg = segs[i];
-    const int len = seg.start_pos + seg.n_rows;
+    const int lo = first_seen(seg.start_pos);
+    const int len = seg.start_pos + seg.n_rows - lo;
     std::vector<int32_t> gather(len);
-    for (int p = 0; p < len; ++p) gather[p] = slot_of(*seg.kv, p);
+    for (int p = 0; p < len; ++p) gather[p] = slot_of(*seg.kv, lo + p);
     Group g;
     g.row0 = seg.row0;
     g.n_rows = seg.n_rows;
     g.gather = int_array(gather, {len});
+    if (batch.window > 0 && seg.n_rows > 1) {
+      // Causal and windowed: row r (position start + r) sees first_seen(start + r) .. start + r.
+      std::vector<uint8_t> mask(static_cast<size_t>(seg.n_rows) * len, 0);
+      for (int r = 0; r < seg.n_rows; ++r) {
+        const int pos = seg.start_pos + r;
+        for (int p = first_seen(pos); p <= pos; ++p) mask[static_cast<size_t>(r) * len + (p - lo)] = 1;
+      }
+      g.mask = mx::astype(mx::array(mask.begin(), {1, 1, 1, seg.n_rows, len}, mx::uint8), mx::bool_);
+    }
     plan.groups.push_back(std::move(g));
     ++i;
   }
@@ -198,7 +212,7 @@ mx::array device_attention(const mx::array& qkv, const DeviceAttentionPlan& plan
         return mx::expand_dims(mx::transpose(mx::reshape(mx::take(store, g.gather, 0), {len, KVH, hd}), {1, 0, 2}), 0);
       };
       mx::array qt = mx::expand_dims(mx::transpose(qg, {1, 0, 2}), 0);
-      mx::array o = attend(qt, gathered(keys), gathered(values), shape.scale, std::nullopt, g.n_rows > 1);
+      mx::array o = attend(qt, gathered(keys), gathered(values), shape.scale, g.mask, g.n_rows > 1 && !g.mask);
       outs.push_back(mx::reshape(mx::transpose(mx::squeeze(o, 0), {1, 0, 2}), {g.n_rows, qw}));
     }
   }

@@ -54,10 +54,13 @@ struct DeviceAttentionPlan {
     int n_rows = 0;
     bool batched_decode = false;     // n_rows sequences of one token each
     mx::array gather{0};             // [L] (one sequence) or [n_rows, Lmax] (decode batch)
-    std::optional<mx::array> mask;   // [n_rows, 1, 1, Lmax] bool, when decode lengths differ
+    // Bool, broadcast over the scores [batch, kv_heads, group, queries, keys]: [n_rows, 1, 1, 1,
+    // Lmax] when decode lengths differ, [1, 1, 1, n_rows, L] for a windowed prefill chunk.
+    std::optional<mx::array> mask;
   };
   std::vector<Group> groups;  // in row order, covering every row
 
+  // Honours batch.window: sliding-window layers gather only each query's window.
   static DeviceAttentionPlan build(const AttentionBatch& batch, int rope_dims);
 };
 

@@ -9,7 +9,7 @@
 #include "../core/gguf_file.h"
 #include "../core/model.h"
 #include "kernels/qgemm.h"
-#include "llama.h"
+#include "architectures.h"
 
 #include <mlx/mlx.h>
 
@@ -20,12 +20,22 @@ using GgufLoader = std::function<std::unique_ptr<Model>(const GgufFile&, const L
 using HfLoader = std::function<std::unique_ptr<Model>(const std::string&, const Metadata&, const LoadOptions&)>;
 
 const std::map<std::string, GgufLoader>& gguf_loaders() {
-  static const std::map<std::string, GgufLoader> loaders{{"llama", load_llama_gguf}};
+  static const std::map<std::string, GgufLoader> loaders{
+      {"llama", load_llama_gguf},
+      {"qwen2", load_qwen2_gguf},
+      {"qwen3", load_qwen3_gguf},
+      {"gemma3", load_gemma3_gguf},
+  };
   return loaders;
 }
 
 const std::map<std::string, HfLoader>& hf_loaders() {
-  static const std::map<std::string, HfLoader> loaders{{"llama", load_llama_safetensors}};
+  static const std::map<std::string, HfLoader> loaders{
+      {"llama", load_llama_safetensors},
+      {"qwen2", load_qwen2_safetensors},
+      {"qwen3", load_qwen3_safetensors},
+      {"gemma3_text", load_gemma3_safetensors},
+  };
   return loaders;
 }
 

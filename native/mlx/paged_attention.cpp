@@ -142,6 +142,7 @@ void PagedAttention::eval_cpu(const std::vector<mx::array>& inputs, mx::array& o
           const int row = tile.row0 + i;
           at.q[i] = qs + (static_cast<size_t>(row) * H + h) * hd;
           at.n_pos[i] = row_seg[row].second + 1;
+          at.first_pos[i] = batch->window > 0 ? std::max(0, at.n_pos[i] - batch->window) : 0;
           at.out[i] = o + static_cast<size_t>(row) * H * hd + h * hd;
           n_max = std::max(n_max, at.n_pos[i]);
         }

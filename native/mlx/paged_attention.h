@@ -39,6 +39,9 @@ struct AttentionBatch {
   };
   std::vector<Segment> segments;
   KvPool* pool = nullptr;
+  // Sliding-window layers: a query at position p sees positions p - window + 1 .. p (as
+  // transformers' and llama.cpp's masks do); 0 sees every earlier position.
+  int window = 0;
   // RoPE cos/sin per row ([rows][dims / 2]), computed once per step for all layers.
   std::vector<float> rope_cos;
   std::vector<float> rope_sin;

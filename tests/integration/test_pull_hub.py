@@ -21,6 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as T
 from openai import OpenAI
@@ -33,9 +34,23 @@ from tests.fakes.fake_hub import FakeHub
 pytest.importorskip("llmd._engine", reason="the native engine (llmd._engine) is not built")
 
 REPO = "test-org/SmolLM2-135M-Instruct-GGUF"
+MAMBA_REPO = "test-org/mamba-GGUF"
 Q4, Q5 = "SmolLM2-135M-Instruct-Q4_1.gguf", "SmolLM2-135M-Instruct-Q5_0.gguf"
 PROBE_SLACK = 8 << 20
 PROMPT = "What is the capital of France? Answer in one sentence."  # as the llama.cpp fixtures
+
+
+def unsupported_gguf(path: Path) -> Path:
+    """A GGUF header of an architecture llmd's engine does not run."""
+    from gguf import GGUFWriter
+
+    w = GGUFWriter(str(path), "mamba")
+    w.add_tensor("blk.0.ssm_in.weight", np.zeros((4, 32), dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
 
 
 def sha256(path: Path) -> str:
@@ -59,6 +74,7 @@ def hub(model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
     q5 = make_q5_0(model_path, tmp_path_factory.mktemp("hub") / Q5)
     fake = FakeHub()
     fake.add_repo(REPO, {Q4: model_path, Q5: q5, "README.md": b"# SmolLM2 GGUF\n"})
+    fake.add_repo(MAMBA_REPO, {"mamba-Q8_0.gguf": unsupported_gguf(q5.with_name("mamba.gguf"))})
     fake.start_in_thread()
     yield fake
     fake.stop_thread()
@@ -216,8 +232,8 @@ def test_errors_are_clear_from_the_cli_and_the_api(daemon: LiveServer, hub: Fake
     out = cli(daemon, "pull", f"hf.co/{REPO}:Q2_K", HF_ENDPOINT=hub.endpoint)
     assert out.exit_code == 1
     assert "has no Q2_K GGUF file. Quantization tags it has: Q4_1, Q5_0" in out.output
-    out = cli(daemon, "pull", "qwen3-4b")
-    assert out.exit_code == 1 and "'qwen3' model; llmd's engine runs llama" in out.output
+    out = cli(daemon, "pull", f"hf.co/{MAMBA_REPO}:Q8_0", HF_ENDPOINT=hub.endpoint)
+    assert out.exit_code == 1 and "'mamba' model; llmd's engine runs llama" in out.output
 
     missing = {"model": "hf.co/nobody/nothing", "stream": False, "endpoint": hub.endpoint}
     status, body = api(daemon, "/v1/models/pull", missing)

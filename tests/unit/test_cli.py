@@ -6,6 +6,7 @@ import json
 import struct
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
 from llmd import __version__
@@ -54,7 +55,11 @@ def test_pull_list_rm_roundtrip(llmd_home: Path, tmp_path: Path) -> None:
     assert "no models installed" in out
 
 
-def test_failures_exit_nonzero_with_a_message(llmd_home: Path) -> None:
+def test_failures_exit_nonzero_with_a_message(
+    llmd_home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Every catalog family runs now: pretend Qwen3 does not, to see the refusal's message.
+    monkeypatch.setattr("llmd.model_support.SUPPORTED_ARCHITECTURES", ("llama",))
     code, out = invoke("pull", "qwen3-4b")
     assert code == 1 and "'qwen3' model; llmd's engine runs llama" in out
     code, out = invoke("rm", "ghost")

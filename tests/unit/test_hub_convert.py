@@ -131,10 +131,10 @@ def test_native_files_need_no_conversion_and_others_are_refused(tmp_path: Path) 
     w.close()
     assert not plan_conversion(read_layout(path)).needed
 
-    qwen = tmp_path / "qwen.gguf"
-    make_gguf(qwen, arch="qwen3")
-    with pytest.raises(UnsupportedModel, match="'qwen3' model; llmd's engine runs llama"):
-        check_gguf(read_layout(qwen), "hf.co/x/y")
+    mamba = tmp_path / "mamba.gguf"
+    make_gguf(mamba, arch="mamba")
+    with pytest.raises(UnsupportedModel, match="'mamba' model; llmd's engine runs llama"):
+        check_gguf(read_layout(mamba), "hf.co/x/y")
 
     # an integer tensor is no weight llmd can run or convert
     data = bytearray(path.read_bytes())
@@ -144,3 +144,34 @@ def test_native_files_need_no_conversion_and_others_are_refused(tmp_path: Path) 
     assert layout.tensors[0].type == T.Q8_0
     with pytest.raises(ConversionError, match="I32, which llmd can neither run nor convert"):
         plan_conversion(parse_layout(bytes(data)))
+
+
+@pytest.mark.parametrize(
+    ("arch", "model", "pre", "refusal"),
+    [
+        ("qwen2", "gpt2", "qwen2", None),
+        ("qwen3", "gpt2", "qwen2", None),
+        ("gemma3", "llama", None, "SentencePiece"),  # llama.cpp's Gemma 3 GGUFs
+        ("llama", "gpt2", None, "pre-tokenizer 'default'"),
+    ],
+)
+def test_new_architectures_pass_and_unbuildable_tokenizers_are_refused_from_the_header(
+    tmp_path: Path, arch: str, model: str, pre: str | None, refusal: str | None
+) -> None:
+    """A pull learns from the GGUF header alone whether llmd can rebuild its tokenizer, so a
+    model that could never be served is refused before its weights are downloaded."""
+    path = tmp_path / f"{arch}.gguf"
+    w = GGUFWriter(str(path), arch)
+    w.add_tokenizer_model(model)
+    if pre is not None:
+        w.add_tokenizer_pre(pre)
+    w.add_tensor("blk.0.attn_q.weight", RNG.standard_normal((32, 64)).astype(np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    if refusal is None:
+        assert not check_gguf(read_layout(path), "hf.co/x/y").needed
+    else:
+        with pytest.raises(UnsupportedModel, match=refusal):
+            check_gguf(read_layout(path), "hf.co/x/y")

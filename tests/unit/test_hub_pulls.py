@@ -300,16 +300,18 @@ async def test_parallel_segments_for_large_files(
 
 
 async def test_unsupported_architecture_is_refused_before_the_download(
-    hub: FakeHub, llmd_home: Path, tmp_path: Path
+    hub: FakeHub, llmd_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    qwen = tiny_gguf(tmp_path / "qwen.gguf", arch="qwen2", pad_mb=24)
-    hub.add_repo("test-org/qwen-GGUF", {"qwen-Q8_0.gguf": qwen})
+    mamba = tiny_gguf(tmp_path / "mamba.gguf", arch="mamba", pad_mb=24)
+    hub.add_repo("test-org/mamba-GGUF", {"mamba-Q8_0.gguf": mamba})
     m = manager()
     try:
-        _, final = await pull(m, "hf.co/test-org/qwen-GGUF:Q8_0")
+        _, final = await pull(m, "hf.co/test-org/mamba-GGUF:Q8_0")
         assert final["error"]["code"] == "unsupported_model"
-        assert "'qwen2' model; llmd's engine runs llama" in final["error"]["message"]
-        assert hub.served["qwen-Q8_0.gguf"] <= 1 << 20  # the header only, of 24 MB
+        assert "'mamba' model; llmd's engine runs llama" in final["error"]["message"]
+        assert hub.served["mamba-Q8_0.gguf"] <= 1 << 20  # the header only, of 24 MB
+        # Every catalog family runs now: pretend Qwen3 does not, to see the catalog refuse it.
+        monkeypatch.setattr("llmd.model_support.SUPPORTED_ARCHITECTURES", ("llama",))
         with pytest.raises(UnsupportedModel, match="'qwen3' model"):
             m.start("qwen3-0.6b")  # the catalog knows: refused before any request
         with pytest.raises(StoreError, match="neither a catalog name"):
@@ -355,14 +357,14 @@ async def test_safetensors_repo_becomes_a_tree_of_verified_files(
         },
     )
     hub.add_repo(
-        "test-org/qwen-hf",
-        {"config.json": b'{"model_type": "qwen3"}', "model.safetensors": weights},
+        "test-org/mamba-hf",
+        {"config.json": b'{"model_type": "mamba"}', "model.safetensors": weights},
     )
     m = manager()
     try:
         _, final = await pull(m, "hf.co/test-org/tiny-hf")
         assert final["status"] == "success", final
-        _, refused = await pull(m, "hf.co/test-org/qwen-hf")
+        _, refused = await pull(m, "hf.co/test-org/mamba-hf")
     finally:
         await m.close()
     record = ModelStore(get_paths()).get("hf.co/test-org/tiny-hf")
@@ -376,7 +378,7 @@ async def test_safetensors_repo_becomes_a_tree_of_verified_files(
     ]
     assert (tree / "model.safetensors").read_bytes() == weights
     assert refused["error"]["code"] == "unsupported_model"
-    assert "'qwen3' model" in refused["error"]["message"]
+    assert "'mamba' model" in refused["error"]["message"]
     assert not hub.requests("cdn", "model.safetensors")[1:]  # the refused repo's weights: never
 
 

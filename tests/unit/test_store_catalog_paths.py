@@ -116,8 +116,8 @@ def test_pull_errors_say_what_to_do(llmd_home: Path, tmp_path: Path) -> None:
         store.pull("hf.co/org/repo:Q4_K_M")
     with pytest.raises(StoreError, match="neither a catalog name, a hub repo"):
         store.pull("./missing.gguf")
-    with pytest.raises(StoreError, match="'qwen2' model; llmd's engine runs llama"):
-        store.pull(str(fake_gguf(tmp_path / "qwen.gguf", arch="qwen2")))
+    with pytest.raises(StoreError, match="'mamba' model; llmd's engine runs llama"):
+        store.pull(str(fake_gguf(tmp_path / "mamba.gguf", arch="mamba")))
     with pytest.raises(StoreError, match="invalid model name"):
         store.pull(str(fake_gguf(tmp_path / "ok.gguf")), "../escape")
     with pytest.raises(StoreError, match="not installed"):

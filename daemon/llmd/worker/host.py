@@ -29,18 +29,26 @@ def _flatten(prefix: str, value: Any, out: dict[str, Any]) -> None:
     if isinstance(value, dict):
         for k, v in value.items():
             _flatten(f"{prefix}{k}.", v, out)
+    elif isinstance(value, list):  # per-layer lists (layer_types) as ``key.0``, ``key.1``, ...
+        for i, v in enumerate(value):
+            _flatten(f"{prefix}{i}.", v, out)
     elif isinstance(value, (bool, int, float, str)):
         out[prefix[:-1]] = value
 
 
 def hf_config(model_path: str) -> dict[str, Any]:
-    """config.json of a Hugging Face directory, nested keys flattened as ``a.b``."""
+    """config.json of a Hugging Face directory, nested keys flattened as ``a.b`` (list items
+    as ``a.0``)."""
     path = Path(model_path)
     if not path.is_dir():
         return {}
     config = json.loads((path / "config.json").read_text())
     if "text_config" in config and "num_hidden_layers" not in config:
+        # A multimodal wrapper: the text model's keys win; top-level ones such as
+        # tie_word_embeddings still apply to it.
+        outer = {k: v for k, v in config.items() if not k.endswith("_config")}
         config = {
+            **outer,
             **config["text_config"],
             "model_type": config["text_config"].get("model_type", ""),
         }

@@ -1,0 +1,26 @@
+// Loaders of every architecture the engine runs, one pair per architecture file; the registry
+// (model_registry.cpp) maps checkpoint architecture names onto them.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "../core/gguf_file.h"
+#include "../core/metadata.h"
+#include "../core/model.h"
+
+namespace llmd {
+
+std::unique_ptr<Model> load_llama_gguf(const GgufFile& file, const LoadOptions& options);
+std::unique_ptr<Model> load_llama_safetensors(const std::string& dir, const Metadata& hf, const LoadOptions& options);
+
+std::unique_ptr<Model> load_qwen2_gguf(const GgufFile& file, const LoadOptions& options);
+std::unique_ptr<Model> load_qwen2_safetensors(const std::string& dir, const Metadata& hf, const LoadOptions& options);
+
+std::unique_ptr<Model> load_qwen3_gguf(const GgufFile& file, const LoadOptions& options);
+std::unique_ptr<Model> load_qwen3_safetensors(const std::string& dir, const Metadata& hf, const LoadOptions& options);
+
+std::unique_ptr<Model> load_gemma3_gguf(const GgufFile& file, const LoadOptions& options);
+std::unique_ptr<Model> load_gemma3_safetensors(const std::string& dir, const Metadata& hf, const LoadOptions& options);
+
+}  // namespace llmd

@@ -1,0 +1,123 @@
+// Pieces every decoder-only architecture file shares: the hyperparameters all of them have,
+// the token embedding table, reading a safetensors checkpoint, the per-step row layout, the
+// device backend's per-thread state, and the logits tail. An architecture file (llama.cpp,
+// gemma3.cpp, ...) keeps only what makes it different: its config, weight names and layer.
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include <mlx/mlx.h>
+
+#include "../core/gguf_file.h"
+#include "../core/metadata.h"
+#include "../core/model.h"
+#include "../core/op_profile.h"
+#include "device_attention.h"
+#include "linear.h"
+#include "paged_attention.h"
+#include "rope.h"
+
+namespace llmd {
+
+namespace mx = mlx::core;
+
+struct DecoderDims {
+  int vocab_size = 0;
+  int hidden_size = 0;
+  int n_layers = 0;
+  int n_heads = 0;
+  int n_kv_heads = 0;
+  int head_dim = 0;
+  int ffn_size = 0;
+  float rms_eps = 1e-5f;
+  int context_length = 0;
+
+  // Throws naming `arch` when the numbers cannot describe a model.
+  void check(const std::string& arch) const;
+};
+
+ModelInfo make_info(const DecoderDims& d, const std::string& arch, const std::string& format,
+                    const LoadOptions& options);
+
+// Token embedding rows, looked up on the host (a gather of T rows is not worth a graph op).
+class Embedding {
+ public:
+  Embedding() = default;
+  Embedding(mx::array bytes, TensorType type, int dim) : bytes_(std::move(bytes)), type_(type), dim_(dim) {}
+  // Float rows of `tokens` into out[i * dim ...], multiplied by `scale`.
+  void lookup(const std::vector<int32_t>& tokens, float* out, float scale = 1.f) const;
+
+ private:
+  mx::array bytes_{0.f};
+  TensorType type_ = TensorType::F32;
+  int dim_ = 0;
+};
+
+// An MLX-owned copy of a mapped GGUF tensor's bytes.
+mx::array copy_bytes(const TensorView& t);
+// A float embedding matrix [vocab, dim] as an F32 Embedding.
+Embedding float_embedding(const mx::array& weight);
+
+// The tensors of a Hugging Face safetensors directory (all *.safetensors files in it).
+class Checkpoint {
+ public:
+  explicit Checkpoint(const std::string& dir);
+  bool has(const std::string& name) const { return tensors_.count(name) != 0; }
+  // The tensor as float32; throws naming it when the checkpoint lacks it.
+  mx::array get(const std::string& name) const;
+  std::optional<mx::array> find(const std::string& name) const;
+
+ private:
+  std::unordered_map<std::string, mx::array> tensors_;
+};
+
+// RoPE base frequency of a Hugging Face config: transformers 5 writes `rope_parameters`
+// (per layer type for hybrid models: `layer_type` = "full_attention", ...), older configs a
+// top-level `rope_theta`.
+double hf_rope_theta(const Metadata& hf, double fallback, const std::string& layer_type = "");
+// The rope scaling type ("" when none) and its factor, from either config shape.
+std::pair<std::string, double> hf_rope_scaling(const Metadata& hf, const std::string& layer_type = "");
+
+// Host-side layout of one step: embedded rows, the attention batch and the rows sampled.
+struct StepRows {
+  std::vector<float> x;                  // [T, hidden] embeddings
+  std::shared_ptr<AttentionBatch> batch;
+  std::vector<int32_t> logit_rows;       // last row of each segment that wants logits
+  int total = 0;
+};
+StepRows embed_step(const Step& step, KvPool& pool, const Embedding& embed, int hidden, float embed_scale = 1.f);
+
+// What the device backend (MLX's kernels, KV in MLX arrays) keeps between steps.
+class DeviceState {
+ public:
+  explicit DeviceState(bool on_device) : on_device_(on_device), device_(mx::default_device()) {}
+  bool on_device() const { return on_device_; }
+  // Makes this thread's graph go to the model's device on a stream of its own, and the KV
+  // store cover every block the pool has handed out.
+  DeviceKvStore& prepare(KvPool& pool, const KvShape& shape);
+  void copy_kv_block(KvPool& pool, const KvShape& shape, int src, int dst);
+
+ private:
+  bool on_device_;
+  mx::Device device_;
+  std::unique_ptr<DeviceKvStore> kv_;
+};
+
+// KV layout of a model whose layers all have `n_kv_heads` x `head_dim` keys and values.
+KvShape decoder_kv_shape(const DecoderDims& d, bool on_device);
+
+// RMSNorm of each head of x [rows, heads * head_dim] with one weight [head_dim] (QK-norm).
+mx::array head_rms_norm(const mx::array& x, const mx::array& weight, int heads, int head_dim, float eps);
+
+// Logits of the sampled rows: final norm, lm_head, optional soft-capping
+// (cap * tanh(logits / cap)), evaluated and copied into `logits`. With no sampled rows, only
+// evaluates x (the step's KV writes). `build_timer` (graph building) stops before evaluation.
+void compute_logits(const mx::array& x, const std::vector<int32_t>& rows, const Linear& lm_head,
+                    const mx::array& norm, float eps, float softcap, std::vector<float>& logits,
+                    std::optional<ScopedOpTimer>& build_timer);
+
+}  // namespace llmd

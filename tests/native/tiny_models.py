@@ -1,0 +1,254 @@
+"""Tiny random checkpoints of each architecture, built deterministically with numpy only.
+
+The same builders serve the tests (llmd's engine loads them) and the fixture recorder
+(tests/fixtures/record_transformers.py runs transformers on them in its own venv), so both sides
+see byte-identical weights. Weights are stored as bf16 (values rounded here, so a float32
+reference computes with exactly the stored numbers); GGUF copies keep them in F32.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+
+import numpy as np
+
+_BASE = {
+    "hidden_size": 64,
+    "intermediate_size": 96,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 512,
+    "vocab_size": 128,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+}
+
+CONFIGS: dict[str, dict] = {
+    # Qwen2.5-shaped: q/k/v biases, tied embeddings, large rope theta.
+    "qwen2": {
+        **_BASE,
+        "model_type": "qwen2",
+        "architectures": ["Qwen2ForCausalLM"],
+        "num_hidden_layers": 2,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 1000000.0,
+        "tie_word_embeddings": True,
+        "use_sliding_window": False,
+    },
+    # Qwen3: QK-norm, head_dim (32) != hidden / heads (16), untied.
+    "qwen3": {
+        **_BASE,
+        "model_type": "qwen3",
+        "architectures": ["Qwen3ForCausalLM"],
+        "num_hidden_layers": 2,
+        "head_dim": 32,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 1000000.0,
+        "attention_bias": False,
+        "tie_word_embeddings": False,
+    },
+    # Gemma 3 text: two sliding layers (window 5) then a global one, local/global rope bases,
+    # linear rope scaling on the global layer, query_pre_attn_scalar != head_dim and final
+    # logit soft-capping, so each of them changes the logits. Untied: a tiny random Gemma with
+    # tied embeddings mostly echoes its last token (embeddings scaled by sqrt(hidden)).
+    "gemma3_text": {
+        **_BASE,
+        "model_type": "gemma3_text",
+        "architectures": ["Gemma3ForCausalLM"],
+        "num_hidden_layers": 3,
+        "head_dim": 32,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 1000000.0,
+        "rope_local_base_freq": 10000.0,
+        "rope_scaling": {"rope_type": "linear", "factor": 2.0},
+        "sliding_window": 5,
+        "layer_types": ["sliding_attention", "sliding_attention", "full_attention"],
+        "query_pre_attn_scalar": 24,
+        "final_logit_softcapping": 3.0,
+        "attn_logit_softcapping": None,
+        "hidden_activation": "gelu_pytorch_tanh",
+        "tie_word_embeddings": False,
+    },
+}
+
+# Token ids every architecture is scored on: longer than Gemma's window, so windowing shows.
+TOKENS = [1, 17, 99, 5, 64, 2, 120, 33, 8, 71, 44, 90, 12, 7, 101, 56, 23, 88, 3, 65]
+
+
+def bf16_round(a: np.ndarray) -> np.ndarray:
+    """float32 values rounded to the nearest bf16 (ties to even), as float32."""
+    return (_bf16_bits(a).astype(np.uint32) << 16).view(np.float32)
+
+
+def _bf16_bits(a: np.ndarray) -> np.ndarray:
+    u = np.ascontiguousarray(a, dtype=np.float32).view(np.uint32)
+    return ((u + (((u >> 16) & 1) + 0x7FFF)) >> 16).astype(np.uint16)
+
+
+def weights(arch: str, seed: int = 0) -> dict[str, np.ndarray]:
+    """Hugging Face tensor names -> float32 arrays (bf16-representable values)."""
+    c = CONFIGS[arch]
+    rng = np.random.default_rng(seed)
+    h, f, v = c["hidden_size"], c["intermediate_size"], c["vocab_size"]
+    nh, nkv = c["num_attention_heads"], c["num_key_value_heads"]
+    hd = c.get("head_dim", h // nh)
+    gemma = arch == "gemma3_text"
+
+    def norm(n: int) -> np.ndarray:  # Gemma stores w for (1 + w)
+        return 0.1 * rng.normal(size=n) if gemma else 1 + 0.1 * rng.normal(size=n)
+
+    w: dict[str, np.ndarray] = {
+        # Gemma scales embeddings by sqrt(hidden): keep the residual stream near unit scale.
+        "model.embed_tokens.weight": rng.normal(0, h**-0.5 if gemma else 1, (v, h)),
+        "model.norm.weight": norm(h),
+    }
+    if not c["tie_word_embeddings"]:
+        w["lm_head.weight"] = rng.normal(0, 0.2, (v, h))
+    for i in range(c["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        a = p + "self_attn."
+        w[p + "input_layernorm.weight"] = norm(h)
+        w[p + "post_attention_layernorm.weight"] = norm(h)
+        w[a + "q_proj.weight"] = rng.normal(0, 0.15, (nh * hd, h))
+        w[a + "k_proj.weight"] = rng.normal(0, 0.15, (nkv * hd, h))
+        w[a + "v_proj.weight"] = rng.normal(0, 0.15, (nkv * hd, h))
+        w[a + "o_proj.weight"] = rng.normal(0, 0.15, (h, nh * hd))
+        w[p + "mlp.gate_proj.weight"] = rng.normal(0, 0.15, (f, h))
+        w[p + "mlp.up_proj.weight"] = rng.normal(0, 0.15, (f, h))
+        w[p + "mlp.down_proj.weight"] = rng.normal(0, 0.15, (h, f))
+        if arch == "qwen2":
+            w[a + "q_proj.bias"] = rng.normal(0, 0.3, nh * hd)
+            w[a + "k_proj.bias"] = rng.normal(0, 0.3, nkv * hd)
+            w[a + "v_proj.bias"] = rng.normal(0, 0.3, nkv * hd)
+        if arch in ("qwen3", "gemma3_text"):
+            w[a + "q_norm.weight"] = norm(hd)
+            w[a + "k_norm.weight"] = norm(hd)
+        if gemma:
+            w[p + "pre_feedforward_layernorm.weight"] = norm(h)
+            w[p + "post_feedforward_layernorm.weight"] = norm(h)
+    return {k: bf16_round(x.astype(np.float32)) for k, x in w.items()}
+
+
+def write_safetensors(path: Path, tensors: dict[str, np.ndarray]) -> None:
+    """A bf16 safetensors file (the format is a JSON header then raw little-endian data)."""
+    header: dict[str, object] = {"__metadata__": {"format": "pt"}}
+    blobs = []
+    offset = 0
+    for name, arr in tensors.items():
+        data = _bf16_bits(arr).tobytes()
+        header[name] = {
+            "dtype": "BF16",
+            "shape": list(arr.shape),
+            "data_offsets": [offset, offset + len(data)],
+        }
+        blobs.append(data)
+        offset += len(data)
+    head = json.dumps(header).encode()
+    head += b" " * (-len(head) % 8)
+    path.write_bytes(struct.pack("<Q", len(head)) + head + b"".join(blobs))
+
+
+def write_checkpoint(directory: Path, arch: str, seed: int = 0) -> dict[str, np.ndarray]:
+    """config.json + model.safetensors of `arch` in `directory`; returns the weights."""
+    directory.mkdir(parents=True, exist_ok=True)
+    w = weights(arch, seed)
+    (directory / "config.json").write_text(json.dumps(CONFIGS[arch], indent=1))
+    write_safetensors(directory / "model.safetensors", w)
+    return w
+
+
+# Hugging Face tensor names -> llama.cpp's (src/llama-arch.cpp), per layer.
+_GGUF_LAYER_NAMES = {
+    "input_layernorm": "attn_norm",
+    "self_attn.q_proj": "attn_q",
+    "self_attn.k_proj": "attn_k",
+    "self_attn.v_proj": "attn_v",
+    "self_attn.o_proj": "attn_output",
+    "self_attn.q_norm": "attn_q_norm",
+    "self_attn.k_norm": "attn_k_norm",
+    "mlp.gate_proj": "ffn_gate",
+    "mlp.up_proj": "ffn_up",
+    "mlp.down_proj": "ffn_down",
+}
+_GGUF_ARCH = {"qwen2": "qwen2", "qwen3": "qwen3", "gemma3_text": "gemma3"}
+
+
+def gguf_name(arch: str, hf_name: str) -> str:
+    top = {
+        "model.embed_tokens.weight": "token_embd.weight",
+        "model.norm.weight": "output_norm.weight",
+        "lm_head.weight": "output.weight",
+    }
+    if hf_name in top:
+        return top[hf_name]
+    _, _, layer, rest = hf_name.split(".", 3)
+    module, suffix = rest.rsplit(".", 1)
+    names = dict(_GGUF_LAYER_NAMES)
+    if arch == "gemma3_text":  # sandwich norms
+        names.update(
+            post_attention_layernorm="post_attention_norm",
+            pre_feedforward_layernorm="ffn_norm",
+            post_feedforward_layernorm="post_ffw_norm",
+        )
+    else:
+        names["post_attention_layernorm"] = "ffn_norm"
+    return f"blk.{layer}.{names[module]}.{suffix}"
+
+
+def write_gguf(path: Path, arch: str, seed: int = 0, quant: str = "F32") -> None:
+    """The same weights as a GGUF with llama.cpp's names and metadata keys, as its converter
+    writes them (Gemma's norms shifted by +1). `quant`: F32, F16 or Q8_0 for 2-D weights, or
+    Q8_0-as-F32 (F32 tensors holding exactly the values a Q8_0 file would)."""
+    from gguf import GGMLQuantizationType, GGUFWriter, RopeScalingType, dequantize, quantize
+
+    c = CONFIGS[arch]
+    g = _GGUF_ARCH[arch]
+    w = GGUFWriter(str(path), g)
+    hd = c.get("head_dim", c["hidden_size"] // c["num_attention_heads"])
+    w.add_block_count(c["num_hidden_layers"])
+    w.add_context_length(c["max_position_embeddings"])
+    w.add_embedding_length(c["hidden_size"])
+    w.add_feed_forward_length(c["intermediate_size"])
+    w.add_head_count(c["num_attention_heads"])
+    w.add_head_count_kv(c["num_key_value_heads"])
+    w.add_key_length(hd)
+    w.add_value_length(hd)
+    w.add_layer_norm_rms_eps(c["rms_norm_eps"])
+    w.add_rope_freq_base(c["rope_theta"])
+    if arch == "gemma3_text":
+        w.add_sliding_window(c["sliding_window"])
+        # Full-attention every 3rd layer (llama.cpp's default pattern is every 6th).
+        w.add_uint32(f"{g}.attention.sliding_window_pattern", 3)
+        w.add_rope_scaling_type(RopeScalingType.LINEAR)
+        w.add_rope_scaling_factor(c["rope_scaling"]["factor"])
+        w.add_final_logit_softcapping(c["final_logit_softcapping"])
+    # A byte-level BPE vocabulary of the model's size: llama.cpp loads no model without one.
+    tokens = [f"<t{i}>" for i in range(c["vocab_size"])]
+    tokens[3:7] = ["a", "b", "ab", "\u010a"]  # one merge, and the newline token it looks for
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("qwen2")
+    w.add_token_list(tokens)
+    w.add_token_types([1] * len(tokens))
+    w.add_token_merges(["a b"])
+    w.add_bos_token_id(c["bos_token_id"])
+    w.add_eos_token_id(c["eos_token_id"])
+    for name, x in weights(arch, seed).items():
+        if arch == "gemma3_text" and name.endswith("norm.weight"):
+            x = x + 1  # Gemma3RMSNorm multiplies by (1 + w); llama.cpp stores 1 + w
+        x = x.astype(np.float32)
+        if quant == "Q8_0-as-F32" and x.ndim == 2:  # the values a Q8_0 file holds, as F32
+            q8 = GGMLQuantizationType.Q8_0
+            w.add_tensor(gguf_name(arch, name), dequantize(quantize(x, q8), q8).astype(np.float32))
+        elif x.ndim == 1 or quant in ("F32", "Q8_0-as-F32"):
+            w.add_tensor(gguf_name(arch, name), x)
+        elif quant == "F16":
+            w.add_tensor(gguf_name(arch, name), x.astype(np.float16))
+        else:
+            qt = GGMLQuantizationType[quant]
+            w.add_tensor(gguf_name(arch, name), quantize(x, qt), raw_dtype=qt)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
