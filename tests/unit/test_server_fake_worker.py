@@ -79,6 +79,7 @@ async def test_sampling_parameters_and_stop_tokens_reach_the_worker(llmd_home: P
         "frequency_penalty": 0.5,
         "presence_penalty": -0.25,
         "repetition_penalty": 1.1,
+        "repetition_window": 0,  # repeat_last_n -1 (default): the whole context
         "logit_bias": {"42": -100.0},
         "top_logprobs": 3,
     }
