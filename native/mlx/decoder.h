@@ -4,6 +4,7 @@
 // gemma3.cpp, ...) keeps only what makes it different: its config, weight names and layer.
 #pragma once
 
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -106,6 +107,23 @@ class DeviceState {
   mx::Device device_;
   std::unique_ptr<DeviceKvStore> kv_;
 };
+
+// Which matmul path each weight of a decoder's layers runs (the engine reports it; tests check
+// that no fp32 copy or MLX quantized_matmul is on a GGUF model's hot path). `Layer` has the
+// fused projections qkv, wo, gate_up and down.
+template <class Layer>
+std::map<std::string, std::string> decoder_matmul_paths(const std::vector<Layer>& layers, const Linear& lm_head) {
+  std::map<std::string, std::string> paths;
+  for (size_t i = 0; i < layers.size(); ++i) {
+    const std::string p = "blk." + std::to_string(i) + ".";
+    paths[p + "attn_qkv"] = layers[i].qkv.path();
+    paths[p + "attn_output"] = layers[i].wo.path();
+    paths[p + "ffn_gate_up"] = layers[i].gate_up.path();
+    paths[p + "ffn_down"] = layers[i].down.path();
+  }
+  paths["output"] = lm_head.path();
+  return paths;
+}
 
 // KV layout of a model whose layers all have `n_kv_heads` x `head_dim` keys and values.
 KvShape decoder_kv_shape(const DecoderDims& d, bool on_device);

@@ -39,16 +39,7 @@ class LlamaModel : public Model {
   KvShape kv_shape() const override { return decoder_kv_shape(dims_, device_.on_device()); }
 
   std::map<std::string, std::string> matmul_paths() const override {
-    std::map<std::string, std::string> paths;
-    for (size_t i = 0; i < layers_.size(); ++i) {
-      const std::string p = "blk." + std::to_string(i) + ".";
-      paths[p + "attn_qkv"] = layers_[i].qkv.path();
-      paths[p + "attn_output"] = layers_[i].wo.path();
-      paths[p + "ffn_gate_up"] = layers_[i].gate_up.path();
-      paths[p + "ffn_down"] = layers_[i].down.path();
-    }
-    paths["output"] = lm_head_.path();
-    return paths;
+    return decoder_matmul_paths(layers_, lm_head_);
   }
 
   void forward(const Step& step, KvPool& pool, std::vector<float>& logits) override {
