@@ -56,7 +56,9 @@ DEFAULT_KEEPALIVE_TIMEOUT = 75.0
 """Seconds an idle keep-alive connection stays open (aiohttp's own default is an hour)."""
 
 CORS_METHODS = "GET, POST, DELETE, OPTIONS"
-CORS_DEFAULT_HEADERS = "Authorization, Content-Type, X-Session-Id, x-api-key"
+CORS_DEFAULT_HEADERS = (
+    "Authorization, Content-Type, X-Session-Id, x-api-key, anthropic-version, anthropic-beta"
+)
 CORS_MAX_AGE = "600"
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
