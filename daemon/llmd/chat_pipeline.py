@@ -253,6 +253,12 @@ async def _in_session(
         await table.end(session)
 
 
+async def wait_accepted(pieces: AsyncIterator[Accepted | Piece]) -> None:
+    """Consumes run_choices' first item, ACCEPTED: errors before it are plain HTTP errors."""
+    if not isinstance(await anext(pieces), Accepted):
+        raise RuntimeError("generation did not start with ACCEPTED")
+
+
 @dataclass
 class Collected:
     """One choice, gathered for a non-streaming answer."""
@@ -384,8 +390,7 @@ class ChatRun:
         worker, ...) before that. Call it before a stream's first byte."""
         if self._accepted:
             return
-        if not isinstance(await anext(self._pieces), Accepted):
-            raise RuntimeError("generation did not start with ACCEPTED")
+        await wait_accepted(self._pieces)
         self._accepted = True
 
     async def events(self) -> AsyncIterator[ChatEvent]:

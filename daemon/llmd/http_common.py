@@ -110,3 +110,12 @@ def sse(payload: Any, event: str | None = None) -> bytes:
 
 def ndjson(payload: Any) -> bytes:
     return json.dumps(payload, ensure_ascii=False).encode() + b"\n"
+
+
+async def stream_ndjson(request: web.Request, lines: AsyncIterator[Any]) -> web.StreamResponse:
+    """Progress records (not generations: nothing to cancel) as one JSON object per line."""
+    resp = await start_stream(request, "application/x-ndjson")
+    async for line in lines:
+        await resp.write(ndjson(line))
+    await resp.write_eof()
+    return resp

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +30,7 @@ from . import __version__
 from .catalog import load_catalog
 from .errors import ApiError, bad_request
 from .gguf_layout import GGUFFormatError, read_layout
-from .http_common import REGISTRY, STORE, add_error_shape, json_body, ndjson, start_stream
+from .http_common import REGISTRY, STORE, add_error_shape, json_body, stream_ndjson
 from .model_facts import describe
 from .ollama_api import (
     OllamaSchema,
@@ -42,7 +43,7 @@ from .ollama_api import (
     rfc3339,
     template_thinks,
 )
-from .pull_routes import PULLS
+from .pull_routes import start_pull
 from .store import ModelRecord, StoreError
 
 # ---------------------------------------------------------------------- facts
@@ -259,23 +260,19 @@ async def pull(request: web.Request) -> web.StreamResponse:
     name = req.target()
     if name.endswith(":latest") and name.removesuffix(":latest") in load_catalog():
         name = name.removesuffix(":latest")  # Ollama clients tag untagged names
-    try:
-        job = request.app[PULLS].start(name)
-    except StoreError as exc:
-        raise ApiError(exc.status, str(exc), param="model", code=exc.code) from exc
+    job = start_pull(request, name)
     if not req.stream:
         final = progress_line(await job.wait())
         if "error" in final:
             return web.json_response(final, status=job.status_code)
         return web.json_response({"status": "success"})
-    resp = await start_stream(request, "application/x-ndjson")
-    async for event in job.follow():
-        line = progress_line(event)
-        if line.get("status") == "success":
-            line = {"status": "success"}
-        await resp.write(ndjson(line))
-    await resp.write_eof()
-    return resp
+
+    async def lines() -> AsyncIterator[dict[str, Any]]:
+        async for event in job.follow():
+            line = progress_line(event)
+            yield {"status": "success"} if line.get("status") == "success" else line
+
+    return await stream_ndjson(request, lines())
 
 
 async def delete(request: web.Request) -> web.Response:

@@ -28,6 +28,7 @@ from .chat_pipeline import (
     run_choices,
     start_chat,
     usage_of,
+    wait_accepted,
 )
 from .errors import ApiError, server_error
 from .generation import Finished
@@ -226,10 +227,6 @@ async def _stream_completion(
             out["usage"] = None
         return sse(out)
 
-    async def accepted() -> None:
-        if not isinstance(await anext(pieces), Accepted):
-            raise RuntimeError("generation did not start with ACCEPTED")
-
     async def frames() -> AsyncIterator[bytes]:
         if req.echo:
             for index in range(req.n):
@@ -250,7 +247,9 @@ async def _stream_completion(
             yield sse({**base, "choices": [], "usage": usage_of(finished)})
         yield sse("[DONE]")
 
-    return await relay(request, accepted(), frames(), content_type=SSE, error_frame=_error_event)
+    return await relay(
+        request, wait_accepted(pieces), frames(), content_type=SSE, error_frame=_error_event
+    )
 
 
 def add_openai_routes(app: web.Application) -> None:

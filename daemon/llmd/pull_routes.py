@@ -27,8 +27,8 @@ from typing import Any
 from aiohttp import web
 
 from .errors import ApiError, bad_request
-from .http_common import STORE, start_stream
-from .pulls import PullManager
+from .http_common import STORE, stream_ndjson
+from .pulls import PullJob, PullManager
 from .security import read_body
 from .store import ModelStore, StoreError
 
@@ -72,20 +72,21 @@ async def pull(request: web.Request) -> web.StreamResponse:
     stream = body.get("stream", True)
     if not isinstance(stream, bool):
         raise bad_request("'stream' must be true or false", param="stream")
-    try:
-        job = request.app[PULLS].start(
-            source, options["name"], endpoint=options["endpoint"], token=options["token"]
-        )
-    except StoreError as exc:
-        raise ApiError(exc.status, str(exc), param="model", code=exc.code) from exc
+    job = start_pull(
+        request, source, options["name"], endpoint=options["endpoint"], token=options["token"]
+    )
     if not stream:
         final = await job.wait()
         return web.json_response(final, status=job.status_code)
-    resp = await start_stream(request, "application/x-ndjson")
-    async for event in job.follow():
-        await resp.write(json.dumps(event).encode() + b"\n")
-    await resp.write_eof()
-    return resp
+    return await stream_ndjson(request, job.follow())
+
+
+def start_pull(request: web.Request, source: str, name: str | None = None, **hub: Any) -> PullJob:
+    """Start (or join) a pull in the daemon's PullManager; store errors as API errors."""
+    try:
+        return request.app[PULLS].start(source, name, **hub)
+    except StoreError as exc:
+        raise ApiError(exc.status, str(exc), param="model", code=exc.code) from exc
 
 
 async def list_pulls(request: web.Request) -> web.Response:
