@@ -14,7 +14,8 @@ from tokenizers import Tokenizer
 
 from .gguf_metadata import read_gguf_metadata
 from .logprobs import TokenTexts
-from .tokenizer import tokenizer_from_dir, tokenizer_from_gguf_fields
+from .spm_tokenizer import CONTROL
+from .tokenizer import tokenizer_from_dir, tokenizer_from_gguf
 
 # End-of-generation markers: any of these present in a vocabulary stops generation, as in
 # llama.cpp (src/llama-vocab.cpp), so a model ends its turn the same way under both engines.
@@ -31,8 +32,10 @@ END_OF_GENERATION_TOKENS = (
     "_<EOT>",
     "<|end_of_text|>",
     "<end_of_utterance>",
+    "<eos>",  # Gemma 4 (and Gemma's declared EOS)
+    "<turn|>",  # Gemma 4's end of turn
+    "<|tool_response>",  # Gemma 4 waits for a tool's answer here
 )
-_CONTROL = 3  # GGUF token type of control tokens
 
 
 @dataclass
@@ -85,13 +88,7 @@ def load_gguf_text_model(path: Path) -> TextModel:
     arch = meta.get("general.architecture", "llama")
     tokens: list[str] = meta["tokenizer.ggml.tokens"]
     types: list[int] = meta.get("tokenizer.ggml.token_type", [1] * len(tokens))
-    tokenizer = tokenizer_from_gguf_fields(
-        meta.get("tokenizer.ggml.model", "gpt2"),
-        meta.get("tokenizer.ggml.pre", ""),
-        tokens,
-        types,
-        meta.get("tokenizer.ggml.merges", []),
-    )
+    tokenizer = tokenizer_from_gguf(meta)
     bos_id = meta.get("tokenizer.ggml.bos_token_id")
     eos_id = meta.get("tokenizer.ggml.eos_token_id")
     declared = [
@@ -108,7 +105,7 @@ def load_gguf_text_model(path: Path) -> TextModel:
         add_bos=bool(meta.get("tokenizer.ggml.add_bos_token", False)),
         stop_token_ids=_stop_ids(tokenizer, declared),
         context_length=int(meta.get(f"{arch}.context_length", 4096)),
-        special_ids={i for i, t in enumerate(types) if t == _CONTROL},
+        special_ids={i for i, t in enumerate(types) if t == CONTROL},
     )
 
 

@@ -1,19 +1,22 @@
 """Tokenizers for the daemon's text world, built with Hugging Face `tokenizers`.
 
-A GGUF file carries its BPE vocabulary, merges and pre-tokenizer name; this module rebuilds the
-same tokenizer llama.cpp uses from them (checked token for token against llama.cpp's ids in
-tests/fixtures). A Hugging Face directory brings its own tokenizer.json.
+A GGUF file carries its vocabulary (and BPE merges or SentencePiece scores) and the names of its
+tokenizer model and pre-tokenizer; this module rebuilds the same tokenizer llama.cpp uses from
+them (checked id for id against llama.cpp's own tokenizer test data:
+tests/unit/test_llamacpp_vocabularies.py). Byte-level BPE ("gpt2") lives here, the
+SentencePiece-style models in spm_tokenizer.py. A Hugging Face directory brings its own
+tokenizer.json.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
 
-# GGUF token types (llama.cpp's llama_token_type)
-_CONTROL = 3
-_USER_DEFINED = 4
+from .spm_tokenizer import CONTROL, USER_DEFINED, gemma4_tokenizer, spm_tokenizer
 
 # Pre-tokenizer regexes, as llama.cpp applies them per `tokenizer.ggml.pre` (src/llama-vocab.cpp)
 # and as the models' own tokenizer.json files write them.
@@ -26,12 +29,23 @@ _QWEN2_SPLIT = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
     r"|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
+# Qwen3.5 keeps combining marks with their letters.
+_QWEN35_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}"
+    r"| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 # Digits split one by one, then GPT-2's byte-level regex.
 _DIGITS_THEN_GPT2 = ("smollm", "starcoder", "refact", "command-r")
 _GPT2 = ("gpt2", "gpt-2", "mpt", "olmo", "jais")
-_LLAMA3 = ("llama-bpe", "llama3", "dbrx", "smaug-bpe")
-_QWEN2 = ("qwen2", "stablelm2", "hunyuan")
-SUPPORTED_PRE_TOKENIZERS = frozenset(_DIGITS_THEN_GPT2 + _GPT2 + _LLAMA3 + _QWEN2)
+_LLAMA3 = ("llama-bpe", "llama3", "llama-v3", "dbrx", "smaug-bpe")
+_QWEN2 = ("qwen2", "deepseek-r1-qwen", "stablelm2", "hunyuan")
+_QWEN35 = ("qwen35",)
+SUPPORTED_PRE_TOKENIZERS = frozenset(_DIGITS_THEN_GPT2 + _GPT2 + _LLAMA3 + _QWEN2 + _QWEN35)
+# Pre-tokenizers whose words are taken whole when the vocabulary has them, before any merge
+# (Llama 3's tokenizer.json `ignore_merges`; llama.cpp sets it for these names).
+_IGNORE_MERGES = ("llama-bpe", "llama3", "llama-v3")
+# GGUF tokenizer models: byte-level BPE, and the SentencePiece-style ones (spm_tokenizer.py).
+SUPPORTED_TOKENIZER_MODELS = ("gpt2", "llama", "gemma4")
 
 
 class UnsupportedTokenizer(Exception):
@@ -52,16 +66,13 @@ def gguf_tokenizer_problem(model: str | None, pre: str | None) -> str | None:
     """Why llmd cannot rebuild a GGUF's tokenizer from `tokenizer.ggml.model` and
     `tokenizer.ggml.pre`, or None when it can (or the file names no tokenizer model). Pulls ask
     this of the header, before downloading the weights."""
-    if model is None:
+    if model is None or model in ("llama", "gemma4"):
         return None
     if model != "gpt2":
-        kind = {"llama": "SentencePiece ('llama': Gemma, Llama 2, Mistral)"}.get(
-            model, f"'{model}'"
-        )
         return (
-            f"GGUF tokenizer model {kind} is not supported yet (only byte-level BPE, 'gpt2'); "
-            "the model's Hugging Face repository (safetensors with tokenizer.json) can be "
-            "pulled instead"
+            f"GGUF tokenizer model '{model}' is not supported yet (supported: "
+            f"{', '.join(SUPPORTED_TOKENIZER_MODELS)}); the model's Hugging Face repository "
+            "(safetensors with tokenizer.json) can be pulled instead"
         )
     if (pre or "") not in SUPPORTED_PRE_TOKENIZERS:
         # llama.cpp's "default" (a GGUF without `tokenizer.ggml.pre`) uses its own regex set;
@@ -81,30 +92,57 @@ def _pre_tokenizer(pre: str) -> pre_tokenizers.PreTokenizer:
         return _split_then_bytes(_LLAMA3_SPLIT)
     if pre in _QWEN2:
         return _split_then_bytes(_QWEN2_SPLIT)
+    if pre in _QWEN35:
+        return _split_then_bytes(_QWEN35_SPLIT)
     if pre in _GPT2:
         return byte_level
     raise UnsupportedTokenizer(gguf_tokenizer_problem("gpt2", pre))
 
 
-def tokenizer_from_gguf_fields(
-    model: str, pre: str, tokens: list[str], token_types: list[int], merges: list[str]
+def byte_level_tokenizer(
+    pre: str, tokens: list[str], token_types: list[int], merges: list[str]
 ) -> Tokenizer:
     """Rebuild a GGUF's byte-level BPE tokenizer. Control and user-defined tokens are matched
     as whole tokens inside text, as llama-server does when it tokenizes a rendered template."""
-    if problem := gguf_tokenizer_problem(model, pre):
+    if problem := gguf_tokenizer_problem("gpt2", pre):
         raise UnsupportedTokenizer(problem)
     vocab = {tok: i for i, tok in enumerate(tokens)}
     pairs = [tuple(m.split(" ", 1)) for m in merges]
-    tk = Tokenizer(models.BPE(vocab=vocab, merges=pairs, fuse_unk=False))
+    tk = Tokenizer(
+        models.BPE(vocab=vocab, merges=pairs, fuse_unk=False, ignore_merges=pre in _IGNORE_MERGES)
+    )
     tk.pre_tokenizer = _pre_tokenizer(pre)
     tk.decoder = decoders.ByteLevel()
     special = [
-        AddedToken(tok, special=(typ == _CONTROL), normalized=False)
+        AddedToken(tok, special=(typ == CONTROL), normalized=False)
         for tok, typ in zip(tokens, token_types, strict=True)
-        if typ in (_CONTROL, _USER_DEFINED)
+        if typ in (CONTROL, USER_DEFINED)
     ]
     tk.add_special_tokens(special)
     return tk
+
+
+def tokenizer_from_gguf(meta: Mapping[str, Any]) -> Tokenizer:
+    """The tokenizer llama.cpp builds from a GGUF's `tokenizer.ggml.*` metadata."""
+    model = meta.get("tokenizer.ggml.model", "gpt2")
+    pre = meta.get("tokenizer.ggml.pre", "")
+    tokens: list[str] = meta["tokenizer.ggml.tokens"]
+    types: list[int] = meta.get("tokenizer.ggml.token_type", [1] * len(tokens))
+    if problem := gguf_tokenizer_problem(model, pre):
+        raise UnsupportedTokenizer(problem)
+    unk_id = meta.get("tokenizer.ggml.unknown_token_id")
+    if model == "llama":
+        return spm_tokenizer(
+            tokens,
+            meta["tokenizer.ggml.scores"],
+            types,
+            # llama.cpp's default for SentencePiece files without the key
+            add_space_prefix=bool(meta.get("tokenizer.ggml.add_space_prefix", True)),
+            unk_id=unk_id,
+        )
+    if model == "gemma4":
+        return gemma4_tokenizer(tokens, types, meta["tokenizer.ggml.merges"], unk_id=unk_id)
+    return byte_level_tokenizer(pre, tokens, types, meta.get("tokenizer.ggml.merges", []))
 
 
 def tokenizer_from_dir(path: Path) -> Tokenizer:

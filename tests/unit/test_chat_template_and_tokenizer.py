@@ -13,7 +13,7 @@ from llmd.chat_template import render_chat
 from llmd.errors import ApiError
 from llmd.gguf_metadata import GGUFMetadataError, read_gguf_metadata
 from llmd.text_model import TextModel
-from llmd.tokenizer import UnsupportedTokenizer, tokenizer_from_gguf_fields
+from llmd.tokenizer import UnsupportedTokenizer, tokenizer_from_gguf
 
 REFERENCE = Path(__file__).parents[1] / "fixtures" / "llamacpp_reference.json"
 
@@ -82,9 +82,9 @@ def model_head(n_kv: int) -> bytes:
 
 def test_unknown_pre_tokenizer_is_refused_not_approximated() -> None:
     with pytest.raises(UnsupportedTokenizer, match="'default'"):
-        tokenizer_from_gguf_fields("gpt2", "", ["a", "b"], [1, 1], [])
-    with pytest.raises(UnsupportedTokenizer, match="'llama'"):
-        tokenizer_from_gguf_fields("llama", "default", ["a"], [1], [])
+        tokenizer_from_gguf({"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.tokens": ["a"]})
+    with pytest.raises(UnsupportedTokenizer, match="'bert'"):
+        tokenizer_from_gguf({"tokenizer.ggml.model": "bert", "tokenizer.ggml.tokens": ["a"]})
 
 
 def test_template_raise_exception_is_a_400_on_messages() -> None:
