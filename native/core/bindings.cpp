@@ -233,6 +233,7 @@ PYBIND11_MODULE(_engine, m) {
              d["prompt_tokens_processed"] = s.prompt_tokens_processed;
              d["kv_bytes"] = s.kv_bytes;
              d["kv_blocks_used"] = s.kv_blocks_used;
+             d["kv_window_parts"] = s.kv_window_parts;
              d["max_rows_sampled_in_a_step"] = s.max_rows_sampled_in_a_step;
              d["prefix_cache_hits"] = s.prefix_cache_hits;
              d["forked_sequences"] = s.forked_sequences;

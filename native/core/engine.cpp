@@ -158,6 +158,12 @@ void Engine::admit(Sequence& seq) {
   if (seq.fed > 0) return;  // a forked sibling waiting for room: its KV is already there
   const auto& prompt = seq.request.prompt;
   PrefixCache::Match m = prefix_cache_.match(prompt.data(), static_cast<int>(prompt.size()) - 1);
+  // Sliding-window layers need the window before the reuse point: shorten the match to a
+  // prefix whose window parts still exist (kv_cache.h, "Window parts"), or reuse nothing.
+  while (!m.blocks.empty() && !pool_.has_window_for(m.blocks, m.tokens())) {
+    m.blocks.pop_back();
+    m.keys.pop_back();
+  }
   if (m.blocks.empty()) return;
   seq.kv->adopt(m.blocks, m.tokens());
   seq.fed = seq.cached = m.tokens();
@@ -486,6 +492,7 @@ void Engine::publish_gauges() {
   stats_.active_sequences = static_cast<int>(active_.size());
   stats_.kv_blocks_used = pool_.used_blocks();
   stats_.kv_bytes = pool_.allocated_bytes();
+  stats_.kv_window_parts = pool_.live_window_parts();
   stats_.prefix_cache_blocks = prefix_cache_.entries();
   stats_.kv_idle_cached_blocks = pool_.cached_idle_blocks();
   stats_.pinned_sessions = session_pins_.sessions();

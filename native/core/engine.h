@@ -74,6 +74,7 @@ struct EngineStats {
   uint64_t prompt_tokens_processed = 0;
   size_t kv_bytes = 0;
   size_t kv_blocks_used = 0;
+  size_t kv_window_parts = 0;  // sliding-window layers' parts of blocks still kept
   int max_rows_sampled_in_a_step = 0;
   uint64_t prefix_cache_hits = 0;       // requests that reused cached KV
   uint64_t prefix_cached_tokens = 0;    // prompt tokens not prefilled thanks to the cache

@@ -23,31 +23,68 @@ struct KvShape {
   // does the bookkeeping: allocation, sharing, budget and LRU eviction.
   bool host_storage = true;
   int element_bytes = 4;
+  // Sliding-window layers (windowed[layer]; empty: none) attend to the last `window` positions
+  // only, so their part of a block is kept only while some sequence's window covers it (see
+  // "Window parts" below): their memory is bounded by the window, not the context.
+  int window = 0;
+  std::vector<bool> windowed;
+
+  bool is_windowed(int layer) const { return window > 0 && !windowed.empty() && windowed[layer]; }
+  int windowed_layers() const;
 };
 
+// Window parts: a block's sliding-window layers live in a separate "window part" (its own id,
+// window_slot(block), so a device backend indexes its windowed layers' storage by it). A
+// sequence holds the window part of each of its blocks until the block falls behind its window
+// (plus kWindowMarginBlocks, so a conversation resumed a little before where it stopped still
+// finds its window); the last holder to move past it frees the part. A sequence that ends lets
+// go of its holds without freeing, so the tail of a finished conversation keeps its window for
+// the prefix cache. The prefix cache reuses a prefix only if the window before its end still
+// exists (has_window_for).
 class KvPool {
  public:
   static constexpr int kBlockTokens = 64;
+  static constexpr int kWindowMarginBlocks = 2;
 
   KvPool(KvShape shape, size_t budget_bytes);
 
   const KvShape& shape() const { return shape_; }
+  // Bytes of a block's full-attention layers, and of its window part (0 without windows).
   size_t block_bytes() const { return block_floats_ * shape_.element_bytes; }
+  size_t window_part_bytes() const { return window_floats_ * shape_.element_bytes; }
+  // Upper bounds on block ids and window slots the budget allows.
   size_t capacity_blocks() const { return max_blocks_; }
+  size_t capacity_window_slots() const { return max_window_slots_; }
   size_t used_blocks() const { return used_; }            // referenced by sequences
   size_t cached_idle_blocks() const { return idle_.size(); }  // kept only for reuse
-  size_t allocated_bytes() const { return created_ * block_bytes(); }
-  // Block ids handed out so far run from 0 to created_blocks() - 1.
+  size_t allocated_bytes() const { return created_ * block_bytes() + window_created_ * window_part_bytes(); }
+  // Block ids handed out so far run from 0 to created_blocks() - 1; window slots likewise.
   size_t created_blocks() const { return created_; }
+  size_t created_window_slots() const { return window_created_; }
+  size_t live_window_parts() const { return window_created_ - window_free_.size(); }
 
-  // Returns a block id with one reference, or -1 if the budget is exhausted even after
-  // evicting the least recently used idle cached block.
+  // Returns a block id with one reference (and a window part held once, when the model has
+  // windowed layers), or -1 if the budget is exhausted even after evicting least recently
+  // used idle cached blocks.
   int allocate();
   void retain(int block);
   void release(int block);
   // Copies every layer's keys and values of block `src` into block `dst` (host storage only;
   // a device backend copies its own storage: Model::copy_kv_block).
   void copy_block(int src, int dst);
+
+  // Window parts (see above). window_slot: -1 when the block has none.
+  int window_slot(int block) const { return shape_.window > 0 ? window_slot_[block] : -1; }
+  bool has_window_part(int block) const { return shape_.window <= 0 || window_slot_[block] >= 0; }
+  void hold_window(int block) { ++window_holds_[block]; }
+  // `drop`: the holder moved past the block's window (the part is freed when no one else
+  // holds it); otherwise the holder ended and the part is kept.
+  void unhold_window(int block, bool drop);
+  // Whether a sequence continuing at position `length` on `blocks` has its whole window.
+  bool has_window_for(const std::vector<int>& blocks, int length) const;
+  // Index of the first block a sequence at `length` positions still needs for its window,
+  // keeping `margin_blocks` more before it.
+  int first_window_block(int length, int margin_blocks) const;
 
   // Blocks marked cacheable stay allocated after their last reference is released (idle, in
   // LRU order) until memory is needed; `on_evict` is told before an idle block is reused.
@@ -64,20 +101,33 @@ class KvPool {
 
  private:
   float* at(int block, int layer, int kv, int head) {
-    const size_t off = ((static_cast<size_t>(layer) * 2 + kv) * shape_.n_kv_heads + head) *
+    const size_t off = ((static_cast<size_t>(group_index_[layer]) * 2 + kv) * shape_.n_kv_heads + head) *
                        kBlockTokens * shape_.head_dim;
+    if (shape_.is_windowed(layer)) return window_storage_[window_slot_[block]].get() + off;
     return storage_[block].get() + off;
   }
+  bool evict_one();       // the least recently used idle block back to free_; false if none
+  int take_window_slot();  // -1 when the budget has no room even after evictions
+  void free_window_part(int block);
 
   KvShape shape_;
+  size_t budget_bytes_;
+  std::vector<int> group_index_;  // layer -> index among the full (or the windowed) layers
   size_t block_floats_;
+  size_t window_floats_ = 0;
   size_t max_blocks_;
+  size_t max_window_slots_ = 0;
   size_t used_ = 0;
   size_t created_ = 0;
   struct AlignedFree {
     void operator()(float* p) const;
   };
   std::vector<std::unique_ptr<float[], AlignedFree>> storage_;
+  std::vector<std::unique_ptr<float[], AlignedFree>> window_storage_;
+  std::vector<int> window_slot_;   // per block
+  std::vector<int> window_holds_;  // per block
+  std::vector<int> window_free_;
+  size_t window_created_ = 0;
   std::vector<int> free_;
   std::vector<int> refs_;
   std::vector<bool> cacheable_;
@@ -99,15 +149,18 @@ class SequenceKv {
 
   // Makes room for positions up to `new_length`; false if the pool is out of budget.
   bool reserve(int new_length);
-  // Starts the sequence on shared, already filled blocks (a cached prefix).
+  // Starts the sequence on shared, already filled blocks (a cached prefix; their window parts
+  // must exist: KvPool::has_window_for).
   void adopt(const std::vector<int>& blocks, int length);
-  void set_length(int n) { length_ = n; }
+  // Records that positions [0, n) hold data; window parts the sequence no longer needs go.
+  void set_length(int n);
   void clear();
 
  private:
   KvPool* pool_;
   std::vector<int> blocks_;
   int length_ = 0;
+  int window_from_ = 0;  // blocks before this index no longer hold their window part
 };
 
 }  // namespace llmd

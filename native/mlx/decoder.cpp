@@ -128,7 +128,7 @@ DeviceKvStore& DeviceState::prepare(KvPool& pool, const KvShape& shape) {
     has_stream = true;
   }
   if (!kv_) kv_ = std::make_unique<DeviceKvStore>(shape);
-  kv_->ensure_blocks(pool.created_blocks(), pool.capacity_blocks());
+  kv_->ensure(pool);
   return *kv_;
 }
 
@@ -139,8 +139,7 @@ void DeviceState::copy_kv_block(KvPool& pool, const KvShape& shape, int src, int
   }
   // The source block was written by an earlier step, so the store exists.
   if (!kv_) kv_ = std::make_unique<DeviceKvStore>(shape);
-  kv_->ensure_blocks(pool.created_blocks(), pool.capacity_blocks());
-  kv_->copy_block(src, dst);
+  kv_->copy_block(pool, src, dst);
 }
 
 KvShape decoder_kv_shape(const DecoderDims& d, bool on_device) {

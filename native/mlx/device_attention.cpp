@@ -11,7 +11,12 @@ namespace {
 
 constexpr int BT = KvPool::kBlockTokens;
 
-int slot_of(const SequenceKv& kv, int pos) { return kv.blocks()[pos / BT] * BT + pos % BT; }
+// Row of position `pos` in a layer's store: by block id, or by window slot for the
+// sliding-window layers of a pool that keeps windows apart.
+int store_row(const SequenceKv& kv, int pos, const KvPool* windows) {
+  const int block = kv.blocks()[pos / BT];
+  return (windows ? windows->window_slot(block) : block) * BT + pos % BT;
+}
 
 mx::array int_array(const std::vector<int32_t>& v, mx::Shape shape) {
   return mx::array(v.begin(), std::move(shape), mx::int32);
@@ -67,44 +72,59 @@ mx::array attend(const mx::array& q, const mx::array& k, const mx::array& v, flo
 
 }  // namespace
 
-void DeviceKvStore::copy_block(int src, int dst) {
+void DeviceKvStore::copy_block(const KvPool& pool, int src, int dst) {
+  ensure(pool);
   const int width = shape_.n_kv_heads * shape_.head_dim;
   std::vector<mx::array> all;
   for (int l = 0; l < shape_.n_layers; ++l) {
+    const bool windowed = shape_.is_windowed(l);
+    const int from = windowed ? pool.window_slot(src) : src;
+    const int to = windowed ? pool.window_slot(dst) : dst;
     for (mx::array* a : {&keys_[l], &values_[l]}) {
-      mx::array block = mx::slice(*a, mx::Shape{src * BT, 0}, mx::Shape{(src + 1) * BT, width});
-      *a = mx::slice_update(*a, block, mx::Shape{dst * BT, 0}, mx::Shape{(dst + 1) * BT, width});
+      mx::array block = mx::slice(*a, mx::Shape{from * BT, 0}, mx::Shape{(from + 1) * BT, width});
+      *a = mx::slice_update(*a, block, mx::Shape{to * BT, 0}, mx::Shape{(to + 1) * BT, width});
       all.push_back(*a);
     }
   }
   mx::eval(all);
 }
 
-void DeviceKvStore::ensure_blocks(size_t n_blocks, size_t max_blocks) {
-  if (n_blocks <= blocks_) return;
-  const size_t grown = std::min(std::max(n_blocks, blocks_ * 2), std::max(max_blocks, n_blocks));
-  const int width = shape_.n_kv_heads * shape_.head_dim;
-  const int extra = static_cast<int>((grown - blocks_) * BT);
-  std::vector<mx::array> all;
+void DeviceKvStore::ensure(const KvPool& pool) {
   if (keys_.empty()) {
     keys_.assign(shape_.n_layers, mx::array(0.f));
     values_.assign(shape_.n_layers, mx::array(0.f));
   }
+  grow(false, blocks_, pool.created_blocks(), pool.capacity_blocks());
+  if (shape_.windowed_layers() > 0) {
+    grow(true, window_slots_, pool.created_window_slots(), pool.capacity_window_slots());
+  }
+}
+
+void DeviceKvStore::grow(bool windowed, size_t& have, size_t need, size_t max) {
+  if (need <= have) return;
+  const size_t grown = std::min(std::max(need, have * 2), std::max(max, need));
+  const int width = shape_.n_kv_heads * shape_.head_dim;
+  const int extra = static_cast<int>((grown - have) * BT);
+  std::vector<mx::array> all;
   for (int l = 0; l < shape_.n_layers; ++l) {
+    if (shape_.is_windowed(l) != windowed) continue;
     for (mx::array* a : {&keys_[l], &values_[l]}) {
       mx::array more = mx::zeros({extra, width}, device_compute_dtype());
-      *a = blocks_ == 0 ? more : mx::concatenate({*a, more}, 0);
+      *a = have == 0 ? more : mx::concatenate({*a, more}, 0);
       all.push_back(*a);
     }
   }
   mx::eval(all);
-  blocks_ = grown;
+  have = grown;
 }
 
 DeviceAttentionPlan DeviceAttentionPlan::build(const AttentionBatch& batch, int rope_dims) {
   DeviceAttentionPlan plan;
   int rows = 0;
   for (const auto& seg : batch.segments) rows += seg.n_rows;
+  // A windowed batch's layers keep their KV by window slot when the pool keeps windows apart.
+  const KvPool* windows = batch.window > 0 && batch.pool->shape().window > 0 ? batch.pool : nullptr;
+  auto slot_of = [windows](const SequenceKv& kv, int pos) { return store_row(kv, pos, windows); };
   std::vector<int32_t> slots;
   slots.reserve(rows);
   for (const auto& seg : batch.segments) {

@@ -24,22 +24,26 @@ namespace llmd {
 namespace mx = mlx::core;
 
 // Per layer: keys and values of every block slot, [slots, n_kv_heads * head_dim] in the
-// compute dtype (float16 on a GPU),
-// slot = block * kBlockTokens + position in block.
+// compute dtype (float16 on a GPU), slot = block * kBlockTokens + position in block. A
+// sliding-window layer's arrays are indexed by the block's window slot instead
+// (KvPool::window_slot), so they only grow with the window parts alive at once.
 class DeviceKvStore {
  public:
-  explicit DeviceKvStore(KvShape shape) : shape_(shape) {}
-  // Grows storage (at least doubling) so block ids < n_blocks have slots.
-  void ensure_blocks(size_t n_blocks, size_t max_blocks);
-  // Every layer's slots of block `src` copied into block `dst` (both < capacity_blocks()).
-  void copy_block(int src, int dst);
+  explicit DeviceKvStore(KvShape shape) : shape_(std::move(shape)) {}
+  // Grows storage (at least doubling) to cover every block id and window slot the pool has
+  // handed out.
+  void ensure(const KvPool& pool);
+  // Every layer's slots of block `src` copied into block `dst`.
+  void copy_block(const KvPool& pool, int src, int dst);
   mx::array& keys(int layer) { return keys_[layer]; }
   mx::array& values(int layer) { return values_[layer]; }
-  size_t capacity_blocks() const { return blocks_; }
 
  private:
+  void grow(bool windowed, size_t& have, size_t need, size_t max);
+
   KvShape shape_;
   size_t blocks_ = 0;
+  size_t window_slots_ = 0;
   std::vector<mx::array> keys_;
   std::vector<mx::array> values_;
 };

@@ -5,8 +5,8 @@
 // layers (their own RoPE base, no scaling) interleaved with global ones (the config's RoPE base
 // and scaling); optional final logit soft-capping.
 //
-// Sliding layers attend to the last `sliding_window` positions only; their KV is still kept for
-// the whole context (one block pool for all layers), so memory is not yet bounded by the window.
+// Sliding layers attend to the last `sliding_window` positions only and keep only that window
+// of KV (the pool's window parts, kv_cache.h), so their memory does not grow with the context.
 #include <cmath>
 #include <optional>
 #include <stdexcept>
@@ -62,7 +62,13 @@ class Gemma3Model : public Model {
 
   const ModelInfo& info() const override { return info_; }
   ModelInfo& mutable_info() override { return info_; }
-  KvShape kv_shape() const override { return decoder_kv_shape(cfg_.dims, device_.on_device()); }
+  KvShape kv_shape() const override {
+    // Sliding layers keep only their window of KV (kv_cache.h, "Window parts").
+    KvShape shape = decoder_kv_shape(cfg_.dims, device_.on_device());
+    shape.window = cfg_.sliding_window;
+    shape.windowed = cfg_.sliding;
+    return shape;
+  }
 
   std::map<std::string, std::string> matmul_paths() const override {
     return decoder_matmul_paths(layers_, lm_head_);

@@ -147,9 +147,13 @@ void PagedAttention::eval_cpu(const std::vector<mx::array>& inputs, mx::array& o
           n_max = std::max(n_max, at.n_pos[i]);
         }
         const int nb = (n_max + BT - 1) / BT;
-        kb.resize(nb);
-        vb.resize(nb);
-        for (int b = 0; b < nb; ++b) {
+        // Blocks wholly before every query's window are never read (their window part may be
+        // gone: kv_cache.h).
+        int first_block = nb;
+        for (int i = 0; i < tile.n_rows; ++i) first_block = std::min(first_block, at.first_pos[i] / BT);
+        kb.assign(nb, nullptr);
+        vb.assign(nb, nullptr);
+        for (int b = first_block; b < nb; ++b) {
           kb[b] = pool.keys(blocks[b], layer, g);
           vb[b] = pool.values(blocks[b], layer, g);
         }

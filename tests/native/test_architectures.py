@@ -24,7 +24,16 @@ import numpy as np
 import pytest
 
 from .conftest import run_all
-from .tiny_models import CONFIGS, TOKENS, weights, write_checkpoint, write_gguf, write_safetensors
+from .tiny_models import (
+    CONFIGS,
+    LONG_SCORED,
+    LONG_TOKENS,
+    TOKENS,
+    weights,
+    write_checkpoint,
+    write_gguf,
+    write_safetensors,
+)
 
 native = pytest.importorskip("llmd._engine")
 
@@ -39,12 +48,12 @@ def _fixture(arch: str) -> dict:
     return json.loads((FIXTURES / f"{arch}_transformers.json").read_text())
 
 
-def _engine(path: Path, backend: str, **kw):  # type: ignore[no-untyped-def]
+def _engine(path: Path, backend: str, context_length: int = 256, **kw):  # type: ignore[no-untyped-def]
     from llmd.worker.host import hf_config
 
     return native.Engine(
         str(path),
-        context_length=256,
+        context_length=context_length,
         max_sequences=8,
         kv_budget_bytes=16 << 20,
         backend=backend,
@@ -181,6 +190,50 @@ def test_greedy_matches_transformers_and_interleaving_does_not_bleed(
         },
     )
     assert forked["a"]["tokens"] == forked["b"]["tokens"] == solo["p70"][:12]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_sliding_layers_keep_only_their_window(checkpoints, backend: str) -> None:  # type: ignore[no-untyped-def]
+    """Gemma 3's sliding layers (window 5) free the KV of blocks behind their window: a
+    300-token sequence still gives transformers' logits at its end; two long sequences run
+    together (each reusing window memory the other freed) give their solo tokens while the
+    window parts kept stay bounded by the window, not the length; and a session's next turn
+    still reuses the KV its window needs."""
+    path = checkpoints["gemma3_text"]
+    ref = np.array(_fixture("gemma3_text")["long_logits"], dtype=np.float32)
+    engine = _engine(path, backend, context_length=1024, step_token_budget=64)
+    n = len(LONG_TOKENS)
+    stepped = engine.score(LONG_TOKENS, n - LONG_SCORED + 1)[:LONG_SCORED]
+    assert _max_rel(stepped, ref) < TIGHT, np.abs(stepped - ref).max()
+
+    prompts = {"a": LONG_TOKENS, "b": LONG_TOKENS[::-1]}
+    reqs = {k: {"prompt": p, "max_tokens": 200} for k, p in prompts.items()}
+    solo = {k: run_all(_engine(path, backend, 1024), {k: r})[k] for k, r in reqs.items()}
+    engine = _engine(path, backend, context_length=1024, step_token_budget=64)
+    for k, r in reqs.items():
+        engine.submit(k, **r, session="s" if k == "a" else "")
+    tokens: dict[str, list[int]] = {k: [] for k in reqs}
+    done: set[str] = set()
+    most_parts = 0
+    while len(done) < len(reqs):
+        for ev in engine.poll(1000):
+            if ev["type"] == "tokens":
+                tokens[ev["id"]] += ev["tokens"]
+            else:
+                done.add(ev["id"])
+        most_parts = max(most_parts, engine.stats()["kv_window_parts"])
+    for k in reqs:
+        assert tokens[k] == solo[k]["tokens"], k
+    # 500 positions are 8 blocks per sequence; each keeps the window (5) + a two-block margin
+    # + the block being written: at most 4 parts, however long it grows.
+    assert 2 <= most_parts <= 2 * 4, most_parts  # kept for all 16 blocks without windows
+    assert engine.stats()["kv_window_parts"] <= 2 * 4
+
+    turn2 = LONG_TOKENS + solo["a"]["tokens"] + [5, 6]
+    fresh = run_all(_engine(path, backend, 1024), {"t": {"prompt": turn2, "max_tokens": 8}})
+    again = run_all(engine, {"t": {"prompt": turn2, "max_tokens": 8, "session": "s"}})
+    assert again["t"]["done"]["cached_tokens"] >= 448  # up to the last whole block
+    assert again["t"]["tokens"] == fresh["t"]["tokens"]
 
 
 def _tiny_tokenizer(directory: Path, vocab: int) -> None:

@@ -75,6 +75,11 @@ CONFIGS: dict[str, dict] = {
 
 # Token ids every architecture is scored on: longer than Gemma's window, so windowing shows.
 TOKENS = [1, 17, 99, 5, 64, 2, 120, 33, 8, 71, 44, 90, 12, 7, 101, 56, 23, 88, 3, 65]
+# A sequence long enough that sliding-window layers drop the window parts of its first blocks
+# (window + the pool's two-block margin < 300): the fixtures keep the logits of its last
+# LONG_SCORED positions.
+LONG_TOKENS = [1] + [int(t) for t in np.random.default_rng(7).integers(3, 128, 299)]
+LONG_SCORED = 8
 
 
 def bf16_round(a: np.ndarray) -> np.ndarray:
