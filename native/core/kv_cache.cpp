@@ -91,6 +91,8 @@ void SequenceKv::clear() {
   for (int b : blocks_) pool_->release(b);
   blocks_.clear();
   length_ = 0;
+  state.reset();
+  snapshots.clear();
 }
 
 }  // namespace llmd
