@@ -23,8 +23,18 @@ from gguf import GGMLQuantizationType as T
 
 # `general.architecture` values (GGUF) / `model_type` values (config.json) the engine runs
 # (native/mlx/model_registry.cpp). Gemma 3 is `gemma3` in GGUF and in multimodal configs (whose
-# text_config is a `gemma3_text`), `gemma3_text` in text-only configs.
-SUPPORTED_ARCHITECTURES: tuple[str, ...] = ("llama", "qwen2", "qwen3", "gemma3", "gemma3_text")
+# text_config is a `gemma3_text`), `gemma3_text` in text-only configs; Qwen3.5-MoE likewise
+# `qwen3_5_moe` (multimodal, safetensors only: its GGUF `qwen35moe` is refused) and
+# `qwen3_5_moe_text`.
+SUPPORTED_ARCHITECTURES: tuple[str, ...] = (
+    "llama",
+    "qwen2",
+    "qwen3",
+    "gemma3",
+    "gemma3_text",
+    "qwen3_5_moe",
+    "qwen3_5_moe_text",
+)
 
 # GGUF tensor types with a native kernel (native/mlx/kernels) or a float path.
 NATIVE_GGUF_TYPES: frozenset[int] = frozenset(

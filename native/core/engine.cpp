@@ -16,6 +16,7 @@ double ms_between(std::chrono::steady_clock::time_point a, std::chrono::steady_c
 
 Engine::Engine(std::unique_ptr<Model> model, EngineOptions options)
     : model_(std::move(model)),
+      recurrent_(model_->has_recurrent_state()),
       options_(options),
       context_length_(options.context_length > 0 ? std::min(options.context_length, model_->info().context_length)
                                                  : model_->info().context_length),
@@ -24,6 +25,9 @@ Engine::Engine(std::unique_ptr<Model> model, EngineOptions options)
       session_pins_(pool_) {
   if (options_.max_sequences < 1) options_.max_sequences = 1;
   if (options_.step_token_budget < options_.max_sequences) options_.step_token_budget = options_.max_sequences;
+  // Recurrent-state snapshots (one whole state each) may hold a quarter of the KV budget
+  // beyond the KV itself; snapshots of running sequences and sessions are never dropped.
+  prefix_cache_.set_state_budget(options_.kv_budget_bytes / 4);
   thread_ = std::thread([this] { loop(); });
 }
 
@@ -164,8 +168,18 @@ void Engine::admit(Sequence& seq) {
     m.blocks.pop_back();
     m.keys.pop_back();
   }
+  std::shared_ptr<const SequenceState> state;
+  if (recurrent_) {
+    // KV is reusable only together with the recurrent state at exactly the same position:
+    // cut the match back to the longest prefix whose last block has a snapshot.
+    while (!m.blocks.empty() && !(state = prefix_cache_.state_of(m.keys.back()))) {
+      m.blocks.pop_back();
+      m.keys.pop_back();
+    }
+  }
   if (m.blocks.empty()) return;
   seq.kv->adopt(m.blocks, m.tokens());
+  if (state) seq.kv->state = state->clone();
   seq.fed = seq.cached = m.tokens();
   seq.block_keys = std::move(m.keys);
   std::lock_guard<std::mutex> lock(stats_mutex_);
@@ -184,6 +198,38 @@ void Engine::index_full_blocks(Sequence& seq) {
     prefix_cache_.insert(key, parent, tokens.data(), seq.kv->blocks()[index]);
     seq.block_keys.push_back(key);
   }
+}
+
+std::vector<int> Engine::snapshot_positions(const Sequence& seq, int start, int n) const {
+  // Kept: the last block boundary inside the prompt (all a repeated prompt or a shared prefix
+  // of it can reuse), and every boundary from the end of the prompt on, of which the sequence
+  // keeps only the latest (what its next chat turn or its session resumes from).
+  constexpr int BT = KvPool::kBlockTokens;
+  const int prompt = static_cast<int>(seq.request.prompt.size());
+  const int in_prompt = (prompt - 1) / BT * BT;
+  std::vector<int> at;
+  for (int p = (start / BT + 1) * BT; p <= start + n; p += BT) {
+    if ((p == in_prompt && p > 0) || p >= prompt) at.push_back(p);
+  }
+  return at;
+}
+
+void Engine::keep_snapshots(Sequence& seq) {
+  constexpr int BT = KvPool::kBlockTokens;
+  const int prompt = static_cast<int>(seq.request.prompt.size());
+  for (auto& [pos, state] : seq.kv->snapshots) {
+    const size_t index = static_cast<size_t>(pos / BT) - 1;
+    if (pos % BT != 0 || index >= seq.block_keys.size()) continue;
+    const uint64_t key = seq.block_keys[index];
+    prefix_cache_.attach_state(key, std::move(state));
+    if (pos >= prompt) {
+      if (seq.decode_snapshot_key != 0 && seq.decode_snapshot_key != key) {
+        prefix_cache_.detach_state(seq.decode_snapshot_key);
+      }
+      seq.decode_snapshot_key = key;
+    }
+  }
+  seq.kv->snapshots.clear();
 }
 
 void Engine::loop() {
@@ -280,6 +326,7 @@ void Engine::step_once() {
     s.tokens = {seq->generated.back()};
     s.start_pos = seq->kv->length();
     s.want_logits = true;
+    if (recurrent_) s.snapshot_at = snapshot_positions(*seq, s.start_pos, 1);
     step.segments.push_back(std::move(s));
     in_step.push_back(seq.get());
     --budget;
@@ -293,6 +340,7 @@ void Engine::step_once() {
     s.tokens.assign(seq->request.prompt.begin() + seq->fed, seq->request.prompt.begin() + seq->fed + n);
     s.start_pos = seq->fed;
     s.want_logits = (n == remaining);
+    if (recurrent_) s.snapshot_at = snapshot_positions(*seq, s.start_pos, n);
     step.segments.push_back(std::move(s));
     in_step.push_back(seq.get());
     budget -= n;
@@ -339,6 +387,7 @@ void Engine::step_once() {
       prompt_tokens += static_cast<int>(s.tokens.size());
     }
     index_full_blocks(*seq);
+    if (recurrent_) keep_snapshots(*seq);
     if (!s.want_logits) continue;
     ++sampled;
     float* row_logits = logits.data() + static_cast<size_t>(row) * vocab;
@@ -419,6 +468,7 @@ void Engine::start_fork(Sequence& parent, std::unique_ptr<Sequence> child, const
     }
     model_->copy_kv_block(pool_, blocks[full], child->kv->blocks()[full]);
   }
+  if (parent.kv->state) child->kv->state = parent.kv->state->clone();
   child->kv->set_length(length);
   child->fed = child->cached = length;
   child->block_keys.assign(parent.block_keys.begin(),

@@ -123,6 +123,7 @@ class Engine {
     int fed = 0;                  // prompt tokens already in the KV
     int cached = 0;               // of which reused from the prefix cache
     std::vector<uint64_t> block_keys;  // prefix-cache keys of this sequence's full blocks
+    uint64_t decode_snapshot_key = 0;  // recurrent models: latest snapshot past the prompt (0: none)
     std::vector<int32_t> generated;
     TokenCounts counts;  // only filled when a penalty needs it
     Clock::time_point submitted, admitted, first_token;
@@ -143,6 +144,10 @@ class Engine {
   void finish(Sequence& seq, const std::string& reason);
   void admit(Sequence& seq);
   void index_full_blocks(Sequence& seq);
+  // Recurrent models: the block boundaries of this segment where a state snapshot is kept,
+  // and publishing the snapshots the model recorded there into the prefix cache.
+  std::vector<int> snapshot_positions(const Sequence& seq, int start, int n) const;
+  void keep_snapshots(Sequence& seq);
   // Samples seq's next token from `logits` (modified) and emits it; the finish reason when
   // the sequence ends with it, else "".
   std::string take_token(Sequence& seq, float* logits, int vocab);
@@ -162,6 +167,7 @@ class Engine {
   std::string validate(const GenerateRequest& r, std::string& code) const;
 
   std::unique_ptr<Model> model_;
+  bool recurrent_;  // model_->has_recurrent_state()
   EngineOptions options_;
   int context_length_;
   KvPool pool_;

@@ -201,6 +201,8 @@ void SequenceKv::clear() {
   blocks_.clear();
   length_ = 0;
   window_from_ = 0;
+  state.reset();
+  snapshots.clear();
 }
 
 }  // namespace llmd

@@ -10,9 +10,23 @@
 #include <functional>
 #include <list>
 #include <memory>
+#include <utility>
 #include <vector>
 
 namespace llmd {
+
+// Per-sequence recurrent state of a model with recurrent layers (Qwen3.5's gated delta-rule
+// linear attention: a [heads, k_dim, v_dim] matrix and a short convolution window per layer),
+// kept beside the KV of its other layers. Opaque to the engine: the model creates it on the
+// sequence's first forward and replaces it every step; it always describes the sequence after
+// exactly SequenceKv::length() positions. Copies must be independent of the original (a model
+// that updates its arrays functionally, as MLX does, may share them).
+class SequenceState {
+ public:
+  virtual ~SequenceState() = default;
+  virtual std::unique_ptr<SequenceState> clone() const = 0;
+  virtual size_t bytes() const = 0;
+};
 
 struct KvShape {
   int n_layers = 0;
@@ -90,6 +104,7 @@ class KvPool {
   // LRU order) until memory is needed; `on_evict` is told before an idle block is reused.
   void mark_cacheable(int block);
   bool is_cacheable(int block) const { return cacheable_[block]; }
+  bool referenced(int block) const { return refs_[block] > 0; }
   void set_evict_callback(std::function<void(int)> on_evict) { on_evict_ = std::move(on_evict); }
 
   // One head of one layer in a block. Keys are stored transposed, [head_dim][kBlockTokens],
@@ -154,7 +169,15 @@ class SequenceKv {
   void adopt(const std::vector<int>& blocks, int length);
   // Records that positions [0, n) hold data; window parts the sequence no longer needs go.
   void set_length(int n);
+  // Releases the blocks and drops the recurrent state.
   void clear();
+
+  // Models with recurrent layers (Model::has_recurrent_state): the state after length()
+  // positions (null before the first forward), owned by the sequence and freed with it.
+  std::unique_ptr<SequenceState> state;
+  // Copies of the state the model recorded during the last forward at the positions the step
+  // asked for (StepSegment::snapshot_at); the engine takes them after the step.
+  std::vector<std::pair<int, std::shared_ptr<const SequenceState>>> snapshots;
 
  private:
   KvPool* pool_;

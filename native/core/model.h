@@ -43,6 +43,10 @@ class Model {
   // Copies KV block `src` into block `dst` wherever this backend keeps KV (a sibling sequence
   // forked from a prefilled prompt gets its own copy of the partial last block).
   virtual void copy_kv_block(KvPool& pool, int src, int dst) { pool.copy_block(src, dst); }
+  // True when some layers keep per-sequence recurrent state (SequenceKv::state) instead of, or
+  // beside, KV. The engine then reuses a cached prefix only where a snapshot of the state at
+  // exactly that position exists (engine.cpp, admit), and forks copy the state.
+  virtual bool has_recurrent_state() const { return false; }
 };
 
 struct LoadOptions {

@@ -1,6 +1,7 @@
 #include "prefix_cache.h"
 
 #include <algorithm>
+#include <cstdint>
 
 namespace llmd {
 
@@ -54,8 +55,51 @@ void PrefixCache::insert(uint64_t key, uint64_t parent, const int32_t* tokens, i
 void PrefixCache::forget(int block) {
   auto it = key_of_block_.find(block);
   if (it == key_of_block_.end()) return;
+  auto e = by_key_.find(it->second);
+  if (e != by_key_.end()) drop_state(e->second);
   by_key_.erase(it->second);
   key_of_block_.erase(it);
+}
+
+void PrefixCache::drop_state(Entry& e) {
+  if (!e.state) return;
+  state_bytes_ -= e.state->bytes();
+  --states_;
+  e.state.reset();
+}
+
+void PrefixCache::attach_state(uint64_t key, std::shared_ptr<const SequenceState> state) {
+  auto it = by_key_.find(key);
+  if (it == by_key_.end() || !state) return;
+  drop_state(it->second);
+  state_bytes_ += state->bytes();
+  ++states_;
+  it->second.state = std::move(state);
+  it->second.state_used = ++state_clock_;
+  enforce_state_budget();
+}
+
+void PrefixCache::detach_state(uint64_t key) {
+  auto it = by_key_.find(key);
+  if (it != by_key_.end()) drop_state(it->second);
+}
+
+std::shared_ptr<const SequenceState> PrefixCache::state_of(uint64_t key) {
+  auto it = by_key_.find(key);
+  if (it == by_key_.end() || !it->second.state) return nullptr;
+  it->second.state_used = ++state_clock_;
+  return it->second.state;
+}
+
+void PrefixCache::enforce_state_budget() {
+  while (state_bytes_ > state_budget_) {
+    Entry* oldest = nullptr;
+    for (auto& [_, e] : by_key_) {
+      if (e.state && !pool_.referenced(e.block) && (!oldest || e.state_used < oldest->state_used)) oldest = &e;
+    }
+    if (!oldest) return;  // every snapshot belongs to a running sequence or a session
+    drop_state(*oldest);
+  }
 }
 
 }  // namespace llmd

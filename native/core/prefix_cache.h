@@ -5,10 +5,19 @@
 //
 // A block's key is hash(parent key, its 64 tokens); entries also keep the tokens and parent
 // key and are verified on lookup, so a hash collision can never serve the wrong KV.
+//
+// Models with recurrent state (Model::has_recurrent_state) need, besides the KV, the state at
+// exactly the position where reuse stops. An entry may hold such a snapshot (the state after
+// its block's last token: a function of the token chain, so valid whichever sequence computed
+// it); it goes with the entry when the block is evicted. Snapshots are large (a whole
+// recurrent state), so their bytes have a budget: past it, the least recently used snapshot
+// whose block no sequence or session references is dropped (its KV stays, reusable only up to
+// an earlier snapshot).
 #pragma once
 
 #include <array>
 #include <cstdint>
+#include <memory>
 #include <unordered_map>
 #include <vector>
 
@@ -34,6 +43,15 @@ class PrefixCache {
   // Records that `block` holds the tokens of one full block whose chain key is `key`.
   void insert(uint64_t key, uint64_t parent, const int32_t* tokens, int block);
 
+  // Recurrent-state snapshots of cached blocks (ignored for a key not cached).
+  void attach_state(uint64_t key, std::shared_ptr<const SequenceState> state);
+  void detach_state(uint64_t key);
+  // The snapshot after the block of `key`, or null; marks it recently used.
+  std::shared_ptr<const SequenceState> state_of(uint64_t key);
+  void set_state_budget(size_t bytes) { state_budget_ = bytes; }
+  size_t state_bytes() const { return state_bytes_; }
+  size_t states() const { return states_; }
+
   size_t entries() const { return by_key_.size(); }
 
  private:
@@ -41,12 +59,20 @@ class PrefixCache {
     uint64_t parent;
     std::array<int32_t, KvPool::kBlockTokens> tokens;
     int block;
+    std::shared_ptr<const SequenceState> state;
+    uint64_t state_used = 0;  // recency stamp of the snapshot
   };
+  void drop_state(Entry& e);
+  void enforce_state_budget();
   void forget(int block);
 
   KvPool& pool_;
   std::unordered_map<uint64_t, Entry> by_key_;
   std::unordered_map<int, uint64_t> key_of_block_;
+  size_t state_budget_ = SIZE_MAX;
+  size_t state_bytes_ = 0;
+  size_t states_ = 0;
+  uint64_t state_clock_ = 0;
 };
 
 }  // namespace llmd

@@ -15,6 +15,9 @@ struct StepSegment {
   std::vector<int32_t> tokens;   // tokens fed this step, at positions start_pos...
   int start_pos = 0;
   bool want_logits = false;      // sample a token after the last fed token
+  // Models with recurrent state: positions p in (start_pos, start_pos + tokens] (block
+  // boundaries) after which the model records a copy of the state into kv->snapshots.
+  std::vector<int> snapshot_at;
 };
 
 struct Step {

@@ -25,6 +25,7 @@ const std::map<std::string, GgufLoader>& gguf_loaders() {
       {"qwen2", load_qwen2_gguf},
       {"qwen3", load_qwen3_gguf},
       {"gemma3", load_gemma3_gguf},
+      {"qwen35moe", load_qwen3_5_moe_gguf},  // refused with a message naming it
   };
   return loaders;
 }
@@ -35,6 +36,8 @@ const std::map<std::string, HfLoader>& hf_loaders() {
       {"qwen2", load_qwen2_safetensors},
       {"qwen3", load_qwen3_safetensors},
       {"gemma3_text", load_gemma3_safetensors},
+      {"qwen3_5_moe_text", load_qwen3_5_moe_safetensors},
+      {"qwen3_5_moe", load_qwen3_5_moe_safetensors},
   };
   return loaders;
 }

@@ -71,6 +71,35 @@ CONFIGS: dict[str, dict] = {
         "hidden_activation": "gelu_pytorch_tanh",
         "tie_word_embeddings": False,
     },
+    # Qwen3.5-MoE text model: three gated delta-rule linear-attention layers then a gated full
+    # attention one (QK-norm, RoPE on a quarter of each head), every layer a 6-expert top-2 MoE
+    # with a shared expert. Decays chosen so the recurrent state remembers over many tokens.
+    "qwen3_5_moe_text": {
+        **{k: v for k, v in _BASE.items() if k != "intermediate_size"},
+        "model_type": "qwen3_5_moe_text",
+        "architectures": ["Qwen3_5MoeForCausalLM"],
+        "num_hidden_layers": 4,
+        "layer_types": ["linear_attention"] * 3 + ["full_attention"],
+        "head_dim": 32,
+        "rms_norm_eps": 1e-6,
+        "rope_parameters": {
+            "rope_type": "default",
+            "rope_theta": 10000.0,
+            "partial_rotary_factor": 0.25,
+        },
+        "hidden_act": "silu",
+        "attention_bias": False,
+        "linear_conv_kernel_dim": 4,
+        "linear_key_head_dim": 16,
+        "linear_value_head_dim": 16,
+        "linear_num_key_heads": 2,
+        "linear_num_value_heads": 4,
+        "num_experts": 6,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 32,
+        "shared_expert_intermediate_size": 48,
+        "tie_word_embeddings": False,
+    },
 }
 
 # Token ids every architecture is scored on: longer than Gemma's window, so windowing shows.
@@ -94,6 +123,8 @@ def _bf16_bits(a: np.ndarray) -> np.ndarray:
 
 def weights(arch: str, seed: int = 0) -> dict[str, np.ndarray]:
     """Hugging Face tensor names -> float32 arrays (bf16-representable values)."""
+    if arch == "qwen3_5_moe_text":
+        return _qwen3_5_moe_weights(seed)
     c = CONFIGS[arch]
     rng = np.random.default_rng(seed)
     h, f, v = c["hidden_size"], c["intermediate_size"], c["vocab_size"]
@@ -133,6 +164,61 @@ def weights(arch: str, seed: int = 0) -> dict[str, np.ndarray]:
         if gemma:
             w[p + "pre_feedforward_layernorm.weight"] = norm(h)
             w[p + "post_feedforward_layernorm.weight"] = norm(h)
+    return {k: bf16_round(x.astype(np.float32)) for k, x in w.items()}
+
+
+def _qwen3_5_moe_weights(seed: int) -> dict[str, np.ndarray]:
+    c = CONFIGS["qwen3_5_moe_text"]
+    rng = np.random.default_rng(seed)
+    h, v = c["hidden_size"], c["vocab_size"]
+    nh, nkv, hd = c["num_attention_heads"], c["num_key_value_heads"], c["head_dim"]
+    nk, nv = c["linear_num_key_heads"], c["linear_num_value_heads"]
+    dk, dv = c["linear_key_head_dim"], c["linear_value_head_dim"]
+    conv_dim = 2 * nk * dk + nv * dv
+    e, f, fs = c["num_experts"], c["moe_intermediate_size"], c["shared_expert_intermediate_size"]
+
+    def norm(n: int) -> np.ndarray:  # stored w of (1 + w)
+        return 0.1 * rng.normal(size=n)
+
+    def mat(*shape: int, scale: float = 0.15) -> np.ndarray:
+        return rng.normal(0, scale, shape)
+
+    w: dict[str, np.ndarray] = {
+        "model.embed_tokens.weight": rng.normal(0, 1, (v, h)),
+        "model.norm.weight": norm(h),
+        "lm_head.weight": mat(v, h, scale=0.2),
+    }
+    for i, kind in enumerate(c["layer_types"]):
+        p = f"model.layers.{i}."
+        w[p + "input_layernorm.weight"] = norm(h)
+        w[p + "post_attention_layernorm.weight"] = norm(h)
+        if kind == "linear_attention":
+            a = p + "linear_attn."
+            w[a + "in_proj_qkv.weight"] = mat(conv_dim, h)
+            w[a + "in_proj_z.weight"] = mat(nv * dv, h)
+            w[a + "in_proj_b.weight"] = mat(nv, h, scale=0.3)
+            w[a + "in_proj_a.weight"] = mat(nv, h, scale=0.3)
+            w[a + "conv1d.weight"] = mat(conv_dim, 1, c["linear_conv_kernel_dim"], scale=0.4)
+            w[a + "dt_bias"] = rng.normal(0, 0.5, nv)
+            w[a + "A_log"] = np.log(rng.uniform(0.05, 0.5, nv))
+            w[a + "norm.weight"] = 1 + 0.1 * rng.normal(size=dv)
+            w[a + "out_proj.weight"] = mat(h, nv * dv)
+        else:
+            a = p + "self_attn."
+            w[a + "q_proj.weight"] = mat(2 * nh * hd, h)
+            w[a + "k_proj.weight"] = mat(nkv * hd, h)
+            w[a + "v_proj.weight"] = mat(nkv * hd, h)
+            w[a + "o_proj.weight"] = mat(h, nh * hd)
+            w[a + "q_norm.weight"] = norm(hd)
+            w[a + "k_norm.weight"] = norm(hd)
+        m = p + "mlp."
+        w[m + "gate.weight"] = mat(e, h, scale=0.3)
+        w[m + "experts.gate_up_proj"] = mat(e, 2 * f, h)
+        w[m + "experts.down_proj"] = mat(e, h, f)
+        w[m + "shared_expert.gate_proj.weight"] = mat(fs, h)
+        w[m + "shared_expert.up_proj.weight"] = mat(fs, h)
+        w[m + "shared_expert.down_proj.weight"] = mat(h, fs)
+        w[m + "shared_expert_gate.weight"] = mat(1, h, scale=0.3)
     return {k: bf16_round(x.astype(np.float32)) for k, x in w.items()}
 
 

@@ -1,0 +1,614 @@
+// Qwen3.5-MoE text decoder (Hugging Face `qwen3_5_moe_text` / Qwen3_5MoeForCausalLM, and the
+// language model of the multimodal `qwen3_5_moe` / Qwen3_5MoeForConditionalGeneration, whose
+// nested text_config is what we serve). Hybrid layers (config layer_types, by default three of
+// every four linear):
+//  - "linear_attention": a gated delta-rule linear attention (Gated DeltaNet). One projection
+//    gives q|k|v (through a short causal depthwise convolution and SiLU), the output gate z,
+//    and per value head beta (sigmoid) and the decay g = -exp(A_log) * softplus(a + dt_bias).
+//    q and k are L2-normalised per head (q also scaled by k_dim^-0.5), k heads are shared by
+//    groups of value heads, and per value head the state S [k_dim, v_dim] evolves as
+//      S = exp(g) S;  S += k (beta (v - S^T k))^T;  o = S^T q
+//    then o is RMS-normalised per head (plain weight), multiplied by silu(z), projected out.
+//  - "full_attention": attention whose q_proj also yields a per-head output gate (sigmoid),
+//    QK-norm, RoPE on the first partial_rotary_factor of each head (rotate-half), GQA.
+//  - every layer: a sparse MoE block: softmax router, top-k experts (weights renormalised to
+//    sum 1), SwiGLU experts, plus a shared SwiGLU expert scaled by sigmoid(shared_expert_gate).
+// Norms are RMSNorm times (1 + w) (the 1 folded in at load), except the gated norm above.
+//
+// Text positions only: Qwen3.5's multimodal RoPE (mrope_section) gives the same angles as plain
+// RoPE when the temporal, height and width positions are equal, as they are for text.
+//
+// Per-sequence state (the engine's SequenceKv::state): for every linear layer the recurrent
+// matrix [v_heads, k_dim, v_dim] and the last conv_kernel - 1 inputs of the convolution
+// [kernel - 1, conv_dim], in float32. Only full-attention layers keep KV: the KvPool's shape
+// counts those layers alone (kv layer j is the j-th full-attention layer). The engine reuses a
+// cached prefix only where a snapshot of this state at exactly that position exists
+// (prefix_cache.h, engine.cpp).
+//
+// The delta rule runs token by token within a step (batched across the step's sequences at
+// each token index: a decode step is one batched update); a chunked (WY / UT-transform) form
+// for long prefills is left for later. The experts run as MLX gather_mm over the step's
+// (row, expert) pairs sorted by expert, so each expert's rows of all sequences are one group.
+//
+// The experts, the convolution and the delta rule are MLX ops on both backends ("cpu" runs the
+// projections as MLX float matmuls too: safetensors weights only; GGUF is refused).
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <optional>
+#include <stdexcept>
+
+#include "../core/op_profile.h"
+#include "architectures.h"
+#include "decoder.h"
+
+namespace llmd {
+
+namespace {
+
+struct Qwen35Config {
+  DecoderDims dims;          // n_layers: all layers; ffn_size: moe_intermediate_size
+  std::vector<bool> linear;  // per layer: linear attention (else full attention)
+  int conv_kernel = 4;
+  int k_heads = 0, v_heads = 0, k_dim = 0, v_dim = 0;
+  int n_experts = 0, top_k = 0, shared_ffn = 0;
+  bool norm_topk = true;
+  int rope_dims = 0;
+  int conv_dim() const { return 2 * k_heads * k_dim + v_heads * v_dim; }
+  int n_full() const { return static_cast<int>(std::count(linear.begin(), linear.end(), false)); }
+};
+
+struct DeltaNetWeights {
+  Linear in_proj;          // rows: q | k | v (conv input), z, b, a
+  mx::array conv{0.f};     // [kernel, conv_dim]: tap j multiplies the input j - kernel + 1 back
+  mx::array neg_a{0.f};    // -exp(A_log) [v_heads]
+  mx::array dt_bias{0.f};  // [v_heads]
+  mx::array norm{0.f};     // [v_dim], plain weight
+  Linear out;
+};
+
+struct AttentionWeights {
+  Linear qkvg;  // rows: q (all heads) | k | v | output gate (all heads)
+  mx::array q_norm{0.f};
+  mx::array k_norm{0.f};
+  Linear wo;
+};
+
+struct MoeWeights {
+  Linear router;  // rows: the experts' router, then the shared expert's gate
+  mx::array gate_up{0.f};  // [experts, hidden, 2 * ffn]: gate columns then up columns
+  mx::array down{0.f};     // [experts, ffn, hidden]
+  Linear shared_gate_up;   // gate rows then up rows
+  Linear shared_down;
+};
+
+struct Layer {
+  bool linear = false;
+  int slot = 0;  // index among the linear layers (state) or the full ones (KV)
+  mx::array in_norm{0.f};
+  mx::array post_norm{0.f};
+  DeltaNetWeights dn;
+  AttentionWeights attn;
+  MoeWeights moe;
+};
+
+// The recurrent state of one sequence (see the file comment). MLX arrays are immutable and
+// every step makes new ones, so a copy may share them.
+class DeltaState : public SequenceState {
+ public:
+  std::vector<mx::array> conv;
+  std::vector<mx::array> rec;
+  std::unique_ptr<SequenceState> clone() const override { return std::make_unique<DeltaState>(*this); }
+  size_t bytes() const override {
+    size_t n = 0;
+    for (const auto& a : conv) n += a.nbytes();
+    for (const auto& a : rec) n += a.nbytes();
+    return n;
+  }
+};
+
+mx::array silu(const mx::array& x) { return mx::multiply(x, mx::sigmoid(x)); }
+
+mx::array int_array(const std::vector<int32_t>& v) {
+  return mx::array(v.begin(), {static_cast<int>(v.size())}, mx::int32);
+}
+
+// Host-side plan of one step for the linear layers, shared by all of them.
+struct LinearPlan {
+  int segments = 0;
+  int kernel = 0;
+  mx::array conv_taps{0};    // [T * kernel] rows of [states; inputs] each tap reads
+  mx::array conv_state{0};   // [segments * (kernel - 1)]: each segment's new conv state rows
+  // The delta rule's token loop: iteration i updates the first m_i segments of `order`
+  // (segments sorted by length, longest first) with rows rows_i.
+  std::vector<int> order;
+  std::vector<mx::array> rows;
+  std::vector<int> active;
+  mx::array unpermute{0};  // output rows in step order, from the iterations' concatenation
+  struct Snapshot {
+    int segment, pos, iteration, slot;  // slot: position of the segment in `order`
+    mx::array conv_rows{0};             // [kernel - 1] rows of [states; inputs]
+  };
+  std::vector<Snapshot> snapshots;
+};
+
+class Qwen35MoeModel : public Model {
+ public:
+  Qwen35MoeModel(Qwen35Config cfg, ModelInfo info, std::vector<Layer> layers, mx::array out_norm, Linear lm_head,
+                 Embedding embed, std::shared_ptr<const Rope> rope, mx::Dtype expert_dtype)
+      : cfg_(std::move(cfg)), info_(std::move(info)), layers_(std::move(layers)), out_norm_(std::move(out_norm)),
+        lm_head_(std::move(lm_head)), embed_(std::move(embed)), rope_(std::move(rope)), expert_dtype_(expert_dtype),
+        device_(lm_head_.on_device()) {
+    n_linear_ = static_cast<int>(std::count(cfg_.linear.begin(), cfg_.linear.end(), true));
+  }
+
+  const ModelInfo& info() const override { return info_; }
+  ModelInfo& mutable_info() override { return info_; }
+  bool has_recurrent_state() const override { return true; }
+
+  KvShape kv_shape() const override {
+    DecoderDims kv = cfg_.dims;
+    kv.n_layers = std::max(1, cfg_.n_full());  // full-attention layers only
+    return decoder_kv_shape(kv, device_.on_device());
+  }
+
+  std::map<std::string, std::string> matmul_paths() const override {
+    std::map<std::string, std::string> paths;
+    const std::string experts = std::string("mlx:gather_mm:") + (expert_dtype_ == mx::float32 ? "f32" : "f16") +
+                                (device_.on_device() ? "" : ":cpu");
+    for (size_t i = 0; i < layers_.size(); ++i) {
+      const Layer& L = layers_[i];
+      const std::string p = "blk." + std::to_string(i) + ".";
+      if (L.linear) {
+        paths[p + "ssm_in"] = L.dn.in_proj.path();
+        paths[p + "ssm_out"] = L.dn.out.path();
+      } else {
+        paths[p + "attn_qkv"] = L.attn.qkvg.path();
+        paths[p + "attn_output"] = L.attn.wo.path();
+      }
+      paths[p + "ffn_gate_inp"] = L.moe.router.path();
+      paths[p + "ffn_gate_up_exps"] = experts;
+      paths[p + "ffn_down_exps"] = experts;
+      paths[p + "ffn_gate_up_shexp"] = L.moe.shared_gate_up.path();
+      paths[p + "ffn_down_shexp"] = L.moe.shared_down.path();
+    }
+    paths["output"] = lm_head_.path();
+    return paths;
+  }
+
+  void copy_kv_block(KvPool& pool, int src, int dst) override { device_.copy_kv_block(pool, kv_shape(), src, dst); }
+
+  void forward(const Step& step, KvPool& pool, std::vector<float>& logits) override {
+    std::optional<ScopedOpTimer> build_timer(std::in_place, OpKind::GraphBuild);
+    const DecoderDims& d = cfg_.dims;
+    StepRows rows = embed_step(step, pool, embed_, d.hidden_size);
+    rows.batch->build_rope_tables(*rope_);
+    std::optional<DeviceAttentionPlan> plan;
+    DeviceKvStore* device_kv = nullptr;
+    if (device_.on_device()) {
+      device_kv = &device_.prepare(pool, kv_shape());
+      plan = DeviceAttentionPlan::build(*rows.batch, rope_->dims);
+    }
+    const int S = static_cast<int>(step.segments.size());
+    std::vector<const DeltaState*> before(S, nullptr);
+    for (int s = 0; s < S; ++s) {
+      const StepSegment& seg = step.segments[s];
+      if (seg.kv->state) {
+        before[s] = dynamic_cast<const DeltaState*>(seg.kv->state.get());
+        if (!before[s]) throw std::logic_error("qwen3_5_moe: a sequence carries another model's state");
+      } else if (seg.start_pos != 0) {
+        throw std::logic_error("qwen3_5_moe: a sequence at position " + std::to_string(seg.start_pos) +
+                               " has no recurrent state");
+      }
+    }
+    const LinearPlan lp = plan_linear(step);
+    std::vector<DeltaState> after(S);
+    std::vector<DeltaState> snaps(lp.snapshots.size());
+
+    const AttentionShape ashape{d.n_heads, d.n_kv_heads, d.head_dim,
+                                static_cast<float>(1.0 / std::sqrt(static_cast<double>(d.head_dim)))};
+    mx::array x(rows.x.begin(), {rows.total, d.hidden_size}, mx::float32);
+    for (const Layer& L : layers_) {
+      if (L.linear) {
+        x = mx::add(x, delta_net(L, x, lp, before, after, snaps));
+      } else {
+        x = mx::add(x, attention(L, x, rows, plan, device_kv, ashape));
+      }
+      x = mx::add(x, moe(L.moe, mx::fast::rms_norm(x, L.post_norm, d.rms_eps)));
+    }
+    compute_logits(x, rows.logit_rows, lm_head_, out_norm_, d.rms_eps, 0.f, logits, build_timer);
+    std::vector<mx::array> states;
+    for (const auto* group : {&after, &snaps}) {
+      for (const DeltaState& st : *group) {
+        states.insert(states.end(), st.conv.begin(), st.conv.end());
+        states.insert(states.end(), st.rec.begin(), st.rec.end());
+      }
+    }
+    mx::eval(states);
+    // Only now, with the step evaluated, do the sequences move on.
+    for (int s = 0; s < S; ++s) step.segments[s].kv->state = std::make_unique<DeltaState>(std::move(after[s]));
+    for (size_t i = 0; i < lp.snapshots.size(); ++i) {
+      const auto& snap = lp.snapshots[i];
+      step.segments[snap.segment].kv->snapshots.emplace_back(snap.pos,
+                                                             std::make_shared<DeltaState>(std::move(snaps[i])));
+    }
+  }
+
+ private:
+  LinearPlan plan_linear(const Step& step) const {
+    LinearPlan p;
+    const int S = static_cast<int>(step.segments.size());
+    const int K = cfg_.conv_kernel;
+    p.segments = S;
+    p.kernel = K;
+    std::vector<int> row0(S), len(S);
+    int T = 0;
+    for (int s = 0; s < S; ++s) {
+      row0[s] = T;
+      len[s] = static_cast<int>(step.segments[s].tokens.size());
+      T += len[s];
+    }
+    // Rows of the conv input buffer [S * (K - 1) state rows; T step rows]: element e of
+    // segment s's extended input (its K - 1 state rows, then its tokens).
+    const auto ext = [&](int s, int e) { return e < K - 1 ? s * (K - 1) + e : S * (K - 1) + row0[s] + e - (K - 1); };
+    std::vector<int32_t> taps, state_rows;
+    taps.reserve(static_cast<size_t>(T) * K);
+    for (int s = 0; s < S; ++s) {
+      for (int i = 0; i < len[s]; ++i) {
+        for (int j = 0; j < K; ++j) taps.push_back(ext(s, i + j));
+      }
+      for (int j = 0; j < K - 1; ++j) state_rows.push_back(ext(s, len[s] + j));
+    }
+    p.conv_taps = int_array(taps);
+    p.conv_state = int_array(state_rows);
+
+    p.order.resize(S);
+    for (int s = 0; s < S; ++s) p.order[s] = s;
+    std::stable_sort(p.order.begin(), p.order.end(), [&](int a, int b) { return len[a] > len[b]; });
+    const int iterations = S ? len[p.order[0]] : 0;
+    std::vector<int32_t> out_rows;
+    for (int i = 0, m = S; i < iterations; ++i) {
+      while (m > 0 && len[p.order[m - 1]] <= i) --m;
+      std::vector<int32_t> r(m);
+      for (int j = 0; j < m; ++j) r[j] = row0[p.order[j]] + i;
+      out_rows.insert(out_rows.end(), r.begin(), r.end());
+      p.rows.push_back(int_array(r));
+      p.active.push_back(m);
+    }
+    std::vector<int32_t> unpermute(T);
+    for (int k = 0; k < T; ++k) unpermute[out_rows[k]] = k;
+    p.unpermute = int_array(unpermute);
+
+    for (int j = 0; j < S; ++j) {
+      const int s = p.order[j];
+      const StepSegment& seg = step.segments[s];
+      for (int pos : seg.snapshot_at) {
+        const int i = pos - seg.start_pos - 1;  // the state after local token i
+        if (i < 0 || i >= len[s]) throw std::logic_error("snapshot position outside its segment");
+        std::vector<int32_t> cr;
+        for (int e = 0; e < K - 1; ++e) cr.push_back(ext(s, i + 1 + e));
+        p.snapshots.push_back({s, pos, i, j, int_array(cr)});
+      }
+    }
+    return p;
+  }
+
+  // One linear-attention token mixer over the whole step; returns its output [T, hidden].
+  mx::array delta_net(const Layer& L, const mx::array& x, const LinearPlan& lp,
+                      const std::vector<const DeltaState*>& before, std::vector<DeltaState>& after,
+                      std::vector<DeltaState>& snaps) const {
+    const DecoderDims& d = cfg_.dims;
+    const int T = x.shape(0), S = lp.segments, K = lp.kernel, C = cfg_.conv_dim();
+    const int nk = cfg_.k_heads, nv = cfg_.v_heads, dk = cfg_.k_dim, dv = cfg_.v_dim;
+    const int kw = nk * dk, vw = nv * dv;
+    mx::array proj = L.dn.in_proj(x, {.rms_norm_weight = L.in_norm, .eps = d.rms_eps});
+    mx::array mixed = mx::slice(proj, {0, 0}, {T, C});
+    mx::array z = mx::reshape(mx::slice(proj, {0, C}, {T, C + vw}), {T, nv, dv});
+    mx::array b = mx::slice(proj, {0, C + vw}, {T, C + vw + nv});
+    mx::array a = mx::slice(proj, {0, C + vw + nv}, {T, C + vw + 2 * nv});
+
+    // Causal depthwise convolution over [previous K - 1 inputs; this step's], per sequence.
+    std::vector<mx::array> parts;
+    for (int s = 0; s < S; ++s) {
+      parts.push_back(before[s] ? before[s]->conv[L.slot] : mx::zeros({K - 1, C}, mx::float32));
+    }
+    parts.push_back(mixed);
+    mx::array buffer = mx::concatenate(parts, 0);
+    mx::array taps = mx::reshape(mx::take(buffer, lp.conv_taps, 0), {T, K, C});
+    mx::array conv = silu(mx::sum(mx::multiply(taps, L.dn.conv), 1));
+    for (int s = 0; s < S; ++s) {
+      after[s].conv.push_back(mx::take(buffer, mx::slice(lp.conv_state, {s * (K - 1)}, {(s + 1) * (K - 1)}), 0));
+    }
+    for (size_t i = 0; i < lp.snapshots.size(); ++i) {
+      snaps[i].conv.push_back(mx::take(buffer, lp.snapshots[i].conv_rows, 0));
+    }
+
+    // q, k L2-normalised per head (q also by k_dim^-0.5), each k head shared by nv / nk
+    // consecutive value heads.
+    const auto l2 = [](const mx::array& t) {
+      return mx::multiply(t, mx::rsqrt(mx::add(mx::sum(mx::square(t), -1, true), mx::array(1e-6f))));
+    };
+    const auto spread = [&](const mx::array& t) {
+      if (nk == nv) return t;
+      return mx::reshape(mx::broadcast_to(mx::expand_dims(t, 2), {T, nk, nv / nk, dk}), {T, nv, dk});
+    };
+    mx::array q = spread(mx::multiply(l2(mx::reshape(mx::slice(conv, {0, 0}, {T, kw}), {T, nk, dk})),
+                                      mx::array(static_cast<float>(1.0 / std::sqrt(static_cast<double>(dk))))));
+    mx::array k = spread(l2(mx::reshape(mx::slice(conv, {0, kw}, {T, 2 * kw}), {T, nk, dk})));
+    mx::array v = mx::reshape(mx::slice(conv, {0, 2 * kw}, {T, C}), {T, nv, dv});
+    mx::array beta = mx::sigmoid(b);
+    // softplus(a + dt_bias) as log(1 + e^t), stable for large t.
+    mx::array decay = mx::exp(mx::multiply(L.dn.neg_a, mx::logaddexp(mx::add(a, L.dn.dt_bias), mx::array(0.f))));
+
+    // The recurrence, one token index at a time over all sequences still running.
+    std::vector<mx::array> st;
+    for (int s : lp.order) st.push_back(before[s] ? before[s]->rec[L.slot] : mx::zeros({nv, dk, dv}, mx::float32));
+    mx::array state = mx::stack(st, 0);  // [m, nv, dk, dv] in `order`
+    std::vector<std::optional<mx::array>> final(S);
+    std::vector<mx::array> outs;
+    size_t next_snap = 0;
+    std::vector<size_t> snap_by_iter(lp.snapshots.size());
+    for (size_t i = 0; i < lp.snapshots.size(); ++i) snap_by_iter[i] = i;
+    std::sort(snap_by_iter.begin(), snap_by_iter.end(),
+              [&](size_t x1, size_t x2) { return lp.snapshots[x1].iteration < lp.snapshots[x2].iteration; });
+    int m = S;
+    for (size_t it = 0; it < lp.rows.size(); ++it) {
+      const int now = lp.active[it];
+      if (now < m) {
+        for (int j = now; j < m; ++j) final[lp.order[j]] = mx::squeeze(mx::slice(state, {j, 0, 0, 0}, {j + 1, nv, dk, dv}), 0);
+        state = mx::slice(state, {0, 0, 0, 0}, {now, nv, dk, dv});
+        m = now;
+      }
+      const mx::array& r = lp.rows[it];
+      mx::array qi = mx::expand_dims(mx::take(q, r, 0), 2);  // [m, nv, 1, dk]
+      mx::array ki = mx::expand_dims(mx::take(k, r, 0), 2);
+      mx::array vi = mx::expand_dims(mx::take(v, r, 0), 2);  // [m, nv, 1, dv]
+      mx::array gi = mx::reshape(mx::take(decay, r, 0), {m, nv, 1, 1});
+      mx::array bi = mx::reshape(mx::take(beta, r, 0), {m, nv, 1, 1});
+      state = mx::multiply(state, gi);
+      mx::array delta = mx::multiply(mx::subtract(vi, mx::matmul(ki, state)), bi);  // [m, nv, 1, dv]
+      state = mx::add(state, mx::matmul(mx::swapaxes(ki, 2, 3), delta));
+      outs.push_back(mx::reshape(mx::matmul(qi, state), {m, nv, dv}));
+      for (; next_snap < snap_by_iter.size() && lp.snapshots[snap_by_iter[next_snap]].iteration == static_cast<int>(it);
+           ++next_snap) {
+        const auto& sn = lp.snapshots[snap_by_iter[next_snap]];
+        snaps[snap_by_iter[next_snap]].rec.push_back(
+            mx::squeeze(mx::slice(state, {sn.slot, 0, 0, 0}, {sn.slot + 1, nv, dk, dv}), 0));
+      }
+    }
+    for (int j = 0; j < m; ++j) final[lp.order[j]] = mx::squeeze(mx::slice(state, {j, 0, 0, 0}, {j + 1, nv, dk, dv}), 0);
+    for (int s = 0; s < S; ++s) after[s].rec.push_back(*final[s]);
+    mx::array o = mx::take(mx::concatenate(outs, 0), lp.unpermute, 0);  // [T, nv, dv]
+
+    // Gated RMSNorm per value head, then the output projection.
+    o = mx::multiply(mx::fast::rms_norm(o, L.dn.norm, d.rms_eps), silu(z));
+    return L.dn.out(mx::reshape(o, {T, vw}));
+  }
+
+  mx::array attention(const Layer& L, const mx::array& x, const StepRows& rows,
+                      const std::optional<DeviceAttentionPlan>& plan, DeviceKvStore* device_kv,
+                      const AttentionShape& shape) const {
+    const DecoderDims& d = cfg_.dims;
+    const int T = x.shape(0), hd = d.head_dim, qw = d.n_heads * hd, kw = d.n_kv_heads * hd;
+    mx::array qkvg = L.attn.qkvg(x, {.rms_norm_weight = L.in_norm, .eps = d.rms_eps});
+    mx::array q = head_rms_norm(mx::slice(qkvg, {0, 0}, {T, qw}), L.attn.q_norm, d.n_heads, hd, d.rms_eps);
+    mx::array k = head_rms_norm(mx::slice(qkvg, {0, qw}, {T, qw + kw}), L.attn.k_norm, d.n_kv_heads, hd, d.rms_eps);
+    mx::array v = mx::slice(qkvg, {0, qw + kw}, {T, qw + 2 * kw});
+    mx::array gate = mx::slice(qkvg, {0, qw + 2 * kw}, {T, 2 * qw + 2 * kw});
+    mx::array qkv = mx::concatenate({q, k, v}, 1);
+    mx::array a = device_kv ? device_attention(qkv, *plan, L.slot, shape, *rope_, *device_kv)
+                            : paged_attention(qkv, rows.batch, L.slot, shape, rope_);
+    return L.attn.wo(mx::multiply(a, mx::sigmoid(gate)));
+  }
+
+  // Routed experts plus the gated shared expert of normalised rows xn [T, hidden].
+  mx::array moe(const MoeWeights& w, const mx::array& xn) const {
+    const int T = xn.shape(0), H = cfg_.dims.hidden_size, E = cfg_.n_experts, K = cfg_.top_k;
+    const int F = cfg_.dims.ffn_size;
+    mx::array routed_and_gate = w.router(xn);
+    mx::array probs = mx::softmax(mx::slice(routed_and_gate, {0, 0}, {T, E}), -1, true);
+    mx::array shared_gate = mx::sigmoid(mx::slice(routed_and_gate, {0, E}, {T, E + 1}));
+    mx::array experts = mx::slice(mx::argpartition(mx::negative(probs), K - 1, -1), {0, 0}, {T, K});
+    mx::array weights = mx::take_along_axis(probs, experts, -1);  // [T, K]
+    if (cfg_.norm_topk) weights = mx::divide(weights, mx::sum(weights, -1, true));
+    // (row, expert) pairs sorted by expert: each expert multiplies one contiguous group.
+    mx::array flat = mx::reshape(experts, {T * K});
+    mx::array order = mx::argsort(flat);
+    mx::array sorted_experts = mx::take(flat, order, 0);
+    mx::array src_rows = mx::floor_divide(order, mx::array(K, mx::uint32));
+    mx::array xs = mx::expand_dims(mx::astype(mx::take(xn, src_rows, 0), expert_dtype_), 1);  // [TK, 1, H]
+    mx::array gu = mx::astype(mx::gather_mm(xs, w.gate_up, std::nullopt, sorted_experts, true), mx::float32);
+    mx::array h = mx::multiply(silu(mx::slice(gu, {0, 0, 0}, {T * K, 1, F})), mx::slice(gu, {0, 0, F}, {T * K, 1, 2 * F}));
+    mx::array y = mx::gather_mm(mx::astype(h, expert_dtype_), w.down, std::nullopt, sorted_experts, true);
+    y = mx::take(mx::reshape(mx::astype(y, mx::float32), {T * K, H}), mx::argsort(order), 0);
+    mx::array routed = mx::sum(mx::multiply(mx::reshape(y, {T, K, H}), mx::expand_dims(weights, 2)), 1);
+    mx::array shared = w.shared_down(w.shared_gate_up(xn, {.swiglu = true}));
+    return mx::add(routed, mx::multiply(shared_gate, shared));
+  }
+
+  Qwen35Config cfg_;
+  ModelInfo info_;
+  std::vector<Layer> layers_;
+  mx::array out_norm_;
+  Linear lm_head_;
+  Embedding embed_;
+  std::shared_ptr<const Rope> rope_;
+  mx::Dtype expert_dtype_;
+  int n_linear_ = 0;
+  DeviceState device_;
+};
+
+std::string prefix_of(const Checkpoint& w) {
+  // Text-only checkpoints (Qwen3_5MoeForCausalLM) name the decoder `model.`; multimodal ones
+  // (Qwen3_5MoeForConditionalGeneration) nest it as `model.language_model.`.
+  for (const char* prefix : {"model.language_model.", "model.", "language_model.model."}) {
+    if (w.has(std::string(prefix) + "embed_tokens.weight")) return prefix;
+  }
+  throw std::runtime_error("qwen3_5_moe checkpoint has no embed_tokens.weight under model. or model.language_model.");
+}
+
+}  // namespace
+
+std::unique_ptr<Model> load_qwen3_5_moe_safetensors(const std::string& dir, const Metadata& hf,
+                                                    const LoadOptions& options) {
+  Qwen35Config c;
+  DecoderDims& d = c.dims;
+  d.n_layers = static_cast<int>(hf.require_int("num_hidden_layers"));
+  d.hidden_size = static_cast<int>(hf.require_int("hidden_size"));
+  d.n_heads = static_cast<int>(hf.require_int("num_attention_heads"));
+  d.n_kv_heads = static_cast<int>(hf.get_int("num_key_value_heads").value_or(d.n_heads));
+  d.head_dim = static_cast<int>(hf.get_int("head_dim").value_or(256));
+  d.rms_eps = static_cast<float>(hf.get_float("rms_norm_eps").value_or(1e-6));
+  d.context_length = static_cast<int>(hf.get_int("max_position_embeddings").value_or(32768));
+  d.vocab_size = static_cast<int>(hf.require_int("vocab_size"));
+  d.ffn_size = static_cast<int>(hf.get_int("moe_intermediate_size").value_or(512));
+  c.shared_ffn = static_cast<int>(hf.get_int("shared_expert_intermediate_size").value_or(512));
+  c.n_experts = static_cast<int>(hf.get_int("num_experts").value_or(256));
+  c.top_k = static_cast<int>(hf.get_int("num_experts_per_tok").value_or(8));
+  c.norm_topk = hf.get_bool("norm_topk_prob").value_or(true);  // transformers always normalises
+  c.conv_kernel = static_cast<int>(hf.get_int("linear_conv_kernel_dim").value_or(4));
+  c.k_heads = static_cast<int>(hf.get_int("linear_num_key_heads").value_or(16));
+  c.v_heads = static_cast<int>(hf.get_int("linear_num_value_heads").value_or(32));
+  c.k_dim = static_cast<int>(hf.get_int("linear_key_head_dim").value_or(128));
+  c.v_dim = static_cast<int>(hf.get_int("linear_value_head_dim").value_or(128));
+  d.check("qwen3_5_moe");
+  const std::string act = hf.get_string("hidden_act").value_or("silu");
+  if (act != "silu") throw std::runtime_error("qwen3_5_moe hidden_act '" + act + "' is not supported (expected silu)");
+  if (hf.get_bool("attention_bias").value_or(false)) {
+    throw std::runtime_error("qwen3_5_moe with attention_bias is not supported (Qwen3.5 checkpoints have none)");
+  }
+  if (c.n_experts <= 0 || c.top_k <= 0 || c.top_k > c.n_experts || c.shared_ffn <= 0 || c.k_heads <= 0 ||
+      c.v_heads <= 0 || c.v_heads % c.k_heads != 0 || c.k_dim <= 0 || c.v_dim <= 0 || c.conv_kernel < 2) {
+    throw std::runtime_error("inconsistent qwen3_5_moe hyperparameters (experts, top-k or linear attention)");
+  }
+  if (hf.has("layer_types.0")) {
+    for (int i = 0; hf.has("layer_types." + std::to_string(i)); ++i) {
+      const std::string t = *hf.get_string("layer_types." + std::to_string(i));
+      if (t != "linear_attention" && t != "full_attention") {
+        throw std::runtime_error("qwen3_5_moe layer type '" + t + "' is not supported");
+      }
+      c.linear.push_back(t == "linear_attention");
+    }
+  } else {
+    const int every = static_cast<int>(hf.get_int("full_attention_interval").value_or(4));
+    for (int i = 0; i < d.n_layers; ++i) c.linear.push_back((i + 1) % every != 0);
+  }
+  if (static_cast<int>(c.linear.size()) != d.n_layers) {
+    throw std::runtime_error("qwen3_5_moe layer_types has " + std::to_string(c.linear.size()) + " entries for " +
+                             std::to_string(d.n_layers) + " layers");
+  }
+  const auto [rope_type, rope_factor] = hf_rope_scaling(hf);
+  if (!rope_type.empty()) {
+    throw std::runtime_error("qwen3_5_moe rope type '" + rope_type + "' is not supported yet");
+  }
+  const double partial =
+      hf.get_float("rope_parameters.partial_rotary_factor").value_or(hf.get_float("partial_rotary_factor").value_or(0.25));
+  c.rope_dims = static_cast<int>(d.head_dim * partial);
+  if (c.rope_dims <= 0 || c.rope_dims % 2 != 0 || c.rope_dims > d.head_dim) {
+    throw std::runtime_error("qwen3_5_moe partial_rotary_factor " + std::to_string(partial) + " is not supported");
+  }
+  auto rope = std::make_shared<Rope>();
+  rope->dims = c.rope_dims;
+  rope->interleaved = false;  // rotate-half over the rotated dims
+  rope->inv_freq = rope_inv_freq(c.rope_dims, hf_rope_theta(hf, 10000.0));
+
+  const Checkpoint w(dir);
+  const std::string m = prefix_of(w);
+  const bool dev = options.on_device();
+  const mx::Dtype expert_dtype = dev ? device_compute_dtype() : mx::float32;
+  auto norm = [&](const std::string& name) {  // (1 + w) folded in
+    mx::array a = mx::add(w.get(name), mx::array(1.f));
+    a.eval();
+    return a;
+  };
+  auto plain = [&](mx::array a) {
+    a.eval();
+    return a;
+  };
+  const int H = d.hidden_size, F = d.ffn_size, E = c.n_experts;
+  std::vector<Layer> layers(d.n_layers);
+  int n_linear = 0, n_full = 0;
+  for (int i = 0; i < d.n_layers; ++i) {
+    const std::string b = m + "layers." + std::to_string(i) + ".";
+    Layer& L = layers[i];
+    L.linear = c.linear[i];
+    L.slot = L.linear ? n_linear++ : n_full++;
+    L.in_norm = norm(b + "input_layernorm.weight");
+    L.post_norm = norm(b + "post_attention_layernorm.weight");
+    if (L.linear) {
+      const std::string a = b + "linear_attn.";
+      L.dn.in_proj = Linear::from_float(mx::concatenate({w.get(a + "in_proj_qkv.weight"), w.get(a + "in_proj_z.weight"),
+                                                         w.get(a + "in_proj_b.weight"), w.get(a + "in_proj_a.weight")},
+                                                        0),
+                                        dev);
+      if (L.dn.in_proj.out_features() != c.conv_dim() + c.v_heads * c.v_dim + 2 * c.v_heads) {
+        throw std::runtime_error("qwen3_5_moe linear attention projections do not match the config's head counts");
+      }
+      mx::array conv = w.get(a + "conv1d.weight");  // [conv_dim, 1, kernel]
+      L.dn.conv = plain(mx::contiguous(mx::transpose(mx::reshape(conv, {c.conv_dim(), c.conv_kernel}))));
+      L.dn.neg_a = plain(mx::negative(mx::exp(w.get(a + "A_log"))));
+      L.dn.dt_bias = plain(w.get(a + "dt_bias"));
+      L.dn.norm = plain(w.get(a + "norm.weight"));
+      L.dn.out = Linear::from_float(w.get(a + "out_proj.weight"), dev);
+    } else {
+      const std::string a = b + "self_attn.";
+      // q_proj's rows are per head [query (head_dim), gate (head_dim)]: regroup them as all
+      // queries then all gates, and stack with k and v.
+      mx::array qg = mx::reshape(w.get(a + "q_proj.weight"), {d.n_heads, 2, d.head_dim, H});
+      const int qw = d.n_heads * d.head_dim;
+      mx::array q = mx::reshape(mx::slice(qg, {0, 0, 0, 0}, {d.n_heads, 1, d.head_dim, H}), {qw, H});
+      mx::array g = mx::reshape(mx::slice(qg, {0, 1, 0, 0}, {d.n_heads, 2, d.head_dim, H}), {qw, H});
+      L.attn.qkvg =
+          Linear::from_float(mx::concatenate({q, w.get(a + "k_proj.weight"), w.get(a + "v_proj.weight"), g}, 0), dev);
+      L.attn.q_norm = norm(a + "q_norm.weight");
+      L.attn.k_norm = norm(a + "k_norm.weight");
+      L.attn.wo = Linear::from_float(w.get(a + "o_proj.weight"), dev);
+    }
+    const std::string p = b + "mlp.";
+    L.moe.router =
+        Linear::from_float(mx::concatenate({w.get(p + "gate.weight"), w.get(p + "shared_expert_gate.weight")}, 0), dev);
+    mx::array gate_up{0.f}, down{0.f};
+    if (w.has(p + "experts.gate_up_proj")) {  // transformers 5: [E, 2F, H] and [E, H, F]
+      gate_up = w.get(p + "experts.gate_up_proj");
+      down = w.get(p + "experts.down_proj");
+    } else {  // one module per expert (older conversions)
+      std::vector<mx::array> gu, dn;
+      for (int e = 0; e < E; ++e) {
+        const std::string x = p + "experts." + std::to_string(e) + ".";
+        gu.push_back(mx::concatenate({w.get(x + "gate_proj.weight"), w.get(x + "up_proj.weight")}, 0));
+        dn.push_back(w.get(x + "down_proj.weight"));
+      }
+      gate_up = mx::stack(gu, 0);
+      down = mx::stack(dn, 0);
+    }
+    if (gate_up.shape() != mx::Shape{E, 2 * F, H} || down.shape() != mx::Shape{E, H, F}) {
+      throw std::runtime_error("qwen3_5_moe expert tensors of layer " + std::to_string(i) +
+                               " do not match num_experts x moe_intermediate_size");
+    }
+    // gather_mm multiplies x [.., 1, H] by [H, 2F] and [F, H] per expert.
+    L.moe.gate_up = plain(mx::contiguous(mx::astype(mx::swapaxes(gate_up, 1, 2), expert_dtype)));
+    L.moe.down = plain(mx::contiguous(mx::astype(mx::swapaxes(down, 1, 2), expert_dtype)));
+    const std::string s = p + "shared_expert.";
+    L.moe.shared_gate_up =
+        Linear::from_float(mx::concatenate({w.get(s + "gate_proj.weight"), w.get(s + "up_proj.weight")}, 0), dev);
+    L.moe.shared_down = Linear::from_float(w.get(s + "down_proj.weight"), dev);
+  }
+  mx::array embed_w = w.get(m + "embed_tokens.weight");
+  mx::array out_norm = norm(m + "norm.weight");
+  std::string head = "lm_head.weight";
+  if (!w.has(head) && w.has("language_model.lm_head.weight")) head = "language_model.lm_head.weight";
+  const bool tied = !w.has(head) || hf.get_bool("tie_word_embeddings").value_or(false);
+  Linear lm_head = Linear::from_float(tied ? embed_w : w.get(head), dev);
+  embed_w.eval();
+  ModelInfo info = make_info(d, "qwen3_5_moe", "safetensors", options);
+  return std::make_unique<Qwen35MoeModel>(c, info, std::move(layers), out_norm, std::move(lm_head),
+                                          float_embedding(embed_w), rope, expert_dtype);
+}
+
+std::unique_ptr<Model> load_qwen3_5_moe_gguf(const GgufFile&, const LoadOptions&) {
+  throw std::runtime_error(
+      "GGUF files of architecture 'qwen35moe' (Qwen3.5-MoE) are not supported yet: llmd runs Qwen3.5-MoE from "
+      "Hugging Face safetensors directories only");
+}
+
+}  // namespace llmd
