@@ -3,13 +3,21 @@
 #include <cstdlib>
 #include <cstring>
 #include <new>
+#include <stdexcept>
+#include <utility>
 
 namespace llmd {
 
-KvPool::KvPool(KvShape shape, size_t budget_bytes)
-    : shape_(shape),
-      block_floats_(static_cast<size_t>(shape.n_layers) * 2 * shape.n_kv_heads * kBlockTokens *
-                    shape.head_dim) {
+KvPool::KvPool(KvShape shape, size_t budget_bytes) : shape_(std::move(shape)), block_floats_(0) {
+  if ((!shape_.layer_kv_heads.empty() && static_cast<int>(shape_.layer_kv_heads.size()) != shape_.n_layers) ||
+      shape_.layer_kv_heads.size() != shape_.layer_head_dim.size()) {
+    throw std::invalid_argument("KvShape: per-layer KV shapes must name every layer");
+  }
+  for (int l = 0; l < shape_.n_layers; ++l) {
+    layer_offset_.push_back(block_floats_);
+    block_floats_ += shape_.layer_elements(l) * kBlockTokens;
+  }
+  if (block_floats_ == 0) throw std::invalid_argument("KvShape: no layer stores KV");
   max_blocks_ = budget_bytes / block_bytes();
   if (max_blocks_ == 0) max_blocks_ = 1;
 }

@@ -2,7 +2,8 @@
 //
 // Why blocks: a sequence's KV grows token by token and sequences come and go; blocks keep
 // allocation O(1), let memory be budgeted, and are the unit the prefix cache shares between
-// sequences (vLLM's block pool idea). One block holds kBlockTokens positions of every layer.
+// sequences (vLLM's block pool idea). One block holds kBlockTokens positions of every layer
+// (each layer's part of the block sized by its own KV shape: KvShape).
 #pragma once
 
 #include <cstddef>
@@ -23,6 +24,16 @@ struct KvShape {
   // does the bookkeeping: allocation, sharing, budget and LRU eviction.
   bool host_storage = true;
   int element_bytes = 4;
+  // Layers of different shapes (Gemma 4: full-attention layers have their own head size and
+  // KV-head count): one entry per layer, or empty when every layer has n_kv_heads x head_dim.
+  // A layer with 0 KV heads stores nothing (it reads an earlier layer's KV: KV sharing).
+  std::vector<int> layer_kv_heads;
+  std::vector<int> layer_head_dim;
+
+  int kv_heads_of(int layer) const { return layer_kv_heads.empty() ? n_kv_heads : layer_kv_heads[layer]; }
+  int head_dim_of(int layer) const { return layer_head_dim.empty() ? head_dim : layer_head_dim[layer]; }
+  // Numbers (keys and values) one position stores in one layer.
+  size_t layer_elements(int layer) const { return size_t{2} * kv_heads_of(layer) * head_dim_of(layer); }
 };
 
 class KvPool {
@@ -55,7 +66,8 @@ class KvPool {
   bool is_cacheable(int block) const { return cacheable_[block]; }
   void set_evict_callback(std::function<void(int)> on_evict) { on_evict_ = std::move(on_evict); }
 
-  // One head of one layer in a block. Keys are stored transposed, [head_dim][kBlockTokens],
+  // One head of one layer in a block (the layer's own head_dim: KvShape::head_dim_of). Keys
+  // are stored transposed, [head_dim][kBlockTokens],
   // so attention scores 16 positions per vector op without horizontal sums; values are
   // [kBlockTokens][head_dim]. Blocks are 64-byte aligned.
   // Host storage only (shape().host_storage).
@@ -64,12 +76,13 @@ class KvPool {
 
  private:
   float* at(int block, int layer, int kv, int head) {
-    const size_t off = ((static_cast<size_t>(layer) * 2 + kv) * shape_.n_kv_heads + head) *
-                       kBlockTokens * shape_.head_dim;
+    const size_t off = layer_offset_[layer] + (static_cast<size_t>(kv) * shape_.kv_heads_of(layer) + head) *
+                                                   kBlockTokens * shape_.head_dim_of(layer);
     return storage_[block].get() + off;
   }
 
   KvShape shape_;
+  std::vector<size_t> layer_offset_;  // first float of each layer in a block
   size_t block_floats_;
   size_t max_blocks_;
   size_t used_ = 0;

@@ -68,9 +68,10 @@ mx::array attend(const mx::array& q, const mx::array& k, const mx::array& v, flo
 }  // namespace
 
 void DeviceKvStore::copy_block(int src, int dst) {
-  const int width = shape_.n_kv_heads * shape_.head_dim;
   std::vector<mx::array> all;
   for (int l = 0; l < shape_.n_layers; ++l) {
+    const int width = shape_.kv_heads_of(l) * shape_.head_dim_of(l);
+    if (width == 0) continue;
     for (mx::array* a : {&keys_[l], &values_[l]}) {
       mx::array block = mx::slice(*a, mx::Shape{src * BT, 0}, mx::Shape{(src + 1) * BT, width});
       *a = mx::slice_update(*a, block, mx::Shape{dst * BT, 0}, mx::Shape{(dst + 1) * BT, width});
@@ -83,7 +84,6 @@ void DeviceKvStore::copy_block(int src, int dst) {
 void DeviceKvStore::ensure_blocks(size_t n_blocks, size_t max_blocks) {
   if (n_blocks <= blocks_) return;
   const size_t grown = std::min(std::max(n_blocks, blocks_ * 2), std::max(max_blocks, n_blocks));
-  const int width = shape_.n_kv_heads * shape_.head_dim;
   const int extra = static_cast<int>((grown - blocks_) * BT);
   std::vector<mx::array> all;
   if (keys_.empty()) {
@@ -91,6 +91,8 @@ void DeviceKvStore::ensure_blocks(size_t n_blocks, size_t max_blocks) {
     values_.assign(shape_.n_layers, mx::array(0.f));
   }
   for (int l = 0; l < shape_.n_layers; ++l) {
+    const int width = shape_.kv_heads_of(l) * shape_.head_dim_of(l);
+    if (width == 0) continue;
     for (mx::array* a : {&keys_[l], &values_[l]}) {
       mx::array more = mx::zeros({extra, width}, device_compute_dtype());
       *a = blocks_ == 0 ? more : mx::concatenate({*a, more}, 0);
@@ -178,21 +180,24 @@ DeviceAttentionPlan DeviceAttentionPlan::build(const AttentionBatch& batch, int 
 }
 
 mx::array device_attention(const mx::array& qkv, const DeviceAttentionPlan& plan, int layer,
-                           const AttentionShape& shape, const Rope& rope, DeviceKvStore& kv) {
+                           const AttentionShape& shape, const Rope& rope, DeviceKvStore& kv,
+                           bool write_kv) {
   const int rows = qkv.shape(0);
   const int H = shape.n_heads, KVH = shape.n_kv_heads, hd = shape.head_dim;
   const int qw = H * hd, kw = KVH * hd;
-  mx::array q = mx::reshape(mx::slice(qkv, {0, 0}, {rows, qw}), {rows, H, hd});
-  mx::array k = mx::reshape(mx::slice(qkv, {0, qw}, {rows, qw + kw}), {rows, KVH, hd});
-  mx::array v = mx::slice(qkv, {0, qw + kw}, {rows, qw + 2 * kw});
   const mx::Dtype dt = device_compute_dtype();
+  mx::array q = mx::reshape(mx::slice(qkv, {0, 0}, {rows, qw}), {rows, H, hd});
   q = mx::astype(apply_rope(q, plan, rope), dt);
-  k = mx::astype(apply_rope(k, plan, rope), dt);
   // The store's arrays are replaced by the scattered ones, so MLX updates them in place.
   mx::array& keys = kv.keys(layer);
   mx::array& values = kv.values(layer);
-  keys = mx::scatter(keys, {plan.write_slots}, mx::reshape(k, {rows, 1, kw}), {0});
-  values = mx::scatter(values, {plan.write_slots}, mx::reshape(mx::astype(v, dt), {rows, 1, kw}), {0});
+  if (write_kv) {
+    mx::array k = mx::reshape(mx::slice(qkv, {0, qw}, {rows, qw + kw}), {rows, KVH, hd});
+    mx::array v = mx::slice(qkv, {0, qw + kw}, {rows, qw + 2 * kw});
+    k = mx::astype(apply_rope(k, plan, rope), dt);
+    keys = mx::scatter(keys, {plan.write_slots}, mx::reshape(k, {rows, 1, kw}), {0});
+    values = mx::scatter(values, {plan.write_slots}, mx::reshape(mx::astype(v, dt), {rows, 1, kw}), {0});
+  }
 
   std::vector<mx::array> outs;
   outs.reserve(plan.groups.size());

@@ -23,9 +23,9 @@ namespace llmd {
 
 namespace mx = mlx::core;
 
-// Per layer: keys and values of every block slot, [slots, n_kv_heads * head_dim] in the
-// compute dtype (float16 on a GPU),
-// slot = block * kBlockTokens + position in block.
+// Per layer: keys and values of every block slot, [slots, kv_heads * head_dim] (the layer's
+// own KvShape entry; layers that store no KV have none) in the compute dtype (float16 on a
+// GPU), slot = block * kBlockTokens + position in block.
 class DeviceKvStore {
  public:
   explicit DeviceKvStore(KvShape shape) : shape_(shape) {}
@@ -65,7 +65,10 @@ struct DeviceAttentionPlan {
 };
 
 // qkv: [rows, (n_heads + 2 * n_kv_heads) * head_dim] float32 -> [rows, n_heads * head_dim].
+// As paged_attention: with `write_kv` false, qkv holds only the queries and `layer`'s KV is
+// only read (KV sharing).
 mx::array device_attention(const mx::array& qkv, const DeviceAttentionPlan& plan, int layer,
-                           const AttentionShape& shape, const Rope& rope, DeviceKvStore& kv);
+                           const AttentionShape& shape, const Rope& rope, DeviceKvStore& kv,
+                           bool write_kv = true);
 
 }  // namespace llmd
