@@ -23,4 +23,7 @@ std::unique_ptr<Model> load_qwen3_safetensors(const std::string& dir, const Meta
 std::unique_ptr<Model> load_gemma3_gguf(const GgufFile& file, const LoadOptions& options);
 std::unique_ptr<Model> load_gemma3_safetensors(const std::string& dir, const Metadata& hf, const LoadOptions& options);
 
+std::unique_ptr<Model> load_gemma4_gguf(const GgufFile& file, const LoadOptions& options);
+std::unique_ptr<Model> load_gemma4_safetensors(const std::string& dir, const Metadata& hf, const LoadOptions& options);
+
 }  // namespace llmd

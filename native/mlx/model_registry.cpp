@@ -25,6 +25,7 @@ const std::map<std::string, GgufLoader>& gguf_loaders() {
       {"qwen2", load_qwen2_gguf},
       {"qwen3", load_qwen3_gguf},
       {"gemma3", load_gemma3_gguf},
+      {"gemma4", load_gemma4_gguf},  // refused with a clear message
   };
   return loaders;
 }
@@ -35,6 +36,7 @@ const std::map<std::string, HfLoader>& hf_loaders() {
       {"qwen2", load_qwen2_safetensors},
       {"qwen3", load_qwen3_safetensors},
       {"gemma3_text", load_gemma3_safetensors},
+      {"gemma4_text", load_gemma4_safetensors},
   };
   return loaders;
 }
