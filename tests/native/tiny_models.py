@@ -215,7 +215,9 @@ def gemma4_layer_shapes(c: dict) -> list[tuple[int, int, bool, int]]:
     plc = {int(k): v for k, v in c.get("per_layer_config", {}).items()}
     out = []
     for i in range(n):
-        hd, kv = (c["head_dim"], c["num_key_value_heads"]) if types[i] == "sliding_attention" else full
+        hd, kv = (
+            (c["head_dim"], c["num_key_value_heads"]) if types[i] == "sliding_attention" else full
+        )
         if plc:
             o = plc.get(i, {})
             hd = o.get("head_dim", c["head_dim"])
