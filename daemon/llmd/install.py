@@ -16,7 +16,12 @@ from pathlib import Path
 
 from .convert import ConversionError, ConversionPlan, convert_gguf, plan_conversion
 from .gguf_layout import GGUFFormatError, GGUFLayout, read_layout
-from .model_support import architecture_supported, unsupported_architecture_message
+from .model_support import (
+    architecture_supported,
+    gguf_architecture_supported,
+    unsupported_architecture_message,
+    unsupported_gguf_message,
+)
 from .store import ModelRecord, ModelStore, StoreError, UnsupportedModel
 from .tokenizer import gguf_tokenizer_problem
 
@@ -29,8 +34,8 @@ Progress = Callable[[str, int, int], None]
 def check_gguf(layout: GGUFLayout, what: str) -> ConversionPlan:
     """The conversion `layout` needs; UnsupportedModel when the engine cannot run it."""
     arch = layout.architecture
-    if not architecture_supported(arch):
-        raise UnsupportedModel(unsupported_architecture_message(arch, what))
+    if not gguf_architecture_supported(arch):
+        raise UnsupportedModel(unsupported_gguf_message(arch, what))
     problem = gguf_tokenizer_problem(
         layout.get("tokenizer.ggml.model"), layout.get("tokenizer.ggml.pre")
     )

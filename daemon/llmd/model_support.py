@@ -23,9 +23,9 @@ from gguf import GGMLQuantizationType as T
 
 # `general.architecture` values (GGUF) / `model_type` values (config.json) the engine runs
 # (native/mlx/model_registry.cpp). Gemma 3 is `gemma3` in GGUF and in multimodal configs (whose
-# text_config is a `gemma3_text`), `gemma3_text` in text-only configs; Qwen3.5-MoE likewise
-# `qwen3_5_moe` (multimodal, safetensors only: its GGUF `qwen35moe` is refused) and
-# `qwen3_5_moe_text`.
+# text_config is a `gemma3_text`), `gemma3_text` in text-only configs; Gemma 4 likewise;
+# Qwen3.5-MoE is `qwen3_5_moe` (multimodal, safetensors only: its GGUF `qwen35moe` is
+# refused) and `qwen3_5_moe_text`.
 SUPPORTED_ARCHITECTURES: tuple[str, ...] = (
     "llama",
     "qwen2",
@@ -34,7 +34,13 @@ SUPPORTED_ARCHITECTURES: tuple[str, ...] = (
     "gemma3_text",
     "qwen3_5_moe",
     "qwen3_5_moe_text",
+    "gemma4",
+    "gemma4_text",
 )
+
+# Architectures the engine runs from Hugging Face safetensors directories only: GGUF files of
+# them are refused at pull time (llmd has no loader for llama.cpp's layout of them yet).
+SAFETENSORS_ONLY_ARCHITECTURES: frozenset[str] = frozenset({"gemma4"})
 
 # GGUF tensor types with a native kernel (native/mlx/kernels) or a float path.
 NATIVE_GGUF_TYPES: frozenset[int] = frozenset(
@@ -65,8 +71,21 @@ def architecture_supported(arch: str) -> bool:
     return arch in SUPPORTED_ARCHITECTURES
 
 
+def gguf_architecture_supported(arch: str) -> bool:
+    return architecture_supported(arch) and arch not in SAFETENSORS_ONLY_ARCHITECTURES
+
+
 def unsupported_architecture_message(arch: str, what: str) -> str:
     return (
         f"{what} is a '{arch or 'unknown'}' model; llmd's engine runs "
         f"{', '.join(SUPPORTED_ARCHITECTURES)} models only so far."
     )
+
+
+def unsupported_gguf_message(arch: str, what: str) -> str:
+    if arch in SAFETENSORS_ONLY_ARCHITECTURES:
+        return (
+            f"{what} is a '{arch}' GGUF; llmd runs {arch} models from Hugging Face safetensors "
+            "directories only so far (pull the original repository instead)."
+        )
+    return unsupported_architecture_message(arch, what)

@@ -4,6 +4,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <new>
+#include <stdexcept>
+#include <utility>
 
 namespace llmd {
 
@@ -23,14 +25,19 @@ int KvShape::windowed_layers() const {
   return n;
 }
 
-KvPool::KvPool(KvShape shape, size_t budget_bytes) : shape_(std::move(shape)), budget_bytes_(budget_bytes) {
-  const size_t per_layer = static_cast<size_t>(2) * shape_.n_kv_heads * kBlockTokens * shape_.head_dim;
-  int full = 0, windowed = 0;
-  group_index_.resize(shape_.n_layers);
-  for (int l = 0; l < shape_.n_layers; ++l) group_index_[l] = shape_.is_windowed(l) ? windowed++ : full++;
-  block_floats_ = full * per_layer;
-  window_floats_ = windowed * per_layer;
-  if (windowed == 0) shape_.window = 0;
+KvPool::KvPool(KvShape shape, size_t budget_bytes)
+    : shape_(std::move(shape)), budget_bytes_(budget_bytes), block_floats_(0) {
+  if ((!shape_.layer_kv_heads.empty() && static_cast<int>(shape_.layer_kv_heads.size()) != shape_.n_layers) ||
+      shape_.layer_kv_heads.size() != shape_.layer_head_dim.size()) {
+    throw std::invalid_argument("KvShape: per-layer KV shapes must name every layer");
+  }
+  for (int l = 0; l < shape_.n_layers; ++l) {
+    size_t& part = shape_.is_windowed(l) ? window_floats_ : block_floats_;
+    layer_offset_.push_back(part);
+    part += shape_.layer_elements(l) * kBlockTokens;
+  }
+  if (block_floats_ == 0 && window_floats_ == 0) throw std::invalid_argument("KvShape: no layer stores KV");
+  if (window_floats_ == 0) shape_.window = 0;
   max_blocks_ = budget_bytes / std::max(block_bytes(), window_floats_ > 0 ? kMinBlockBookkeeping : size_t{1});
   if (max_blocks_ == 0) max_blocks_ = 1;
   if (window_floats_ > 0) {

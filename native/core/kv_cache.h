@@ -2,7 +2,8 @@
 //
 // Why blocks: a sequence's KV grows token by token and sequences come and go; blocks keep
 // allocation O(1), let memory be budgeted, and are the unit the prefix cache shares between
-// sequences (vLLM's block pool idea). One block holds kBlockTokens positions of every layer.
+// sequences (vLLM's block pool idea). One block holds kBlockTokens positions of every layer
+// (each layer's part of the block sized by its own KV shape: KvShape).
 #pragma once
 
 #include <cstddef>
@@ -37,6 +38,16 @@ struct KvShape {
   // does the bookkeeping: allocation, sharing, budget and LRU eviction.
   bool host_storage = true;
   int element_bytes = 4;
+  // Layers of different shapes (Gemma 4: full-attention layers have their own head size and
+  // KV-head count): one entry per layer, or empty when every layer has n_kv_heads x head_dim.
+  // A layer with 0 KV heads stores nothing (it reads an earlier layer's KV: KV sharing).
+  std::vector<int> layer_kv_heads;
+  std::vector<int> layer_head_dim;
+
+  int kv_heads_of(int layer) const { return layer_kv_heads.empty() ? n_kv_heads : layer_kv_heads[layer]; }
+  int head_dim_of(int layer) const { return layer_head_dim.empty() ? head_dim : layer_head_dim[layer]; }
+  // Numbers (keys and values) one position stores in one layer.
+  size_t layer_elements(int layer) const { return size_t{2} * kv_heads_of(layer) * head_dim_of(layer); }
   // Sliding-window layers (windowed[layer]; empty: none) attend to the last `window` positions
   // only, so their part of a block is kept only while some sequence's window covers it (see
   // "Window parts" below): their memory is bounded by the window, not the context.
@@ -107,7 +118,8 @@ class KvPool {
   bool referenced(int block) const { return refs_[block] > 0; }
   void set_evict_callback(std::function<void(int)> on_evict) { on_evict_ = std::move(on_evict); }
 
-  // One head of one layer in a block. Keys are stored transposed, [head_dim][kBlockTokens],
+  // One head of one layer in a block (the layer's own head_dim: KvShape::head_dim_of). Keys
+  // are stored transposed, [head_dim][kBlockTokens],
   // so attention scores 16 positions per vector op without horizontal sums; values are
   // [kBlockTokens][head_dim]. Blocks are 64-byte aligned.
   // Host storage only (shape().host_storage).
@@ -116,8 +128,8 @@ class KvPool {
 
  private:
   float* at(int block, int layer, int kv, int head) {
-    const size_t off = ((static_cast<size_t>(group_index_[layer]) * 2 + kv) * shape_.n_kv_heads + head) *
-                       kBlockTokens * shape_.head_dim;
+    const size_t off = layer_offset_[layer] + (static_cast<size_t>(kv) * shape_.kv_heads_of(layer) + head) *
+                                                   kBlockTokens * shape_.head_dim_of(layer);
     if (shape_.is_windowed(layer)) return window_storage_[window_slot_[block]].get() + off;
     return storage_[block].get() + off;
   }
@@ -127,7 +139,9 @@ class KvPool {
 
   KvShape shape_;
   size_t budget_bytes_;
-  std::vector<int> group_index_;  // layer -> index among the full (or the windowed) layers
+  // First float of each layer in its part of a block (the full part, or the window part for
+  // windowed layers).
+  std::vector<size_t> layer_offset_;
   size_t block_floats_;
   size_t window_floats_ = 0;
   size_t max_blocks_;

@@ -27,4 +27,7 @@ std::unique_ptr<Model> load_qwen3_5_moe_gguf(const GgufFile& file, const LoadOpt
 std::unique_ptr<Model> load_qwen3_5_moe_safetensors(const std::string& dir, const Metadata& hf,
                                                     const LoadOptions& options);
 
+std::unique_ptr<Model> load_gemma4_gguf(const GgufFile& file, const LoadOptions& options);
+std::unique_ptr<Model> load_gemma4_safetensors(const std::string& dir, const Metadata& hf, const LoadOptions& options);
+
 }  // namespace llmd

@@ -74,9 +74,10 @@ mx::array attend(const mx::array& q, const mx::array& k, const mx::array& v, flo
 
 void DeviceKvStore::copy_block(const KvPool& pool, int src, int dst) {
   ensure(pool);
-  const int width = shape_.n_kv_heads * shape_.head_dim;
   std::vector<mx::array> all;
   for (int l = 0; l < shape_.n_layers; ++l) {
+    const int width = shape_.kv_heads_of(l) * shape_.head_dim_of(l);
+    if (width == 0) continue;
     const bool windowed = shape_.is_windowed(l);
     const int from = windowed ? pool.window_slot(src) : src;
     const int to = windowed ? pool.window_slot(dst) : dst;
@@ -103,11 +104,12 @@ void DeviceKvStore::ensure(const KvPool& pool) {
 void DeviceKvStore::grow(bool windowed, size_t& have, size_t need, size_t max) {
   if (need <= have) return;
   const size_t grown = std::min(std::max(need, have * 2), std::max(max, need));
-  const int width = shape_.n_kv_heads * shape_.head_dim;
   const int extra = static_cast<int>((grown - have) * BT);
   std::vector<mx::array> all;
   for (int l = 0; l < shape_.n_layers; ++l) {
     if (shape_.is_windowed(l) != windowed) continue;
+    const int width = shape_.kv_heads_of(l) * shape_.head_dim_of(l);
+    if (width == 0) continue;
     for (mx::array* a : {&keys_[l], &values_[l]}) {
       mx::array more = mx::zeros({extra, width}, device_compute_dtype());
       *a = have == 0 ? more : mx::concatenate({*a, more}, 0);
@@ -198,21 +200,24 @@ DeviceAttentionPlan DeviceAttentionPlan::build(const AttentionBatch& batch, int 
 }
 
 mx::array device_attention(const mx::array& qkv, const DeviceAttentionPlan& plan, int layer,
-                           const AttentionShape& shape, const Rope& rope, DeviceKvStore& kv) {
+                           const AttentionShape& shape, const Rope& rope, DeviceKvStore& kv,
+                           bool write_kv) {
   const int rows = qkv.shape(0);
   const int H = shape.n_heads, KVH = shape.n_kv_heads, hd = shape.head_dim;
   const int qw = H * hd, kw = KVH * hd;
-  mx::array q = mx::reshape(mx::slice(qkv, {0, 0}, {rows, qw}), {rows, H, hd});
-  mx::array k = mx::reshape(mx::slice(qkv, {0, qw}, {rows, qw + kw}), {rows, KVH, hd});
-  mx::array v = mx::slice(qkv, {0, qw + kw}, {rows, qw + 2 * kw});
   const mx::Dtype dt = device_compute_dtype();
+  mx::array q = mx::reshape(mx::slice(qkv, {0, 0}, {rows, qw}), {rows, H, hd});
   q = mx::astype(apply_rope(q, plan, rope), dt);
-  k = mx::astype(apply_rope(k, plan, rope), dt);
   // The store's arrays are replaced by the scattered ones, so MLX updates them in place.
   mx::array& keys = kv.keys(layer);
   mx::array& values = kv.values(layer);
-  keys = mx::scatter(keys, {plan.write_slots}, mx::reshape(k, {rows, 1, kw}), {0});
-  values = mx::scatter(values, {plan.write_slots}, mx::reshape(mx::astype(v, dt), {rows, 1, kw}), {0});
+  if (write_kv) {
+    mx::array k = mx::reshape(mx::slice(qkv, {0, qw}, {rows, qw + kw}), {rows, KVH, hd});
+    mx::array v = mx::slice(qkv, {0, qw + kw}, {rows, qw + 2 * kw});
+    k = mx::astype(apply_rope(k, plan, rope), dt);
+    keys = mx::scatter(keys, {plan.write_slots}, mx::reshape(k, {rows, 1, kw}), {0});
+    values = mx::scatter(values, {plan.write_slots}, mx::reshape(mx::astype(v, dt), {rows, 1, kw}), {0});
+  }
 
   std::vector<mx::array> outs;
   outs.reserve(plan.groups.size());

@@ -23,10 +23,11 @@ namespace llmd {
 
 namespace mx = mlx::core;
 
-// Per layer: keys and values of every block slot, [slots, n_kv_heads * head_dim] in the
-// compute dtype (float16 on a GPU), slot = block * kBlockTokens + position in block. A
-// sliding-window layer's arrays are indexed by the block's window slot instead
-// (KvPool::window_slot), so they only grow with the window parts alive at once.
+// Per layer: keys and values of every block slot, [slots, kv_heads * head_dim] (the layer's
+// own KvShape entry; layers that store no KV have none) in the compute dtype (float16 on a
+// GPU), slot = block * kBlockTokens + position in block. A sliding-window layer's arrays are
+// indexed by the block's window slot instead (KvPool::window_slot), so they only grow with the
+// window parts alive at once.
 class DeviceKvStore {
  public:
   explicit DeviceKvStore(KvShape shape) : shape_(std::move(shape)) {}
@@ -69,7 +70,10 @@ struct DeviceAttentionPlan {
 };
 
 // qkv: [rows, (n_heads + 2 * n_kv_heads) * head_dim] float32 -> [rows, n_heads * head_dim].
+// As paged_attention: with `write_kv` false, qkv holds only the queries and `layer`'s KV is
+// only read (KV sharing).
 mx::array device_attention(const mx::array& qkv, const DeviceAttentionPlan& plan, int layer,
-                           const AttentionShape& shape, const Rope& rope, DeviceKvStore& kv);
+                           const AttentionShape& shape, const Rope& rope, DeviceKvStore& kv,
+                           bool write_kv = true);
 
 }  // namespace llmd

@@ -26,6 +26,7 @@ const std::map<std::string, GgufLoader>& gguf_loaders() {
       {"qwen3", load_qwen3_gguf},
       {"gemma3", load_gemma3_gguf},
       {"qwen35moe", load_qwen3_5_moe_gguf},  // refused with a message naming it
+      {"gemma4", load_gemma4_gguf},  // refused with a clear message
   };
   return loaders;
 }
@@ -38,6 +39,7 @@ const std::map<std::string, HfLoader>& hf_loaders() {
       {"gemma3_text", load_gemma3_safetensors},
       {"qwen3_5_moe_text", load_qwen3_5_moe_safetensors},
       {"qwen3_5_moe", load_qwen3_5_moe_safetensors},
+      {"gemma4_text", load_gemma4_safetensors},
   };
   return loaders;
 }

@@ -14,10 +14,16 @@
 namespace llmd {
 
 mx::array paged_attention(const mx::array& qkv, std::shared_ptr<const AttentionBatch> batch,
-                          int layer, AttentionShape shape, std::shared_ptr<const Rope> rope) {
-  const int width = (shape.n_heads + 2 * shape.n_kv_heads) * shape.head_dim;
+                          int layer, AttentionShape shape, std::shared_ptr<const Rope> rope,
+                          bool write_kv) {
+  const int width = (shape.n_heads + (write_kv ? 2 * shape.n_kv_heads : 0)) * shape.head_dim;
   if (shape.head_dim % 16 != 0) {
     throw std::invalid_argument("paged_attention: head_dim must be a multiple of 16");
+  }
+  const KvShape& kv = batch->pool->shape();
+  if (kv.kv_heads_of(layer) != shape.n_kv_heads || kv.head_dim_of(layer) != shape.head_dim) {
+    throw std::invalid_argument("paged_attention: layer " + std::to_string(layer) +
+                                "'s KV shape in the pool differs from the attention's");
   }
   if (qkv.ndim() != 2 || qkv.shape(1) != width) {
     throw std::invalid_argument("paged_attention: qkv must be [rows, " + std::to_string(width) + "]");
@@ -25,7 +31,7 @@ mx::array paged_attention(const mx::array& qkv, std::shared_ptr<const AttentionB
   const auto stream = mx::default_stream(mx::Device::cpu);
   auto in = mx::contiguous(qkv, false, stream);
   return mx::array({qkv.shape(0), shape.n_heads * shape.head_dim}, mx::float32,
-                   std::make_shared<PagedAttention>(stream, std::move(batch), layer, shape, std::move(rope)),
+                   std::make_shared<PagedAttention>(stream, std::move(batch), layer, shape, std::move(rope), write_kv),
                    {in});
 }
 
@@ -68,13 +74,14 @@ void PagedAttention::eval_cpu(const std::vector<mx::array>& inputs, mx::array& o
   auto& encoder = mx::cpu::get_command_encoder(stream());
   encoder.set_input_array(qkv);
   encoder.set_output_array(out);
-  encoder.dispatch([qkv, out, batch = batch_, layer = layer_, shape = shape_, rope = rope_]() mutable {
+  encoder.dispatch([qkv, out, batch = batch_, layer = layer_, shape = shape_, rope = rope_,
+                    write_kv = write_kv_]() mutable {
     ScopedOpTimer timer(OpKind::Attention);
     const int hd = shape.head_dim;
     const int H = shape.n_heads;
     const int G = shape.n_kv_heads;
     const int group = H / G;
-    const int width = (H + 2 * G) * hd;
+    const int width = (H + (write_kv ? 2 * G : 0)) * hd;
     const int half = rope->dims / 2;
     const int rows = qkv.shape(0);
     const float* in = qkv.data<float>();
@@ -83,8 +90,8 @@ void PagedAttention::eval_cpu(const std::vector<mx::array>& inputs, mx::array& o
     constexpr int BT = KvPool::kBlockTokens;
     auto& threads = ThreadPool::global();
 
-    // Phase 1: rotate keys into the (transposed) KV blocks, values as they are; rotate and
-    // pre-scale queries into a scratch copy.
+    // Phase 1: rotate keys into the (transposed) KV blocks, values as they are (unless the
+    // layer only reads another's KV); rotate and pre-scale queries into a scratch copy.
     thread_local std::vector<float> queries;
     queries.resize(static_cast<size_t>(rows) * H * hd);
     std::vector<std::pair<const AttentionBatch::Segment*, int>> row_seg(rows);
@@ -101,7 +108,7 @@ void PagedAttention::eval_cpu(const std::vector<mx::array>& inputs, mx::array& o
         const float* st = batch->rope_sin.data() + static_cast<size_t>(row) * half;
         const int block = seg->kv->blocks()[pos / BT];
         const int off = pos % BT;
-        for (int g = 0; g < G; ++g) {
+        for (int g = 0; g < (write_kv ? G : 0); ++g) {
           std::memcpy(k.data(), src + (H + g) * hd, hd * sizeof(float));
           rope->rotate(k.data(), ct, st);
           float* kt = pool.keys(block, layer, g);

@@ -52,9 +52,9 @@ struct AttentionBatch {
 class PagedAttention : public mx::UnaryPrimitive {
  public:
   PagedAttention(mx::Stream stream, std::shared_ptr<const AttentionBatch> batch, int layer,
-                 AttentionShape shape, std::shared_ptr<const Rope> rope)
+                 AttentionShape shape, std::shared_ptr<const Rope> rope, bool write_kv)
       : mx::UnaryPrimitive(stream), batch_(std::move(batch)), layer_(layer), shape_(shape),
-        rope_(std::move(rope)) {}
+        rope_(std::move(rope)), write_kv_(write_kv) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override;
   void eval_gpu(const std::vector<mx::array>& inputs, mx::array& out) override;
@@ -66,10 +66,16 @@ class PagedAttention : public mx::UnaryPrimitive {
   int layer_;
   AttentionShape shape_;
   std::shared_ptr<const Rope> rope_;
+  bool write_kv_;
 };
 
 // qkv: [rows, (n_heads + 2 * n_kv_heads) * head_dim] float32 -> [rows, n_heads * head_dim].
+// `layer` is the KV layer written and read; its KvShape entry must match `shape`. With
+// `write_kv` false (a layer sharing an earlier layer's KV, Gemma 4), qkv holds only the
+// queries, [rows, n_heads * head_dim], and `layer`'s KV (written by this step's earlier layer)
+// is only read.
 mx::array paged_attention(const mx::array& qkv, std::shared_ptr<const AttentionBatch> batch,
-                          int layer, AttentionShape shape, std::shared_ptr<const Rope> rope);
+                          int layer, AttentionShape shape, std::shared_ptr<const Rope> rope,
+                          bool write_kv = true);
 
 }  // namespace llmd

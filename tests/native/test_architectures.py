@@ -38,8 +38,8 @@ from .tiny_models import (
 native = pytest.importorskip("llmd._engine")
 
 FIXTURES = Path(__file__).parents[1] / "fixtures"
-ARCHS = ["qwen2", "qwen3", "gemma3_text", "qwen3_5_moe_text"]
-GGUF_ARCHS = ["qwen2", "qwen3", "gemma3_text"]  # Qwen3.5-MoE: safetensors only
+ARCHS = ["qwen2", "qwen3", "gemma3_text", "qwen3_5_moe_text", "gemma4_text", "gemma4_moe"]
+GGUF_ARCHS = ["qwen2", "qwen3", "gemma3_text"]  # Qwen3.5-MoE and Gemma 4: safetensors only
 BACKENDS = ["cpu", "mlx-cpu"]
 TIGHT = 1e-4
 Q8_BOUND = 8e-2
@@ -71,6 +71,11 @@ def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return {arch: root / arch for arch in ARCHS}
 
 
+def _arch_name(arch: str) -> str:
+    """What the engine reports: the config's model_type without `_text`."""
+    return str(CONFIGS[arch]["model_type"]).removesuffix("_text")
+
+
 def _max_rel(ours: np.ndarray, ref: np.ndarray) -> float:
     return float(np.abs(ours - ref).max() / np.abs(ref).max())
 
@@ -82,7 +87,7 @@ def test_safetensors_logits_match_transformers(checkpoints, arch: str, backend: 
     one chunk, give transformers' logits."""
     ref = np.array(_fixture(arch)["logits"], dtype=np.float32)
     engine = _engine(checkpoints[arch], backend)
-    assert engine.info()["architecture"] == arch.removesuffix("_text")
+    assert engine.info()["architecture"] == _arch_name(arch)
     stepped = engine.score(TOKENS, 1)[: len(TOKENS)]
     assert _max_rel(stepped, ref) < TIGHT, np.abs(stepped - ref).max()
     first = 12  # positions 0..10 in one prefill chunk, then one position per step
@@ -194,14 +199,15 @@ def test_greedy_matches_transformers_and_interleaving_does_not_bleed(
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_sliding_layers_keep_only_their_window(checkpoints, backend: str) -> None:  # type: ignore[no-untyped-def]
-    """Gemma 3's sliding layers (window 5) free the KV of blocks behind their window: a
-    300-token sequence still gives transformers' logits at its end; two long sequences run
-    together (each reusing window memory the other freed) give their solo tokens while the
-    window parts kept stay bounded by the window, not the length; and a session's next turn
-    still reuses the KV its window needs."""
-    path = checkpoints["gemma3_text"]
-    ref = np.array(_fixture("gemma3_text")["long_logits"], dtype=np.float32)
+@pytest.mark.parametrize("arch", ["gemma3_text", "gemma4_text", "gemma4_moe"])
+def test_sliding_layers_keep_only_their_window(checkpoints, arch: str, backend: str) -> None:  # type: ignore[no-untyped-def]
+    """Sliding layers (window 5) free the KV of blocks behind their window: a 300-token
+    sequence still gives transformers' logits at its end; two long sequences run together
+    (each reusing window memory the other freed) give their solo tokens while the window parts
+    kept stay bounded by the window, not the length; and a session's next turn still reuses
+    the KV its window needs."""
+    path = checkpoints[arch]
+    ref = np.array(_fixture(arch)["long_logits"], dtype=np.float32)
     engine = _engine(path, backend, context_length=1024, step_token_budget=64)
     n = len(LONG_TOKENS)
     stepped = engine.score(LONG_TOKENS, n - LONG_SCORED + 1)[:LONG_SCORED]
@@ -284,7 +290,7 @@ def test_worker_serves_a_hugging_face_directory(tmp_path: Path, arch: str) -> No
         assert proc.stdin and proc.stdout
         ready = json.loads(proc.stdout.readline())
         assert ready["type"] == "ready", ready
-        assert ready["model"]["architecture"] == arch.removesuffix("_text")
+        assert ready["model"]["architecture"] == _arch_name(arch)
         proc.stdin.write((json.dumps(request) + "\n").encode())
         proc.stdin.flush()
         tokens: list[int] = []
@@ -326,3 +332,55 @@ def test_gemma3_text_inside_a_multimodal_checkpoint(tmp_path: Path, layout: str)
 
     _tiny_tokenizer(tmp_path, text["vocab_size"])
     assert load_text_model(tmp_path).context_length == text["max_position_embeddings"]
+
+
+def test_gemma4_text_inside_a_multimodal_checkpoint(tmp_path: Path) -> None:
+    """A Gemma4ForConditionalGeneration directory (transformers 5 names: the language model
+    under model.language_model., a vision tower beside it, the head tied by default unless the
+    outer config says otherwise) serves its text model on both backends."""
+    tensors = {
+        ("model.language_model." + k.removeprefix("model.") if k.startswith("model.") else k): v
+        for k, v in weights("gemma4_text").items()
+    }
+    tensors["model.vision_tower.encoder.layers.0.mlp.gate_proj.linear.weight"] = np.ones(
+        (8, 8), dtype=np.float32
+    )
+    write_safetensors(tmp_path / "model.safetensors", tensors)
+    text = {k: v for k, v in CONFIGS["gemma4_text"].items() if k != "tie_word_embeddings"}
+    config = {
+        "model_type": "gemma4",
+        "architectures": ["Gemma4ForConditionalGeneration"],
+        "text_config": text,
+        "vision_config": {"model_type": "gemma4_vision", "hidden_size": 8},
+        "tie_word_embeddings": False,
+    }
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    ref = np.array(_fixture("gemma4_text")["logits"], dtype=np.float32)
+    for backend in BACKENDS:
+        engine = _engine(tmp_path, backend)
+        assert engine.info()["architecture"] == "gemma4"
+        assert _max_rel(engine.score(TOKENS, 1)[: len(TOKENS)], ref) < TIGHT
+
+
+def test_gemma4_kv_groups_of_different_shapes(checkpoints) -> None:  # type: ignore[no-untyped-def]
+    """Gemma 4's KV pool holds each layer's own shape: sliding layers 2 heads x 16, full ones
+    1 x 32, and the KV-shared layers nothing, so a block is the sum over the storing layers."""
+    engine = _engine(checkpoints["gemma4_text"], "cpu")
+    run_all(engine, {"g": {"prompt": TOKENS, "max_tokens": 2}})  # 22 positions: one block
+    per_token = 2 * (2 * 16 + 2 * 16 + 1 * 32) * 4  # layers 0, 1 (sliding), 2 (full); f32
+    assert engine.stats()["kv_bytes"] == 64 * per_token
+
+
+def test_gemma4_gguf_is_refused_with_a_clear_error(tmp_path: Path) -> None:
+    from gguf import GGUFWriter
+
+    path = tmp_path / "gemma4.gguf"
+    w = GGUFWriter(str(path), "gemma4")
+    w.add_block_count(1)
+    w.add_tensor("token_embd.weight", np.zeros((4, 16), dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(Exception, match="gemma4 GGUF files are not supported"):
+        _engine(path, "cpu")

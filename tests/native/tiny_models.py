@@ -100,6 +100,77 @@ CONFIGS: dict[str, dict] = {
         "shared_expert_intermediate_size": 48,
         "tie_word_embeddings": False,
     },
+    # Gemma 4 text with every dense layer kind: sliding layers (window 5, head_dim 16, 2 KV
+    # heads, default rope) and full ones (head_dim 32, 1 KV head, keys = values, proportional
+    # rope rotating a quarter of the frequencies); per-layer input embeddings; the last two
+    # layers (one of each type) read the KV of layers 1 and 2 and have double-wide MLPs; each
+    # layer's output scaled by its layer_scalar; final soft-capping. Untied (see Gemma 3).
+    "gemma4_text": {
+        **_BASE,
+        "model_type": "gemma4_text",
+        "architectures": ["Gemma4ForCausalLM"],
+        "num_hidden_layers": 5,
+        "head_dim": 16,
+        "global_head_dim": 32,
+        "num_global_key_value_heads": 1,
+        "attention_k_eq_v": True,
+        "rms_norm_eps": 1e-6,
+        "sliding_window": 5,
+        "layer_types": [
+            "sliding_attention",
+            "sliding_attention",
+            "full_attention",
+            "sliding_attention",
+            "full_attention",
+        ],
+        "rope_parameters": {
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+            "full_attention": {
+                "rope_type": "proportional",
+                "partial_rotary_factor": 0.25,
+                "rope_theta": 1000000.0,
+            },
+        },
+        "num_kv_shared_layers": 2,
+        "use_double_wide_mlp": True,
+        "hidden_size_per_layer_input": 8,
+        "vocab_size_per_layer_input": 128,
+        "enable_moe_block": False,
+        "final_logit_softcapping": 5.0,
+        "hidden_activation": "gelu_pytorch_tanh",
+        "pad_token_id": 0,
+        "tie_word_embeddings": False,
+    },
+    # Gemma 4 with the MoE block (4 experts, top 2, beside the dense MLP in every layer), no
+    # per-layer inputs, no KV sharing, separate values on the full layer, whose shape (head_dim
+    # 32, 1 KV head) comes as transformers 5.23 serialises it (per_layer_config), default rope
+    # on both layer types, no soft-capping.
+    "gemma4_moe": {
+        **_BASE,
+        "model_type": "gemma4_text",
+        "architectures": ["Gemma4ForCausalLM"],
+        "num_hidden_layers": 3,
+        "head_dim": 16,
+        "per_layer_config": {"2": {"head_dim": 32, "num_key_value_heads": 1}},
+        "attention_k_eq_v": False,
+        "rms_norm_eps": 1e-6,
+        "sliding_window": 5,
+        "layer_types": ["sliding_attention", "sliding_attention", "full_attention"],
+        "rope_parameters": {
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+            "full_attention": {"rope_type": "default", "rope_theta": 1000000.0},
+        },
+        "num_kv_shared_layers": 0,
+        "hidden_size_per_layer_input": 0,
+        "enable_moe_block": True,
+        "num_experts": 4,
+        "top_k_experts": 2,
+        "moe_intermediate_size": 32,
+        "final_logit_softcapping": None,
+        "hidden_activation": "gelu_pytorch_tanh",
+        "pad_token_id": 0,
+        "tie_word_embeddings": False,
+    },
 }
 
 # Token ids every architecture is scored on: longer than Gemma's window, so windowing shows.
@@ -127,6 +198,8 @@ def weights(arch: str, seed: int = 0) -> dict[str, np.ndarray]:
         return _qwen3_5_moe_weights(seed)
     c = CONFIGS[arch]
     rng = np.random.default_rng(seed)
+    if c["model_type"] == "gemma4_text":
+        return {k: bf16_round(x.astype(np.float32)) for k, x in _gemma4_weights(c, rng).items()}
     h, f, v = c["hidden_size"], c["intermediate_size"], c["vocab_size"]
     nh, nkv = c["num_attention_heads"], c["num_key_value_heads"]
     hd = c.get("head_dim", h // nh)
@@ -220,6 +293,85 @@ def _qwen3_5_moe_weights(seed: int) -> dict[str, np.ndarray]:
         w[m + "shared_expert.down_proj.weight"] = mat(h, fs)
         w[m + "shared_expert_gate.weight"] = mat(1, h, scale=0.3)
     return {k: bf16_round(x.astype(np.float32)) for k, x in w.items()}
+
+
+def gemma4_layer_shapes(c: dict) -> list[tuple[int, int, bool, int]]:
+    """(head_dim, kv heads, KV-shared, MLP width) of each layer of a Gemma 4 text config."""
+    n = c["num_hidden_layers"]
+    types = c["layer_types"]
+    first_shared = n - c.get("num_kv_shared_layers", 0)
+    full = (c.get("global_head_dim", 512), c["num_key_value_heads"])
+    if c.get("attention_k_eq_v") and c.get("num_global_key_value_heads"):
+        full = (full[0], c["num_global_key_value_heads"])
+    plc = {int(k): v for k, v in c.get("per_layer_config", {}).items()}
+    out = []
+    for i in range(n):
+        hd, kv = (
+            (c["head_dim"], c["num_key_value_heads"]) if types[i] == "sliding_attention" else full
+        )
+        if plc:
+            o = plc.get(i, {})
+            hd = o.get("head_dim", c["head_dim"])
+            kv = o.get("num_key_value_heads", c["num_key_value_heads"])
+        shared = i >= first_shared
+        wide = 2 if shared and c.get("use_double_wide_mlp") else 1
+        out.append((hd, kv, shared, c["intermediate_size"] * wide))
+    return out
+
+
+def _gemma4_weights(c: dict, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    h, v, nh = c["hidden_size"], c["vocab_size"], c["num_attention_heads"]
+    n = c["num_hidden_layers"]
+    P = c.get("hidden_size_per_layer_input", 0)
+
+    def norm(size: int) -> np.ndarray:  # Gemma4RMSNorm multiplies by w
+        return 1 + 0.1 * rng.normal(size=size)
+
+    w: dict[str, np.ndarray] = {
+        "model.embed_tokens.weight": rng.normal(0, h**-0.5, (v, h)),
+        "model.norm.weight": norm(h),
+    }
+    if not c["tie_word_embeddings"]:
+        w["lm_head.weight"] = rng.normal(0, 0.2, (v, h))
+    if P:
+        w["model.embed_tokens_per_layer.weight"] = rng.normal(
+            0, P**-0.5, (c["vocab_size_per_layer_input"], n * P)
+        )
+        w["model.per_layer_model_projection.weight"] = rng.normal(0, 0.15, (n * P, h))
+        w["model.per_layer_projection_norm.weight"] = norm(P)
+    for i, (hd, kv, shared, f) in enumerate(gemma4_layer_shapes(c)):
+        p = f"model.layers.{i}."
+        a = p + "self_attn."
+        full = c["layer_types"][i] == "full_attention"
+        for name in ("input", "post_attention", "pre_feedforward", "post_feedforward"):
+            w[f"{p}{name}_layernorm.weight"] = norm(h)
+        w[p + "layer_scalar"] = rng.uniform(0.5, 1.5, 1)
+        w[a + "q_proj.weight"] = rng.normal(0, 0.15, (nh * hd, h))
+        w[a + "q_norm.weight"] = norm(hd)
+        if not shared:
+            w[a + "k_proj.weight"] = rng.normal(0, 0.15, (kv * hd, h))
+            w[a + "k_norm.weight"] = norm(hd)
+            if not (full and c.get("attention_k_eq_v")):
+                w[a + "v_proj.weight"] = rng.normal(0, 0.15, (kv * hd, h))
+        w[a + "o_proj.weight"] = rng.normal(0, 0.15, (h, nh * hd))
+        w[p + "mlp.gate_proj.weight"] = rng.normal(0, 0.15, (f, h))
+        w[p + "mlp.up_proj.weight"] = rng.normal(0, 0.15, (f, h))
+        w[p + "mlp.down_proj.weight"] = rng.normal(0, 0.15, (h, f))
+        if P:
+            w[p + "per_layer_input_gate.weight"] = rng.normal(0, 0.3, (P, h))
+            w[p + "per_layer_projection.weight"] = rng.normal(0, 0.3, (h, P))
+            w[p + "post_per_layer_input_norm.weight"] = norm(h)
+        if c.get("enable_moe_block"):
+            e, mi = c["num_experts"], c["moe_intermediate_size"]
+            w[p + "router.proj.weight"] = rng.normal(0, 1.0, (e, h))
+            w[p + "router.scale"] = norm(h)
+            w[p + "router.per_expert_scale"] = 1 + 0.2 * rng.normal(size=e)
+            w[p + "experts.gate_up_proj"] = rng.normal(0, 0.15, (e, 2 * mi, h))
+            w[p + "experts.down_proj"] = rng.normal(0, 0.15, (e, h, mi))
+            w[p + "post_feedforward_layernorm_1.weight"] = norm(h)
+            w[p + "pre_feedforward_layernorm_2.weight"] = norm(h)
+            w[p + "post_feedforward_layernorm_2.weight"] = norm(h)
+    return w
 
 
 def write_safetensors(path: Path, tensors: dict[str, np.ndarray]) -> None:

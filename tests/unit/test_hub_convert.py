@@ -15,7 +15,7 @@ from gguf.quants import dequantize, quantize
 
 from llmd.convert import ConversionError, convert_gguf, plan_conversion
 from llmd.gguf_layout import Truncated, parse_layout, read_layout
-from llmd.install import check_gguf
+from llmd.install import check_gguf, check_hf_config
 from llmd.store import UnsupportedModel
 
 RNG = np.random.default_rng(7)
@@ -135,6 +135,15 @@ def test_native_files_need_no_conversion_and_others_are_refused(tmp_path: Path) 
     make_gguf(mamba, arch="mamba")
     with pytest.raises(UnsupportedModel, match="'mamba' model; llmd's engine runs llama"):
         check_gguf(read_layout(mamba), "hf.co/x/y")
+
+    # Gemma 4 runs from safetensors only: its GGUFs are refused, its configs accepted
+    gemma4 = tmp_path / "gemma4.gguf"
+    make_gguf(gemma4, arch="gemma4")
+    with pytest.raises(UnsupportedModel, match="'gemma4' GGUF; llmd runs gemma4 models from"):
+        check_gguf(read_layout(gemma4), "hf.co/x/y")
+    text = {"model_type": "gemma4_text"}
+    assert check_hf_config({"model_type": "gemma4", "text_config": text}, "x") == "gemma4"
+    assert check_hf_config(text, "x") == "gemma4_text"
 
     # an integer tensor is no weight llmd can run or convert
     data = bytearray(path.read_bytes())

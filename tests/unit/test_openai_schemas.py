@@ -46,7 +46,7 @@ def test_harmless_parameters_are_accepted(extra: dict[str, Any]) -> None:
 @pytest.mark.parametrize(
     "extra,param",
     [
-        ({"reasoning_effort": "low"}, "reasoning_effort"),
+        ({"verbosity": "low"}, "verbosity"),
     ],
 )
 def test_output_changing_parameters_are_not_supported_yet(

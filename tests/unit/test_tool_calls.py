@@ -221,13 +221,15 @@ def test_hermes_holds_back_only_a_possible_marker() -> None:
     assert parser.flush() == []
 
 
-@pytest.mark.parametrize("family", ["hermes", "llama3", "mistral", "gemma"])
+@pytest.mark.parametrize("family", ["hermes", "llama3", "mistral", "gemma", "gemma4"])
 def test_pathological_nesting_is_text_not_an_exception(family: str) -> None:
     deep = "[" * 100_000
     opener = {"hermes": "<tool_call>", "llama3": "", "mistral": "[TOOL_CALLS]", "gemma": ""}
-    output = opener[family] + '{"name": "now", "arguments": ' + deep
+    output = opener.get(family, "") + '{"name": "now", "arguments": ' + deep
     if family == "gemma":
         output = "```tool_code\nnow(a=" + deep + ")\n```"
+    if family == "gemma4":
+        output = "<|tool_call>call:now{a:" + deep + "}<tool_call|>"
     content, calls = ToolParserFactory(family).parse(output, NAMES)
     assert (content, calls) == (output, [])
     history = [
@@ -460,6 +462,101 @@ def test_gemma(output: str, content: str | None, calls: list[tuple[str, str]]) -
     _check("gemma", output, content, calls)
 
 
+# -- Gemma 4 (<|tool_call>call:name{...}<tool_call|>) ---------------------------------------
+
+Q = '<|"|>'  # Gemma 4's string quote token
+G4_WEATHER = f"<|tool_call>call:get_weather{{city:{Q}Paris{Q},days:2}}<tool_call|>"
+
+GEMMA4_CASES = [
+    pytest.param(G4_WEATHER, None, [("get_weather", WEATHER_ARGS)], id="one"),
+    pytest.param(
+        f"Let me check.\n{G4_WEATHER}\n",
+        "Let me check.",
+        [("get_weather", WEATHER_ARGS)],
+        id="content-before",
+    ),
+    pytest.param(
+        f"{G4_WEATHER}<|tool_call>call:now{{}}<tool_call|>",
+        None,
+        [("get_weather", WEATHER_ARGS), ("now", "{}")],
+        id="parallel",
+    ),
+    pytest.param(
+        f"<|tool_call>call:get_weather{{city:{Q}Paris{Q},days:2}}call:now{{}}<tool_call|>",
+        None,
+        [("get_weather", WEATHER_ARGS), ("now", "{}")],
+        id="two-in-one-block",
+    ),
+    pytest.param(
+        f'<|tool_call>call:get_weather{{city:{Q}Paris, {{"x"}}: [1]{Q},'
+        f"opts:{{a:[1,-2.5e1,null,false,{Q}{Q}],{Q}b c{Q}:{{}}}}}}<tool_call|>",
+        None,
+        [
+            (
+                "get_weather",
+                '{"city": "Paris, {\\"x\\"}: [1]", "opts": {"a": [1, -25.0, null, false, ""], '
+                '"b c": {}}}',
+            )
+        ],
+        id="nested-values-and-braces-in-strings",
+    ),
+    pytest.param("<|tool_call>call:now{}", None, [("now", "{}")], id="unterminated-but-complete"),
+    pytest.param(
+        "<|tool_call>call:launch_rockets{}<tool_call|>",
+        "<|tool_call>call:launch_rockets{}<tool_call|>",
+        [],
+        id="unknown-function-is-text",
+    ),
+    pytest.param(
+        "<|tool_call>call:get_weather{city:Paris}<tool_call|>",
+        "<|tool_call>call:get_weather{city:Paris}<tool_call|>",
+        [],
+        id="bare-word-value-is-text",
+    ),
+    pytest.param(
+        f"<|tool_call>get_weather{{city:{Q}Paris{Q}}}<tool_call|> ok",
+        f"<|tool_call>get_weather{{city:{Q}Paris{Q}}}<tool_call|> ok",
+        [],
+        id="no-call-prefix-is-text",
+    ),
+]
+
+
+@pytest.mark.parametrize(("output", "content", "calls"), GEMMA4_CASES)
+def test_gemma4(output: str, content: str | None, calls: list[tuple[str, str]]) -> None:
+    _check("gemma4", output, content, calls)
+
+
+def test_gemma4_calls_rendered_by_a_gemma4_style_template_parse_back() -> None:
+    """A call as a Gemma 4-style template writes an assistant turn's tool_calls (string
+    arguments between quote tokens, others bare) is parsed back to the same arguments."""
+    template = (
+        '{%- macro v(x) -%}{%- if x is string -%}<|"|>{{ x }}<|"|>'
+        "{%- elif x is mapping -%}{{ '{' }}{%- for k, y in x | dictsort -%}{{ k }}:{{ v(y) }}"
+        "{%- if not loop.last %},{% endif -%}{%- endfor -%}{{ '}' }}"
+        "{%- elif x is sequence -%}[{%- for y in x -%}{{ v(y) }}{%- if not loop.last %},"
+        "{% endif -%}{%- endfor -%}]"
+        "{%- else -%}{{ x | tojson }}{%- endif -%}{%- endmacro -%}"
+        "{%- for m in messages -%}{%- for c in m.tool_calls -%}"
+        "<|tool_call>call:{{ c.function.name }}{{ v(c.function.arguments) }}<tool_call|>"
+        "{%- endfor -%}{%- endfor -%}"
+    )
+    args = {"city": "Paris", "days": 2, "metric": True, "opts": {"at": [9, 17.5], "tz": None}}
+    history = [
+        {
+            "role": "assistant",
+            "tool_calls": [{"function": {"name": "get_weather", "arguments": args}}],
+        }
+    ]
+    rendered = render_chat(
+        template, history, bos_token="<bos>", eos_token="<eos>", add_generation_prompt=False
+    )
+    assert rendered.startswith(f"<|tool_call>call:get_weather{{city:{Q}Paris{Q},days:2,")
+    content, calls = ToolParserFactory("gemma4").parse(rendered, NAMES)
+    assert content is None
+    assert [(c.name, json.loads(c.arguments)) for c in calls] == [("get_weather", args)]
+
+
 # -- reasoning + tools, as the server chains them ------------------------------------------
 
 
@@ -510,6 +607,14 @@ GEMMA3_TEMPLATE = (
     "message.content + '<end_of_turn>\\n' }}{%- endfor %}"
     "{%- if add_generation_prompt %}{{ '<start_of_turn>model\\n' }}{%- endif %}"
 )
+# The tool parts of a Gemma 4-style template (abbreviated: declarations and calls).
+GEMMA4_TEMPLATE = (
+    "{%- if tools %}<|turn>system\n{%- for t in tools %}<|tool>declaration:"
+    "{{ t.function.name }}<tool|>{%- endfor %}<turn|>\n{%- endif %}"
+    "{%- for m in messages %}<|turn>{{ m.role }}\n{%- if m.tool_calls %}"
+    "{%- for c in m.tool_calls %}<|tool_call>call:{{ c.function.name }}{}<tool_call|>"
+    "{%- endfor %}{%- else %}{{ m.content }}{%- endif %}<turn|>\n{%- endfor %}"
+)
 CHATML_TEMPLATE = (
     "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + "
     "message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}"
@@ -525,6 +630,8 @@ CHATML_TEMPLATE = (
         (MISTRAL_V11_TEMPLATE, "mistral", "mistral_v11", True),
         (MISTRAL_V3_TEMPLATE, "mistral", "mistral", True),
         (GEMMA3_TEMPLATE, "gemma3", "gemma", False),  # Gemma 3 has no tool template
+        (GEMMA4_TEMPLATE, "gemma4", "gemma4", True),
+        (None, "gemma4", "hermes", False),  # no template: llmd's fallback prompt
         (CHATML_TEMPLATE, "llama", "hermes", False),  # SmolLM2: llmd's fallback, not Llama 3
         ("{% for t in tools %}{{ t.name }}{% endfor %}", "qwen2", "hermes", True),
         ("{% for t in tools %}{{ t.name }}{% endfor %}", "llama", "llama3", True),
@@ -550,6 +657,7 @@ def test_visible_tokens_name_the_markers_a_detokenizer_must_not_hide() -> None:
     assert ToolParserFactory("mistral").visible_tokens == ("[TOOL_CALLS]",)
     assert "<|python_tag|>" in ToolParserFactory("llama3").visible_tokens
     assert ToolParserFactory("gemma").visible_tokens == ()
+    assert ToolParserFactory("gemma4").visible_tokens == ("<|tool_call>", "<tool_call|>", Q)
 
 
 def test_template_handles_tools_reads_the_syntax_tree() -> None:
@@ -790,6 +898,11 @@ FAMILY_TEXTS = {
         '[TOOL_CALLS]get_weather[ARGS]{"city": "Paris", "days": 2}',
         '[TOOL_CALLS]weather[ARGS]{"city": "Paris"}',
         '[TOOL_CALLS]get_weather[ARGS]{"city": "Paris", "metric": "yes"}',
+    ),
+    "gemma4": (
+        G4_WEATHER,
+        f"<|tool_call>call:weather{{city:{Q}Paris{Q}}}<tool_call|>",
+        "<|tool_call>call:get_weather{days:2}<tool_call|>",  # city is required
     ),
     "gemma": (
         '```tool_code\nget_weather(city="Paris", days=2)\n```',

@@ -20,6 +20,7 @@ from .calls import (
 )
 from .grammar import grammar_error, marker_token_ids, tool_call_grammar
 from .parsers import (
+    Gemma4Parser,
     GemmaParser,
     HermesParser,
     Llama3JsonParser,
@@ -38,6 +39,7 @@ from .specs import FunctionSpec, ToolChoice, ToolSpecError, function_specs, reso
 __all__ = [
     "ContentDelta",
     "FunctionSpec",
+    "Gemma4Parser",
     "GemmaParser",
     "HermesParser",
     "Llama3JsonParser",

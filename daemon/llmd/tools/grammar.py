@@ -32,6 +32,7 @@ _MARKERS = {
     "mistral_v11": ("[TOOL_CALLS]", "[ARGS]"),
     "llama3": (),
     "gemma": (),
+    "gemma4": ("<|tool_call>", "<tool_call|>", '<|"|>'),
 }
 
 
@@ -166,16 +167,17 @@ def _value_schema(prop: Any, parameters: dict[str, Any]) -> dict[str, Any]:
     return _closed(schema)
 
 
-def _gemma_call(g: _Lark, i: int, spec: FunctionSpec) -> str:
-    """``name(a=<json>, b=<json>)``: properties in schema order, required ones mandatory."""
+def _ordered_args(
+    g: _Lark, tag: str, spec: FunctionSpec, item: Callable[[str, dict[str, Any]], str], sep: str
+) -> str:
+    """Keyword arguments in schema order, `sep` between them, required ones mandatory: the
+    rule for all of them ("" when the function takes none). `item(name, schema)` is the body
+    of one argument."""
     props = spec.parameters.get("properties") or {}
     required = set(spec.parameters.get("required") or [])
     names = list(props)
     items = [
-        g.rule(
-            f"g{i}_arg{k}",
-            f"{g.lit(name + '=')} {_json(_value_schema(props[name], spec.parameters))}",
-        )
+        g.rule(f"{tag}_arg{k}", item(name, _value_schema(props[name], spec.parameters)))
         for k, name in enumerate(names)
     ]
     # tail(k): the arguments from k on, after one was written; head(k): before any was.
@@ -184,15 +186,23 @@ def _gemma_call(g: _Lark, i: int, spec: FunctionSpec) -> str:
     for k in range(len(names) - 1, -1, -1):
         rest = f" {tail[k + 1]}" if tail[k + 1] else ""
         if names[k] in required:
-            tail[k] = g.rule(f"g{i}_t{k}", f'", " {items[k]}{rest}')
-            head[k] = g.rule(f"g{i}_h{k}", f"{items[k]}{rest}")
+            tail[k] = g.rule(f"{tag}_t{k}", f"{sep} {items[k]}{rest}")
+            head[k] = g.rule(f"{tag}_h{k}", f"{items[k]}{rest}")
         else:
-            tail[k] = g.rule(f"g{i}_t{k}", f'(", " {items[k]})?{rest}')
+            tail[k] = g.rule(f"{tag}_t{k}", f"({sep} {items[k]})?{rest}")
             first = f"{items[k]}{rest}"
             head[k] = g.rule(
-                f"g{i}_h{k}", f"{first} | {head[k + 1]}" if head[k + 1] else f"({first})?"
+                f"{tag}_h{k}", f"{first} | {head[k + 1]}" if head[k + 1] else f"({first})?"
             )
-    args = f" {head[0]}" if head and head[0] else ""
+    return head[0] if head else ""
+
+
+def _gemma_call(g: _Lark, i: int, spec: FunctionSpec) -> str:
+    """``name(a=<json>, b=<json>)``: properties in schema order, required ones mandatory."""
+    args = _ordered_args(
+        g, f"g{i}", spec, lambda name, schema: f"{g.lit(name + '=')} {_json(schema)}", '", "'
+    )
+    args = f" {args}" if args else ""
     return g.rule(f"call{i}", f'{g.lit(spec.name + "(")}{args} ")"')
 
 
@@ -200,6 +210,63 @@ def _gemma(g: _Lark, specs: Sequence[FunctionSpec], parallel: bool) -> str:
     one = g.rule("call", " | ".join(_gemma_call(g, i, s) for i, s in enumerate(specs)))
     calls = f'{one} ("\\n" {one})*' if parallel else one
     return f'"```tool_code\\n" {calls} "\\n```"'
+
+
+_G4_QUOTE = '<|"|>'
+
+
+def _gemma4_generic(g: _Lark) -> str:
+    """Any value of Gemma 4's call syntax (for arguments whose schema is not a plain
+    scalar): strings between quote tokens, bare-key objects, arrays, numbers, literals."""
+    q = g.lit(_G4_QUOTE)
+    if _G4_QUOTE in g.special:
+        text = g.rule("g4_text", f"/(.|\\n)*/ {q}")
+    else:
+        text = g.rule("g4_text", r'/(.|\n)*<\|"\|>/', "[lazy]")
+    g.rule("g4_string", f"{q} {text}")
+    g.rule("g4_int", r"/-?(0|[1-9][0-9]*)/")
+    g.rule("g4_number", r"/-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?/")
+    g.rule("g4_bool", '"true" | "false"')
+    g.rule("g4_pair", r'/[A-Za-z0-9_.$\-]+/ ":" g4_value')
+    g.rule("g4_object", '"{" (g4_pair ("," g4_pair)*)? "}"')
+    g.rule("g4_array", '"[" (g4_value ("," g4_value)*)? "]"')
+    return g.rule("g4_value", 'g4_string | g4_number | g4_bool | "null" | g4_object | g4_array')
+
+
+def _gemma4_typed(schema: dict[str, Any], g: _Lark) -> str:
+    """The value rule for one argument: scalars and string enums by their schema, anything
+    else as a generic value (its inner structure is checked by the parser, not forced)."""
+    enum = schema.get("enum")
+    if isinstance(enum, list) and enum and all(isinstance(v, str) for v in enum):
+        q = g.lit(_G4_QUOTE)
+        return "(" + " | ".join(f"{q} {g.lit(v)} {q}" for v in enum) + ")"
+    kind = schema.get("type")
+    return {
+        "string": "g4_string",
+        "integer": "g4_int",
+        "number": "g4_number",
+        "boolean": "g4_bool",
+        "null": '"null"',
+    }.get(kind if isinstance(kind, str) else "", "g4_value")
+
+
+def _gemma4(g: _Lark, specs: Sequence[FunctionSpec], parallel: bool) -> str:
+    """``<|tool_call>call:name{key:value,...}<tool_call|>`` per call."""
+    _gemma4_generic(g)
+    alts = []
+    for i, s in enumerate(specs):
+        args = _ordered_args(
+            g,
+            f"g4c{i}",
+            s,
+            lambda name, schema: f"{g.lit(name + ':')} {_gemma4_typed(schema, g)}",
+            '","',
+        )
+        inner = f" {args}" if args else ""
+        alts.append(g.rule(f"call{i}", f'{g.lit("call:" + s.name + "{")}{inner} "}}"'))
+    body = g.rule("call_body", " | ".join(alts))
+    one = g.rule("call", f"{g.lit('<|tool_call>')} {body} {g.lit('<tool_call|>')}")
+    return f"{one}+" if parallel else one
 
 
 def _think_rest(g: _Lark) -> str:
@@ -216,6 +283,7 @@ _FAMILIES = {
     "mistral": _mistral,
     "mistral_v11": _mistral_v11,
     "gemma": _gemma,
+    "gemma4": _gemma4,
 }
 
 

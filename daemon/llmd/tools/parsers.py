@@ -46,6 +46,7 @@ HERMES_OPEN, HERMES_CLOSE = "<tool_call>", "</tool_call>"
 LLAMA3_PYTHON_TAG = "<|python_tag|>"
 MISTRAL_TOOL_CALLS, MISTRAL_ARGS, MISTRAL_CALL_ID = "[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"
 GEMMA_OPEN, GEMMA_CLOSE = "```tool_code", "```"
+GEMMA4_OPEN, GEMMA4_CLOSE, GEMMA4_QUOTE = "<|tool_call>", "<tool_call|>", '<|"|>'
 
 
 def call_from_json(obj: Any) -> tuple[str, dict[str, Any]] | None:
@@ -247,6 +248,108 @@ class GemmaParser(_DelimitedParser):
     def _parse_body(self, body: str) -> ParsedCalls | None:
         source = body.strip()
         return parse_python_calls(source) or calls_from_json_text(source)
+
+
+_GEMMA4_CALL = re.compile(r"\s*call:([A-Za-z0-9_.:\-]+?)\s*(?=\{)")
+_GEMMA4_BARE = re.compile(r"[A-Za-z0-9_.$\-]+")
+_GEMMA4_NUMBER = re.compile(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?")
+_GEMMA4_MAX_DEPTH = 64
+
+
+def _gemma4_value(text: str, pos: int, depth: int = 0) -> tuple[Any, int]:
+    """One value of Gemma 4's call syntax at `pos`: ``<|"|>string<|"|>``, ``{key:value,...}``
+    (keys bare or quoted), ``[value,...]``, a number, true/false/null; JSON strings are taken
+    too. Returns (value, end); raises ValueError where the text is no such value."""
+    if depth > _GEMMA4_MAX_DEPTH:
+        raise ValueError("nested too deeply")
+    pos = _skip_ws(text, pos)
+    if text.startswith(GEMMA4_QUOTE, pos):
+        end = text.find(GEMMA4_QUOTE, pos + len(GEMMA4_QUOTE))
+        if end < 0:
+            raise ValueError("unterminated string")
+        return text[pos + len(GEMMA4_QUOTE) : end], end + len(GEMMA4_QUOTE)
+    if text.startswith('"', pos):
+        return json.JSONDecoder().raw_decode(text, pos)
+    if text.startswith("{", pos):
+        obj: dict[str, Any] = {}
+        pos = _skip_ws(text, pos + 1)
+        if text.startswith("}", pos):
+            return obj, pos + 1
+        while True:
+            pos = _skip_ws(text, pos)
+            if text.startswith(GEMMA4_QUOTE, pos) or text.startswith('"', pos):
+                key, pos = _gemma4_value(text, pos, depth + 1)
+            else:
+                m = _GEMMA4_BARE.match(text, pos)
+                if m is None:
+                    raise ValueError("expected a key")
+                key, pos = m.group(0), m.end()
+            pos = _skip_ws(text, pos)
+            if not text.startswith(":", pos):
+                raise ValueError("expected ':'")
+            obj[key], pos = _gemma4_value(text, pos + 1, depth + 1)
+            pos = _skip_ws(text, pos)
+            if text.startswith(",", pos):
+                pos += 1
+            elif text.startswith("}", pos):
+                return obj, pos + 1
+            else:
+                raise ValueError("expected ',' or '}'")
+    if text.startswith("[", pos):
+        items: list[Any] = []
+        pos = _skip_ws(text, pos + 1)
+        if text.startswith("]", pos):
+            return items, pos + 1
+        while True:
+            item, pos = _gemma4_value(text, pos, depth + 1)
+            items.append(item)
+            pos = _skip_ws(text, pos)
+            if text.startswith(",", pos):
+                pos += 1
+            elif text.startswith("]", pos):
+                return items, pos + 1
+            else:
+                raise ValueError("expected ',' or ']'")
+    for word, value in (("true", True), ("false", False), ("null", None)):
+        if text.startswith(word, pos):
+            return value, pos + len(word)
+    m = _GEMMA4_NUMBER.match(text, pos)
+    if m is None:
+        raise ValueError("expected a value")
+    number = m.group(0)
+    return (float(number) if any(c in number for c in ".eE") else int(number)), m.end()
+
+
+def parse_gemma4_calls(body: str) -> ParsedCalls | None:
+    """``call:name{key:value,...}`` (one or more) as Gemma 4 writes inside ``<|tool_call>``."""
+    calls: ParsedCalls = []
+    pos = 0
+    while True:
+        pos = _skip_ws(body, pos)
+        if pos == len(body):
+            return calls or None
+        m = _GEMMA4_CALL.match(body, pos)
+        if m is None:
+            return None
+        try:
+            args, pos = _gemma4_value(body, m.end())
+        except _UNDECODABLE:
+            return None
+        if not isinstance(args, dict):
+            return None
+        calls.append((m.group(1), args))
+
+
+class Gemma4Parser(_DelimitedParser):
+    """Gemma 4's own tool tokens: ``<|tool_call>call:get_weather{city:<|"|>Paris<|"|>,days:2}
+    <tool_call|>`` (strings between ``<|"|>`` quote tokens, bare keys, nested objects and
+    arrays, bare numbers and booleans), one block per call, or several ``call:`` in one
+    block. The markers and the quote are special tokens: the detokenizer must show them."""
+
+    OPEN, CLOSE = GEMMA4_OPEN, GEMMA4_CLOSE
+
+    def _parse_body(self, body: str) -> ParsedCalls | None:
+        return parse_gemma4_calls(body)
 
 
 _MISTRAL_NAMED = re.compile(

@@ -3,7 +3,7 @@ fallback), and whether its template renders tools itself or needs llmd's fallbac
 
 Templates name their markup: Qwen/Hermes templates write ``<tool_call>``, Llama 3.1+
 templates the ``ipython`` role and ``<|python_tag|>``, Mistral templates ``[TOOL_CALLS]``,
-Gemma templates ``<start_of_turn>``. A template that ignores ``tools`` (SmolLM2's ChatML,
+Gemma 3 templates ``<start_of_turn>``, Gemma 4 templates ``<|tool_call>``. A template that ignores ``tools`` (SmolLM2's ChatML,
 Llama 3.0) gets llmd's fallback: a Hermes-style system block and ``<tool_call>`` parsing.
 """
 
@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from .calls import ToolCall
 from .parsers import (
+    Gemma4Parser,
     GemmaParser,
     HermesParser,
     Llama3JsonParser,
@@ -29,6 +30,7 @@ _PARSERS: dict[str, type[ToolCallParser]] = {
     "mistral": MistralParser,
     "mistral_v11": MistralParser,
     "gemma": GemmaParser,
+    "gemma4": Gemma4Parser,
 }
 _VISIBLE: dict[str, tuple[str, ...]] = {
     "hermes": ("<tool_call>", "</tool_call>"),
@@ -36,6 +38,7 @@ _VISIBLE: dict[str, tuple[str, ...]] = {
     "mistral": ("[TOOL_CALLS]",),
     "mistral_v11": ("[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"),
     "gemma": (),
+    "gemma4": ("<|tool_call>", "<tool_call|>", '<|"|>'),
 }
 # Catalog families (lowercased, matched as prefixes) -> markup family.
 _BY_CATALOG_FAMILY = (
@@ -45,6 +48,7 @@ _BY_CATALOG_FAMILY = (
     ("llama", "llama3"),
     ("mistral", "mistral"),
     ("mixtral", "mistral"),
+    ("gemma4", "gemma4"),
     ("gemma", "gemma"),
 )
 FALLBACK_FAMILY = "hermes"
@@ -55,7 +59,7 @@ class ToolParserFactory:
     """Makes a fresh parser per response for one markup family.
 
     `family`: hermes, llama3, mistral (JSON-list form), mistral_v11 (``name[ARGS]{...}``
-    form) or gemma; the grammar and prompt helpers take it too. `visible_tokens`: markers
+    form), gemma or gemma4; the grammar and prompt helpers take it too. `visible_tokens`: markers
     that are control tokens in some vocabularies (``[TOOL_CALLS]``, ``<|python_tag|>``); the
     detokenizer must not hide them while tools are on, or the parser never sees the call."""
 
@@ -87,6 +91,8 @@ def family_from_template(chat_template: str | None) -> str | None:
         return "mistral_v11" if "[ARGS]" in chat_template else "mistral"
     if "<|python_tag|>" in chat_template or "ipython" in chat_template:
         return "llama3"
+    if "<|tool_call>" in chat_template:
+        return "gemma4"
     if "<start_of_turn>" in chat_template:
         return "gemma"
     return None

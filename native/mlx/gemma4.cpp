@@ -1,0 +1,551 @@
+// Gemma 4 text decoder (Hugging Face `gemma4_text` / Gemma4ForCausalLM, the text half of the
+// multimodal `gemma4` / Gemma4ForConditionalGeneration), as transformers 5.23 defines it:
+// - embeddings scaled by sqrt(hidden); RMSNorm as x * w (not Gemma 3's 1 + w); sandwich norms
+//   around attention and the MLP; a GELU-tanh gated MLP; each layer's output times a stored
+//   `layer_scalar`; optional final logit soft-capping.
+// - attention with scale 1 (QK-norm does the scaling), values RMS-normalised without a weight;
+//   sliding-window layers (head_dim, num_key_value_heads, their own RoPE) and full layers with
+//   their own head size and KV-head count (global_head_dim / num_global_key_value_heads, or
+//   a transformers-5.23 `per_layer_config`), full layers optionally with keys = values
+//   (attention_k_eq_v: no v_proj) and "proportional" RoPE (only the first
+//   partial_rotary_factor of the frequencies rotate).
+// - per-layer input embeddings (PLE): a second token table [vocab, layers * P] plus a projection
+//   of the embeddings, combined per layer into a gated residual after the MLP.
+// - KV sharing: the last num_kv_shared_layers layers store no KV and attend over the KV of the
+//   last earlier layer of their own type (its keys are rotated with the same RoPE); with
+//   use_double_wide_mlp their MLP is twice as wide.
+// - an optional MoE block in every layer (enable_moe_block): a router (weightless RMSNorm, a
+//   per-feature scale, softmax, top-k, renormalised, times a per-expert scale) over experts
+//   stored as [E, 2I, H] / [E, H, I] tensors, its output normed and added to the dense MLP's.
+//
+// Every layer's KV has the layer's own shape in the pool (KvShape per-layer entries); sliding
+// layers keep only their window of KV, as Gemma 3's do (the pool's window parts). GGUF Gemma 4
+// files are refused (load_gemma4_gguf).
+#include <cmath>
+#include <map>
+#include <optional>
+#include <stdexcept>
+#include <tuple>
+
+#include "../core/op_profile.h"
+#include "architectures.h"
+#include "decoder.h"
+
+namespace llmd {
+
+namespace {
+
+struct Gemma4Config {
+  DecoderDims dims;  // n_kv_heads / head_dim: the sliding layers'
+  int global_head_dim = 0;
+  int global_kv_heads = 0;
+  int sliding_window = 0;
+  std::vector<bool> sliding;
+  std::vector<int> kv_source;  // the layer whose KV each layer attends over (itself unless shared)
+  bool k_eq_v = false;         // full layers: values are the key projection
+  int ple_dim = 0;             // hidden_size_per_layer_input (0: no per-layer inputs)
+  int ple_vocab = 0;
+  bool double_wide_mlp = false;
+  bool moe = false;
+  int n_experts = 0;
+  int top_k = 0;
+  int moe_ffn = 0;
+  float final_softcap = 0.f;
+
+  int head_dim(int l) const { return sliding[l] ? dims.head_dim : global_head_dim; }
+  int kv_heads(int l) const { return sliding[l] ? dims.n_kv_heads : global_kv_heads; }
+  bool shared(int l) const { return kv_source[l] != l; }
+};
+
+struct Layer {
+  mx::array attn_norm{0.f};
+  mx::array q_norm{0.f};
+  mx::array k_norm{0.f};
+  mx::array post_attn_norm{0.f};
+  mx::array ffn_norm{0.f};
+  mx::array post_ffn_norm{0.f};
+  mx::array scalar{1.f};
+  Linear qkv;  // q | k | v; q | k with keys = values; q only in a KV-shared layer
+  Linear wo;
+  Linear gate_up;  // gate rows then up rows
+  Linear down;
+  int ffn = 0;
+  // Per-layer input.
+  Linear ple_gate;
+  Linear ple_proj;
+  mx::array ple_norm{0.f};
+  // MoE block.
+  Linear router;
+  mx::array router_norm{0.f};       // router.scale * hidden^-0.5 (after a weightless RMSNorm)
+  mx::array expert_scale{0.f};      // [E] per_expert_scale
+  mx::array experts_gate_up{0.f};   // [E, H, 2I]
+  mx::array experts_down{0.f};      // [E, I, H]
+  mx::array post_ffn_norm_1{0.f};
+  mx::array pre_ffn_norm_2{0.f};
+  mx::array post_ffn_norm_2{0.f};
+};
+
+mx::array gelu_tanh(const mx::array& g) {
+  const float c = std::sqrt(2.f / static_cast<float>(M_PI));
+  mx::array cube = mx::multiply(mx::multiply(g, g), g);
+  mx::array inner = mx::multiply(mx::array(c), mx::add(g, mx::multiply(mx::array(0.044715f), cube)));
+  return mx::multiply(mx::multiply(mx::array(0.5f), g), mx::add(mx::array(1.f), mx::tanh(inner)));
+}
+
+// GELU-tanh of the gate half of the last axis times the up half.
+mx::array gelu_tanh_glu(const mx::array& gate_up, int ffn) {
+  const int axis = gate_up.ndim() - 1;
+  mx::Shape lo(gate_up.ndim(), 0), mid = gate_up.shape(), hi = gate_up.shape();
+  mid[axis] = ffn;
+  mx::array g = mx::slice(gate_up, lo, mid);
+  lo[axis] = ffn;
+  mx::array u = mx::slice(gate_up, lo, hi);
+  return mx::multiply(gelu_tanh(g), u);
+}
+
+// RMSNorm of each head of x [rows, heads * head_dim], with a weight [head_dim] or none.
+mx::array head_norm(const mx::array& x, const std::optional<mx::array>& weight, int heads, int head_dim, float eps) {
+  const int rows = x.shape(0);
+  return mx::reshape(mx::fast::rms_norm(mx::reshape(x, {rows, heads, head_dim}), weight, eps),
+                     {rows, heads * head_dim});
+}
+
+class Gemma4Model : public Model {
+ public:
+  Gemma4Model(Gemma4Config cfg, ModelInfo info, std::vector<Layer> layers, mx::array out_norm, Linear lm_head,
+              Embedding embed, Embedding ple_embed, Linear ple_model_proj, mx::array ple_proj_norm,
+              std::shared_ptr<const Rope> global_rope, std::shared_ptr<const Rope> local_rope, bool on_device)
+      : cfg_(std::move(cfg)), info_(std::move(info)), layers_(std::move(layers)), out_norm_(std::move(out_norm)),
+        lm_head_(std::move(lm_head)), embed_(std::move(embed)), ple_embed_(std::move(ple_embed)),
+        ple_model_proj_(std::move(ple_model_proj)), ple_proj_norm_(std::move(ple_proj_norm)),
+        global_rope_(std::move(global_rope)), local_rope_(std::move(local_rope)), device_(on_device) {}
+
+  const ModelInfo& info() const override { return info_; }
+  ModelInfo& mutable_info() override { return info_; }
+
+  KvShape kv_shape() const override {
+    KvShape s = decoder_kv_shape(cfg_.dims, device_.on_device());
+    for (int l = 0; l < cfg_.dims.n_layers; ++l) {
+      s.layer_kv_heads.push_back(cfg_.shared(l) ? 0 : cfg_.kv_heads(l));
+      s.layer_head_dim.push_back(cfg_.head_dim(l));
+    }
+    // Sliding layers (and the shared ones reading them) keep only their window of KV.
+    s.window = cfg_.sliding_window;
+    s.windowed = cfg_.sliding;
+    return s;
+  }
+
+  std::map<std::string, std::string> matmul_paths() const override {
+    return decoder_matmul_paths(layers_, lm_head_);
+  }
+
+  void forward(const Step& step, KvPool& pool, std::vector<float>& logits) override {
+    std::optional<ScopedOpTimer> build_timer(std::in_place, OpKind::GraphBuild);
+    const DecoderDims& d = cfg_.dims;
+    const int H = d.hidden_size;
+    StepRows rows = embed_step(step, pool, embed_, H, std::sqrt(static_cast<float>(H)));
+    const int T = rows.total;
+    std::shared_ptr<AttentionBatch> global = rows.batch;
+    global->build_rope_tables(*global_rope_);
+    auto local = std::make_shared<AttentionBatch>(*global);
+    local->window = cfg_.sliding_window;
+    local->build_rope_tables(*local_rope_);
+    std::optional<DeviceAttentionPlan> global_plan, local_plan;
+    DeviceKvStore* device_kv = nullptr;
+    if (device_.on_device()) {
+      device_kv = &device_.prepare(pool, kv_shape());
+      global_plan = DeviceAttentionPlan::build(*global, global_rope_->dims);
+      local_plan = DeviceAttentionPlan::build(*local, local_rope_->dims);
+    }
+    mx::array x(rows.x.begin(), {T, H}, mx::float32);
+    std::optional<mx::array> ple = per_layer_inputs(step, x);
+    const int P = cfg_.ple_dim;
+    for (int l = 0; l < d.n_layers; ++l) {
+      const Layer& L = layers_[l];
+      const bool sliding = cfg_.sliding[l];
+      const bool shared = cfg_.shared(l);
+      const int hd = cfg_.head_dim(l), kvh = cfg_.kv_heads(l);
+      const int qw = d.n_heads * hd, kw = kvh * hd;
+      mx::array qkv = L.qkv(x, {.rms_norm_weight = L.attn_norm, .eps = d.rms_eps});
+      mx::array q = head_norm(mx::slice(qkv, {0, 0}, {T, qw}), L.q_norm, d.n_heads, hd, d.rms_eps);
+      if (!shared) {
+        mx::array k_raw = mx::slice(qkv, {0, qw}, {T, qw + kw});
+        mx::array v_raw = (cfg_.k_eq_v && !sliding) ? k_raw : mx::slice(qkv, {0, qw + kw}, {T, qw + 2 * kw});
+        mx::array k = head_norm(k_raw, L.k_norm, kvh, hd, d.rms_eps);
+        mx::array v = head_norm(v_raw, std::nullopt, kvh, hd, d.rms_eps);
+        q = mx::concatenate({q, k, v}, 1);
+      }
+      const AttentionShape ashape{d.n_heads, kvh, hd, 1.f};
+      const auto& rope = sliding ? local_rope_ : global_rope_;
+      const int kv_layer = cfg_.kv_source[l];
+      mx::array a{0.f};
+      if (device_kv) {
+        a = device_attention(q, sliding ? *local_plan : *global_plan, kv_layer, ashape, *rope, *device_kv, !shared);
+      } else {
+        a = paged_attention(q, sliding ? local : global, kv_layer, ashape, rope, !shared);
+      }
+      x = mx::add(x, mx::fast::rms_norm(L.wo(a), L.post_attn_norm, d.rms_eps));
+
+      mx::array h = L.down(gelu_tanh_glu(L.gate_up(x, {.rms_norm_weight = L.ffn_norm, .eps = d.rms_eps}), L.ffn));
+      if (cfg_.moe) {
+        h = mx::add(mx::fast::rms_norm(h, L.post_ffn_norm_1, d.rms_eps),
+                    mx::fast::rms_norm(experts(L, x), L.post_ffn_norm_2, d.rms_eps));
+      }
+      x = mx::add(x, mx::fast::rms_norm(h, L.post_ffn_norm, d.rms_eps));
+      if (ple) {
+        mx::array pl = mx::slice(*ple, {0, l * P}, {T, (l + 1) * P});
+        mx::array g = mx::multiply(gelu_tanh(L.ple_gate(x)), pl);
+        x = mx::add(x, mx::fast::rms_norm(L.ple_proj(g), L.ple_norm, d.rms_eps));
+      }
+      x = mx::multiply(x, L.scalar);
+    }
+    compute_logits(x, rows.logit_rows, lm_head_, out_norm_, d.rms_eps, cfg_.final_softcap, logits, build_timer);
+  }
+
+  void copy_kv_block(KvPool& pool, int src, int dst) override { device_.copy_kv_block(pool, kv_shape(), src, dst); }
+
+ private:
+  // [T, layers * P]: (norm(projection of the embeddings) + the token's per-layer embedding) / sqrt(2).
+  std::optional<mx::array> per_layer_inputs(const Step& step, const mx::array& x) const {
+    const int P = cfg_.ple_dim;
+    if (P == 0) return std::nullopt;
+    const int T = x.shape(0), LP = cfg_.dims.n_layers * P;
+    std::vector<int32_t> tokens;
+    tokens.reserve(T);
+    for (const StepSegment& seg : step.segments) tokens.insert(tokens.end(), seg.tokens.begin(), seg.tokens.end());
+    std::vector<float> table(static_cast<size_t>(T) * LP);
+    ple_embed_.lookup(tokens, table.data(), std::sqrt(static_cast<float>(P)));
+    mx::array tok(table.begin(), {T, LP}, mx::float32);
+    const float proj_scale = 1.f / std::sqrt(static_cast<float>(cfg_.dims.hidden_size));
+    mx::array proj = mx::multiply(ple_model_proj_(x), mx::array(proj_scale));
+    proj = mx::reshape(mx::fast::rms_norm(mx::reshape(proj, {T, cfg_.dims.n_layers, P}), ple_proj_norm_,
+                                          cfg_.dims.rms_eps),
+                       {T, LP});
+    return mx::multiply(mx::add(proj, tok), mx::array(static_cast<float>(1.0 / std::sqrt(2.0))));
+  }
+
+  // The MoE block of layer L on the residual stream x [T, H] (before the MLP): every row's
+  // top-k experts through MLX's gather matmuls (one [1, H] x [H, n] product per row and expert,
+  // so a row's result does not depend on its batch neighbours).
+  mx::array experts(const Layer& L, const mx::array& x) const {
+    const DecoderDims& d = cfg_.dims;
+    const int T = x.shape(0), K = cfg_.top_k;
+    // Weightless RMSNorm times router.scale * hidden^-0.5 (folded into the fused norm weight).
+    mx::array scores = L.router(x, {.rms_norm_weight = L.router_norm, .eps = d.rms_eps});
+    mx::array probs = mx::softmax(mx::astype(scores, mx::float32), -1, /*precise=*/true);
+    mx::array idx = mx::slice(mx::argpartition(mx::negative(probs), K - 1, -1), {0, 0}, {T, K});
+    mx::array w = mx::take_along_axis(probs, idx, -1);
+    w = mx::divide(w, mx::sum(w, -1, /*keepdims=*/true));
+    w = mx::multiply(w, mx::take(L.expert_scale, idx, 0));  // [T, K]
+    const mx::Dtype dt = L.experts_gate_up.dtype();
+    mx::array xe = mx::reshape(mx::astype(mx::fast::rms_norm(x, L.pre_ffn_norm_2, d.rms_eps), dt),
+                               {T, 1, 1, d.hidden_size});
+    mx::array gu = mx::gather_mm(xe, L.experts_gate_up, std::nullopt, idx);  // [T, K, 1, 2I]
+    mx::array h = gelu_tanh_glu(mx::astype(gu, mx::float32), cfg_.moe_ffn);
+    mx::array out = mx::gather_mm(mx::astype(h, dt), L.experts_down, std::nullopt, idx);  // [T, K, 1, H]
+    out = mx::reshape(mx::astype(out, mx::float32), {T, K, d.hidden_size});
+    return mx::sum(mx::multiply(out, mx::expand_dims(w, -1)), 1);
+  }
+
+  Gemma4Config cfg_;
+  ModelInfo info_;
+  std::vector<Layer> layers_;
+  mx::array out_norm_;
+  Linear lm_head_;
+  Embedding embed_;
+  Embedding ple_embed_;
+  Linear ple_model_proj_;
+  mx::array ple_proj_norm_;
+  std::shared_ptr<const Rope> global_rope_;
+  std::shared_ptr<const Rope> local_rope_;
+  DeviceState device_;
+};
+
+// One layer type's RoPE: "default" (every frequency of the layer's head size),
+// "proportional" (the first partial_rotary_factor of them; the rest are 0, i.e. those features
+// pass unrotated) or "linear"; frequencies divided by `factor`.
+std::shared_ptr<Rope> make_rope(const Metadata& hf, const std::string& layer_type, int head_dim,
+                                const std::string& default_type, double default_theta, double default_partial) {
+  const std::string p = "rope_parameters." + layer_type + ".";
+  const bool given = hf.has(p + "rope_type") || hf.has(p + "rope_theta");
+  std::string type = given ? hf.get_string(p + "rope_type").value_or("default") : default_type;
+  const double theta = hf.get_float(p + "rope_theta").value_or(default_theta);
+  const double factor = hf.get_float(p + "factor").value_or(1.0);
+  const double partial = hf.get_float(p + "partial_rotary_factor").value_or(given ? 1.0 : default_partial);
+  auto rope = std::make_shared<Rope>();
+  rope->dims = head_dim;
+  rope->interleaved = false;  // rotate-half over the whole head
+  rope->inv_freq = rope_inv_freq(head_dim, theta);
+  if (type == "proportional") {
+    const int angles = static_cast<int>(std::floor(partial * head_dim / 2));
+    for (int i = angles; i < head_dim / 2; ++i) rope->inv_freq[i] = 0.f;
+  } else if (type != "default" && type != "linear") {
+    throw std::runtime_error("gemma4 rope type '" + type + "' (" + layer_type + " layers) is not supported");
+  }
+  if (type != "default") {
+    for (float& f : rope->inv_freq) f = static_cast<float>(f / factor);
+  }
+  return rope;
+}
+
+// Full-attention layers' head size and KV heads: a transformers-5.23 config serialises them as
+// per_layer_config {"<layer>": {"head_dim": .., "num_key_value_heads": ..}}; released configs
+// as global_head_dim (default 512) and num_global_key_value_heads (used only with
+// attention_k_eq_v, as transformers does).
+void global_attention_shape(const Metadata& hf, Gemma4Config& c) {
+  const DecoderDims& d = c.dims;
+  c.global_head_dim = static_cast<int>(hf.get_int("global_head_dim").value_or(512));
+  c.global_kv_heads = d.n_kv_heads;
+  if (c.k_eq_v) {
+    if (auto n = hf.get_int("num_global_key_value_heads")) c.global_kv_heads = static_cast<int>(*n);
+  }
+  std::map<int, std::pair<int, int>> per_layer;  // layer -> (head_dim, kv heads)
+  bool any = false;
+  const std::string prefix = "per_layer_config.";
+  for (const auto& [key, value] : hf.values()) {
+    if (key.rfind(prefix, 0) != 0) continue;
+    any = true;
+    const std::string rest = key.substr(prefix.size());
+    const size_t dot = rest.find('.');
+    const std::string field = dot == std::string::npos ? "" : rest.substr(dot + 1);
+    int layer = -1;
+    try {
+      layer = std::stoi(rest.substr(0, dot));
+    } catch (const std::exception&) {
+      throw std::runtime_error("gemma4 per_layer_config key '" + key + "' is not a layer index");
+    }
+    if (layer < 0 || layer >= d.n_layers) throw std::runtime_error("gemma4 per_layer_config names layer " + key);
+    auto& entry = per_layer.try_emplace(layer, d.head_dim, d.n_kv_heads).first->second;
+    if (field == "head_dim") {
+      entry.first = static_cast<int>(hf.require_int(key));
+    } else if (field == "num_key_value_heads") {
+      entry.second = static_cast<int>(hf.require_int(key));
+    } else {
+      throw std::runtime_error("gemma4 per_layer_config field '" + field + "' is not supported");
+    }
+  }
+  if (!any) return;
+  // llmd's attention has one shape per layer type: the per-layer entries must say just that.
+  bool first = true;
+  for (int l = 0; l < d.n_layers; ++l) {
+    auto it = per_layer.find(l);
+    const auto shape = it == per_layer.end() ? std::make_pair(d.head_dim, d.n_kv_heads) : it->second;
+    if (c.sliding[l]) {
+      if (shape != std::make_pair(d.head_dim, d.n_kv_heads)) {
+        throw std::runtime_error("gemma4 per_layer_config gives sliding layer " + std::to_string(l) +
+                                 " its own attention shape (not supported)");
+      }
+    } else if (first) {
+      std::tie(c.global_head_dim, c.global_kv_heads) = shape;
+      first = false;
+    } else if (shape != std::make_pair(c.global_head_dim, c.global_kv_heads)) {
+      throw std::runtime_error("gemma4 full-attention layers of different shapes are not supported");
+    }
+  }
+}
+
+void check(const Gemma4Config& c) {
+  c.dims.check("gemma4");
+  if (c.global_head_dim <= 0 || c.global_head_dim % 16 != 0 || c.global_kv_heads <= 0 ||
+      c.dims.n_heads % c.global_kv_heads != 0) {
+    throw std::runtime_error("gemma4 full-attention layers' head_dim " + std::to_string(c.global_head_dim) + " / " +
+                             std::to_string(c.global_kv_heads) +
+                             " KV heads are not supported (head_dim a multiple of 16, heads divisible)");
+  }
+  if (c.ple_dim > 0 && c.ple_vocab < c.dims.vocab_size) {
+    throw std::runtime_error("gemma4 vocab_size_per_layer_input " + std::to_string(c.ple_vocab) +
+                             " smaller than the vocabulary is not supported");
+  }
+  if (c.moe && (c.n_experts <= 0 || c.top_k <= 0 || c.top_k > c.n_experts || c.moe_ffn <= 0)) {
+    throw std::runtime_error("gemma4 enable_moe_block needs num_experts, top_k_experts and moe_intermediate_size");
+  }
+}
+
+}  // namespace
+
+std::unique_ptr<Model> load_gemma4_safetensors(const std::string& dir, const Metadata& hf, const LoadOptions& options) {
+  Gemma4Config c;
+  DecoderDims& d = c.dims;
+  d.n_layers = static_cast<int>(hf.require_int("num_hidden_layers"));
+  d.hidden_size = static_cast<int>(hf.require_int("hidden_size"));
+  d.ffn_size = static_cast<int>(hf.require_int("intermediate_size"));
+  d.n_heads = static_cast<int>(hf.require_int("num_attention_heads"));
+  d.n_kv_heads = static_cast<int>(hf.get_int("num_key_value_heads").value_or(4));
+  d.head_dim = static_cast<int>(hf.get_int("head_dim").value_or(256));
+  d.rms_eps = static_cast<float>(hf.get_float("rms_norm_eps").value_or(1e-6));
+  d.context_length = static_cast<int>(hf.get_int("max_position_embeddings").value_or(131072));
+  d.vocab_size = static_cast<int>(hf.require_int("vocab_size"));
+  c.final_softcap = static_cast<float>(hf.get_float("final_logit_softcapping").value_or(0.0));
+  if (hf.get_bool("attention_bias").value_or(false)) {
+    throw std::runtime_error("gemma4 with attention_bias is not supported (Gemma 4 checkpoints have none)");
+  }
+  const std::string bidir = hf.get_string("use_bidirectional_attention").value_or("");
+  if (bidir == "all") {
+    throw std::runtime_error("gemma4 with use_bidirectional_attention 'all' (an embedding model) is not supported");
+  }
+  const std::string act = hf.get_string("hidden_activation").value_or("gelu_pytorch_tanh");
+  if (act != "gelu_pytorch_tanh") {
+    throw std::runtime_error("gemma4 hidden_activation '" + act + "' is not supported (expected gelu_pytorch_tanh)");
+  }
+  c.sliding_window = static_cast<int>(hf.get_int("sliding_window").value_or(512));
+  if (hf.has("layer_types.0")) {
+    for (int i = 0; hf.has("layer_types." + std::to_string(i)); ++i) {
+      const std::string t = *hf.get_string("layer_types." + std::to_string(i));
+      if (t != "sliding_attention" && t != "full_attention") {
+        throw std::runtime_error("gemma4 layer type '" + t + "' is not supported");
+      }
+      c.sliding.push_back(t == "sliding_attention");
+    }
+    if (static_cast<int>(c.sliding.size()) != d.n_layers) {
+      throw std::runtime_error("gemma4 layer_types has " + std::to_string(c.sliding.size()) + " entries for " +
+                               std::to_string(d.n_layers) + " layers");
+    }
+  } else {
+    for (int i = 0; i < d.n_layers; ++i) c.sliding.push_back((i + 1) % 6 != 0);  // transformers' default 5:1
+  }
+  c.sliding.back() = false;  // transformers forces the last layer to full attention
+  c.k_eq_v = hf.get_bool("attention_k_eq_v").value_or(false);
+  global_attention_shape(hf, c);
+
+  // KV sharing: layers from num_hidden_layers - num_kv_shared_layers on read the KV of the
+  // last earlier layer of their type (transformers' kv_sharing_modes).
+  const int n_shared = static_cast<int>(hf.get_int("num_kv_shared_layers").value_or(0));
+  const int first_shared = d.n_layers - n_shared;
+  if (n_shared < 0 || first_shared < 1) throw std::runtime_error("gemma4 num_kv_shared_layers is out of range");
+  for (int l = 0; l < d.n_layers; ++l) {
+    int src = l;
+    if (l >= first_shared) {
+      src = -1;
+      for (int j = first_shared - 1; j >= 0 && src < 0; --j) {
+        if (c.sliding[j] == c.sliding[l]) src = j;
+      }
+      if (src < 0) {
+        throw std::runtime_error("gemma4 KV-shared layer " + std::to_string(l) + " has no earlier layer of its type");
+      }
+    }
+    c.kv_source.push_back(src);
+  }
+  c.double_wide_mlp = hf.get_bool("use_double_wide_mlp").value_or(false);
+  c.ple_dim = static_cast<int>(hf.get_int("hidden_size_per_layer_input").value_or(256));
+  c.ple_vocab = static_cast<int>(hf.get_int("vocab_size_per_layer_input").value_or(262144));
+  c.moe = hf.get_bool("enable_moe_block").value_or(false);
+  if (c.moe) {
+    c.n_experts = static_cast<int>(hf.get_int("num_experts").value_or(0));
+    c.top_k = static_cast<int>(hf.get_int("top_k_experts").value_or(0));
+    c.moe_ffn = static_cast<int>(hf.get_int("moe_intermediate_size").value_or(0));
+  }
+  check(c);
+
+  auto local_rope = make_rope(hf, "sliding_attention", d.head_dim, "default", 10000.0, 1.0);
+  auto global_rope = make_rope(hf, "full_attention", c.global_head_dim, "proportional", 1e6, 0.25);
+
+  const Checkpoint w(dir);
+  // Text-only checkpoints name the decoder `model.`; multimodal ones nest it.
+  std::string m = "model.";
+  for (const char* prefix : {"model.", "model.language_model.", "language_model.model."}) {
+    if (w.has(std::string(prefix) + "embed_tokens.weight")) {
+      m = prefix;
+      break;
+    }
+  }
+  auto vec = [&](const std::string& name) {
+    mx::array a = w.get(name);
+    a.eval();
+    return a;
+  };
+  const bool dev = options.on_device();
+  const mx::Dtype expert_dtype = dev ? device_compute_dtype() : mx::float32;
+  std::vector<Layer> layers(d.n_layers);
+  for (int i = 0; i < d.n_layers; ++i) {
+    const std::string b = m + "layers." + std::to_string(i) + ".";
+    const std::string a = b + "self_attn.";
+    Layer& L = layers[i];
+    L.attn_norm = vec(b + "input_layernorm.weight");
+    L.post_attn_norm = vec(b + "post_attention_layernorm.weight");
+    L.ffn_norm = vec(b + "pre_feedforward_layernorm.weight");
+    L.post_ffn_norm = vec(b + "post_feedforward_layernorm.weight");
+    L.q_norm = vec(a + "q_norm.weight");
+    if (w.has(b + "layer_scalar")) L.scalar = vec(b + "layer_scalar");
+    std::vector<mx::array> proj{w.get(a + "q_proj.weight")};
+    if (!c.shared(i)) {
+      L.k_norm = vec(a + "k_norm.weight");
+      proj.push_back(w.get(a + "k_proj.weight"));
+      if (!(c.k_eq_v && !c.sliding[i])) proj.push_back(w.get(a + "v_proj.weight"));
+    }
+    L.qkv = Linear::from_float(mx::concatenate(proj, 0), dev);
+    L.wo = Linear::from_float(w.get(a + "o_proj.weight"), dev);
+    L.ffn = d.ffn_size * (c.double_wide_mlp && c.shared(i) ? 2 : 1);
+    mx::array gate = w.get(b + "mlp.gate_proj.weight");
+    if (gate.shape(0) != L.ffn) {
+      throw std::runtime_error("gemma4 layer " + std::to_string(i) + " mlp.gate_proj has " +
+                               std::to_string(gate.shape(0)) + " rows, expected " + std::to_string(L.ffn));
+    }
+    L.gate_up = Linear::from_float(mx::concatenate({gate, w.get(b + "mlp.up_proj.weight")}, 0), dev);
+    L.down = Linear::from_float(w.get(b + "mlp.down_proj.weight"), dev);
+    if (c.ple_dim > 0) {
+      L.ple_gate = Linear::from_float(w.get(b + "per_layer_input_gate.weight"), dev);
+      L.ple_proj = Linear::from_float(w.get(b + "per_layer_projection.weight"), dev);
+      L.ple_norm = vec(b + "post_per_layer_input_norm.weight");
+    }
+    if (c.moe) {
+      L.router = Linear::from_float(w.get(b + "router.proj.weight"), dev);
+      L.router_norm = mx::multiply(w.get(b + "router.scale"),
+                                   mx::array(static_cast<float>(1.0 / std::sqrt(static_cast<double>(d.hidden_size)))));
+      L.router_norm.eval();
+      L.expert_scale = vec(b + "router.per_expert_scale");
+      mx::array gu = w.get(b + "experts.gate_up_proj");
+      mx::array dn = w.get(b + "experts.down_proj");
+      const mx::Shape gu_shape{c.n_experts, 2 * c.moe_ffn, d.hidden_size};
+      const mx::Shape dn_shape{c.n_experts, d.hidden_size, c.moe_ffn};
+      if (gu.shape() != gu_shape || dn.shape() != dn_shape) {
+        throw std::runtime_error("gemma4 layer " + std::to_string(i) + " expert tensors have unexpected shapes");
+      }
+      // [E, out, in] -> [E, in, out]: rows of a step multiply their experts' matrices directly.
+      L.experts_gate_up = mx::contiguous(mx::astype(mx::swapaxes(gu, 1, 2), expert_dtype));
+      L.experts_down = mx::contiguous(mx::astype(mx::swapaxes(dn, 1, 2), expert_dtype));
+      mx::eval({L.experts_gate_up, L.experts_down});
+      L.post_ffn_norm_1 = vec(b + "post_feedforward_layernorm_1.weight");
+      L.pre_ffn_norm_2 = vec(b + "pre_feedforward_layernorm_2.weight");
+      L.post_ffn_norm_2 = vec(b + "post_feedforward_layernorm_2.weight");
+    }
+  }
+  Embedding ple_embed;
+  Linear ple_model_proj;
+  mx::array ple_proj_norm{0.f};
+  if (c.ple_dim > 0) {
+    mx::array t = w.get(m + "embed_tokens_per_layer.weight");
+    if (t.shape(0) != c.ple_vocab || t.shape(1) != d.n_layers * c.ple_dim) {
+      throw std::runtime_error("gemma4 embed_tokens_per_layer has an unexpected shape");
+    }
+    // The table is vocab x layers x P (2.3G numbers for the E2B model): keep it as bf16 when
+    // the checkpoint stores bf16 (exact), float32 otherwise.
+    mx::array t16 = mx::astype(t, mx::bfloat16);
+    if (mx::array_equal(mx::astype(t16, mx::float32), t).item<bool>()) {
+      mx::array bytes = mx::view(mx::flatten(t16), mx::uint8);
+      bytes.eval();
+      ple_embed = Embedding(bytes, TensorType::BF16, t.shape(1));
+    } else {
+      ple_embed = float_embedding(t);
+    }
+    ple_model_proj = Linear::from_float(w.get(m + "per_layer_model_projection.weight"), dev);
+    ple_proj_norm = vec(m + "per_layer_projection_norm.weight");
+  }
+  mx::array embed_w = w.get(m + "embed_tokens.weight");
+  mx::array out_norm = vec(m + "norm.weight");
+  std::string head = "lm_head.weight";
+  const bool tied = !w.has(head) || hf.get_bool("tie_word_embeddings").value_or(true);  // HF default
+  Linear lm_head = Linear::from_float(tied ? embed_w : w.get(head), dev);
+  embed_w.eval();
+  ModelInfo info = make_info(d, "gemma4", "safetensors", options);
+  return std::make_unique<Gemma4Model>(c, info, std::move(layers), out_norm, std::move(lm_head),
+                                       float_embedding(embed_w), std::move(ple_embed), std::move(ple_model_proj),
+                                       ple_proj_norm, global_rope, local_rope, dev);
+}
+
+std::unique_ptr<Model> load_gemma4_gguf(const GgufFile&, const LoadOptions&) {
+  throw std::runtime_error(
+      "gemma4 GGUF files are not supported yet: load the Hugging Face safetensors directory "
+      "(config.json + *.safetensors) instead");
+}
+
+}  // namespace llmd
