@@ -1,21 +1,24 @@
-"""A chat answer's text -> OpenAI's message fields: `<think>` reasoning split into
-`reasoning_content` (reasoning.py) and tool-call markup into `tool_calls` (tools/), streamed
-as deltas or parsed whole. Order: stop strings (generation.py), then reasoning, then tools, so
+"""A chat answer's text -> OpenAI's message fields: reasoning (`<think>`, Gemma 4's thought
+channel) split into `reasoning_content` (reasoning.py) and tool-call markup into
+`tool_calls` (tools/), streamed as deltas or parsed whole. Order: stop strings (generation.py), then reasoning, then tools, so
 markup inside the thinking is never taken for a call."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .reasoning import ReasoningSplitter, split_reasoning
+from .reasoning import THINK, ReasoningMarkers, ReasoningSplitter, split_reasoning
 from .tools import ToolCallParser, ToolParserFactory, openai_delta, tool_finish_reason
 
 
 @dataclass(frozen=True)
 class ChatOutputPlan:
     """What one request's answers need: reasoning split (for reasoning models, unless the
-    client keeps it inline) and a tool parser (when tools are offered)."""
+    client keeps it inline) and a tool parser (when tools are offered). `reasoning_markers`:
+    the model family's reasoning block; `schemas`: each function's parameters schema, for
+    markups whose values carry no JSON types (Qwen3.5's XML calls)."""
 
     split_reasoning: bool = False
     starts_in_reasoning: bool = False
@@ -23,6 +26,8 @@ class ChatOutputPlan:
     tools: ToolParserFactory | None = None
     function_names: tuple[str, ...] = ()
     parallel: bool = True
+    reasoning_markers: ReasoningMarkers = THINK
+    schemas: Mapping[str, Any] | None = None
 
     def stream(self) -> ChatStream:
         return ChatStream(self)
@@ -32,15 +37,20 @@ class ChatOutputPlan:
         message: dict[str, Any] = {"role": "assistant"}
         content: str | None = text
         if self.split_reasoning and not self.keep_inline:
-            reasoning, content = split_reasoning(text, starts_in_reasoning=self.starts_in_reasoning)
+            reasoning, content = split_reasoning(
+                text, starts_in_reasoning=self.starts_in_reasoning, markers=self.reasoning_markers
+            )
             if reasoning is not None:
                 message["reasoning_content"] = reasoning
         elif self.split_reasoning and self.starts_in_reasoning:
-            content = "<think>\n" + text
+            content = self.reasoning_markers.open + "\n" + text
         calls = []
         if self.tools is not None:
             content, calls = self.tools.parse(
-                content or "", list(self.function_names), parallel=self.parallel
+                content or "",
+                list(self.function_names),
+                parallel=self.parallel,
+                schemas=self.schemas,
             )
         message["content"] = content
         message["refusal"] = None
@@ -62,9 +72,13 @@ class ChatStream:
             self._splitter = ReasoningSplitter(
                 starts_in_reasoning=self.plan.starts_in_reasoning,
                 keep_inline=self.plan.keep_inline,
+                open_tag=self.plan.reasoning_markers.open,
+                close_tag=self.plan.reasoning_markers.close,
             )
         if self.plan.tools is not None:
-            self._parser = self.plan.tools(self.plan.function_names, parallel=self.plan.parallel)
+            self._parser = self.plan.tools(
+                self.plan.function_names, parallel=self.plan.parallel, schemas=self.plan.schemas
+            )
 
     def feed(self, text: str) -> list[dict[str, Any]]:
         if self._splitter is None:

@@ -34,7 +34,13 @@ from .errors import bad_request
 from .generation import Delta, Finished, generate_text, token_budget
 from .http_common import SESSION_ID, SESSIONS
 from .openai_schemas import ChatCompletionRequest, SamplingFields
-from .reasoning import ReasoningSupport, prompt_opens_reasoning, reasoning_support
+from .reasoning import (
+    ReasoningSupport,
+    prompt_closes_reasoning,
+    prompt_opens_reasoning,
+    reasoning_support,
+    thinking_switch,
+)
 from .sessions import Session, SessionTable
 from .structured import response_format_grammar
 from .supervisor import ModelSupervisor
@@ -326,11 +332,15 @@ def chat_prompt(req: ChatCompletionRequest, model: ModelSupervisor) -> ChatPromp
             extra["tools"] = req.tools
     elif offer_tools or has_tool_turns:
         messages = fallback_messages(messages, req.tools if offer_tools else None, plan.family)
+    extra.update(thinking_switch(req.reasoning_effort, thinking))
     rendered = render_chat(
         template, messages, bos_token=text.bos_token, eos_token=text.eos_token, **extra
     )
     ids = text.encode_rendered_chat(rendered)
-    starts_in = thinking.is_reasoning_model and prompt_opens_reasoning(rendered)
+    markers = thinking.markers
+    starts_in = thinking.is_reasoning_model and prompt_opens_reasoning(rendered, markers.open)
+    # Thinking switched off in the prompt (an empty block closed there): no block will come.
+    thinks = thinking.is_reasoning_model and not prompt_closes_reasoning(rendered, markers.close)
     parallel = req.parallel_tool_calls is not False
     grammar = None
     if offer_tools and choice.forces_call:
@@ -339,19 +349,27 @@ def chat_prompt(req: ChatCompletionRequest, model: ModelSupervisor) -> ChatPromp
                 "a forced tool call and response_format cannot both constrain the answer",
                 param="tool_choice",
             )
-        special = marker_token_ids(plan.parser, text.tokenizer.token_to_id, text.special_ids)
-        reasoning = ("open" if starts_in else "optional") if thinking.is_reasoning_model else None
+        special = marker_token_ids(
+            plan.parser, text.tokenizer.token_to_id, text.special_ids, markers.tokens
+        )
+        reasoning = ("open" if starts_in else "optional") if thinks else None
         grammar = tool_call_grammar(
-            specs, choice, plan.parser, parallel, special_tokens=special, reasoning=reasoning
+            specs,
+            choice,
+            plan.parser,
+            parallel,
+            special_tokens=special,
+            reasoning=reasoning,
+            reasoning_markers=(markers.open, markers.close),
         )
         if grammar is not None and (error := grammar_error(grammar)):
             raise bad_request(f"the tools cannot be enforced: {error}", param="tools")
+    shown = (plan.parser.visible_tokens if offer_tools else ()) + (markers.tokens if thinks else ())
     show: set[int] = set()
-    if offer_tools:
-        for marker in plan.parser.visible_tokens:
-            token = text.tokenizer.token_to_id(marker)
-            if token is not None:
-                show.add(token)
+    for marker in shown:  # control tokens that are markup the splitter or parser reads
+        token = text.tokenizer.token_to_id(marker)
+        if token is not None:
+            show.add(token)
     names = tuple(s.name for s in specs) if choice.function is None else (choice.function,)
     output = ChatOutputPlan(
         split_reasoning=thinking.is_reasoning_model,
@@ -360,6 +378,8 @@ def chat_prompt(req: ChatCompletionRequest, model: ModelSupervisor) -> ChatPromp
         tools=plan.parser if offer_tools else None,
         function_names=names,
         parallel=parallel,
+        reasoning_markers=markers,
+        schemas={s.name: s.parameters for s in specs},
     )
     return ChatPrompt(ids, output, grammar, frozenset(show))
 

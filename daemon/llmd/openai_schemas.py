@@ -193,6 +193,8 @@ class ChatCompletionRequest(SamplingFields):
     # llama-server's switch: "none" keeps <think>...</think> inline in the content; "auto"
     # and "deepseek" put it in `reasoning_content` (the default for reasoning models).
     reasoning_format: Literal["auto", "deepseek", "none"] = "auto"
+    # OpenAI's switch, passed to templates as enable_thinking: "none" off, any level on.
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
 
     @model_validator(mode="after")
     def _top_logprobs_need_logprobs(self) -> ChatCompletionRequest:
@@ -270,7 +272,6 @@ _NOT_YET = {
     "audio",
     "modalities",
     "prediction",
-    "reasoning_effort",
     "verbosity",
     "web_search_options",
     "prompt_cache_key",

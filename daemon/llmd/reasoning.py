@@ -1,5 +1,10 @@
 """Reasoning ("thinking") split from the answer: ``<think>...</think>`` -> ``reasoning_content``.
 
+The markers come from the model family (:func:`reasoning_markers`, read from the template):
+``<think>``/``</think>`` for Qwen, QwQ and DeepSeek; ``<|channel>thought`` ... ``<channel|>``
+for Gemma 4, whose template has a thinking switch (``enable_thinking``) and otherwise closes
+an empty thought channel in the prompt. The rules below are the same for both.
+
 Reasoning models (Qwen3, QwQ, DeepSeek-R1 and its distills) write their chain of thought
 between ``<think>`` and ``</think>`` before the answer. Two prompt styles exist:
 
@@ -20,8 +25,9 @@ Rules, the same streamed or not (:func:`split_reasoning` is the splitter run ove
   reasoning and the content empty: the model never started its answer, and showing half a
   chain of thought as the answer would be wrong. The finish reason (``length``) says why.
 
-The tags are ordinary (non-control) tokens in these models' vocabularies, so the detokenizer
-shows them; :data:`REASONING_MARKERS` lists them for a daemon that hides control tokens.
+Qwen's tags are ordinary (non-control) tokens, so the detokenizer shows them; Gemma 4's
+``<|channel>`` and ``<channel|>`` are control tokens, which the daemon hides unless told:
+:attr:`ReasoningMarkers.tokens` lists what must stay visible for the splitter to see them.
 """
 
 from __future__ import annotations
@@ -29,12 +35,44 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from .chat_template import render_chat
+from jinja2 import TemplateError, meta
+
+from .chat_template import _compile, render_chat
+from .errors import bad_request
 from .markers import split_held
 
 THINK_OPEN = "<think>"
 THINK_CLOSE = "</think>"
 REASONING_MARKERS = (THINK_OPEN, THINK_CLOSE)
+GEMMA4_CHANNEL_OPEN, GEMMA4_CHANNEL_CLOSE = "<|channel>", "<channel|>"
+
+
+@dataclass(frozen=True)
+class ReasoningMarkers:
+    """One family's reasoning block: `open` and `close` as text, and `tokens`, the pieces of
+    them that may be single (control) tokens in the vocabulary, to keep visible and to force
+    as tokens in a grammar."""
+
+    open: str
+    close: str
+    tokens: tuple[str, ...]
+
+
+THINK = ReasoningMarkers(THINK_OPEN, THINK_CLOSE, REASONING_MARKERS)
+GEMMA4_THOUGHT = ReasoningMarkers(
+    GEMMA4_CHANNEL_OPEN + "thought",
+    GEMMA4_CHANNEL_CLOSE,
+    (GEMMA4_CHANNEL_OPEN, GEMMA4_CHANNEL_CLOSE),
+)
+
+
+def reasoning_markers(chat_template: str | None) -> ReasoningMarkers:
+    """The reasoning markers a template's model writes: Gemma 4's thought channel when the
+    template speaks of ``<|channel>``, ``<think>`` tags otherwise."""
+    if chat_template and GEMMA4_CHANNEL_OPEN in chat_template:
+        return GEMMA4_THOUGHT
+    return THINK
+
 
 # Catalog families whose models think by default; a fallback when no template is at hand.
 _REASONING_FAMILIES = ("qwen3", "qwq", "deepseek-r1", "deepseek_r1", "r1-distill")
@@ -164,9 +202,13 @@ class ReasoningSplitter:
         return body
 
 
-def split_reasoning(text: str, *, starts_in_reasoning: bool = False) -> tuple[str | None, str]:
+def split_reasoning(
+    text: str, *, starts_in_reasoning: bool = False, markers: ReasoningMarkers = THINK
+) -> tuple[str | None, str]:
     """A whole output as (reasoning or None when there was none or it was empty, content)."""
-    splitter = ReasoningSplitter(starts_in_reasoning=starts_in_reasoning)
+    splitter = ReasoningSplitter(
+        starts_in_reasoning=starts_in_reasoning, open_tag=markers.open, close_tag=markers.close
+    )
     first, last = splitter.feed(text), splitter.flush()
     reasoning = first.reasoning + last.reasoning
     return (reasoning or None), first.content + last.content
@@ -180,17 +222,28 @@ def prompt_opens_reasoning(prompt: str, open_tag: str = THINK_OPEN) -> bool:
     return prompt.rstrip().endswith(open_tag)
 
 
+def prompt_closes_reasoning(prompt: str, close_tag: str = THINK_CLOSE) -> bool:
+    """Whether the rendered prompt already closed the reasoning block (thinking switched off:
+    Qwen3's ``<think>\\n\\n</think>``, Gemma 4's empty ``<|channel>thought\\n<channel|>``):
+    the model answers directly, so its reasoning markers need not be shown."""
+    return prompt.rstrip().endswith(close_tag)
+
+
 @dataclass(frozen=True)
 class ReasoningSupport:
     """What a model's template says about thinking.
 
-    `is_reasoning_model`: the template handles ``<think>`` blocks (or the family is known to
+    `is_reasoning_model`: the template handles reasoning blocks (or the family is known to
     think); split its output. `template_opens_think`: its generation prompt ends inside
-    ``<think>`` for a plain conversation (the per-request answer is
-    :func:`prompt_opens_reasoning` on the real prompt)."""
+    the block for a plain conversation (the per-request answer is
+    :func:`prompt_opens_reasoning` on the real prompt). `markers`: the family's block.
+    `thinking_switch`: the template reads ``enable_thinking`` (Qwen3, Gemma 4), so a
+    request can turn thinking on or off."""
 
     is_reasoning_model: bool
     template_opens_think: bool
+    markers: ReasoningMarkers = THINK
+    thinking_switch: bool = False
 
 
 def reasoning_support(chat_template: str | None, family: str | None = None) -> ReasoningSupport:
@@ -204,12 +257,46 @@ def reasoning_support(chat_template: str | None, family: str | None = None) -> R
     by_family = any(name in fam for name in _REASONING_FAMILIES)
     if not chat_template:
         return ReasoningSupport(by_family, False)
-    mentions = THINK_CLOSE in chat_template or THINK_OPEN in chat_template
-    opens = mentions and _renders_open_think(chat_template)
-    return ReasoningSupport(mentions or by_family, opens)
+    markers = reasoning_markers(chat_template)
+    mentions = markers.close in chat_template or markers.open in chat_template
+    opens = mentions and _renders_open_think(chat_template, markers)
+    switch = _reads_variable(chat_template, "enable_thinking")
+    return ReasoningSupport(mentions or by_family, opens, markers, switch)
 
 
-def _renders_open_think(chat_template: str) -> bool:
+def thinking_switch(effort: str | None, support: ReasoningSupport) -> dict[str, bool]:
+    """The template variables for OpenAI's ``reasoning_effort``: ``enable_thinking`` for a
+    template with that switch (Qwen3, Gemma 4, whose default is off), ``"none"`` meaning off
+    and any level on (llmd cannot set how much a model thinks, only whether). Without a
+    switch, a request only gets what the model does anyway; asking otherwise is a 400."""
+    if effort is None:
+        return {}
+    on = effort != "none"
+    if support.thinking_switch:
+        return {"enable_thinking": on}
+    if on and not support.is_reasoning_model:
+        raise bad_request(
+            f"reasoning_effort {effort!r}: this model does not reason", param="reasoning_effort"
+        )
+    if not on and support.is_reasoning_model:
+        raise bad_request(
+            "reasoning_effort 'none': this model's chat template has no switch to turn "
+            "thinking off",
+            param="reasoning_effort",
+        )
+    return {}
+
+
+def _reads_variable(chat_template: str, name: str) -> bool:
+    """Whether the template's syntax tree reads `name` (a comment mentioning it does not)."""
+    try:
+        env = _compile(chat_template).environment
+        return name in meta.find_undeclared_variables(env.parse(chat_template))
+    except TemplateError:
+        return False
+
+
+def _renders_open_think(chat_template: str, markers: ReasoningMarkers = THINK) -> bool:
     try:
         prompt = render_chat(
             chat_template,
@@ -220,4 +307,4 @@ def _renders_open_think(chat_template: str) -> bool:
         )
     except Exception:  # a template that cannot render this probe says nothing either way
         return False
-    return prompt_opens_reasoning(prompt)
+    return prompt_opens_reasoning(prompt, markers.open)

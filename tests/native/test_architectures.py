@@ -18,6 +18,7 @@ a swapped gate/up) does.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -253,6 +254,8 @@ def _tiny_tokenizer(directory: Path, vocab: int) -> None:
     del words["w1"], words["w2"]
     tk = Tokenizer(models.WordLevel(words, unk_token="w0"))
     tk.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    # Matched whole even when text runs on ("<bos>w17"), as a real tokenizer's specials are.
+    tk.add_special_tokens(["<bos>", "<eos>"])
     tk.save(str(directory / "tokenizer.json"))
     (directory / "tokenizer_config.json").write_text(
         json.dumps(
@@ -275,6 +278,7 @@ def test_worker_serves_a_hugging_face_directory(tmp_path: Path, arch: str) -> No
     import sys
 
     from llmd.text_model import load_text_model
+    from llmd.worker.launch import worker_command
 
     fx = _fixture(arch)
     write_checkpoint(tmp_path, arch)
@@ -283,9 +287,16 @@ def test_worker_serves_a_hugging_face_directory(tmp_path: Path, arch: str) -> No
     assert text.encode("w17 w99") == [17, 99] and text.stop_token_ids[0] == 2
     assert text.context_length == CONFIGS[arch]["max_position_embeddings"]
     request = {"type": "generate", "id": "g", "prompt": fx["greedy_prompt"], "max_tokens": 16}
-    cmd = [sys.executable, "-m", "llmd.worker", "--model", str(tmp_path), "--backend", "cpu"]
+    # argv and environment exactly as the daemon launches a worker (its BLAS preload included:
+    # a preloaded library that cannot run on this CPU once killed every float-weight worker).
+    cmd, env = worker_command(str(tmp_path), kv_budget_bytes=16 << 20)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
     with subprocess.Popen(
-        cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
+        [*cmd, "--backend", "cpu"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        env=env,
     ) as proc:
         assert proc.stdin and proc.stdout
         ready = json.loads(proc.stdout.readline())

@@ -17,9 +17,11 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any, Literal, cast
 
+from .qwen_xml import schema_types
 from .select import ToolParserFactory
 from .specs import FunctionSpec, ToolChoice, function_specs, resolve_tool_choice
 
@@ -33,18 +35,22 @@ _MARKERS = {
     "llama3": (),
     "gemma": (),
     "gemma4": ("<|tool_call>", "<tool_call|>", '<|"|>'),
+    "qwen_xml": ("<tool_call>", "</tool_call>"),
 }
+THINK_TAGS = ("<think>", "</think>")
 
 
 def marker_token_ids(
     family: str | ToolParserFactory,
     token_to_id: Callable[[str], int | None],
     special_ids: Collection[int],
+    reasoning_tokens: Sequence[str] = THINK_TAGS,
 ) -> dict[str, int]:
     """The family's markers that are special (control) tokens in this vocabulary, with their
-    ids: those must be forced as tokens, since a special token never matches text."""
+    ids: those must be forced as tokens, since a special token never matches text.
+    `reasoning_tokens`: the reasoning markers' token pieces (Gemma 4's ``<|channel>``...)."""
     fam = family.family if isinstance(family, ToolParserFactory) else family
-    ids = {m: token_to_id(m) for m in (*_MARKERS[fam], "<think>", "</think>")}
+    ids = {m: token_to_id(m) for m in (*_MARKERS[fam], *reasoning_tokens)}
     return {m: i for m, i in ids.items() if i is not None and i in special_ids}
 
 
@@ -115,8 +121,15 @@ class _Lark:
         self.special = special_tokens
 
     def lit(self, text: str) -> str:
+        """`text` as a literal; special tokens inside it (``<|channel>`` of
+        ``<|channel>thought``) as tokens, the text around them as strings."""
         if text in self.special:
             return f"<[{self.special[text]}]>"
+        for marker in self.special:
+            at = text.find(marker)
+            if marker and at >= 0:
+                parts = (text[:at], marker, text[at + len(marker) :])
+                return " ".join(self.lit(part) for part in parts if part)
         return json.dumps(text, ensure_ascii=False)
 
     def rule(self, name: str, body: str, options: str = "") -> str:
@@ -269,12 +282,48 @@ def _gemma4(g: _Lark, specs: Sequence[FunctionSpec], parallel: bool) -> str:
     return f"{one}+" if parallel else one
 
 
-def _think_rest(g: _Lark) -> str:
-    """Reasoning text up to and including the first ``</think>`` (lazy: it cannot run past
-    it). A special-token ``</think>`` ends the text as a token instead."""
-    if "</think>" in g.special:
-        return g.rule("think_text", f"/(.|\\n)*/ {g.lit('</think>')}")
-    return g.rule("think_text", r"/(.|\n)*<\/think>/", "[lazy]")
+def _xml_value(g: _Lark, schema: dict[str, Any]) -> str:
+    """One ``<parameter=...>`` value with its closing tag: string enums as their values,
+    string (or untyped) parameters as free text up to ``</parameter>``, anything else as
+    JSON held to its schema."""
+    end = g.lit("\n</parameter>\n")
+    enum = schema.get("enum")
+    if isinstance(enum, list) and enum and all(isinstance(v, str) for v in enum):
+        return "(" + " | ".join(g.lit(v) for v in enum) + f") {end}"
+    types = schema_types(schema)
+    if not types or "string" in types:
+        return "xml_text"
+    return f"{_json(schema)} {end}"
+
+
+def _qwen_xml(g: _Lark, specs: Sequence[FunctionSpec], parallel: bool) -> str:
+    """``<tool_call>\\n<function=name>\\n<parameter=key>\\nvalue\\n</parameter>\\n...
+    </function>\\n</tool_call>`` per call, spaced as Qwen3.5's template renders them."""
+    g.rule("xml_text", r"/(.|\n)*\n<\/parameter>\n/", "[lazy]")
+    alts = []
+    for i, s in enumerate(specs):
+        args = _ordered_args(
+            g,
+            f"x{i}",
+            s,
+            lambda name, schema: g.lit(f"<parameter={name}>" + "\n") + " " + _xml_value(g, schema),
+            "",
+        )
+        inner = f"{args} " if args else ""
+        head = g.lit(f"<function={s.name}>\n")
+        alts.append(g.rule(f"call{i}", f"{head} {inner}{g.lit('</function>')}"))
+    body = g.rule("call_body", " | ".join(alts))
+    one = g.rule("call", f'{g.lit("<tool_call>")} "\\n" {body} "\\n" {g.lit("</tool_call>")}')
+    return f'{one} ("\\n" {one})*' if parallel else one
+
+
+def _think_rest(g: _Lark, close: str = "</think>") -> str:
+    """Reasoning text up to and including the first `close` (lazy: it cannot run past it).
+    A special-token `close` ends the text as a token instead."""
+    if close in g.special:
+        return g.rule("think_text", f"/(.|\\n)*/ {g.lit(close)}")
+    pattern = re.escape(close).replace("/", "\\/")
+    return g.rule("think_text", "/(.|\\n)*" + pattern + "/", "[lazy]")
 
 
 _FAMILIES = {
@@ -284,6 +333,7 @@ _FAMILIES = {
     "mistral_v11": _mistral_v11,
     "gemma": _gemma,
     "gemma4": _gemma4,
+    "qwen_xml": _qwen_xml,
 }
 
 
@@ -301,6 +351,7 @@ def tool_call_grammar(
     *,
     special_tokens: Mapping[str, int] | None = None,
     reasoning: ReasoningPrefix = None,
+    reasoning_markers: tuple[str, str] = THINK_TAGS,
 ) -> str | None:
     """The llguidance Lark grammar for `choice`, or None when nothing is forced (``auto``,
     ``none``).
@@ -309,7 +360,7 @@ def tool_call_grammar(
     function: exactly one call to it. Nothing but the calls may be written; after them only
     the end of the turn. `reasoning`: ``optional`` lets a thinking model write its
     ``<think>...</think>`` block first; ``open`` is for a prompt that already opened it (the
-    output must close it first). Raises :class:`~.specs.ToolSpecError` for an unusable
+    output must close it first); `reasoning_markers` are the family's (open, close) tags. Raises :class:`~.specs.ToolSpecError` for an unusable
     `tools`/`choice`; a schema llguidance cannot compile shows in :func:`grammar_error`."""
     specs = _as_specs(tools)
     resolved = choice if isinstance(choice, ToolChoice) else resolve_tool_choice(choice, specs)
@@ -322,9 +373,9 @@ def tool_call_grammar(
     g = _Lark(special_tokens or {})
     calls = _FAMILIES[fam](g, specs, parallel)
     if reasoning is not None:
-        think = _think_rest(g)
+        think = _think_rest(g, reasoning_markers[1])
         if reasoning == "optional":
-            start = f"({g.lit('<think>')} {think} /[ \\n]*/)? {calls}"
+            start = f"({g.lit(reasoning_markers[0])} {think} /[ \\n]*/)? {calls}"
         else:
             start = f"{think} /[ \\n]*/ {calls}"
     else:

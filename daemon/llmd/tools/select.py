@@ -3,14 +3,16 @@ fallback), and whether its template renders tools itself or needs llmd's fallbac
 
 Templates name their markup: Qwen/Hermes templates write ``<tool_call>``, Llama 3.1+
 templates the ``ipython`` role and ``<|python_tag|>``, Mistral templates ``[TOOL_CALLS]``,
-Gemma 3 templates ``<start_of_turn>``, Gemma 4 templates ``<|tool_call>``. A template that ignores ``tools`` (SmolLM2's ChatML,
+Gemma 3 templates ``<start_of_turn>``, Gemma 4 templates ``<|tool_call>``; Qwen3.5 and
+Qwen3-Coder templates write ``<tool_call>`` around ``<function=...>`` XML, not JSON. A template that ignores ``tools`` (SmolLM2's ChatML,
 Llama 3.0) gets llmd's fallback: a Hermes-style system block and ``<tool_call>`` parsing.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from .calls import ToolCall
 from .parsers import (
@@ -22,6 +24,7 @@ from .parsers import (
     ToolCallParser,
 )
 from .prompt import template_handles_tools
+from .qwen_xml import XML_FUNCTION, XML_PARAMETER, QwenXmlParser
 
 # markup family -> its parser; and the markers that must stay visible in the detokenized text
 _PARSERS: dict[str, type[ToolCallParser]] = {
@@ -31,7 +34,10 @@ _PARSERS: dict[str, type[ToolCallParser]] = {
     "mistral_v11": MistralParser,
     "gemma": GemmaParser,
     "gemma4": Gemma4Parser,
+    "qwen_xml": QwenXmlParser,
 }
+# Families whose call text carries no JSON types: their parsers type values by the schemas.
+_TYPED_BY_SCHEMA = frozenset({"qwen_xml"})
 _VISIBLE: dict[str, tuple[str, ...]] = {
     "hermes": ("<tool_call>", "</tool_call>"),
     "llama3": ("<|python_tag|>",),
@@ -39,6 +45,7 @@ _VISIBLE: dict[str, tuple[str, ...]] = {
     "mistral_v11": ("[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"),
     "gemma": (),
     "gemma4": ("<|tool_call>", "<tool_call|>", '<|"|>'),
+    "qwen_xml": ("<tool_call>", "</tool_call>"),
 }
 # Catalog families (lowercased, matched as prefixes) -> markup family.
 _BY_CATALOG_FAMILY = (
@@ -59,9 +66,10 @@ class ToolParserFactory:
     """Makes a fresh parser per response for one markup family.
 
     `family`: hermes, llama3, mistral (JSON-list form), mistral_v11 (``name[ARGS]{...}``
-    form), gemma or gemma4; the grammar and prompt helpers take it too. `visible_tokens`: markers
-    that are control tokens in some vocabularies (``[TOOL_CALLS]``, ``<|python_tag|>``); the
-    detokenizer must not hide them while tools are on, or the parser never sees the call."""
+    form), gemma, gemma4 or qwen_xml (``<function=...>`` XML in ``<tool_call>``); the
+    grammar and prompt helpers take it too. `visible_tokens`: markers that are control
+    tokens in some vocabularies (``[TOOL_CALLS]``, ``<|python_tag|>``); the detokenizer must
+    not hide them while tools are on, or the parser never sees the call."""
 
     family: str
 
@@ -70,21 +78,36 @@ class ToolParserFactory:
         return _VISIBLE[self.family]
 
     def __call__(
-        self, function_names: Iterable[str] | None = None, *, parallel: bool = True
+        self,
+        function_names: Iterable[str] | None = None,
+        *,
+        parallel: bool = True,
+        schemas: Mapping[str, Mapping[str, Any]] | None = None,
     ) -> ToolCallParser:
+        """`schemas` (function name -> parameters schema) types the values of markups that
+        write them as bare text (qwen_xml); JSON markups ignore it."""
+        if self.family in _TYPED_BY_SCHEMA:
+            return QwenXmlParser(function_names, parallel=parallel, schemas=schemas)
         return _PARSERS[self.family](function_names, parallel=parallel)
 
     def parse(
-        self, text: str, function_names: Iterable[str] | None = None, *, parallel: bool = True
+        self,
+        text: str,
+        function_names: Iterable[str] | None = None,
+        *,
+        parallel: bool = True,
+        schemas: Mapping[str, Mapping[str, Any]] | None = None,
     ) -> tuple[str | None, list[ToolCall]]:
         """Non-streaming: a whole output as (content or None, calls)."""
-        return self(function_names, parallel=parallel).parse(text)
+        return self(function_names, parallel=parallel, schemas=schemas).parse(text)
 
 
 def family_from_template(chat_template: str | None) -> str | None:
     """The markup a template's own text names, or None."""
     if not chat_template:
         return None
+    if XML_FUNCTION in chat_template and XML_PARAMETER in chat_template:
+        return "qwen_xml"  # checked first: these templates write <tool_call> too
     if "<tool_call>" in chat_template:
         return "hermes"
     if "[TOOL_CALLS]" in chat_template:

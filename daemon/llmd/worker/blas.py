@@ -6,6 +6,7 @@ worker is a child process, so the daemon can preload `cmeel-openblas` (standard 
 symbols) into it with ``LD_PRELOAD``. That library needs ``libgfortran.so.5``; where the system
 lacks it, a private directory gets a ``libgfortran.so.5`` link to the copy the mlx-cpu (or
 numpy) wheel already ships, and goes on ``LD_LIBRARY_PATH``. Nothing is installed system-wide.
+The library is preloaded only where its build target runs on this CPU (openblas_runs_here).
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from __future__ import annotations
 import ctypes.util
 import glob
 import os
+import platform
+import re
 import sys
 import sysconfig
 from pathlib import Path
@@ -32,6 +35,65 @@ def find_openblas() -> Path | None:
             if candidate.exists():
                 return candidate
     return None
+
+
+# What each OpenBLAS build target executes beyond x86-64 baseline (its kernels are compiled
+# for it; only a DYNAMIC_ARCH build picks kernels at run time). cmeel-openblas 0.3.31 ships a
+# SKYLAKEX-only build whose sgemm kernels use AVX-512: preloaded on an AVX2-only CPU, the
+# worker dies of SIGILL in its first float matmul.
+_TARGET_FLAGS = {
+    "SKYLAKEX": {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512cd"},
+    "COOPERLAKE": {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512cd", "avx512_bf16"},
+    "SAPPHIRERAPIDS": {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_bf16"},
+    "HASWELL": {"avx2", "fma"},
+    "ZEN": {"avx2", "fma"},
+    "SANDYBRIDGE": {"avx"},
+    "NEHALEM": {"sse4_2"},
+    "PRESCOTT": set(),
+}
+_CONFIG = re.compile(rb"OpenBLAS \d+\.\d+\.\d+[ A-Za-z0-9_=.]*")
+_TARGET_NAMES = re.compile(rb"\b(" + b"|".join(t.encode() for t in _TARGET_FLAGS) + rb")\b")
+
+
+def openblas_build(library: Path) -> tuple[bool, set[str]] | None:
+    """Whether an OpenBLAS library is a DYNAMIC_ARCH build, and the x86 targets it names, read
+    from the file (the start of the configuration string openblas_get_config() returns, and
+    the core names it embeds) so the daemon never loads a library that may not run here."""
+    try:
+        data = library.read_bytes()
+    except OSError:
+        return None
+    config = _CONFIG.search(data)
+    if config is None:
+        return None
+    dynamic = b"DYNAMIC_ARCH" in config.group()
+    return dynamic, {m.decode() for m in _TARGET_NAMES.findall(data)}
+
+
+def cpu_flags() -> set[str]:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return set()
+    for line in text.splitlines():
+        if line.startswith(("flags", "Features")):
+            return set(line.split(":", 1)[1].split())
+    return set()
+
+
+def openblas_runs_here(build: tuple[bool, set[str]] | None, flags: set[str], machine: str) -> bool:
+    """Whether an OpenBLAS build can run on this CPU: a DYNAMIC_ARCH build anywhere; a fixed
+    x86 build only where the CPU has every instruction set its targets need; arm64 builds on
+    arm64. Unknown builds are not preloaded (a wrong guess kills every worker)."""
+    if build is None:
+        return False
+    dynamic, targets = build
+    if dynamic or machine in ("aarch64", "arm64"):
+        return True
+    if not targets:
+        return False
+    needed = set().union(*(_TARGET_FLAGS[t] for t in targets))
+    return needed <= flags
 
 
 def _bundled_gfortran() -> Path | None:
@@ -64,6 +126,8 @@ def blas_environment(shim_dir: Path) -> dict[str, str]:
     openblas = find_openblas()
     if openblas is None:
         return {}
+    if not openblas_runs_here(openblas_build(openblas), cpu_flags(), platform.machine()):
+        return {}  # MLX's own BLAS: slow for float matmuls, but it runs
     env: dict[str, str] = {"LD_PRELOAD": str(openblas)}
     if not _system_has_gfortran():
         bundled = _bundled_gfortran()
