@@ -500,11 +500,24 @@ async def start_chat(
 
 
 async def encode_prompt(
-    req: SamplingFields, model: ModelSupervisor, prompt_text: str, prompt_param: str = "prompt"
+    req: SamplingFields,
+    model: ModelSupervisor,
+    prompt_text: str | list[int],
+    prompt_param: str = "prompt",
 ) -> tuple[list[int], int]:
-    """A raw prompt's token ids (encoded off the event loop) and its max_tokens, after the
-    checks that answer 400 (empty prompt, logit_bias, context window)."""
-    prompt = await asyncio.to_thread(model.text.encode, prompt_text)
+    """A raw prompt's token ids (text encoded off the event loop; ids checked against the
+    vocabulary and used as given) and its max_tokens, after the checks that answer 400 (empty
+    prompt, unknown token ids, logit_bias, context window)."""
+    if isinstance(prompt_text, list):
+        prompt = prompt_text
+        vocab = model.text.tokenizer.get_vocab_size(with_added_tokens=True)
+        if (bad := next((t for t in prompt if not 0 <= t < vocab), None)) is not None:
+            raise bad_request(
+                f"the prompt holds token id {bad}, outside this model's vocabulary of {vocab}",
+                param=prompt_param,
+            )
+    else:
+        prompt = await asyncio.to_thread(model.text.encode, prompt_text)
     if not prompt:
         raise bad_request("the prompt is empty", param=prompt_param)
     check_logit_bias(req, model)

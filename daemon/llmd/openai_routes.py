@@ -141,8 +141,13 @@ async def _score_prompt(
 async def _complete(
     request: web.Request, req: CompletionRequest, model: ModelSupervisor
 ) -> web.StreamResponse:
-    prompt_text = req.prompt_text()
-    prompt, max_tokens = await encode_prompt(req, model, prompt_text)
+    prompt_input = req.prompt_input()
+    prompt, max_tokens = await encode_prompt(req, model, prompt_input)
+    prompt_text = (
+        prompt_input
+        if isinstance(prompt_input, str)
+        else model.text.tokenizer.decode(prompt, skip_special_tokens=False)
+    )
     top_logprobs = req.engine_logprobs()
     texts = model.text.token_texts
     cid = f"cmpl-{uuid.uuid4().hex}"

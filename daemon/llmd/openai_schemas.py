@@ -227,7 +227,9 @@ class ChatCompletionRequest(SamplingFields):
 
 
 class CompletionRequest(SamplingFields):
-    prompt: str | list[str]
+    # Text, or token ids used as they are (no BOS added), as OpenAI's API and vLLM take them;
+    # a list of either is a batch, of which one per request is supported.
+    prompt: str | list[str] | list[int] | list[list[int]]
     max_tokens: int | None = Field(default=None, ge=0)  # 0: score the prompt (with echo)
     logprobs: int | None = Field(default=None, ge=0, le=20)
     echo: bool = False
@@ -247,13 +249,19 @@ class CompletionRequest(SamplingFields):
 
     @field_validator("prompt")
     @classmethod
-    def _one_prompt(cls, v: str | list[str]) -> str | list[str]:
+    def _one_prompt(cls, v: Any) -> Any:
+        if isinstance(v, list) and v and all(isinstance(t, int) for t in v):
+            return v  # one prompt of token ids
         if isinstance(v, list) and len(v) != 1:
             raise ValueError("exactly one prompt per request is supported")
         return v
 
-    def prompt_text(self) -> str:
-        return self.prompt if isinstance(self.prompt, str) else self.prompt[0]
+    def prompt_input(self) -> str | list[int]:
+        """The one prompt: its text, or its token ids."""
+        if isinstance(self.prompt, str):
+            return self.prompt
+        first = self.prompt[0] if self.prompt else ""
+        return self.prompt if isinstance(first, int) else first  # type: ignore[return-value]
 
 
 # Accepted and ignored: with these values they cannot change the generated text.
@@ -357,6 +365,9 @@ def _param_name(loc: tuple[int | str, ...]) -> str:
 Request = TypeVar("Request", bound=SamplingFields)
 
 
+_MAX_PROBLEMS = 5
+
+
 def parse_request(body: Any, model: type[Request]) -> Request:
     """Validate a decoded JSON body; every problem is an ApiError naming the parameter."""
     if not isinstance(body, dict):
@@ -374,6 +385,9 @@ def parse_request(body: Any, model: type[Request]) -> Request:
             if param not in params:
                 params.append(param)
                 problems.append(f"{param}: {err['msg']}" if param else err["msg"])
+        if len(problems) > _MAX_PROBLEMS:  # a long array with one bad type per element
+            more = len(problems) - _MAX_PROBLEMS
+            problems = [*problems[:_MAX_PROBLEMS], f"and {more} more"]
         raise ApiError(
             400, "invalid request: " + "; ".join(problems), param=params[0] if params else None
         ) from exc

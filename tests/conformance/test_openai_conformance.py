@@ -120,6 +120,27 @@ def test_completions_stream_and_not(client: OpenAI) -> None:
     assert "".join(c.choices[0].text for c in stream if c.choices) == whole.choices[0].text
 
 
+def test_completions_take_token_ids_as_the_prompt(client: OpenAI, model_path) -> None:  # type: ignore[no-untyped-def]
+    """A prompt of token ids (OpenAI's and vLLM's form, used by evaluation harnesses) runs as
+    given and continues exactly like the same text; ids outside the vocabulary are a 400, and
+    a long badly typed array gets a short error, not one line per element."""
+    from llmd.text_model import load_gguf_text_model
+
+    text = "The capital of France is"
+    ids = load_gguf_text_model(model_path).encode(text)
+    by_text = client.completions.create(model=MODEL, prompt=text, max_tokens=8, temperature=0)
+    by_ids = client.completions.create(
+        model=MODEL, prompt=ids, max_tokens=8, temperature=0, echo=True
+    )
+    assert by_ids.choices[0].text.endswith(by_text.choices[0].text)
+    assert by_ids.usage and by_ids.usage.prompt_tokens == len(ids)
+    with pytest.raises(openai.BadRequestError, match="outside this model's vocabulary"):
+        client.completions.create(model=MODEL, prompt=[*ids, 10**7], max_tokens=2)
+    with pytest.raises(openai.BadRequestError) as bad:
+        client.completions.create(model=MODEL, prompt=[0.5] * 300, max_tokens=2)  # type: ignore[arg-type]
+    assert len(str(bad.value)) < 1000 and "more" in str(bad.value)
+
+
 def test_structured_output_parses_into_a_pydantic_model(client: OpenAI) -> None:
     from pydantic import BaseModel
 
