@@ -175,4 +175,36 @@ void compute_logits(const mx::array& x, const std::vector<int32_t>& rows, const 
   std::memcpy(logits.data(), out.data<float>(), out.nbytes());
 }
 
+std::vector<bool> sliding_pattern(int n_layers, int pattern) {
+  std::vector<bool> sliding(n_layers);
+  for (int i = 0; i < n_layers; ++i) sliding[i] = pattern > 0 && (i + 1) % pattern != 0;
+  return sliding;
+}
+
+std::vector<bool> hf_sliding_layers(const Metadata& hf, int n_layers, int default_pattern, const std::string& arch) {
+  if (!hf.has("layer_types.0")) {
+    return sliding_pattern(n_layers, static_cast<int>(hf.get_int("sliding_window_pattern").value_or(default_pattern)));
+  }
+  std::vector<bool> sliding;
+  for (int i = 0; hf.has("layer_types." + std::to_string(i)); ++i) {
+    const std::string t = *hf.get_string("layer_types." + std::to_string(i));
+    if (t != "sliding_attention" && t != "full_attention") {
+      throw std::runtime_error(arch + " layer type '" + t + "' is not supported");
+    }
+    sliding.push_back(t == "sliding_attention");
+  }
+  if (static_cast<int>(sliding.size()) != n_layers) {
+    throw std::runtime_error(arch + " layer_types has " + std::to_string(sliding.size()) + " entries for " +
+                             std::to_string(n_layers) + " layers");
+  }
+  return sliding;
+}
+
+void require_gelu_tanh(const Metadata& hf, const std::string& arch) {
+  const std::string act = hf.get_string("hidden_activation").value_or("gelu_pytorch_tanh");
+  if (act != "gelu_pytorch_tanh") {
+    throw std::runtime_error(arch + " hidden_activation '" + act + "' is not supported (expected gelu_pytorch_tanh)");
+  }
+}
+
 }  // namespace llmd

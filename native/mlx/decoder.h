@@ -83,6 +83,17 @@ double hf_rope_theta(const Metadata& hf, double fallback, const std::string& lay
 // The rope scaling type ("" when none) and its factor, from either config shape.
 std::pair<std::string, double> hf_rope_scaling(const Metadata& hf, const std::string& layer_type = "");
 
+// Which layers of a Gemma-style config slide: `layer_types` ("sliding_attention" /
+// "full_attention"; other types are refused naming `arch`) when the config lists them, else
+// every `default_pattern`-th layer is full (sliding_window_pattern when the config has it).
+// The count must match n_layers.
+std::vector<bool> hf_sliding_layers(const Metadata& hf, int n_layers, int default_pattern, const std::string& arch);
+// Layer i slides unless it is the last of each `pattern` layers (Gemma 3: every 6th layer is
+// global), as transformers' sliding_window_pattern and llama.cpp's set_swa_pattern.
+std::vector<bool> sliding_pattern(int n_layers, int pattern);
+// Gemma's MLP activation: only GELU-tanh is implemented; anything else is refused naming `arch`.
+void require_gelu_tanh(const Metadata& hf, const std::string& arch);
+
 // Host-side layout of one step: embedded rows, the attention batch and the rows sampled.
 struct StepRows {
   std::vector<float> x;                  // [T, hidden] embeddings

@@ -154,14 +154,6 @@ void check(const Gemma3Config& c) {
   }
 }
 
-// Layer i is a sliding one unless it is the last of each `pattern` layers (Gemma 3: every 6th
-// layer is global), as transformers' sliding_window_pattern and llama.cpp's set_swa_pattern.
-std::vector<bool> sliding_pattern(int n_layers, int pattern) {
-  std::vector<bool> sliding(n_layers);
-  for (int i = 0; i < n_layers; ++i) sliding[i] = pattern > 0 && (i + 1) % pattern != 0;
-  return sliding;
-}
-
 }  // namespace
 
 std::unique_ptr<Model> load_gemma3_safetensors(const std::string& dir, const Metadata& hf, const LoadOptions& options) {
@@ -185,22 +177,9 @@ std::unique_ptr<Model> load_gemma3_safetensors(const std::string& dir, const Met
   if (hf.get_bool("use_bidirectional_attention").value_or(false)) {
     throw std::runtime_error("gemma3 with use_bidirectional_attention (an embedding model) is not supported");
   }
-  const std::string act = hf.get_string("hidden_activation").value_or("gelu_pytorch_tanh");
-  if (act != "gelu_pytorch_tanh") {
-    throw std::runtime_error("gemma3 hidden_activation '" + act + "' is not supported (expected gelu_pytorch_tanh)");
-  }
+  require_gelu_tanh(hf, "gemma3");
   c.sliding_window = static_cast<int>(hf.get_int("sliding_window").value_or(4096));
-  if (hf.has("layer_types.0")) {
-    for (int i = 0; hf.has("layer_types." + std::to_string(i)); ++i) {
-      const std::string t = *hf.get_string("layer_types." + std::to_string(i));
-      if (t != "sliding_attention" && t != "full_attention") {
-        throw std::runtime_error("gemma3 layer type '" + t + "' is not supported");
-      }
-      c.sliding.push_back(t == "sliding_attention");
-    }
-  } else {
-    c.sliding = sliding_pattern(d.n_layers, static_cast<int>(hf.get_int("sliding_window_pattern").value_or(6)));
-  }
+  c.sliding = hf_sliding_layers(hf, d.n_layers, 6, "gemma3");
   check(c);
 
   const auto [global_type, global_factor] = hf_rope_scaling(hf, "full_attention");

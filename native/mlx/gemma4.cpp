@@ -383,26 +383,9 @@ std::unique_ptr<Model> load_gemma4_safetensors(const std::string& dir, const Met
   if (bidir == "all") {
     throw std::runtime_error("gemma4 with use_bidirectional_attention 'all' (an embedding model) is not supported");
   }
-  const std::string act = hf.get_string("hidden_activation").value_or("gelu_pytorch_tanh");
-  if (act != "gelu_pytorch_tanh") {
-    throw std::runtime_error("gemma4 hidden_activation '" + act + "' is not supported (expected gelu_pytorch_tanh)");
-  }
+  require_gelu_tanh(hf, "gemma4");
   c.sliding_window = static_cast<int>(hf.get_int("sliding_window").value_or(512));
-  if (hf.has("layer_types.0")) {
-    for (int i = 0; hf.has("layer_types." + std::to_string(i)); ++i) {
-      const std::string t = *hf.get_string("layer_types." + std::to_string(i));
-      if (t != "sliding_attention" && t != "full_attention") {
-        throw std::runtime_error("gemma4 layer type '" + t + "' is not supported");
-      }
-      c.sliding.push_back(t == "sliding_attention");
-    }
-    if (static_cast<int>(c.sliding.size()) != d.n_layers) {
-      throw std::runtime_error("gemma4 layer_types has " + std::to_string(c.sliding.size()) + " entries for " +
-                               std::to_string(d.n_layers) + " layers");
-    }
-  } else {
-    for (int i = 0; i < d.n_layers; ++i) c.sliding.push_back((i + 1) % 6 != 0);  // transformers' default 5:1
-  }
+  c.sliding = hf_sliding_layers(hf, d.n_layers, 6, "gemma4");  // transformers' default 5:1
   c.sliding.back() = false;  // transformers forces the last layer to full attention
   c.k_eq_v = hf.get_bool("attention_k_eq_v").value_or(false);
   global_attention_shape(hf, c);
