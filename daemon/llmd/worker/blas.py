@@ -40,7 +40,9 @@ def find_openblas() -> Path | None:
 # What each OpenBLAS build target executes beyond x86-64 baseline (its kernels are compiled
 # for it; only a DYNAMIC_ARCH build picks kernels at run time). cmeel-openblas 0.3.31 ships a
 # SKYLAKEX-only build whose sgemm kernels use AVX-512: preloaded on an AVX2-only CPU, the
-# worker dies of SIGILL in its first float matmul.
+# worker died of SIGILL in its first float matmul. pyproject pins 0.3.29 (a ZEN build: AVX2,
+# which AVX-512 CPUs run too); this check keeps any other build from being preloaded where it
+# cannot run.
 _TARGET_FLAGS = {
     "SKYLAKEX": {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512cd"},
     "COOPERLAKE": {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512cd", "avx512_bf16"},
