@@ -439,7 +439,7 @@ std::unique_ptr<Model> load_gemma4_safetensors(const std::string& dir, const Met
   auto local_rope = make_rope(hf, "sliding_attention", d.head_dim, "default", 10000.0, 1.0);
   auto global_rope = make_rope(hf, "full_attention", c.global_head_dim, "proportional", 1e6, 0.25);
 
-  const Checkpoint w(dir);
+  const Checkpoint w(dir, &hf);
   // Text-only checkpoints name the decoder `model.`; multimodal ones nest it.
   std::string m = "model.";
   for (const char* prefix : {"model.", "model.language_model.", "language_model.model."}) {

@@ -512,7 +512,7 @@ std::unique_ptr<Model> load_qwen3_5_moe_safetensors(const std::string& dir, cons
   rope->interleaved = false;  // rotate-half over the rotated dims
   rope->inv_freq = rope_inv_freq(c.rope_dims, hf_rope_theta(hf, 10000.0));
 
-  const Checkpoint w(dir);
+  const Checkpoint w(dir, &hf);
   const std::string m = prefix_of(w);
   const bool dev = options.on_device();
   const mx::Dtype expert_dtype = dev ? device_compute_dtype() : mx::float32;

@@ -192,11 +192,12 @@ def _bf16_bits(a: np.ndarray) -> np.ndarray:
     return ((u + (((u >> 16) & 1) + 0x7FFF)) >> 16).astype(np.uint16)
 
 
-def weights(arch: str, seed: int = 0) -> dict[str, np.ndarray]:
-    """Hugging Face tensor names -> float32 arrays (bf16-representable values)."""
+def weights(arch: str, seed: int = 0, config: dict | None = None) -> dict[str, np.ndarray]:
+    """Hugging Face tensor names -> float32 arrays (bf16-representable values). `config`
+    replaces CONFIGS[arch] (other sizes of the same architecture)."""
     if arch == "qwen3_5_moe_text":
         return _qwen3_5_moe_weights(seed)
-    c = CONFIGS[arch]
+    c = config or CONFIGS[arch]
     rng = np.random.default_rng(seed)
     if c["model_type"] == "gemma4_text":
         return {k: bf16_round(x.astype(np.float32)) for k, x in _gemma4_weights(c, rng).items()}
@@ -374,15 +375,21 @@ def _gemma4_weights(c: dict, rng: np.random.Generator) -> dict[str, np.ndarray]:
     return w
 
 
-def write_safetensors(path: Path, tensors: dict[str, np.ndarray]) -> None:
-    """A bf16 safetensors file (the format is a JSON header then raw little-endian data)."""
+def write_safetensors(path: Path, tensors: dict[str, np.ndarray], dtype: str = "BF16") -> None:
+    """A bf16 (or `dtype` F32) safetensors file (the format is a JSON header then raw
+    little-endian data); uint32 arrays are stored as U32."""
     header: dict[str, object] = {"__metadata__": {"format": "pt"}}
     blobs = []
     offset = 0
     for name, arr in tensors.items():
-        data = _bf16_bits(arr).tobytes()
+        if arr.dtype == np.uint32:
+            data, dt = np.ascontiguousarray(arr).tobytes(), "U32"
+        elif dtype == "F32":
+            data, dt = np.ascontiguousarray(arr, dtype=np.float32).tobytes(), "F32"
+        else:
+            data, dt = _bf16_bits(arr).tobytes(), "BF16"
         header[name] = {
-            "dtype": "BF16",
+            "dtype": dt,
             "shape": list(arr.shape),
             "data_offsets": [offset, offset + len(data)],
         }
@@ -400,6 +407,76 @@ def write_checkpoint(directory: Path, arch: str, seed: int = 0) -> dict[str, np.
     (directory / "config.json").write_text(json.dumps(CONFIGS[arch], indent=1))
     write_safetensors(directory / "model.safetensors", w)
     return w
+
+
+def mlx_quantize(
+    w: dict[str, np.ndarray], bits: int, group_size: int
+) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """Quantizes the weights as mlx-lm's `convert -q` does (mlx.core.quantize on the bf16
+    weights of every Linear and Embedding whose input width is a multiple of the group size:
+    all 2-D `.weight` tensors here; norms stay float). Returns the quantized checkpoint's
+    tensors (X.weight uint32-packed, X.scales and X.biases bf16) and the float32 values they
+    stand for (mx.dequantize of them, computed in float32)."""
+    import mlx.core as mx
+
+    quantized: dict[str, np.ndarray] = {}
+    dequantized: dict[str, np.ndarray] = {}
+    for name, x in w.items():
+        if x.ndim != 2 or not name.endswith(".weight") or x.shape[-1] % group_size:
+            quantized[name] = dequantized[name] = x
+            continue
+        q, scales, biases = mx.quantize(
+            mx.array(x).astype(mx.bfloat16), group_size=group_size, bits=bits
+        )
+        s32, b32 = scales.astype(mx.float32), biases.astype(mx.float32)
+        module = name.removesuffix(".weight")
+        quantized[name] = np.array(q)
+        quantized[module + ".scales"] = np.array(s32)  # bf16 values, written as BF16
+        quantized[module + ".biases"] = np.array(b32)
+        dequantized[name] = np.array(
+            mx.dequantize(q, s32, b32, group_size=group_size, bits=bits)
+        ).astype(np.float32)
+    return quantized, dequantized
+
+
+def mlx_q4_1_blocks(x: np.ndarray) -> np.ndarray:
+    """GGUF Q4_1 blocks (fp16 d, fp16 m, 16 bytes of nibbles q[i] | q[i + 16] << 4) holding
+    exactly mlx.core.quantize's 4-bit groups of 32 of the bf16 weights: uint8 [rows, bytes]."""
+    import mlx.core as mx
+
+    q, scales, biases = mx.quantize(mx.array(x).astype(mx.bfloat16), group_size=32, bits=4)
+    n, k = x.shape
+    packed = np.array(q).view(np.uint8)  # element 2j in the low nibble of byte j
+    nib = np.stack([packed & 15, packed >> 4], -1).reshape(n, k // 32, 32)
+    qs = (nib[..., :16] | (nib[..., 16:] << 4)).astype(np.uint8)
+    d = np.array(scales.astype(mx.float32)).astype(np.float16).view(np.uint8).reshape(n, k // 32, 2)
+    m = np.array(biases.astype(mx.float32)).astype(np.float16).view(np.uint8).reshape(n, k // 32, 2)
+    return np.concatenate([d, m, qs], -1).reshape(n, k // 32 * 20)
+
+
+def write_mlx_quantized_checkpoint(
+    directory: Path,
+    dequantized_directory: Path,
+    arch: str,
+    bits: int = 4,
+    group_size: int = 64,
+    seed: int = 0,
+    config: dict | None = None,
+) -> None:
+    """An MLX-quantized checkpoint of `arch` as mlx-lm writes it (config with `quantization`
+    and `quantization_config`), and beside it the float32 checkpoint of the values it
+    dequantizes to (the reference)."""
+    c = dict(config or CONFIGS[arch])
+    quantized, dequantized = mlx_quantize(weights(arch, seed, c), bits, group_size)
+    for d in (directory, dequantized_directory):
+        d.mkdir(parents=True, exist_ok=True)
+    (dequantized_directory / "config.json").write_text(json.dumps(c, indent=1))
+    write_safetensors(dequantized_directory / "model.safetensors", dequantized, dtype="F32")
+    quant = {"group_size": group_size, "bits": bits}
+    (directory / "config.json").write_text(
+        json.dumps({**c, "quantization": quant, "quantization_config": quant}, indent=1)
+    )
+    write_safetensors(directory / "model.safetensors", quantized)
 
 
 # Hugging Face tensor names -> llama.cpp's (src/llama-arch.cpp), per layer.
@@ -486,6 +563,9 @@ def write_gguf(path: Path, arch: str, seed: int = 0, quant: str = "F32") -> None
             w.add_tensor(gguf_name(arch, name), dequantize(quantize(x, q8), q8).astype(np.float32))
         elif x.ndim == 1 or quant in ("F32", "Q8_0-as-F32"):
             w.add_tensor(gguf_name(arch, name), x)
+        elif quant == "Q4_1-from-mlx":  # mlx-lm's 4-bit groups of 32 as the same Q4_1 blocks
+            qt = GGMLQuantizationType.Q4_1
+            w.add_tensor(gguf_name(arch, name), mlx_q4_1_blocks(x), raw_dtype=qt)
         elif quant == "F16":
             w.add_tensor(gguf_name(arch, name), x.astype(np.float16))
         else:
