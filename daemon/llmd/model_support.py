@@ -95,16 +95,19 @@ def quantization_problem(config: dict, arch: str) -> str | None:
                     "(it runs MLX affine 4/8-bit safetensors, GGUF, and float safetensors)"
                 )
             mode = q.get("mode", "affine")
-            bits, group = q.get("bits"), q.get("group_size")
             if mode != "affine":
                 return f"its MLX quantization mode '{mode}' is not supported (affine only)"
-            if bits not in MLX_QUANT_BITS:
-                return f"its MLX quantization has {bits} bits; llmd runs {MLX_QUANT_BITS} bits"
-            if group not in MLX_QUANT_GROUP_SIZES:
-                return (
-                    f"its MLX quantization has group_size {group}; llmd runs group sizes "
-                    f"{MLX_QUANT_GROUP_SIZES}"
-                )
+            # The default, then mlx-lm's per-module settings ({"model.layers.0.mlp.gate": {...}}).
+            settings = [("", q)] + [(f" ({k})", v) for k, v in q.items() if isinstance(v, dict)]
+            for where, setting in settings:
+                bits, group = setting.get("bits"), setting.get("group_size")
+                if bits not in MLX_QUANT_BITS:
+                    return f"its MLX quantization has {bits} bits{where}; llmd runs {MLX_QUANT_BITS} bits"
+                if group not in MLX_QUANT_GROUP_SIZES:
+                    return (
+                        f"its MLX quantization has group_size {group}{where}; llmd runs group "
+                        f"sizes {MLX_QUANT_GROUP_SIZES}"
+                    )
             if arch not in MLX_QUANTIZED_ARCHITECTURES:
                 return (
                     f"MLX-quantized '{arch}' checkpoints are not supported yet (llmd runs them "

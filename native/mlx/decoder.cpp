@@ -117,6 +117,22 @@ Checkpoint::Checkpoint(const std::string& dir, const Metadata* hf) {
         throw std::runtime_error("MLX quantization group_size " + std::to_string(quant_.group_size) +
                                  " is not supported (32, 64 or 128)");
       }
+      // Per-module settings, flattened as "<key>.<module>.bits" / ".group_size".
+      const std::string prefix = key + ".";
+      for (const auto& [k, v] : hf->values()) {
+        for (const std::string field : {".bits", ".group_size"}) {
+          if (k.size() <= prefix.size() + field.size() || !k.starts_with(prefix) || !k.ends_with(field)) continue;
+          const std::string module = k.substr(prefix.size(), k.size() - prefix.size() - field.size());
+          Quantization& q = overrides_.try_emplace(module, quant_).first->second;
+          (field == ".bits" ? q.bits : q.group_size) = static_cast<int>(hf->get_int(k).value_or(0));
+        }
+      }
+      for (const auto& [module, q] : overrides_) {
+        if (q.bits != 4 && q.bits != 8) {
+          throw std::runtime_error("MLX quantization with " + std::to_string(q.bits) + " bits (" + module +
+                                   ") is not supported (4 or 8 bits)");
+        }
+      }
       break;
     }
   }
@@ -151,16 +167,26 @@ std::optional<Checkpoint::Quantization> Checkpoint::quantization(const std::stri
   if (w->second.dtype() != mx::uint32 || w->second.ndim() < 2 || s->second.ndim() != w->second.ndim()) {
     throw std::runtime_error("tensor " + module + ".weight has scales but is not MLX uint32-packed");
   }
-  // mlx-lm may quantize some modules with other bits (same group size): read them off the
-  // shapes, k = groups * group_size = packed words * 32 / bits.
-  const int group = quant_.group_size ? quant_.group_size : 64;
+  // mlx-lm may quantize some modules with other settings (named in the config); the bits
+  // are checked against the shapes, k = groups * group_size = packed words * 32 / bits.
+  auto over = overrides_.find(module);
+  const int group = over != overrides_.end() ? over->second.group_size : quant_.group_size ? quant_.group_size : 64;
+  if (group != 32 && group != 64 && group != 128) {
+    throw std::runtime_error("MLX quantization group_size " + std::to_string(group) + " of " + module +
+                             " is not supported (32, 64 or 128)");
+  }
   const int64_t k = static_cast<int64_t>(s->second.shape(-1)) * group;
   const int64_t words = w->second.shape(-1);
   if ((words * 32) % k != 0 || (words * 32 / k != 4 && words * 32 / k != 8)) {
     throw std::runtime_error("MLX-quantized tensor " + module + ".weight is not 4- or 8-bit with group_size " +
                              std::to_string(group) + " (llmd runs affine 4/8-bit, group 32/64/128)");
   }
-  return Quantization{static_cast<int>(words * 32 / k), group};
+  const int bits = static_cast<int>(words * 32 / k);
+  if (over != overrides_.end() && over->second.bits != bits) {
+    throw std::runtime_error("MLX-quantized tensor " + module + ".weight is " + std::to_string(bits) +
+                             "-bit but the config says " + std::to_string(over->second.bits));
+  }
+  return Quantization{bits, group};
 }
 
 Linear Checkpoint::linear(const std::vector<std::string>& modules, bool on_device, bool interleave_pairs) const {

@@ -106,6 +106,8 @@ class Checkpoint {
  private:
   std::unordered_map<std::string, mx::array> tensors_;
   Quantization quant_;
+  // mlx-lm's per-module settings (`quantization`: {"model.layers.0.mlp.gate": {bits, group_size}}).
+  std::map<std::string, Quantization> overrides_;
 };
 
 // RoPE base frequency of a Hugging Face config: transformers 5 writes `rope_parameters`

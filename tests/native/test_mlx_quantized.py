@@ -156,6 +156,33 @@ def test_greedy_equals_the_dequantized_reference(checkpoints, arch: str, backend
     assert ours == ref
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_per_module_settings_and_inexact_scales(tmp_path: Path, backend: str) -> None:
+    """mlx-lm's per-module settings (8-bit groups of 32 in a 4-bit, 64 model) and scales that
+    float16 cannot hold (no exact Q4_1 repack: MLX's kernel runs those layers on "cpu")."""
+    q, d = tmp_path / "q", tmp_path / "dq"
+    o_proj, gate = "model.layers.1.self_attn.o_proj", "model.layers.0.mlp.gate_proj"
+    write_mlx_quantized_checkpoint(q, d, "qwen3", 4, 64, overrides={o_proj: (8, 32), gate: (4, 32)})
+    engine = _engine(q, backend)
+    paths = engine.matmul_paths()
+    assert paths["blk.1.attn_output"] == "mlx:qmm:affine8g32:cpu"
+    # gate (4-bit, 32) and up (4-bit, 64) stack only as floats; blk.1's stack quantized.
+    assert paths["blk.0.ffn_gate_up"].startswith("mlx:matmul:f32")
+    assert paths["blk.1.ffn_gate_up"].startswith(
+        "llmd:q4_1" if backend == "cpu" else "mlx:qmm:affine4g64"
+    )
+    bound = Q4_1_KERNEL_BOUND if backend == "cpu" else TIGHT
+    ref = _engine(d, backend).score(TOKENS, 1)[: len(TOKENS)]
+    assert _max_rel(engine.score(TOKENS, 1)[: len(TOKENS)], ref) < bound
+
+    q, d = tmp_path / "nq", tmp_path / "ndq"
+    write_mlx_quantized_checkpoint(q, d, "qwen3", 4, 32, nudge_scales=True)
+    engine = _engine(q, backend)
+    assert set(engine.matmul_paths().values()) == {"mlx:qmm:affine4g32:cpu"}
+    ref = _engine(d, backend).score(TOKENS, 1)[: len(TOKENS)]
+    assert _max_rel(engine.score(TOKENS, 1)[: len(TOKENS)], ref) < TIGHT
+
+
 def test_worker_serves_an_mlx_quantized_directory(tmp_path: Path) -> None:
     """The worker, launched as the daemon launches it, generates the reference's tokens."""
     import subprocess
@@ -200,6 +227,14 @@ def test_worker_serves_an_mlx_quantized_directory(tmp_path: Path) -> None:
         ({"group_size": 16, "bits": 4}, "group_size 16"),
         ({"group_size": 32, "bits": 4, "mode": "mxfp4"}, "mode 'mxfp4'"),
         ({"quant_method": "gptq", "bits": 4}, "'gptq'"),
+        (
+            {
+                "group_size": 64,
+                "bits": 4,
+                "model.layers.0.mlp.up_proj": {"group_size": 64, "bits": 2},
+            },
+            "2 bits",
+        ),
     ],
 )
 def test_unsupported_quantization_is_refused_naming_it(

@@ -375,16 +375,21 @@ def _gemma4_weights(c: dict, rng: np.random.Generator) -> dict[str, np.ndarray]:
     return w
 
 
-def write_safetensors(path: Path, tensors: dict[str, np.ndarray], dtype: str = "BF16") -> None:
+def write_safetensors(
+    path: Path,
+    tensors: dict[str, np.ndarray],
+    dtype: str = "BF16",
+    f32: frozenset[str] = frozenset(),
+) -> None:
     """A bf16 (or `dtype` F32) safetensors file (the format is a JSON header then raw
-    little-endian data); uint32 arrays are stored as U32."""
+    little-endian data); uint32 arrays are stored as U32, tensors named in `f32` as F32."""
     header: dict[str, object] = {"__metadata__": {"format": "pt"}}
     blobs = []
     offset = 0
     for name, arr in tensors.items():
         if arr.dtype == np.uint32:
             data, dt = np.ascontiguousarray(arr).tobytes(), "U32"
-        elif dtype == "F32":
+        elif dtype == "F32" or name in f32:
             data, dt = np.ascontiguousarray(arr, dtype=np.float32).tobytes(), "F32"
         else:
             data, dt = _bf16_bits(arr).tobytes(), "BF16"
@@ -410,32 +415,39 @@ def write_checkpoint(directory: Path, arch: str, seed: int = 0) -> dict[str, np.
 
 
 def mlx_quantize(
-    w: dict[str, np.ndarray], bits: int, group_size: int
+    w: dict[str, np.ndarray],
+    bits: int,
+    group_size: int,
+    overrides: dict[str, tuple[int, int]] | None = None,
+    nudge_scales: bool = False,
 ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
     """Quantizes the weights as mlx-lm's `convert -q` does (mlx.core.quantize on the bf16
     weights of every Linear and Embedding whose input width is a multiple of the group size:
     all 2-D `.weight` tensors here; norms stay float). Returns the quantized checkpoint's
     tensors (X.weight uint32-packed, X.scales and X.biases bf16) and the float32 values they
-    stand for (mx.dequantize of them, computed in float32)."""
+    stand for (mx.dequantize of them, computed in float32). `overrides`: module -> (bits,
+    group_size), as mlx-lm's quant_predicate gives some modules. `nudge_scales`: scales
+    scaled by 1 + 2^-20, float32 values that float16 cannot hold (stored as F32)."""
     import mlx.core as mx
 
     quantized: dict[str, np.ndarray] = {}
     dequantized: dict[str, np.ndarray] = {}
     for name, x in w.items():
-        if x.ndim != 2 or not name.endswith(".weight") or x.shape[-1] % group_size:
+        module = name.removesuffix(".weight")
+        b, g = (overrides or {}).get(module, (bits, group_size))
+        if x.ndim != 2 or not name.endswith(".weight") or x.shape[-1] % g:
             quantized[name] = dequantized[name] = x
             continue
-        q, scales, biases = mx.quantize(
-            mx.array(x).astype(mx.bfloat16), group_size=group_size, bits=bits
-        )
+        q, scales, biases = mx.quantize(mx.array(x).astype(mx.bfloat16), group_size=g, bits=b)
         s32, b32 = scales.astype(mx.float32), biases.astype(mx.float32)
-        module = name.removesuffix(".weight")
+        if nudge_scales:
+            s32 = s32 * (1 + 2**-20)
         quantized[name] = np.array(q)
         quantized[module + ".scales"] = np.array(s32)  # bf16 values, written as BF16
         quantized[module + ".biases"] = np.array(b32)
-        dequantized[name] = np.array(
-            mx.dequantize(q, s32, b32, group_size=group_size, bits=bits)
-        ).astype(np.float32)
+        dequantized[name] = np.array(mx.dequantize(q, s32, b32, group_size=g, bits=b)).astype(
+            np.float32
+        )
     return quantized, dequantized
 
 
@@ -462,21 +474,30 @@ def write_mlx_quantized_checkpoint(
     group_size: int = 64,
     seed: int = 0,
     config: dict | None = None,
+    overrides: dict[str, tuple[int, int]] | None = None,
+    nudge_scales: bool = False,
 ) -> None:
     """An MLX-quantized checkpoint of `arch` as mlx-lm writes it (config with `quantization`
-    and `quantization_config`), and beside it the float32 checkpoint of the values it
-    dequantizes to (the reference)."""
+    and `quantization_config`, per-module `overrides` listed in them), and beside it the
+    float32 checkpoint of the values it dequantizes to (the reference)."""
     c = dict(config or CONFIGS[arch])
-    quantized, dequantized = mlx_quantize(weights(arch, seed, c), bits, group_size)
+    quantized, dequantized = mlx_quantize(
+        weights(arch, seed, c), bits, group_size, overrides, nudge_scales
+    )
     for d in (directory, dequantized_directory):
         d.mkdir(parents=True, exist_ok=True)
     (dequantized_directory / "config.json").write_text(json.dumps(c, indent=1))
     write_safetensors(dequantized_directory / "model.safetensors", dequantized, dtype="F32")
-    quant = {"group_size": group_size, "bits": bits}
+    quant: dict = {"group_size": group_size, "bits": bits}
+    for module, (b, g) in (overrides or {}).items():
+        quant[module] = {"group_size": g, "bits": b}
     (directory / "config.json").write_text(
         json.dumps({**c, "quantization": quant, "quantization_config": quant}, indent=1)
     )
-    write_safetensors(directory / "model.safetensors", quantized)
+    scales = frozenset(k for k in quantized if k.endswith((".scales", ".biases")))
+    write_safetensors(
+        directory / "model.safetensors", quantized, f32=scales if nudge_scales else frozenset()
+    )
 
 
 # Hugging Face tensor names -> llama.cpp's (src/llama-arch.cpp), per layer.
