@@ -208,6 +208,12 @@ Linear Checkpoint::linear(const std::vector<std::string>& modules, bool on_devic
   return Linear::from_float(ws.size() == 1 ? ws[0] : mx::concatenate(ws, 0), on_device);
 }
 
+std::optional<Linear::MlxQuantized> Checkpoint::quantized_parts(const std::string& module) const {
+  if (!quantization(module)) return std::nullopt;
+  return Linear::MlxQuantized{tensors_.at(module + ".weight"), tensors_.at(module + ".scales"),
+                              tensors_.at(module + ".biases")};
+}
+
 Embedding Checkpoint::embedding(const std::string& module) const {
   if (auto q = quantization(module)) {
     return Embedding::mlx_affine(tensors_.at(module + ".weight"), tensors_.at(module + ".scales"),

@@ -95,6 +95,8 @@ class Checkpoint {
   // The modules' weights stacked into one Linear: kept quantized when all of them are (same
   // bits and group), else float32 as get() gives them.
   Linear linear(const std::vector<std::string>& modules, bool on_device, bool interleave_pairs = false) const;
+  // The packed weight, scales and biases of a quantized module (nullopt when it is float).
+  std::optional<Linear::MlxQuantized> quantized_parts(const std::string& module) const;
   // An embedding table, quantized rows kept quantized.
   Embedding embedding(const std::string& module) const;
   bool quantized() const { return quant_.bits != 0; }

@@ -435,7 +435,8 @@ def mlx_quantize(
     for name, x in w.items():
         module = name.removesuffix(".weight")
         b, g = (overrides or {}).get(module, (bits, group_size))
-        if x.ndim != 2 or not name.endswith(".weight") or x.shape[-1] % g:
+        matrix = x.ndim == 2 or (x.ndim == 3 and ".switch_mlp." in name)  # Linear, SwitchLinear
+        if not matrix or not name.endswith(".weight") or x.shape[-1] % g:
             quantized[name] = dequantized[name] = x
             continue
         q, scales, biases = mx.quantize(mx.array(x).astype(mx.bfloat16), group_size=g, bits=b)
@@ -498,6 +499,75 @@ def write_mlx_quantized_checkpoint(
     write_safetensors(
         directory / "model.safetensors", quantized, f32=scales if nudge_scales else frozenset()
     )
+
+
+_QWEN3_5_NORMS = (
+    ".input_layernorm.weight",
+    ".post_attention_layernorm.weight",
+    "model.norm.weight",
+    ".q_norm.weight",
+    ".k_norm.weight",
+)
+
+
+def write_mlx_lm_qwen3_5_moe(
+    directory: Path, dequantized_directory: Path, bits: int = 4, group_size: int = 32, seed: int = 0
+) -> None:
+    """The tiny Qwen3.5-MoE as mlx-lm saves it (models/qwen3_5_moe.py and qwen3_5.py
+    sanitize: `language_model.` prefix, experts as switch_mlp.{gate,up,down}_proj, conv1d
+    weights [C, K, 1], the decoder norms stored as 1 + w; quantized with the router and shared
+    expert gate at 8 bits, groups of 64, as its quant_predicate says), and beside it the Hugging
+    Face layout float32 checkpoint of the values it dequantizes to."""
+    arch = "qwen3_5_moe_text"
+    c = CONFIGS[arch]
+    mlx: dict[str, np.ndarray] = {}
+    for name, x in weights(arch, seed).items():
+        key = "language_model." + name
+        if name.endswith("experts.gate_up_proj"):
+            sw = key.removesuffix("experts.gate_up_proj") + "switch_mlp."
+            mid = x.shape[1] // 2
+            mlx[sw + "gate_proj.weight"], mlx[sw + "up_proj.weight"] = x[:, :mid], x[:, mid:]
+            continue
+        if name.endswith("experts.down_proj"):
+            mlx[key.removesuffix("experts.down_proj") + "switch_mlp.down_proj.weight"] = x
+            continue
+        if name.endswith("conv1d.weight"):
+            x = np.moveaxis(x, 2, 1)
+        if name.endswith(_QWEN3_5_NORMS) and x.ndim == 1:
+            x = bf16_round(x + 1)
+        mlx[key] = x
+    gates = {
+        f"language_model.model.layers.{i}.mlp.{g}": (8, 64)
+        for i in range(c["num_hidden_layers"])
+        for g in ("gate", "shared_expert_gate")
+    }
+    quantized, dq = mlx_quantize(mlx, bits, group_size, gates)
+    ref: dict[str, np.ndarray] = {}
+    for key, x in dq.items():
+        name = key.removeprefix("language_model.")
+        if ".switch_mlp." in name:
+            base = name.split("switch_mlp.")[0] + "experts."
+            if "gate_proj" in name:
+                up = dq[key.replace("gate_proj", "up_proj")]
+                ref[base + "gate_up_proj"] = np.concatenate([x, up], 1)
+            elif "down_proj" in name:
+                ref[base + "down_proj"] = x
+            continue
+        if name.endswith("conv1d.weight"):
+            x = np.moveaxis(x, 1, 2)
+        if name.endswith(_QWEN3_5_NORMS) and x.ndim == 1:
+            x = x - 1
+        ref[name] = x
+    for d in (directory, dequantized_directory):
+        d.mkdir(parents=True, exist_ok=True)
+    (dequantized_directory / "config.json").write_text(json.dumps(c, indent=1))
+    write_safetensors(dequantized_directory / "model.safetensors", ref, dtype="F32")
+    quant: dict = {"group_size": group_size, "bits": bits}
+    quant.update({k: {"group_size": g, "bits": b} for k, (b, g) in gates.items()})
+    (directory / "config.json").write_text(
+        json.dumps({**c, "quantization": quant, "quantization_config": quant}, indent=1)
+    )
+    write_safetensors(directory / "model.safetensors", quantized)
 
 
 # Hugging Face tensor names -> llama.cpp's (src/llama-arch.cpp), per layer.
