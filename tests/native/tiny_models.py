@@ -435,7 +435,9 @@ def mlx_quantize(
     for name, x in w.items():
         module = name.removesuffix(".weight")
         b, g = (overrides or {}).get(module, (bits, group_size))
-        matrix = x.ndim == 2 or (x.ndim == 3 and ".switch_mlp." in name)  # Linear, SwitchLinear
+        matrix = x.ndim == 2 or (
+            x.ndim == 3 and (".switch_mlp." in name or ".switch_glu." in name)
+        )  # Linear, SwitchLinear
         if not matrix or not name.endswith(".weight") or x.shape[-1] % g:
             quantized[name] = dequantized[name] = x
             continue
@@ -564,6 +566,64 @@ def write_mlx_lm_qwen3_5_moe(
     write_safetensors(dequantized_directory / "model.safetensors", ref, dtype="F32")
     quant: dict = {"group_size": group_size, "bits": bits}
     quant.update({k: {"group_size": g, "bits": b} for k, (b, g) in gates.items()})
+    (directory / "config.json").write_text(
+        json.dumps({**c, "quantization": quant, "quantization_config": quant}, indent=1)
+    )
+    write_safetensors(directory / "model.safetensors", quantized)
+
+
+def write_mlx_lm_gemma4(
+    directory: Path,
+    dequantized_directory: Path,
+    arch: str,
+    bits: int = 4,
+    group_size: int = 32,
+    seed: int = 0,
+) -> None:
+    """A tiny Gemma 4 text model (`arch`: gemma4_text or gemma4_moe) as mlx-lm saves it
+    (models/gemma4_text.py sanitize: KV-shared layers without k/v projections, experts as
+    experts.switch_glu.{gate,up,down}_proj; quantized with router.proj at 8 bits, groups of 64,
+    as its quant_predicate says), and beside it the Hugging Face layout float32 checkpoint of
+    the values it dequantizes to."""
+    c = CONFIGS[arch]
+    first_shared = c["num_hidden_layers"] - c.get("num_kv_shared_layers", 0)
+    mlx: dict[str, np.ndarray] = {}
+    for name, x in weights(arch, seed).items():
+        if any(s in name for s in (".self_attn.k_proj", ".self_attn.v_proj", ".self_attn.k_norm")):
+            if int(name.split("layers.")[1].split(".")[0]) >= first_shared:
+                continue
+        if name.endswith(".experts.gate_up_proj"):
+            base = name.removesuffix(".gate_up_proj") + ".switch_glu."
+            mid = x.shape[1] // 2
+            mlx[base + "gate_proj.weight"], mlx[base + "up_proj.weight"] = x[:, :mid], x[:, mid:]
+            continue
+        if name.endswith(".experts.down_proj"):
+            mlx[name.removesuffix(".down_proj") + ".switch_glu.down_proj.weight"] = x
+            continue
+        mlx[name] = x
+    routers = {
+        f"model.layers.{i}.router.proj": (8, 64)
+        for i in range(c["num_hidden_layers"])
+        if f"model.layers.{i}.router.proj.weight" in mlx
+    }
+    quantized, dq = mlx_quantize(mlx, bits, group_size, routers)
+    ref: dict[str, np.ndarray] = {}
+    for name, x in dq.items():
+        if ".switch_glu." in name:
+            base = name.split("switch_glu.")[0]
+            if "gate_proj" in name:
+                up = dq[name.replace("gate_proj", "up_proj")]
+                ref[base + "gate_up_proj"] = np.concatenate([x, up], 1)
+            elif "down_proj" in name:
+                ref[base + "down_proj"] = x
+            continue
+        ref[name] = x
+    for d in (directory, dequantized_directory):
+        d.mkdir(parents=True, exist_ok=True)
+    (dequantized_directory / "config.json").write_text(json.dumps(c, indent=1))
+    write_safetensors(dequantized_directory / "model.safetensors", ref, dtype="F32")
+    quant: dict = {"group_size": group_size, "bits": bits}
+    quant.update({k: {"group_size": g, "bits": b} for k, (b, g) in routers.items()})
     (directory / "config.json").write_text(
         json.dumps({**c, "quantization": quant, "quantization_config": quant}, indent=1)
     )
