@@ -348,3 +348,25 @@ def test_gemma4_as_mlx_lm_saves_it(tmp_path: Path, arch: str, bits: int, backend
         got = run_all(engine, {"g": {"prompt": prompt, "max_tokens": 12}})["g"]["tokens"]
         want = run_all(_engine(d, backend), {"g": {"prompt": prompt, "max_tokens": 12}})
         assert got == want["g"]["tokens"]
+
+
+def test_llmd_pull_of_a_local_mlx_quantized_directory(llmd_home: Path, tmp_path: Path) -> None:
+    """`llmd pull ./dir` publishes it (labelled by its bits) and the engine loads the
+    published tree; an unsupported setting is refused before anything is copied."""
+    from llmd.paths import get_paths
+    from llmd.install import import_local
+    from llmd.store import ModelStore, UnsupportedModel
+
+    q = tmp_path / "q"
+    write_mlx_quantized_checkpoint(q, tmp_path / "dq", "qwen3", 4, 32)
+    store = ModelStore(get_paths())
+    record = import_local(store, q, "tiny-q4", None)
+    assert record.quantization == "4-bit" and record.architecture == "qwen3"
+    engine = _engine(Path(store.get("tiny-q4").path), "cpu")
+    assert engine.info()["weight_format"] == "safetensors:mlx-affine4g32"
+    config = json.loads((q / "config.json").read_text())
+    config["quantization"] = config["quantization_config"] = {"group_size": 64, "bits": 6}
+    (q / "config.json").write_text(json.dumps(config))
+    with pytest.raises(UnsupportedModel, match="6 bits"):
+        import_local(store, q, "tiny-q6", None)
+    assert [r.name for r in store.list()] == ["tiny-q4"]
