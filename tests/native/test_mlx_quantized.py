@@ -353,8 +353,8 @@ def test_gemma4_as_mlx_lm_saves_it(tmp_path: Path, arch: str, bits: int, backend
 def test_llmd_pull_of_a_local_mlx_quantized_directory(llmd_home: Path, tmp_path: Path) -> None:
     """`llmd pull ./dir` publishes it (labelled by its bits) and the engine loads the
     published tree; an unsupported setting is refused before anything is copied."""
-    from llmd.paths import get_paths
     from llmd.install import import_local
+    from llmd.paths import get_paths
     from llmd.store import ModelStore, UnsupportedModel
 
     q = tmp_path / "q"
