@@ -370,3 +370,35 @@ def test_llmd_pull_of_a_local_mlx_quantized_directory(llmd_home: Path, tmp_path:
     with pytest.raises(UnsupportedModel, match="6 bits"):
         import_local(store, q, "tiny-q6", None)
     assert [r.name for r in store.list()] == ["tiny-q4"]
+
+
+@pytest.mark.parametrize(("backend", "bits"), [("cpu", 4), ("cpu", 8), ("mlx-cpu", 4)])
+def test_batched_sequences_give_their_solo_tokens(checkpoints, backend: str, bits: int) -> None:
+    """DESIGN §4: a sequence's output does not depend on its batch neighbours, on every
+    quantized path (llmd's Q4_1 kernels, MLX's quantized_matmul on either backend)."""
+    q, _ = checkpoints["qwen3", bits, 32]
+    engine = _engine(q, backend, step_token_budget=16)
+    rng = np.random.default_rng(3)
+    reqs = {
+        f"p{n}": {"prompt": [int(t) for t in rng.integers(3, 128, n)], "max_tokens": 10}
+        for n in (1, 5, 23, 40)
+    }
+    solo = {k: run_all(engine, {k: r})[k]["tokens"] for k, r in reqs.items()}
+    together = run_all(engine, reqs)
+    assert {k: v["tokens"] for k, v in together.items()} == solo
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_quantized_experts_batched_give_solo_tokens(tmp_path: Path, backend: str) -> None:
+    """gather_qmm over a step's (row, expert) pairs: neighbours do not change a sequence."""
+    q = tmp_path / "q"
+    write_mlx_lm_qwen3_5_moe(q, tmp_path / "dq", 4, 32)
+    engine = _engine(q, backend, step_token_budget=16)
+    rng = np.random.default_rng(4)
+    reqs = {
+        f"p{n}": {"prompt": [int(t) for t in rng.integers(3, 128, n)], "max_tokens": 8}
+        for n in (1, 6, 30)
+    }
+    solo = {k: run_all(engine, {k: r})[k]["tokens"] for k, r in reqs.items()}
+    together = run_all(engine, reqs)
+    assert {k: v["tokens"] for k, v in together.items()} == solo
