@@ -214,8 +214,11 @@ std::optional<Linear::MlxQuantized> Checkpoint::quantized_parts(const std::strin
                               tensors_.at(module + ".biases")};
 }
 
-Embedding Checkpoint::embedding(const std::string& module) const {
+Embedding Checkpoint::embedding(const std::string& module, const Linear* tied_head) const {
   if (auto q = quantization(module)) {
+    if (tied_head && !tied_head->on_device() && tied_head->quantized() && tied_head->type() == TensorType::Q4_1) {
+      return Embedding(tied_head->weight(), TensorType::Q4_1, tied_head->in_features());
+    }
     return Embedding::mlx_affine(tensors_.at(module + ".weight"), tensors_.at(module + ".scales"),
                                  tensors_.at(module + ".biases"), q->bits, q->group_size);
   }

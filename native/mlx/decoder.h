@@ -54,6 +54,10 @@ class Embedding {
   static Embedding mlx_affine(const mx::array& w, const mx::array& scales, const mx::array& biases, int bits,
                               int group);
   size_t resident_bytes() const { return bytes_.nbytes() + (bits_ ? scales_.nbytes() + biases_.nbytes() : 0); }
+  // Whether the table is `head`'s own blocks (a tied Q4_1 lm_head), stored once.
+  bool shares(const Linear& head) const {
+    return head.quantized() && !head.on_device() && bytes_.data<uint8_t>() == head.weight().data<uint8_t>();
+  }
   // Float rows of `tokens` into out[i * dim ...], multiplied by `scale`.
   void lookup(const std::vector<int32_t>& tokens, float* out, float scale = 1.f) const;
 
@@ -97,8 +101,9 @@ class Checkpoint {
   Linear linear(const std::vector<std::string>& modules, bool on_device, bool interleave_pairs = false) const;
   // The packed weight, scales and biases of a quantized module (nullopt when it is float).
   std::optional<Linear::MlxQuantized> quantized_parts(const std::string& module) const;
-  // An embedding table, quantized rows kept quantized.
-  Embedding embedding(const std::string& module) const;
+  // An embedding table, quantized rows kept quantized. With `tied_head` (the lm_head built
+  // from the same module) in Q4_1 blocks, the lookup reads those blocks: one copy.
+  Embedding embedding(const std::string& module, const Linear* tied_head = nullptr) const;
   bool quantized() const { return quant_.bits != 0; }
   // ModelInfo::weight_format: "safetensors", or "safetensors:mlx-affine4g64" when quantized.
   std::string format() const;
@@ -165,7 +170,7 @@ std::map<std::string, std::string> decoder_matmul_paths(const std::vector<Layer>
 // of a safetensors load; norms and biases are not counted).
 template <class Layer>
 size_t decoder_weight_bytes(const std::vector<Layer>& layers, const Linear& lm_head, const Embedding& embed) {
-  size_t n = lm_head.resident_bytes() + embed.resident_bytes();
+  size_t n = lm_head.resident_bytes() + (embed.shares(lm_head) ? 0 : embed.resident_bytes());
   for (const Layer& L : layers) {
     n += L.qkv.resident_bytes() + L.wo.resident_bytes() + L.gate_up.resident_bytes() + L.down.resident_bytes();
   }

@@ -255,7 +255,7 @@ std::unique_ptr<Model> load_gemma3_safetensors(const std::string& dir, const Met
   if (!w.has(head) && w.has("language_model.lm_head.weight")) head = "language_model.lm_head.weight";
   const bool tied = !w.has(head) || hf.get_bool("tie_word_embeddings").value_or(true);  // HF default
   Linear lm_head = w.linear({tied ? m + "embed_tokens" : head.substr(0, head.size() - 7)}, dev);
-  Embedding embed = w.embedding(m + "embed_tokens");
+  Embedding embed = w.embedding(m + "embed_tokens", tied ? &lm_head : nullptr);
   ModelInfo info = make_info(d, "gemma3", w.format(), options);
   info.weight_bytes = decoder_weight_bytes(layers, lm_head, embed);
   return std::make_unique<Gemma3Model>(c, info, std::move(layers), out_norm, std::move(lm_head), std::move(embed),

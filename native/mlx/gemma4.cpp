@@ -590,7 +590,7 @@ std::unique_ptr<Model> load_gemma4_safetensors(const std::string& dir, const Met
   std::string head = "lm_head.weight";
   const bool tied = !w.has(head) || hf.get_bool("tie_word_embeddings").value_or(true);  // HF default
   Linear lm_head = w.linear({tied ? m + "embed_tokens" : std::string("lm_head")}, dev);
-  Embedding embed = w.embedding(m + "embed_tokens");
+  Embedding embed = w.embedding(m + "embed_tokens", tied ? &lm_head : nullptr);
   ModelInfo info = make_info(d, "gemma4", w.format(), options);
   return std::make_unique<Gemma4Model>(c, info, std::move(layers), out_norm, std::move(lm_head), std::move(embed),
                                        std::move(ple_embed), std::move(ple_model_proj), ple_proj_norm, global_rope,

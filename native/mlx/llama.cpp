@@ -257,7 +257,7 @@ std::unique_ptr<Model> load_llama_family_safetensors(const std::string& dir, con
   mx::array out_norm = w.get("model.norm.weight");
   const bool tied = hf.get_bool("tie_word_embeddings").value_or(!w.has("lm_head.weight"));
   Linear lm_head = w.linear({tied ? "model.embed_tokens" : "lm_head"}, dev);
-  Embedding embed = w.embedding("model.embed_tokens");
+  Embedding embed = w.embedding("model.embed_tokens", tied ? &lm_head : nullptr);
   out_norm.eval();
   ModelInfo info = make_info(c, variant.arch, w.format(), options);
   info.weight_bytes = decoder_weight_bytes(layers, lm_head, embed);

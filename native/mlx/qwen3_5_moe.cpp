@@ -661,7 +661,7 @@ std::unique_ptr<Model> load_qwen3_5_moe_safetensors(const std::string& dir, cons
   if (!w.has(head) && w.has("language_model.lm_head.weight")) head = "language_model.lm_head.weight";
   const bool tied = !w.has(head) || hf.get_bool("tie_word_embeddings").value_or(false);
   Linear lm_head = w.linear({tied ? m + "embed_tokens" : head.substr(0, head.size() - 7)}, dev);
-  Embedding embed = w.embedding(m + "embed_tokens");
+  Embedding embed = w.embedding(m + "embed_tokens", tied ? &lm_head : nullptr);
   ModelInfo info = make_info(d, "qwen3_5_moe", w.format(), options);
   return std::make_unique<Qwen35MoeModel>(c, info, std::move(layers), out_norm, std::move(lm_head), std::move(embed),
                                           rope, expert_dtype);
