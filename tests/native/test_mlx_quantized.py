@@ -402,3 +402,23 @@ def test_quantized_experts_batched_give_solo_tokens(tmp_path: Path, backend: str
     solo = {k: run_all(engine, {k: r})[k]["tokens"] for k, r in reqs.items()}
     together = run_all(engine, reqs)
     assert {k: v["tokens"] for k, v in together.items()} == solo
+
+
+def test_a_multimodal_wrapper_keeps_its_quantization(tmp_path: Path) -> None:
+    """mlx-lm writes `quantization` and `quantization_config` at the top of a multimodal
+    config (Qwen3.5, Gemma 3/4 repos): the text model's flattened config keeps both."""
+    from llmd.worker.host import hf_config
+
+    quant = {"group_size": 64, "bits": 4, "language_model.model.layers.0.mlp.gate": {"bits": 8}}
+    config = {
+        "model_type": "qwen3_5_moe",
+        "text_config": CONFIGS["qwen3_5_moe_text"],
+        "vision_config": {"depth": 1},
+        "quantization": quant,
+        "quantization_config": quant,
+    }
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    flat = hf_config(str(tmp_path))
+    assert flat["quantization.bits"] == flat["quantization_config.bits"] == 4
+    assert flat["quantization.language_model.model.layers.0.mlp.gate.bits"] == 8
+    assert "vision_config.depth" not in flat
