@@ -19,6 +19,7 @@ from .gguf_layout import GGUFFormatError, GGUFLayout, read_layout
 from .model_support import (
     architecture_supported,
     gguf_architecture_supported,
+    quantization_problem,
     unsupported_architecture_message,
     unsupported_gguf_message,
 )
@@ -60,6 +61,8 @@ def check_hf_config(config: dict, what: str) -> str:
     arch = hf_model_type(config)
     if not architecture_supported(arch):
         raise UnsupportedModel(unsupported_architecture_message(arch, what))
+    if problem := quantization_problem(config, arch):
+        raise UnsupportedModel(f"{what}: {problem}")
     return arch
 
 

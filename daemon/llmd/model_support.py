@@ -67,6 +67,66 @@ def type_name(type_id: int) -> str:
         return RETIRED_GGUF_TYPES.get(type_id, f"type {type_id}")
 
 
+# MLX-quantized safetensors (mlx-lm's `quantization` block: affine groups, weights packed in
+# uint32 with per-group scales and biases) the engine runs without expanding them to float
+# (native/mlx/decoder.h Checkpoint): these architectures, bits and group sizes.
+MLX_QUANTIZED_ARCHITECTURES: frozenset[str] = frozenset(
+    {
+        "llama",
+        "qwen2",
+        "qwen3",
+        "gemma3",
+        "gemma3_text",
+        "qwen3_5_moe",
+        "qwen3_5_moe_text",
+        "gemma4",
+        "gemma4_text",
+    }
+)
+MLX_QUANT_BITS: tuple[int, ...] = (4, 8)
+MLX_QUANT_GROUP_SIZES: tuple[int, ...] = (32, 64, 128)
+
+
+def quantization_problem(config: dict, arch: str) -> str | None:
+    """Why the engine cannot run a config's quantization (None when it can, or there is none).
+    mlx-lm writes `quantization` (and the same dict as `quantization_config`); a
+    `quant_method` there is another tool's format."""
+    outer = [config]
+    if isinstance(config.get("text_config"), dict):
+        outer.append(config["text_config"])
+    for c in outer:
+        for key in ("quantization", "quantization_config"):
+            q = c.get(key)
+            if not isinstance(q, dict) or not q:
+                continue
+            if "quant_method" in q:
+                return (
+                    f"its weights are quantized with '{q['quant_method']}', which llmd cannot run "
+                    "(it runs MLX affine 4/8-bit safetensors, GGUF, and float safetensors)"
+                )
+            mode = q.get("mode", "affine")
+            if mode != "affine":
+                return f"its MLX quantization mode '{mode}' is not supported (affine only)"
+            # The default, then mlx-lm's per-module settings ({"model.layers.0.mlp.gate": {...}}).
+            settings = [("", q)] + [(f" ({k})", v) for k, v in q.items() if isinstance(v, dict)]
+            for where, setting in settings:
+                bits, group = setting.get("bits"), setting.get("group_size")
+                if bits not in MLX_QUANT_BITS:
+                    return f"its MLX quantization has {bits} bits{where}; llmd runs {MLX_QUANT_BITS} bits"
+                if group not in MLX_QUANT_GROUP_SIZES:
+                    return (
+                        f"its MLX quantization has group_size {group}{where}; llmd runs group "
+                        f"sizes {MLX_QUANT_GROUP_SIZES}"
+                    )
+            if arch not in MLX_QUANTIZED_ARCHITECTURES:
+                return (
+                    f"MLX-quantized '{arch}' checkpoints are not supported yet (llmd runs them "
+                    f"for {', '.join(sorted(MLX_QUANTIZED_ARCHITECTURES))}); pull the original "
+                    "bf16 repository or a GGUF"
+                )
+    return None
+
+
 def architecture_supported(arch: str) -> bool:
     return arch in SUPPORTED_ARCHITECTURES
 

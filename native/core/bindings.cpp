@@ -259,6 +259,7 @@ PYBIND11_MODULE(_engine, m) {
              d["n_kv_heads"] = i.n_kv_heads;
              d["hidden_size"] = i.hidden_size;
              d["weight_format"] = i.weight_format;
+             d["weight_bytes"] = i.weight_bytes;
              d["backend"] = i.backend;
              d["device_name"] = i.device_name;
              d["device_memory_bytes"] = i.device_memory_bytes;

@@ -36,7 +36,38 @@ ModelInfo make_info(const DecoderDims& d, const std::string& arch, const std::st
   return info;
 }
 
+Embedding Embedding::mlx_affine(const mx::array& w, const mx::array& scales, const mx::array& biases, int bits,
+                                int group) {
+  const auto cpu = mx::default_stream(mx::Device::cpu);
+  Embedding e;
+  e.dim_ = w.shape(1) * 32 / bits;
+  e.bits_ = bits;
+  e.group_ = group;
+  e.type_ = TensorType::F32;  // unused
+  e.bytes_ = mx::contiguous(w, false, cpu);
+  e.scales_ = mx::contiguous(mx::astype(scales, mx::float32, cpu), false, cpu);
+  e.biases_ = mx::contiguous(mx::astype(biases, mx::float32, cpu), false, cpu);
+  mx::eval({e.bytes_, e.scales_, e.biases_});
+  return e;
+}
+
 void Embedding::lookup(const std::vector<int32_t>& tokens, float* out, float scale) const {
+  if (bits_) {
+    const size_t rb = static_cast<size_t>(dim_) * bits_ / 8;
+    const size_t gpr = dim_ / group_;
+    const auto* base = reinterpret_cast<const uint8_t*>(bytes_.data<uint32_t>());
+    for (size_t i = 0; i < tokens.size(); ++i) {
+      float* row = out + i * dim_;
+      const uint8_t* q = base + static_cast<size_t>(tokens[i]) * rb;
+      const float* sc = scales_.data<float>() + static_cast<size_t>(tokens[i]) * gpr;
+      const float* bi = biases_.data<float>() + static_cast<size_t>(tokens[i]) * gpr;
+      for (int j = 0; j < dim_; ++j) {
+        const int v = bits_ == 8 ? q[j] : (j & 1 ? q[j / 2] >> 4 : q[j / 2] & 0x0f);
+        row[j] = (sc[j / group_] * static_cast<float>(v) + bi[j / group_]) * scale;
+      }
+    }
+    return;
+  }
   const size_t rb = row_bytes(type_, dim_);
   const uint8_t* base = bytes_.data<uint8_t>();
   for (size_t i = 0; i < tokens.size(); ++i) {
@@ -60,8 +91,51 @@ Embedding float_embedding(const mx::array& weight) {
   return Embedding(bytes, TensorType::F32, weight.shape(1));
 }
 
-Checkpoint::Checkpoint(const std::string& dir) {
+Checkpoint::Checkpoint(const std::string& dir, const Metadata* hf) {
   namespace fs = std::filesystem;
+  if (hf) {
+    // mlx-lm writes `quantization` (and the same under `quantization_config`); a
+    // `quant_method` there is another tool's format (GPTQ, AWQ, FP8, ...).
+    for (const std::string key : {"quantization", "quantization_config"}) {
+      if (auto method = hf->get_string(key + ".quant_method")) {
+        throw std::runtime_error("quantization method '" + *method + "' is not supported (llmd runs MLX affine " +
+                                 "4/8-bit checkpoints, GGUF, and float safetensors)");
+      }
+      if (auto mode = hf->get_string(key + ".mode"); mode && *mode != "affine") {
+        throw std::runtime_error("MLX quantization mode '" + *mode + "' is not supported (affine only)");
+      }
+      auto bits = hf->get_int(key + ".bits");
+      auto group = hf->get_int(key + ".group_size");
+      if (!bits && !group) continue;
+      quant_.bits = static_cast<int>(bits.value_or(4));
+      quant_.group_size = static_cast<int>(group.value_or(64));
+      if (quant_.bits != 4 && quant_.bits != 8) {
+        throw std::runtime_error("MLX quantization with " + std::to_string(quant_.bits) +
+                                 " bits is not supported (4 or 8 bits)");
+      }
+      if (quant_.group_size != 32 && quant_.group_size != 64 && quant_.group_size != 128) {
+        throw std::runtime_error("MLX quantization group_size " + std::to_string(quant_.group_size) +
+                                 " is not supported (32, 64 or 128)");
+      }
+      // Per-module settings, flattened as "<key>.<module>.bits" / ".group_size".
+      const std::string prefix = key + ".";
+      for (const auto& [k, v] : hf->values()) {
+        for (const std::string field : {".bits", ".group_size"}) {
+          if (k.size() <= prefix.size() + field.size() || !k.starts_with(prefix) || !k.ends_with(field)) continue;
+          const std::string module = k.substr(prefix.size(), k.size() - prefix.size() - field.size());
+          Quantization& q = overrides_.try_emplace(module, quant_).first->second;
+          (field == ".bits" ? q.bits : q.group_size) = static_cast<int>(hf->get_int(k).value_or(0));
+        }
+      }
+      for (const auto& [module, q] : overrides_) {
+        if (q.bits != 4 && q.bits != 8) {
+          throw std::runtime_error("MLX quantization with " + std::to_string(q.bits) + " bits (" + module +
+                                   ") is not supported (4 or 8 bits)");
+        }
+      }
+      break;
+    }
+  }
   for (const auto& entry : fs::directory_iterator(dir)) {
     if (entry.path().extension() == ".safetensors") {
       auto loaded = mx::load_safetensors(entry.path().string(), mx::default_stream(mx::Device::cpu));
@@ -74,7 +148,92 @@ Checkpoint::Checkpoint(const std::string& dir) {
 mx::array Checkpoint::get(const std::string& name) const {
   auto it = tensors_.find(name);
   if (it == tensors_.end()) throw std::runtime_error("checkpoint has no tensor '" + name + "'");
+  const std::string suffix = ".weight";
+  if (name.size() > suffix.size() && name.ends_with(suffix)) {
+    const std::string module = name.substr(0, name.size() - suffix.size());
+    if (auto q = quantization(module)) {
+      return mx::dequantize(it->second, mx::astype(tensors_.at(module + ".scales"), mx::float32),
+                            mx::astype(tensors_.at(module + ".biases"), mx::float32), q->group_size, q->bits, "affine",
+                            std::nullopt, mx::float32, mx::default_stream(mx::Device::cpu));
+    }
+  }
   return mx::astype(it->second, mx::float32);
+}
+
+std::optional<Checkpoint::Quantization> Checkpoint::quantization(const std::string& module) const {
+  auto w = tensors_.find(module + ".weight");
+  auto s = tensors_.find(module + ".scales");
+  if (w == tensors_.end() || s == tensors_.end() || !has(module + ".biases")) return std::nullopt;
+  if (w->second.dtype() != mx::uint32 || w->second.ndim() < 2 || s->second.ndim() != w->second.ndim()) {
+    throw std::runtime_error("tensor " + module + ".weight has scales but is not MLX uint32-packed");
+  }
+  // mlx-lm may quantize some modules with other settings (named in the config); the bits
+  // are checked against the shapes, k = groups * group_size = packed words * 32 / bits.
+  auto over = overrides_.find(module);
+  const int group = over != overrides_.end() ? over->second.group_size : quant_.group_size ? quant_.group_size : 64;
+  if (group != 32 && group != 64 && group != 128) {
+    throw std::runtime_error("MLX quantization group_size " + std::to_string(group) + " of " + module +
+                             " is not supported (32, 64 or 128)");
+  }
+  const int64_t k = static_cast<int64_t>(s->second.shape(-1)) * group;
+  const int64_t words = w->second.shape(-1);
+  if ((words * 32) % k != 0 || (words * 32 / k != 4 && words * 32 / k != 8)) {
+    throw std::runtime_error("MLX-quantized tensor " + module + ".weight is not 4- or 8-bit with group_size " +
+                             std::to_string(group) + " (llmd runs affine 4/8-bit, group 32/64/128)");
+  }
+  const int bits = static_cast<int>(words * 32 / k);
+  if (over != overrides_.end() && over->second.bits != bits) {
+    throw std::runtime_error("MLX-quantized tensor " + module + ".weight is " + std::to_string(bits) +
+                             "-bit but the config says " + std::to_string(over->second.bits));
+  }
+  return Quantization{bits, group};
+}
+
+Linear Checkpoint::linear(const std::vector<std::string>& modules, bool on_device, bool interleave_pairs) const {
+  std::vector<Linear::MlxQuantized> parts;
+  std::optional<Quantization> first;
+  bool all = true;
+  for (const std::string& m : modules) {
+    auto q = quantization(m);
+    if (!q || (first && (q->bits != first->bits || q->group_size != first->group_size))) {
+      all = false;
+      break;
+    }
+    first = q;
+    parts.push_back({tensors_.at(m + ".weight"), tensors_.at(m + ".scales"), tensors_.at(m + ".biases")});
+  }
+  if (all) return Linear::from_mlx_quantized(parts, first->bits, first->group_size, on_device, interleave_pairs);
+  std::vector<mx::array> ws;
+  for (const std::string& m : modules) ws.push_back(get(m + ".weight"));
+  return Linear::from_float(ws.size() == 1 ? ws[0] : mx::concatenate(ws, 0), on_device);
+}
+
+std::optional<Linear::MlxQuantized> Checkpoint::quantized_parts(const std::string& module) const {
+  if (!quantization(module)) return std::nullopt;
+  return Linear::MlxQuantized{tensors_.at(module + ".weight"), tensors_.at(module + ".scales"),
+                              tensors_.at(module + ".biases")};
+}
+
+Embedding Checkpoint::embedding(const std::string& module, const Linear* tied_head) const {
+  if (auto q = quantization(module)) {
+    if (tied_head && !tied_head->on_device() && tied_head->quantized() && tied_head->type() == TensorType::Q4_1) {
+      return Embedding(tied_head->weight(), TensorType::Q4_1, tied_head->in_features());
+    }
+    return Embedding::mlx_affine(tensors_.at(module + ".weight"), tensors_.at(module + ".scales"),
+                                 tensors_.at(module + ".biases"), q->bits, q->group_size);
+  }
+  return float_embedding(get(module + ".weight"));
+}
+
+std::string Checkpoint::format() const {
+  if (!quantized()) return "safetensors";
+  return "safetensors:mlx-affine" + std::to_string(quant_.bits) + "g" + std::to_string(quant_.group_size);
+}
+
+size_t Checkpoint::stored_bytes() const {
+  size_t n = 0;
+  for (const auto& [name, a] : tensors_) n += a.nbytes();
+  return n;
 }
 
 std::optional<mx::array> Checkpoint::find(const std::string& name) const {

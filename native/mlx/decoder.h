@@ -49,6 +49,15 @@ class Embedding {
  public:
   Embedding() = default;
   Embedding(mx::array bytes, TensorType type, int dim) : bytes_(std::move(bytes)), type_(type), dim_(dim) {}
+  // An MLX affine-quantized table (mlx-lm checkpoints): packed uint32 [vocab, dim * bits / 32],
+  // scales and biases [vocab, dim / group]; rows are dequantized as they are looked up.
+  static Embedding mlx_affine(const mx::array& w, const mx::array& scales, const mx::array& biases, int bits,
+                              int group);
+  size_t resident_bytes() const { return bytes_.nbytes() + (bits_ ? scales_.nbytes() + biases_.nbytes() : 0); }
+  // Whether the table is `head`'s own blocks (a tied Q4_1 lm_head), stored once.
+  bool shares(const Linear& head) const {
+    return head.quantized() && !head.on_device() && bytes_.data<uint8_t>() == head.weight().data<uint8_t>();
+  }
   // Float rows of `tokens` into out[i * dim ...], multiplied by `scale`.
   void lookup(const std::vector<int32_t>& tokens, float* out, float scale = 1.f) const;
 
@@ -56,6 +65,10 @@ class Embedding {
   mx::array bytes_{0.f};
   TensorType type_ = TensorType::F32;
   int dim_ = 0;
+  int bits_ = 0;  // MLX affine table when non-zero
+  int group_ = 0;
+  mx::array scales_{0.f};  // float32 [vocab, dim / group]
+  mx::array biases_{0.f};
 };
 
 // An MLX-owned copy of a mapped GGUF tensor's bytes.
@@ -64,16 +77,44 @@ mx::array copy_bytes(const TensorView& t);
 Embedding float_embedding(const mx::array& weight);
 
 // The tensors of a Hugging Face safetensors directory (all *.safetensors files in it).
+// MLX-quantized checkpoints (mlx-lm: config `quantization` {group_size, bits}, each quantized
+// module `X` stored as X.weight (uint32-packed), X.scales, X.biases) are read as they are by
+// linear() and embedding(); get() of such a weight gives its dequantized float32 values.
 class Checkpoint {
  public:
-  explicit Checkpoint(const std::string& dir);
+  // `hf` (the flattened config.json) supplies the quantization; throws naming the setting
+  // when it is one llmd cannot run.
+  explicit Checkpoint(const std::string& dir, const Metadata* hf = nullptr);
   bool has(const std::string& name) const { return tensors_.count(name) != 0; }
   // The tensor as float32; throws naming it when the checkpoint lacks it.
   mx::array get(const std::string& name) const;
   std::optional<mx::array> find(const std::string& name) const;
 
+  struct Quantization {
+    int bits = 0;
+    int group_size = 0;
+  };
+  // The quantization of module `module` (a name without ".weight"), when it is quantized.
+  std::optional<Quantization> quantization(const std::string& module) const;
+  // The modules' weights stacked into one Linear: kept quantized when all of them are (same
+  // bits and group), else float32 as get() gives them.
+  Linear linear(const std::vector<std::string>& modules, bool on_device, bool interleave_pairs = false) const;
+  // The packed weight, scales and biases of a quantized module (nullopt when it is float).
+  std::optional<Linear::MlxQuantized> quantized_parts(const std::string& module) const;
+  // An embedding table, quantized rows kept quantized. With `tied_head` (the lm_head built
+  // from the same module) in Q4_1 blocks, the lookup reads those blocks: one copy.
+  Embedding embedding(const std::string& module, const Linear* tied_head = nullptr) const;
+  bool quantized() const { return quant_.bits != 0; }
+  // ModelInfo::weight_format: "safetensors", or "safetensors:mlx-affine4g64" when quantized.
+  std::string format() const;
+  // Bytes of the weights as stored (quantized size for MLX-quantized checkpoints).
+  size_t stored_bytes() const;
+
  private:
   std::unordered_map<std::string, mx::array> tensors_;
+  Quantization quant_;
+  // mlx-lm's per-module settings (`quantization`: {"model.layers.0.mlp.gate": {bits, group_size}}).
+  std::map<std::string, Quantization> overrides_;
 };
 
 // RoPE base frequency of a Hugging Face config: transformers 5 writes `rope_parameters`
@@ -134,6 +175,17 @@ std::map<std::string, std::string> decoder_matmul_paths(const std::vector<Layer>
   }
   paths["output"] = lm_head.path();
   return paths;
+}
+
+// Resident bytes of a decoder's matmul weights and embedding table (ModelInfo::weight_bytes
+// of a safetensors load; norms and biases are not counted).
+template <class Layer>
+size_t decoder_weight_bytes(const std::vector<Layer>& layers, const Linear& lm_head, const Embedding& embed) {
+  size_t n = lm_head.resident_bytes() + (embed.shares(lm_head) ? 0 : embed.resident_bytes());
+  for (const Layer& L : layers) {
+    n += L.qkv.resident_bytes() + L.wo.resident_bytes() + L.gate_up.resident_bytes() + L.down.resident_bytes();
+  }
+  return n;
 }
 
 // KV layout of a model whose layers all have `n_kv_heads` x `head_dim` keys and values.

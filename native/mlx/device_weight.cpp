@@ -120,7 +120,7 @@ std::string DeviceWeight::format() const {
 
 mx::array DeviceWeight::matmul(const mx::array& x) const {
   if (bits == 0) return mx::matmul(x, mx::transpose(w));
-  return mx::quantized_matmul(x, w, scales, biases, /*transpose=*/true, kGroup, bits, "affine");
+  return mx::quantized_matmul(x, w, scales, biases, /*transpose=*/true, group, bits, "affine");
 }
 
 DeviceWeight device_weight_from_rows(const std::vector<RowRef>& rows, TensorType type, int k) {
@@ -146,6 +146,20 @@ DeviceWeight device_weight_from_rows(const std::vector<RowRef>& rows, TensorType
   std::vector<float> all(n * k);
   for (size_t i = 0; i < n; ++i) dequantize_row(type, rows[i].tensor->data + rows[i].row * rb, all.data() + i * k, k);
   return device_weight_from_float(mx::array(all.begin(), {static_cast<int>(n), k}, mx::float32));
+}
+
+DeviceWeight device_weight_from_mlx(const std::vector<mx::array>& w, const std::vector<mx::array>& scales,
+                                    const std::vector<mx::array>& biases, int bits, int group) {
+  const auto cpu = mx::default_stream(mx::Device::cpu);
+  DeviceWeight d;
+  d.bits = bits;
+  d.group = group;
+  d.w = w.size() == 1 ? w[0] : mx::concatenate(w, 0, cpu);
+  d.scales = mx::astype(scales.size() == 1 ? scales[0] : mx::concatenate(scales, 0, cpu), device_compute_dtype(), cpu);
+  d.biases = mx::astype(biases.size() == 1 ? biases[0] : mx::concatenate(biases, 0, cpu), device_compute_dtype(), cpu);
+  d.w = mx::contiguous(d.w, false, cpu);
+  mx::eval({d.w, d.scales, d.biases});
+  return d;
 }
 
 DeviceWeight device_weight_from_float(const mx::array& w) {

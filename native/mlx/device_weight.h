@@ -31,6 +31,7 @@ struct DeviceWeight {
   mx::array scales{0.f};  // [n, k / 32] compute dtype
   mx::array biases{0.f};  // [n, k / 32] compute dtype
   int bits = 0;           // 4 or 8; 0: dense float16
+  int group = kGroup;     // weights per scale/bias (32; 32, 64 or 128 from MLX checkpoints)
   bool requantized = false;
 
   // "affine4", "affine8", "affine8-requantized" or "f16".
@@ -47,6 +48,10 @@ struct RowRef {
 
 // The rows, in order, all of `type` and `k` columns, as one device weight.
 DeviceWeight device_weight_from_rows(const std::vector<RowRef>& rows, TensorType type, int k);
+// MLX affine-quantized parts (mlx-lm checkpoints), rows stacked, kept as they are; scales and
+// biases converted to the compute dtype.
+DeviceWeight device_weight_from_mlx(const std::vector<mx::array>& w, const std::vector<mx::array>& scales,
+                                    const std::vector<mx::array>& biases, int bits, int group);
 // A float [n, k] weight (safetensors path).
 DeviceWeight device_weight_from_float(const mx::array& w);
 

@@ -157,7 +157,7 @@ void check(const Gemma3Config& c) {
 }  // namespace
 
 std::unique_ptr<Model> load_gemma3_safetensors(const std::string& dir, const Metadata& hf, const LoadOptions& options) {
-  const Checkpoint w(dir);
+  const Checkpoint w(dir, &hf);
   Gemma3Config c;
   DecoderDims& d = c.dims;
   d.n_layers = static_cast<int>(hf.require_int("num_hidden_layers"));
@@ -222,25 +222,23 @@ std::unique_ptr<Model> load_gemma3_safetensors(const std::string& dir, const Met
     L.post_ffn_norm = norm(b + "post_feedforward_layernorm.weight");
     L.q_norm = norm(a + "q_norm.weight");
     L.k_norm = norm(a + "k_norm.weight");
-    L.qkv = Linear::from_float(
-        mx::concatenate({w.get(a + "q_proj.weight"), w.get(a + "k_proj.weight"), w.get(a + "v_proj.weight")}, 0), dev);
-    L.wo = Linear::from_float(w.get(a + "o_proj.weight"), dev);
-    L.gate_up = Linear::from_float(
-        mx::concatenate({w.get(b + "mlp.gate_proj.weight"), w.get(b + "mlp.up_proj.weight")}, 0), dev);
-    L.down = Linear::from_float(w.get(b + "mlp.down_proj.weight"), dev);
+    L.qkv = w.linear({a + "q_proj", a + "k_proj", a + "v_proj"}, dev);
+    L.wo = w.linear({a + "o_proj"}, dev);
+    L.gate_up = w.linear({b + "mlp.gate_proj", b + "mlp.up_proj"}, dev);
+    L.down = w.linear({b + "mlp.down_proj"}, dev);
   }
-  mx::array embed_w = w.get(m + "embed_tokens.weight");
   mx::array out_norm = norm(m + "norm.weight");
   // An untied head: top-level in text-only and transformers 5 checkpoints, inside the
   // language model in older multimodal ones. None stored means tied (as Gemma 3 ships).
   std::string head = "lm_head.weight";
   if (!w.has(head) && w.has("language_model.lm_head.weight")) head = "language_model.lm_head.weight";
   const bool tied = !w.has(head) || hf.get_bool("tie_word_embeddings").value_or(true);  // HF default
-  Linear lm_head = Linear::from_float(tied ? embed_w : w.get(head), dev);
-  embed_w.eval();
-  ModelInfo info = make_info(d, "gemma3", "safetensors", options);
-  return std::make_unique<Gemma3Model>(c, info, std::move(layers), out_norm, std::move(lm_head),
-                                       float_embedding(embed_w), global_rope, local_rope);
+  Linear lm_head = w.linear({tied ? m + "embed_tokens" : head.substr(0, head.size() - 7)}, dev);
+  Embedding embed = w.embedding(m + "embed_tokens", tied ? &lm_head : nullptr);
+  ModelInfo info = make_info(d, "gemma3", w.format(), options);
+  info.weight_bytes = decoder_weight_bytes(layers, lm_head, embed);
+  return std::make_unique<Gemma3Model>(c, info, std::move(layers), out_norm, std::move(lm_head), std::move(embed),
+                                       global_rope, local_rope);
 }
 
 std::unique_ptr<Model> load_gemma3_gguf(const GgufFile& file, const LoadOptions& options) {

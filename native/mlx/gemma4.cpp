@@ -80,6 +80,10 @@ struct Layer {
   mx::array expert_scale{0.f};      // [E] per_expert_scale
   mx::array experts_gate_up{0.f};   // [E, H, 2I]
   mx::array experts_down{0.f};      // [E, I, H]
+  // MLX-quantized experts (mlx-lm's switch_glu), run by gather_qmm: experts_gate_up
+  // [E, 2I, packed H] (gate rows then up rows), experts_down [E, H, packed I].
+  int expert_bits = 0, expert_group = 0;
+  mx::array gu_scales{0.f}, gu_biases{0.f}, dn_scales{0.f}, dn_biases{0.f};
   mx::array post_ffn_norm_1{0.f};
   mx::array pre_ffn_norm_2{0.f};
   mx::array post_ffn_norm_2{0.f};
@@ -136,7 +140,25 @@ class Gemma4Model : public Model {
   }
 
   std::map<std::string, std::string> matmul_paths() const override {
-    return decoder_matmul_paths(layers_, lm_head_);
+    std::map<std::string, std::string> paths = decoder_matmul_paths(layers_, lm_head_);
+    if (cfg_.ple_dim > 0) paths["per_layer_model_proj"] = ple_model_proj_.path();
+    for (size_t i = 0; i < layers_.size(); ++i) {
+      const Layer& L = layers_[i];
+      if (cfg_.ple_dim > 0) {
+        paths["blk." + std::to_string(i) + ".inp_gate"] = L.ple_gate.path();
+        paths["blk." + std::to_string(i) + ".proj"] = L.ple_proj.path();
+      }
+      if (!cfg_.moe) continue;
+      const std::string dev = mx::default_device() == mx::Device::gpu ? "gpu" : "cpu";
+      const std::string p = "blk." + std::to_string(i) + ".";
+      paths[p + "ffn_gate_inp"] = L.router.path();
+      paths[p + "ffn_gate_up_exps"] = paths[p + "ffn_down_exps"] =
+          L.expert_bits ? "mlx:gather_qmm:affine" + std::to_string(L.expert_bits) + "g" +
+                              std::to_string(L.expert_group) + ":" + dev
+                        : std::string("mlx:gather_mm:") + (L.experts_gate_up.dtype() == mx::float32 ? "f32" : "f16") +
+                              ":" + dev;
+    }
+    return paths;
   }
 
   void forward(const Step& step, KvPool& pool, std::vector<float>& logits) override {
@@ -237,12 +259,17 @@ class Gemma4Model : public Model {
     mx::array w = mx::take_along_axis(probs, idx, -1);
     w = mx::divide(w, mx::sum(w, -1, /*keepdims=*/true));
     w = mx::multiply(w, mx::take(L.expert_scale, idx, 0));  // [T, K]
-    const mx::Dtype dt = L.experts_gate_up.dtype();
+    const mx::Dtype dt = L.expert_bits ? L.gu_scales.dtype() : L.experts_gate_up.dtype();
+    auto expert_mm = [&](const mx::array& a, const mx::array& wt, const mx::array& scales, const mx::array& biases) {
+      if (!L.expert_bits) return mx::gather_mm(a, wt, std::nullopt, idx);
+      return mx::gather_qmm(a, wt, scales, biases, std::nullopt, idx, /*transpose=*/true, L.expert_group,
+                            L.expert_bits);
+    };
     mx::array xe = mx::reshape(mx::astype(mx::fast::rms_norm(x, L.pre_ffn_norm_2, d.rms_eps), dt),
                                {T, 1, 1, d.hidden_size});
-    mx::array gu = mx::gather_mm(xe, L.experts_gate_up, std::nullopt, idx);  // [T, K, 1, 2I]
+    mx::array gu = expert_mm(xe, L.experts_gate_up, L.gu_scales, L.gu_biases);  // [T, K, 1, 2I]
     mx::array h = gelu_tanh_glu(mx::astype(gu, mx::float32), cfg_.moe_ffn);
-    mx::array out = mx::gather_mm(mx::astype(h, dt), L.experts_down, std::nullopt, idx);  // [T, K, 1, H]
+    mx::array out = expert_mm(mx::astype(h, dt), L.experts_down, L.dn_scales, L.dn_biases);  // [T, K, 1, H]
     out = mx::reshape(mx::astype(out, mx::float32), {T, K, d.hidden_size});
     return mx::sum(mx::multiply(out, mx::expand_dims(w, -1)), 1);
   }
@@ -422,7 +449,7 @@ std::unique_ptr<Model> load_gemma4_safetensors(const std::string& dir, const Met
   auto local_rope = make_rope(hf, "sliding_attention", d.head_dim, "default", 10000.0, 1.0);
   auto global_rope = make_rope(hf, "full_attention", c.global_head_dim, "proportional", 1e6, 0.25);
 
-  const Checkpoint w(dir);
+  const Checkpoint w(dir, &hf);
   // Text-only checkpoints name the decoder `model.`; multimodal ones nest it.
   std::string m = "model.";
   for (const char* prefix : {"model.", "model.language_model.", "language_model.model."}) {
@@ -449,44 +476,69 @@ std::unique_ptr<Model> load_gemma4_safetensors(const std::string& dir, const Met
     L.post_ffn_norm = vec(b + "post_feedforward_layernorm.weight");
     L.q_norm = vec(a + "q_norm.weight");
     if (w.has(b + "layer_scalar")) L.scalar = vec(b + "layer_scalar");
-    std::vector<mx::array> proj{w.get(a + "q_proj.weight")};
+    std::vector<std::string> proj{a + "q_proj"};
     if (!c.shared(i)) {
       L.k_norm = vec(a + "k_norm.weight");
-      proj.push_back(w.get(a + "k_proj.weight"));
-      if (!(c.k_eq_v && !c.sliding[i])) proj.push_back(w.get(a + "v_proj.weight"));
+      proj.push_back(a + "k_proj");
+      if (!(c.k_eq_v && !c.sliding[i])) proj.push_back(a + "v_proj");
     }
-    L.qkv = Linear::from_float(mx::concatenate(proj, 0), dev);
-    L.wo = Linear::from_float(w.get(a + "o_proj.weight"), dev);
+    L.qkv = w.linear(proj, dev);
+    L.wo = w.linear({a + "o_proj"}, dev);
     L.ffn = d.ffn_size * (c.double_wide_mlp && c.shared(i) ? 2 : 1);
-    mx::array gate = w.get(b + "mlp.gate_proj.weight");
-    if (gate.shape(0) != L.ffn) {
+    L.gate_up = w.linear({b + "mlp.gate_proj", b + "mlp.up_proj"}, dev);
+    if (L.gate_up.out_features() != 2 * L.ffn) {
       throw std::runtime_error("gemma4 layer " + std::to_string(i) + " mlp.gate_proj has " +
-                               std::to_string(gate.shape(0)) + " rows, expected " + std::to_string(L.ffn));
+                               std::to_string(L.gate_up.out_features() / 2) + " rows, expected " +
+                               std::to_string(L.ffn));
     }
-    L.gate_up = Linear::from_float(mx::concatenate({gate, w.get(b + "mlp.up_proj.weight")}, 0), dev);
-    L.down = Linear::from_float(w.get(b + "mlp.down_proj.weight"), dev);
+    L.down = w.linear({b + "mlp.down_proj"}, dev);
     if (c.ple_dim > 0) {
-      L.ple_gate = Linear::from_float(w.get(b + "per_layer_input_gate.weight"), dev);
-      L.ple_proj = Linear::from_float(w.get(b + "per_layer_projection.weight"), dev);
+      L.ple_gate = w.linear({b + "per_layer_input_gate"}, dev);
+      L.ple_proj = w.linear({b + "per_layer_projection"}, dev);
       L.ple_norm = vec(b + "post_per_layer_input_norm.weight");
     }
     if (c.moe) {
-      L.router = Linear::from_float(w.get(b + "router.proj.weight"), dev);
+      L.router = w.linear({b + "router.proj"}, dev);
       L.router_norm = mx::multiply(w.get(b + "router.scale"),
                                    mx::array(static_cast<float>(1.0 / std::sqrt(static_cast<double>(d.hidden_size)))));
       L.router_norm.eval();
       L.expert_scale = vec(b + "router.per_expert_scale");
-      mx::array gu = w.get(b + "experts.gate_up_proj");
-      mx::array dn = w.get(b + "experts.down_proj");
+      // mlx-lm splits the experts into switch_glu.{gate,up,down}_proj (quantized or not).
+      const std::string sw = b + "experts.switch_glu.";
+      auto gq = w.quantized_parts(sw + "gate_proj"), uq = w.quantized_parts(sw + "up_proj"),
+           dq = w.quantized_parts(sw + "down_proj");
       const mx::Shape gu_shape{c.n_experts, 2 * c.moe_ffn, d.hidden_size};
       const mx::Shape dn_shape{c.n_experts, d.hidden_size, c.moe_ffn};
-      if (gu.shape() != gu_shape || dn.shape() != dn_shape) {
-        throw std::runtime_error("gemma4 layer " + std::to_string(i) + " expert tensors have unexpected shapes");
+      if (gq && uq && dq && w.quantization(sw + "gate_proj")->bits == w.quantization(sw + "down_proj")->bits &&
+          w.quantization(sw + "up_proj")->bits == w.quantization(sw + "down_proj")->bits) {
+        const auto q = *w.quantization(sw + "down_proj");
+        const auto cpu = mx::default_stream(mx::Device::cpu);
+        L.expert_bits = q.bits;
+        L.expert_group = q.group_size;
+        L.experts_gate_up = mx::concatenate({gq->w, uq->w}, 1, cpu);
+        L.gu_scales = mx::astype(mx::concatenate({gq->scales, uq->scales}, 1, cpu), expert_dtype, cpu);
+        L.gu_biases = mx::astype(mx::concatenate({gq->biases, uq->biases}, 1, cpu), expert_dtype, cpu);
+        L.experts_down = mx::contiguous(dq->w, false, cpu);
+        L.dn_scales = mx::astype(dq->scales, expert_dtype, cpu);
+        L.dn_biases = mx::astype(dq->biases, expert_dtype, cpu);
+        if (L.experts_gate_up.shape() != mx::Shape{c.n_experts, 2 * c.moe_ffn, d.hidden_size * q.bits / 32} ||
+            L.experts_down.shape() != mx::Shape{c.n_experts, d.hidden_size, c.moe_ffn * q.bits / 32}) {
+          throw std::runtime_error("gemma4 layer " + std::to_string(i) + " expert tensors have unexpected shapes");
+        }
+        mx::eval({L.experts_gate_up, L.gu_scales, L.gu_biases, L.experts_down, L.dn_scales, L.dn_biases});
+      } else {
+        const bool split = w.has(sw + "gate_proj.weight");
+        mx::array gu = split ? mx::concatenate({w.get(sw + "gate_proj.weight"), w.get(sw + "up_proj.weight")}, 1)
+                             : w.get(b + "experts.gate_up_proj");
+        mx::array dn = split ? w.get(sw + "down_proj.weight") : w.get(b + "experts.down_proj");
+        if (gu.shape() != gu_shape || dn.shape() != dn_shape) {
+          throw std::runtime_error("gemma4 layer " + std::to_string(i) + " expert tensors have unexpected shapes");
+        }
+        // [E, out, in] -> [E, in, out]: rows of a step multiply their experts' matrices directly.
+        L.experts_gate_up = mx::contiguous(mx::astype(mx::swapaxes(gu, 1, 2), expert_dtype));
+        L.experts_down = mx::contiguous(mx::astype(mx::swapaxes(dn, 1, 2), expert_dtype));
+        mx::eval({L.experts_gate_up, L.experts_down});
       }
-      // [E, out, in] -> [E, in, out]: rows of a step multiply their experts' matrices directly.
-      L.experts_gate_up = mx::contiguous(mx::astype(mx::swapaxes(gu, 1, 2), expert_dtype));
-      L.experts_down = mx::contiguous(mx::astype(mx::swapaxes(dn, 1, 2), expert_dtype));
-      mx::eval({L.experts_gate_up, L.experts_down});
       L.post_ffn_norm_1 = vec(b + "post_feedforward_layernorm_1.weight");
       L.pre_ffn_norm_2 = vec(b + "pre_feedforward_layernorm_2.weight");
       L.post_ffn_norm_2 = vec(b + "post_feedforward_layernorm_2.weight");
@@ -495,7 +547,11 @@ std::unique_ptr<Model> load_gemma4_safetensors(const std::string& dir, const Met
   Embedding ple_embed;
   Linear ple_model_proj;
   mx::array ple_proj_norm{0.f};
-  if (c.ple_dim > 0) {
+  if (c.ple_dim > 0 && w.quantization(m + "embed_tokens_per_layer")) {
+    ple_embed = w.embedding(m + "embed_tokens_per_layer");
+    ple_model_proj = w.linear({m + "per_layer_model_projection"}, dev);
+    ple_proj_norm = vec(m + "per_layer_projection_norm.weight");
+  } else if (c.ple_dim > 0) {
     mx::array t = w.get(m + "embed_tokens_per_layer.weight");
     if (t.shape(0) != c.ple_vocab || t.shape(1) != d.n_layers * c.ple_dim) {
       throw std::runtime_error("gemma4 embed_tokens_per_layer has an unexpected shape");
@@ -510,19 +566,18 @@ std::unique_ptr<Model> load_gemma4_safetensors(const std::string& dir, const Met
     } else {
       ple_embed = float_embedding(t);
     }
-    ple_model_proj = Linear::from_float(w.get(m + "per_layer_model_projection.weight"), dev);
+    ple_model_proj = w.linear({m + "per_layer_model_projection"}, dev);
     ple_proj_norm = vec(m + "per_layer_projection_norm.weight");
   }
-  mx::array embed_w = w.get(m + "embed_tokens.weight");
   mx::array out_norm = vec(m + "norm.weight");
   std::string head = "lm_head.weight";
   const bool tied = !w.has(head) || hf.get_bool("tie_word_embeddings").value_or(true);  // HF default
-  Linear lm_head = Linear::from_float(tied ? embed_w : w.get(head), dev);
-  embed_w.eval();
-  ModelInfo info = make_info(d, "gemma4", "safetensors", options);
-  return std::make_unique<Gemma4Model>(c, info, std::move(layers), out_norm, std::move(lm_head),
-                                       float_embedding(embed_w), std::move(ple_embed), std::move(ple_model_proj),
-                                       ple_proj_norm, global_rope, local_rope, dev);
+  Linear lm_head = w.linear({tied ? m + "embed_tokens" : std::string("lm_head")}, dev);
+  Embedding embed = w.embedding(m + "embed_tokens", tied ? &lm_head : nullptr);
+  ModelInfo info = make_info(d, "gemma4", w.format(), options);
+  return std::make_unique<Gemma4Model>(c, info, std::move(layers), out_norm, std::move(lm_head), std::move(embed),
+                                       std::move(ple_embed), std::move(ple_model_proj), ple_proj_norm, global_rope,
+                                       local_rope, dev);
 }
 
 std::unique_ptr<Model> load_gemma4_gguf(const GgufFile&, const LoadOptions&) {

@@ -110,6 +110,122 @@ Linear Linear::from_float(mx::array weight, bool on_device) {
   return lin;
 }
 
+namespace {
+
+// Float32 host copy of a float tensor (scales, biases) on the CPU stream.
+mx::array host_f32(const mx::array& a) {
+  mx::array f = mx::contiguous(mx::astype(a, mx::float32, mx::default_stream(mx::Device::cpu)), false,
+                               mx::default_stream(mx::Device::cpu));
+  f.eval();
+  return f;
+}
+
+// MLX 4-bit affine rows (element 2j in the low nibble of byte j) as GGUF Q4_1 blocks
+// (d, m as float16, qs[i] = q[i] | q[i + 16] << 4). Empty when a scale or bias is not a
+// float16 value (the repack would not be exact).
+std::optional<mx::array> repack_q4_1(const std::vector<Linear::MlxQuantized>& parts, int group, int k,
+                                     bool interleave) {
+  const auto cpu = mx::default_stream(mx::Device::cpu);
+  struct Part {
+    mx::array q, s, b;
+    int rows;
+  };
+  std::vector<Part> ps;
+  int n = 0;
+  for (const auto& p : parts) {
+    mx::array q = mx::contiguous(p.w, false, cpu);
+    q.eval();
+    mx::array sf = host_f32(p.scales), bf = host_f32(p.biases);
+    // The float16 values of the scales and biases, and whether they are exact.
+    mx::array sh = mx::astype(sf, mx::float16, cpu), bh = mx::astype(bf, mx::float16, cpu);
+    mx::array exact = mx::logical_and(mx::all(mx::equal(mx::astype(sh, mx::float32, cpu), sf, cpu), cpu),
+                                      mx::all(mx::equal(mx::astype(bh, mx::float32, cpu), bf, cpu), cpu), cpu);
+    if (!exact.item<bool>()) return std::nullopt;
+    mx::array s16 = mx::contiguous(mx::view(sh, mx::uint16, cpu), false, cpu);
+    mx::array b16 = mx::contiguous(mx::view(bh, mx::uint16, cpu), false, cpu);
+    mx::eval({s16, b16});
+    ps.push_back({q, s16, b16, p.w.shape(0)});
+    n += p.w.shape(0);
+  }
+  const size_t rb = row_bytes(TensorType::Q4_1, k);
+  mx::array bytes = owned_bytes(rb * n);
+  uint8_t* dst = bytes.data<uint8_t>();
+  const int gpr = k / group;  // groups per row
+  auto write_row = [&](const Part& p, int r) {
+    const uint8_t* q = reinterpret_cast<const uint8_t*>(p.q.data<uint32_t>()) + static_cast<size_t>(r) * k / 2;
+    const uint16_t* sc = p.s.data<uint16_t>() + static_cast<size_t>(r) * gpr;
+    const uint16_t* bi = p.b.data<uint16_t>() + static_cast<size_t>(r) * gpr;
+    for (int blk = 0; blk < k / 32; ++blk) {
+      const int g = blk * 32 / group;
+      std::memcpy(dst, &sc[g], 2);
+      std::memcpy(dst + 2, &bi[g], 2);
+      const uint8_t* src = q + blk * 16;  // 32 nibbles
+      auto nib = [&](int j) { return static_cast<uint8_t>(j & 1 ? src[j / 2] >> 4 : src[j / 2] & 0x0f); };
+      for (int i = 0; i < 16; ++i) dst[4 + i] = static_cast<uint8_t>(nib(i) | (nib(i + 16) << 4));
+      dst += 20;
+    }
+  };
+  if (interleave) {
+    for (int r = 0; r < ps[0].rows; ++r) {
+      for (const Part& p : ps) write_row(p, r);
+    }
+  } else {
+    for (const Part& p : ps) {
+      for (int r = 0; r < p.rows; ++r) write_row(p, r);
+    }
+  }
+  mx::array w = mx::reshape(bytes, {n, static_cast<int>(rb)});
+  w.eval();
+  return w;
+}
+
+}  // namespace
+
+Linear Linear::from_mlx_quantized(const std::vector<MlxQuantized>& parts, int bits, int group, bool on_device,
+                                  bool interleave_pairs) {
+  if (parts.empty()) throw std::invalid_argument("Linear needs at least one tensor");
+  if (bits != 4 && bits != 8) {
+    throw std::runtime_error("MLX-quantized weights of " + std::to_string(bits) + " bits are not supported (4 or 8)");
+  }
+  if (group != 32 && group != 64 && group != 128) {
+    throw std::runtime_error("MLX quantization group size " + std::to_string(group) +
+                             " is not supported (32, 64 or 128)");
+  }
+  Linear lin;
+  lin.k_ = parts[0].w.shape(1) * 32 / bits;
+  for (const auto& p : parts) {
+    if (p.w.ndim() != 2 || p.w.dtype() != mx::uint32 || p.w.shape(1) * 32 / bits != lin.k_ ||
+        p.scales.shape() != mx::Shape{p.w.shape(0), lin.k_ / group} || p.biases.shape() != p.scales.shape()) {
+      throw std::runtime_error("MLX-quantized weight parts do not match " + std::to_string(bits) + "-bit groups of " +
+                               std::to_string(group));
+    }
+    lin.n_ += p.w.shape(0);
+  }
+  if (interleave_pairs && (parts.size() != 2 || parts[0].w.shape(0) != parts[1].w.shape(0))) {
+    throw std::invalid_argument("interleaving needs two tensors of equal shape");
+  }
+  lin.quantized_ = true;
+  lin.mlx_format_ = "affine" + std::to_string(bits) + "g" + std::to_string(group);
+  if (!on_device && bits == 4 && kernels::active_table().gemm_for(TensorType::Q4_1)) {
+    if (auto q = repack_q4_1(parts, group, lin.k_, interleave_pairs)) {
+      lin.type_ = TensorType::Q4_1;
+      lin.weight_ = *q;
+      lin.interleaved_ = interleave_pairs;
+      return lin;
+    }
+  }
+  std::vector<mx::array> w, s, b;
+  for (const auto& p : parts) {
+    w.push_back(p.w);
+    s.push_back(p.scales);
+    b.push_back(p.biases);
+  }
+  lin.device_ = device_weight_from_mlx(w, s, b, bits, group);
+  lin.device_name_ = device_name();
+  lin.host_mlx_ = !on_device;
+  return lin;
+}
+
 mx::array Linear::device_forward(const mx::array& x, const Fused& fused) const {
   // The residual stream stays float32; only the product runs in the compute dtype.
   mx::array h = fused.rms_norm_weight ? mx::fast::rms_norm(x, *fused.rms_norm_weight, fused.eps) : x;
@@ -159,9 +275,15 @@ mx::array Linear::operator()(const mx::array& x, const Fused& fused) const {
   return y;
 }
 
+size_t Linear::resident_bytes() const {
+  if (device_) return device_->w.nbytes() + (device_->bits ? device_->scales.nbytes() + device_->biases.nbytes() : 0);
+  return weight_.nbytes();
+}
+
 std::string Linear::path() const {
   std::string t = type_name(type_);
   for (auto& c : t) c = static_cast<char>(std::tolower(c));
+  if (device_ && !mlx_format_.empty()) return "mlx:qmm:" + mlx_format_ + ":" + device_name_;
   if (device_) {
     return (device_->bits ? "mlx:qmm:" : "mlx:matmul:") + t + "->" + device_->format() + ":" + device_name_;
   }

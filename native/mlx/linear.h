@@ -29,6 +29,19 @@ class Linear {
                           bool on_device = false);
   // Float weights [n, k] already in memory (safetensors path); pairs are never interleaved.
   static Linear from_float(mx::array weight, bool on_device = false);
+  // MLX affine-quantized weights as mlx-lm writes them (w = scale * q + bias per group of
+  // `group` input columns; `w` uint32 [n_i, k * bits / 32], scales/biases [n_i, k / group]),
+  // rows of the parts stacked. On the device backend they stay in MLX's format
+  // (quantized_matmul); on the CPU backend 4-bit groups are repacked exactly into GGUF Q4_1
+  // blocks for llmd's kernels (scale and bias as float16: done only when both survive that
+  // conversion exactly, else MLX's quantized_matmul on the CPU runs the layer), and 8-bit
+  // groups, which have no exact GGUF twin (Q8_0 has no bias), run MLX's quantized_matmul on
+  // the CPU. `interleave_pairs` as in from_gguf (only the Q4_1 repack needs it).
+  struct MlxQuantized {
+    mx::array w, scales, biases;
+  };
+  static Linear from_mlx_quantized(const std::vector<MlxQuantized>& parts, int bits, int group, bool on_device,
+                                   bool interleave_pairs = false);
 
   // Row-wise work fused around the product (one kernel pass on the quantized path).
   struct Fused {
@@ -46,9 +59,12 @@ class Linear {
   // The stored weight: uint8 [n, row_bytes] blocks, or float32 [n, k].
   const mx::array& weight() const { return weight_; }
   int in_features() const { return k_; }
-  bool on_device() const { return device_.has_value(); }
+  // Bytes the weight keeps resident (blocks, or packed weights with scales and biases).
+  size_t resident_bytes() const;
+  bool on_device() const { return device_.has_value() && !host_mlx_; }
   // "llmd:q4_1:avx512vnni", "mlx:matmul:f32", or on the device backend
-  // "mlx:qmm:q4_1->affine4:gpu".
+  // "mlx:qmm:q4_1->affine4:gpu"; MLX-quantized checkpoints run "mlx:qmm:affine4g64:gpu" (or
+  // ":cpu" where MLX's kernel runs on the CPU backend) or "llmd:q4_1:<isa>".
   std::string path() const;
 
  private:
@@ -60,6 +76,8 @@ class Linear {
   mx::array weight_{0.f};  // uint8 [n, row_bytes] when quantized, float32 [n, k] otherwise
   std::optional<DeviceWeight> device_;  // replaces weight_ on the device backend
   std::string device_name_;
+  std::string mlx_format_;  // "affine4g64": MLX-quantized source kept in MLX's format
+  bool host_mlx_ = false;   // MLX's quantized_matmul on the CPU backend (not the device backend)
   mx::array device_forward(const mx::array& x, const Fused& fused) const;
 };
 

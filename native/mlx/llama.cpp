@@ -193,7 +193,7 @@ std::unique_ptr<Model> load_llama_family_gguf(const GgufFile& file, const LoadOp
 
 std::unique_ptr<Model> load_llama_family_safetensors(const std::string& dir, const Metadata& hf,
                                                      const LoadOptions& options, const LlamaVariant& variant) {
-  const Checkpoint w(dir);
+  const Checkpoint w(dir, &hf);
   DecoderDims c;
   c.n_layers = static_cast<int>(hf.require_int("num_hidden_layers"));
   c.hidden_size = static_cast<int>(hf.require_int("hidden_size"));
@@ -236,8 +236,7 @@ std::unique_ptr<Model> load_llama_family_safetensors(const std::string& dir, con
     Layer& L = layers[i];
     L.attn_norm = w.get(b + "input_layernorm.weight");
     L.ffn_norm = w.get(b + "post_attention_layernorm.weight");
-    L.qkv = Linear::from_float(
-        mx::concatenate({w.get(a + "q_proj.weight"), w.get(a + "k_proj.weight"), w.get(a + "v_proj.weight")}, 0), dev);
+    L.qkv = w.linear({a + "q_proj", a + "k_proj", a + "v_proj"}, dev);
     if (variant.requires_qkv_bias || w.has(a + "q_proj.bias")) {
       L.qkv_bias = mx::concatenate({w.get(a + "q_proj.bias"), w.get(a + "k_proj.bias"), w.get(a + "v_proj.bias")});
       L.qkv_bias->eval();
@@ -247,22 +246,23 @@ std::unique_ptr<Model> load_llama_family_safetensors(const std::string& dir, con
       L.k_norm = w.get(a + "k_norm.weight");
       mx::eval({*L.q_norm, *L.k_norm});
     }
-    L.wo = Linear::from_float(w.get(a + "o_proj.weight"), dev);
+    L.wo = w.linear({a + "o_proj"}, dev);
     L.wo_bias = w.find(a + "o_proj.bias");
-    L.gate_up = Linear::from_float(
-        mx::concatenate({w.get(b + "mlp.gate_proj.weight"), w.get(b + "mlp.up_proj.weight")}, 0), dev);
-    L.down = Linear::from_float(w.get(b + "mlp.down_proj.weight"), dev);
+    // Interleaved only where llmd's kernels fuse the SwiGLU (a quantized CPU weight).
+    L.gate_up = w.linear({b + "mlp.gate_proj", b + "mlp.up_proj"}, dev, /*interleave_pairs=*/true);
+    L.down = w.linear({b + "mlp.down_proj"}, dev);
     mx::eval({L.attn_norm, L.ffn_norm});
     if (L.wo_bias) L.wo_bias->eval();
   }
-  mx::array embed_w = w.get("model.embed_tokens.weight");
   mx::array out_norm = w.get("model.norm.weight");
   const bool tied = hf.get_bool("tie_word_embeddings").value_or(!w.has("lm_head.weight"));
-  Linear lm_head = Linear::from_float(tied ? embed_w : w.get("lm_head.weight"), dev);
-  mx::eval({embed_w, out_norm});
-  ModelInfo info = make_info(c, variant.arch, "safetensors", options);
-  return std::make_unique<LlamaModel>(c, info, std::move(layers), out_norm, std::move(lm_head),
-                                      float_embedding(embed_w), rope);
+  Linear lm_head = w.linear({tied ? "model.embed_tokens" : "lm_head"}, dev);
+  Embedding embed = w.embedding("model.embed_tokens", tied ? &lm_head : nullptr);
+  out_norm.eval();
+  ModelInfo info = make_info(c, variant.arch, w.format(), options);
+  info.weight_bytes = decoder_weight_bytes(layers, lm_head, embed);
+  return std::make_unique<LlamaModel>(c, info, std::move(layers), out_norm, std::move(lm_head), std::move(embed),
+                                      rope);
 }
 
 std::unique_ptr<Model> load_llama_gguf(const GgufFile& file, const LoadOptions& options) {

@@ -80,6 +80,10 @@ struct MoeWeights {
   mx::array down{0.f};     // [experts, ffn, hidden]
   Linear shared_gate_up;   // gate rows then up rows
   Linear shared_down;
+  // MLX-quantized experts (mlx-lm's switch_mlp), run by gather_qmm: gate_up [experts,
+  // 2 * ffn, packed hidden] (gate rows then up rows), down [experts, hidden, packed ffn].
+  int bits = 0, group = 0;
+  mx::array gate_up_scales{0.f}, gate_up_biases{0.f}, down_scales{0.f}, down_biases{0.f};
 };
 
 struct Layer {
@@ -154,8 +158,13 @@ class Qwen35MoeModel : public Model {
 
   std::map<std::string, std::string> matmul_paths() const override {
     std::map<std::string, std::string> paths;
-    const std::string experts = std::string("mlx:gather_mm:") + (expert_dtype_ == mx::float32 ? "f32" : "f16") +
-                                (device_.on_device() ? "" : ":cpu");
+    std::string experts = std::string("mlx:gather_mm:") + (expert_dtype_ == mx::float32 ? "f32" : "f16") +
+                          (device_.on_device() ? "" : ":cpu");
+    if (!layers_.empty() && layers_[0].moe.bits) {
+      const MoeWeights& m = layers_[0].moe;
+      experts = "mlx:gather_qmm:affine" + std::to_string(m.bits) + "g" + std::to_string(m.group) + ":" +
+                (mx::default_device() == mx::Device::gpu ? "gpu" : "cpu");
+    }
     for (size_t i = 0; i < layers_.size(); ++i) {
       const Layer& L = layers_[i];
       const std::string p = "blk." + std::to_string(i) + ".";
@@ -417,9 +426,14 @@ class Qwen35MoeModel : public Model {
     mx::array sorted_experts = mx::take(flat, order, 0);
     mx::array src_rows = mx::floor_divide(order, mx::array(K, mx::uint32));
     mx::array xs = mx::expand_dims(mx::astype(mx::take(xn, src_rows, 0), expert_dtype_), 1);  // [TK, 1, H]
-    mx::array gu = mx::astype(mx::gather_mm(xs, w.gate_up, std::nullopt, sorted_experts, true), mx::float32);
+    auto expert_mm = [&](const mx::array& x, const mx::array& wt, const mx::array& scales, const mx::array& biases) {
+      if (!w.bits) return mx::gather_mm(x, wt, std::nullopt, sorted_experts, true);
+      return mx::gather_qmm(x, wt, scales, biases, std::nullopt, sorted_experts, /*transpose=*/true, w.group, w.bits,
+                            "affine", std::nullopt, /*sorted_indices=*/true);
+    };
+    mx::array gu = mx::astype(expert_mm(xs, w.gate_up, w.gate_up_scales, w.gate_up_biases), mx::float32);
     mx::array h = mx::multiply(silu(mx::slice(gu, {0, 0, 0}, {T * K, 1, F})), mx::slice(gu, {0, 0, F}, {T * K, 1, 2 * F}));
-    mx::array y = mx::gather_mm(mx::astype(h, expert_dtype_), w.down, std::nullopt, sorted_experts, true);
+    mx::array y = expert_mm(mx::astype(h, expert_dtype_), w.down, w.down_scales, w.down_biases);
     y = mx::take(mx::reshape(mx::astype(y, mx::float32), {T * K, H}), mx::argsort(order), 0);
     mx::array routed = mx::sum(mx::multiply(mx::reshape(y, {T, K, H}), mx::expand_dims(weights, 2)), 1);
     mx::array shared = w.shared_down(w.shared_gate_up(xn, {.swiglu = true}));
@@ -512,12 +526,22 @@ std::unique_ptr<Model> load_qwen3_5_moe_safetensors(const std::string& dir, cons
   rope->interleaved = false;  // rotate-half over the rotated dims
   rope->inv_freq = rope_inv_freq(c.rope_dims, hf_rope_theta(hf, 10000.0));
 
-  const Checkpoint w(dir);
+  const Checkpoint w(dir, &hf);
   const std::string m = prefix_of(w);
   const bool dev = options.on_device();
   const mx::Dtype expert_dtype = dev ? device_compute_dtype() : mx::float32;
+  // mlx-lm's checkpoints (sanitized: conv1d weights [conv_dim, kernel, 1]) store the decoder
+  // norms as 1 + w already; Hugging Face's ([conv_dim, 1, kernel]) store w.
+  bool norms_hold_one = false;
+  for (int i = 0; i < d.n_layers; ++i) {
+    const std::string conv = m + "layers." + std::to_string(i) + ".linear_attn.conv1d.weight";
+    if (w.has(conv)) {
+      norms_hold_one = w.get(conv).shape(-1) == 1 && c.conv_kernel > 1;
+      break;
+    }
+  }
   auto norm = [&](const std::string& name) {  // (1 + w) folded in
-    mx::array a = mx::add(w.get(name), mx::array(1.f));
+    mx::array a = norms_hold_one ? w.get(name) : mx::add(w.get(name), mx::array(1.f));
     a.eval();
     return a;
   };
@@ -537,38 +561,75 @@ std::unique_ptr<Model> load_qwen3_5_moe_safetensors(const std::string& dir, cons
     L.post_norm = norm(b + "post_attention_layernorm.weight");
     if (L.linear) {
       const std::string a = b + "linear_attn.";
-      L.dn.in_proj = Linear::from_float(mx::concatenate({w.get(a + "in_proj_qkv.weight"), w.get(a + "in_proj_z.weight"),
-                                                         w.get(a + "in_proj_b.weight"), w.get(a + "in_proj_a.weight")},
-                                                        0),
-                                        dev);
+      L.dn.in_proj = w.linear({a + "in_proj_qkv", a + "in_proj_z", a + "in_proj_b", a + "in_proj_a"}, dev);
       if (L.dn.in_proj.out_features() != c.conv_dim() + c.v_heads * c.v_dim + 2 * c.v_heads) {
         throw std::runtime_error("qwen3_5_moe linear attention projections do not match the config's head counts");
       }
-      mx::array conv = w.get(a + "conv1d.weight");  // [conv_dim, 1, kernel]
+      mx::array conv = w.get(a + "conv1d.weight");  // [conv_dim, 1, kernel] or mlx-lm's [conv_dim, kernel, 1]
       L.dn.conv = plain(mx::contiguous(mx::transpose(mx::reshape(conv, {c.conv_dim(), c.conv_kernel}))));
       L.dn.neg_a = plain(mx::negative(mx::exp(w.get(a + "A_log"))));
       L.dn.dt_bias = plain(w.get(a + "dt_bias"));
       L.dn.norm = plain(w.get(a + "norm.weight"));
-      L.dn.out = Linear::from_float(w.get(a + "out_proj.weight"), dev);
+      L.dn.out = w.linear({a + "out_proj"}, dev);
     } else {
       const std::string a = b + "self_attn.";
       // q_proj's rows are per head [query (head_dim), gate (head_dim)]: regroup them as all
       // queries then all gates, and stack with k and v.
-      mx::array qg = mx::reshape(w.get(a + "q_proj.weight"), {d.n_heads, 2, d.head_dim, H});
       const int qw = d.n_heads * d.head_dim;
-      mx::array q = mx::reshape(mx::slice(qg, {0, 0, 0, 0}, {d.n_heads, 1, d.head_dim, H}), {qw, H});
-      mx::array g = mx::reshape(mx::slice(qg, {0, 1, 0, 0}, {d.n_heads, 2, d.head_dim, H}), {qw, H});
-      L.attn.qkvg =
-          Linear::from_float(mx::concatenate({q, w.get(a + "k_proj.weight"), w.get(a + "v_proj.weight"), g}, 0), dev);
+      auto half = [&](const mx::array& rows, int which) {  // query (0) or gate (1) rows, any row width
+        const int cols = rows.shape(1);
+        mx::array qg = mx::reshape(rows, {d.n_heads, 2, d.head_dim, cols});
+        return mx::reshape(mx::slice(qg, {0, which, 0, 0}, {d.n_heads, which + 1, d.head_dim, cols}), {qw, cols});
+      };
+      auto qp = w.quantized_parts(a + "q_proj"), kp = w.quantized_parts(a + "k_proj"),
+           vp = w.quantized_parts(a + "v_proj");
+      const auto qq = w.quantization(a + "q_proj");
+      if (qp && kp && vp && w.quantization(a + "k_proj")->bits == qq->bits &&
+          w.quantization(a + "v_proj")->bits == qq->bits) {
+        auto part = [&](int which) {
+          return Linear::MlxQuantized{half(qp->w, which), half(qp->scales, which), half(qp->biases, which)};
+        };
+        L.attn.qkvg = Linear::from_mlx_quantized({part(0), *kp, *vp, part(1)}, qq->bits, qq->group_size, dev);
+      } else {
+        mx::array qrows = w.get(a + "q_proj.weight");
+        L.attn.qkvg = Linear::from_float(
+            mx::concatenate({half(qrows, 0), w.get(a + "k_proj.weight"), w.get(a + "v_proj.weight"), half(qrows, 1)}, 0),
+            dev);
+      }
       L.attn.q_norm = norm(a + "q_norm.weight");
       L.attn.k_norm = norm(a + "k_norm.weight");
-      L.attn.wo = Linear::from_float(w.get(a + "o_proj.weight"), dev);
+      L.attn.wo = w.linear({a + "o_proj"}, dev);
     }
     const std::string p = b + "mlp.";
-    L.moe.router =
-        Linear::from_float(mx::concatenate({w.get(p + "gate.weight"), w.get(p + "shared_expert_gate.weight")}, 0), dev);
+    L.moe.router = w.linear({p + "gate", p + "shared_expert_gate"}, dev);
     mx::array gate_up{0.f}, down{0.f};
-    if (w.has(p + "experts.gate_up_proj")) {  // transformers 5: [E, 2F, H] and [E, H, F]
+    const std::string sw = p + "switch_mlp.";
+    auto gq = w.quantized_parts(sw + "gate_proj"), uq = w.quantized_parts(sw + "up_proj"),
+         dq = w.quantized_parts(sw + "down_proj");
+    if (gq && uq && dq && w.quantization(sw + "gate_proj")->bits == w.quantization(sw + "down_proj")->bits &&
+        w.quantization(sw + "up_proj")->bits == w.quantization(sw + "down_proj")->bits) {
+      // mlx-lm's quantized experts stay packed: gather_qmm over the step's (row, expert) pairs.
+      const auto q = *w.quantization(sw + "down_proj");
+      const auto cpu = mx::default_stream(mx::Device::cpu);
+      MoeWeights& mo = L.moe;
+      mo.bits = q.bits;
+      mo.group = q.group_size;
+      mo.gate_up = plain(mx::concatenate({gq->w, uq->w}, 1, cpu));
+      mo.gate_up_scales = plain(mx::astype(mx::concatenate({gq->scales, uq->scales}, 1, cpu), expert_dtype, cpu));
+      mo.gate_up_biases = plain(mx::astype(mx::concatenate({gq->biases, uq->biases}, 1, cpu), expert_dtype, cpu));
+      mo.down = plain(mx::contiguous(dq->w, false, cpu));
+      mo.down_scales = plain(mx::astype(dq->scales, expert_dtype, cpu));
+      mo.down_biases = plain(mx::astype(dq->biases, expert_dtype, cpu));
+      if (mo.gate_up.ndim() != 3 || mo.gate_up.shape(0) != E || mo.gate_up.shape(1) != 2 * F ||
+          mo.gate_up.shape(2) * 32 / q.bits != H || mo.down.shape(0) != E || mo.down.shape(1) != H ||
+          mo.down.shape(2) * 32 / q.bits != F) {
+        throw std::runtime_error("qwen3_5_moe quantized expert tensors of layer " + std::to_string(i) +
+                                 " do not match num_experts x moe_intermediate_size");
+      }
+    } else if (w.has(sw + "gate_proj.weight")) {  // mlx-lm's layout, float (or mixed) experts
+      gate_up = mx::concatenate({w.get(sw + "gate_proj.weight"), w.get(sw + "up_proj.weight")}, 1);
+      down = w.get(sw + "down_proj.weight");
+    } else if (w.has(p + "experts.gate_up_proj")) {  // transformers 5: [E, 2F, H] and [E, H, F]
       gate_up = w.get(p + "experts.gate_up_proj");
       down = w.get(p + "experts.down_proj");
     } else {  // one module per expert (older conversions)
@@ -581,28 +642,29 @@ std::unique_ptr<Model> load_qwen3_5_moe_safetensors(const std::string& dir, cons
       gate_up = mx::stack(gu, 0);
       down = mx::stack(dn, 0);
     }
-    if (gate_up.shape() != mx::Shape{E, 2 * F, H} || down.shape() != mx::Shape{E, H, F}) {
-      throw std::runtime_error("qwen3_5_moe expert tensors of layer " + std::to_string(i) +
-                               " do not match num_experts x moe_intermediate_size");
+    if (!L.moe.bits) {
+      if (gate_up.shape() != mx::Shape{E, 2 * F, H} || down.shape() != mx::Shape{E, H, F}) {
+        throw std::runtime_error("qwen3_5_moe expert tensors of layer " + std::to_string(i) +
+                                 " do not match num_experts x moe_intermediate_size");
+      }
+      // gather_mm multiplies x [.., 1, H] by [H, 2F] and [F, H] per expert.
+      L.moe.gate_up = plain(mx::contiguous(mx::astype(mx::swapaxes(gate_up, 1, 2), expert_dtype)));
+      L.moe.down = plain(mx::contiguous(mx::astype(mx::swapaxes(down, 1, 2), expert_dtype)));
     }
-    // gather_mm multiplies x [.., 1, H] by [H, 2F] and [F, H] per expert.
-    L.moe.gate_up = plain(mx::contiguous(mx::astype(mx::swapaxes(gate_up, 1, 2), expert_dtype)));
-    L.moe.down = plain(mx::contiguous(mx::astype(mx::swapaxes(down, 1, 2), expert_dtype)));
     const std::string s = p + "shared_expert.";
-    L.moe.shared_gate_up =
-        Linear::from_float(mx::concatenate({w.get(s + "gate_proj.weight"), w.get(s + "up_proj.weight")}, 0), dev);
-    L.moe.shared_down = Linear::from_float(w.get(s + "down_proj.weight"), dev);
+    // Interleaved only where llmd's kernels fuse the SwiGLU (a quantized CPU weight).
+    L.moe.shared_gate_up = w.linear({s + "gate_proj", s + "up_proj"}, dev, /*interleave_pairs=*/true);
+    L.moe.shared_down = w.linear({s + "down_proj"}, dev);
   }
-  mx::array embed_w = w.get(m + "embed_tokens.weight");
   mx::array out_norm = norm(m + "norm.weight");
   std::string head = "lm_head.weight";
   if (!w.has(head) && w.has("language_model.lm_head.weight")) head = "language_model.lm_head.weight";
   const bool tied = !w.has(head) || hf.get_bool("tie_word_embeddings").value_or(false);
-  Linear lm_head = Linear::from_float(tied ? embed_w : w.get(head), dev);
-  embed_w.eval();
-  ModelInfo info = make_info(d, "qwen3_5_moe", "safetensors", options);
-  return std::make_unique<Qwen35MoeModel>(c, info, std::move(layers), out_norm, std::move(lm_head),
-                                          float_embedding(embed_w), rope, expert_dtype);
+  Linear lm_head = w.linear({tied ? m + "embed_tokens" : head.substr(0, head.size() - 7)}, dev);
+  Embedding embed = w.embedding(m + "embed_tokens", tied ? &lm_head : nullptr);
+  ModelInfo info = make_info(d, "qwen3_5_moe", w.format(), options);
+  return std::make_unique<Qwen35MoeModel>(c, info, std::move(layers), out_norm, std::move(lm_head), std::move(embed),
+                                          rope, expert_dtype);
 }
 
 std::unique_ptr<Model> load_qwen3_5_moe_gguf(const GgufFile&, const LoadOptions&) {

@@ -192,11 +192,12 @@ def _bf16_bits(a: np.ndarray) -> np.ndarray:
     return ((u + (((u >> 16) & 1) + 0x7FFF)) >> 16).astype(np.uint16)
 
 
-def weights(arch: str, seed: int = 0) -> dict[str, np.ndarray]:
-    """Hugging Face tensor names -> float32 arrays (bf16-representable values)."""
+def weights(arch: str, seed: int = 0, config: dict | None = None) -> dict[str, np.ndarray]:
+    """Hugging Face tensor names -> float32 arrays (bf16-representable values). `config`
+    replaces CONFIGS[arch] (other sizes of the same architecture)."""
     if arch == "qwen3_5_moe_text":
         return _qwen3_5_moe_weights(seed)
-    c = CONFIGS[arch]
+    c = config or CONFIGS[arch]
     rng = np.random.default_rng(seed)
     if c["model_type"] == "gemma4_text":
         return {k: bf16_round(x.astype(np.float32)) for k, x in _gemma4_weights(c, rng).items()}
@@ -374,15 +375,26 @@ def _gemma4_weights(c: dict, rng: np.random.Generator) -> dict[str, np.ndarray]:
     return w
 
 
-def write_safetensors(path: Path, tensors: dict[str, np.ndarray]) -> None:
-    """A bf16 safetensors file (the format is a JSON header then raw little-endian data)."""
+def write_safetensors(
+    path: Path,
+    tensors: dict[str, np.ndarray],
+    dtype: str = "BF16",
+    f32: frozenset[str] = frozenset(),
+) -> None:
+    """A bf16 (or `dtype` F32) safetensors file (the format is a JSON header then raw
+    little-endian data); uint32 arrays are stored as U32, tensors named in `f32` as F32."""
     header: dict[str, object] = {"__metadata__": {"format": "pt"}}
     blobs = []
     offset = 0
     for name, arr in tensors.items():
-        data = _bf16_bits(arr).tobytes()
+        if arr.dtype == np.uint32:
+            data, dt = np.ascontiguousarray(arr).tobytes(), "U32"
+        elif dtype == "F32" or name in f32:
+            data, dt = np.ascontiguousarray(arr, dtype=np.float32).tobytes(), "F32"
+        else:
+            data, dt = _bf16_bits(arr).tobytes(), "BF16"
         header[name] = {
-            "dtype": "BF16",
+            "dtype": dt,
             "shape": list(arr.shape),
             "data_offsets": [offset, offset + len(data)],
         }
@@ -400,6 +412,222 @@ def write_checkpoint(directory: Path, arch: str, seed: int = 0) -> dict[str, np.
     (directory / "config.json").write_text(json.dumps(CONFIGS[arch], indent=1))
     write_safetensors(directory / "model.safetensors", w)
     return w
+
+
+def mlx_quantize(
+    w: dict[str, np.ndarray],
+    bits: int,
+    group_size: int,
+    overrides: dict[str, tuple[int, int]] | None = None,
+    nudge_scales: bool = False,
+) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """Quantizes the weights as mlx-lm's `convert -q` does (mlx.core.quantize on the bf16
+    weights of every Linear and Embedding whose input width is a multiple of the group size:
+    all 2-D `.weight` tensors here; norms stay float). Returns the quantized checkpoint's
+    tensors (X.weight uint32-packed, X.scales and X.biases bf16) and the float32 values they
+    stand for (mx.dequantize of them, computed in float32). `overrides`: module -> (bits,
+    group_size), as mlx-lm's quant_predicate gives some modules. `nudge_scales`: scales
+    scaled by 1 + 2^-20, float32 values that float16 cannot hold (stored as F32)."""
+    import mlx.core as mx
+
+    quantized: dict[str, np.ndarray] = {}
+    dequantized: dict[str, np.ndarray] = {}
+    for name, x in w.items():
+        module = name.removesuffix(".weight")
+        b, g = (overrides or {}).get(module, (bits, group_size))
+        matrix = x.ndim == 2 or (
+            x.ndim == 3 and (".switch_mlp." in name or ".switch_glu." in name)
+        )  # Linear, SwitchLinear
+        if not matrix or not name.endswith(".weight") or x.shape[-1] % g:
+            quantized[name] = dequantized[name] = x
+            continue
+        q, scales, biases = mx.quantize(mx.array(x).astype(mx.bfloat16), group_size=g, bits=b)
+        s32, b32 = scales.astype(mx.float32), biases.astype(mx.float32)
+        if nudge_scales:
+            s32 = s32 * (1 + 2**-20)
+        quantized[name] = np.array(q)
+        quantized[module + ".scales"] = np.array(s32)  # bf16 values, written as BF16
+        quantized[module + ".biases"] = np.array(b32)
+        dequantized[name] = np.array(mx.dequantize(q, s32, b32, group_size=g, bits=b)).astype(
+            np.float32
+        )
+    return quantized, dequantized
+
+
+def mlx_q4_1_blocks(x: np.ndarray) -> np.ndarray:
+    """GGUF Q4_1 blocks (fp16 d, fp16 m, 16 bytes of nibbles q[i] | q[i + 16] << 4) holding
+    exactly mlx.core.quantize's 4-bit groups of 32 of the bf16 weights: uint8 [rows, bytes]."""
+    import mlx.core as mx
+
+    q, scales, biases = mx.quantize(mx.array(x).astype(mx.bfloat16), group_size=32, bits=4)
+    n, k = x.shape
+    packed = np.array(q).view(np.uint8)  # element 2j in the low nibble of byte j
+    nib = np.stack([packed & 15, packed >> 4], -1).reshape(n, k // 32, 32)
+    qs = (nib[..., :16] | (nib[..., 16:] << 4)).astype(np.uint8)
+    d = np.array(scales.astype(mx.float32)).astype(np.float16).view(np.uint8).reshape(n, k // 32, 2)
+    m = np.array(biases.astype(mx.float32)).astype(np.float16).view(np.uint8).reshape(n, k // 32, 2)
+    return np.concatenate([d, m, qs], -1).reshape(n, k // 32 * 20)
+
+
+def write_mlx_quantized_checkpoint(
+    directory: Path,
+    dequantized_directory: Path,
+    arch: str,
+    bits: int = 4,
+    group_size: int = 64,
+    seed: int = 0,
+    config: dict | None = None,
+    overrides: dict[str, tuple[int, int]] | None = None,
+    nudge_scales: bool = False,
+) -> None:
+    """An MLX-quantized checkpoint of `arch` as mlx-lm writes it (config with `quantization`
+    and `quantization_config`, per-module `overrides` listed in them), and beside it the
+    float32 checkpoint of the values it dequantizes to (the reference)."""
+    c = dict(config or CONFIGS[arch])
+    quantized, dequantized = mlx_quantize(
+        weights(arch, seed, c), bits, group_size, overrides, nudge_scales
+    )
+    for d in (directory, dequantized_directory):
+        d.mkdir(parents=True, exist_ok=True)
+    (dequantized_directory / "config.json").write_text(json.dumps(c, indent=1))
+    write_safetensors(dequantized_directory / "model.safetensors", dequantized, dtype="F32")
+    quant: dict = {"group_size": group_size, "bits": bits}
+    for module, (b, g) in (overrides or {}).items():
+        quant[module] = {"group_size": g, "bits": b}
+    (directory / "config.json").write_text(
+        json.dumps({**c, "quantization": quant, "quantization_config": quant}, indent=1)
+    )
+    scales = frozenset(k for k in quantized if k.endswith((".scales", ".biases")))
+    write_safetensors(
+        directory / "model.safetensors", quantized, f32=scales if nudge_scales else frozenset()
+    )
+
+
+_QWEN3_5_NORMS = (
+    ".input_layernorm.weight",
+    ".post_attention_layernorm.weight",
+    "model.norm.weight",
+    ".q_norm.weight",
+    ".k_norm.weight",
+)
+
+
+def write_mlx_lm_qwen3_5_moe(
+    directory: Path, dequantized_directory: Path, bits: int = 4, group_size: int = 32, seed: int = 0
+) -> None:
+    """The tiny Qwen3.5-MoE as mlx-lm saves it (models/qwen3_5_moe.py and qwen3_5.py
+    sanitize: `language_model.` prefix, experts as switch_mlp.{gate,up,down}_proj, conv1d
+    weights [C, K, 1], the decoder norms stored as 1 + w; quantized with the router and shared
+    expert gate at 8 bits, groups of 64, as its quant_predicate says), and beside it the Hugging
+    Face layout float32 checkpoint of the values it dequantizes to."""
+    arch = "qwen3_5_moe_text"
+    c = CONFIGS[arch]
+    mlx: dict[str, np.ndarray] = {}
+    for name, x in weights(arch, seed).items():
+        key = "language_model." + name
+        if name.endswith("experts.gate_up_proj"):
+            sw = key.removesuffix("experts.gate_up_proj") + "switch_mlp."
+            mid = x.shape[1] // 2
+            mlx[sw + "gate_proj.weight"], mlx[sw + "up_proj.weight"] = x[:, :mid], x[:, mid:]
+            continue
+        if name.endswith("experts.down_proj"):
+            mlx[key.removesuffix("experts.down_proj") + "switch_mlp.down_proj.weight"] = x
+            continue
+        if name.endswith("conv1d.weight"):
+            x = np.moveaxis(x, 2, 1)
+        if name.endswith(_QWEN3_5_NORMS) and x.ndim == 1:
+            x = bf16_round(x + 1)
+        mlx[key] = x
+    gates = {
+        f"language_model.model.layers.{i}.mlp.{g}": (8, 64)
+        for i in range(c["num_hidden_layers"])
+        for g in ("gate", "shared_expert_gate")
+    }
+    quantized, dq = mlx_quantize(mlx, bits, group_size, gates)
+    ref: dict[str, np.ndarray] = {}
+    for key, x in dq.items():
+        name = key.removeprefix("language_model.")
+        if ".switch_mlp." in name:
+            base = name.split("switch_mlp.")[0] + "experts."
+            if "gate_proj" in name:
+                up = dq[key.replace("gate_proj", "up_proj")]
+                ref[base + "gate_up_proj"] = np.concatenate([x, up], 1)
+            elif "down_proj" in name:
+                ref[base + "down_proj"] = x
+            continue
+        if name.endswith("conv1d.weight"):
+            x = np.moveaxis(x, 1, 2)
+        if name.endswith(_QWEN3_5_NORMS) and x.ndim == 1:
+            x = x - 1
+        ref[name] = x
+    for d in (directory, dequantized_directory):
+        d.mkdir(parents=True, exist_ok=True)
+    (dequantized_directory / "config.json").write_text(json.dumps(c, indent=1))
+    write_safetensors(dequantized_directory / "model.safetensors", ref, dtype="F32")
+    quant: dict = {"group_size": group_size, "bits": bits}
+    quant.update({k: {"group_size": g, "bits": b} for k, (b, g) in gates.items()})
+    (directory / "config.json").write_text(
+        json.dumps({**c, "quantization": quant, "quantization_config": quant}, indent=1)
+    )
+    write_safetensors(directory / "model.safetensors", quantized)
+
+
+def write_mlx_lm_gemma4(
+    directory: Path,
+    dequantized_directory: Path,
+    arch: str,
+    bits: int = 4,
+    group_size: int = 32,
+    seed: int = 0,
+) -> None:
+    """A tiny Gemma 4 text model (`arch`: gemma4_text or gemma4_moe) as mlx-lm saves it
+    (models/gemma4_text.py sanitize: KV-shared layers without k/v projections, experts as
+    experts.switch_glu.{gate,up,down}_proj; quantized with router.proj at 8 bits, groups of 64,
+    as its quant_predicate says), and beside it the Hugging Face layout float32 checkpoint of
+    the values it dequantizes to."""
+    c = CONFIGS[arch]
+    first_shared = c["num_hidden_layers"] - c.get("num_kv_shared_layers", 0)
+    mlx: dict[str, np.ndarray] = {}
+    for name, x in weights(arch, seed).items():
+        if any(s in name for s in (".self_attn.k_proj", ".self_attn.v_proj", ".self_attn.k_norm")):
+            if int(name.split("layers.")[1].split(".")[0]) >= first_shared:
+                continue
+        if name.endswith(".experts.gate_up_proj"):
+            base = name.removesuffix(".gate_up_proj") + ".switch_glu."
+            mid = x.shape[1] // 2
+            mlx[base + "gate_proj.weight"], mlx[base + "up_proj.weight"] = x[:, :mid], x[:, mid:]
+            continue
+        if name.endswith(".experts.down_proj"):
+            mlx[name.removesuffix(".down_proj") + ".switch_glu.down_proj.weight"] = x
+            continue
+        mlx[name] = x
+    routers = {
+        f"model.layers.{i}.router.proj": (8, 64)
+        for i in range(c["num_hidden_layers"])
+        if f"model.layers.{i}.router.proj.weight" in mlx
+    }
+    quantized, dq = mlx_quantize(mlx, bits, group_size, routers)
+    ref: dict[str, np.ndarray] = {}
+    for name, x in dq.items():
+        if ".switch_glu." in name:
+            base = name.split("switch_glu.")[0]
+            if "gate_proj" in name:
+                up = dq[name.replace("gate_proj", "up_proj")]
+                ref[base + "gate_up_proj"] = np.concatenate([x, up], 1)
+            elif "down_proj" in name:
+                ref[base + "down_proj"] = x
+            continue
+        ref[name] = x
+    for d in (directory, dequantized_directory):
+        d.mkdir(parents=True, exist_ok=True)
+    (dequantized_directory / "config.json").write_text(json.dumps(c, indent=1))
+    write_safetensors(dequantized_directory / "model.safetensors", ref, dtype="F32")
+    quant: dict = {"group_size": group_size, "bits": bits}
+    quant.update({k: {"group_size": g, "bits": b} for k, (b, g) in routers.items()})
+    (directory / "config.json").write_text(
+        json.dumps({**c, "quantization": quant, "quantization_config": quant}, indent=1)
+    )
+    write_safetensors(directory / "model.safetensors", quantized)
 
 
 # Hugging Face tensor names -> llama.cpp's (src/llama-arch.cpp), per layer.
@@ -486,6 +714,9 @@ def write_gguf(path: Path, arch: str, seed: int = 0, quant: str = "F32") -> None
             w.add_tensor(gguf_name(arch, name), dequantize(quantize(x, q8), q8).astype(np.float32))
         elif x.ndim == 1 or quant in ("F32", "Q8_0-as-F32"):
             w.add_tensor(gguf_name(arch, name), x)
+        elif quant == "Q4_1-from-mlx":  # mlx-lm's 4-bit groups of 32 as the same Q4_1 blocks
+            qt = GGMLQuantizationType.Q4_1
+            w.add_tensor(gguf_name(arch, name), mlx_q4_1_blocks(x), raw_dtype=qt)
         elif quant == "F16":
             w.add_tensor(gguf_name(arch, name), x.astype(np.float16))
         else:

@@ -46,7 +46,11 @@ def hf_config(model_path: str) -> dict[str, Any]:
     if "text_config" in config and "num_hidden_layers" not in config:
         # A multimodal wrapper: the text model's keys win; top-level ones such as
         # tie_word_embeddings still apply to it.
-        outer = {k: v for k, v in config.items() if not k.endswith("_config")}
+        outer = {
+            k: v
+            for k, v in config.items()
+            if not k.endswith("_config") or k == "quantization_config"
+        }
         config = {
             **outer,
             **config["text_config"],
