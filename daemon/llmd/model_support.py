@@ -69,20 +69,9 @@ def type_name(type_id: int) -> str:
 
 # MLX-quantized safetensors (mlx-lm's `quantization` block: affine groups, weights packed in
 # uint32 with per-group scales and biases) the engine runs without expanding them to float
-# (native/mlx/decoder.h Checkpoint): these architectures, bits and group sizes.
-MLX_QUANTIZED_ARCHITECTURES: frozenset[str] = frozenset(
-    {
-        "llama",
-        "qwen2",
-        "qwen3",
-        "gemma3",
-        "gemma3_text",
-        "qwen3_5_moe",
-        "qwen3_5_moe_text",
-        "gemma4",
-        "gemma4_text",
-    }
-)
+# (native/mlx/decoder.h Checkpoint): every architecture it runs from safetensors, with these
+# bits and group sizes.
+MLX_QUANTIZED_ARCHITECTURES: frozenset[str] = frozenset(SUPPORTED_ARCHITECTURES)
 MLX_QUANT_BITS: tuple[int, ...] = (4, 8)
 MLX_QUANT_GROUP_SIZES: tuple[int, ...] = (32, 64, 128)
 
