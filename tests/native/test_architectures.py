@@ -57,10 +57,9 @@ def _engine(path: Path, backend: str, context_length: int = 256, **kw):  # type:
         str(path),
         context_length=context_length,
         max_sequences=8,
-        kv_budget_bytes=16 << 20,
         backend=backend,
         hf_config=hf_config(str(path)),
-        **kw,
+        **{"kv_budget_bytes": 16 << 20, **kw},
     )
 
 
@@ -242,6 +241,29 @@ def test_sliding_layers_keep_only_their_window(checkpoints, arch: str, backend: 
     again = run_all(engine, {"t": {"prompt": turn2, "max_tokens": 8, "session": "s"}})
     assert again["t"]["done"]["cached_tokens"] >= 448  # up to the last whole block
     assert again["t"]["tokens"] == fresh["t"]["tokens"]
+
+
+@pytest.mark.parametrize("arch", ["gemma3_text", "gemma4_text"])
+def test_evicted_window_session_resumes_like_a_fresh_one(checkpoints, arch: str) -> None:  # type: ignore[no-untyped-def]
+    """A session on sliding-window layers, unpinned and pushed out of a small KV budget by
+    other long sequences, resumes with exactly a fresh engine's tokens: whatever part of its
+    KV survived is reused only where its window survived too."""
+    path = checkpoints[arch]
+    session = {"s": {"prompt": LONG_TOKENS, "max_tokens": 40, "session": "s"}}
+    probe = _engine(path, "cpu", context_length=1024)
+    run_all(probe, session)
+    one_sequence = probe.stats()["kv_bytes"]  # what one such conversation allocates
+    engine = _engine(path, "cpu", context_length=1024, kv_budget_bytes=one_sequence * 3 // 2)
+    first = run_all(engine, session)
+    turn2 = LONG_TOKENS + first["s"]["tokens"] + [5, 6]
+    engine.unpin("s")
+    for k in range(3):  # evicts the session's idle blocks (LRU)
+        others = {f"o{k}": {"prompt": LONG_TOKENS[::-1][k:] + [k + 3], "max_tokens": 60}}
+        run_all(engine, others)
+    again = run_all(engine, {"t": {"prompt": turn2, "max_tokens": 12, "session": "s"}})
+    fresh = run_all(_engine(path, "cpu", 1024), {"t": {"prompt": turn2, "max_tokens": 12}})
+    assert again["t"]["tokens"] == fresh["t"]["tokens"]
+    assert again["t"]["done"]["cached_tokens"] < len(LONG_TOKENS)  # it was evicted
 
 
 def _tiny_tokenizer(directory: Path, vocab: int) -> None:
