@@ -277,6 +277,26 @@ def test_mlx_quantized_configs_of_every_architecture_pass_the_pull_check() -> No
         assert check_hf_config(config, "x") == CONFIGS[arch]["model_type"]
 
 
+def _assert_matches_dequantized(  # type: ignore[no-untyped-def]
+    engine, dequantized: Path, backend: str, q4_1: bool, argmax_share: float
+) -> None:
+    """Logits (and, when exact, greedy tokens) of a quantized MoE checkpoint against its
+    dequantized float twin. With llmd's Q4_1 kernels (int8 activations) a near-tied routing
+    choice can flip, so only the first position's logits and the argmax agreement at
+    `argmax_share` of the positions are held to."""
+    ours = engine.score(TOKENS, 1)[: len(TOKENS)]
+    ref = _engine(dequantized, backend).score(TOKENS, 1)[: len(TOKENS)]
+    if q4_1:
+        assert _max_rel(ours[:1], ref[:1]) < Q4_1_KERNEL_BOUND
+        assert (ours.argmax(1) == ref.argmax(1)).mean() >= argmax_share
+    else:
+        assert _max_rel(ours, ref) < TIGHT, _max_rel(ours, ref)
+        prompt = TOKENS[:9]
+        got = run_all(engine, {"g": {"prompt": prompt, "max_tokens": 12}})["g"]["tokens"]
+        want = run_all(_engine(dequantized, backend), {"g": {"prompt": prompt, "max_tokens": 12}})
+        assert got == want["g"]["tokens"]
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("bits", [4, 8])
 def test_qwen3_5_moe_as_mlx_lm_saves_it(tmp_path: Path, bits: int, backend: str) -> None:
@@ -297,17 +317,7 @@ def test_qwen3_5_moe_as_mlx_lm_saves_it(tmp_path: Path, bits: int, backend: str)
     dense = "llmd:q4_1:" if q4_1 else f"mlx:qmm:affine{bits}g32:cpu"
     for name in ("blk.0.ssm_in", "blk.0.ssm_out", "blk.3.attn_qkv", "blk.3.attn_output", "output"):
         assert paths[name].startswith(dense), (name, paths[name])
-    ours = engine.score(TOKENS, 1)[: len(TOKENS)]
-    ref = _engine(d, backend).score(TOKENS, 1)[: len(TOKENS)]
-    if q4_1:
-        assert _max_rel(ours[:1], ref[:1]) < Q4_1_KERNEL_BOUND
-        assert (ours.argmax(1) == ref.argmax(1)).mean() >= 0.9
-    else:
-        assert _max_rel(ours, ref) < TIGHT, _max_rel(ours, ref)
-        prompt = TOKENS[:9]
-        got = run_all(engine, {"g": {"prompt": prompt, "max_tokens": 12}})["g"]["tokens"]
-        want = run_all(_engine(d, backend), {"g": {"prompt": prompt, "max_tokens": 12}})
-        assert got == want["g"]["tokens"]
+    _assert_matches_dequantized(engine, d, backend, q4_1, argmax_share=0.9)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -337,17 +347,7 @@ def test_gemma4_as_mlx_lm_saves_it(tmp_path: Path, arch: str, bits: int, backend
         assert paths["blk.0.proj"].startswith("mlx:matmul:f32")
     for name in names:
         assert paths[name].startswith(dense), (name, paths[name])
-    ours = engine.score(TOKENS, 1)[: len(TOKENS)]
-    ref = _engine(d, backend).score(TOKENS, 1)[: len(TOKENS)]
-    if q4_1:
-        assert _max_rel(ours[:1], ref[:1]) < Q4_1_KERNEL_BOUND
-        assert (ours.argmax(1) == ref.argmax(1)).mean() >= 0.85
-    else:
-        assert _max_rel(ours, ref) < TIGHT, _max_rel(ours, ref)
-        prompt = TOKENS[:9]
-        got = run_all(engine, {"g": {"prompt": prompt, "max_tokens": 12}})["g"]["tokens"]
-        want = run_all(_engine(d, backend), {"g": {"prompt": prompt, "max_tokens": 12}})
-        assert got == want["g"]["tokens"]
+    _assert_matches_dequantized(engine, d, backend, q4_1, argmax_share=0.85)
 
 
 def test_llmd_pull_of_a_local_mlx_quantized_directory(llmd_home: Path, tmp_path: Path) -> None:

@@ -469,6 +469,33 @@ def mlx_q4_1_blocks(x: np.ndarray) -> np.ndarray:
     return np.concatenate([d, m, qs], -1).reshape(n, k // 32 * 20)
 
 
+def _write_quantized_pair(
+    directory: Path,
+    dequantized_directory: Path,
+    config: dict,
+    quantized: dict[str, np.ndarray],
+    dequantized: dict[str, np.ndarray],
+    bits: int,
+    group_size: int,
+    overrides: dict[str, tuple[int, int]] | None = None,
+    f32: frozenset[str] = frozenset(),
+) -> None:
+    """The MLX-quantized checkpoint (config with mlx-lm's `quantization` and
+    `quantization_config`, per-module `overrides` listed in them) and the float32 checkpoint of
+    the values it dequantizes to, side by side."""
+    for d in (directory, dequantized_directory):
+        d.mkdir(parents=True, exist_ok=True)
+    (dequantized_directory / "config.json").write_text(json.dumps(config, indent=1))
+    write_safetensors(dequantized_directory / "model.safetensors", dequantized, dtype="F32")
+    quant: dict = {"group_size": group_size, "bits": bits}
+    for module, (b, g) in (overrides or {}).items():
+        quant[module] = {"group_size": g, "bits": b}
+    (directory / "config.json").write_text(
+        json.dumps({**config, "quantization": quant, "quantization_config": quant}, indent=1)
+    )
+    write_safetensors(directory / "model.safetensors", quantized, f32=f32)
+
+
 def write_mlx_quantized_checkpoint(
     directory: Path,
     dequantized_directory: Path,
@@ -487,19 +514,17 @@ def write_mlx_quantized_checkpoint(
     quantized, dequantized = mlx_quantize(
         weights(arch, seed, c), bits, group_size, overrides, nudge_scales
     )
-    for d in (directory, dequantized_directory):
-        d.mkdir(parents=True, exist_ok=True)
-    (dequantized_directory / "config.json").write_text(json.dumps(c, indent=1))
-    write_safetensors(dequantized_directory / "model.safetensors", dequantized, dtype="F32")
-    quant: dict = {"group_size": group_size, "bits": bits}
-    for module, (b, g) in (overrides or {}).items():
-        quant[module] = {"group_size": g, "bits": b}
-    (directory / "config.json").write_text(
-        json.dumps({**c, "quantization": quant, "quantization_config": quant}, indent=1)
-    )
     scales = frozenset(k for k in quantized if k.endswith((".scales", ".biases")))
-    write_safetensors(
-        directory / "model.safetensors", quantized, f32=scales if nudge_scales else frozenset()
+    _write_quantized_pair(
+        directory,
+        dequantized_directory,
+        c,
+        quantized,
+        dequantized,
+        bits,
+        group_size,
+        overrides,
+        f32=scales if nudge_scales else frozenset(),
     )
 
 
@@ -560,16 +585,9 @@ def write_mlx_lm_qwen3_5_moe(
         if name.endswith(_QWEN3_5_NORMS) and x.ndim == 1:
             x = x - 1
         ref[name] = x
-    for d in (directory, dequantized_directory):
-        d.mkdir(parents=True, exist_ok=True)
-    (dequantized_directory / "config.json").write_text(json.dumps(c, indent=1))
-    write_safetensors(dequantized_directory / "model.safetensors", ref, dtype="F32")
-    quant: dict = {"group_size": group_size, "bits": bits}
-    quant.update({k: {"group_size": g, "bits": b} for k, (b, g) in gates.items()})
-    (directory / "config.json").write_text(
-        json.dumps({**c, "quantization": quant, "quantization_config": quant}, indent=1)
+    _write_quantized_pair(
+        directory, dequantized_directory, c, quantized, ref, bits, group_size, gates
     )
-    write_safetensors(directory / "model.safetensors", quantized)
 
 
 def write_mlx_lm_gemma4(
@@ -618,16 +636,9 @@ def write_mlx_lm_gemma4(
                 ref[base + "down_proj"] = x
             continue
         ref[name] = x
-    for d in (directory, dequantized_directory):
-        d.mkdir(parents=True, exist_ok=True)
-    (dequantized_directory / "config.json").write_text(json.dumps(c, indent=1))
-    write_safetensors(dequantized_directory / "model.safetensors", ref, dtype="F32")
-    quant: dict = {"group_size": group_size, "bits": bits}
-    quant.update({k: {"group_size": g, "bits": b} for k, (b, g) in routers.items()})
-    (directory / "config.json").write_text(
-        json.dumps({**c, "quantization": quant, "quantization_config": quant}, indent=1)
+    _write_quantized_pair(
+        directory, dequantized_directory, c, quantized, ref, bits, group_size, routers
     )
-    write_safetensors(directory / "model.safetensors", quantized)
 
 
 # Hugging Face tensor names -> llama.cpp's (src/llama-arch.cpp), per layer.
