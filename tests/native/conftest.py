@@ -44,3 +44,40 @@ def run_all(engine, requests: dict[str, dict]) -> dict[str, dict]:  # type: igno
                 res["done"] = ev
                 pending.discard(ev["id"])
     return results
+
+
+def generate_in_worker(
+    model: Path, backend: str, prompt: list[int], max_tokens: int
+) -> tuple[dict, list[int]]:
+    """Launches `python -m llmd.worker` with the argv and environment the daemon gives it
+    (its BLAS preload included: a preloaded library that cannot run on this CPU once killed
+    every float-weight worker), runs one greedy generation and shuts it down cleanly. Returns
+    the ready message and the generated tokens."""
+    import subprocess
+    import sys
+
+    from llmd.worker.launch import worker_command
+
+    cmd, env = worker_command(str(model), kv_budget_bytes=16 << 20)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+    request = {"type": "generate", "id": "g", "prompt": prompt, "max_tokens": max_tokens}
+    with subprocess.Popen(
+        [*cmd, "--backend", backend],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        env=env,
+    ) as proc:
+        assert proc.stdin and proc.stdout
+        ready = json.loads(proc.stdout.readline())
+        assert ready["type"] == "ready", ready
+        proc.stdin.write((json.dumps(request) + "\n").encode())
+        proc.stdin.flush()
+        tokens: list[int] = []
+        while (event := json.loads(proc.stdout.readline()))["type"] != "done":
+            assert event["type"] == "tokens", event
+            tokens += event["tokens"]
+        proc.stdin.write(b'{"type": "shutdown"}\n')
+        proc.stdin.close()
+        assert proc.wait(timeout=60) == 0
+    return ready, tokens

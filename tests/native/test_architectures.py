@@ -18,13 +18,12 @@ a swapped gate/up) does.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from .conftest import run_all
+from .conftest import generate_in_worker, run_all
 from .tiny_models import (
     CONFIGS,
     LONG_SCORED,
@@ -296,11 +295,7 @@ def test_worker_serves_a_hugging_face_directory(tmp_path: Path, arch: str) -> No
     """The worker process (as the daemon starts it) loads the directory, reports the
     architecture, and generates transformers' greedy tokens; the daemon's text side (tokenizer,
     template, stop tokens) loads from the same directory."""
-    import subprocess
-    import sys
-
     from llmd.text_model import load_text_model
-    from llmd.worker.launch import worker_command
 
     fx = _fixture(arch)
     write_checkpoint(tmp_path, arch)
@@ -308,31 +303,8 @@ def test_worker_serves_a_hugging_face_directory(tmp_path: Path, arch: str) -> No
     text = load_text_model(tmp_path)
     assert text.encode("w17 w99") == [17, 99] and text.stop_token_ids[0] == 2
     assert text.context_length == CONFIGS[arch]["max_position_embeddings"]
-    request = {"type": "generate", "id": "g", "prompt": fx["greedy_prompt"], "max_tokens": 16}
-    # argv and environment exactly as the daemon launches a worker (its BLAS preload included:
-    # a preloaded library that cannot run on this CPU once killed every float-weight worker).
-    cmd, env = worker_command(str(tmp_path), kv_budget_bytes=16 << 20)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
-    with subprocess.Popen(
-        [*cmd, "--backend", "cpu"],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        env=env,
-    ) as proc:
-        assert proc.stdin and proc.stdout
-        ready = json.loads(proc.stdout.readline())
-        assert ready["type"] == "ready", ready
-        assert ready["model"]["architecture"] == _arch_name(arch)
-        proc.stdin.write((json.dumps(request) + "\n").encode())
-        proc.stdin.flush()
-        tokens: list[int] = []
-        while (event := json.loads(proc.stdout.readline()))["type"] != "done":
-            assert event["type"] == "tokens", event
-            tokens += event["tokens"]
-        proc.stdin.write(b'{"type": "shutdown"}\n')
-        proc.stdin.close()
-        assert proc.wait(timeout=60) == 0
+    ready, tokens = generate_in_worker(tmp_path, "cpu", fx["greedy_prompt"], 16)
+    assert ready["model"]["architecture"] == _arch_name(arch)
     assert tokens == fx["greedy"]
 
 

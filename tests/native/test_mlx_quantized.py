@@ -18,13 +18,12 @@ Reference: the float32 checkpoint of the values the quantized one dequantizes to
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from .conftest import run_all
+from .conftest import generate_in_worker, run_all
 from .tiny_models import (
     CONFIGS,
     TOKENS,
@@ -192,38 +191,12 @@ def test_per_module_settings_and_inexact_scales(tmp_path: Path, backend: str) ->
 
 def test_worker_serves_an_mlx_quantized_directory(tmp_path: Path) -> None:
     """The worker, launched as the daemon launches it, generates the reference's tokens."""
-    import subprocess
-    import sys
-
-    from llmd.worker.launch import worker_command
-
     q, d = tmp_path / "q", tmp_path / "dq"
     write_mlx_quantized_checkpoint(q, d, "qwen3", 4, 32)
     prompt = TOKENS[:9]
     ref = run_all(_engine(d, "mlx-cpu"), {"g": {"prompt": prompt, "max_tokens": 16}})["g"]["tokens"]
-    cmd, env = worker_command(str(q), kv_budget_bytes=16 << 20)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
-    with subprocess.Popen(
-        [*cmd, "--backend", "mlx-cpu"],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        env=env,
-    ) as proc:
-        assert proc.stdin and proc.stdout
-        ready = json.loads(proc.stdout.readline())
-        assert ready["type"] == "ready", ready
-        assert ready["model"]["weight_format"] == "safetensors:mlx-affine4g32"
-        request = {"type": "generate", "id": "g", "prompt": prompt, "max_tokens": 16}
-        proc.stdin.write((json.dumps(request) + "\n").encode())
-        proc.stdin.flush()
-        tokens: list[int] = []
-        while (event := json.loads(proc.stdout.readline()))["type"] != "done":
-            assert event["type"] == "tokens", event
-            tokens += event["tokens"]
-        proc.stdin.write(b'{"type": "shutdown"}\n')
-        proc.stdin.close()
-        assert proc.wait(timeout=60) == 0
+    ready, tokens = generate_in_worker(q, "mlx-cpu", prompt, 16)
+    assert ready["model"]["weight_format"] == "safetensors:mlx-affine4g32"
     assert tokens == ref
 
 
