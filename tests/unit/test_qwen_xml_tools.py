@@ -27,6 +27,9 @@ from llmd.tools import (
 )
 from llmd.tools.qwen_xml import parameter_value
 
+from .grammar_checks import accepts as _accepts
+from .grammar_checks import accepts_a_prefix as _accepts_a_prefix
+
 # A minimal Qwen3.5-style template (written for these tests): tools as JSON in the system
 # turn, assistant calls in the XML form, values rendered as Qwen3.5's template renders them
 # (objects and lists as JSON, everything else with `string`), a `<think>` opened for the answer.
@@ -290,37 +293,6 @@ def test_the_answer_of_a_thinking_qwen35_model_splits_into_reasoning_and_calls()
 
 
 # -- forced calls ---------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def ll_tokenizer(text_model: Any) -> Any:
-    llguidance = pytest.importorskip("llguidance")
-    tk = text_model.tokenizer
-    return llguidance.LLTokenizer(
-        tk.to_str(), n_vocab=tk.get_vocab_size(), eos_token=text_model.stop_token_ids[0]
-    )
-
-
-def _accepts(ll_tokenizer: Any, grammar: str, text: str) -> bool:
-    """Whether the grammar lets the model write exactly `text` and then end its turn."""
-    from llguidance import LLMatcher
-
-    matcher = LLMatcher(ll_tokenizer, LLMatcher.grammar_from_lark(grammar), log_level=0)
-    assert not matcher.is_error(), matcher.get_error()
-    ids = ll_tokenizer.tokenize_str(text)
-    return (
-        matcher.consume_tokens(ids)
-        and matcher.is_accepting()
-        and matcher.consume_token(ll_tokenizer.eos_token)
-    )
-
-
-def _accepts_a_prefix(ll_tokenizer: Any, grammar: str, text: str) -> bool:
-    from llguidance import LLMatcher
-
-    matcher = LLMatcher(ll_tokenizer, LLMatcher.grammar_from_lark(grammar), log_level=0)
-    ids = ll_tokenizer.tokenize_str(text)
-    return matcher.validate_tokens(ids) == len(ids)
 
 
 def _call(name: str, params: str = "") -> str:

@@ -34,6 +34,9 @@ from llmd.tools import (
     tools_system_prompt,
 )
 
+from .grammar_checks import accepts as _accepts
+from .grammar_checks import accepts_a_prefix as _accepts_a_prefix
+
 NAMES = ["get_weather", "now"]
 WEATHER = '{"name": "get_weather", "arguments": {"city": "Paris", "days": 2}}'
 WEATHER_ARGS = '{"city": "Paris", "days": 2}'
@@ -789,39 +792,6 @@ def test_tool_choice_resolution() -> None:
 
 
 # -- grammars -------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def ll_tokenizer(text_model: Any) -> Any:
-    llguidance = pytest.importorskip("llguidance")
-    tk = text_model.tokenizer
-    return llguidance.LLTokenizer(
-        tk.to_str(), n_vocab=tk.get_vocab_size(), eos_token=text_model.stop_token_ids[0]
-    )
-
-
-def _accepts(
-    ll_tokenizer: Any, grammar: str, text: str, *, prefix: list[int] | None = None
-) -> bool:
-    """Whether the grammar lets the model write exactly `text` and then end its turn."""
-    from llguidance import LLMatcher
-
-    matcher = LLMatcher(ll_tokenizer, LLMatcher.grammar_from_lark(grammar), log_level=0)
-    assert not matcher.is_error(), matcher.get_error()
-    ids = (prefix or []) + ll_tokenizer.tokenize_str(text)
-    return (
-        matcher.consume_tokens(ids)
-        and matcher.is_accepting()
-        and matcher.consume_token(ll_tokenizer.eos_token)
-    )
-
-
-def _accepts_a_prefix(ll_tokenizer: Any, grammar: str, text: str) -> bool:
-    from llguidance import LLMatcher
-
-    matcher = LLMatcher(ll_tokenizer, LLMatcher.grammar_from_lark(grammar), log_level=0)
-    ids = ll_tokenizer.tokenize_str(text)
-    return matcher.validate_tokens(ids) == len(ids)
 
 
 def _hermes(name: str, args: str) -> str:
