@@ -33,6 +33,7 @@ from .tiny_models import (
     write_checkpoint,
     write_gguf,
     write_safetensors,
+    write_stub_gguf,
 )
 
 native = pytest.importorskip("llmd._engine")
@@ -377,15 +378,7 @@ def test_gemma4_kv_groups_of_different_shapes(checkpoints) -> None:  # type: ign
 
 
 def test_gemma4_gguf_is_refused_with_a_clear_error(tmp_path: Path) -> None:
-    from gguf import GGUFWriter
-
     path = tmp_path / "gemma4.gguf"
-    w = GGUFWriter(str(path), "gemma4")
-    w.add_block_count(1)
-    w.add_tensor("token_embd.weight", np.zeros((4, 16), dtype=np.float32))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    write_stub_gguf(path, "gemma4")
     with pytest.raises(Exception, match="gemma4 GGUF files are not supported"):
         _engine(path, "cpu")

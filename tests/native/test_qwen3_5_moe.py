@@ -21,7 +21,14 @@ import numpy as np
 import pytest
 
 from .conftest import run_all
-from .tiny_models import CONFIGS, TOKENS, weights, write_checkpoint, write_safetensors
+from .tiny_models import (
+    CONFIGS,
+    TOKENS,
+    weights,
+    write_checkpoint,
+    write_safetensors,
+    write_stub_gguf,
+)
 
 native = pytest.importorskip("llmd._engine")
 
@@ -243,15 +250,7 @@ def test_experts_run_batched_gather_mm(checkpoint: Path) -> None:
 
 
 def test_gguf_is_refused_with_a_clear_error(tmp_path: Path) -> None:
-    from gguf import GGUFWriter
-
     path = tmp_path / "qwen35moe.gguf"
-    w = GGUFWriter(str(path), "qwen35moe")
-    w.add_block_count(1)
-    w.add_tensor("token_embd.weight", np.zeros((4, 8), dtype=np.float32))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    write_stub_gguf(path, "qwen35moe")
     with pytest.raises(Exception, match="qwen35moe.*not supported"):
         native.Engine(str(path), context_length=64, backend="cpu")
