@@ -41,7 +41,7 @@ def merges_from_scores(tokens: list[str], scores: list[float]) -> list[tuple[str
     return [(tokens[left], tokens[right]) for _, _, left, right in ranked]
 
 
-def _special_tokens(tokens: list[str], token_types: list[int]) -> list[AddedToken]:
+def special_tokens(tokens: list[str], token_types: list[int]) -> list[AddedToken]:
     """Control and user-defined tokens, matched whole inside text (llama-server parses them in
     rendered templates the same way)."""
     return [
@@ -90,7 +90,7 @@ def spm_tokenizer(
         steps.insert(0, normalizers.Prepend(SPACE))
     tk.normalizer = normalizers.Sequence(steps)
     tk.decoder = _sentencepiece_decoder(strip_prefix=add_space_prefix)
-    tk.add_special_tokens(_special_tokens(tokens, token_types))
+    tk.add_special_tokens(special_tokens(tokens, token_types))
     return tk
 
 
@@ -113,5 +113,5 @@ def gemma4_tokenizer(
     tk.normalizer = normalizers.Replace(" ", SPACE)
     tk.pre_tokenizer = pre_tokenizers.Split(Regex(r"[^\n]+|[\n]+"), behavior="isolated")
     tk.decoder = _sentencepiece_decoder(strip_prefix=False)
-    tk.add_special_tokens(_special_tokens(tokens, token_types))
+    tk.add_special_tokens(special_tokens(tokens, token_types))
     return tk

@@ -14,9 +14,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 
-from .spm_tokenizer import CONTROL, USER_DEFINED, gemma4_tokenizer, spm_tokenizer
+from .spm_tokenizer import gemma4_tokenizer, special_tokens, spm_tokenizer
 
 # Pre-tokenizer regexes, as llama.cpp applies them per `tokenizer.ggml.pre` (src/llama-vocab.cpp)
 # and as the models' own tokenizer.json files write them.
@@ -45,7 +45,8 @@ SUPPORTED_PRE_TOKENIZERS = frozenset(_DIGITS_THEN_GPT2 + _GPT2 + _LLAMA3 + _QWEN
 # (Llama 3's tokenizer.json `ignore_merges`; llama.cpp sets it for these names).
 _IGNORE_MERGES = ("llama-bpe", "llama3", "llama-v3")
 # GGUF tokenizer models: byte-level BPE, and the SentencePiece-style ones (spm_tokenizer.py).
-SUPPORTED_TOKENIZER_MODELS = ("gpt2", "llama", "gemma4")
+_SENTENCEPIECE_MODELS = ("llama", "gemma4")
+SUPPORTED_TOKENIZER_MODELS = ("gpt2", *_SENTENCEPIECE_MODELS)
 
 
 class UnsupportedTokenizer(Exception):
@@ -66,7 +67,7 @@ def gguf_tokenizer_problem(model: str | None, pre: str | None) -> str | None:
     """Why llmd cannot rebuild a GGUF's tokenizer from `tokenizer.ggml.model` and
     `tokenizer.ggml.pre`, or None when it can (or the file names no tokenizer model). Pulls ask
     this of the header, before downloading the weights."""
-    if model is None or model in ("llama", "gemma4"):
+    if model is None or model in _SENTENCEPIECE_MODELS:
         return None
     if model != "gpt2":
         return (
@@ -103,9 +104,8 @@ def byte_level_tokenizer(
     pre: str, tokens: list[str], token_types: list[int], merges: list[str]
 ) -> Tokenizer:
     """Rebuild a GGUF's byte-level BPE tokenizer. Control and user-defined tokens are matched
-    as whole tokens inside text, as llama-server does when it tokenizes a rendered template."""
-    if problem := gguf_tokenizer_problem("gpt2", pre):
-        raise UnsupportedTokenizer(problem)
+    as whole tokens inside text, as llama-server does when it tokenizes a rendered template.
+    An unknown `pre` raises UnsupportedTokenizer (_pre_tokenizer)."""
     vocab = {tok: i for i, tok in enumerate(tokens)}
     pairs = [tuple(m.split(" ", 1)) for m in merges]
     tk = Tokenizer(
@@ -113,12 +113,7 @@ def byte_level_tokenizer(
     )
     tk.pre_tokenizer = _pre_tokenizer(pre)
     tk.decoder = decoders.ByteLevel()
-    special = [
-        AddedToken(tok, special=(typ == CONTROL), normalized=False)
-        for tok, typ in zip(tokens, token_types, strict=True)
-        if typ in (CONTROL, USER_DEFINED)
-    ]
-    tk.add_special_tokens(special)
+    tk.add_special_tokens(special_tokens(tokens, token_types))
     return tk
 
 

@@ -185,6 +185,7 @@ void SequenceKv::adopt(const std::vector<int>& blocks, int length) {
   for (int b : blocks) pool_->retain(b);
   blocks_ = blocks;
   length_ = length;
+  if (pool_->shape().window <= 0) return;
   // Hold the window parts from where this sequence's window (with margin) starts, as far
   // back as they still exist (at least the strict window: the caller checked has_window_for).
   int from = static_cast<int>(blocks_.size());
