@@ -12,6 +12,7 @@ The library is preloaded only where its build target runs on this CPU (openblas_
 from __future__ import annotations
 
 import ctypes.util
+import functools
 import glob
 import os
 import platform
@@ -57,7 +58,8 @@ _CONFIG = re.compile(rb"OpenBLAS \d+\.\d+\.\d+[ A-Za-z0-9_=.]*")
 _TARGET_NAMES = re.compile(rb"\b(" + b"|".join(t.encode() for t in _TARGET_FLAGS) + rb")\b")
 
 
-def openblas_build(library: Path) -> tuple[bool, set[str]] | None:
+@functools.cache  # the daemon asks at every worker start; the file does not change
+def openblas_build(library: Path) -> tuple[bool, frozenset[str]] | None:
     """Whether an OpenBLAS library is a DYNAMIC_ARCH build, and the x86 targets it names, read
     from the file (the start of the configuration string openblas_get_config() returns, and
     the core names it embeds) so the daemon never loads a library that may not run here."""
@@ -69,7 +71,7 @@ def openblas_build(library: Path) -> tuple[bool, set[str]] | None:
     if config is None:
         return None
     dynamic = b"DYNAMIC_ARCH" in config.group()
-    return dynamic, {m.decode() for m in _TARGET_NAMES.findall(data)}
+    return dynamic, frozenset(m.decode() for m in _TARGET_NAMES.findall(data))
 
 
 def cpu_flags() -> set[str]:
@@ -83,7 +85,9 @@ def cpu_flags() -> set[str]:
     return set()
 
 
-def openblas_runs_here(build: tuple[bool, set[str]] | None, flags: set[str], machine: str) -> bool:
+def openblas_runs_here(
+    build: tuple[bool, frozenset[str]] | None, flags: set[str], machine: str
+) -> bool:
     """Whether an OpenBLAS build can run on this CPU: a DYNAMIC_ARCH build anywhere; a fixed
     x86 build only where the CPU has every instruction set its targets need; arm64 builds on
     arm64. Unknown builds are not preloaded (a wrong guess kills every worker)."""
