@@ -8,6 +8,7 @@
 #include <mutex>
 #include <stdexcept>
 
+#include "../mlx/kernels/pack8.h"
 #include "../mlx/kernels/qgemm.h"
 #include "engine.h"
 #include "op_profile.h"
@@ -134,7 +135,7 @@ std::unique_ptr<Engine> make_engine(const std::string& path, int context_length,
 }
 
 py::array_t<float> kernel_gemm(const std::string& type, py::array_t<uint8_t, py::array::c_style> w, int n, int k,
-                               py::array_t<float, py::array::c_style> x, const std::string& isa) {
+                               py::array_t<float, py::array::c_style> x, const std::string& isa, bool packed) {
   const kernels::KernelTable* table = isa.empty() ? &kernels::active_table() : kernels::table_named(isa);
   if (!table) throw std::invalid_argument("kernel path '" + isa + "' is not runnable on this CPU");
   TensorType tt = TensorType::F32;
@@ -146,6 +147,10 @@ py::array_t<float> kernel_gemm(const std::string& type, py::array_t<uint8_t, py:
     }
   }
   if (!known || !table->gemm_for(tt)) throw std::invalid_argument("no kernel for type " + type + " on " + table->isa);
+  if (packed && (!table->packed_gemm_for(tt) || n % kernels::kPackRows != 0)) {
+    throw std::invalid_argument("no packed kernel for type " + type + " on " + table->isa + " with n = " +
+                                std::to_string(n));
+  }
   const size_t rb = row_bytes(tt, k);
   if (static_cast<size_t>(w.size()) != rb * n) throw std::invalid_argument("weight bytes do not match n x k");
   if (x.ndim() != 2 || x.shape(1) != k) throw std::invalid_argument("x must be [rows, k]");
@@ -153,7 +158,14 @@ py::array_t<float> kernel_gemm(const std::string& type, py::array_t<uint8_t, py:
   py::array_t<float> out({rows, n});
   std::vector<kernels::ActBlock> act(static_cast<size_t>(rows) * (k / kernels::kBlock));
   for (int r = 0; r < rows; ++r) table->quantize_row(x.data() + static_cast<size_t>(r) * k, act.data() + static_cast<size_t>(r) * (k / kernels::kBlock), k);
-  table->gemm_for(tt)(w.data(), rb, act.data(), k, rows, 0, n, out.mutable_data(), n);
+  if (packed) {
+    // The layout the engine packs weights into at load time, packed by the same function.
+    std::vector<uint8_t> bytes(w.data(), w.data() + w.size());
+    kernels::pack8_in_place(tt, bytes.data(), n, k);
+    table->packed_gemm_for(tt)(bytes.data(), rb, act.data(), k, rows, 0, n, out.mutable_data(), n);
+  } else {
+    table->gemm_for(tt)(w.data(), rb, act.data(), k, rows, 0, n, out.mutable_data(), n);
+  }
   return out;
 }
 
@@ -293,6 +305,16 @@ PYBIND11_MODULE(_engine, m) {
     return names;
   });
   m.def("kernel_gemm", &kernel_gemm, py::arg("type"), py::arg("weight"), py::arg("n"), py::arg("k"),
-        py::arg("x"), py::arg("isa") = "",
-        "out[r, j] = dot(weight row j, x row r) with llmd's kernel for `type` on path `isa`.");
+        py::arg("x"), py::arg("isa") = "", py::arg("packed") = false,
+        "out[r, j] = dot(weight row j, x row r) with llmd's kernel for `type` on path `isa` "
+        "(with `packed`, the kernel for the 8-row packed layout the engine loads weights into).");
+  m.def("packed_kernel_types", [](const std::string& isa) {
+    const kernels::KernelTable* table = isa.empty() ? &kernels::active_table() : kernels::table_named(isa);
+    if (!table) throw std::invalid_argument("kernel path '" + isa + "' is not runnable on this CPU");
+    std::vector<std::string> types;
+    for (TensorType t : {TensorType::Q4_0, TensorType::Q4_1, TensorType::Q8_0}) {
+      if (table->packed_gemm_for(t)) types.push_back(type_name(t));
+    }
+    return types;
+  }, py::arg("isa") = "", "Weight types that path `isa` runs in the 8-row packed layout.");
 }

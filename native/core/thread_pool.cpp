@@ -79,16 +79,26 @@ void ThreadPool::worker_loop(int worker_index) {
     }
     if (stopping_.load()) return;
     seen = generation_.load(std::memory_order_acquire);
-    const std::function<void(int, int)>* job = job_;
-    const int tasks = job_tasks_;
-    int begin, end;
-    split(tasks, n_threads_, worker_index, begin, end);
-    if (begin < end) (*job)(begin, end);
+    run_share(worker_index);
     pending_.fetch_sub(1, std::memory_order_acq_rel);
   }
 }
 
-void ThreadPool::parallel_for(int n_tasks, const std::function<void(int, int)>& fn) {
+void ThreadPool::run_share(int worker_index) {
+  const std::function<void(int, int)>& job = *job_;
+  if (job_dynamic_) {
+    for (int t = next_task_.fetch_add(1, std::memory_order_relaxed); t < job_tasks_;
+         t = next_task_.fetch_add(1, std::memory_order_relaxed)) {
+      job(t, t + 1);
+    }
+    return;
+  }
+  int begin, end;
+  split(job_tasks_, n_threads_, worker_index, begin, end);
+  if (begin < end) job(begin, end);
+}
+
+void ThreadPool::run(int n_tasks, const std::function<void(int, int)>& fn, bool dynamic) {
   if (n_tasks <= 0) return;
   if (n_threads_ == 1 || n_tasks == 1) {
     fn(0, n_tasks);
@@ -96,17 +106,23 @@ void ThreadPool::parallel_for(int n_tasks, const std::function<void(int, int)>& 
   }
   job_ = &fn;
   job_tasks_ = n_tasks;
+  job_dynamic_ = dynamic;
+  next_task_.store(0, std::memory_order_relaxed);
   pending_.store(n_threads_ - 1, std::memory_order_release);
   {
     std::lock_guard<std::mutex> lock(mutex_);
     generation_.fetch_add(1, std::memory_order_acq_rel);
   }
   if (sleepers_.load() > 0) work_ready_.notify_all();
-  int begin, end;
-  split(n_tasks, n_threads_, 0, begin, end);
-  if (begin < end) fn(begin, end);
+  run_share(0);
   while (pending_.load(std::memory_order_acquire) != 0) LLMD_PAUSE();
   job_ = nullptr;
+}
+
+void ThreadPool::parallel_for(int n_tasks, const std::function<void(int, int)>& fn) { run(n_tasks, fn, false); }
+
+void ThreadPool::parallel_for_dynamic(int n_tasks, const std::function<void(int, int)>& fn) {
+  run(n_tasks, fn, true);
 }
 
 ThreadPool& ThreadPool::global() {

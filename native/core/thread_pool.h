@@ -29,6 +29,11 @@ class ThreadPool {
   // Tasks are handed out in contiguous chunks of index space per thread (static split), so
   // a given output is always computed by the same code whatever the thread count.
   void parallel_for(int n_tasks, const std::function<void(int begin, int end)>& fn);
+  // Same contract, but threads take one task at a time from a shared counter: for tasks of
+  // very different cost (causal attention tiles late in a prompt cost more than early ones),
+  // where a static split leaves one core idle. Each task must compute its outputs the same
+  // way whichever thread runs it.
+  void parallel_for_dynamic(int n_tasks, const std::function<void(int begin, int end)>& fn);
 
   // The process-wide pool used by kernels; sized once from LLMD_THREADS or the core count.
   static ThreadPool& global();
@@ -36,6 +41,8 @@ class ThreadPool {
 
  private:
   void worker_loop(int worker_index);
+  void run(int n_tasks, const std::function<void(int, int)>& fn, bool dynamic);
+  void run_share(int worker_index);
 
   int n_threads_;
   std::vector<std::thread> workers_;
@@ -45,6 +52,8 @@ class ThreadPool {
   std::condition_variable work_ready_;
   const std::function<void(int, int)>* job_ = nullptr;
   int job_tasks_ = 0;
+  bool job_dynamic_ = false;
+  std::atomic<int> next_task_{0};
   std::atomic<unsigned long> generation_{0};
   std::atomic<int> pending_{0};
   std::atomic<int> sleepers_{0};

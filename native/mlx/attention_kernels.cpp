@@ -10,38 +10,136 @@ namespace llmd {
 
 namespace {
 
-using v16 = float __attribute__((vector_size(64)));
-using v16i = int __attribute__((vector_size(64)));
+// 8 floats: one AVX2 register. (A 16-float type made GCC keep accumulator arrays on the
+// stack in the AVX2 clone.)
+constexpr int kLanes = 8;
+using vf = float __attribute__((vector_size(32)));
+using vfi = int __attribute__((vector_size(32)));
 
 #define LLMD_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 
-[[gnu::always_inline]] inline v16 load(const float* p) {
-  v16 v;
+[[gnu::always_inline]] inline vf load(const float* p) {
+  vf v;
   std::memcpy(&v, p, sizeof(v));
   return v;
 }
-[[gnu::always_inline]] inline void store(float* p, v16 v) { std::memcpy(p, &v, sizeof(v)); }
-[[gnu::always_inline]] inline v16 splat(float x) { return v16{} + x; }
+[[gnu::always_inline]] inline void store(float* p, vf v) { std::memcpy(p, &v, sizeof(v)); }
+[[gnu::always_inline]] inline vf splat(float x) { return vf{} + x; }
 
 // exp(x) for x <= 0 (softmax after max subtraction): Cody-Waite range reduction + degree-6
 // polynomial; relative error ~2e-7, underflows to 0 below -87.
-[[gnu::always_inline]] inline v16 vexp(v16 x) {
+[[gnu::always_inline]] inline vf vexp(vf x) {
   x = x < -87.f ? splat(-87.f) : x;
-  const v16 y = x * 1.44269504088896341f + 0.5f;
-  const v16 t = __builtin_convertvector(__builtin_convertvector(y, v16i), v16);
-  const v16 fx = t - ((t > y) ? splat(1.f) : splat(0.f));  // floor(y)
-  v16 r = x - fx * 0.693359375f + fx * 2.12194440e-4f;
-  v16 p = splat(1.9875691500e-4f);
+  const vf y = x * 1.44269504088896341f + 0.5f;
+  const vf t = __builtin_convertvector(__builtin_convertvector(y, vfi), vf);
+  const vf fx = t - ((t > y) ? splat(1.f) : splat(0.f));  // floor(y)
+  vf r = x - fx * 0.693359375f + fx * 2.12194440e-4f;
+  vf p = splat(1.9875691500e-4f);
   p = p * r + 1.3981999507e-3f;
   p = p * r + 8.3334519073e-3f;
   p = p * r + 4.1665795894e-2f;
   p = p * r + 1.6666665459e-1f;
   p = p * r + 5.0000001201e-1f;
   p = p * r * r + r + 1.f;
-  const v16i bits = (__builtin_convertvector(fx, v16i) + 127) << 23;
-  v16 scale;
+  const vfi bits = (__builtin_convertvector(fx, vfi) + 127) << 23;
+  vf scale;
   std::memcpy(&scale, &bits, sizeof(scale));
   return p * scale;
+}
+
+// Scores of R queries over C consecutive kLanes-position chunks starting at j0 (the chunks of a
+// sweep share nothing but independent accumulators: more chunks per sweep only shortens the
+// FMA dependency chains of small tiles; each score is the same sum in the same order).
+template <int R, int C>
+[[gnu::always_inline]] inline void score_sweep(const AttentionTile& tile, const float* const* k_blocks, int head_dim,
+                                               int block_tokens, int j0, float* const* scores) {
+  const float* kt[C];
+  for (int c = 0; c < C; ++c) {
+    const int j = j0 + kLanes * c;
+    kt[c] = k_blocks[j / block_tokens] + (j % block_tokens);
+  }
+  vf acc[R][C] = {};
+  for (int d = 0; d < head_dim; ++d) {
+    for (int c = 0; c < C; ++c) {
+      const vf k = load(kt[c] + static_cast<size_t>(d) * block_tokens);
+      for (int r = 0; r < R; ++r) acc[r][c] += tile.q[r][d] * k;
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    for (int c = 0; c < C; ++c) store(scores[r] + j0 + kLanes * c, acc[r][c]);
+  }
+}
+
+// out[c0 .. c0 + kLanes * C] = sum_j p_j * V[j][...] for R queries, positions in order.
+template <int R, int C>
+[[gnu::always_inline]] inline void value_sweep(const AttentionTile& tile, const float* const* v_blocks, int head_dim,
+                                               int block_tokens, int lo, int n_max, int c0,
+                                               const float* const* scores, const float* inv_sum) {
+  vf acc[R][C] = {};
+  for (int j = lo; j < n_max; ++j) {
+    const float* v = v_blocks[j / block_tokens] + static_cast<size_t>(j % block_tokens) * head_dim + c0;
+    for (int c = 0; c < C; ++c) {
+      const vf vv = load(v + kLanes * c);
+      for (int r = 0; r < R; ++r) acc[r][c] += scores[r][j] * vv;
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    for (int c = 0; c < C; ++c) store(tile.out[r] + c0 + kLanes * c, acc[r][c] * inv_sum[r]);
+  }
+}
+
+// The tile with R queries; sweeps take 8 / R chunks so that R * C accumulators fit AVX2's
+// registers with the most independent chains.
+template <int R>
+[[gnu::always_inline]] inline void attend_rows(const AttentionTile& tile, const float* const* k_blocks,
+                                               const float* const* v_blocks, int head_dim, int block_tokens,
+                                               float* scratch) {
+  constexpr int C = 8 / R;
+  int n_max = 0;
+  int lo = tile.first_pos[0];
+  for (int r = 0; r < R; ++r) {
+    n_max = std::max(n_max, tile.n_pos[r]);
+    lo = std::min(lo, tile.first_pos[r]);
+  }
+  lo = lo / 16 * 16;  // vector-aligned start (blocks are a multiple of 16 positions)
+  const int padded = (n_max + 15) / 16 * 16;
+  float* scores[R];
+  for (int r = 0; r < R; ++r) scores[r] = scratch + static_cast<size_t>(r) * padded;
+
+  int j0 = lo;
+  for (; j0 + kLanes * C <= padded; j0 += kLanes * C) {
+    score_sweep<R, C>(tile, k_blocks, head_dim, block_tokens, j0, scores);
+  }
+  for (; j0 < padded; j0 += kLanes) score_sweep<R, 1>(tile, k_blocks, head_dim, block_tokens, j0, scores);
+
+  // Softmax of each row over its own range; positions outside it weigh exactly 0.
+  float inv_sum[R];
+  for (int r = 0; r < R; ++r) {
+    const int first = tile.first_pos[r];
+    const int n = tile.n_pos[r];
+    float* s = scores[r];
+    float mx = s[first];
+    for (int j = first + 1; j < n; ++j) mx = std::max(mx, s[j]);
+    for (int j = lo; j < first; ++j) s[j] = -INFINITY;
+    for (int j = n; j < padded; ++j) s[j] = -INFINITY;
+    vf sum = {};
+    for (int j = lo; j < padded; j += kLanes) {
+      const vf raw = load(s + j);
+      const vf e = (raw == -INFINITY) ? splat(0.f) : vexp(raw - mx);
+      store(s + j, e);
+      sum += e;
+    }
+    float total = 0.f;
+    for (int i = 0; i < kLanes; ++i) total += sum[i];
+    inv_sum[r] = 1.f / total;
+  }
+
+  // head_dim % 16 == 0
+  int c0 = 0;
+  for (; c0 + kLanes * C <= head_dim; c0 += kLanes * C) {
+    value_sweep<R, C>(tile, v_blocks, head_dim, block_tokens, lo, n_max, c0, scores, inv_sum);
+  }
+  for (; c0 < head_dim; c0 += kLanes) value_sweep<R, 1>(tile, v_blocks, head_dim, block_tokens, lo, n_max, c0, scores, inv_sum);
 }
 
 }  // namespace
@@ -51,66 +149,12 @@ LLMD_CLONES
 #endif
 void attend_tile(const AttentionTile& tile, const float* const* k_blocks, const float* const* v_blocks,
                  int head_dim, int block_tokens, float* scratch) {
-  const int R = tile.rows;
-  int n_max = 0;
-  int lo = tile.first_pos[0];
-  for (int r = 0; r < R; ++r) {
-    n_max = std::max(n_max, tile.n_pos[r]);
-    lo = std::min(lo, tile.first_pos[r]);
-  }
-  lo = lo / 16 * 16;  // vector-aligned start (blocks are a multiple of 16 positions)
-  const int padded = (n_max + 15) / 16 * 16;
-  float* scores[kMaxTileRows];
-  for (int r = 0; r < R; ++r) scores[r] = scratch + static_cast<size_t>(r) * padded;
-
-  // Scores, 16 positions at a time: s[j..j+16] += q[d] * Kt[d][j..j+16].
-  for (int j0 = lo; j0 < n_max; j0 += 16) {
-    const float* kt = k_blocks[j0 / block_tokens] + (j0 % block_tokens);
-    v16 acc[kMaxTileRows] = {};
-    for (int d = 0; d < head_dim; ++d) {
-      const v16 k = load(kt + static_cast<size_t>(d) * block_tokens);
-      for (int r = 0; r < R; ++r) acc[r] += tile.q[r][d] * k;
-    }
-    for (int r = 0; r < R; ++r) store(scores[r] + j0, acc[r]);
-  }
-
-  // Softmax of each row over its own range; positions outside it weigh exactly 0.
-  float inv_sum[kMaxTileRows];
-  for (int r = 0; r < R; ++r) {
-    const int first = tile.first_pos[r];
-    const int n = tile.n_pos[r];
-    float* s = scores[r];
-    float mx = s[first];
-    for (int j = first + 1; j < n; ++j) mx = std::max(mx, s[j]);
-    for (int j = lo; j < first; ++j) s[j] = -INFINITY;
-    for (int j = n; j < padded; ++j) s[j] = -INFINITY;
-    v16 sum = {};
-    for (int j = lo; j < padded; j += 16) {
-      const v16 raw = load(s + j);
-      const v16 e = (raw == -INFINITY) ? splat(0.f) : vexp(raw - mx);
-      store(s + j, e);
-      sum += e;
-    }
-    float total = 0.f;
-    for (int i = 0; i < 16; ++i) total += sum[i];
-    inv_sum[r] = 1.f / total;
-  }
-
-  // out = sum_j p_j * V[j], head_dim in chunks of 16 (head_dim % 16 == 0).
-  const int chunks = head_dim / 16;
-  for (int c0 = 0; c0 < chunks; c0 += 4) {
-    const int cn = std::min(4, chunks - c0);
-    v16 acc[kMaxTileRows][4] = {};
-    for (int j = lo; j < n_max; ++j) {
-      const float* v = v_blocks[j / block_tokens] + static_cast<size_t>(j % block_tokens) * head_dim + c0 * 16;
-      for (int c = 0; c < cn; ++c) {
-        const v16 vv = load(v + c * 16);
-        for (int r = 0; r < R; ++r) acc[r][c] += scores[r][j] * vv;
-      }
-    }
-    for (int r = 0; r < R; ++r) {
-      for (int c = 0; c < cn; ++c) store(tile.out[r] + (c0 + c) * 16, acc[r][c] * inv_sum[r]);
-    }
+  static_assert(kMaxTileRows == 4);
+  switch (tile.rows) {
+    case 1: return attend_rows<1>(tile, k_blocks, v_blocks, head_dim, block_tokens, scratch);
+    case 2: return attend_rows<2>(tile, k_blocks, v_blocks, head_dim, block_tokens, scratch);
+    case 3: return attend_rows<3>(tile, k_blocks, v_blocks, head_dim, block_tokens, scratch);
+    default: return attend_rows<4>(tile, k_blocks, v_blocks, head_dim, block_tokens, scratch);
   }
 }
 

@@ -6,6 +6,7 @@
 #include <stdexcept>
 
 #include "../core/dequantize.h"
+#include "kernels/pack8.h"
 
 namespace llmd {
 
@@ -51,6 +52,12 @@ Embedding Embedding::mlx_affine(const mx::array& w, const mx::array& scales, con
   return e;
 }
 
+Embedding Embedding::tied_to(const Linear& head) {
+  Embedding e(head.weight(), head.type(), head.in_features());
+  e.packed_ = head.packed();
+  return e;
+}
+
 void Embedding::lookup(const std::vector<int32_t>& tokens, float* out, float scale) const {
   if (bits_) {
     const size_t rb = static_cast<size_t>(dim_) * bits_ / 8;
@@ -70,9 +77,15 @@ void Embedding::lookup(const std::vector<int32_t>& tokens, float* out, float sca
   }
   const size_t rb = row_bytes(type_, dim_);
   const uint8_t* base = bytes_.data<uint8_t>();
+  std::vector<uint8_t> unpacked(packed_ ? rb : 0);
   for (size_t i = 0; i < tokens.size(); ++i) {
     float* row = out + i * dim_;
-    dequantize_row(type_, base + static_cast<size_t>(tokens[i]) * rb, row, dim_);
+    const uint8_t* blocks = base + static_cast<size_t>(tokens[i]) * rb;
+    if (packed_) {
+      kernels::unpack8_row(type_, base, tokens[i], dim_, unpacked.data());
+      blocks = unpacked.data();
+    }
+    dequantize_row(type_, blocks, row, dim_);
     if (scale != 1.f) {
       for (int j = 0; j < dim_; ++j) row[j] *= scale;
     }
@@ -217,7 +230,7 @@ std::optional<Linear::MlxQuantized> Checkpoint::quantized_parts(const std::strin
 Embedding Checkpoint::embedding(const std::string& module, const Linear* tied_head) const {
   if (auto q = quantization(module)) {
     if (tied_head && !tied_head->on_device() && tied_head->quantized() && tied_head->type() == TensorType::Q4_1) {
-      return Embedding(tied_head->weight(), TensorType::Q4_1, tied_head->in_features());
+      return Embedding::tied_to(*tied_head);
     }
     return Embedding::mlx_affine(tensors_.at(module + ".weight"), tensors_.at(module + ".scales"),
                                  tensors_.at(module + ".biases"), q->bits, q->group_size);

@@ -49,6 +49,9 @@ class Embedding {
  public:
   Embedding() = default;
   Embedding(mx::array bytes, TensorType type, int dim) : bytes_(std::move(bytes)), type_(type), dim_(dim) {}
+  // A tied lm_head's own quantized blocks as the table (stored once), in whatever layout the
+  // head keeps them (row-major or the kernels' 8-row packing).
+  static Embedding tied_to(const Linear& head);
   // An MLX affine-quantized table (mlx-lm checkpoints): packed uint32 [vocab, dim * bits / 32],
   // scales and biases [vocab, dim / group]; rows are dequantized as they are looked up.
   static Embedding mlx_affine(const mx::array& w, const mx::array& scales, const mx::array& biases, int bits,
@@ -65,6 +68,7 @@ class Embedding {
   mx::array bytes_{0.f};
   TensorType type_ = TensorType::F32;
   int dim_ = 0;
+  bool packed_ = false;  // rows in the 8-row packed layout (kernels/pack8.h)
   int bits_ = 0;  // MLX affine table when non-zero
   int group_ = 0;
   mx::array scales_{0.f};  // float32 [vocab, dim / group]

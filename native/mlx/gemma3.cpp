@@ -313,7 +313,7 @@ std::unique_ptr<Model> load_gemma3_gguf(const GgufFile& file, const LoadOptions&
   mx::array out_norm = dequantize_tensor(file.tensor("output_norm.weight"));
   const TensorView* output = file.find("output.weight");
   Linear lm_head = Linear::from_gguf({output ? output : &embd}, false, dev);
-  Embedding embed = (!output && lm_head.quantized() && !dev) ? Embedding(lm_head.weight(), embd.type, d.hidden_size)
+  Embedding embed = (!output && lm_head.quantized() && !dev) ? Embedding::tied_to(lm_head)
                                                              : Embedding(copy_bytes(embd), embd.type, d.hidden_size);
   ModelInfo info = make_info(d, "gemma3", "gguf:" + type_name(file.tensor("blk.0.ffn_down.weight").type), options);
   info.weight_bytes = file.file_size();

@@ -4,6 +4,7 @@
 #include <stdexcept>
 
 #include "../core/dequantize.h"
+#include "kernels/pack8.h"
 #include "quantized_matmul.h"
 
 namespace llmd {
@@ -81,6 +82,7 @@ Linear Linear::from_gguf(const std::vector<const TensorView*>& parts, bool inter
     }
     lin.weight_ = mx::reshape(bytes, {lin.n_, static_cast<int>(rb)});
     lin.weight_.eval();
+    lin.pack_for_kernels();
   } else {
     std::vector<float> f(static_cast<size_t>(lin.n_) * lin.k_);
     size_t row = 0;
@@ -211,6 +213,7 @@ Linear Linear::from_mlx_quantized(const std::vector<MlxQuantized>& parts, int bi
       lin.type_ = TensorType::Q4_1;
       lin.weight_ = *q;
       lin.interleaved_ = interleave_pairs;
+      lin.pack_for_kernels();
       return lin;
     }
   }
@@ -248,6 +251,12 @@ mx::array Linear::device_forward(const mx::array& x, const Fused& fused) const {
   return y;
 }
 
+void Linear::pack_for_kernels() {
+  if (n_ % kernels::kPackRows != 0 || !kernels::active_table().packed_gemm_for(type_)) return;
+  kernels::pack8_in_place(type_, weight_.data<uint8_t>(), n_, k_);
+  packed_ = true;
+}
+
 mx::array Linear::operator()(const mx::array& x, const Fused& fused) const {
   if (device_) return device_forward(x, fused);
   if (quantized_) {
@@ -256,6 +265,7 @@ mx::array Linear::operator()(const mx::array& x, const Fused& fused) const {
     spec.type = type_;
     spec.n = n_;
     spec.k = k_;
+    spec.packed = packed_;
     spec.rms_norm = fused.rms_norm_weight.has_value();
     spec.eps = fused.eps;
     spec.epilogue = fused.swiglu ? Epilogue::SwiGLU : fused.residual ? Epilogue::AddResidual : Epilogue::None;
@@ -288,7 +298,7 @@ std::string Linear::path() const {
     return (device_->bits ? "mlx:qmm:" : "mlx:matmul:") + t + "->" + device_->format() + ":" + device_name_;
   }
   if (quantized_) {
-    return std::string("llmd:") + t + ":" + kernels::active_table().isa;
+    return std::string("llmd:") + t + ":" + kernels::active_table().isa + (packed_ ? ":x8" : "");
   }
   return "mlx:matmul:f32";
 }

@@ -58,6 +58,9 @@ class Linear {
   TensorType type() const { return type_; }
   // The stored weight: uint8 [n, row_bytes] blocks, or float32 [n, k].
   const mx::array& weight() const { return weight_; }
+  // Whether the blocks are in the 8-row packed layout of the x86 kernels (kernels/pack8.h)
+  // rather than GGUF's row-major one.
+  bool packed() const { return packed_; }
   int in_features() const { return k_; }
   // Bytes the weight keeps resident (blocks, or packed weights with scales and biases).
   size_t resident_bytes() const;
@@ -71,6 +74,7 @@ class Linear {
   TensorType type_ = TensorType::F32;
   bool quantized_ = false;
   bool interleaved_ = false;
+  bool packed_ = false;
   int n_ = 0;
   int k_ = 0;
   mx::array weight_{0.f};  // uint8 [n, row_bytes] when quantized, float32 [n, k] otherwise
@@ -78,6 +82,8 @@ class Linear {
   std::string device_name_;
   std::string mlx_format_;  // "affine4g64": MLX-quantized source kept in MLX's format
   bool host_mlx_ = false;   // MLX's quantized_matmul on the CPU backend (not the device backend)
+  // Packs quantized blocks in place into the layout the active kernels run fastest on.
+  void pack_for_kernels();
   mx::array device_forward(const mx::array& x, const Fused& fused) const;
 };
 

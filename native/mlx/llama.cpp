@@ -181,7 +181,7 @@ std::unique_ptr<Model> load_llama_family_gguf(const GgufFile& file, const LoadOp
   // Tied embeddings: the lookup reads the lm_head's rows, so the table is stored once (on the
   // CPU backend; the device backend's lm_head is in another format).
   Embedding embed = (!output && lm_head.quantized() && !dev)
-                        ? Embedding(lm_head.weight(), embd.type, c.hidden_size)
+                        ? Embedding::tied_to(lm_head)
                         : Embedding(copy_bytes(embd), embd.type, c.hidden_size);
 
   const std::string format = "gguf:" + type_name(file.tensor("blk.0.ffn_down.weight").type);

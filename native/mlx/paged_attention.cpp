@@ -133,11 +133,12 @@ void PagedAttention::eval_cpu(const std::vector<mx::array>& inputs, mx::array& o
       }
     }
     const int tasks = static_cast<int>(tiles.size()) * H;
-    threads.parallel_for(tasks, [&](int t0, int t1) {
+    threads.parallel_for_dynamic(tasks, [&](int t0, int t1) {
       std::vector<const float*> kb;
       std::vector<const float*> vb;
       std::vector<float> scratch;
-      for (int t = t0; t < t1; ++t) {
+      for (int i = t0; i < t1; ++i) {
+        const int t = tasks - 1 - i;  // latest (costliest) tiles first, so the tail balances
         const TileRef& tile = tiles[t / H];
         const int h = t % H;
         const int g = h / group;

@@ -32,7 +32,9 @@ mx::array quantized_matmul(const mx::array& x, const mx::array& w, const Quantiz
   if (x.ndim() != 2 || x.shape(1) != spec.k) {
     throw std::invalid_argument("quantized_matmul: activations must be [rows, " + std::to_string(spec.k) + "]");
   }
-  if (!table.gemm_for(spec.type)) throw std::invalid_argument("no CPU kernel for " + type_name(spec.type));
+  if (!(spec.packed ? table.packed_gemm_for(spec.type) : table.gemm_for(spec.type))) {
+    throw std::invalid_argument("no CPU kernel for " + type_name(spec.type) + (spec.packed ? " (packed)" : ""));
+  }
   if (spec.rms_norm != norm_weight.has_value()) throw std::invalid_argument("quantized_matmul: norm weight mismatch");
   if ((spec.epilogue == Epilogue::AddResidual) != residual.has_value()) {
     throw std::invalid_argument("quantized_matmul: residual mismatch");
@@ -92,7 +94,7 @@ void QuantizedMatmul::eval_cpu(const std::vector<mx::array>& inputs, mx::array& 
         table->quantize_row(src, ap + static_cast<size_t>(r) * nb, k);
       }
     });
-    const kernels::GemmFn gemm = table->gemm_for(spec.type);
+    const kernels::GemmFn gemm = spec.packed ? table->packed_gemm_for(spec.type) : table->gemm_for(spec.type);
     const uint8_t* wp = w.data<uint8_t>();
     float* op = out.data<float>();
     const int out_n = spec.out_features();

@@ -21,6 +21,7 @@ struct QuantizedMatmulSpec {
   TensorType type = TensorType::Q4_0;
   int n = 0;  // weight rows (output features before SwiGLU halves them)
   int k = 0;
+  bool packed = false;  // weight in the 8-row packed layout (kernels/pack8.h)
   bool rms_norm = false;  // inputs carry a norm weight [k]
   float eps = 1e-5f;
   Epilogue epilogue = Epilogue::None;

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from .conftest import run_all
 
 
@@ -96,6 +98,19 @@ def test_gguf_weights_run_llmd_kernels_on_every_layer(engine) -> None:  # type: 
     assert len(paths) == 30 * 4 + 1
     assert all(p.startswith("llmd:q") for p in paths.values()), paths
     assert paths["output"].startswith("llmd:q8_0:")
+
+
+def test_x86_kernels_run_the_packed_layout_on_the_hot_path(engine) -> None:  # type: ignore[no-untyped-def]
+    """Where the active path has kernels for the 8-row packed layout, every layer of the
+    test model (Q4_1, Q8_0 tied head; all row counts multiples of 8) is packed at load and
+    reports it, so the row-major kernels are not what decode runs."""
+    _engine = pytest.importorskip("llmd._engine")
+    packed_types = {t.lower() for t in _engine.packed_kernel_types("")}
+    if not packed_types:
+        pytest.skip(f"path {_engine.active_kernel_path()} has no packed kernels")
+    paths = engine.matmul_paths()
+    assert {"q4_1", "q8_0"} <= packed_types
+    assert all(p.endswith(":x8") for p in paths.values()), paths
 
 
 def test_worker_memory_stays_near_the_file_size(model_path: Path) -> None:

@@ -52,6 +52,52 @@ def test_each_row_is_bit_identical_whatever_the_batch(path: str, type_name: str)
     check_rows_batch_invariant(engine.kernel_gemm, type_name, packed, n, k, path, rng)
 
 
+PACKED = [(p, t) for p in PATHS for t in engine.packed_kernel_types(p)]
+
+
+def _packed_kernel(type_name, weights, n, k, x, path):  # type: ignore[no-untyped-def]
+    """The kernel of the 8-row packed layout, on weights packed as the engine packs them."""
+    return engine.kernel_gemm(type_name, weights, n, k, x, path, packed=True)
+
+
+@pytest.mark.parametrize("path,type_name", PACKED)
+@pytest.mark.parametrize("n,k", [(8, 32), (24, 96), (40, 576), (136, 1536)])
+def test_packed_kernel_matches_gguf_dequantize_reference(
+    path: str, type_name: str, n: int, k: int
+) -> None:
+    rng = np.random.default_rng(n * 1000 + k + 1)
+    packed, w_deq = _weights(rng, n, k, TYPES[type_name])
+    check_matches_reference(_packed_kernel, type_name, packed, w_deq, path, rng)
+
+
+@pytest.mark.parametrize("path,type_name", PACKED)
+def test_packed_rows_are_bit_identical_whatever_the_batch(path: str, type_name: str) -> None:
+    """Isolation on the packed layout: 4-row tiles, 2-group single rows and the 1-group
+    tail all give a row the same bits."""
+    rng = np.random.default_rng(11)
+    n, k = 56, 576  # 7 groups: single rows take 3 pairs of groups and one lone group
+    packed, _ = _weights(rng, n, k, TYPES[type_name])
+    check_rows_batch_invariant(_packed_kernel, type_name, packed, n, k, path, rng)
+
+
+def test_packed_kernels_exist_on_x86_paths() -> None:
+    """The AVX2 and AVX-512 paths run Q4_0 / Q4_1 / Q8_0 in the packed layout; the others
+    (scalar, NEON) keep GGUF's row-major one and say so."""
+    for path in PATHS:
+        expected = ["Q4_0", "Q4_1", "Q8_0"] if path in ("avx2", "avx512vnni") else []
+        assert engine.packed_kernel_types(path) == expected
+    with pytest.raises(ValueError, match="n = 12"):
+        engine.kernel_gemm(
+            "Q4_1",
+            np.zeros(12 * 20, np.uint8),
+            12,
+            32,
+            np.zeros((1, 32), np.float32),
+            "scalar",
+            packed=True,
+        )
+
+
 def test_the_best_path_this_cpu_runs_is_active() -> None:
     assert engine.active_kernel_path() == PATHS[0]
     assert "scalar" in PATHS

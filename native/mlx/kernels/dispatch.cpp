@@ -75,6 +75,15 @@ GemmFn KernelTable::gemm_for(TensorType type) const {
   }
 }
 
+GemmFn KernelTable::packed_gemm_for(TensorType type) const {
+  switch (type) {
+    case TensorType::Q4_0: return q4_0_x8;
+    case TensorType::Q4_1: return q4_1_x8;
+    case TensorType::Q8_0: return q8_0_x8;
+    default: return nullptr;
+  }
+}
+
 std::vector<const KernelTable*> runnable_tables() {
   std::vector<const KernelTable*> tables;
   if (cpu_has_avx512vnni() && avx512vnni_table()) tables.push_back(avx512vnni_table());

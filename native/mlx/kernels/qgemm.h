@@ -45,8 +45,14 @@ struct KernelTable {
   GemmFn q8_0;
   GemmFn q4_k;  // nullptr where not implemented: such weights are refused at load
   GemmFn q6_k;
+  // Kernels for weights in the 8-row packed layout (pack8.h); null where this path has none,
+  // and then weights stay row-major.
+  GemmFn q4_0_x8 = nullptr;
+  GemmFn q4_1_x8 = nullptr;
+  GemmFn q8_0_x8 = nullptr;
 
-  GemmFn gemm_for(TensorType type) const;  // nullptr if this table has no kernel for it
+  GemmFn gemm_for(TensorType type) const;         // nullptr if this table has no kernel for it
+  GemmFn packed_gemm_for(TensorType type) const;  // nullptr if it has no packed kernel
 };
 
 // Kernel tables compiled into this build, best first, that this CPU can run.

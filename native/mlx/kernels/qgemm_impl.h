@@ -120,6 +120,198 @@ inline void dot_q8(const uint8_t* w, const ActBlock* const* a, int nb, float* ou
   for (int r = 0; r < R; ++r) out[r] = hsum(acc[r]);
 }
 
+// ------------------------------------------------------------------ 8-row packed layout (pack8.h)
+//
+// One call computes 8 output columns (a packed group) for R activation rows. Lane c of every
+// vector belongs to output column c. For each block the integer dot is exact (no saturation,
+// see below), then acc = fma(isum * 1, d_w * d_a, acc) and, for the minimum term,
+// acc = fma(m_w, s_a, acc): the same operations in the same order for every R.
+
+inline __m256i broadcast4(const int8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, sizeof(v));
+  return _mm256_set1_epi32(v);
+}
+
+// R activation rows x G packed groups (8 columns each, `stride` bytes apart): the activation
+// broadcasts are shared by the G groups, the unpacked weights by the R rows.
+template <int R, int G, bool kHasMin>
+inline void dot8_q4(const uint8_t* w, size_t stride, const ActBlock* const* a, int nb, float* const* out) {
+  constexpr int kTile = kHasMin ? 160 : 144;
+  constexpr int kQs = kHasMin ? 32 : 16;
+  const __m256i mask = _mm256_set1_epi8(0x0f);
+  __m256 acc[R][G];
+  for (int r = 0; r < R; ++r) {
+    for (int g = 0; g < G; ++g) acc[r][g] = _mm256_setzero_ps();
+  }
+  for (int b = 0; b < nb; ++b) {
+    __m256i isum[R][G];
+    for (int h = 0; h < 4; ++h) {
+      __m256i lo[G], hi[G];
+      for (int g = 0; g < G; ++g) {
+        const uint8_t* t = w + g * stride + static_cast<size_t>(b) * kTile;
+        const __m256i p = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(t + kQs + 32 * h));
+        lo[g] = _mm256_and_si256(p, mask);
+        hi[g] = _mm256_and_si256(_mm256_srli_epi16(p, 4), mask);
+      }
+      for (int r = 0; r < R; ++r) {
+        const int8_t* q = a[r][b].q;
+        const __m256i alo = broadcast4(q + 4 * h);
+        const __m256i ahi = broadcast4(q + 16 + 4 * h);
+        for (int g = 0; g < G; ++g) {
+#if defined(LLMD_ISA_VNNI)
+          const __m256i base = h == 0 ? _mm256_setzero_si256() : isum[r][g];
+          isum[r][g] = _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(base, lo[g], alo), hi[g], ahi);
+#else
+          // int16 lanes: each maddubs term is at most 2 * 15 * 127 = 3810 in magnitude and a
+          // lane sums 8 of them (30480 < 32767), so nothing saturates.
+          const __m256i s16 =
+              _mm256_add_epi16(_mm256_maddubs_epi16(lo[g], alo), _mm256_maddubs_epi16(hi[g], ahi));
+          isum[r][g] = h == 0 ? s16 : _mm256_add_epi16(isum[r][g], s16);
+#endif
+        }
+      }
+    }
+    for (int g = 0; g < G; ++g) {
+      const uint8_t* t = w + g * stride + static_cast<size_t>(b) * kTile;
+      const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(t)));
+      const __m256 mw = kHasMin ? _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(t + 16)))
+                                : _mm256_mul_ps(dw, _mm256_set1_ps(-8.f));
+      for (int r = 0; r < R; ++r) {
+        const ActBlock& ab = a[r][b];
+#if defined(LLMD_ISA_VNNI)
+        const __m256i i32 = isum[r][g];
+#else
+        const __m256i i32 = _mm256_madd_epi16(isum[r][g], _mm256_set1_epi16(1));
+#endif
+        acc[r][g] =
+            _mm256_fmadd_ps(_mm256_cvtepi32_ps(i32), _mm256_mul_ps(dw, _mm256_set1_ps(ab.d)), acc[r][g]);
+        acc[r][g] = _mm256_fmadd_ps(mw, _mm256_set1_ps(ab.s), acc[r][g]);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    for (int g = 0; g < G; ++g) _mm256_storeu_ps(out[r] + 8 * g, acc[r][g]);
+  }
+}
+
+template <int R, int G>
+inline void dot8_q8(const uint8_t* w, size_t stride, const ActBlock* const* a, int nb, float* const* out) {
+  constexpr int kTile = 272;
+  __m256 acc[R][G];
+  for (int r = 0; r < R; ++r) {
+    for (int g = 0; g < G; ++g) acc[r][g] = _mm256_setzero_ps();
+  }
+  for (int b = 0; b < nb; ++b) {
+    __m256i isum[R][G];
+    for (int r = 0; r < R; ++r) {
+      for (int g = 0; g < G; ++g) isum[r][g] = _mm256_setzero_si256();
+    }
+    for (int j = 0; j < 8; ++j) {
+      __m256i wq[G], wabs[G];
+      for (int g = 0; g < G; ++g) {
+        const uint8_t* t = w + g * stride + static_cast<size_t>(b) * kTile;
+        wq[g] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(t + 16 + 32 * j));
+        wabs[g] = _mm256_sign_epi8(wq[g], wq[g]);
+      }
+      for (int r = 0; r < R; ++r) {
+        const __m256i aq = broadcast4(a[r][b].q + 4 * j);
+        for (int g = 0; g < G; ++g) {
+          // |w| <= 128, |a| <= 127: a pair sums to at most 32512, so maddubs never saturates.
+          const __m256i as = _mm256_sign_epi8(aq, wq[g]);
+#if defined(LLMD_ISA_VNNI)
+          isum[r][g] = _mm256_dpbusd_epi32(isum[r][g], wabs[g], as);
+#else
+          isum[r][g] = _mm256_add_epi32(isum[r][g],
+                                        _mm256_madd_epi16(_mm256_maddubs_epi16(wabs[g], as), _mm256_set1_epi16(1)));
+#endif
+        }
+      }
+    }
+    for (int g = 0; g < G; ++g) {
+      const uint8_t* t = w + g * stride + static_cast<size_t>(b) * kTile;
+      const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(t)));
+      for (int r = 0; r < R; ++r) {
+        acc[r][g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r][g]), _mm256_mul_ps(dw, _mm256_set1_ps(a[r][b].d)),
+                                    acc[r][g]);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    for (int g = 0; g < G; ++g) _mm256_storeu_ps(out[r] + 8 * g, acc[r][g]);
+  }
+}
+
+template <int R, int G>
+struct Dot8Q4_0 {
+  static void run(const uint8_t* w, size_t stride, const ActBlock* const* a, int nb, float* const* out) {
+    dot8_q4<R, G, false>(w, stride, a, nb, out);
+  }
+};
+template <int R, int G>
+struct Dot8Q4_1 {
+  static void run(const uint8_t* w, size_t stride, const ActBlock* const* a, int nb, float* const* out) {
+    dot8_q4<R, G, true>(w, stride, a, nb, out);
+  }
+};
+template <int R, int G>
+struct Dot8Q8_0 {
+  static void run(const uint8_t* w, size_t stride, const ActBlock* const* a, int nb, float* const* out) {
+    dot8_q8<R, G>(w, stride, a, nb, out);
+  }
+};
+
+// Packed groups of 8 weight rows: [n0, n1) must be multiples of 8. Tiles of kRowTile rows x
+// 1 group; leftover rows (all of a decode step) take 2 groups at a time. Every tile shape runs
+// the same per-lane operations, so an output does not depend on the tile it fell in.
+template <template <int, int> class Dot8>
+inline void gemm_packed(const uint8_t* w, size_t w_row_bytes, const ActBlock* a, int k, int rows, int n0, int n1,
+                        float* out, int ldo) {
+  const int nb = k / kBlock;
+  const size_t stride = 8 * w_row_bytes;
+  for (int r0 = 0; r0 < rows; r0 += kRowChunk) {
+    const int r1 = std::min(rows, r0 + kRowChunk);
+    const int tiled_end = r0 + (r1 - r0) / kRowTile * kRowTile;
+    for (int n = n0; n < n1; n += 8) {
+      const uint8_t* group = w + static_cast<size_t>(n) * w_row_bytes;
+      for (int r = r0; r < tiled_end; r += kRowTile) {
+        const ActBlock* rows_a[kRowTile];
+        float* outs[kRowTile];
+        for (int t = 0; t < kRowTile; ++t) {
+          rows_a[t] = a + static_cast<size_t>(r + t) * nb;
+          outs[t] = out + static_cast<size_t>(r + t) * ldo + n;
+        }
+        Dot8<kRowTile, 1>::run(group, stride, rows_a, nb, outs);
+      }
+    }
+    for (int r = tiled_end; r < r1; ++r) {
+      const ActBlock* row_a = a + static_cast<size_t>(r) * nb;
+      int n = n0;
+      for (; n + 16 <= n1; n += 16) {
+        float* o = out + static_cast<size_t>(r) * ldo + n;
+        Dot8<1, 2>::run(w + static_cast<size_t>(n) * w_row_bytes, stride, &row_a, nb, &o);
+      }
+      if (n < n1) {
+        float* o = out + static_cast<size_t>(r) * ldo + n;
+        Dot8<1, 1>::run(w + static_cast<size_t>(n) * w_row_bytes, stride, &row_a, nb, &o);
+      }
+    }
+  }
+}
+
+inline void gemm_q4_0_x8(const uint8_t* w, size_t rb, const ActBlock* a, int k, int rows, int n0, int n1, float* out,
+                         int ldo) {
+  gemm_packed<Dot8Q4_0>(w, rb, a, k, rows, n0, n1, out, ldo);
+}
+inline void gemm_q4_1_x8(const uint8_t* w, size_t rb, const ActBlock* a, int k, int rows, int n0, int n1, float* out,
+                         int ldo) {
+  gemm_packed<Dot8Q4_1>(w, rb, a, k, rows, n0, n1, out, ldo);
+}
+inline void gemm_q8_0_x8(const uint8_t* w, size_t rb, const ActBlock* a, int k, int rows, int n0, int n1, float* out,
+                         int ldo) {
+  gemm_packed<Dot8Q8_0>(w, rb, a, k, rows, n0, n1, out, ldo);
+}
+
 #elif defined(LLMD_ISA_NEON)
 
 // arm64 (ASIMD is part of the base ISA). Built twice: with -march=armv8.2-a+dotprod (`sdot`,
@@ -311,7 +503,12 @@ inline void gemm_q8_0(const uint8_t* w, size_t rb, const ActBlock* a, int k, int
 namespace llmd::kernels::LLMD_ISA_NAMESPACE {
 
 inline const KernelTable* make_table(const char* isa) {
+#if defined(LLMD_ISA_X86)
+  static const KernelTable table{isa,       quantize_row, gemm_q4_0,    gemm_q4_1,    gemm_q8_0,
+                                 gemm_q4_k, gemm_q6_k,    gemm_q4_0_x8, gemm_q4_1_x8, gemm_q8_0_x8};
+#else
   static const KernelTable table{isa, quantize_row, gemm_q4_0, gemm_q4_1, gemm_q8_0, gemm_q4_k, gemm_q6_k};
+#endif
   return &table;
 }
 
