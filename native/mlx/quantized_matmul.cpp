@@ -12,8 +12,19 @@
 namespace llmd {
 
 namespace {
-// Output columns handed to one pool task (even, so SwiGLU pairs never straddle tasks).
-constexpr int kColumnsPerTask = 16;
+// Output columns are handed out in multiples of 16 (even, so SwiGLU pairs never straddle
+// tasks; a multiple of 8, so packed groups never do either).
+constexpr int kColumnQuantum = 16;
+// Tasks per thread: threads take tasks from a shared counter, so a core slowed by something
+// else (a noisy neighbour, a late wake-up) takes fewer instead of holding up the op; a few
+// per thread keep that counter's traffic negligible. Each column is computed the same way
+// whichever thread takes it.
+constexpr int kTasksPerThread = 6;
+
+int columns_per_task(int n, int threads) {
+  const int per = (n + threads * kTasksPerThread - 1) / (threads * kTasksPerThread);
+  return std::max(kColumnQuantum, (per + kColumnQuantum - 1) / kColumnQuantum * kColumnQuantum);
+}
 
 // RMS-normalise one row into `dst` (float accumulation in a fixed order: batch-invariant).
 void rms_norm_row(const float* x, const float* w, float eps, int k, float* dst) {
@@ -98,10 +109,11 @@ void QuantizedMatmul::eval_cpu(const std::vector<mx::array>& inputs, mx::array& 
     const uint8_t* wp = w.data<uint8_t>();
     float* op = out.data<float>();
     const int out_n = spec.out_features();
-    const int tasks = (n + kColumnsPerTask - 1) / kColumnsPerTask;
-    pool.parallel_for(tasks, [&](int t0, int t1) {
-      const int n0 = t0 * kColumnsPerTask;
-      const int n1 = std::min(n, t1 * kColumnsPerTask);
+    const int per_task = columns_per_task(n, pool.size());
+    const int tasks = (n + per_task - 1) / per_task;
+    pool.parallel_for_dynamic(tasks, [&](int t0, int t1) {
+      const int n0 = t0 * per_task;
+      const int n1 = std::min(n, t1 * per_task);
       if (spec.epilogue != Epilogue::SwiGLU) {
         gemm(wp, row_bytes, ap, k, rows, n0, n1, op, n);
         if (residual) {

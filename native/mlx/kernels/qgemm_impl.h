@@ -127,6 +127,8 @@ inline void dot_q8(const uint8_t* w, const ActBlock* const* a, int nb, float* ou
 // see below), then acc = fma(isum * 1, d_w * d_a, acc) and, for the minimum term,
 // acc = fma(m_w, s_a, acc): the same operations in the same order for every R.
 
+constexpr int kPrefetchBlocks = 8;
+
 inline __m256i broadcast4(const int8_t* p) {
   int32_t v;
   std::memcpy(&v, p, sizeof(v));
@@ -145,6 +147,16 @@ inline void dot8_q4(const uint8_t* w, size_t stride, const ActBlock* const* a, i
     for (int g = 0; g < G; ++g) acc[r][g] = _mm256_setzero_ps();
   }
   for (int b = 0; b < nb; ++b) {
+    if constexpr (R == 1) {
+      // Decode streams each weight byte once from memory: ask for the tiles a few blocks
+      // ahead so the loads below do not wait on DRAM.
+      for (int g = 0; g < G; ++g) {
+        const char* ahead = reinterpret_cast<const char*>(w + g * stride + static_cast<size_t>(b + kPrefetchBlocks) * kTile);
+        _mm_prefetch(ahead, _MM_HINT_T0);
+        _mm_prefetch(ahead + 64, _MM_HINT_T0);
+        _mm_prefetch(ahead + 128, _MM_HINT_T0);
+      }
+    }
     __m256i isum[R][G];
     for (int h = 0; h < 4; ++h) {
       __m256i lo[G], hi[G];
