@@ -1,65 +1,34 @@
 #include "attention_kernels.h"
 
+#include "simd.h"
+
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 
 namespace llmd {
 
-#pragma GCC diagnostic ignored "-Wpsabi"  // helpers are always inlined into each clone
-
 namespace {
 
-// 8 floats: one AVX2 register. (A 16-float type made GCC keep accumulator arrays on the
-// stack in the AVX2 clone.)
-constexpr int kLanes = 8;
-using vf = float __attribute__((vector_size(32)));
-using vfi = int __attribute__((vector_size(32)));
-
-#define LLMD_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-
-[[gnu::always_inline]] inline vf load(const float* p) {
-  vf v;
-  std::memcpy(&v, p, sizeof(v));
-  return v;
-}
-[[gnu::always_inline]] inline void store(float* p, vf v) { std::memcpy(p, &v, sizeof(v)); }
-[[gnu::always_inline]] inline vf splat(float x) { return vf{} + x; }
-
-// exp(x) for x <= 0 (softmax after max subtraction): Cody-Waite range reduction + degree-6
-// polynomial; relative error ~2e-7, underflows to 0 below -87.
-[[gnu::always_inline]] inline vf vexp(vf x) {
-  x = x < -87.f ? splat(-87.f) : x;
-  const vf y = x * 1.44269504088896341f + 0.5f;
-  const vf t = __builtin_convertvector(__builtin_convertvector(y, vfi), vf);
-  const vf fx = t - ((t > y) ? splat(1.f) : splat(0.f));  // floor(y)
-  vf r = x - fx * 0.693359375f + fx * 2.12194440e-4f;
-  vf p = splat(1.9875691500e-4f);
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.f;
-  const vfi bits = (__builtin_convertvector(fx, vfi) + 127) << 23;
-  vf scale;
-  std::memcpy(&scale, &bits, sizeof(scale));
-  return p * scale;
-}
+using namespace simd;
 
 // Scores of R queries over C consecutive kLanes-position chunks starting at j0 (the chunks of a
 // sweep share nothing but independent accumulators: more chunks per sweep only shortens the
 // FMA dependency chains of small tiles; each score is the same sum in the same order).
 template <int R, int C>
 [[gnu::always_inline]] inline void score_sweep(const AttentionTile& tile, const float* const* k_blocks, int head_dim,
-                                               int block_tokens, int j0, float* const* scores) {
+                                               int block_tokens, int j0, int n_end, float* const* scores) {
   const float* kt[C];
   for (int c = 0; c < C; ++c) {
     const int j = j0 + kLanes * c;
     kt[c] = k_blocks[j / block_tokens] + (j % block_tokens);
   }
+  // Decode reads each key once per step, mostly from DRAM: ask for the next sweep's lines
+  // while this one computes.
+  const int next = j0 + kLanes * C;
+  const float* kt_next = next < n_end ? k_blocks[next / block_tokens] + (next % block_tokens) : nullptr;
   vf acc[R][C] = {};
   for (int d = 0; d < head_dim; ++d) {
+    if (kt_next) __builtin_prefetch(kt_next + static_cast<size_t>(d) * block_tokens);
     for (int c = 0; c < C; ++c) {
       const vf k = load(kt[c] + static_cast<size_t>(d) * block_tokens);
       for (int r = 0; r < R; ++r) acc[r][c] += tile.q[r][d] * k;
@@ -76,8 +45,13 @@ template <int R, int C>
                                                int block_tokens, int lo, int n_max, int c0,
                                                const float* const* scores, const float* inv_sum) {
   vf acc[R][C] = {};
+  constexpr int kAhead = 4;  // rows of V requested ahead (see score_sweep)
   for (int j = lo; j < n_max; ++j) {
     const float* v = v_blocks[j / block_tokens] + static_cast<size_t>(j % block_tokens) * head_dim + c0;
+    if (j + kAhead < n_max) {
+      const int ja = j + kAhead;
+      __builtin_prefetch(v_blocks[ja / block_tokens] + static_cast<size_t>(ja % block_tokens) * head_dim + c0);
+    }
     for (int c = 0; c < C; ++c) {
       const vf vv = load(v + kLanes * c);
       for (int r = 0; r < R; ++r) acc[r][c] += scores[r][j] * vv;
@@ -108,9 +82,9 @@ template <int R>
 
   int j0 = lo;
   for (; j0 + kLanes * C <= padded; j0 += kLanes * C) {
-    score_sweep<R, C>(tile, k_blocks, head_dim, block_tokens, j0, scores);
+    score_sweep<R, C>(tile, k_blocks, head_dim, block_tokens, j0, padded, scores);
   }
-  for (; j0 < padded; j0 += kLanes) score_sweep<R, 1>(tile, k_blocks, head_dim, block_tokens, j0, scores);
+  for (; j0 < padded; j0 += kLanes) score_sweep<R, 1>(tile, k_blocks, head_dim, block_tokens, j0, padded, scores);
 
   // Softmax of each row over its own range; positions outside it weigh exactly 0.
   float inv_sum[R];
@@ -144,9 +118,7 @@ template <int R>
 
 }  // namespace
 
-#if defined(__x86_64__)
 LLMD_CLONES
-#endif
 void attend_tile(const AttentionTile& tile, const float* const* k_blocks, const float* const* v_blocks,
                  int head_dim, int block_tokens, float* scratch) {
   static_assert(kMaxTileRows == 4);

@@ -59,11 +59,14 @@ void AttentionBatch::build_rope_tables(const Rope& rope) {
 
 namespace {
 
-// A tile of up to kMaxTileRows consecutive rows of one segment.
+// A tile: rows row0 .. row0 + n_rows - 1 of one segment x heads head0 .. head0 + n_heads - 1
+// of one KV group (n_rows * n_heads <= kMaxTileRows).
 struct TileRef {
   const AttentionBatch::Segment* seg;
   int row0;
   int n_rows;
+  int head0;
+  int n_heads;
 };
 
 }  // namespace
@@ -125,40 +128,48 @@ void PagedAttention::eval_cpu(const std::vector<mx::array>& inputs, mx::array& o
       }
     });
 
-    // Phase 2: tiles of consecutive rows of one sequence, one task per (tile, head).
+    // Phase 2: one task per tile of up to kMaxTileRows query vectors that read the same KV
+    // blocks: consecutive rows of one sequence for one head (prefill chunks), or the heads of
+    // one KV group for a single row (decode: the group's keys and values are then read once
+    // for all its heads instead of once per head, which is what bounds batched decode).
     std::vector<TileRef> tiles;
     for (const auto& seg : batch->segments) {
+      if (seg.n_rows == 1) {
+        for (int h = 0; h < H; h += std::min(group, kMaxTileRows)) {
+          tiles.push_back({&seg, seg.row0, 1, h, std::min({group - h % group, kMaxTileRows, H - h})});
+        }
+        continue;
+      }
       for (int i = 0; i < seg.n_rows; i += kMaxTileRows) {
-        tiles.push_back({&seg, seg.row0 + i, std::min(kMaxTileRows, seg.n_rows - i)});
+        for (int h = 0; h < H; ++h) tiles.push_back({&seg, seg.row0 + i, std::min(kMaxTileRows, seg.n_rows - i), h, 1});
       }
     }
-    const int tasks = static_cast<int>(tiles.size()) * H;
+    const int tasks = static_cast<int>(tiles.size());
     threads.parallel_for_dynamic(tasks, [&](int t0, int t1) {
       std::vector<const float*> kb;
       std::vector<const float*> vb;
       std::vector<float> scratch;
       for (int i = t0; i < t1; ++i) {
-        const int t = tasks - 1 - i;  // latest (costliest) tiles first, so the tail balances
-        const TileRef& tile = tiles[t / H];
-        const int h = t % H;
-        const int g = h / group;
+        const TileRef& tile = tiles[tasks - 1 - i];  // latest (costliest) tiles first, so the tail balances
+        const int g = tile.head0 / group;
         const auto& blocks = tile.seg->kv->blocks();
         AttentionTile at;
-        at.rows = tile.n_rows;
+        at.rows = tile.n_rows * tile.n_heads;
         int n_max = 0;
-        for (int i = 0; i < tile.n_rows; ++i) {
-          const int row = tile.row0 + i;
-          at.q[i] = qs + (static_cast<size_t>(row) * H + h) * hd;
-          at.n_pos[i] = row_seg[row].second + 1;
-          at.first_pos[i] = batch->window > 0 ? std::max(0, at.n_pos[i] - batch->window) : 0;
-          at.out[i] = o + static_cast<size_t>(row) * H * hd + h * hd;
-          n_max = std::max(n_max, at.n_pos[i]);
+        for (int q = 0; q < at.rows; ++q) {
+          const int row = tile.row0 + q / tile.n_heads;
+          const int h = tile.head0 + q % tile.n_heads;
+          at.q[q] = qs + (static_cast<size_t>(row) * H + h) * hd;
+          at.n_pos[q] = row_seg[row].second + 1;
+          at.first_pos[q] = batch->window > 0 ? std::max(0, at.n_pos[q] - batch->window) : 0;
+          at.out[q] = o + static_cast<size_t>(row) * H * hd + h * hd;
+          n_max = std::max(n_max, at.n_pos[q]);
         }
         const int nb = (n_max + BT - 1) / BT;
         // Blocks wholly before every query's window are never read (their window part may be
         // gone: kv_cache.h).
         int first_block = nb;
-        for (int i = 0; i < tile.n_rows; ++i) first_block = std::min(first_block, at.first_pos[i] / BT);
+        for (int q = 0; q < at.rows; ++q) first_block = std::min(first_block, at.first_pos[q] / BT);
         kb.assign(nb, nullptr);
         vb.assign(nb, nullptr);
         for (int b = first_block; b < nb; ++b) {

@@ -8,6 +8,7 @@
 
 #include "../core/op_profile.h"
 #include "../core/thread_pool.h"
+#include "swiglu.h"
 
 namespace llmd {
 
@@ -34,7 +35,6 @@ void rms_norm_row(const float* x, const float* w, float eps, int k, float* dst) 
   for (int i = 0; i < k; ++i) dst[i] = x[i] * inv * w[i];
 }
 
-float silu(float g) { return g / (1.f + std::exp(-g)); }
 }  // namespace
 
 mx::array quantized_matmul(const mx::array& x, const mx::array& w, const QuantizedMatmulSpec& spec,
@@ -132,7 +132,7 @@ void QuantizedMatmul::eval_cpu(const std::vector<mx::array>& inputs, mx::array& 
       for (int r = 0; r < rows; ++r) {
         const float* t = tmp.data() + static_cast<size_t>(r) * width;
         float* o = op + static_cast<size_t>(r) * out_n + n0 / 2;
-        for (int i = 0; i < width / 2; ++i) o[i] = silu(t[2 * i]) * t[2 * i + 1];
+        swiglu_pairs(t, o, width / 2);
       }
     });
   });

@@ -383,15 +383,15 @@ SCHEMAS: list[tuple[str, dict[str, Any]]] = [
         },
     ),
     (
-        "Convert 3 feet to meters.",
+        "Convert 2 hours to minutes.",
         {
             "type": "object",
             "properties": {
-                "feet": {"type": "number"},
-                "meters": {"type": "number"},
-                "unit": {"const": "m"},
+                "hours": {"type": "number"},
+                "minutes": {"type": "integer", "minimum": 0, "maximum": 100000},
+                "unit": {"const": "min"},
             },
-            "required": ["feet", "meters", "unit"],
+            "required": ["hours", "minutes", "unit"],
         },
     ),
 ]

@@ -158,7 +158,7 @@ def test_forced_function_call_then_its_output_gives_an_answer(client: OpenAI) ->
         tools=[WEATHER_TOOL],
         tool_choice="none",
         temperature=0,
-        max_output_tokens=24,
+        max_output_tokens=64,
     )
     assert second.previous_response_id == first.id
     assert [item.type for item in second.output] == ["message"]

@@ -143,13 +143,16 @@ inline void dot8_q4(const uint8_t* w, size_t stride, const ActBlock* const* a, i
   constexpr int kQs = kHasMin ? 32 : 16;
   const __m256i mask = _mm256_set1_epi8(0x0f);
   __m256 acc[R][G];
+  #pragma GCC unroll 8
   for (int r = 0; r < R; ++r) {
+    #pragma GCC unroll 8
     for (int g = 0; g < G; ++g) acc[r][g] = _mm256_setzero_ps();
   }
   for (int b = 0; b < nb; ++b) {
     if constexpr (R == 1) {
       // Decode streams each weight byte once from memory: ask for the tiles a few blocks
       // ahead so the loads below do not wait on DRAM.
+      #pragma GCC unroll 8
       for (int g = 0; g < G; ++g) {
         const char* ahead = reinterpret_cast<const char*>(w + g * stride + static_cast<size_t>(b + kPrefetchBlocks) * kTile);
         _mm_prefetch(ahead, _MM_HINT_T0);
@@ -158,18 +161,22 @@ inline void dot8_q4(const uint8_t* w, size_t stride, const ActBlock* const* a, i
       }
     }
     __m256i isum[R][G];
+    #pragma GCC unroll 8
     for (int h = 0; h < 4; ++h) {
       __m256i lo[G], hi[G];
+      #pragma GCC unroll 8
       for (int g = 0; g < G; ++g) {
         const uint8_t* t = w + g * stride + static_cast<size_t>(b) * kTile;
         const __m256i p = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(t + kQs + 32 * h));
         lo[g] = _mm256_and_si256(p, mask);
         hi[g] = _mm256_and_si256(_mm256_srli_epi16(p, 4), mask);
       }
+      #pragma GCC unroll 8
       for (int r = 0; r < R; ++r) {
         const int8_t* q = a[r][b].q;
         const __m256i alo = broadcast4(q + 4 * h);
         const __m256i ahi = broadcast4(q + 16 + 4 * h);
+        #pragma GCC unroll 8
         for (int g = 0; g < G; ++g) {
 #if defined(LLMD_ISA_VNNI)
           const __m256i base = h == 0 ? _mm256_setzero_si256() : isum[r][g];
@@ -184,11 +191,13 @@ inline void dot8_q4(const uint8_t* w, size_t stride, const ActBlock* const* a, i
         }
       }
     }
+    #pragma GCC unroll 8
     for (int g = 0; g < G; ++g) {
       const uint8_t* t = w + g * stride + static_cast<size_t>(b) * kTile;
       const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(t)));
       const __m256 mw = kHasMin ? _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(t + 16)))
                                 : _mm256_mul_ps(dw, _mm256_set1_ps(-8.f));
+      #pragma GCC unroll 8
       for (int r = 0; r < R; ++r) {
         const ActBlock& ab = a[r][b];
 #if defined(LLMD_ISA_VNNI)
@@ -202,7 +211,9 @@ inline void dot8_q4(const uint8_t* w, size_t stride, const ActBlock* const* a, i
       }
     }
   }
+  #pragma GCC unroll 8
   for (int r = 0; r < R; ++r) {
+    #pragma GCC unroll 8
     for (int g = 0; g < G; ++g) _mm256_storeu_ps(out[r] + 8 * g, acc[r][g]);
   }
 }
@@ -211,23 +222,31 @@ template <int R, int G>
 inline void dot8_q8(const uint8_t* w, size_t stride, const ActBlock* const* a, int nb, float* const* out) {
   constexpr int kTile = 272;
   __m256 acc[R][G];
+  #pragma GCC unroll 8
   for (int r = 0; r < R; ++r) {
+    #pragma GCC unroll 8
     for (int g = 0; g < G; ++g) acc[r][g] = _mm256_setzero_ps();
   }
   for (int b = 0; b < nb; ++b) {
     __m256i isum[R][G];
+    #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
+      #pragma GCC unroll 8
       for (int g = 0; g < G; ++g) isum[r][g] = _mm256_setzero_si256();
     }
+    #pragma GCC unroll 8
     for (int j = 0; j < 8; ++j) {
       __m256i wq[G], wabs[G];
+      #pragma GCC unroll 8
       for (int g = 0; g < G; ++g) {
         const uint8_t* t = w + g * stride + static_cast<size_t>(b) * kTile;
         wq[g] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(t + 16 + 32 * j));
         wabs[g] = _mm256_sign_epi8(wq[g], wq[g]);
       }
+      #pragma GCC unroll 8
       for (int r = 0; r < R; ++r) {
         const __m256i aq = broadcast4(a[r][b].q + 4 * j);
+        #pragma GCC unroll 8
         for (int g = 0; g < G; ++g) {
           // |w| <= 128, |a| <= 127: a pair sums to at most 32512, so maddubs never saturates.
           const __m256i as = _mm256_sign_epi8(aq, wq[g]);
@@ -240,16 +259,20 @@ inline void dot8_q8(const uint8_t* w, size_t stride, const ActBlock* const* a, i
         }
       }
     }
+    #pragma GCC unroll 8
     for (int g = 0; g < G; ++g) {
       const uint8_t* t = w + g * stride + static_cast<size_t>(b) * kTile;
       const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(t)));
+      #pragma GCC unroll 8
       for (int r = 0; r < R; ++r) {
         acc[r][g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r][g]), _mm256_mul_ps(dw, _mm256_set1_ps(a[r][b].d)),
                                     acc[r][g]);
       }
     }
   }
+  #pragma GCC unroll 8
   for (int r = 0; r < R; ++r) {
+    #pragma GCC unroll 8
     for (int g = 0; g < G; ++g) _mm256_storeu_ps(out[r] + 8 * g, acc[r][g]);
   }
 }

@@ -1,0 +1,53 @@
+// Portable 8-float vectors (GCC vector extensions) for kernels compiled once and cloned per
+// ISA with target_clones (AVX-512, AVX2, baseline), so they need no -m flags. Eight floats is
+// one AVX2 register: a 16-float type made GCC keep accumulator arrays on the stack in the
+// AVX2 clone. Include only from translation units whose kernels are cloned this way.
+#pragma once
+
+#include <cstring>
+
+#pragma GCC diagnostic ignored "-Wpsabi"  // helpers are always inlined into each clone
+
+#if defined(__x86_64__)
+#define LLMD_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define LLMD_CLONES
+#endif
+
+namespace llmd::simd {
+
+constexpr int kLanes = 8;
+using vf = float __attribute__((vector_size(32)));
+using vfi = int __attribute__((vector_size(32)));
+
+[[gnu::always_inline]] inline vf load(const float* p) {
+  vf v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+[[gnu::always_inline]] inline void store(float* p, vf v) { std::memcpy(p, &v, sizeof(v)); }
+[[gnu::always_inline]] inline vf splat(float x) { return vf{} + x; }
+
+// exp(x): Cody-Waite range reduction + degree-6 polynomial; relative error ~2e-7, 0 below
+// -87, clamped to exp(88) above (softmax only ever passes x <= 0).
+[[gnu::always_inline]] inline vf vexp(vf x) {
+  x = x < -87.f ? splat(-87.f) : x;
+  x = x > 88.f ? splat(88.f) : x;
+  const vf y = x * 1.44269504088896341f + 0.5f;
+  const vf t = __builtin_convertvector(__builtin_convertvector(y, vfi), vf);
+  const vf fx = t - ((t > y) ? splat(1.f) : splat(0.f));  // floor(y)
+  vf r = x - fx * 0.693359375f + fx * 2.12194440e-4f;
+  vf p = splat(1.9875691500e-4f);
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.f;
+  const vfi bits = (__builtin_convertvector(fx, vfi) + 127) << 23;
+  vf scale;
+  std::memcpy(&scale, &bits, sizeof(scale));
+  return p * scale;
+}
+
+}  // namespace llmd::simd
