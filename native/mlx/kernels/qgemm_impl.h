@@ -47,6 +47,42 @@ inline void quantize_row(const float* x, ActBlock* out, int k) {
 
 inline float half(const uint8_t* p) { return _cvtsh_ss(read_u16(p)); }
 
+// quantize_row with AVX2: the same operations per element (|x| max, x * (1 / d) rounded to
+// nearest-even by cvtps under the default MXCSR mode, exact integer sum), so the blocks are
+// bit-identical to the portable version's.
+inline void quantize_row_simd(const float* x, ActBlock* out, int k) {
+  const __m256 sign = _mm256_set1_ps(-0.f);
+  for (int b = 0; b < k / kBlock; ++b) {
+    const float* xb = x + b * kBlock;
+    __m256 v[4];
+    __m256 m = _mm256_setzero_ps();
+    for (int i = 0; i < 4; ++i) {
+      v[i] = _mm256_loadu_ps(xb + 8 * i);
+      m = _mm256_max_ps(m, _mm256_andnot_ps(sign, v[i]));
+    }
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+    const float amax = _mm_cvtss_f32(m4);
+    const float d = amax / 127.f;
+    const float id = d > 0.f ? 1.f / d : 0.f;
+    const __m256 idv = _mm256_set1_ps(id);
+    __m256i q[4];
+    for (int i = 0; i < 4; ++i) q[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], idv));
+    // int32 -> int8 in element order (packs interleave 128-bit lanes; the permute undoes it).
+    const __m256i q16 = _mm256_permute4x64_epi64(_mm256_packs_epi32(q[0], q[1]), 0xd8);
+    const __m256i q16b = _mm256_permute4x64_epi64(_mm256_packs_epi32(q[2], q[3]), 0xd8);
+    const __m256i q8 = _mm256_permute4x64_epi64(_mm256_packs_epi16(q16, q16b), 0xd8);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out[b].q), q8);
+    __m256i s = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
+    __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
+    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xb1));
+    out[b].d = d;
+    out[b].s = d * static_cast<float>(_mm_cvtsi128_si32(s4));
+  }
+}
+
 inline __m256i isum_u8s8(__m256i w_u8, __m256i a_s8) {
 #if defined(LLMD_ISA_VNNI)
   return _mm256_dpbusd_epi32(_mm256_setzero_si256(), w_u8, a_s8);
@@ -135,6 +171,35 @@ inline __m256i broadcast4(const int8_t* p) {
   return _mm256_set1_epi32(v);
 }
 
+// Accumulators of R rows x G groups of 8 output columns.
+template <int R, int G>
+inline void zero_tiles(__m256 (&acc)[R][G]) {
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 8
+    for (int g = 0; g < G; ++g) acc[r][g] = _mm256_setzero_ps();
+  }
+}
+template <int R, int G>
+inline void store_tiles(const __m256 (&acc)[R][G], float* const* out) {
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 8
+    for (int g = 0; g < G; ++g) _mm256_storeu_ps(out[r] + 8 * g, acc[r][g]);
+  }
+}
+
+// Decode streams each weight byte once from memory: the single-row kernels ask for the tile
+// blocks kPrefetchBlocks ahead so their loads do not wait on DRAM.
+template <int G, int kTile>
+inline void prefetch_tiles(const uint8_t* w, size_t stride, int b) {
+#pragma GCC unroll 8
+  for (int g = 0; g < G; ++g) {
+    const char* t = reinterpret_cast<const char*>(w + g * stride + static_cast<size_t>(b) * kTile);
+    for (int off = 0; off < kTile; off += 64) _mm_prefetch(t + off, _MM_HINT_T0);
+  }
+}
+
 // R activation rows x G packed groups (8 columns each, `stride` bytes apart): the activation
 // broadcasts are shared by the G groups, the unpacked weights by the R rows.
 template <int R, int G, bool kHasMin>
@@ -143,40 +208,26 @@ inline void dot8_q4(const uint8_t* w, size_t stride, const ActBlock* const* a, i
   constexpr int kQs = kHasMin ? 32 : 16;
   const __m256i mask = _mm256_set1_epi8(0x0f);
   __m256 acc[R][G];
-  #pragma GCC unroll 8
-  for (int r = 0; r < R; ++r) {
-    #pragma GCC unroll 8
-    for (int g = 0; g < G; ++g) acc[r][g] = _mm256_setzero_ps();
-  }
+  zero_tiles(acc);
   for (int b = 0; b < nb; ++b) {
-    if constexpr (R == 1) {
-      // Decode streams each weight byte once from memory: ask for the tiles a few blocks
-      // ahead so the loads below do not wait on DRAM.
-      #pragma GCC unroll 8
-      for (int g = 0; g < G; ++g) {
-        const char* ahead = reinterpret_cast<const char*>(w + g * stride + static_cast<size_t>(b + kPrefetchBlocks) * kTile);
-        _mm_prefetch(ahead, _MM_HINT_T0);
-        _mm_prefetch(ahead + 64, _MM_HINT_T0);
-        _mm_prefetch(ahead + 128, _MM_HINT_T0);
-      }
-    }
+    if constexpr (R == 1) prefetch_tiles<G, kTile>(w, stride, b + kPrefetchBlocks);
     __m256i isum[R][G];
-    #pragma GCC unroll 8
+#pragma GCC unroll 8
     for (int h = 0; h < 4; ++h) {
       __m256i lo[G], hi[G];
-      #pragma GCC unroll 8
+#pragma GCC unroll 8
       for (int g = 0; g < G; ++g) {
         const uint8_t* t = w + g * stride + static_cast<size_t>(b) * kTile;
         const __m256i p = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(t + kQs + 32 * h));
         lo[g] = _mm256_and_si256(p, mask);
         hi[g] = _mm256_and_si256(_mm256_srli_epi16(p, 4), mask);
       }
-      #pragma GCC unroll 8
+#pragma GCC unroll 8
       for (int r = 0; r < R; ++r) {
         const int8_t* q = a[r][b].q;
         const __m256i alo = broadcast4(q + 4 * h);
         const __m256i ahi = broadcast4(q + 16 + 4 * h);
-        #pragma GCC unroll 8
+#pragma GCC unroll 8
         for (int g = 0; g < G; ++g) {
 #if defined(LLMD_ISA_VNNI)
           const __m256i base = h == 0 ? _mm256_setzero_si256() : isum[r][g];
@@ -191,13 +242,13 @@ inline void dot8_q4(const uint8_t* w, size_t stride, const ActBlock* const* a, i
         }
       }
     }
-    #pragma GCC unroll 8
+#pragma GCC unroll 8
     for (int g = 0; g < G; ++g) {
       const uint8_t* t = w + g * stride + static_cast<size_t>(b) * kTile;
       const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(t)));
       const __m256 mw = kHasMin ? _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(t + 16)))
                                 : _mm256_mul_ps(dw, _mm256_set1_ps(-8.f));
-      #pragma GCC unroll 8
+#pragma GCC unroll 8
       for (int r = 0; r < R; ++r) {
         const ActBlock& ab = a[r][b];
 #if defined(LLMD_ISA_VNNI)
@@ -211,42 +262,35 @@ inline void dot8_q4(const uint8_t* w, size_t stride, const ActBlock* const* a, i
       }
     }
   }
-  #pragma GCC unroll 8
-  for (int r = 0; r < R; ++r) {
-    #pragma GCC unroll 8
-    for (int g = 0; g < G; ++g) _mm256_storeu_ps(out[r] + 8 * g, acc[r][g]);
-  }
+  store_tiles(acc, out);
 }
 
 template <int R, int G>
 inline void dot8_q8(const uint8_t* w, size_t stride, const ActBlock* const* a, int nb, float* const* out) {
   constexpr int kTile = 272;
   __m256 acc[R][G];
-  #pragma GCC unroll 8
-  for (int r = 0; r < R; ++r) {
-    #pragma GCC unroll 8
-    for (int g = 0; g < G; ++g) acc[r][g] = _mm256_setzero_ps();
-  }
+  zero_tiles(acc);
   for (int b = 0; b < nb; ++b) {
+    if constexpr (R == 1) prefetch_tiles<G, kTile>(w, stride, b + kPrefetchBlocks);
     __m256i isum[R][G];
-    #pragma GCC unroll 8
+#pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
-      #pragma GCC unroll 8
+#pragma GCC unroll 8
       for (int g = 0; g < G; ++g) isum[r][g] = _mm256_setzero_si256();
     }
-    #pragma GCC unroll 8
+#pragma GCC unroll 8
     for (int j = 0; j < 8; ++j) {
       __m256i wq[G], wabs[G];
-      #pragma GCC unroll 8
+#pragma GCC unroll 8
       for (int g = 0; g < G; ++g) {
         const uint8_t* t = w + g * stride + static_cast<size_t>(b) * kTile;
         wq[g] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(t + 16 + 32 * j));
         wabs[g] = _mm256_sign_epi8(wq[g], wq[g]);
       }
-      #pragma GCC unroll 8
+#pragma GCC unroll 8
       for (int r = 0; r < R; ++r) {
         const __m256i aq = broadcast4(a[r][b].q + 4 * j);
-        #pragma GCC unroll 8
+#pragma GCC unroll 8
         for (int g = 0; g < G; ++g) {
           // |w| <= 128, |a| <= 127: a pair sums to at most 32512, so maddubs never saturates.
           const __m256i as = _mm256_sign_epi8(aq, wq[g]);
@@ -259,22 +303,18 @@ inline void dot8_q8(const uint8_t* w, size_t stride, const ActBlock* const* a, i
         }
       }
     }
-    #pragma GCC unroll 8
+#pragma GCC unroll 8
     for (int g = 0; g < G; ++g) {
       const uint8_t* t = w + g * stride + static_cast<size_t>(b) * kTile;
       const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(t)));
-      #pragma GCC unroll 8
+#pragma GCC unroll 8
       for (int r = 0; r < R; ++r) {
         acc[r][g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r][g]), _mm256_mul_ps(dw, _mm256_set1_ps(a[r][b].d)),
                                     acc[r][g]);
       }
     }
   }
-  #pragma GCC unroll 8
-  for (int r = 0; r < R; ++r) {
-    #pragma GCC unroll 8
-    for (int g = 0; g < G; ++g) _mm256_storeu_ps(out[r] + 8 * g, acc[r][g]);
-  }
+  store_tiles(acc, out);
 }
 
 template <int R, int G>
@@ -539,8 +579,8 @@ namespace llmd::kernels::LLMD_ISA_NAMESPACE {
 
 inline const KernelTable* make_table(const char* isa) {
 #if defined(LLMD_ISA_X86)
-  static const KernelTable table{isa,       quantize_row, gemm_q4_0,    gemm_q4_1,    gemm_q8_0,
-                                 gemm_q4_k, gemm_q6_k,    gemm_q4_0_x8, gemm_q4_1_x8, gemm_q8_0_x8};
+  static const KernelTable table{isa,       quantize_row_simd, gemm_q4_0,    gemm_q4_1,    gemm_q8_0,
+                                 gemm_q4_k, gemm_q6_k,         gemm_q4_0_x8, gemm_q4_1_x8, gemm_q8_0_x8};
 #else
   static const KernelTable table{isa, quantize_row, gemm_q4_0, gemm_q4_1, gemm_q8_0, gemm_q4_k, gemm_q6_k};
 #endif
