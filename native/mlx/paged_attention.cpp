@@ -10,6 +10,7 @@
 #include "../core/op_profile.h"
 #include "../core/thread_pool.h"
 #include "attention_kernels.h"
+#include "row_major.h"
 
 namespace llmd {
 
@@ -29,7 +30,8 @@ mx::array paged_attention(const mx::array& qkv, std::shared_ptr<const AttentionB
     throw std::invalid_argument("paged_attention: qkv must be [rows, " + std::to_string(width) + "]");
   }
   const auto stream = mx::default_stream(mx::Device::cpu);
-  auto in = mx::contiguous(qkv, false, stream);
+  // Row-major order is handled in the kernel (row_major.h), not by an extra graph node.
+  mx::array in = qkv.dtype() == mx::float32 ? qkv : mx::astype(qkv, mx::float32, stream);
   return mx::array({qkv.shape(0), shape.n_heads * shape.head_dim}, mx::float32,
                    std::make_shared<PagedAttention>(stream, std::move(batch), layer, shape, std::move(rope), write_kv),
                    {in});
@@ -87,7 +89,8 @@ void PagedAttention::eval_cpu(const std::vector<mx::array>& inputs, mx::array& o
     const int width = (H + (write_kv ? 2 * G : 0)) * hd;
     const int half = rope->dims / 2;
     const int rows = qkv.shape(0);
-    const float* in = qkv.data<float>();
+    const RowMajor qkv_rows(qkv);
+    const float* in = qkv_rows.data();
     float* o = out.data<float>();
     KvPool& pool = *batch->pool;
     constexpr int BT = KvPool::kBlockTokens;

@@ -3,11 +3,13 @@
 #include <mlx/backend/cpu/encoder.h>
 
 #include <cmath>
+#include <optional>
 #include <stdexcept>
 #include <vector>
 
 #include "../core/op_profile.h"
 #include "../core/thread_pool.h"
+#include "row_major.h"
 #include "swiglu.h"
 
 namespace llmd {
@@ -51,7 +53,8 @@ mx::array quantized_matmul(const mx::array& x, const mx::array& w, const Quantiz
     throw std::invalid_argument("quantized_matmul: residual mismatch");
   }
   const auto stream = mx::default_stream(mx::Device::cpu);
-  auto as_input = [&](const mx::array& a) { return mx::contiguous(mx::astype(a, mx::float32, stream), false, stream); };
+  // Row-major order is handled in the kernel (row_major.h), not by an extra graph node.
+  auto as_input = [&](const mx::array& a) { return a.dtype() == mx::float32 ? a : mx::astype(a, mx::float32, stream); };
   std::vector<mx::array> inputs{as_input(x), w};
   if (norm_weight) inputs.push_back(as_input(*norm_weight));
   if (residual) inputs.push_back(as_input(*residual));
@@ -87,11 +90,15 @@ void QuantizedMatmul::eval_cpu(const std::vector<mx::array>& inputs, mx::array& 
     const int rows = x.shape(0);
     const size_t row_bytes = llmd::row_bytes(spec.type, k);
     const int nb = k / kernels::kBlock;
-    const float* norm_w = spec.rms_norm ? inputs[2].data<float>() : nullptr;
-    const float* residual = spec.epilogue == Epilogue::AddResidual ? inputs.back().data<float>() : nullptr;
+    const RowMajor x_rows(x);
+    const std::optional<RowMajor> norm_rows = spec.rms_norm ? std::optional<RowMajor>(inputs[2]) : std::nullopt;
+    const bool has_residual = spec.epilogue == Epilogue::AddResidual;
+    const std::optional<RowMajor> residual_rows = has_residual ? std::optional<RowMajor>(inputs.back()) : std::nullopt;
+    const float* norm_w = norm_rows ? norm_rows->data() : nullptr;
+    const float* residual = residual_rows ? residual_rows->data() : nullptr;
     thread_local std::vector<kernels::ActBlock> act;
     act.resize(static_cast<size_t>(rows) * nb);
-    const float* xp = x.data<float>();
+    const float* xp = x_rows.data();
     auto& pool = ThreadPool::global();
     kernels::ActBlock* ap = act.data();
     pool.parallel_for(rows, [&](int r0, int r1) {
