@@ -32,7 +32,7 @@ from .tiny_models import (
     weights,
     write_checkpoint,
     write_gguf,
-    write_safetensors,
+    write_multimodal_checkpoint,
     write_stub_gguf,
 )
 
@@ -320,16 +320,14 @@ def test_gemma3_text_inside_a_multimodal_checkpoint(tmp_path: Path, layout: str)
         for k, v in weights("gemma3_text").items()
     }
     tensors["vision_tower.vision_model.post_layernorm.weight"] = np.ones(8, dtype=np.float32)
-    write_safetensors(tmp_path / "model.safetensors", tensors)
-    text = {k: v for k, v in CONFIGS["gemma3_text"].items() if k != "tie_word_embeddings"}
-    config = {
-        "model_type": "gemma3",
-        "architectures": ["Gemma3ForConditionalGeneration"],
-        "text_config": text,
-        "vision_config": {"model_type": "siglip_vision_model", "hidden_size": 8},
-        "tie_word_embeddings": False,
-    }
-    (tmp_path / "config.json").write_text(json.dumps(config))
+    text = write_multimodal_checkpoint(
+        tmp_path,
+        "gemma3_text",
+        tensors,
+        model_type="gemma3",
+        architecture="Gemma3ForConditionalGeneration",
+        vision_type="siglip_vision_model",
+    )["text_config"]
     ref = np.array(_fixture("gemma3_text")["logits"], dtype=np.float32)
     engine = _engine(tmp_path, "cpu")
     assert engine.info()["architecture"] == "gemma3"
@@ -351,16 +349,14 @@ def test_gemma4_text_inside_a_multimodal_checkpoint(tmp_path: Path) -> None:
     tensors["model.vision_tower.encoder.layers.0.mlp.gate_proj.linear.weight"] = np.ones(
         (8, 8), dtype=np.float32
     )
-    write_safetensors(tmp_path / "model.safetensors", tensors)
-    text = {k: v for k, v in CONFIGS["gemma4_text"].items() if k != "tie_word_embeddings"}
-    config = {
-        "model_type": "gemma4",
-        "architectures": ["Gemma4ForConditionalGeneration"],
-        "text_config": text,
-        "vision_config": {"model_type": "gemma4_vision", "hidden_size": 8},
-        "tie_word_embeddings": False,
-    }
-    (tmp_path / "config.json").write_text(json.dumps(config))
+    write_multimodal_checkpoint(
+        tmp_path,
+        "gemma4_text",
+        tensors,
+        model_type="gemma4",
+        architecture="Gemma4ForConditionalGeneration",
+        vision_type="gemma4_vision",
+    )
     ref = np.array(_fixture("gemma4_text")["logits"], dtype=np.float32)
     for backend in BACKENDS:
         engine = _engine(tmp_path, backend)

@@ -26,7 +26,7 @@ from .tiny_models import (
     TOKENS,
     weights,
     write_checkpoint,
-    write_safetensors,
+    write_multimodal_checkpoint,
     write_stub_gguf,
 )
 
@@ -221,18 +221,15 @@ def test_multimodal_checkpoint_serves_its_text_model(
         tensors[name] = v
     tensors["model.visual.blocks.0.norm1.weight"] = np.ones(8, dtype=np.float32)
     tensors["mtp.fc.weight"] = np.ones((8, 8), dtype=np.float32)
-    write_safetensors(tmp_path / "model.safetensors", tensors)
-    text = {
-        k: v for k, v in CONFIGS[ARCH].items() if k not in ("tie_word_embeddings", "architectures")
-    }
-    config = {
-        "model_type": "qwen3_5_moe",
-        "architectures": ["Qwen3_5MoeForConditionalGeneration"],
-        "text_config": text,
-        "vision_config": {"model_type": "qwen3_5_moe_vision", "hidden_size": 8},
-        "tie_word_embeddings": False,
-    }
-    (tmp_path / "config.json").write_text(json.dumps(config))
+    config = write_multimodal_checkpoint(
+        tmp_path,
+        ARCH,
+        tensors,
+        model_type="qwen3_5_moe",
+        architecture="Qwen3_5MoeForConditionalGeneration",
+        vision_type="qwen3_5_moe_vision",
+        drop=("tie_word_embeddings", "architectures"),
+    )
     ref = np.array(fixture["logits"], dtype=np.float32)
     engine = _engine(tmp_path, "cpu")
     assert engine.info()["architecture"] == "qwen3_5_moe"

@@ -375,6 +375,32 @@ def _gemma4_weights(c: dict, rng: np.random.Generator) -> dict[str, np.ndarray]:
     return w
 
 
+def write_multimodal_checkpoint(
+    path: Path,
+    text_arch: str,
+    tensors: dict[str, np.ndarray],
+    *,
+    model_type: str,
+    architecture: str,
+    vision_type: str,
+    drop: tuple[str, ...] = ("tie_word_embeddings",),
+) -> dict:
+    """A ...ForConditionalGeneration directory: `tensors` (already under the multimodal
+    names, vision tower included) and a config nesting `text_arch`'s config (less `drop`) as
+    its text_config beside a vision_config stub, the head untied by the outer config.
+    Returns the config."""
+    write_safetensors(path / "model.safetensors", tensors)
+    config = {
+        "model_type": model_type,
+        "architectures": [architecture],
+        "text_config": {k: v for k, v in CONFIGS[text_arch].items() if k not in drop},
+        "vision_config": {"model_type": vision_type, "hidden_size": 8},
+        "tie_word_embeddings": False,
+    }
+    (path / "config.json").write_text(json.dumps(config))
+    return config
+
+
 def write_safetensors(
     path: Path,
     tensors: dict[str, np.ndarray],
