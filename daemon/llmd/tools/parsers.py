@@ -256,6 +256,17 @@ _GEMMA4_NUMBER = re.compile(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+
 _GEMMA4_MAX_DEPTH = 64
 
 
+def _after_member(text: str, pos: int, close: str) -> tuple[int, bool]:
+    """After an object member or array item: the position past a ',' (False) or past `close`
+    (True, the container ends); raises ValueError on anything else."""
+    pos = _skip_ws(text, pos)
+    if text.startswith(",", pos):
+        return pos + 1, False
+    if text.startswith(close, pos):
+        return pos + 1, True
+    raise ValueError(f"expected ',' or '{close}'")
+
+
 def _gemma4_value(text: str, pos: int, depth: int = 0) -> tuple[Any, int]:
     """One value of Gemma 4's call syntax at `pos`: ``<|"|>string<|"|>``, ``{key:value,...}``
     (keys bare or quoted), ``[value,...]``, a number, true/false/null; JSON strings are taken
@@ -288,13 +299,9 @@ def _gemma4_value(text: str, pos: int, depth: int = 0) -> tuple[Any, int]:
             if not text.startswith(":", pos):
                 raise ValueError("expected ':'")
             obj[key], pos = _gemma4_value(text, pos + 1, depth + 1)
-            pos = _skip_ws(text, pos)
-            if text.startswith(",", pos):
-                pos += 1
-            elif text.startswith("}", pos):
-                return obj, pos + 1
-            else:
-                raise ValueError("expected ',' or '}'")
+            pos, closed = _after_member(text, pos, "}")
+            if closed:
+                return obj, pos
     if text.startswith("[", pos):
         items: list[Any] = []
         pos = _skip_ws(text, pos + 1)
@@ -303,13 +310,9 @@ def _gemma4_value(text: str, pos: int, depth: int = 0) -> tuple[Any, int]:
         while True:
             item, pos = _gemma4_value(text, pos, depth + 1)
             items.append(item)
-            pos = _skip_ws(text, pos)
-            if text.startswith(",", pos):
-                pos += 1
-            elif text.startswith("]", pos):
-                return items, pos + 1
-            else:
-                raise ValueError("expected ',' or ']'")
+            pos, closed = _after_member(text, pos, "]")
+            if closed:
+                return items, pos
     for word, value in (("true", True), ("false", False), ("null", None)):
         if text.startswith(word, pos):
             return value, pos + len(word)
