@@ -30,8 +30,7 @@ mx::array paged_attention(const mx::array& qkv, std::shared_ptr<const AttentionB
     throw std::invalid_argument("paged_attention: qkv must be [rows, " + std::to_string(width) + "]");
   }
   const auto stream = mx::default_stream(mx::Device::cpu);
-  // Row-major order is handled in the kernel (row_major.h), not by an extra graph node.
-  mx::array in = qkv.dtype() == mx::float32 ? qkv : mx::astype(qkv, mx::float32, stream);
+  mx::array in = float32_input(qkv, stream);
   return mx::array({qkv.shape(0), shape.n_heads * shape.head_dim}, mx::float32,
                    std::make_shared<PagedAttention>(stream, std::move(batch), layer, shape, std::move(rope), write_kv),
                    {in});

@@ -53,11 +53,9 @@ mx::array quantized_matmul(const mx::array& x, const mx::array& w, const Quantiz
     throw std::invalid_argument("quantized_matmul: residual mismatch");
   }
   const auto stream = mx::default_stream(mx::Device::cpu);
-  // Row-major order is handled in the kernel (row_major.h), not by an extra graph node.
-  auto as_input = [&](const mx::array& a) { return a.dtype() == mx::float32 ? a : mx::astype(a, mx::float32, stream); };
-  std::vector<mx::array> inputs{as_input(x), w};
-  if (norm_weight) inputs.push_back(as_input(*norm_weight));
-  if (residual) inputs.push_back(as_input(*residual));
+  std::vector<mx::array> inputs{float32_input(x, stream), w};
+  if (norm_weight) inputs.push_back(float32_input(*norm_weight, stream));
+  if (residual) inputs.push_back(float32_input(*residual, stream));
   return mx::array({x.shape(0), spec.out_features()}, mx::float32,
                    std::make_shared<QuantizedMatmul>(stream, spec, table), std::move(inputs));
 }

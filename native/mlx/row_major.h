@@ -14,6 +14,12 @@
 
 namespace llmd {
 
+// A primitive's float input as given, or cast when it is another dtype: with RowMajor in the
+// kernel, no other node is needed in front of the primitive.
+inline mlx::core::array float32_input(const mlx::core::array& a, mlx::core::Stream stream) {
+  return a.dtype() == mlx::core::float32 ? a : mlx::core::astype(a, mlx::core::float32, stream);
+}
+
 class RowMajor {
  public:
   // `a`: float32, 1-D or 2-D, evaluated (its data is available).

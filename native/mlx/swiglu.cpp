@@ -1,5 +1,7 @@
 #include "swiglu.h"
 
+#include <algorithm>
+
 #include "simd.h"
 
 namespace llmd {
@@ -13,23 +15,19 @@ using namespace simd;
 
 LLMD_CLONES
 void swiglu_pairs(const float* pairs, float* out, int n) {
-  int i = 0;
-  for (; i + kLanes <= n; i += kLanes) {
-    vf g, u;
-    for (int l = 0; l < kLanes; ++l) {
-      g[l] = pairs[2 * (i + l)];
-      u[l] = pairs[2 * (i + l) + 1];
-    }
-    store(out + i, swiglu(g, u));
-  }
-  if (i < n) {  // the tail through the same vector arithmetic, zero-padded
+  for (int i = 0; i < n; i += kLanes) {
+    const int m = std::min(kLanes, n - i);  // the tail goes through the same arithmetic, zero-padded
     vf g{}, u{};
-    for (int l = 0; l < n - i; ++l) {
+    for (int l = 0; l < m; ++l) {
       g[l] = pairs[2 * (i + l)];
       u[l] = pairs[2 * (i + l) + 1];
     }
     const vf y = swiglu(g, u);
-    for (int l = 0; l < n - i; ++l) out[i + l] = y[l];
+    if (m == kLanes) {
+      store(out + i, y);
+    } else {
+      for (int l = 0; l < m; ++l) out[i + l] = y[l];
+    }
   }
 }
 
