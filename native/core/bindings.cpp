@@ -250,6 +250,7 @@ PYBIND11_MODULE(_engine, m) {
              d["prefix_cache_hits"] = s.prefix_cache_hits;
              d["forked_sequences"] = s.forked_sequences;
              d["prefix_cached_tokens"] = s.prefix_cached_tokens;
+             d["prefix_partial_tokens"] = s.prefix_partial_tokens;
              d["prefix_cache_blocks"] = s.prefix_cache_blocks;
              d["kv_idle_cached_blocks"] = s.kv_idle_cached_blocks;
              d["pinned_sessions"] = s.pinned_sessions;

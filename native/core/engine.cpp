@@ -157,16 +157,25 @@ void Engine::finish(Sequence& seq, const std::string& reason) {
 }
 
 void Engine::admit(Sequence& seq) {
-  // Reuse cached KV for the longest block-aligned prefix, always leaving at least one prompt
-  // token to run so the first sampled token has fresh logits.
+  // Reuse cached KV for the longest cached prefix (whole blocks, then the shared head of one
+  // more cached block), always leaving at least one prompt token to run so the first sampled
+  // token has fresh logits.
   if (seq.fed > 0) return;  // a forked sibling waiting for room: its KV is already there
   const auto& prompt = seq.request.prompt;
   PrefixCache::Match m = prefix_cache_.match(prompt.data(), static_cast<int>(prompt.size()) - 1);
+  // Recurrent state exists only at block boundaries (snapshots): no partial block.
+  if (recurrent_) m.drop_partial();
   // Sliding-window layers need the window before the reuse point: shorten the match to a
   // prefix whose window parts still exist (kv_cache.h, "Window parts"), or reuse nothing.
-  while (!m.blocks.empty() && !pool_.has_window_for(m.blocks, m.tokens())) {
+  if (m.partial_block >= 0) {
+    std::vector<int> with_partial = m.blocks;
+    with_partial.push_back(m.partial_block);
+    if (!pool_.has_window_for(with_partial, m.tokens())) m.drop_partial();
+  }
+  while (!m.blocks.empty() && !pool_.has_window_for(m.blocks, m.full_tokens())) {
     m.blocks.pop_back();
     m.keys.pop_back();
+    m.drop_partial();
   }
   std::shared_ptr<const SequenceState> state;
   if (recurrent_) {
@@ -177,14 +186,30 @@ void Engine::admit(Sequence& seq) {
       m.keys.pop_back();
     }
   }
-  if (m.blocks.empty()) return;
-  seq.kv->adopt(m.blocks, m.tokens());
+  if (m.blocks.empty() && m.partial_block < 0) return;
+  seq.kv->adopt(m.blocks, m.full_tokens());
+  if (m.partial_block >= 0 && !adopt_partial(seq, m)) m.drop_partial();
+  if (m.tokens() == 0) return;
   if (state) seq.kv->state = state->clone();
   seq.fed = seq.cached = m.tokens();
   seq.block_keys = std::move(m.keys);
   std::lock_guard<std::mutex> lock(stats_mutex_);
   stats_.prefix_cache_hits += 1;
   stats_.prefix_cached_tokens += seq.cached;
+  if (m.partial_block >= 0) stats_.prefix_partial_tokens += m.partial_tokens;
+}
+
+bool Engine::adopt_partial(Sequence& seq, const PrefixCache::Match& m) {
+  // The source block may be idle in the cache: hold it so that allocating the sequence's own
+  // block cannot evict it before the copy.
+  pool_.retain(m.partial_block);
+  const bool room = seq.kv->reserve(m.tokens());
+  if (room) {
+    model_->copy_kv_block(pool_, m.partial_block, seq.kv->blocks()[m.blocks.size()]);
+    seq.kv->set_length(m.tokens());
+  }
+  pool_.release(m.partial_block);
+  return room;
 }
 
 void Engine::index_full_blocks(Sequence& seq) {

@@ -78,6 +78,7 @@ struct EngineStats {
   int max_rows_sampled_in_a_step = 0;
   uint64_t prefix_cache_hits = 0;       // requests that reused cached KV
   uint64_t prefix_cached_tokens = 0;    // prompt tokens not prefilled thanks to the cache
+  uint64_t prefix_partial_tokens = 0;   // of the reused tokens, those copied from partly shared blocks
   uint64_t forked_sequences = 0;        // sequences started from a sibling's prefill
   size_t prefix_cache_blocks = 0;       // blocks indexed by the cache
   size_t pinned_sessions = 0;           // named sessions holding KV
@@ -143,6 +144,9 @@ class Engine {
   void step_once();
   void finish(Sequence& seq, const std::string& reason);
   void admit(Sequence& seq);
+  // Gives seq (already on m's whole blocks) its own copy of m's partial block, holding
+  // m.partial_tokens shared positions; false when the KV budget has no room for it.
+  bool adopt_partial(Sequence& seq, const PrefixCache::Match& m);
   void index_full_blocks(Sequence& seq);
   // Recurrent models: the block boundaries of this segment where a state snapshot is kept,
   // and publishing the snapshots the model recorded there into the prefix cache.

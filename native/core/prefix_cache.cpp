@@ -26,10 +26,15 @@ uint64_t PrefixCache::chain(uint64_t parent, const int32_t* tokens) {
   return h;
 }
 
+uint64_t PrefixCache::child_slot(uint64_t parent, int32_t first_token) {
+  return mix(parent ^ mix(static_cast<uint32_t>(first_token) + 0x632be59bd9b4e019ULL));
+}
+
 PrefixCache::Match PrefixCache::match(const int32_t* tokens, int max_tokens) const {
   Match m;
   uint64_t parent = 0;
-  for (int start = 0; start + KvPool::kBlockTokens <= max_tokens; start += KvPool::kBlockTokens) {
+  int start = 0;
+  for (; start + KvPool::kBlockTokens <= max_tokens; start += KvPool::kBlockTokens) {
     const uint64_t key = chain(parent, tokens + start);
     auto it = by_key_.find(key);
     if (it == by_key_.end() || it->second.parent != parent ||
@@ -40,6 +45,20 @@ PrefixCache::Match PrefixCache::match(const int32_t* tokens, int max_tokens) con
     m.keys.push_back(key);
     parent = key;
   }
+  const int rest = std::min(max_tokens - start, KvPool::kBlockTokens);
+  if (rest < kMinPartialTokens) return m;
+  auto [first, last] = children_.equal_range(child_slot(parent, tokens[start]));
+  for (auto it = first; it != last; ++it) {
+    const auto e = by_key_.find(it->second);
+    if (e == by_key_.end() || e->second.parent != parent) continue;
+    const auto& cached = e->second.tokens;
+    const int shared = static_cast<int>(
+        std::mismatch(cached.begin(), cached.begin() + rest, tokens + start).first - cached.begin());
+    if (shared >= kMinPartialTokens && shared > m.partial_tokens) {
+      m.partial_block = e->second.block;
+      m.partial_tokens = shared;
+    }
+  }
   return m;
 }
 
@@ -49,6 +68,7 @@ void PrefixCache::insert(uint64_t key, uint64_t parent, const int32_t* tokens, i
   std::copy(tokens, tokens + KvPool::kBlockTokens, e.tokens.begin());
   by_key_.emplace(key, e);
   key_of_block_[block] = key;
+  children_.emplace(child_slot(parent, tokens[0]), key);
   pool_.mark_cacheable(block);
 }
 
@@ -56,7 +76,16 @@ void PrefixCache::forget(int block) {
   auto it = key_of_block_.find(block);
   if (it == key_of_block_.end()) return;
   auto e = by_key_.find(it->second);
-  if (e != by_key_.end()) drop_state(e->second);
+  if (e != by_key_.end()) {
+    drop_state(e->second);
+    auto [first, last] = children_.equal_range(child_slot(e->second.parent, e->second.tokens[0]));
+    for (auto c = first; c != last; ++c) {
+      if (c->second == it->second) {
+        children_.erase(c);
+        break;
+      }
+    }
+  }
   by_key_.erase(it->second);
   key_of_block_.erase(it);
 }

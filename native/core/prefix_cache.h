@@ -6,6 +6,14 @@
 // A block's key is hash(parent key, its 64 tokens); entries also keep the tokens and parent
 // key and are verified on lookup, so a hash collision can never serve the wrong KV.
 //
+// Partial blocks: after the whole blocks, a prompt usually shares only the head of a cached
+// block (requests that differ after a common system prompt or chat-template preamble, shorter
+// than a block; a repeated prompt whose last block is cached but longer than what may be
+// reused). match() also finds the cached child of the last matched block whose tokens share
+// the longest head with the prompt; the engine copies that block into the new sequence's own
+// block and prefills from the end of the shared head (llama-server's slots reuse any common
+// prefix token by token; this gives the same reuse with block sharing intact).
+//
 // Models with recurrent state (Model::has_recurrent_state) need, besides the KV, the state at
 // exactly the position where reuse stops. An entry may hold such a snapshot (the state after
 // its block's last token: a function of the token chain, so valid whichever sequence computed
@@ -33,12 +41,26 @@ class PrefixCache {
 
   static uint64_t chain(uint64_t parent, const int32_t* tokens);
 
+  // Shorter shared heads are not worth a block copy (and would make every request reuse its
+  // BOS or first template token).
+  static constexpr int kMinPartialTokens = 8;
+
   struct Match {
     std::vector<int> blocks;
     std::vector<uint64_t> keys;
-    int tokens() const { return static_cast<int>(blocks.size()) * KvPool::kBlockTokens; }
+    // A cached block after `blocks` whose first partial_tokens tokens continue the match
+    // (-1: none). Only meaningful right after `blocks`: drop it when shortening the match.
+    int partial_block = -1;
+    int partial_tokens = 0;
+    int full_tokens() const { return static_cast<int>(blocks.size()) * KvPool::kBlockTokens; }
+    int tokens() const { return full_tokens() + (partial_block >= 0 ? partial_tokens : 0); }
+    void drop_partial() {
+      partial_block = -1;
+      partial_tokens = 0;
+    }
   };
-  // The longest run of cached blocks covering a prefix of tokens[0, max_tokens).
+  // The longest run of cached blocks covering a prefix of tokens[0, max_tokens), then the
+  // cached block sharing the longest head (>= kMinPartialTokens) with what follows.
   Match match(const int32_t* tokens, int max_tokens) const;
   // Records that `block` holds the tokens of one full block whose chain key is `key`.
   void insert(uint64_t key, uint64_t parent, const int32_t* tokens, int block);
@@ -65,10 +87,13 @@ class PrefixCache {
   void drop_state(Entry& e);
   void enforce_state_budget();
   void forget(int block);
+  // Key of the children index: a block's parent key and its first token.
+  static uint64_t child_slot(uint64_t parent, int32_t first_token);
 
   KvPool& pool_;
   std::unordered_map<uint64_t, Entry> by_key_;
   std::unordered_map<int, uint64_t> key_of_block_;
+  std::unordered_multimap<uint64_t, uint64_t> children_;  // child_slot -> key
   size_t state_budget_ = SIZE_MAX;
   size_t state_bytes_ = 0;
   size_t states_ = 0;

@@ -40,6 +40,7 @@ native = pytest.importorskip("llmd._engine")
 
 FIXTURES = Path(__file__).parents[1] / "fixtures"
 ARCHS = ["qwen2", "qwen3", "gemma3_text", "qwen3_5_moe_text", "gemma4_text", "gemma4_moe"]
+RECURRENT_ARCHS = {"qwen3_5_moe_text"}  # gated delta-rule layers: state snapshots per block
 GGUF_ARCHS = ["qwen2", "qwen3", "gemma3_text"]  # Qwen3.5-MoE and Gemma 4: safetensors only
 BACKENDS = ["cpu", "mlx-cpu"]
 TIGHT = 1e-4
@@ -196,6 +197,14 @@ def test_greedy_matches_transformers_and_interleaving_does_not_bleed(
         },
     )
     assert forked["a"]["tokens"] == forked["b"]["tokens"] == solo["p70"][:12]
+    # A prompt sharing only the head of a cached block reuses exactly that head (a copy of the
+    # block; sliding-window layers included) except where recurrent state exists only at block
+    # boundaries, and still gives a fresh engine's tokens.
+    head = prompts["p70"][:40] + prompts["p23"]
+    fresh = run_all(_engine(checkpoints[arch], backend), {"h": {"prompt": head, "max_tokens": 8}})
+    partly = run_all(engine, {"h": {"prompt": head, "max_tokens": 8}})
+    assert partly["h"]["done"]["cached_tokens"] == (0 if arch in RECURRENT_ARCHS else 40)
+    assert partly["h"]["tokens"] == fresh["h"]["tokens"]
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -42,12 +42,16 @@ def test_shared_system_prompt_is_prefilled_once_for_many_requests(engine, refere
         f"q{i}": {"prompt": system + [198, 100 + i, 200 + i, 198], "max_tokens": 4}
         for i in range(4)
     }
-    run_all(engine, {"warm": {"prompt": system + [198], "max_tokens": 1}})
+    # The warm request runs past the system prompt's last partial block, so that block is
+    # cached too: each request reuses the whole system prompt, not only its whole blocks.
+    run_all(engine, {"warm": {"prompt": system + [198], "max_tokens": 40}})
+    before = engine.stats()
     results = run_all(engine, reqs)
     for r in results.values():
-        assert r["done"]["cached_tokens"] == 600 // BLOCK * BLOCK
+        assert 600 <= r["done"]["cached_tokens"] < r["done"]["prompt_tokens"]
     stats = engine.stats()
-    assert stats["prefix_cache_hits"] >= 4 and stats["prefix_cache_blocks"] > 0
+    assert stats["prefix_cache_hits"] - before["prefix_cache_hits"] == 4
+    assert stats["prefix_partial_tokens"] - before["prefix_partial_tokens"] >= 4 * (600 % BLOCK)
 
 
 def test_cached_prefix_output_equals_uncached_engine(model_path, reference: dict) -> None:  # type: ignore[no-untyped-def]
@@ -63,6 +67,34 @@ def test_cached_prefix_output_equals_uncached_engine(model_path, reference: dict
     plain = run_all(fresh, {"c": {"prompt": prompt, "max_tokens": 16}})["c"]
     assert plain["done"]["cached_tokens"] == 0
     assert reused["tokens"] == plain["tokens"]
+
+
+def test_partly_shared_block_is_reused_token_by_token_with_the_same_output(
+    model_path, reference: dict
+) -> None:  # type: ignore[no-untyped-def]
+    """Two prompts sharing 40 tokens (less than a block) then differing: the second reuses
+    exactly those 40 positions from the first's cached block (a copy of it, so the first's
+    block is untouched) and generates what a fresh engine generates; a head shorter than the
+    minimum is not reused."""
+    import llmd._engine as native
+
+    long = _long_prompt(reference)
+    first = long[:100]
+    second = long[:40] + long[300:360]
+    warm = native.Engine(str(model_path), context_length=2048)
+    a = run_all(warm, {"a": {"prompt": first, "max_tokens": 8}})["a"]
+    b = run_all(warm, {"b": {"prompt": second, "max_tokens": 16}})["b"]
+    assert b["done"]["cached_tokens"] == 40
+    assert warm.stats()["prefix_partial_tokens"] == 40
+    fresh = native.Engine(str(model_path), context_length=2048)
+    plain = run_all(fresh, {"c": {"prompt": second, "max_tokens": 16}})["c"]
+    assert plain["done"]["cached_tokens"] == 0
+    assert b["tokens"] == plain["tokens"]
+    # The source block still serves its own prefix unchanged.
+    again = run_all(warm, {"a2": {"prompt": first, "max_tokens": 8}})["a2"]
+    assert again["done"]["cached_tokens"] >= BLOCK and again["tokens"] == a["tokens"]
+    short = long[:5] + long[500:560]
+    assert run_all(warm, {"s": {"prompt": short, "max_tokens": 2}})["s"]["done"]["cached_tokens"] == 0
 
 
 def test_tight_kv_budget_evicts_old_prefixes_and_keeps_serving(model_path, reference: dict) -> None:  # type: ignore[no-untyped-def]
