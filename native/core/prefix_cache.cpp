@@ -26,8 +26,10 @@ uint64_t PrefixCache::chain(uint64_t parent, const int32_t* tokens) {
   return h;
 }
 
-uint64_t PrefixCache::child_slot(uint64_t parent, int32_t first_token) {
-  return mix(parent ^ mix(static_cast<uint32_t>(first_token) + 0x632be59bd9b4e019ULL));
+uint64_t PrefixCache::child_slot(uint64_t parent, const int32_t* tokens) {
+  uint64_t h = mix(parent ^ 0x632be59bd9b4e019ULL);
+  for (int i = 0; i < kMinPartialTokens; ++i) h = mix(h ^ static_cast<uint32_t>(tokens[i]));
+  return h;
 }
 
 PrefixCache::Match PrefixCache::match(const int32_t* tokens, int max_tokens) const {
@@ -47,7 +49,7 @@ PrefixCache::Match PrefixCache::match(const int32_t* tokens, int max_tokens) con
   }
   const int rest = std::min(max_tokens - start, KvPool::kBlockTokens);
   if (rest < kMinPartialTokens) return m;
-  auto [first, last] = children_.equal_range(child_slot(parent, tokens[start]));
+  auto [first, last] = children_.equal_range(child_slot(parent, tokens + start));
   for (auto it = first; it != last; ++it) {
     const auto e = by_key_.find(it->second);
     if (e == by_key_.end() || e->second.parent != parent) continue;
@@ -68,7 +70,7 @@ void PrefixCache::insert(uint64_t key, uint64_t parent, const int32_t* tokens, i
   std::copy(tokens, tokens + KvPool::kBlockTokens, e.tokens.begin());
   by_key_.emplace(key, e);
   key_of_block_[block] = key;
-  children_.emplace(child_slot(parent, tokens[0]), key);
+  children_.emplace(child_slot(parent, tokens), key);
   pool_.mark_cacheable(block);
 }
 
@@ -78,7 +80,7 @@ void PrefixCache::forget(int block) {
   auto e = by_key_.find(it->second);
   if (e != by_key_.end()) {
     drop_state(e->second);
-    auto [first, last] = children_.equal_range(child_slot(e->second.parent, e->second.tokens[0]));
+    auto [first, last] = children_.equal_range(child_slot(e->second.parent, e->second.tokens.data()));
     for (auto c = first; c != last; ++c) {
       if (c->second == it->second) {
         children_.erase(c);

@@ -87,8 +87,9 @@ class PrefixCache {
   void drop_state(Entry& e);
   void enforce_state_budget();
   void forget(int block);
-  // Key of the children index: a block's parent key and its first token.
-  static uint64_t child_slot(uint64_t parent, int32_t first_token);
+  // Key of the children index: a block's parent key and its first kMinPartialTokens tokens
+  // (a partial match needs at least those, so only real candidates share a slot).
+  static uint64_t child_slot(uint64_t parent, const int32_t* tokens);
 
   KvPool& pool_;
   std::unordered_map<uint64_t, Entry> by_key_;
