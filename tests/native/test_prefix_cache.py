@@ -94,7 +94,9 @@ def test_partly_shared_block_is_reused_token_by_token_with_the_same_output(
     again = run_all(warm, {"a2": {"prompt": first, "max_tokens": 8}})["a2"]
     assert again["done"]["cached_tokens"] >= BLOCK and again["tokens"] == a["tokens"]
     short = long[:5] + long[500:560]
-    assert run_all(warm, {"s": {"prompt": short, "max_tokens": 2}})["s"]["done"]["cached_tokens"] == 0
+    assert (
+        run_all(warm, {"s": {"prompt": short, "max_tokens": 2}})["s"]["done"]["cached_tokens"] == 0
+    )
 
 
 def test_tight_kv_budget_evicts_old_prefixes_and_keeps_serving(model_path, reference: dict) -> None:  # type: ignore[no-untyped-def]
