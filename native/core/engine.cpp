@@ -186,9 +186,8 @@ void Engine::admit(Sequence& seq) {
       m.keys.pop_back();
     }
   }
-  if (m.blocks.empty() && m.partial_block < 0) return;
   seq.kv->adopt(m.blocks, m.full_tokens());
-  if (m.partial_block >= 0 && !adopt_partial(seq, m)) m.drop_partial();
+  if (m.partial_block >= 0 && !copy_into_next_block(*seq.kv, m.partial_block, m.tokens())) m.drop_partial();
   if (m.tokens() == 0) return;
   if (state) seq.kv->state = state->clone();
   seq.fed = seq.cached = m.tokens();
@@ -199,16 +198,16 @@ void Engine::admit(Sequence& seq) {
   if (m.partial_block >= 0) stats_.prefix_partial_tokens += m.partial_tokens;
 }
 
-bool Engine::adopt_partial(Sequence& seq, const PrefixCache::Match& m) {
+bool Engine::copy_into_next_block(SequenceKv& kv, int src, int length) {
   // The source block may be idle in the cache: hold it so that allocating the sequence's own
   // block cannot evict it before the copy.
-  pool_.retain(m.partial_block);
-  const bool room = seq.kv->reserve(m.tokens());
+  pool_.retain(src);
+  const bool room = kv.reserve(length);
   if (room) {
-    model_->copy_kv_block(pool_, m.partial_block, seq.kv->blocks()[m.blocks.size()]);
-    seq.kv->set_length(m.tokens());
+    model_->copy_kv_block(pool_, src, kv.blocks()[(length - 1) / KvPool::kBlockTokens]);
+    kv.set_length(length);
   }
-  pool_.release(m.partial_block);
+  pool_.release(src);
   return room;
 }
 
@@ -484,14 +483,11 @@ void Engine::start_fork(Sequence& parent, std::unique_ptr<Sequence> child, const
   const int full = length / BT;
   child->admitted = Clock::now();
   child->kv->adopt(std::vector<int>(blocks.begin(), blocks.begin() + full), full * BT);
-  if (length % BT != 0) {
-    if (!child->kv->reserve(length)) {
-      child->kv->clear();  // no room for its own partial block: it prefills alone later
-      std::lock_guard<std::mutex> lock(mutex_);
-      waiting_.push_back(std::move(child));
-      return;
-    }
-    model_->copy_kv_block(pool_, blocks[full], child->kv->blocks()[full]);
+  if (length % BT != 0 && !copy_into_next_block(*child->kv, blocks[full], length)) {
+    child->kv->clear();  // no room for its own partial block: it prefills alone later
+    std::lock_guard<std::mutex> lock(mutex_);
+    waiting_.push_back(std::move(child));
+    return;
   }
   if (parent.kv->state) child->kv->state = parent.kv->state->clone();
   child->kv->set_length(length);

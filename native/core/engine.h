@@ -144,9 +144,10 @@ class Engine {
   void step_once();
   void finish(Sequence& seq, const std::string& reason);
   void admit(Sequence& seq);
-  // Gives seq (already on m's whole blocks) its own copy of m's partial block, holding
-  // m.partial_tokens shared positions; false when the KV budget has no room for it.
-  bool adopt_partial(Sequence& seq, const PrefixCache::Match& m);
+  // Gives kv (on whole blocks, up to the one holding position length - 1) its own copy of
+  // block src as that block, and length positions: a cached block's shared head, a forking
+  // parent's partly filled last block. False when the KV budget has no room for it.
+  bool copy_into_next_block(SequenceKv& kv, int src, int length);
   void index_full_blocks(Sequence& seq);
   // Recurrent models: the block boundaries of this segment where a state snapshot is kept,
   // and publishing the snapshots the model recorded there into the prefix cache.
