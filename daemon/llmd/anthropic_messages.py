@@ -9,7 +9,11 @@ matched stop sequence (which only the end event carries) is reported in both.
 
 Usage: `input_tokens` counts the prompt tokens that were computed, `cache_read_input_tokens`
 those reused from llmd's prefix cache (input + cache_read = the whole prompt, which is what
-count_tokens returns); `cache_creation_input_tokens` is always 0 (caching is automatic).
+count_tokens returns); `cache_creation_input_tokens` is always 0 (caching is automatic). A
+stream's `message_start` is sent once the engine has admitted the request, so it carries the
+split already (agents show it); if admission waits longer than FIRST_EVENT_WAIT (every
+sequence slot busy), it goes out without the split, which `message_delta` then reports. While
+the model prefills, `ping` events keep the stream alive (http_common.relay).
 """
 
 from __future__ import annotations
@@ -29,12 +33,14 @@ from .anthropic_schemas import (
     translate_count_tokens,
     translate_messages,
 )
-from .chat_pipeline import ChoiceDelta, ChoiceEnd, chat_prompt, start_chat
+from .chat_pipeline import ChatEvent, ChoiceDelta, ChoiceEnd, ChoiceStarted, chat_prompt, start_chat
 from .errors import ApiError, bad_request
 from .generation import Finished
 from .http_common import REGISTRY, add_error_shape, json_body, relay, sse
 
 SSE = "text/event-stream"
+PING = b'event: ping\ndata: {"type": "ping"}\n\n'
+FIRST_EVENT_WAIT = 5.0  # seconds message_start waits for the engine's cache split
 # Thinking blocks carry a signature field; llmd's thinking needs no verification, so it is
 # empty (clients may send it back: thinking in the history is dropped anyway).
 SIGNATURE = ""
@@ -153,7 +159,10 @@ def _tool_input(arguments: str) -> dict[str, Any]:
     arguments is `{}`."""
     if not arguments.strip():
         return {}
-    value = json.loads(arguments)
+    try:
+        value = json.loads(arguments)
+    except ValueError:  # a streamed call cut by max_tokens: its partial JSON went out
+        return {}
     return value if isinstance(value, dict) else {"value": value}
 
 
@@ -178,9 +187,17 @@ def stop_reason(finish_reason: str, stop_sequence: str | None) -> tuple[str, str
     return "end_turn", None
 
 
-def usage(finished: Finished | None, prompt_tokens: int) -> dict[str, int]:
+def usage(finished: Finished | ChoiceStarted | None, prompt_tokens: int) -> dict[str, int]:
+    """Anthropic's usage from the end of the run (or its admission, for message_start)."""
     cached = finished.cached_tokens if finished else 0
     prompt = finished.prompt_tokens if finished else prompt_tokens
+    if not isinstance(finished, Finished):
+        return {
+            "input_tokens": prompt - cached,
+            "output_tokens": 0,
+            "cache_creation_input_tokens": 0,
+            "cache_read_input_tokens": cached,
+        }
     return {
         "input_tokens": prompt - cached,
         "output_tokens": finished.completion_tokens if finished else 0,
@@ -231,16 +248,18 @@ async def create_message(request: web.Request) -> web.StreamResponse:
                 return web.json_response(body)
 
             async def frames() -> AsyncIterator[bytes]:
+                events = run.events(started=True)
+                admitted, first = await _first_event(events)
                 start = message_envelope(mid, req.model, [])
-                start["usage"] = usage(None, run.prompt_tokens)
+                start["usage"] = usage(admitted, run.prompt_tokens)
                 yield sse({"type": "message_start", "message": start}, event="message_start")
-                yield sse({"type": "ping"}, event="ping")
+                yield PING
                 end: ChoiceEnd | None = None
-                async for event in run.events():
+                async for event in _resume(first, events):
                     if isinstance(event, ChoiceDelta):
                         for name, payload in blocks.feed(event.delta):
                             yield sse(payload, event=name)
-                    else:
+                    elif isinstance(event, ChoiceEnd):
                         end = event
                 for name, payload in blocks.close():
                     yield sse(payload, event=name)
@@ -257,10 +276,41 @@ async def create_message(request: web.Request) -> web.StreamResponse:
                 yield sse({"type": "message_stop"}, event="message_stop")
 
             return await relay(
-                request, run.accepted(), frames(), content_type=SSE, error_frame=_error_event
+                request,
+                run.accepted(),
+                frames(),
+                content_type=SSE,
+                error_frame=_error_event,
+                keepalive=PING,
+                keepalive_after_first=True,  # message_start comes first
             )
         finally:
             await run.aclose()
+
+
+async def _first_event(
+    events: AsyncIterator[ChatEvent],
+) -> tuple[ChoiceStarted | None, asyncio.Future[ChatEvent] | None]:
+    """The run's admission (its cache split), waited for up to FIRST_EVENT_WAIT; otherwise
+    None and the still pending first event, which `_resume` hands on."""
+    first = asyncio.ensure_future(anext(events))
+    done, _ = await asyncio.wait({first}, timeout=FIRST_EVENT_WAIT)
+    if done and isinstance(event := first.result(), ChoiceStarted):
+        return event, None
+    return None, first
+
+
+async def _resume(
+    first: asyncio.Future[ChatEvent] | None, events: AsyncIterator[ChatEvent]
+) -> AsyncIterator[ChatEvent]:
+    """The events after `_first_event`, its pending one first."""
+    if first is not None:
+        try:
+            yield await first
+        except StopAsyncIteration:
+            return
+    async for event in events:
+        yield event
 
 
 async def count_tokens(request: web.Request) -> web.Response:

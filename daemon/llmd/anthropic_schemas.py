@@ -3,11 +3,27 @@ pydantic models, and their translation into the one internal request, a validate
 `ChatCompletionRequest` (chat_pipeline.py). Nothing here generates: this is schema + mapping.
 
 Policy (as for OpenAI's routes): parameters that cannot change the generated text
-(`metadata`, `service_tier`, `cache_control`, ...) are accepted and ignored; ones that would
-and are not implemented (server tools, `container`, `mcp_servers`, images, prefill, ...) are
-a 400 naming them. Anthropic's own rules are kept where a client relies on them:
-`max_tokens` is required, `temperature` is 0-1, `budget_tokens` is at least 1024 and below
-`max_tokens`.
+(`metadata`, `service_tier`, `cache_control`, any `anthropic-beta` header, ...) are accepted
+and ignored; ones that would and are not implemented (server tools, `container`,
+`mcp_servers`, images, prefill, ...) are a 400 naming them. Anthropic's own rules are kept
+where a client relies on them: `max_tokens` is required, `temperature` is 0-1,
+`budget_tokens` is at least 1024 and below `max_tokens`.
+
+What coding agents send (Claude Code on every request), and what it means here:
+- `context_management` edits of type `clear_thinking_*`: earlier thinking is dropped from
+  the prompt, which every chat template does anyway (other edit types are a 400).
+- `thinking` (`enabled` / `adaptive` / `disabled`, `display`) and `output_config.effort`
+  become the model's reasoning switch, as `reasoning_effort` does on chat: `disabled` turns
+  thinking off, `enabled`, `adaptive` or an effort turn it on. They are hints: a model without
+  such a switch answers as it always does (no 400: clients send them by default).
+- `system`-role messages inside `messages` (Claude Code's environment block) are rendered in
+  place where the chat template allows it, else folded into the nearest user turn
+  (chat_pipeline.py).
+- Tools with `defer_loading: true` are not shown to the model, as Anthropic's API does not
+  load them, until a `tool_reference` block in a tool result names them.
+- System text that changes with every request without meaning anything to the model (Claude
+  Code's `x-anthropic-billing-header: cc_version=...`) is dropped (prompt_hygiene.py): left in,
+  it would defeat the prefix cache on the whole prompt.
 """
 
 from __future__ import annotations
@@ -17,10 +33,12 @@ import re
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from .errors import ApiError, bad_request
+from .generation import ContextOverflow
 from .openai_schemas import ChatCompletionRequest, parse_request
+from .prompt_hygiene import is_request_metadata
 
 # ---------------------------------------------------------------------- content blocks
 
@@ -43,22 +61,39 @@ class ToolUseBlock(_Block):
     input: dict[str, Any]
 
 
+class ToolReferenceBlock(_Block):
+    """A tool search's answer: the named deferred tool is loaded from now on."""
+
+    type: Literal["tool_reference"]
+    tool_name: str = Field(min_length=1)
+
+
 class ToolResultBlock(_Block):
     type: Literal["tool_result"]
     tool_use_id: str = Field(min_length=1)
-    content: str | list[TextBlock] | None = None
+    content: (
+        str | list[Annotated[TextBlock | ToolReferenceBlock, Field(discriminator="type")]] | None
+    ) = None
     is_error: bool = False
 
     def text(self) -> str:
         """What the model reads as the tool's answer. An error is marked as one: the chat
-        templates have no field for it."""
+        templates have no field for it. A tool reference reads as the tool being loaded."""
         if self.content is None:
             body = ""
         elif isinstance(self.content, str):
             body = self.content
         else:
-            body = "\n".join(b.text for b in self.content)
+            body = "\n".join(
+                b.text if isinstance(b, TextBlock) else f"Tool loaded: {b.tool_name}"
+                for b in self.content
+            )
         return f"Error: {body}" if self.is_error else body
+
+    def referenced_tools(self) -> list[str]:
+        if not isinstance(self.content, list):
+            return []
+        return [b.tool_name for b in self.content if isinstance(b, ToolReferenceBlock)]
 
 
 class ThinkingBlock(_Block):
@@ -79,12 +114,14 @@ InputBlock = Annotated[
     Field(discriminator="type"),
 ]
 _BLOCK_TYPES = ("text", "tool_use", "tool_result", "thinking", "redacted_thinking")
+_TOOL_RESULT_PARTS = ("text", "tool_reference")
 
 
 class InputMessage(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    role: Literal["user", "assistant"]
+    # `system` inside `messages`: Claude Code sends its environment block so (text only).
+    role: Literal["user", "assistant", "system"]
     content: str | list[InputBlock]
 
     def blocks(self) -> list[Any]:
@@ -169,7 +206,32 @@ class OutputConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     format: OutputFormat | None = None
-    effort: None = None  # any value would change the output: refused by the validator
+    effort: Literal["low", "medium", "high", "xhigh", "max"] | None = None
+
+
+class ContextEdit(BaseModel):
+    """One `context_management` edit. Only clearing earlier thinking is accepted: the chat
+    templates leave it out of the prompt anyway."""
+
+    model_config = ConfigDict(extra="allow")
+
+    type: str
+
+    @field_validator("type")
+    @classmethod
+    def _clears_thinking(cls, kind: str) -> str:
+        if not kind.startswith("clear_thinking_"):
+            raise ValueError(
+                f"edits of type '{kind}' are not supported by llmd (only clear_thinking_*, "
+                "which the chat templates do anyway)"
+            )
+        return kind
+
+
+class ContextManagement(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    edits: list[ContextEdit] = []
 
 
 # ---------------------------------------------------------------------- requests
@@ -187,11 +249,22 @@ class CountTokensRequest(BaseModel):
     tool_choice: ToolChoice | None = None
     thinking: Thinking | None = None
     output_config: OutputConfig | None = None
+    context_management: ContextManagement | None = None
 
     def show_thinking(self) -> ThinkingDisplay:
         if self.thinking is None or self.thinking.type == "disabled":
             return "hidden"
         return "omitted" if self.thinking.display == "omitted" else "shown"
+
+    def reasoning_effort(self) -> str | None:
+        """The reasoning switch these ask for: off for disabled thinking, on for enabled or
+        adaptive thinking or an effort level, else the template's default."""
+        if self.thinking is not None and self.thinking.type == "disabled":
+            return "none"
+        effort = self.output_config.effort if self.output_config else None
+        if effort is not None:
+            return "high" if effort == "max" else effort
+        return "medium" if self.thinking is not None else None
 
 
 class MessagesRequest(CountTokensRequest):
@@ -239,7 +312,7 @@ _HARMLESS = {
     "workspace_id",
 }
 # Would change the output (or add to it) and are not implemented: refused unless empty.
-_NOT_SUPPORTED = {"container", "mcp_servers", "context_management", "diagnostics"}
+_NOT_SUPPORTED = {"container", "mcp_servers", "diagnostics"}
 
 
 def _screen(body: Any, model: type[BaseModel]) -> dict[str, Any]:
@@ -258,11 +331,6 @@ def _screen(body: Any, model: type[BaseModel]) -> dict[str, Any]:
         kept[key] = value
     if unsupported:
         raise bad_request(f"not supported by llmd: {', '.join(unsupported)}", param=unsupported[0])
-    config = kept.get("output_config")
-    if isinstance(config, dict) and config.get("effort") is not None:
-        raise bad_request(
-            "output_config.effort is not supported by llmd", param="output_config.effort"
-        )
     _screen_tools(kept.get("tools"))
     _screen_blocks(kept.get("messages"), kept.get("system"))
     return kept
@@ -304,7 +372,7 @@ def _screen_blocks(messages: Any, system: Any) -> None:
                 raise _unsupported_block(block.get("type"), where)
             inner = block.get("content") if block.get("type") == "tool_result" else None
             for k, part in enumerate(inner if isinstance(inner, list) else []):
-                if isinstance(part, dict) and part.get("type") != "text":
+                if isinstance(part, dict) and part.get("type") not in _TOOL_RESULT_PARTS:
                     raise _unsupported_block(part.get("type"), f"{where}.content.{k}")
 
 
@@ -331,7 +399,7 @@ def _validate(body: dict[str, Any], model: type[CountTokensRequest]) -> CountTok
 
 
 def _text_parts(blocks: list[TextBlock]) -> list[dict[str, str]]:
-    return [{"type": "text", "text": b.text} for b in blocks]
+    return [{"type": "text", "text": b.text} for b in blocks if not is_request_metadata(b.text)]
 
 
 def to_chat_messages(
@@ -339,15 +407,19 @@ def to_chat_messages(
 ) -> list[dict[str, Any]]:
     """Anthropic turns -> OpenAI chat messages: `system` becomes the first message, a user
     turn's `tool_result` blocks become `tool` messages (before its text, the order templates
-    expect), an assistant turn's `tool_use` blocks become `tool_calls`; thinking is dropped."""
+    expect), an assistant turn's `tool_use` blocks become `tool_calls`, a `system` message
+    stays one where it is; thinking is dropped, and so is per-request metadata text."""
     out: list[dict[str, Any]] = []
-    if isinstance(system, str) and system:
+    if isinstance(system, str) and system and not is_request_metadata(system):
         out.append({"role": "system", "content": system})
-    elif isinstance(system, list) and system:
-        out.append({"role": "system", "content": _text_parts(system)})
+    elif isinstance(system, list) and (parts := _text_parts(system)):
+        out.append({"role": "system", "content": parts})
     for msg in messages:
         blocks = msg.blocks()
         texts = [b for b in blocks if isinstance(b, TextBlock)]
+        if msg.role == "system":
+            out.append({"role": "system", "content": _text_parts(texts)})
+            continue
         if msg.role == "user":
             for b in blocks:
                 if isinstance(b, ToolResultBlock):
@@ -376,6 +448,10 @@ def to_chat_messages(
 def _check_blocks_in_place(messages: list[InputMessage]) -> None:
     for i, msg in enumerate(messages):
         for j, b in enumerate(msg.blocks()):
+            if msg.role == "system" and not isinstance(b, TextBlock):
+                raise bad_request(
+                    "system messages hold text blocks only", param=f"messages.{i}.content.{j}"
+                )
             wrong = (msg.role == "user" and isinstance(b, ToolUseBlock | ThinkingBlock)) or (
                 msg.role == "assistant" and isinstance(b, ToolResultBlock)
             )
@@ -393,20 +469,34 @@ def _check_blocks_in_place(messages: list[InputMessage]) -> None:
         )
 
 
+def visible_tools(tools: list[Tool], messages: list[InputMessage]) -> list[Tool]:
+    """The tools the model is shown: deferred ones (`defer_loading`) only once a tool result
+    has referenced them (a tool search loaded them), as Anthropic's API loads them."""
+    loaded = {
+        name
+        for msg in messages
+        for b in msg.blocks()
+        if isinstance(b, ToolResultBlock)
+        for name in b.referenced_tools()
+    }
+    return [t for t in tools if not t.defer_loading or t.name in loaded]
+
+
 def _chat_fields(req: CountTokensRequest) -> dict[str, Any]:
     _check_blocks_in_place(req.messages)
     fields: dict[str, Any] = {
         "model": req.model,
         "messages": to_chat_messages(req.system, req.messages),
     }
-    if req.tools:
-        fields["tools"] = [t.to_openai() for t in req.tools]
+    tools = visible_tools(req.tools or [], req.messages)
+    if tools:
+        fields["tools"] = [t.to_openai() for t in tools]
     if req.tool_choice is not None:
-        if req.tool_choice.type in ("any", "tool") and not req.tools:
+        if req.tool_choice.type in ("any", "tool") and not tools:
             raise bad_request(
                 f"tool_choice type '{req.tool_choice.type}' needs tools", param="tool_choice"
             )
-        if req.tools:
+        if tools:
             fields["tool_choice"] = req.tool_choice.to_openai()
         if req.tool_choice.disable_parallel_tool_use:
             fields["parallel_tool_calls"] = False
@@ -416,6 +506,7 @@ def _chat_fields(req: CountTokensRequest) -> dict[str, Any]:
             "type": "json_schema",
             "json_schema": {"name": "output", "schema": fmt.schema_},
         }
+    fields["reasoning_effort"] = req.reasoning_effort()
     return fields
 
 
@@ -424,8 +515,10 @@ _PARAM_NAMES = {"stop": "stop_sequences", "response_format": "output_config.form
 
 
 def _internal(fields: dict[str, Any]) -> ChatCompletionRequest:
+    """The pipeline's request. Anthropic's thinking and effort are hints (see the module's
+    docstring): a model without a reasoning switch ignores them rather than answering 400."""
     try:
-        return parse_request(fields, ChatCompletionRequest)
+        return parse_request(fields, ChatCompletionRequest).with_reasoning_as_hint()
     except ApiError as err:
         err.message = err.message.removeprefix("invalid request: ").replace("Value error, ", "")
         for ours, theirs in _PARAM_NAMES.items():
@@ -483,4 +576,10 @@ def anthropic_error(err: ApiError) -> dict[str, Any]:
     kind = _ERROR_TYPES.get(err.status)
     if kind is None:
         kind = "invalid_request_error" if 400 <= err.status < 500 else "api_error"
-    return {"type": "error", "error": {"type": kind, "message": err.message}}
+    message = err.message
+    if isinstance(err, ContextOverflow):
+        # Claude Code compacts its history only on this exact wording, reading both numbers.
+        message = (
+            f"prompt is too long: {err.prompt_tokens} tokens > {err.context_length - 1} maximum"
+        )
+    return {"type": "error", "error": {"type": kind, "message": message}}

@@ -18,7 +18,9 @@ class ChatOutputPlan:
     """What one request's answers need: reasoning split (for reasoning models, unless the
     client keeps it inline) and a tool parser (when tools are offered). `reasoning_markers`:
     the model family's reasoning block; `schemas`: each function's parameters schema, for
-    markups whose values carry no JSON types (Qwen3.5's XML calls)."""
+    markups whose values carry no JSON types (Qwen3.5's XML calls); `stream_arguments`: a
+    grammar constrains the calls (``auto``'s lazy grammar or a forced call), so their
+    arguments stream as they are generated instead of at each call's end."""
 
     split_reasoning: bool = False
     starts_in_reasoning: bool = False
@@ -28,6 +30,7 @@ class ChatOutputPlan:
     parallel: bool = True
     reasoning_markers: ReasoningMarkers = THINK
     schemas: Mapping[str, Any] | None = None
+    stream_arguments: bool = False
 
     def stream(self) -> ChatStream:
         return ChatStream(self)
@@ -45,18 +48,26 @@ class ChatOutputPlan:
         elif self.split_reasoning and self.starts_in_reasoning:
             content = self.reasoning_markers.open + "\n" + text
         calls = []
+        incomplete = False
         if self.tools is not None:
-            content, calls = self.tools.parse(
-                content or "",
-                list(self.function_names),
-                parallel=self.parallel,
-                schemas=self.schemas,
-            )
+            parser = self.parser()
+            content, calls = parser.parse(content or "")
+            incomplete = parser.incomplete
         message["content"] = content
         message["refusal"] = None
         if calls:
             message["tool_calls"] = [c.to_openai() for c in calls]
-        return message, tool_finish_reason(engine_reason, len(calls))
+        return message, tool_finish_reason(engine_reason, len(calls), incomplete)
+
+    def parser(self) -> ToolCallParser:
+        """A fresh tool-call parser for one answer (`tools` must be set)."""
+        assert self.tools is not None
+        return self.tools(
+            list(self.function_names),
+            parallel=self.parallel,
+            schemas=self.schemas,
+            stream=self.stream_arguments,
+        )
 
 
 @dataclass
@@ -76,9 +87,7 @@ class ChatStream:
                 close_tag=self.plan.reasoning_markers.close,
             )
         if self.plan.tools is not None:
-            self._parser = self.plan.tools(
-                self.plan.function_names, parallel=self.plan.parallel, schemas=self.plan.schemas
-            )
+            self._parser = self.plan.parser()
 
     def feed(self, text: str) -> list[dict[str, Any]]:
         if self._splitter is None:
@@ -95,11 +104,11 @@ class ChatStream:
             if part.reasoning:
                 out.append({"reasoning_content": part.reasoning})
             out += self._content(part.content)
-        calls = 0
+        calls, incomplete = 0, False
         if self._parser is not None:
             out += [openai_delta(e) for e in self._parser.flush()]
-            calls = len(self._parser.calls)
-        return out, tool_finish_reason(engine_reason, calls)
+            calls, incomplete = len(self._parser.calls), self._parser.incomplete
+        return out, tool_finish_reason(engine_reason, calls, incomplete)
 
     def _content(self, text: str) -> list[dict[str, Any]]:
         if not text:

@@ -29,10 +29,10 @@ from aiohttp import web
 
 from . import protocol as p
 from .chat_output import ChatOutputPlan, ChatStream
-from .chat_template import render_chat
-from .errors import bad_request
-from .generation import Delta, Finished, generate_text, token_budget
-from .http_common import SESSION_ID, SESSIONS
+from .chat_template import fold_inner_system_messages, render_chat
+from .errors import ApiError, bad_request
+from .generation import Delta, Finished, Started, generate_text, token_budget
+from .http_common import DEFAULT_MAX_TOKENS, SESSION_ID, SESSIONS
 from .openai_schemas import ChatCompletionRequest, SamplingFields
 from .reasoning import (
     ReasoningSupport,
@@ -50,6 +50,7 @@ from .tools import (
     fallback_messages,
     function_specs,
     grammar_error,
+    lazy_tool_call_grammar,
     marker_token_ids,
     plan_tools,
     resolve_tool_choice,
@@ -58,13 +59,23 @@ from .tools import (
 )
 from .worker_client import ACCEPTED, Accepted
 
-Piece = tuple[int, Delta | Finished]
+Piece = tuple[int, Started | Delta | Finished]
 # make(index, prefill_of): choice `index`'s generation, starting from request `prefill_of`'s
 # prefill when that is not empty.
-MakeChoice = Callable[[int, str], AsyncIterator[Accepted | Delta | Finished]]
+MakeChoice = Callable[[int, str], AsyncIterator[Accepted | Started | Delta | Finished]]
 
 
 # ---------------------------------------------------------------------- events
+
+
+@dataclass
+class ChoiceStarted:
+    """Choice `index` was admitted: `cached_tokens` of its `prompt_tokens` are reused from
+    the prefix cache. Only from `ChatRun.events(started=True)`."""
+
+    index: int
+    prompt_tokens: int
+    cached_tokens: int
 
 
 @dataclass
@@ -88,7 +99,7 @@ class ChoiceEnd:
     finished: Finished
 
 
-ChatEvent = ChoiceDelta | ChoiceEnd
+ChatEvent = ChoiceStarted | ChoiceDelta | ChoiceEnd
 
 
 @dataclass
@@ -155,9 +166,12 @@ def check_logit_bias(req: SamplingFields, model: ModelSupervisor) -> None:
 _END = object()
 
 
-async def run_choices(make: MakeChoice, n: int) -> AsyncIterator[Accepted | Piece]:
+async def run_choices(
+    make: MakeChoice, n: int, *, started: bool = False
+) -> AsyncIterator[Accepted | Piece]:
     """ACCEPTED once choice 0's request is in the worker, then (index, piece) of every
-    choice as they come. Raises the first choice error. Closing it cancels every choice.
+    choice as they come (Started pieces only with `started`). Raises the first choice error.
+    Closing it cancels every choice.
 
     Choices 1..n-1 are submitted once choice 0 is accepted, naming it in `prefill_of`: the
     engine starts them from choice 0's prefilled KV and last logits, so the prompt is
@@ -195,6 +209,8 @@ async def run_choices(make: MakeChoice, n: int) -> AsyncIterator[Accepted | Piec
                     )
                     yield ACCEPTED
                 continue
+            if isinstance(piece, Started) and not started:
+                continue
             yield index, piece
     finally:
         for task in tasks:
@@ -202,11 +218,17 @@ async def run_choices(make: MakeChoice, n: int) -> AsyncIterator[Accepted | Piec
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
+SESSION_HEADER = "X-Llmd-Session-Id"
+
+
 def request_session_id(request: web.Request, req: SamplingFields) -> str:
-    """The request's named session: `session_id` in the body or an `X-Session-Id` header."""
-    sid = req.session_id or request.headers.get("X-Session-Id") or ""
+    """The request's named session: `session_id` in the body or llmd's own header (other
+    tools' `X-Session-Id` headers are theirs: see sessions.py)."""
+    sid = req.session_id or request.headers.get(SESSION_HEADER) or ""
     if sid and not SESSION_ID.match(sid):
-        raise bad_request("X-Session-Id must be 1-128 letters, digits or ._:@-", param="session_id")
+        raise bad_request(
+            f"{SESSION_HEADER} must be 1-128 letters, digits or ._:@-", param="session_id"
+        )
     return sid
 
 
@@ -228,29 +250,31 @@ def choice_maker(
     sid = request_session_id(request, req)
     table = request.app[SESSIONS]
 
-    def make(index: int, prefill_of: str) -> AsyncIterator[Accepted | Delta | Finished]:
+    def make(index: int, prefill_of: str) -> AsyncIterator[Accepted | Started | Delta | Finished]:
+        session = None
+        if index == 0 and sid:
+            session = table.begin(sid, req.model, model, req.session_ttl)
         pieces = generate_text(
             model,
             prompt,
             max_tokens=max_tokens,
             sampling=sampling_params(req, index, top_logprobs),
             stops=req.stop_list(),
-            session=sid if index == 0 else "",
+            session=session.id if session else "",
             grammar=grammar,
             show_tokens=show_tokens,
             prefill_of=prefill_of,
         )
-        if index == 0 and sid:
-            session = table.begin(sid, req.model, model, req.session_ttl)
-            return _in_session(pieces, table, session)
-        return pieces
+        return pieces if session is None else _in_session(pieces, table, session)
 
     return make
 
 
 async def _in_session(
-    pieces: AsyncIterator[Accepted | Delta | Finished], table: SessionTable, session: Session
-) -> AsyncIterator[Accepted | Delta | Finished]:
+    pieces: AsyncIterator[Accepted | Started | Delta | Finished],
+    table: SessionTable,
+    session: Session,
+) -> AsyncIterator[Accepted | Started | Delta | Finished]:
     try:
         async for piece in pieces:
             yield piece
@@ -284,7 +308,7 @@ async def collect(pieces: AsyncIterator[Accepted | Piece], n: int) -> list[Colle
             index, piece = item
             if isinstance(piece, Finished):
                 out[index].finished = piece
-            else:
+            elif isinstance(piece, Delta):
                 out[index].text.append(piece.text)
                 out[index].tokens += piece.tokens
                 out[index].logprobs += piece.logprobs
@@ -300,6 +324,20 @@ async def collect(pieces: AsyncIterator[Accepted | Piece], n: int) -> list[Colle
 def _template_plans(template: str) -> tuple[ToolPlan, ReasoningSupport]:
     """How a template's model speaks tools and whether it thinks: read once per template."""
     return plan_tools(template, None), reasoning_support(template, None)
+
+
+def _render(
+    template: str, messages: list[dict[str, Any]], bos: str, eos: str, extra: dict[str, Any]
+) -> str:
+    """The chat template's prompt; a template that refuses system messages past the first
+    turn (which agents send) gets them folded into user turns instead of a 400."""
+    try:
+        return render_chat(template, messages, bos_token=bos, eos_token=eos, **extra)
+    except ApiError:
+        folded = fold_inner_system_messages(messages)
+        if folded is None:
+            raise
+        return render_chat(template, folded, bos_token=bos, eos_token=eos, **extra)
 
 
 @dataclass
@@ -332,10 +370,8 @@ def chat_prompt(req: ChatCompletionRequest, model: ModelSupervisor) -> ChatPromp
             extra["tools"] = req.tools
     elif offer_tools or has_tool_turns:
         messages = fallback_messages(messages, req.tools if offer_tools else None, plan.family)
-    extra.update(thinking_switch(req.reasoning_effort, thinking))
-    rendered = render_chat(
-        template, messages, bos_token=text.bos_token, eos_token=text.eos_token, **extra
-    )
+    extra.update(thinking_switch(req.reasoning_effort, thinking, strict=not req.reasoning_is_hint))
+    rendered = _render(template, messages, text.bos_token, text.eos_token, extra)
     ids = text.encode_rendered_chat(rendered)
     markers = thinking.markers
     starts_in = thinking.is_reasoning_model and prompt_opens_reasoning(rendered, markers.open)
@@ -343,27 +379,40 @@ def chat_prompt(req: ChatCompletionRequest, model: ModelSupervisor) -> ChatPromp
     thinks = thinking.is_reasoning_model and not prompt_closes_reasoning(rendered, markers.close)
     parallel = req.parallel_tool_calls is not False
     grammar = None
-    if offer_tools and choice.forces_call:
-        if req.response_format is not None and req.response_format.type != "text":
-            raise bad_request(
-                "a forced tool call and response_format cannot both constrain the answer",
-                param="tool_choice",
-            )
+    free_format = req.response_format is None or req.response_format.type == "text"
+    if offer_tools and choice.forces_call and not free_format:
+        raise bad_request(
+            "a forced tool call and response_format cannot both constrain the answer",
+            param="tool_choice",
+        )
+    if offer_tools and free_format:
         special = marker_token_ids(
             plan.parser, text.tokenizer.token_to_id, text.special_ids, markers.tokens
         )
         reasoning = ("open" if starts_in else "optional") if thinks else None
-        grammar = tool_call_grammar(
-            specs,
-            choice,
-            plan.parser,
-            parallel,
-            special_tokens=special,
-            reasoning=reasoning,
-            reasoning_markers=(markers.open, markers.close),
-        )
-        if grammar is not None and (error := grammar_error(grammar)):
-            raise bad_request(f"the tools cannot be enforced: {error}", param="tools")
+        if choice.forces_call:
+            grammar = tool_call_grammar(
+                specs,
+                choice,
+                plan.parser,
+                parallel,
+                special_tokens=special,
+                reasoning=reasoning,
+                reasoning_markers=(markers.open, markers.close),
+            )
+            if grammar is not None and (error := grammar_error(grammar)):
+                raise bad_request(f"the tools cannot be enforced: {error}", param="tools")
+        else:  # auto: once the model opens a call, the rest of it is held to the schema
+            grammar = lazy_tool_call_grammar(
+                specs,
+                plan.parser,
+                parallel,
+                special_tokens=special,
+                reasoning=reasoning,
+                reasoning_markers=(markers.open, markers.close),
+            )
+            if grammar_error(grammar):  # a schema llguidance refuses: calls checked, not held
+                grammar = None
     shown = (plan.parser.visible_tokens if offer_tools else ()) + (markers.tokens if thinks else ())
     show: set[int] = set()
     for marker in shown:  # control tokens that are markup the splitter or parser reads
@@ -380,6 +429,7 @@ def chat_prompt(req: ChatCompletionRequest, model: ModelSupervisor) -> ChatPromp
         parallel=parallel,
         reasoning_markers=markers,
         schemas={s.name: s.parameters for s in specs},
+        stream_arguments=grammar is not None,
     )
     return ChatPrompt(ids, output, grammar, frozenset(show))
 
@@ -413,15 +463,20 @@ class ChatRun:
         await wait_accepted(self._pieces)
         self._accepted = True
 
-    async def events(self) -> AsyncIterator[ChatEvent]:
-        """Every choice's deltas and its end, in the order they are produced. Raises ApiError
-        for a failure mid-generation. Closing it cancels the run."""
+    async def events(self, *, started: bool = False) -> AsyncIterator[ChatEvent]:
+        """Every choice's deltas and its end, in the order they are produced; with `started`,
+        each choice's ChoiceStarted first (its prefix-cache split, once admitted). Raises
+        ApiError for a failure mid-generation. Closing it cancels the run."""
         await self.accepted()
         streams: list[ChatStream] = [self.output.stream() for _ in range(self.n)]
         try:
             async for item in self._pieces:
                 assert not isinstance(item, Accepted)
                 index, piece = item
+                if isinstance(piece, Started):
+                    if started:
+                        yield ChoiceStarted(index, piece.prompt_tokens, piece.cached_tokens)
+                    continue
                 if isinstance(piece, Finished):
                     deltas, reason = streams[index].finish(piece.finish_reason)
                     for delta in deltas:
@@ -470,10 +525,15 @@ def _logprobs_formatter(
 
 
 async def start_chat(
-    request: web.Request, req: ChatCompletionRequest, model: ModelSupervisor
+    request: web.Request,
+    req: ChatCompletionRequest,
+    model: ModelSupervisor,
+    grammar: str | None = None,
 ) -> ChatRun:
     """Check, render and start a chat request (400s are raised here, before anything runs).
-    `request` supplies the session header and the app's session table."""
+    `request` supplies the session header and the app's session table. `grammar`: one the
+    caller's protocol enforces on the whole answer instead of any tool-call grammar (the
+    Responses API's forced custom tool: the answer is that tool's raw input)."""
     if not model.text.chat_template:
         raise bad_request(
             f"model '{req.model}' has no chat template; use /v1/completions", param="model"
@@ -481,19 +541,22 @@ async def start_chat(
     check_logit_bias(req, model)
     # Off the event loop: a long prompt must not stall other clients' streams.
     chat = await asyncio.to_thread(chat_prompt, req, model)
-    requested, limit_param = req.token_limit()
+    requested = req.token_limit() or request.app.get(DEFAULT_MAX_TOKENS)
     max_tokens = token_budget(
-        len(chat.ids),
-        requested,
-        model.context_length,
-        limit_param=limit_param,
-        prompt_param="messages",
+        len(chat.ids), requested, model.context_length, prompt_param="messages"
     )
     top_logprobs = req.engine_logprobs()
     make = choice_maker(
-        request, req, model, chat.ids, max_tokens, top_logprobs, chat.grammar, chat.show_tokens
+        request,
+        req,
+        model,
+        chat.ids,
+        max_tokens,
+        top_logprobs,
+        grammar or chat.grammar,
+        chat.show_tokens,
     )
-    pieces = run_choices(make, req.n)
+    pieces = run_choices(make, req.n, started=True)
     return ChatRun(
         pieces, chat.output, req.n, len(chat.ids), _logprobs_formatter(model, top_logprobs)
     )
@@ -522,11 +585,7 @@ async def encode_prompt(
         raise bad_request("the prompt is empty", param=prompt_param)
     check_logit_bias(req, model)
     max_tokens = token_budget(
-        len(prompt),
-        req.max_tokens,
-        model.context_length,
-        limit_param="max_tokens",
-        prompt_param=prompt_param,
+        len(prompt), req.max_tokens, model.context_length, prompt_param=prompt_param
     )
     return prompt, max_tokens
 
@@ -545,7 +604,7 @@ async def start_text(
     prompt, max_tokens = await encode_prompt(req, model, prompt_text, prompt_param)
     make = choice_maker(request, req, model, prompt, max_tokens, -1)
     return ChatRun(
-        run_choices(make, req.n),
+        run_choices(make, req.n, started=True),
         output or ChatOutputPlan(),
         req.n,
         len(prompt),

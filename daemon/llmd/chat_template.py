@@ -94,3 +94,28 @@ def render_chat(
         ) from exc
     except TemplateError as exc:
         raise bad_request(f"the model's chat template failed: {exc}", "messages") from exc
+
+
+def fold_inner_system_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
+    """`messages` with each system message after the first turn folded into a user turn, for
+    templates that refuse a system role anywhere but first (None when there is none).
+
+    Where it goes: in front of the next user turn, else (a trailing system message, as Claude
+    Code sends its environment block) after the last user turn before it, separated by a
+    blank line. A user turn keeps its place in the history, so the prefix cache still serves
+    the conversation's earlier turns on the next request."""
+    inner = [i for i, m in enumerate(messages) if m["role"] == "system" and i > 0]
+    if not inner:
+        return None
+    out = [dict(m) for m in messages]
+    for i in inner:
+        text = out[i]["content"] or ""
+        after = next((j for j in range(i + 1, len(out)) if out[j]["role"] == "user"), None)
+        before = next((j for j in range(i - 1, -1, -1) if out[j]["role"] == "user"), None)
+        if after is not None:
+            out[after]["content"] = f"{text}\n\n{out[after]['content'] or ''}"
+        elif before is not None:
+            out[before]["content"] = f"{out[before]['content'] or ''}\n\n{text}"
+        else:
+            out.insert(i + 1, {"role": "user", "content": text})
+    return [m for i, m in enumerate(out) if i not in set(inner)]

@@ -76,7 +76,20 @@ def serve_options(command: Callable[..., Any]) -> Callable[..., Any]:
         ),
         click.option("--port", default=DEFAULT_PORT, show_default=True, type=int, help="TCP port."),
         click.option(
-            "--context-length", type=int, default=None, help="Cap every model's context (tokens)."
+            "--context-length",
+            type=click.IntRange(min=1),
+            default=None,
+            help="Context (tokens) every model is served with; default: each model's trained "
+            "context. Beyond it is allowed (as llama-server's -c, Ollama's num_ctx): positions "
+            "past the trained context work, but their quality is not guaranteed (a warning is "
+            "logged and shown in `llmd status`).",
+        ),
+        click.option(
+            "--default-max-tokens",
+            type=click.IntRange(min=1),
+            default=None,
+            help="Output limit of a chat request that names none (Codex never does); default: "
+            "the rest of the context, as OpenAI does.",
         ),
         click.option(
             "--threads", type=int, default=None, help="CPU threads per worker (default: all cores)."
@@ -120,7 +133,8 @@ def serve_options(command: Callable[..., Any]) -> Callable[..., Any]:
             type=click.IntRange(min=0),
             default=DEFAULT_MAX_SESSIONS,
             show_default=True,
-            help="Named sessions that may pin KV at once; more get HTTP 429.",
+            help="Named sessions that may pin KV at once; a new one beyond unpins the least "
+            "recently used idle one.",
         ),
         click.option(
             "--keep-alive",
@@ -228,6 +242,7 @@ def serve(
     host: str,
     port: int,
     context_length: int | None,
+    default_max_tokens: int | None,
     threads: int | None,
     max_body: int,
     max_sequences: int,
@@ -279,6 +294,7 @@ def serve(
                 drain_timeout=drain_timeout,
                 max_body=max_body,
                 context_length=context_length,
+                default_max_tokens=default_max_tokens,
                 threads=threads,
                 max_sequences=max_sequences,
                 queue_limit=queue_limit,
@@ -591,6 +607,14 @@ def status(as_json: bool) -> None:
             f"{m.get('restarts', 0)} restart(s)"
             + (f", warmup {m['warmup']['ms']:.0f} ms" if m.get("warmup") else "")
         )
+        if m.get("context_length"):
+            trained = m.get("trained_context_length")
+            click.echo(
+                f"  context {m['context_length']} tokens"
+                + (f" (trained: {trained})" if trained and trained != m["context_length"] else "")
+            )
+        if m.get("context_warning"):
+            click.echo(f"  warning: {m['context_warning']}")
         if m.get("last_error"):
             click.echo(f"  last error: {m['last_error']}")
     for sess in info["sessions"]:
@@ -770,6 +794,83 @@ def _pid_alive(pid: int) -> bool:
         return True
 
 
+@main.command()
+@click.argument("agent", type=click.Choice(["claude", "codex", "opencode", "qwen"]))
+@click.option("--model", default=None, help="Model the agent uses (default: llmd's default model).")
+@click.option(
+    "--url",
+    default=None,
+    help="llmd's address, http://HOST:PORT (default: the running daemon's, else "
+    f"http://{DEFAULT_HOST}:{DEFAULT_PORT}).",
+)
+@click.option(
+    "--context-length",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Context the agent may fill (default: what the running daemon serves the model with).",
+)
+@click.option(
+    "--max-output-tokens",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Cap each answer (agents ask for 32k; llmd clamps that to the context left).",
+)
+@click.option("--api-key", envvar="LLMD_API_KEY", default=None, help="llmd's --api-key, if set.")
+def agents(
+    agent: str,
+    model: str | None,
+    url: str | None,
+    context_length: int | None,
+    max_output_tokens: int | None,
+    api_key: str | None,
+) -> None:
+    """Print the settings that point a coding agent at llmd: Claude Code (`claude`), Codex
+    (`codex`), opencode (`opencode`) or Qwen Code (`qwen`) -- environment variables and config
+    files, ready to paste into a shell, with telemetry and update checks off. Details:
+    docs/agents.md. Agents' prompts are long (7k-20k tokens): serve the model with a context
+    that holds them, e.g. `llmd serve --context-length 32768`."""
+    from .agent_config import PACKAGES, render, settings
+
+    model = model or DEFAULT_MODEL
+    served: dict[str, Any] | None = None
+    sock = get_paths().socket
+    if url is None or context_length is None:
+        info: dict[str, Any] = {}
+        if sock.exists():
+            try:
+                info = _daemon_status(str(sock), timeout=3.0)
+            except click.ClickException:
+                info = {}
+        if url is None:
+            tcp = [a for a in info.get("addresses", []) if a.startswith("http")]
+            url = tcp[0] if tcp else f"http://{DEFAULT_HOST}:{DEFAULT_PORT}"
+        served = next((m for m in info.get("models", []) if m.get("name") == model), None)
+        if context_length is None and served is not None:
+            context_length = served.get("context_length")
+    package, version = PACKAGES[agent]
+    click.echo(f"# npm install -g {package}@{version}   (the version tested against llmd)")
+    click.echo(
+        render(
+            settings(
+                agent,
+                url,
+                model,
+                api_key=api_key,
+                context_length=context_length,
+                max_output_tokens=max_output_tokens,
+            )
+        ),
+        nl=False,
+    )
+    if context_length is None:
+        click.echo(
+            f"# {model} is not loaded in a running daemon, so its context is unknown here: "
+            "pass --context-length N (what `llmd serve --context-length` serves)."
+        )
+    if served is not None and served.get("context_warning"):
+        click.echo(f"# note: {model} is {served['context_warning']}")
+
+
 @main.command(name="list")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def list_models(as_json: bool) -> None:
@@ -833,6 +934,10 @@ def show(name: str, as_json: bool, template_only: bool) -> None:
     for key, value in rows:
         if value not in (None, ""):
             click.echo(f"  {key:17} {value}")
+    for served in _served_entries(facts["name"]):
+        click.echo(f"  {'served context':17} {served.get('context_length')} (running daemon)")
+        if served.get("context_warning"):
+            click.echo(f"  {'warning':17} {served['context_warning']}")
     click.echo("  files")
     for f in facts.get("files", []):
         click.echo(f"    {f['name']}  {f.get('size', 0) / 1e6:.1f} MB  {f.get('digest', '')[:19]}")
@@ -843,6 +948,18 @@ def show(name: str, as_json: bool, template_only: bool) -> None:
         click.echo(f"    {line}")
     if len(lines) > 12:
         click.echo(f"    ... ({len(lines) - 12} more lines: `llmd show {name} --template`)")
+
+
+def _served_entries(name: str) -> list[dict[str, Any]]:
+    """The running daemon's status entries for a loaded model NAME (none if no daemon)."""
+    sock = get_paths().socket
+    if not sock.exists():
+        return []
+    try:
+        info = _daemon_status(str(sock), timeout=3.0)
+    except click.ClickException:
+        return []
+    return [m for m in info.get("models", []) if m.get("name") == name and m.get("context_length")]
 
 
 def _count(n: int | None) -> str | None:

@@ -26,6 +26,15 @@ class Delta:
 
 
 @dataclass
+class Started:
+    """The engine admitted the request: `cached_tokens` of its `prompt_tokens` come from the
+    prefix cache (the rest is being prefilled). Before any Delta."""
+
+    prompt_tokens: int
+    cached_tokens: int
+
+
+@dataclass
 class Finished:
     """How a generation ended; the counts are what `usage` reports."""
 
@@ -36,35 +45,39 @@ class Finished:
     stop_sequence: str | None = None  # the request's stop string that ended it, if one did
 
 
+class ContextOverflow(ApiError):
+    """A prompt that leaves no room to generate in the served context. Each protocol words it
+    as its clients parse it (agents compact their history on it): OpenAI's sentence here,
+    Anthropic's `prompt is too long: N tokens > M maximum` in anthropic_schemas."""
+
+    def __init__(self, prompt_tokens: int, context_length: int, param: str) -> None:
+        super().__init__(
+            400,
+            f"This model's maximum context length is {context_length} tokens. However, your "
+            f"messages resulted in {prompt_tokens} tokens (at least one token must be left to "
+            "generate). Please reduce the length of the messages.",
+            param=param,
+            code="context_length_exceeded",
+        )
+        self.prompt_tokens = prompt_tokens
+        self.context_length = context_length
+
+
 def token_budget(
     prompt_len: int,
     requested: int | None,
     context_length: int,
     *,
-    limit_param: str,
     prompt_param: str,
 ) -> int:
-    """max_tokens after checking the context window (absent: what is left of it)."""
+    """max_tokens within the context window: absent, or more than what is left, it is what
+    is left (the answer then ends with the protocol's length reason), as llama-server and
+    Ollama do: agents ask for 32k tokens by default whatever the model. Only a prompt that
+    leaves no room at all is refused."""
     if prompt_len >= context_length:
-        raise ApiError(
-            400,
-            f"the prompt is {prompt_len} tokens, which does not fit this model's context of "
-            f"{context_length} tokens (at least one token must be left to generate)",
-            param=prompt_param,
-            code="context_length_exceeded",
-        )
-    if requested is None:
-        return context_length - prompt_len
-    if prompt_len + requested > context_length:
-        raise ApiError(
-            400,
-            f"this model's context is {context_length} tokens; the prompt is {prompt_len} tokens "
-            f"and {limit_param} asks for {requested} more ({prompt_len + requested} in total). "
-            f"Reduce the prompt or {limit_param}.",
-            param=limit_param,
-            code="context_length_exceeded",
-        )
-    return requested
+        raise ContextOverflow(prompt_len, context_length, prompt_param)
+    room = context_length - prompt_len
+    return room if requested is None else min(requested, room)
 
 
 def _api_error(exc: WorkerError) -> ApiError:
@@ -90,9 +103,9 @@ async def generate_text(
     grammar: str | None = None,
     show_tokens: frozenset[int] = frozenset(),
     prefill_of: str = "",
-) -> AsyncIterator[Accepted | Delta | Finished]:
+) -> AsyncIterator[Accepted | Started | Delta | Finished]:
     """Yields Accepted once the worker has the request (a 429 or other ApiError comes before
-    it), then text deltas (never half a character, never a stop string or what follows it),
+    it), Started when the engine admits it (its prefix-cache split), then text deltas (never half a character, never a stop string or what follows it),
     then exactly one Finished. Raises ApiError. Closing it early cancels the worker request.
 
     A request whose worker dies before it produced a token (it was queued, or prefilling) is
@@ -107,6 +120,7 @@ async def generate_text(
     observed = observe_generation(model)  # tokens and latencies for GET /metrics
     produced = 0
     accepted = False
+    started: Started | None = None  # the engine's admission: the prefix-cache split
     retried = False
     while True:
         worker = await model.ensure_ready()
@@ -125,6 +139,10 @@ async def generate_text(
                     if not accepted:
                         accepted = True
                         yield event
+                elif isinstance(event, p.Started):
+                    if started is None:  # a request re-sent to a new worker is admitted twice
+                        started = Started(event.prompt_tokens, event.cached_tokens)
+                        yield started
                 elif isinstance(event, p.Tokens):
                     produced += len(event.tokens)
                     observed.tokens(len(event.tokens))
@@ -132,8 +150,11 @@ async def generate_text(
                     if piece or event.logprobs:
                         yield Delta(piece, event.tokens, event.logprobs or [])
                     if matcher.stopped:
+                        cached = started.cached_tokens if started else 0
                         yield observed.finished(
-                            Finished("stop", len(prompt), produced, stop_sequence=matcher.matched)
+                            Finished(
+                                "stop", len(prompt), produced, cached, stop_sequence=matcher.matched
+                            )
                         )
                         return  # closing `events` cancels the sequence in the worker
                 else:

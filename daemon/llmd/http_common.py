@@ -29,6 +29,13 @@ ErrorShape = Callable[[ApiError], Any]
 # (path prefix, renderer): a protocol's routes answer errors in its own shape.
 ERROR_SHAPES = web.AppKey("error_shapes", list)
 SESSION_ID = re.compile(r"^[A-Za-z0-9._:@-]{1,128}$")
+# Seconds a started stream may stay silent before a keep-alive frame is sent: a long prefill
+# (an agent's 30k-token prompt on a CPU) must not trip a client's or a proxy's idle timeout.
+STREAM_KEEPALIVE = web.AppKey("stream_keepalive", float)
+DEFAULT_STREAM_KEEPALIVE = 10.0
+# `--default-max-tokens`: the output limit of a chat request that names none (None: the rest
+# of the context). Codex sends no limit; a model that never ends its turn would fill the context.
+DEFAULT_MAX_TOKENS = web.AppKey("default_max_tokens", object)
 
 log = logging.getLogger("llmd.http")
 
@@ -67,6 +74,35 @@ async def start_stream(request: web.Request, content_type: str) -> web.StreamRes
     return resp
 
 
+async def with_keepalive(
+    frames: AsyncIterator[bytes], interval: float, beat: bytes, *, after_first: bool = False
+) -> AsyncIterator[bytes]:
+    """`frames`, with `beat` whenever the next frame takes longer than `interval` seconds.
+    `after_first`: the first frame is awaited without beats (a stream that must open with its
+    own event, Anthropic's `message_start`)."""
+    pending: asyncio.Future[bytes] | None = None
+    first = after_first
+    try:
+        while True:
+            if pending is None:
+                pending = asyncio.ensure_future(anext(frames))
+            if not first:
+                done, _ = await asyncio.wait({pending}, timeout=interval)
+                if not done:
+                    yield beat
+                    continue
+            try:
+                frame = await pending
+            except StopAsyncIteration:
+                return
+            pending, first = None, False
+            yield frame
+    finally:
+        if pending is not None and not pending.done():
+            pending.cancel()
+            await asyncio.gather(pending, return_exceptions=True)
+
+
 async def relay(
     request: web.Request,
     accepted: Awaitable[None],
@@ -74,18 +110,26 @@ async def relay(
     *,
     content_type: str,
     error_frame: Callable[[ApiError], bytes],
+    keepalive: bytes | None = None,
+    keepalive_after_first: bool = False,
 ) -> web.StreamResponse:
     """Stream a generation's `frames` once `accepted` (the worker took the request) returns.
 
     Until then errors are plain HTTP statuses (a 429 when the queue is full). Once the stream
     has started an error can only travel in-band: `error_frame` renders it in the protocol's
     own shape, then the stream ends. A client that goes away stops the relay; closing
-    `frames` then cancels the generation in the worker."""
+    `frames` then cancels the generation in the worker. `keepalive`: the protocol's
+    keep-alive frame, sent while the stream is silent (see STREAM_KEEPALIVE), from the start
+    or `keepalive_after_first` frame."""
+    sent: AsyncIterator[bytes] = frames
+    if keepalive is not None:
+        interval = request.app.get(STREAM_KEEPALIVE, DEFAULT_STREAM_KEEPALIVE)
+        sent = with_keepalive(frames, interval, keepalive, after_first=keepalive_after_first)
     try:
         await accepted
         resp = await start_stream(request, content_type)
         try:
-            async for frame in frames:
+            async for frame in sent:
                 await resp.write(frame)
         except ApiError as err:
             await resp.write(error_frame(err))
@@ -96,9 +140,15 @@ async def relay(
             log.exception("error while streaming %s", request.path)
             await resp.write(error_frame(server_error(f"internal error: {exc}")))
     finally:
+        if sent is not frames:
+            await sent.aclose()  # type: ignore[attr-defined]
         await frames.aclose()  # type: ignore[attr-defined]
     await resp.write_eof()
     return resp
+
+
+# OpenAI's streams: an SSE comment, which every SSE client skips.
+SSE_KEEPALIVE = b": keep-alive\n\n"
 
 
 def sse(payload: Any, event: str | None = None) -> bytes:

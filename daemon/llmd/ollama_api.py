@@ -26,7 +26,10 @@ Request mapping (decisions, also in README):
 - Tool calls: the history's ``arguments`` objects become OpenAI's JSON strings; calls get
   ids (``tool_call_id`` or ``tool_name`` match a tool message to its call). Answers carry
   each call whole, in a line of its own as soon as it is complete.
-- ``images``, a non-empty ``suffix``, ``template`` or ``context`` are a 400: llmd serves
+- ``suffix``: fill-in-the-middle from the model's own FIM tokens (fim.py; Ollama fills its
+  template's ``.Suffix``), raw or not; the answer is the middle. A model without FIM tokens,
+  ``system`` or ``logprobs`` with it are a 400.
+- ``images``, ``template`` or ``context`` are a 400: llmd serves
   text-only models with their own chat template, and the deprecated token ``context`` is not
   kept (use ``/api/chat`` with ``messages``; answers never carry a ``context``).
 - Empty ``messages`` / ``prompt``: the model is loaded (``done_reason: "load"``), or with
@@ -54,6 +57,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from .catalog import install_hint
 from .chat_pipeline import ChatRun, ChoiceDelta, ChoiceEnd, start_chat, start_text
 from .errors import ApiError, bad_request
+from .fim import start_fim_text
 from .generation import Finished
 from .http_common import REGISTRY, STORE, json_body, ndjson, relay
 from .keep_alive import parse_keep_alive
@@ -409,11 +413,13 @@ def check_generate(req: GenerateRequest) -> None:
     """What /api/generate refuses, in Ollama's order and words where Ollama has them."""
     if req.images:
         raise bad_request("images are not supported: llmd serves text-only models", "images")
-    if req.suffix:
+    if req.suffix and req.system:
         raise bad_request(
-            "suffix (fill-in-the-middle) is not supported by llmd; send the whole prompt",
-            param="suffix",
+            "system cannot be used with suffix: fill-in-the-middle has no system prompt",
+            param="system",
         )
+    if req.suffix and req.logprobs:
+        raise bad_request("logprobs are not supported with suffix", param="logprobs")
     if req.raw and (req.template or req.system or req.context):
         raise bad_request("raw mode does not support template, system, or context")
     if req.template:
@@ -744,7 +750,14 @@ async def generate(request: web.Request) -> web.StreamResponse:
     if not req.prompt:
         return await _load_or_unload(request, name, req.model, keep, shape)
     check_generate(req)
-    if req.raw:
+    if req.suffix:  # fill-in-the-middle from the model's FIM tokens (raw or not)
+        fim_req = to_internal(raw_fields(req, name), CompletionRequest)
+
+        def start(model: ModelSupervisor) -> Awaitable[ChatRun]:
+            prefix, suffix = req.prompt or "", req.suffix or ""
+            return start_fim_text(request, fim_req, model, prefix, suffix, model_name=req.model)
+
+    elif req.raw:
         text_req = to_internal(raw_fields(req, name), CompletionRequest)
 
         def start(model: ModelSupervisor) -> Awaitable[ChatRun]:

@@ -31,8 +31,9 @@ from .chat_pipeline import (
     wait_accepted,
 )
 from .errors import ApiError, server_error
+from .fim import completion_fim_prompt, with_fim_stops
 from .generation import Finished
-from .http_common import REGISTRY, json_body, relay, sse
+from .http_common import REGISTRY, SSE_KEEPALIVE, json_body, relay, sse
 from .openai_schemas import ChatCompletionRequest, CompletionRequest, parse_request
 from .supervisor import ModelSupervisor
 from .worker_client import Accepted, WorkerError
@@ -111,7 +112,12 @@ async def _chat(
             yield sse("[DONE]")
 
         return await relay(
-            request, run.accepted(), frames(), content_type=SSE, error_frame=_error_event
+            request,
+            run.accepted(),
+            frames(),
+            content_type=SSE,
+            error_frame=_error_event,
+            keepalive=SSE_KEEPALIVE,
         )
     finally:
         await run.aclose()
@@ -142,7 +148,10 @@ async def _complete(
     request: web.Request, req: CompletionRequest, model: ModelSupervisor
 ) -> web.StreamResponse:
     prompt_input = req.prompt_input()
-    prompt, max_tokens = await encode_prompt(req, model, prompt_input)
+    fim = None  # with `suffix`: the fill-in-the-middle prompt (fim.py); the answer is the middle
+    if req.suffix:
+        fim = await completion_fim_prompt(model, req.model, str(prompt_input), req.suffix)
+    prompt, max_tokens = await encode_prompt(req, model, fim.ids if fim else prompt_input)
     prompt_text = (
         prompt_input
         if isinstance(prompt_input, str)
@@ -182,7 +191,16 @@ async def _complete(
         }
         return web.json_response(body)
 
-    make = choice_maker(request, req, model, prompt, max_tokens, top_logprobs)
+    make = choice_maker(
+        request,
+        with_fim_stops(req, fim),
+        model,
+        prompt,
+        max_tokens,
+        top_logprobs,
+        None,
+        fim.show_tokens if fim else frozenset(),
+    )
     pieces = run_choices(make, req.n)
     echoed = prompt_text if req.echo else ""
     try:
@@ -253,7 +271,12 @@ async def _stream_completion(
         yield sse("[DONE]")
 
     return await relay(
-        request, wait_accepted(pieces), frames(), content_type=SSE, error_frame=_error_event
+        request,
+        wait_accepted(pieces),
+        frames(),
+        content_type=SSE,
+        error_frame=_error_event,
+        keepalive=SSE_KEEPALIVE,
     )
 
 

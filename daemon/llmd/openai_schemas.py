@@ -15,7 +15,15 @@ import re
 from collections.abc import Callable
 from typing import Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from .errors import ApiError, bad_request
 from .keep_alive import parse_keep_alive
@@ -127,7 +135,7 @@ class SamplingFields(_Strict):
     # n choices from one prompt; its KV is prefilled once (the engine forks choice 0's).
     n: int = Field(default=1, ge=1, le=16)
     response_format: ResponseFormat | None = None
-    # llmd extension: a named session keeps its KV pinned between turns (X-Session-Id too).
+    # llmd extension: a named session keeps its KV pinned between turns (X-Llmd-Session-Id too).
     session_id: str | None = Field(
         default=None, min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:@-]+$"
     )
@@ -195,6 +203,17 @@ class ChatCompletionRequest(SamplingFields):
     reasoning_format: Literal["auto", "deepseek", "none"] = "auto"
     # OpenAI's switch, passed to templates as enable_thinking: "none" off, any level on.
     reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
+    # Set by a protocol whose reasoning parameters are hints (Anthropic's thinking and
+    # effort): a model without a reasoning switch then ignores them instead of a 400.
+    _reasoning_is_hint: bool = PrivateAttr(default=False)
+
+    def with_reasoning_as_hint(self) -> ChatCompletionRequest:
+        self._reasoning_is_hint = True
+        return self
+
+    @property
+    def reasoning_is_hint(self) -> bool:
+        return self._reasoning_is_hint
 
     @model_validator(mode="after")
     def _top_logprobs_need_logprobs(self) -> ChatCompletionRequest:
@@ -219,11 +238,11 @@ class ChatCompletionRequest(SamplingFields):
             )
         return self
 
-    def token_limit(self) -> tuple[int | None, str]:
-        """The requested completion limit and the parameter that set it (for error messages)."""
+    def token_limit(self) -> int | None:
+        """The requested completion limit (either parameter; they agree when both are set)."""
         if self.max_completion_tokens is not None:
-            return self.max_completion_tokens, "max_completion_tokens"
-        return self.max_tokens, "max_tokens"
+            return self.max_completion_tokens
+        return self.max_tokens
 
 
 class CompletionRequest(SamplingFields):
@@ -233,6 +252,27 @@ class CompletionRequest(SamplingFields):
     max_tokens: int | None = Field(default=None, ge=0)  # 0: score the prompt (with echo)
     logprobs: int | None = Field(default=None, ge=0, le=20)
     echo: bool = False
+    # Fill-in-the-middle: the prompt is the text before the insertion, `suffix` the text
+    # after it; the answer is the middle, from the model's own FIM tokens (fim.py). Empty or
+    # null: a plain completion.
+    suffix: str | None = None
+
+    @model_validator(mode="after")
+    def _suffix_needs_text(self) -> CompletionRequest:
+        if not self.suffix:
+            return self
+        if self.echo:
+            raise bad_request(
+                "echo cannot be used with suffix: the answer is inserted between the prompt "
+                "and the suffix, not appended to the prompt",
+                param="echo",
+            )
+        if not isinstance(self.prompt_input(), str):
+            raise bad_request(
+                "suffix needs the prompt as text (the code before the insertion), not token ids",
+                param="suffix",
+            )
+        return self
 
     @model_validator(mode="after")
     def _zero_tokens_need_echo(self) -> CompletionRequest:

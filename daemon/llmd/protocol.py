@@ -113,7 +113,7 @@ class Ready(_Message):
     backend: str  # "llmd-cpu" (llmd's SIMD kernels), "mlx-cuda", "mlx-metal", "mlx-cpu" (tests)
     device: str
     model: ModelFacts
-    context_length: int  # the context the engine serves (<= model's)
+    context_length: int  # the context the engine serves (--context-length may exceed the model's)
     max_sequences: int
     kernels: dict[str, str] = {}  # which matmul path / SIMD level the engine uses
     blas: str = ""  # BLAS library the backend resolved, e.g. "openblas"
@@ -139,6 +139,17 @@ class TokenLogprob(_Message):
 
     logprob: float
     top: list[tuple[int, float]] = []
+
+
+class Started(_Message):
+    """A request was admitted: its prompt was matched against the prefix cache and its
+    prefill begins. Sent before any token, so a protocol whose first event reports the cache
+    split (Anthropic's `message_start`) can report it."""
+
+    type: Literal["started"] = "started"
+    id: str
+    prompt_tokens: int
+    cached_tokens: int
 
 
 class Tokens(_Message):
@@ -195,7 +206,7 @@ class Stats(_Message):
 
 
 WorkerMessage = Annotated[
-    Ready | Fatal | Tokens | Scored | Done | Error | Stats, Field(discriminator="type")
+    Ready | Fatal | Started | Tokens | Scored | Done | Error | Stats, Field(discriminator="type")
 ]
 
 daemon_message_adapter: TypeAdapter[DaemonMessage] = TypeAdapter(DaemonMessage)

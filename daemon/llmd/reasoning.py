@@ -264,16 +264,21 @@ def reasoning_support(chat_template: str | None, family: str | None = None) -> R
     return ReasoningSupport(mentions or by_family, opens, markers, switch)
 
 
-def thinking_switch(effort: str | None, support: ReasoningSupport) -> dict[str, bool]:
+def thinking_switch(
+    effort: str | None, support: ReasoningSupport, *, strict: bool = True
+) -> dict[str, bool]:
     """The template variables for OpenAI's ``reasoning_effort``: ``enable_thinking`` for a
     template with that switch (Qwen3, Gemma 4, whose default is off), ``"none"`` meaning off
     and any level on (llmd cannot set how much a model thinks, only whether). Without a
-    switch, a request only gets what the model does anyway; asking otherwise is a 400."""
+    switch, a request only gets what the model does anyway; asking otherwise is a 400, unless
+    the protocol sends it as a hint (`strict` False: Anthropic clients ask on every request)."""
     if effort is None:
         return {}
     on = effort != "none"
     if support.thinking_switch:
         return {"enable_thinking": on}
+    if not strict:
+        return {}
     if on and not support.is_reasoning_model:
         raise bad_request(
             f"reasoning_effort {effort!r}: this model does not reason", param="reasoning_effort"

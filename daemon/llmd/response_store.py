@@ -13,11 +13,23 @@ and stored conversations are only worth keeping while a client may continue them
 seconds after its last use (stored, continued or fetched). Nothing survives a daemon restart.
 History lists share their message dicts with the parent entry, so a long chain costs one
 pointer per message per response, not a copy of the text.
+
+With `store: false` (Codex's way) nothing is kept here: the client sends the whole history every
+turn, and a reasoning item's thinking travels in its `encrypted_content` (asked for with
+`include: ["reasoning.encrypted_content"]`). That blob is opaque to the client but not secret:
+it is the text, compressed and tagged so llmd can recognise and read its own
+(:func:`seal_reasoning`, :func:`open_reasoning`). It is not encrypted because it holds nothing
+the client did not already receive; a blob llmd cannot read (another provider's) is ignored,
+which changes no answer since chat templates drop earlier turns' thinking.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
+import json
 import time
+import zlib
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -93,3 +105,24 @@ class ResponseStore:
             if oldest.last_used > deadline:
                 break
             self._entries.popitem(last=False)
+
+
+_SEAL = "llmd1:"
+
+
+def seal_reasoning(text: str) -> str:
+    """A reasoning item's `encrypted_content`: the thinking, compressed, tagged as llmd's."""
+    packed = zlib.compress(json.dumps({"text": text}, ensure_ascii=False).encode())
+    return _SEAL + base64.urlsafe_b64encode(packed).decode("ascii")
+
+
+def open_reasoning(blob: object) -> str | None:
+    """The thinking inside an `encrypted_content` llmd sealed; None for anything else."""
+    if not isinstance(blob, str) or not blob.startswith(_SEAL):
+        return None
+    try:
+        value = json.loads(zlib.decompress(base64.urlsafe_b64decode(blob[len(_SEAL) :])))
+    except (ValueError, binascii.Error, zlib.error):
+        return None
+    text = value.get("text") if isinstance(value, dict) else None
+    return text if isinstance(text, str) else None

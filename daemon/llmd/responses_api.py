@@ -2,12 +2,15 @@
 `GET /v1/responses/{id}/input_items`): a thin translation into the one chat pipeline
 (chat_pipeline.py) and back.
 
-Request: `input` items (messages, `function_call`, `function_call_output`; `reasoning` items
-are dropped as templates strip earlier thinking) become chat messages, `instructions` a leading
-system message, flat function `tools` and `tool_choice` the chat ones, `text.format` the
-`response_format`, `max_output_tokens` the completion limit. Anything that would change the
-answer and that llmd cannot do (hosted tools, images, `include`, background runs, ...) is a 400
-naming it.
+Request: `input` items (messages, `function_call`, `custom_tool_call` and their outputs;
+`reasoning` items, whose `encrypted_content` llmd sealed is read back onto the assistant turn)
+become chat messages, `instructions` a leading system message (without it, `developer`
+messages are the system prompt, as Codex sends it), `tools` and `tool_choice` the chat ones
+(responses_tools.py: function, `namespace` and freeform `custom` tools; hosted tools dropped),
+`text.format` the `response_format`, `max_output_tokens` the completion limit. Anything that
+would change the answer and that llmd cannot do (unknown tool types, images, `include` values
+other than `reasoning.encrypted_content`, background runs, unknown parameters, ...) is a 400
+naming it; `client_metadata` (Codex's tracing) is accepted and ignored.
 
 Conversation state: a stored response keeps its whole conversation (response_store.py); a
 request with `previous_response_id` appends its input to it and runs in the chain's named
@@ -16,23 +19,30 @@ as `usage.input_tokens_details.cached_tokens`). As OpenAI documents, the previou
 `instructions` are not carried over. The first response of a chain runs without a session (most
 responses are never continued, and each session pins memory); its KV still sits in the prefix
 cache for the follow-up. When `--max-sessions` are all open, a chain runs without pinning
-rather than failing.
+rather than failing. Clients that keep their own history (`store: false`, the whole
+conversation each turn: Codex) name it with `prompt_cache_key`; requests with the same key
+share one named session, so each turn prefills only what the last one did not.
 
 `truncation: "auto"`: when the conversation does not fit the context, the oldest turns (up to
 the next user message; leading system messages stay) are dropped until it does; the stored
 conversation keeps them all. `"disabled"` (the default) answers 400 instead.
 
-Output: `reasoning` items (a reasoning model's thinking, whole, as `summary_text`; `effort` and
-`summary` are accepted but the model thinks as its template does), a `message` with one
-`output_text`, and `function_call` items; `status: "incomplete"` with
-`incomplete_details.reason: "max_output_tokens"` when the limit (or the context) cut it.
-Streaming is OpenAI's typed SSE events, each with a `sequence_number`; an error after the
-stream started is an `error` event followed by `response.failed`.
+Output: `reasoning` items (a reasoning model's thinking, whole, as `summary_text`, and as
+`encrypted_content` when `include` asks; `effort` and `summary` are accepted but the model
+thinks as its template does), a `message` with one `output_text`, `function_call` items (with
+`namespace` for a namespaced tool) and `custom_tool_call` items; `status: "incomplete"` with
+`incomplete_details.reason: "max_output_tokens"` when the limit (or the context) cut it. A
+custom tool's grammar is enforced: a forced call is generated under it; a call the model chose
+whose input does not match is generated again under it (same prompt, cached prefix). Streaming
+is OpenAI's typed SSE events, each with a `sequence_number` (custom tool calls are sent whole,
+once checked); an error after the stream started is an `error` event followed by
+`response.failed`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import re
 import time
@@ -46,10 +56,23 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from .chat_pipeline import ChatRun, ChoiceDelta, ChoiceEnd, start_chat, usage_of
 from .errors import ApiError, bad_request
-from .http_common import REGISTRY, SESSIONS, json_body, relay, sse
+from .http_common import REGISTRY, SESSION_ID, SESSIONS, SSE_KEEPALIVE, json_body, relay, sse
 from .openai_schemas import ChatCompletionRequest, ChatMessage
-from .response_store import ResponseStore, StoredResponse
+from .response_store import ResponseStore, StoredResponse, open_reasoning, seal_reasoning
+from .responses_tools import (
+    ToolEntry,
+    ToolSet,
+    call_item,
+    custom_arguments,
+    custom_call_item,
+    custom_input,
+    input_matches,
+    model_name,
+    read_tool_choice,
+    read_tools,
+)
 from .supervisor import ModelSupervisor
+from .tools import new_call_id
 
 RESPONSES = web.AppKey("responses", ResponseStore)
 SSE = "text/event-stream"
@@ -107,6 +130,10 @@ EXTENSIONS = (
     "repetition_penalty",
     "keep_alive",
 )
+# `include` values llmd honours: reasoning items carry their thinking in `encrypted_content`
+# (response_store.seal_reasoning), so a `store: false` client can send them back.
+ENCRYPTED_REASONING = "reasoning.encrypted_content"
+INCLUDABLE = frozenset({ENCRYPTED_REASONING})
 # Known Responses parameters llmd does not implement: a 400 naming them.
 NOT_SUPPORTED = {
     "conversation": "conversations are not supported; use previous_response_id",
@@ -135,11 +162,13 @@ class ResponsesRequest(_Strict):
     user: str | None = None
     truncation: Literal["auto", "disabled"] | None = None
     include: list[str] | None = None
+    # A cache hint: requests with the same key share a named session (their KV stays pinned).
+    prompt_cache_key: str | None = Field(default=None, max_length=1024)
     # Harmless here: they cannot change the text (llmd has no hosted tools, no service tiers,
-    # and caches prefixes on its own).
+    # and caches prefixes on its own; client_metadata is Codex's tracing, like metadata).
+    client_metadata: dict[str, Any] | None = None
     background: bool | None = None
     service_tier: str | None = None
-    prompt_cache_key: str | None = None
     prompt_cache_retention: str | None = None
     safety_identifier: str | None = None
     max_tool_calls: int | None = Field(default=None, ge=1)
@@ -162,9 +191,10 @@ class ResponsesRequest(_Strict):
             raise bad_request("input must not be an empty list", param="input")
         if self.background:
             raise _unsupported("background responses are not supported by llmd", "background")
-        if self.include:
+        unsupported = [v for v in self.include or [] if v not in INCLUDABLE]
+        if unsupported:
             raise _unsupported(
-                f"include values not supported by llmd: {', '.join(self.include)}", "include"
+                f"include values not supported by llmd: {', '.join(unsupported)}", "include"
             )
         if self.top_logprobs:
             raise _unsupported("top_logprobs is not supported on /v1/responses", "top_logprobs")
@@ -307,55 +337,96 @@ def normalize_input(value: str | list[Any]) -> list[dict[str, Any]]:
             arguments = raw.get("arguments")
             if isinstance(arguments, dict):
                 arguments = json.dumps(arguments)
-            items.append(
-                {
-                    "type": "function_call",
-                    "id": raw.get("id") or new_id("fc"),
-                    "call_id": _string_field(raw, "call_id", where),
-                    "name": _string_field(raw, "name", where),
-                    "arguments": _string_field({"arguments": arguments}, "arguments", where),
-                    "status": "completed",
-                }
-            )
-        elif kind == "function_call_output":
-            output = raw.get("output")
-            if not isinstance(output, str):
-                texts = _text_parts(output, f"{where}.output", ("input_text", "output_text"))
-                output = "".join(texts)
-            items.append(
-                {
-                    "type": "function_call_output",
-                    "id": raw.get("id") or new_id("fco"),
-                    "call_id": _string_field(raw, "call_id", where),
-                    "output": output,
-                    "status": "completed",
-                }
-            )
+            item = {
+                "type": "function_call",
+                "id": raw.get("id") or new_id("fc"),
+                "call_id": _string_field(raw, "call_id", where),
+                "name": _string_field(raw, "name", where),
+                "arguments": _string_field({"arguments": arguments}, "arguments", where),
+                "status": "completed",
+            }
+            items.append(_with_namespace(item, raw, where))
+        elif kind == "custom_tool_call":
+            item = {
+                "type": "custom_tool_call",
+                "id": raw.get("id") or new_id("ctc"),
+                "call_id": _string_field(raw, "call_id", where),
+                "name": _string_field(raw, "name", where),
+                "input": _string_field({"arguments": raw.get("input")}, "arguments", where),
+                "status": "completed",
+            }
+            items.append(_with_namespace(item, raw, where))
+        elif kind in ("function_call_output", "custom_tool_call_output"):
+            items.append(_call_output(raw, kind, where))
         elif kind == "reasoning":
-            items.append({"type": "reasoning", "id": raw.get("id") or new_id("rs"), "summary": []})
+            items.append(_reasoning_input(raw))
         else:
             raise _unsupported(
                 f"input items of type '{kind}' are not supported by llmd (messages, "
-                "function_call, function_call_output and reasoning are)",
+                "function_call, custom_tool_call, their outputs and reasoning are)",
                 f"{where}.type",
             )
     return items
 
 
+def _with_namespace(item: dict[str, Any], raw: dict[str, Any], where: str) -> dict[str, Any]:
+    """A call item keeps its tool's `namespace` (how the model saw the tool's name)."""
+    namespace = raw.get("namespace")
+    if namespace is None:
+        return item
+    if not isinstance(namespace, str) or not namespace:
+        raise bad_request(f"{where}.namespace must be a non-empty string", f"{where}.namespace")
+    return {**item, "namespace": namespace}
+
+
+def _call_output(raw: dict[str, Any], kind: str, where: str) -> dict[str, Any]:
+    """A tool's result (`function_call_output` or `custom_tool_call_output`); content-part
+    outputs are joined as text."""
+    output = raw.get("output")
+    if not isinstance(output, str):
+        texts = _text_parts(output, f"{where}.output", ("input_text", "output_text"))
+        output = "".join(texts)
+    return {
+        "type": kind,
+        "id": raw.get("id") or new_id("fco" if kind == "function_call_output" else "ctco"),
+        "call_id": _string_field(raw, "call_id", where),
+        "output": output,
+        "status": "completed",
+    }
+
+
+def _reasoning_input(raw: dict[str, Any]) -> dict[str, Any]:
+    """A reasoning item sent back: its summary is not replayed (templates drop earlier
+    thinking); its `encrypted_content` is kept so the thinking llmd sealed can be read."""
+    item: dict[str, Any] = {"type": "reasoning", "id": raw.get("id") or new_id("rs"), "summary": []}
+    if isinstance(raw.get("encrypted_content"), str):
+        item["encrypted_content"] = raw["encrypted_content"]
+    return item
+
+
 def items_to_messages(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Normalized input items -> chat messages (the internal form). Function calls join the
-    assistant message right before them, as one assistant turn with `tool_calls`."""
+    """Normalized input items -> chat messages (the internal form). Calls join the assistant
+    message right before them, as one assistant turn with `tool_calls`: a namespaced function
+    under the name the model saw (`namespace.name`), a custom tool's call as its `input`
+    argument. Thinking sealed in a reasoning item's `encrypted_content` goes back onto the
+    assistant turn after it as `reasoning_content` (templates may drop it, as they drop
+    earlier thinking)."""
     messages: list[dict[str, Any]] = []
+    thinking: str | None = None
     for item in items:
         kind = item["type"]
         if kind == "message":
             text = "".join(p["text"] for p in item["content"])
             messages.append({"role": item["role"], "content": text})
-        elif kind == "function_call":
+        elif kind in ("function_call", "custom_tool_call"):
+            name = model_name(item["name"], item.get("namespace"))
+            arguments = (
+                item["arguments"] if kind == "function_call" else custom_arguments(item["input"])
+            )
             call = {
                 "id": item["call_id"],
                 "type": "function",
-                "function": {"name": item["name"], "arguments": item["arguments"]},
+                "function": {"name": name, "arguments": arguments},
             }
             last = messages[-1] if messages else None
             if last is not None and last["role"] == "assistant":
@@ -364,77 +435,20 @@ def items_to_messages(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
                     last["content"] = None
             else:
                 messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
-        elif kind == "function_call_output":
+        elif kind in ("function_call_output", "custom_tool_call_output"):
             messages.append(
                 {"role": "tool", "tool_call_id": item["call_id"], "content": item["output"]}
             )
-        # reasoning items: dropped (chat templates strip earlier thinking anyway)
+        elif kind == "reasoning":
+            thinking = open_reasoning(item.get("encrypted_content"))
+            continue
+        if thinking is not None and messages and messages[-1]["role"] == "assistant":
+            messages[-1]["reasoning_content"] = thinking
+        thinking = None
     return messages
 
 
 # ---------------------------------------------------------------------- tools, text.format
-
-_FUNCTION_TOOL_KEYS = {"type", "name", "description", "parameters", "strict"}
-
-
-def chat_tools(tools: list[Any] | None) -> list[dict[str, Any]] | None:
-    """Responses' flat function tools -> chat tools; hosted tool types are a 400."""
-    if not tools:
-        return None
-    out: list[dict[str, Any]] = []
-    others: list[str] = []
-    for i, tool in enumerate(tools):
-        if not isinstance(tool, dict):
-            raise bad_request(f"tools[{i}] must be an object", param=f"tools[{i}]")
-        if tool.get("type") != "function":
-            others.append(str(tool.get("type")))
-            continue
-        name = tool.get("name")
-        if not isinstance(name, str) or not name:
-            raise bad_request(f"tools[{i}].name is required", param=f"tools[{i}].name")
-        extra = sorted(set(tool) - _FUNCTION_TOOL_KEYS)
-        if extra:
-            raise _unsupported(
-                f"tools[{i}]: field(s) not supported by llmd: {', '.join(extra)}",
-                f"tools[{i}].{extra[0]}",
-            )
-        fn: dict[str, Any] = {"name": name}
-        for key in ("description", "parameters", "strict"):
-            if tool.get(key) is not None:
-                fn[key] = tool[key]
-        out.append({"type": "function", "function": fn})
-    if others:
-        raise _unsupported(
-            f"tools of type {', '.join(repr(o) for o in others)} are not supported by llmd "
-            "(function tools only)",
-            "tools",
-        )
-    return out
-
-
-def chat_tool_choice(choice: str | dict[str, Any] | None, has_tools: bool) -> Any:
-    """Responses' `tool_choice` -> chat's. `auto`/`none` without tools mean nothing to choose
-    (OpenAI reports `auto` by default), so they are dropped."""
-    if choice is None:
-        return None
-    if isinstance(choice, str):
-        if choice not in ("auto", "none", "required"):
-            raise bad_request(
-                "tool_choice must be 'none', 'auto', 'required' or "
-                '{"type": "function", "name": ...}',
-                param="tool_choice",
-            )
-        return choice if has_tools or choice == "required" else None
-    kind = choice.get("type")
-    if kind == "function":
-        name = choice.get("name")
-        if not isinstance(name, str) or not name:
-            raise bad_request("tool_choice.name is required", param="tool_choice.name")
-        return {"type": "function", "function": {"name": name}}
-    raise _unsupported(
-        f"tool_choice of type '{kind}' is not supported by llmd (function tools only)",
-        "tool_choice",
-    )
 
 
 def chat_response_format(fmt: TextFormat | None) -> dict[str, Any] | None:
@@ -484,17 +498,33 @@ def renamed(err: ApiError) -> ApiError:
 
 
 def chat_request(
-    req: ResponsesRequest, messages: list[dict[str, Any]], session_id: str | None
+    req: ResponsesRequest,
+    messages: list[dict[str, Any]],
+    session_id: str | None,
+    tools: ToolSet | None = None,
 ) -> ChatCompletionRequest:
     """The internal request: every sampling, tool and format setting mapped; 400 naming this
-    API's parameter when a value does not validate."""
-    tools = chat_tools(req.tools)
+    API's parameter when a value does not validate. A forced custom tool call leaves the
+    choice to the model here (`auto`): its grammar, passed beside, decides the answer, and the
+    prompt stays the one an unforced request renders (so its prefix is cached alike)."""
+    tools = tools if tools is not None else read_tools(req.tools)
+    choice = read_tool_choice(req.tool_choice, tools)
+    fmt = req.text_format()
+    if choice.forced_custom is not None:
+        if fmt is not None and fmt.type != "text":
+            raise bad_request(
+                "a forced custom tool call and text.format cannot both constrain the answer",
+                param="tool_choice",
+            )
+        chat_choice: Any = "auto"
+    else:
+        chat_choice = choice.chat
     body: dict[str, Any] = {
         "model": req.model,
         "messages": messages,
         "max_completion_tokens": req.max_output_tokens,
-        "tools": tools,
-        "tool_choice": chat_tool_choice(req.tool_choice, bool(tools)),
+        "tools": tools.chat_tools or None,
+        "tool_choice": chat_choice,
         "parallel_tool_calls": req.parallel_tool_calls,
         "response_format": chat_response_format(req.text_format()),
         "session_id": session_id,
@@ -540,39 +570,45 @@ def message_item(item_id: str, text: str, status: str) -> dict[str, Any]:
     }
 
 
-def reasoning_item(item_id: str, text: str) -> dict[str, Any]:
+def reasoning_item(item_id: str, text: str, seal: bool = False) -> dict[str, Any]:
+    """A reasoning item; with `seal` (`include: ["reasoning.encrypted_content"]`) it carries
+    the thinking in `encrypted_content` for a `store: false` client to send back."""
     summary = [{"type": "summary_text", "text": text}] if text else []
-    return {"type": "reasoning", "id": item_id, "summary": summary}
+    item: dict[str, Any] = {"type": "reasoning", "id": item_id, "summary": summary}
+    if seal:
+        item["encrypted_content"] = seal_reasoning(text)
+    return item
 
 
-def function_call_item(
-    item_id: str, call_id: str, name: str, arguments: str, status: str
-) -> dict[str, Any]:
-    return {
-        "type": "function_call",
-        "id": item_id,
-        "call_id": call_id,
-        "name": name,
-        "arguments": arguments,
-        "status": status,
-    }
-
-
-def output_items(message: dict[str, Any], finish_reason: str) -> list[dict[str, Any]]:
+def output_items(
+    message: dict[str, Any],
+    finish_reason: str,
+    tools: ToolSet | None = None,
+    forced: ToolEntry | None = None,
+    seal: bool = False,
+) -> list[dict[str, Any]]:
     """A whole chat answer -> output items: reasoning, the message (unless the answer is only
-    tool calls), then one function_call per call."""
+    tool calls), then one `function_call` or `custom_tool_call` per call. With `forced` (a
+    forced custom tool), the answer's text is that tool's input."""
+    tools = tools or ToolSet()
     items: list[dict[str, Any]] = []
     if message.get("reasoning_content"):
-        items.append(reasoning_item(new_id("rs"), message["reasoning_content"]))
+        items.append(reasoning_item(new_id("rs"), message["reasoning_content"], seal))
     content = message.get("content") or ""
+    if forced is not None:
+        status = "incomplete" if finish_reason == "length" else "completed"
+        call_id = new_call_id()
+        items.append(custom_call_item(new_id("ctc"), call_id, forced, content, status))
+        return items
     calls = message.get("tool_calls") or []
     if content or not calls:
         status = "incomplete" if finish_reason == "length" else "completed"
         items.append(message_item(new_id("msg"), content, status))
     for call in calls:
         fn = call["function"]
+        prefix = "ctc" if tools.custom(fn["name"]) else "fc"
         items.append(
-            function_call_item(new_id("fc"), call["id"], fn["name"], fn["arguments"], "completed")
+            call_item(tools, new_id(prefix), call["id"], fn["name"], fn["arguments"], "completed")
         )
     return items
 
@@ -591,10 +627,15 @@ def assistant_message(items: list[dict[str, Any]]) -> dict[str, Any]:
         {
             "id": item["call_id"],
             "type": "function",
-            "function": {"name": item["name"], "arguments": item["arguments"]},
+            "function": {
+                "name": model_name(item["name"], item.get("namespace")),
+                "arguments": item["arguments"]
+                if item["type"] == "function_call"
+                else custom_arguments(item["input"]),
+            },
         }
         for item in items
-        if item["type"] == "function_call"
+        if item["type"] in ("function_call", "custom_tool_call")
     ]
     message: dict[str, Any] = {"role": "assistant", "content": text if text or not calls else None}
     if calls:
@@ -704,11 +745,20 @@ class ResponseEvents:
     """One answer's chat deltas -> the Responses stream events, in OpenAI's order: every item
     is added, filled by deltas, then done, before the next one starts."""
 
-    def __init__(self, shell: ResponseShell) -> None:
+    def __init__(
+        self, shell: ResponseShell, tools: ToolSet | None = None, forced: ToolEntry | None = None
+    ) -> None:
         self.shell = shell
+        self.tools = tools or ToolSet()
+        self.forced = forced
+        self.seal = ENCRYPTED_REASONING in (shell.req.include or [])
         self.items: list[dict[str, Any]] = []
         self._open: _Open | None = None
         self._calls: dict[int, int] = {}  # chat tool-call index -> output index
+        # Custom tool calls are held back until their input is known to match the grammar
+        # (chat index -> [call_id, model function name, argument pieces]).
+        self._custom: dict[int, list[Any]] = {}
+        self._forced_text: list[str] = []
         self._seq = 0
 
     def _event(self, kind: str, **fields: Any) -> dict[str, Any]:
@@ -746,7 +796,9 @@ class ResponseEvents:
                     delta=delta["reasoning_content"],
                 )
             )
-        if delta.get("content"):
+        if delta.get("content") and self.forced is not None:
+            self._forced_text.append(delta["content"])
+        elif delta.get("content"):
             out += self._ensure("message")
             assert self._open is not None
             self._open.text.append(delta["content"])
@@ -762,12 +814,17 @@ class ResponseEvents:
             )
         for call in delta.get("tool_calls") or []:
             fn = call.get("function") or {}
+            if call.get("id") and self.tools.custom(fn.get("name", "")):
+                self._custom[call["index"]] = [call["id"], fn["name"], []]
+            if call["index"] in self._custom:
+                self._custom[call["index"]][2].append(fn.get("arguments") or "")
+                continue
             if call.get("id"):  # a call starts
                 out += self._close("completed")
                 index = len(self.items)
                 self._calls[call["index"]] = index
-                item = function_call_item(
-                    new_id("fc"), call["id"], fn.get("name", ""), "", "in_progress"
+                item = call_item(
+                    self.tools, new_id("fc"), call["id"], fn.get("name", ""), "", "in_progress"
                 )
                 self.items.append(item)
                 self._open = _Open(index, "function_call")
@@ -785,11 +842,43 @@ class ResponseEvents:
                 )
         return out
 
+    def held_calls(self) -> list[tuple[ToolEntry, str, str]]:
+        """The custom tool calls held back: (tool, call_id, input as the model wrote it)."""
+        held = []
+        if self.forced is not None:
+            held.append((self.forced, new_call_id(), "".join(self._forced_text)))
+        for call_id, function, pieces in self._custom.values():
+            entry = self.tools.custom(function)
+            assert entry is not None
+            held.append((entry, call_id, custom_input("".join(pieces))))
+        return held
+
+    def custom_call(self, entry: ToolEntry, call_id: str, text: str) -> list[dict[str, Any]]:
+        """A whole custom tool call's events: added, its input (one delta), done."""
+        out = self._close("completed")
+        index = len(self.items)
+        item_id = new_id("ctc")
+        self.items.append(custom_call_item(item_id, call_id, entry, "", "in_progress"))
+        out.append(
+            self._event(
+                "response.output_item.added", output_index=index, item=dict(self.items[index])
+            )
+        )
+        ids = {"item_id": item_id, "output_index": index}
+        out.append(self._event("response.custom_tool_call_input.delta", **ids, delta=text))
+        out.append(self._event("response.custom_tool_call_input.done", **ids, input=text))
+        self.items[index] = custom_call_item(item_id, call_id, entry, text, "completed")
+        out.append(
+            self._event("response.output_item.done", output_index=index, item=self.items[index])
+        )
+        return out
+
     def end(self, finish_reason: str, usage: dict[str, Any]) -> list[dict[str, Any]]:
         """The last item's done events, then `response.completed` (or `.incomplete`)."""
         status, incomplete = status_of(finish_reason)
         out = self._close(status)
-        if not any(item["type"] in ("message", "function_call") for item in self.items):
+        answers = ("message", "function_call", "custom_tool_call")
+        if not any(item["type"] in answers for item in self.items):
             out += self._ensure("message") + self._close(status)  # an empty answer
         final = self.shell.render(status, self.items, usage, incomplete=incomplete)
         out.append(self._event(f"response.{status}", response=final))
@@ -812,7 +901,7 @@ class ResponseEvents:
         if kind == "message":
             item: dict[str, Any] = {**message_item(new_id("msg"), "", "in_progress"), "content": []}
         else:
-            item = reasoning_item(new_id("rs"), "")
+            item = reasoning_item(new_id("rs"), "", self.seal)
         self.items.append(item)
         self._open = _Open(index, kind)
         ids = {"item_id": item["id"], "output_index": index}
@@ -852,7 +941,7 @@ class ResponseEvents:
             out.append(self._event("response.content_part.done", **ids, content_index=0, part=part))
         elif opened.kind == "reasoning":
             part = {"type": "summary_text", "text": text}
-            self.items[index] = reasoning_item(item_id, text)
+            self.items[index] = reasoning_item(item_id, text, self.seal)
             out.append(
                 self._event(
                     "response.reasoning_summary_text.done", **ids, summary_index=0, text=text
@@ -906,18 +995,76 @@ def _chain_session(request: web.Request, sid: str) -> str | None:
 
 
 async def _start(
-    request: web.Request, chat: ChatCompletionRequest, model: ModelSupervisor, auto: bool
+    request: web.Request,
+    chat: ChatCompletionRequest,
+    model: ModelSupervisor,
+    auto: bool,
+    grammar: str | None = None,
 ) -> ChatRun:
     """start_chat, dropping the oldest turns while the conversation does not fit (with
     `truncation: auto`); errors in this API's parameter names."""
     while True:
         try:
-            return await start_chat(request, chat, model)
+            return await start_chat(request, chat, model, grammar)
         except ApiError as err:
             shorter = drop_oldest_turn(chat.messages) if auto else None
             if err.code != "context_length_exceeded" or shorter is None:
                 raise renamed(err) from err
             chat = chat.model_copy(update={"messages": shorter})
+
+
+def _cache_session(request: web.Request, key: str) -> str | None:
+    """`prompt_cache_key` -> the named session its requests share, so an agent's growing
+    conversation keeps its KV pinned between turns even with `store: false` (a key that is no
+    valid session id is hashed into one)."""
+    if not SESSION_ID.match(key) or len(key) > 96:
+        key = hashlib.sha256(key.encode()).hexdigest()[:32]
+    return _chain_session(request, f"responses.key.{key}")
+
+
+@dataclass
+class _Regenerated:
+    """Custom tool inputs generated again under their grammar, and what that cost."""
+
+    inputs: dict[str, str] = field(default_factory=dict)  # call_id -> input
+    usage: list[dict[str, Any]] = field(default_factory=list)
+
+
+async def _grammar_inputs(
+    request: web.Request,
+    chat: ChatCompletionRequest,
+    model: ModelSupervisor,
+    calls: list[tuple[ToolEntry, str, str]],
+) -> _Regenerated:
+    """A custom tool call the model chose itself is held to its grammar after the fact: an
+    input that does not match is generated again, on the same prompt (its prefix is cached),
+    under the grammar. (A forced custom call was generated under it in the first place.)"""
+    out = _Regenerated()
+    for entry, call_id, text in calls:
+        fmt = entry.format
+        if fmt is None or fmt.syntax is None:
+            continue
+        if await asyncio.to_thread(input_matches, fmt, text, model.text):
+            continue
+        run = await start_chat(request, chat, model, fmt.grammar())
+        try:
+            result = await run.result()
+        finally:
+            await run.aclose()
+        out.inputs[call_id] = result.choices[0].message.get("content") or ""
+        out.usage.append(result.usage)
+    return out
+
+
+def _add_usage(usage: dict[str, Any], more: list[dict[str, Any]]) -> dict[str, Any]:
+    """Usage including the extra runs that generated custom tool inputs again."""
+    for extra in more:
+        cached = extra.get("prompt_tokens_details", {}).get("cached_tokens", 0)
+        usage["input_tokens"] += extra["prompt_tokens"]
+        usage["input_tokens_details"]["cached_tokens"] += cached
+        usage["output_tokens"] += extra["completion_tokens"]
+        usage["total_tokens"] += extra["prompt_tokens"] + extra["completion_tokens"]
+    return usage
 
 
 async def create_response(request: web.Request) -> web.StreamResponse:
@@ -938,11 +1085,19 @@ async def create_response(request: web.Request) -> web.StreamResponse:
     new_messages = items_to_messages(items)
     history = previous.messages if previous else []
     shell = ResponseShell(req)
-    # Every response of a chain shares the first one's session.
+    tools = read_tools(req.tools)
+    forced = read_tool_choice(req.tool_choice, tools).forced_custom
+    seal = ENCRYPTED_REASONING in (req.include or [])
+    # Every response of a chain shares the first one's session; without a chain, requests
+    # with the same prompt_cache_key share one.
     chain_sid = previous.session_id if previous else f"responses.{shell.id}"
-    run_sid = _chain_session(request, chain_sid) if previous else None
+    if previous:
+        run_sid = _chain_session(request, chain_sid)
+    else:
+        run_sid = _cache_session(request, req.prompt_cache_key) if req.prompt_cache_key else None
     system = [{"role": "system", "content": req.instructions}] if req.instructions else []
-    chat = chat_request(req, system + history + new_messages, run_sid)
+    chat = chat_request(req, system + history + new_messages, run_sid, tools)
+    forced_grammar = forced.format.grammar() if forced and forced.format else None
 
     def remember(output: list[dict[str, Any]], response: dict[str, Any]) -> None:
         if req.store is False:
@@ -957,20 +1112,34 @@ async def create_response(request: web.Request) -> web.StreamResponse:
                 return 0
             return len(await asyncio.to_thread(model.text.encode, text, add_bos=False))
 
-        run = await _start(request, chat, model, req.truncation == "auto")
+        run = await _start(request, chat, model, req.truncation == "auto", forced_grammar)
         try:
             if not req.stream:
                 result = await run.result()
                 choice = result.choices[0]
-                output = output_items(choice.message, choice.finish_reason)
+                output = output_items(choice.message, choice.finish_reason, tools, forced, seal)
+                held = [
+                    (
+                        tools.custom(model_name(i["name"], i.get("namespace"))),
+                        i["call_id"],
+                        i["input"],
+                    )
+                    for i in output
+                    if i["type"] == "custom_tool_call" and forced is None
+                ]
+                again = await _grammar_inputs(request, chat, model, held)  # type: ignore[arg-type]
+                for item in output:
+                    if item.get("call_id") in again.inputs:
+                        item["input"] = again.inputs[item["call_id"]]
                 reasoning = choice.message.get("reasoning_content") or ""
                 usage = responses_usage(result.usage, await reasoning_tokens(reasoning))
+                usage = _add_usage(usage, again.usage)
                 status, incomplete = status_of(choice.finish_reason)
                 body = shell.render(status, output, usage, incomplete=incomplete)
                 remember(output, body)
                 return web.json_response(body)
 
-            events = ResponseEvents(shell)
+            events = ResponseEvents(shell, tools, forced)
 
             async def frames() -> AsyncIterator[bytes]:
                 for event in events.start():
@@ -980,9 +1149,17 @@ async def create_response(request: web.Request) -> web.StreamResponse:
                         for event in events.delta(ev.delta):
                             yield event_frame(event)
                     elif isinstance(ev, ChoiceEnd):
+                        held = events.held_calls()
+                        again = await _grammar_inputs(
+                            request, chat, model, held if forced is None else []
+                        )
+                        for entry, call_id, text in held:
+                            text = again.inputs.get(call_id, text)
+                            for event in events.custom_call(entry, call_id, text):
+                                yield event_frame(event)
                         count = await reasoning_tokens(events.reasoning_text())
                         usage = responses_usage(usage_of([ev.finished]), count)
-                        final = events.end(ev.finish_reason, usage)
+                        final = events.end(ev.finish_reason, _add_usage(usage, again.usage))
                         remember(events.items, final[-1]["response"])
                         for event in final:
                             yield event_frame(event)
@@ -991,7 +1168,12 @@ async def create_response(request: web.Request) -> web.StreamResponse:
                 return b"".join(event_frame(e) for e in events.fail(err))
 
             return await relay(
-                request, run.accepted(), frames(), content_type=SSE, error_frame=error_frame
+                request,
+                run.accepted(),
+                frames(),
+                content_type=SSE,
+                error_frame=error_frame,
+                keepalive=SSE_KEEPALIVE,
             )
         finally:
             await run.aclose()

@@ -57,7 +57,7 @@ DEFAULT_KEEPALIVE_TIMEOUT = 75.0
 
 CORS_METHODS = "GET, POST, DELETE, OPTIONS"
 CORS_DEFAULT_HEADERS = (
-    "Authorization, Content-Type, X-Session-Id, x-api-key, anthropic-version, anthropic-beta"
+    "Authorization, Content-Type, X-Llmd-Session-Id, x-api-key, anthropic-version, anthropic-beta"
 )
 CORS_MAX_AGE = "600"
 

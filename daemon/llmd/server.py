@@ -1,7 +1,8 @@
 """The daemon's HTTP app (aiohttp) on TCP and a Unix socket, and its life from start to
 drained stop.
 
-Routes here: ``GET /health``, ``GET /status``, ``GET /v1/models``, ``GET /v1/sessions``,
+Routes here: ``GET /health``, ``GET /status``, ``GET /v1/models`` (and ``/v1/models/{id}``),
+``GET /v1/sessions``,
 ``DELETE /v1/sessions/{id}``, ``GET /metrics`` (metrics.py); the OpenAI generation routes live
 in openai_routes.py. Errors always leave in the OpenAI envelope with the right status.
 """
@@ -25,18 +26,23 @@ from .anthropic_messages import add_anthropic_routes
 from .errors import ApiError, server_error
 from .http_common import (
     ADDRESSES,
+    DEFAULT_MAX_TOKENS,
+    DEFAULT_STREAM_KEEPALIVE,
     DRAINING,
     REGISTRY,
     SECURITY,
     SESSIONS,
     STARTED,
     STORE,
+    STREAM_KEEPALIVE,
     error_shape_for,
 )
+from .infill_api import add_infill_routes
 from .instance import AlreadyRunning, InstanceLock, lock_path
 from .keep_alive import DEFAULT_KEEP_ALIVE
 from .limits import DEFAULT_MAX_LOADED, DEFAULT_QUEUE_LIMIT
 from .metrics import Metrics, add_metrics, metrics_middleware
+from .model_cards import openai_model
 from .model_registry import ModelRegistry
 from .ollama_models import add_ollama_routes
 from .openai_routes import add_openai_routes
@@ -127,12 +133,27 @@ async def status(request: web.Request) -> web.Response:
 
 
 async def list_models(request: web.Request) -> web.Response:
-    """Installed models plus catalog models served from an installed package."""
-    data = [
-        {"id": r.name, "object": "model", "created": int(r.modified), "owned_by": "llmd"}
-        for r in request.app[STORE].served()
-    ]
-    return web.json_response({"object": "list", "data": data})
+    """Installed models plus catalog models served from an installed package, each with its
+    served context and capabilities (model_cards.py); off the event loop, as it reads the
+    weights' headers the first time."""
+    registry = request.app[REGISTRY]
+
+    def entries() -> list[dict[str, Any]]:
+        return [openai_model(registry, r) for r in request.app[STORE].served()]
+
+    return web.json_response({"object": "list", "data": await asyncio.to_thread(entries)})
+
+
+async def get_model(request: web.Request) -> web.Response:
+    """`GET /v1/models/{id}`: one entry of the list, or OpenAI's 404."""
+    name = request.match_info["model_id"]
+    record = await asyncio.to_thread(request.app[STORE].resolve, name)
+    if record is None:
+        raise ApiError(
+            404, f"The model '{name}' does not exist", param="model", code="model_not_found"
+        )
+    entry = await asyncio.to_thread(openai_model, request.app[REGISTRY], record)
+    return web.json_response(entry)
 
 
 async def list_sessions(request: web.Request) -> web.Response:
@@ -181,6 +202,8 @@ def create_app(
     restart_policy: RestartPolicy | None = None,
     preload: tuple[str, ...] = (),
     security: SecurityConfig | None = None,
+    stream_keepalive: float = DEFAULT_STREAM_KEEPALIVE,
+    default_max_tokens: int | None = None,
 ) -> web.Application:
     """The aiohttp app; `worker_launcher` replaces the real worker (tests use a fake one)."""
     security = security or SecurityConfig()
@@ -214,6 +237,8 @@ def create_app(
     registry.metrics = Metrics()
     add_metrics(app, registry.metrics)
     app[STARTED] = time.time()
+    app[STREAM_KEEPALIVE] = stream_keepalive
+    app[DEFAULT_MAX_TOKENS] = default_max_tokens
     app[DRAINING] = asyncio.Event()
     app[ADDRESSES] = []
     app.router.add_get("/health", health)
@@ -224,6 +249,9 @@ def create_app(
     add_responses_routes(app)
     add_ollama_routes(app)
     add_anthropic_routes(app)
+    add_infill_routes(app)
+    # After the routes it would shadow (GET /v1/models/pulls): names may hold slashes.
+    app.router.add_get("/v1/models/{model_id:.+}", get_model)
     app.router.add_get("/v1/sessions", list_sessions)
     app.router.add_delete("/v1/sessions/{session_id}", delete_session)
     sessions = SessionTable(default_ttl=session_ttl, max_sessions=max_sessions)

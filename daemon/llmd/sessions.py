@@ -1,20 +1,28 @@
-"""Named sessions: a client that sends `session_id` (or `X-Session-Id`) gets its KV pinned in
-the model's worker between turns, until the session has been idle for its TTL or is deleted.
+"""Named sessions: a client that sends `session_id` (or `X-Llmd-Session-Id`) gets its KV
+pinned in the model's worker between turns, until the session has been idle for its TTL or is
+deleted.
 
 Why in the daemon: the worker only holds or releases blocks (`Unpin`); when to let go is policy
 — the idle TTL (a default and a per-session `session_ttl`), the limit on how many sessions may
-pin memory at once (a clear 429 past it), and the `GET/DELETE /v1/sessions` routes."""
+pin memory at once, and the `GET/DELETE /v1/sessions` routes.
+
+A session never fails a request: when `max_sessions` are open, a new one unpins the least
+recently used idle session (its KV stays in the prefix cache, evictable); when every open
+session is running a request, the new request runs unpinned. Only the header named for llmd
+pins (`X-Llmd-Session-Id`): opencode sends `x-session-id` on every request, and reading that
+as llmd's extension pinned 64 of its sessions and refused the 65th."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from .errors import ApiError
+log = logging.getLogger("llmd.sessions")
 
 
 class Pinner(Protocol):
@@ -68,23 +76,19 @@ class SessionTable:
         self.max_sessions = max_sessions
         self.clock = clock
         self._sessions: dict[str, Session] = {}
+        self._unpinning: set[asyncio.Task[None]] = set()  # evictions in flight
 
-    def begin(self, sid: str, model: str, worker: Pinner, ttl: float | None) -> Session:
-        """Marks a request of session `sid` as running; creates the session if new (429 when
-        `max_sessions` are already open). A session moving to another model lets go of its KV
-        in the old one."""
+    def begin(self, sid: str, model: str, worker: Pinner, ttl: float | None) -> Session | None:
+        """Marks a request of session `sid` as running; creates the session if new, making
+        room by unpinning the least recently used idle session. None when every open session
+        is running (the request then runs unpinned). A session moving to another model lets
+        go of its KV in the old one."""
         now = self.clock()
         s = self._sessions.get(sid)
         if s is None:
-            if len(self._sessions) >= self.max_sessions:
-                raise ApiError(
-                    429,
-                    f"too many open sessions ({self.max_sessions}); delete one with "
-                    "DELETE /v1/sessions/{id} or wait for one to expire",
-                    type="rate_limit_error",
-                    param="session_id",
-                    code="session_limit",
-                )
+            if len(self._sessions) >= self.max_sessions and not self._evict_idle():
+                log.info("all %d sessions are running: %s runs unpinned", self.max_sessions, sid)
+                return None
             s = Session(sid, model, worker, ttl or self.default_ttl, now, now)
             self._sessions[sid] = s
         elif s.worker is not worker:
@@ -96,6 +100,19 @@ class SessionTable:
         s.active += 1
         s.last_used = now
         return s
+
+    def _evict_idle(self) -> bool:
+        """Unpins the least recently used session that runs no request (False: none)."""
+        idle = [s for s in self._sessions.values() if s.active == 0]
+        if not idle:
+            return False
+        victim = min(idle, key=lambda s: s.last_used)
+        del self._sessions[victim.id]
+        log.info("session %s unpinned to make room (max_sessions %d)", victim.id, self.max_sessions)
+        task = asyncio.get_running_loop().create_task(victim.worker.unpin(victim.id))
+        self._unpinning.add(task)
+        task.add_done_callback(self._unpinning.discard)
+        return True
 
     async def end(self, s: Session) -> None:
         s.active -= 1

@@ -34,6 +34,21 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("llmd.supervisor")
 
+
+def context_warning(ready: p.Ready) -> str | None:
+    """Why the served context is suspect: `--context-length` beyond the trained one is served
+    (as llama-server's -c and Ollama's num_ctx allow), positions past it computed the same way,
+    but the model never saw them in training."""
+    trained = ready.model.context_length
+    if trained <= 0 or ready.context_length <= trained:
+        return None
+    return (
+        f"served with a context of {ready.context_length} tokens, beyond the {trained} it was "
+        "trained on: answers that use positions past the trained context may degrade "
+        "(quality there is not guaranteed)"
+    )
+
+
 WARMUP_TEXT = "Warm up: the quick brown fox jumps over the lazy dog."
 
 
@@ -209,6 +224,9 @@ class ModelSupervisor:
             ready.threads,
             f"; warmup {self.warmup['ms']:.0f} ms" if self.warmup else "",
         )
+        warning = context_warning(ready)
+        if warning:
+            log.warning("%s: %s", self.name, warning)
         self._watcher = asyncio.create_task(self._watch(worker))
         return worker
 
@@ -346,10 +364,14 @@ class ModelSupervisor:
                 backend=ready.backend,
                 device=ready.device,
                 context_length=ready.context_length,
+                trained_context_length=ready.model.context_length,
                 max_sequences=ready.max_sequences,
                 kv_budget_bytes=ready.kv_budget_bytes,
                 memory=ready.memory,
             )
+            warning = context_warning(ready)
+            if warning:
+                entry["context_warning"] = warning
         if worker is not None and worker.pid is not None and worker.dead is None:
             rss = process_rss(worker.pid)
             if rss is not None:

@@ -240,8 +240,9 @@ class WorkerClient:
         tag: str = "r",
         grammar: str | None = None,
         prefill_of: str = "",
-    ) -> AsyncIterator[Accepted | p.Tokens | p.Done]:
-        """Yields ACCEPTED, token events, then one Done; raises WorkerError on error (code
+    ) -> AsyncIterator[Accepted | p.Started | p.Tokens | p.Done]:
+        """Yields ACCEPTED, Started once the engine admits it (the prefix-cache split), token
+        events, then one Done; raises WorkerError on error (code
         ``queue_full`` before ACCEPTED when the worker has max_sequences running and
         queue_limit waiting). Closing the iterator early (client gone, stop string hit)
         cancels the request in the worker."""
@@ -276,7 +277,7 @@ class WorkerClient:
                     finished = True
                     yield msg
                     return
-                if isinstance(msg, p.Tokens):
+                if isinstance(msg, p.Tokens | p.Started):
                     yield msg
         finally:
             self._queues.pop(rid, None)

@@ -94,6 +94,11 @@ py::dict event_to_dict(const EngineEvent& e) {
   py::dict d;
   d["id"] = e.id;
   switch (e.kind) {
+    case EngineEvent::Kind::Started:
+      d["type"] = "started";
+      d["prompt_tokens"] = e.prompt_tokens;
+      d["cached_tokens"] = e.cached_tokens;
+      break;
     case EngineEvent::Kind::Tokens:
       d["type"] = "tokens";
       d["tokens"] = e.tokens;
@@ -222,18 +227,25 @@ PYBIND11_MODULE(_engine, m) {
            })
       .def("cancel", &Engine::cancel)
       .def("unpin", &Engine::unpin)
-      .def("poll",
-           [](Engine& e, int timeout_ms) {
-             std::vector<EngineEvent> events;
-             {
-               py::gil_scoped_release release;
-               events = e.poll(timeout_ms);
-             }
-             bury_dead_objects();
-             py::list out;
-             for (const auto& ev : events) out.append(event_to_dict(ev));
-             return out;
-           })
+      .def(
+          "poll",
+          [](Engine& e, int timeout_ms, bool started) {
+            std::vector<EngineEvent> events;
+            {
+              py::gil_scoped_release release;
+              events = e.poll(timeout_ms);
+            }
+            bury_dead_objects();
+            py::list out;
+            for (const auto& ev : events) {
+              if (ev.kind == EngineEvent::Kind::Started && !started) continue;
+              out.append(event_to_dict(ev));
+            }
+            return out;
+          },
+          py::arg("timeout_ms"), py::arg("started") = false,
+          "Events since the last poll; `started` (admission, with the cached-prefix count) only "
+          "when asked: the worker host relays it, scripts that count tokens need not skip it.")
       .def("stats",
            [](Engine& e) {
              const EngineStats s = e.stats();

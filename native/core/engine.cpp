@@ -18,8 +18,9 @@ Engine::Engine(std::unique_ptr<Model> model, EngineOptions options)
     : model_(std::move(model)),
       recurrent_(model_->has_recurrent_state()),
       options_(options),
-      context_length_(options.context_length > 0 ? std::min(options.context_length, model_->info().context_length)
-                                                 : model_->info().context_length),
+      // --context-length may go beyond the trained context (as llama-server's -c and Ollama's
+      // num_ctx): positions past it are computed the same way, their quality is not guaranteed.
+      context_length_(options.context_length > 0 ? options.context_length : model_->info().context_length),
       pool_(model_->kv_shape(), options.kv_budget_bytes),
       prefix_cache_(pool_),
       session_pins_(pool_) {
@@ -258,6 +259,7 @@ void Engine::keep_snapshots(Sequence& seq) {
 
 void Engine::loop() {
   while (true) {
+    bool admitted_any = false;
     {
       std::unique_lock<std::mutex> lock(mutex_);
       work_cv_.wait(lock, [&] {
@@ -315,9 +317,17 @@ void Engine::loop() {
         waiting_.pop_front();
         seq->admitted = Clock::now();
         admit(*seq);
+        EngineEvent started;  // pushed under the lock admission holds; notified below
+        started.kind = EngineEvent::Kind::Started;
+        started.id = seq->request.id;
+        started.prompt_tokens = static_cast<int>(seq->request.prompt.size());
+        started.cached_tokens = seq->cached;
+        events_.push_back(std::move(started));
+        admitted_any = true;
         active_.push_back(std::move(seq));
       }
     }
+    if (admitted_any) events_cv_.notify_all();
     publish_gauges();
     if (active_.empty()) continue;
     try {

@@ -43,12 +43,15 @@ struct GenerateRequest {
 };
 
 struct EngineEvent {
-  enum class Kind { Tokens, Done, Error };
+  // Started: the request was admitted and its prompt matched against the prefix cache
+  // (`prompt_tokens`, `cached_tokens` set), before any of it is prefilled. Protocols whose
+  // first event reports the cache split (Anthropic's message_start) wait for it.
+  enum class Kind { Started, Tokens, Done, Error };
   Kind kind = Kind::Tokens;
   std::string id;
   std::vector<int32_t> tokens;
   std::vector<TokenLogprob> logprobs;  // one per token when the request asked for them
-  // Done
+  // Done (prompt_tokens and cached_tokens: Started too)
   std::string finish_reason;
   int prompt_tokens = 0;
   int completion_tokens = 0;
@@ -63,7 +66,7 @@ struct EngineOptions {
   int max_sequences = 8;
   int step_token_budget = 512;  // tokens per forward pass (decode rows + prefill chunk)
   size_t kv_budget_bytes = size_t{1} << 30;
-  int context_length = 0;       // 0: the model's
+  int context_length = 0;       // 0: the model's trained context; may exceed it (positions computed alike)
 };
 
 struct EngineStats {

@@ -26,8 +26,7 @@ ModelInfo make_info(const DecoderDims& d, const std::string& arch, const std::st
   ModelInfo info;
   info.architecture = arch;
   info.vocab_size = d.vocab_size;
-  info.context_length = d.context_length;
-  if (options.context_length > 0) info.context_length = std::min(info.context_length, options.context_length);
+  info.context_length = d.context_length;  // the trained context; the engine may serve more or less
   info.n_layers = d.n_layers;
   info.n_heads = d.n_heads;
   info.n_kv_heads = d.n_kv_heads;

@@ -76,6 +76,8 @@ class FakeEngine:
                 )
             )
             return
+        # Admitted at once, nothing cached (the real engine's Started carries its prefix match).
+        await _send(p.Started(id=req.id, prompt_tokens=len(prompt), cached_tokens=0))
         emitted = 0
         counted = 0
         reason = "stop"

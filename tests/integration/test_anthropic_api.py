@@ -199,3 +199,62 @@ def test_bad_requests_get_anthropic_errors(client: anthropic.Anthropic) -> None:
         assert body["type"] == "error" and words in body["error"]["message"]
     assert missing.value.body["error"]["type"] == "invalid_request_error"  # type: ignore[index]
     assert unknown.value.body["error"]["type"] == "not_found_error"  # type: ignore[index]
+
+
+def _agent_turn(client: anthropic.Anthropic, build: str) -> tuple[Any, Any]:
+    """One request shaped as Claude Code sends it (2.1.x): a per-request billing header as the
+    first system block, a long system prompt, effort, adaptive thinking, context_management,
+    a system message inside `messages`, a deferred tool, max_tokens far past the context."""
+    policy = " ".join(f"Rule {i}: keep answers short and exact." for i in range(150))
+    with client.messages.stream(
+        model=MODEL,
+        max_tokens=32000,  # clamped to the room left; the stop sequence keeps the answer short
+        stop_sequences=[" "],
+        system=[
+            {"type": "text", "text": f"x-anthropic-billing-header: cc_version={build};"},
+            {"type": "text", "text": "You are a careful agent. " + policy},
+        ],
+        messages=[
+            {"role": "user", "content": "Say hi"},
+            {"role": "system", "content": [{"type": "text", "text": "# Environment\nlinux"}]},  # type: ignore[list-item]
+        ],
+        tools=[WEATHER, {**WEATHER, "name": "deferred", "defer_loading": True}],  # type: ignore[list-item]
+        extra_body={
+            **GREEDY,
+            "thinking": {"type": "adaptive", "display": "omitted"},
+            "output_config": {"effort": "high"},
+            "context_management": {"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]},
+            "metadata": {"user_id": '{"session_id": "s"}'},
+        },
+        extra_headers={"anthropic-beta": "claude-code-20250219,effort-2025-11-24"},
+    ) as stream:
+        start = next(e for e in stream if e.type == "message_start")
+        for _ in stream:
+            pass
+        return start.message.usage, stream.get_final_message()
+
+
+def test_claude_code_shaped_requests_run_and_turn_two_is_served_from_the_cache(
+    client: anthropic.Anthropic,
+) -> None:
+    first_start, first = _agent_turn(client, "2.1.332.461")
+    second_start, second = _agent_turn(client, "2.1.332.999")  # the header changed
+    prompt = second.usage.input_tokens + second.usage.cache_read_input_tokens
+    assert prompt > 1000 and first.stop_reason in ("end_turn", "stop_sequence", "tool_use")
+    # The whole prompt but its last turn comes from the cache, and message_start says so.
+    assert second_start.cache_read_input_tokens >= 0.9 * prompt
+    assert second_start.cache_read_input_tokens == second.usage.cache_read_input_tokens
+    assert second_start.input_tokens + second_start.cache_read_input_tokens == prompt
+
+
+def test_a_prompt_too_long_is_worded_as_claude_code_parses_it(client: anthropic.Anthropic) -> None:
+    words = "lorem ipsum " * 9000
+    with pytest.raises(anthropic.BadRequestError) as info:
+        client.messages.create(
+            model=MODEL, max_tokens=100, messages=[{"role": "user", "content": words}]
+        )
+    message = info.value.body["error"]["message"]  # type: ignore[index]
+    import re
+
+    m = re.fullmatch(r"prompt is too long: (\d+) tokens > (\d+) maximum", message)
+    assert m is not None and int(m.group(1)) > int(m.group(2))

@@ -174,11 +174,11 @@ def test_seed_makes_sampling_repeatable(client: OpenAI) -> None:
         (
             {
                 "model": "smollm2-135m",
-                "messages": [{"role": "user", "content": "hi"}],
-                "max_tokens": 100000,
+                "messages": [{"role": "user", "content": "word " * 9000}],
+                "max_tokens": 10,
             },
             400,
-            "max_tokens",
+            "messages",
             "context_length_exceeded",
         ),
         (
@@ -280,3 +280,27 @@ def test_a_storm_of_disconnecting_streams_leaks_no_sequence_or_kv(server) -> Non
         {"model": "smollm2-135m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4},
     )
     assert status == 200
+
+
+def test_max_tokens_past_the_context_is_clamped_not_refused(server) -> None:  # type: ignore[no-untyped-def]
+    """Agents ask for 32000 tokens whatever the model: the request runs; only its prompt has
+    to fit. The prompt too long gets OpenAI's wording, which clients parse."""
+    got, payload = post(
+        server,
+        "/v1/chat/completions",
+        {
+            "model": "smollm2-135m",
+            "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": 100000,
+            "stop": [" "],
+            "temperature": 0,
+        },
+    )
+    assert got == 200 and payload["choices"][0]["finish_reason"] == "stop"
+    got, payload = post(
+        server,
+        "/v1/chat/completions",
+        {"model": "smollm2-135m", "messages": [{"role": "user", "content": "word " * 9000}]},
+    )
+    assert got == 400
+    assert payload["error"]["message"].startswith("This model's maximum context length is 8192")

@@ -1,11 +1,15 @@
 """OpenAI's Responses API through the official `openai` client against a live `llmd serve`
 with the real model: plain and streamed answers, structured output, a forced function call and
 its result, a three-turn `previous_response_id` chain that reuses the cached prefix, stored
-responses (GET, input_items, DELETE) and OpenAI's error envelope."""
+responses (GET, input_items, DELETE) and OpenAI's error envelope; and what coding agents send
+(a captured Codex CLI request replayed: namespace tools, hosted tools dropped, a custom tool held
+to its grammar, `prompt_cache_key` caching turn 2's prefix)."""
 
 from __future__ import annotations
 
 import json
+import re
+from pathlib import Path
 from typing import Any
 
 import openai
@@ -268,7 +272,7 @@ def test_unknown_previous_response_id_is_404(client: OpenAI) -> None:
     ("kwargs", "param"),
     [
         ({"temperature": 3}, "temperature"),
-        ({"tools": [{"type": "web_search"}]}, "tools"),
+        ({"tools": [{"type": "hologram"}]}, "tools"),
         ({"include": ["file_search_call.results"]}, "include"),
         (
             {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
@@ -284,3 +288,110 @@ def test_bad_parameters_are_400_naming_them(
         client.responses.create(**args)
     err = info.value.body
     assert isinstance(err, dict) and err["param"] == param and err["message"]
+
+
+# ---------------------------------------------------------------------- coding agents
+
+AGENTS = Path(__file__).parent.parent / "fixtures" / "agents"
+
+
+def _codex_turn_one() -> dict[str, Any]:
+    """The request Codex 0.169.0 sent for `codex exec` (long texts trimmed), unstreamed."""
+    body = json.loads((AGENTS / "codex_0.169.0_exec_request.json").read_text())
+    return {**body, "stream": False, "temperature": 0, "max_output_tokens": 16}
+
+
+def test_codex_turn_two_reuses_the_cached_prefix(client: OpenAI) -> None:
+    """Codex sends `store: false` and the whole history each turn, keyed by
+    `prompt_cache_key`: turn 2 must come mostly from the prefix cache."""
+    body = _codex_turn_one()
+    first = client.post("/responses", cast_to=object, body=body)
+    assert isinstance(first, dict) and first["status"] in ("completed", "incomplete")
+    assert first["store"] is False and first["prompt_cache_key"] == body["prompt_cache_key"]
+    history = [{k: v for k, v in item.items() if k != "id"} for item in first["output"]]
+    follow_up = {"role": "user", "content": [{"type": "input_text", "text": "Thanks."}]}
+    second = client.post(
+        "/responses",
+        cast_to=object,
+        body={**body, "input": body["input"] + history + [follow_up]},
+    )
+    assert isinstance(second, dict)
+    usage = second["usage"]
+    assert usage["input_tokens"] > first["usage"]["input_tokens"]
+    assert usage["input_tokens_details"]["cached_tokens"] >= 0.9 * usage["input_tokens"]
+
+
+def test_hosted_tools_are_dropped_not_refused(client: OpenAI) -> None:
+    resp = client.responses.create(
+        model=MODEL,
+        input="Say hello.",
+        tools=[{"type": "web_search"}],  # type: ignore[list-item]
+        max_output_tokens=8,
+        temperature=0,
+    )
+    assert resp.output[0].type == "message" and resp.output_text
+
+
+def test_forced_custom_tool_call_input_matches_its_grammar(client: OpenAI) -> None:
+    pattern = r"(add|remove) [a-z]{1,8}\.txt"
+    tool = {
+        "type": "custom",
+        "name": "edit",
+        "description": "Edit a file.",
+        "format": {"type": "grammar", "syntax": "regex", "definition": pattern},
+    }
+    resp = client.responses.create(
+        model=MODEL,
+        input="Create the file notes.txt.",
+        tools=[tool],  # type: ignore[list-item]
+        tool_choice={"type": "custom", "name": "edit"},
+        max_output_tokens=20,
+        temperature=0,
+    )
+    [call] = resp.output
+    assert call.type == "custom_tool_call" and call.name == "edit"
+    assert re.fullmatch(pattern, call.input)
+    # Its result goes back as a custom_tool_call_output (store: true chain).
+    follow = client.responses.create(
+        model=MODEL,
+        previous_response_id=resp.id,
+        input=[{"type": "custom_tool_call_output", "call_id": call.call_id, "output": "done"}],
+        max_output_tokens=8,
+        temperature=0,
+    )
+    assert follow.status in ("completed", "incomplete")
+
+
+def test_forced_namespace_call_comes_back_with_its_namespace(client: OpenAI) -> None:
+    body = {
+        "model": MODEL,
+        "input": "Close agent 7.",
+        "tools": [
+            {
+                "type": "namespace",
+                "name": "agents",
+                "description": "Sub-agents.",
+                "tools": [
+                    {
+                        "type": "function",
+                        "name": "close_agent",
+                        "description": "Close an agent.",
+                        "parameters": {
+                            "type": "object",
+                            "properties": {"id": {"type": "string"}},
+                            "required": ["id"],
+                        },
+                    }
+                ],
+            }
+        ],
+        "tool_choice": {"type": "function", "name": "close_agent"},
+        "max_output_tokens": 60,
+        "temperature": 0,
+    }
+    resp = client.post("/responses", cast_to=object, body=body)
+    assert isinstance(resp, dict)
+    [call] = [item for item in resp["output"] if item["type"] == "function_call"]
+    assert call["name"] == "close_agent" and call["namespace"] == "agents"
+    if resp["status"] == "completed":  # a cut answer's arguments are cut too
+        assert "id" in json.loads(call["arguments"])

@@ -155,3 +155,62 @@ def test_unknown_tool_choice_is_a_400_naming_it(client: OpenAI) -> None:
             tool_choice={"type": "function", "function": {"name": "launch_rockets"}},
         )
     assert info.value.response.json()["error"]["param"] == "tool_choice"
+
+
+def _streamed_call(client: OpenAI, **kwargs: Any) -> tuple[list[str], list[str], str | None]:
+    """(names, argument fragments of call 0, finish reason) of a streamed answer."""
+    stream = client.chat.completions.create(model=MODEL, stream=True, **kwargs)
+    names, fragments, finish = [], [], None
+    for chunk in stream:
+        if not chunk.choices:
+            continue
+        for tc in chunk.choices[0].delta.tool_calls or []:
+            if tc.function and tc.function.name:
+                names.append(tc.function.name)
+            if tc.index == 0 and tc.function and tc.function.arguments:
+                fragments.append(tc.function.arguments)
+        finish = chunk.choices[0].finish_reason or finish
+    return names, fragments, finish
+
+
+def test_auto_tool_calls_stream_their_arguments_as_generated(client: OpenAI) -> None:
+    """`auto`: the lazy grammar holds a call to its schema once the model opens one, so the
+    arguments stream in several fragments that concatenate to valid JSON, and the same
+    request not streamed gives the same call."""
+    # The 135M model answers QUESTION in prose; asked for a call, it writes one (greedy).
+    ask = [{"role": "user", "content": "Reply with a <tool_call> only: weather in Paris."}]
+    request: dict[str, Any] = {
+        "messages": ask,
+        "tools": TOOLS,
+        "tool_choice": "auto",
+        "parallel_tool_calls": False,
+        "temperature": 0,
+        "max_tokens": 80,
+    }
+    names, fragments, finish = _streamed_call(client, **request)
+    assert names == ["get_weather"], "the test model calls the weather tool for this question"
+    assert finish == "tool_calls"
+    assert len(fragments) > 1, fragments
+    args = json.loads("".join(fragments))
+    assert set(args) == {"city"} and isinstance(args["city"], str)
+    out = client.chat.completions.create(model=MODEL, **request)
+    [call] = out.choices[0].message.tool_calls
+    assert (call.function.name, call.function.arguments) == ("get_weather", "".join(fragments))
+
+
+def test_a_call_cut_by_max_tokens_says_length(client: OpenAI) -> None:
+    """Fragments already sent cannot be withdrawn: the call stays, and `length` says so."""
+    request: dict[str, Any] = {
+        "messages": QUESTION,
+        "tools": TOOLS,
+        "tool_choice": "required",
+        "parallel_tool_calls": False,
+        "temperature": 0,
+        "max_tokens": 18,  # inside the arguments (greedy: {"city": "Paris"} at 15-20)
+    }
+    names, fragments, finish = _streamed_call(client, **request)
+    assert len(names) == 1 and fragments and finish == "length"
+    out = client.chat.completions.create(model=MODEL, **request)
+    assert out.choices[0].finish_reason == "length"
+    [call] = out.choices[0].message.tool_calls
+    assert call.function.arguments == "".join(fragments)

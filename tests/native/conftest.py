@@ -74,6 +74,8 @@ def generate_in_worker(
         proc.stdin.write((json.dumps(request) + "\n").encode())
         proc.stdin.flush()
         tokens: list[int] = []
+        started = json.loads(proc.stdout.readline())  # admission: the prefix-cache split
+        assert started["type"] == "started" and started["prompt_tokens"] == len(prompt), started
         while (event := json.loads(proc.stdout.readline()))["type"] != "done":
             assert event["type"] == "tokens", event
             tokens += event["tokens"]

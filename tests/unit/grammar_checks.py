@@ -28,3 +28,18 @@ def accepts_a_prefix(ll_tokenizer: Any, grammar: str, text: str) -> bool:
     matcher = LLMatcher(ll_tokenizer, LLMatcher.grammar_from_lark(grammar), log_level=0)
     ids = ll_tokenizer.tokenize_str(text)
     return matcher.validate_tokens(ids) == len(ids)
+
+
+def matcher(ll_tokenizer: Any, grammar: str) -> Any:
+    """A fresh llguidance matcher for `grammar` (asserted to compile)."""
+    from llguidance import LLMatcher
+
+    m = LLMatcher(ll_tokenizer, LLMatcher.grammar_from_lark(grammar), log_level=0)
+    assert not m.is_error(), m.get_error()
+    return m
+
+
+def accepts_ids(ll_tokenizer: Any, grammar: str, ids: list[int]) -> bool:
+    """Whether the grammar lets the model write exactly the tokens `ids`, then end its turn."""
+    m = matcher(ll_tokenizer, grammar)
+    return m.consume_tokens(ids) and m.is_accepting() and m.consume_token(ll_tokenizer.eos_token)

@@ -159,7 +159,12 @@ def test_harmless_parameters_are_accepted() -> None:
         ({"container": "c1"}, "container", "container"),
         ({"mcp_servers": [{"url": "u"}]}, "mcp_servers", "mcp_servers"),
         ({"bogus": 1}, "bogus", "bogus"),
-        ({"output_config": {"effort": "high"}}, "output_config.effort", "effort"),
+        ({"output_config": {"effort": "extreme"}}, "output_config.effort", "effort"),
+        (
+            {"context_management": {"edits": [{"type": "clear_tool_uses_20250919"}]}},
+            "context_management.edits.0.type",
+            "clear_tool_uses_20250919",
+        ),
         ({"tools": [{"type": "web_search_20250305", "name": "s"}]}, "tools.0.type", "server"),
         ({"thinking": {"type": "enabled", "budget_tokens": 100}}, "thinking.budget_tokens", "1024"),
         (
@@ -210,6 +215,99 @@ def test_what_would_change_the_output_is_refused(
     assert words in err.message
     if param:
         assert err.param == param
+
+
+def test_what_claude_code_sends_is_accepted_and_means_what_it_says() -> None:
+    """Claude Code's first request shape (2.1.x): context_management, effort, adaptive
+    thinking with display omitted, metadata, a billing header as the first system block, a
+    system message inside `messages` (last, with cache_control), a deferred tool."""
+    tr = translate_messages(
+        {
+            "model": "m",
+            "max_tokens": 32000,
+            "stream": True,
+            "metadata": {"user_id": '{"device_id": "d", "session_id": "s"}'},
+            "thinking": {"type": "adaptive", "display": "omitted"},
+            "context_management": {"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]},
+            "output_config": {"effort": "high"},
+            "system": [
+                {"type": "text", "text": "x-anthropic-billing-header: cc_version=2.1.3.4; e=cli;"},
+                {
+                    "type": "text",
+                    "text": "You are an agent.",
+                    "cache_control": {"type": "ephemeral"},
+                },
+            ],
+            "messages": [
+                {"role": "user", "content": [{"type": "text", "text": "Read notes.txt"}]},
+                {
+                    "role": "system",
+                    "content": [
+                        {
+                            "type": "text",
+                            "text": "# Environment",
+                            "cache_control": {"type": "ephemeral"},
+                        }
+                    ],
+                },
+            ],
+            "tools": [
+                WEATHER,
+                {**WEATHER, "name": "later", "defer_loading": True},
+            ],
+        }
+    )
+    chat = tr.chat
+    roles = [(m.role, m.text()) for m in chat.messages]
+    assert roles == [
+        ("system", "You are an agent."),  # the billing header never reaches the prompt
+        ("user", "Read notes.txt"),
+        ("system", "# Environment"),
+    ]
+    assert [t["function"]["name"] for t in chat.tools or []] == ["get_weather"]
+    assert chat.reasoning_effort == "high" and chat.reasoning_is_hint
+    assert tr.thinking == "omitted"
+
+
+def test_thinking_switch_follows_thinking_and_effort() -> None:
+    assert translate(thinking={"type": "disabled"}).chat.reasoning_effort == "none"
+    assert translate(thinking={"type": "adaptive"}).chat.reasoning_effort == "medium"
+    assert translate(output_config={"effort": "max"}).chat.reasoning_effort == "high"
+    assert translate().chat.reasoning_effort is None
+
+
+def test_a_deferred_tool_is_shown_once_a_tool_search_referenced_it() -> None:
+    messages = [
+        {"role": "user", "content": "Find the weather tool"},
+        {
+            "role": "assistant",
+            "content": [{"type": "tool_use", "id": "t1", "name": "ToolSearch", "input": {}}],
+        },
+        {
+            "role": "user",
+            "content": [
+                {
+                    "type": "tool_result",
+                    "tool_use_id": "t1",
+                    "content": [{"type": "tool_reference", "tool_name": "later"}],
+                }
+            ],
+        },
+    ]
+    search = {**WEATHER, "name": "ToolSearch"}
+    chat = translate(
+        messages=messages, tools=[search, {**WEATHER, "name": "later", "defer_loading": True}]
+    ).chat
+    assert [t["function"]["name"] for t in chat.tools or []] == ["ToolSearch", "later"]
+    assert chat.messages[2].role == "tool" and chat.messages[2].text() == "Tool loaded: later"
+
+
+def test_a_prompt_that_does_not_fit_is_worded_as_claude_code_parses_it() -> None:
+    from llmd.generation import ContextOverflow
+
+    body = anthropic_error(ContextOverflow(9000, 8192, "messages"))
+    assert body["error"]["message"] == "prompt is too long: 9000 tokens > 8191 maximum"
+    assert body["error"]["type"] == "invalid_request_error"
 
 
 def test_count_tokens_needs_no_max_tokens() -> None:
@@ -382,3 +480,23 @@ async def test_middleware_errors_use_the_anthropic_shape(llmd_home: Path) -> Non
         assert (await missing.json())["error"]["type"] == "not_found_error"
         ok = await client.post("/v1/messages", json=body, headers=headers)
         assert ok.status == 200 and (await ok.json())["type"] == "message"
+
+
+async def test_a_slow_stream_keeps_alive_with_pings_after_message_start(llmd_home: Path) -> None:
+    """A long prefill must not trip a client's idle timeout: `ping` events while nothing else
+    comes, never before `message_start`, which already carries the cache split."""
+    options = {"stream_keepalive": 0.05}
+    async with api(llmd_home, app_options=options, token_delay=0.3) as client:
+        resp = await client.post(
+            "/v1/messages",
+            json={"model": MODEL, "max_tokens": 3, "messages": USER, "stream": True},
+        )
+        text = await resp.text()
+    names = [f.splitlines()[0] for f in text.split("\n\n") if f.strip()]
+    assert names[0] == "event: message_start"
+    first_delta = names.index("event: content_block_start")
+    assert names[1:first_delta].count("event: ping") >= 3
+    start = json.loads(text.split("\n\n")[0].splitlines()[1].removeprefix("data: "))
+    usage_at_start = start["message"]["usage"]
+    assert usage_at_start["cache_read_input_tokens"] == 0
+    assert usage_at_start["input_tokens"] > 0

@@ -233,7 +233,7 @@ def test_generate_prompt_becomes_a_user_turn_after_the_system_message() -> None:
 @pytest.mark.parametrize(
     "body",
     [
-        {"suffix": "return x"},
+        {"suffix": "return x", "system": "s"},  # FIM has no system prompt
         {"template": "{{ .Prompt }}"},
         {"context": [1, 2, 3]},
         {"images": ["aGk="]},

@@ -95,11 +95,9 @@ def test_stream_options_need_stream() -> None:
 
 def test_conflicting_token_limits_are_refused_equal_ones_accepted() -> None:
     assert rejected(max_tokens=5, max_completion_tokens=9).param == "max_tokens"
-    assert chat(max_tokens=7, max_completion_tokens=7).token_limit() == (
-        7,
-        "max_completion_tokens",
-    )
-    assert chat(max_tokens=7).token_limit() == (7, "max_tokens")
+    assert chat(max_tokens=7, max_completion_tokens=7).token_limit() == 7
+    assert chat(max_completion_tokens=9).token_limit() == 9
+    assert chat(max_tokens=7).token_limit() == 7 and chat().token_limit() is None
 
 
 def test_tool_turns_are_accepted_and_images_are_not_supported_yet() -> None:

@@ -21,8 +21,6 @@ from llmd.responses_api import (
     ResponseShell,
     assistant_message,
     chat_request,
-    chat_tool_choice,
-    chat_tools,
     drop_oldest_turn,
     items_to_messages,
     normalize_input,
@@ -30,6 +28,7 @@ from llmd.responses_api import (
     parse_responses_request,
     responses_usage,
 )
+from llmd.responses_tools import read_tool_choice, read_tools
 from tests.unit.fake_api import MODEL, api, sent_to_worker
 
 EVENT = TypeAdapter(ResponseStreamEvent)
@@ -101,11 +100,11 @@ def test_full_request_maps_onto_the_chat_request() -> None:
         ({"temperature": 3}, "temperature"),
         ({"top_p": 0}, "top_p"),
         ({"max_output_tokens": 0}, "max_output_tokens"),
-        ({"tools": [{"type": "web_search"}]}, "tools"),
+        ({"tools": [{"type": "hologram"}]}, "tools"),
         ({"tools": [{"type": "function"}]}, "tools[0].name"),
         ({"tool_choice": {"type": "file_search"}}, "tool_choice"),
         ({"tool_choice": "sometimes"}, "tool_choice"),
-        ({"include": ["reasoning.encrypted_content"]}, "include"),
+        ({"include": ["file_search_call.results"]}, "include"),
         ({"background": True}, "background"),
         ({"conversation": "conv_1"}, "conversation"),
         ({"frobnicate": 1}, "frobnicate"),
@@ -250,13 +249,13 @@ def test_truncation_drops_whole_oldest_turns_and_keeps_system() -> None:
 
 
 def test_tools_and_tool_choice_mapping() -> None:
-    assert chat_tools(None) is None
-    [tool] = chat_tools([{"type": "function", "name": "f"}]) or []
-    assert tool == {"type": "function", "function": {"name": "f"}}
-    assert chat_tool_choice("required", True) == "required"
-    assert chat_tool_choice("none", False) is None
+    assert read_tools(None).chat_tools == []
+    tools = read_tools([{"type": "function", "name": "f"}])
+    assert tools.chat_tools == [{"type": "function", "function": {"name": "f"}}]
+    assert read_tool_choice("required", tools).chat == "required"
+    assert read_tool_choice("none", read_tools(None)).chat is None
     with pytest.raises(ApiError):
-        chat_tools([{"type": "function", "name": "f", "defer_loading": True}])
+        read_tools([{"type": "function", "name": "f", "cache_control": True}])
 
 
 # ---------------------------------------------------------------------- output

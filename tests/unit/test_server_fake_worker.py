@@ -238,10 +238,19 @@ async def test_worker_that_cannot_load_is_503_with_its_reason(llmd_home: Path) -
     assert body["error"]["type"] == "server_error"
 
 
+async def test_max_tokens_beyond_the_context_is_clamped_to_the_room_left(llmd_home: Path) -> None:
+    """Agents ask for 32k tokens whatever the model: the request runs with what fits (as
+    llama-server and Ollama do) instead of a 400."""
+    async with api(llmd_home, context=256) as client:
+        status, _ = await complete(client, prompt="x", max_tokens=500)
+        [sent] = sent_to_worker(client, "generate")
+    assert status == 200
+    assert sent["max_tokens"] == 256 - len(sent["prompt"])
+
+
 @pytest.mark.parametrize(
     "body,param,code",
     [
-        ({"prompt": "x", "max_tokens": 500}, "max_tokens", "context_length_exceeded"),
         ({"prompt": "word " * 300}, "prompt", "context_length_exceeded"),
         ({"prompt": "x", "temperature": 3}, "temperature", None),
         ({"prompt": "x", "top_p": 0}, "top_p", None),
@@ -374,7 +383,7 @@ async def test_named_sessions_are_listed_and_deleted_and_unpinned_in_the_worker(
         resp = await client.post(
             "/v1/completions",
             json={"model": MODEL, "prompt": "turn two"},
-            headers={"X-Session-Id": "chat-7"},
+            headers={"X-Llmd-Session-Id": "chat-7"},
         )
         assert resp.status == 200
         listed = await (await client.get("/v1/sessions")).json()
@@ -395,14 +404,48 @@ async def test_named_sessions_are_listed_and_deleted_and_unpinned_in_the_worker(
         assert sent_to_worker(client, "generate")[-1]["session"] == ""
 
 
-async def test_session_limit_is_429_and_bad_ids_are_400(llmd_home: Path) -> None:
-    async with api(llmd_home, app_options={"max_sessions": 1}) as client:
+async def test_session_limit_unpins_the_least_recently_used_and_bad_ids_are_400(
+    llmd_home: Path,
+) -> None:
+    async with api(llmd_home, app_options={"max_sessions": 2}) as client:
         assert (await complete(client, prompt="a", session_id="one"))[0] == 200
-        status, body = await complete(client, prompt="b", session_id="two")
-        assert status == 429 and body["error"]["code"] == "session_limit"
-        assert (await complete(client, prompt="c", session_id="one"))[0] == 200  # same one: fine
+        assert (await complete(client, prompt="b", session_id="two"))[0] == 200
+        assert (await complete(client, prompt="c", session_id="one"))[0] == 200  # two is older
+        # A third session makes room: "two" (least recently used) is unpinned, not refused.
+        assert (await complete(client, prompt="d", session_id="three"))[0] == 200
+        ids = sorted(s["id"] for s in (await (await client.get("/v1/sessions")).json())["data"])
+        assert ids == ["one", "three"]
+        deadline = time.monotonic() + 5
+        while not sent_to_worker(client, "unpin") and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        assert [u["session"] for u in sent_to_worker(client, "unpin")] == ["two"]
         status, body = await complete(client, prompt="d", session_id="no spaces please")
         assert status == 400 and body["error"]["param"] == "session_id"
+
+
+async def test_other_tools_session_headers_do_not_pin(llmd_home: Path) -> None:
+    """opencode sends `x-session-id: ses_...` on every request: that is not llmd's header."""
+    async with api(llmd_home, app_options={"max_sessions": 1}) as client:
+        for i in range(3):
+            resp = await client.post(
+                "/v1/completions",
+                json={"model": MODEL, "prompt": f"turn {i}"},
+                headers={"x-session-id": f"ses_{i}"},
+            )
+            assert resp.status == 200
+        assert (await (await client.get("/v1/sessions")).json())["data"] == []
+        assert {g["session"] for g in sent_to_worker(client, "generate")} == {""}
+
+
+async def test_when_every_session_is_running_a_new_one_runs_unpinned(llmd_home: Path) -> None:
+    async with api(llmd_home, app_options={"max_sessions": 1}, token_delay=0.05) as client:
+        slow = asyncio.create_task(complete(client, prompt="word " * 30, session_id="busy"))
+        while not sent_to_worker(client, "generate"):
+            await asyncio.sleep(0.01)
+        status, _ = await complete(client, prompt="quick", session_id="newcomer")
+        assert status == 200 and (await slow)[0] == 200
+        sessions = {g["prompt"][0]: g["session"] for g in sent_to_worker(client, "generate")}
+        assert sorted(sessions.values()) == ["", "busy"]
 
 
 async def test_idle_sessions_expire_after_their_ttl_unless_overridden(llmd_home: Path) -> None:
@@ -414,3 +457,48 @@ async def test_idle_sessions_expire_after_their_ttl_unless_overridden(llmd_home:
         ids = [s["id"] for s in (await (await client.get("/v1/sessions")).json())["data"]]
         assert ids == ["kept"]
         assert [u["session"] for u in sent_to_worker(client, "unpin")] == ["brief"]
+
+
+async def test_a_slow_openai_stream_sends_keepalive_comments(llmd_home: Path) -> None:
+    options = {"stream_keepalive": 0.05}
+    async with api(llmd_home, app_options=options, token_delay=0.3) as client:
+        resp = await client.post(
+            "/v1/completions", json={"model": MODEL, "prompt": "a b", "stream": True}
+        )
+        text = await resp.text()
+    frames = [f for f in text.split("\n\n") if f.strip()]
+    assert frames.index(": keep-alive") < 2  # before the first token, while it "prefills"
+    assert frames[-1] == "data: [DONE]"
+    assert all(f == ": keep-alive" or f.startswith("data: ") for f in frames)
+
+
+async def test_models_report_the_served_context_and_capabilities(llmd_home: Path) -> None:
+    """Agents size their compaction from this: the context the engine serves (the worker's
+    once loaded), as context_length and max_model_len, and what the model can do."""
+    async with api(llmd_home, context=512) as client:
+        listed = await (await client.get("/v1/models")).json()
+        entry = next(m for m in listed["data"] if m["id"] == MODEL)
+        assert entry["context_length"] == entry["max_model_len"] == 8192  # trained, not loaded
+        assert entry["capabilities"]["tools"] and not entry["capabilities"]["vision"]
+        await complete(client, prompt="load it")
+        one = await (await client.get(f"/v1/models/{MODEL}")).json()
+        assert one["id"] == MODEL and one["context_length"] == one["max_model_len"] == 512
+        assert one["trained_context_length"] == 8192
+        show = await (await client.post("/api/show", json={"model": MODEL})).json()
+        assert show["model_info"]["llama.context_length"] == 512
+        assert "num_ctx" in show["parameters"] and "512" in show["parameters"]
+        missing = await client.get("/v1/models/no-such-model")
+        assert missing.status == 404
+        assert (await missing.json())["error"]["code"] == "model_not_found"
+        pulls = await client.get("/v1/models/pulls")  # not shadowed by /v1/models/{id}
+        assert pulls.status == 200
+
+
+async def test_default_max_tokens_limits_chat_requests_that_name_none(llmd_home: Path) -> None:
+    async with api(llmd_home, app_options={"default_max_tokens": 7}) as client:
+        hi = [{"role": "user", "content": "hi"}]
+        await client.post("/v1/chat/completions", json={"model": MODEL, "messages": hi})
+        body = {"model": MODEL, "messages": hi, "max_tokens": 9}
+        await client.post("/v1/chat/completions", json=body)
+        limits = [g["max_tokens"] for g in sent_to_worker(client, "generate")]
+    assert limits == [7, 9]  # the server default, then what the client asked for

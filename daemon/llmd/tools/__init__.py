@@ -3,7 +3,8 @@ templates that know no tools, streaming parsers, and grammars that enforce a for
 
 The server's path: :func:`plan_tools` once per model; per request :func:`function_specs` and
 :func:`resolve_tool_choice`; the prompt from :func:`template_messages` (template renders
-tools) or :func:`fallback_messages`; :func:`tool_call_grammar` when a call is forced; a
+tools) or :func:`fallback_messages`; :func:`tool_call_grammar` when a call is forced, :func:`lazy_tool_call_grammar` when the
+model may call (``auto``); a
 parser from ``plan.parser(names, parallel=...)`` fed the content text; and
 :func:`tool_finish_reason` at the end.
 """
@@ -18,7 +19,7 @@ from .calls import (
     openai_delta,
     tool_finish_reason,
 )
-from .grammar import grammar_error, marker_token_ids, tool_call_grammar
+from .grammar import grammar_error, lazy_tool_call_grammar, marker_token_ids, tool_call_grammar
 from .parsers import (
     Gemma4Parser,
     GemmaParser,
@@ -56,6 +57,7 @@ __all__ = [
     "fallback_messages",
     "function_specs",
     "grammar_error",
+    "lazy_tool_call_grammar",
     "marker_token_ids",
     "new_call_id",
     "openai_delta",

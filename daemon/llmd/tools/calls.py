@@ -85,10 +85,12 @@ def openai_delta(event: ToolEvent) -> dict[str, Any]:
     return {"tool_calls": [entry]}
 
 
-def tool_finish_reason(engine_reason: str, calls: int) -> str:
+def tool_finish_reason(engine_reason: str, calls: int, incomplete: bool = False) -> str:
     """The response's ``finish_reason``: ``tool_calls`` once at least one valid call was
     produced, whether the model then ended its turn (``stop``) or ran into ``max_tokens``
-    after a complete call (``length``); anything else (errors, cancellation) is kept."""
-    if calls > 0 and engine_reason in ("stop", "length"):
+    after a complete call (``length``); anything else (errors, cancellation) is kept, and so
+    is the engine's reason when a streamed call was cut mid-arguments (`incomplete`: its
+    fragments went out and cannot be withdrawn, so ``length`` says they are partial)."""
+    if calls > 0 and engine_reason in ("stop", "length") and not incomplete:
         return "tool_calls"
     return engine_reason

@@ -1,4 +1,5 @@
-"""Grammars that make ``tool_choice`` ``required`` (or a named function) a guarantee.
+"""Grammars that make ``tool_choice`` ``required`` (or a named function) a guarantee, and
+that hold an ``auto`` call to its schema once the model opens it (:func:`lazy_tool_call_grammar`).
 
 The worker enforces a grammar with llguidance as a token mask at every step; this module
 writes that grammar in llguidance's Lark dialect, in the model's own markup (out-of-
@@ -114,11 +115,21 @@ def _json(schema: dict[str, Any]) -> str:
 
 
 class _Lark:
-    """Rules of one grammar; literals become tokens where the vocabulary has them special."""
+    """Rules of one grammar; literals become tokens where the vocabulary has them special.
 
-    def __init__(self, special_tokens: Mapping[str, int]) -> None:
+    `lazy`: the grammar of ``tool_choice`` ``auto``: :meth:`open` makes a call's opening
+    marker the trigger that ends free text (``TEXT``), instead of a plain literal.
+    `not_after`: a regex of text that free text ending in a trigger must not start with (a
+    reasoning block written as text: a marker inside the thinking is not a call)."""
+
+    def __init__(
+        self, special_tokens: Mapping[str, int], *, lazy: bool = False, not_after: str = ""
+    ) -> None:
         self.rules: list[str] = []
         self.special = special_tokens
+        self.lazy = lazy
+        self.not_after = not_after
+        self._heads: dict[str, str] = {}
 
     def lit(self, text: str) -> str:
         """`text` as a literal; special tokens inside it (``<|channel>`` of
@@ -136,39 +147,62 @@ class _Lark:
         self.rules.append(f"{name}{options}: {body}")
         return name
 
+    def open(self, marker: str) -> str:
+        """A call's opening marker. Lazy: free text up to and including it, one lexeme that
+        ends at the marker's first occurrence (llguidance's lazy lexemes), so from there on
+        only a valid call can follow; a special-token marker ends free text as a token."""
+        if not self.lazy:
+            return self.lit(marker)
+        if marker not in self._heads:
+            k = len(self._heads)
+            if marker in self.special:
+                body = f"TEXT {self.lit(marker)}"
+                self._heads[marker] = self.rule(f"head{k}", body)
+            else:
+                term = f"/(.|\\n)*{_regex(marker)}/"
+                if self.not_after:
+                    term += f" & ~/{self.not_after}(.|\\n)*/"
+                self.rule(f"HEAD{k}", term)
+                self._heads[marker] = self.rule(f"head{k}", f"HEAD{k}", "[lazy]")
+        return self._heads[marker]
 
-def _hermes(g: _Lark, specs: Sequence[FunctionSpec], parallel: bool) -> str:
+
+def _regex(text: str) -> str:
+    """`text` matched literally inside a Lark ``/.../`` regex."""
+    return re.escape(text).replace("/", "\\/")
+
+
+# A family's grammar: (one call block, the separator between blocks when several may follow
+# one another, as a Lark expression: "" for none, None when calls share one block instead).
+Block = tuple[str, str | None]
+
+
+def _hermes(g: _Lark, specs: Sequence[FunctionSpec], parallel: bool) -> Block:
     alts = [g.rule(f"call{i}", _json(_call_schema(s, "arguments"))) for i, s in enumerate(specs)]
     body = g.rule("call_json", " | ".join(alts))
-    one = g.rule("call", f'{g.lit("<tool_call>")} "\\n" {body} "\\n" {g.lit("</tool_call>")}')
-    return f'{one} ("\\n" {one})*' if parallel else one
+    one = g.rule("call", f'{g.open("<tool_call>")} "\\n" {body} "\\n" {g.lit("</tool_call>")}')
+    return one, '"\\n"'
 
 
-def _llama3(g: _Lark, specs: Sequence[FunctionSpec], parallel: bool) -> str:
+def _llama3(g: _Lark, specs: Sequence[FunctionSpec], parallel: bool) -> Block:
     alts = [g.rule(f"call{i}", _json(_call_schema(s, "parameters"))) for i, s in enumerate(specs)]
-    one = g.rule("call", " | ".join(alts))
-    return f'{one} ("; " {one})*' if parallel else one
+    return g.rule("call", " | ".join(alts)), '"; "'
 
 
-def _mistral(g: _Lark, specs: Sequence[FunctionSpec], parallel: bool) -> str:
+def _mistral(g: _Lark, specs: Sequence[FunctionSpec], parallel: bool) -> Block:
     items = [_call_schema(s, "arguments", f"#/items/anyOf/{i}") for i, s in enumerate(specs)]
     array: dict[str, Any] = {"type": "array", "items": {"anyOf": items}, "minItems": 1}
     if not parallel:
         array["maxItems"] = 1
-    return f"{g.lit('[TOOL_CALLS]')} {g.rule('calls', _json(array))}"
+    return g.rule("call", f"{g.open('[TOOL_CALLS]')} {g.rule('calls', _json(array))}"), None
 
 
-def _mistral_v11(g: _Lark, specs: Sequence[FunctionSpec], parallel: bool) -> str:
+def _mistral_v11(g: _Lark, specs: Sequence[FunctionSpec], parallel: bool) -> Block:
     alts = [
-        g.rule(
-            f"call{i}",
-            f"{g.lit('[TOOL_CALLS]')} {g.lit(s.name)} {g.lit('[ARGS]')} "
-            + _json(_closed(s.parameters)),
-        )
+        g.rule(f"call{i}", f"{g.lit(s.name)} {g.lit('[ARGS]')} " + _json(_closed(s.parameters)))
         for i, s in enumerate(specs)
     ]
-    one = g.rule("call", " | ".join(alts))
-    return f"{one}+" if parallel else one
+    return g.rule("call", f"{g.open('[TOOL_CALLS]')} ({' | '.join(alts)})"), ""
 
 
 def _value_schema(prop: Any, parameters: dict[str, Any]) -> dict[str, Any]:
@@ -219,10 +253,10 @@ def _gemma_call(g: _Lark, i: int, spec: FunctionSpec) -> str:
     return g.rule(f"call{i}", f'{g.lit(spec.name + "(")}{args} ")"')
 
 
-def _gemma(g: _Lark, specs: Sequence[FunctionSpec], parallel: bool) -> str:
+def _gemma(g: _Lark, specs: Sequence[FunctionSpec], parallel: bool) -> Block:
     one = g.rule("call", " | ".join(_gemma_call(g, i, s) for i, s in enumerate(specs)))
     calls = f'{one} ("\\n" {one})*' if parallel else one
-    return f'"```tool_code\\n" {calls} "\\n```"'
+    return g.rule("block", f'{g.open("```tool_code")} "\\n" {calls} "\\n```"'), None
 
 
 _G4_QUOTE = '<|"|>'
@@ -263,7 +297,7 @@ def _gemma4_typed(schema: dict[str, Any], g: _Lark) -> str:
     }.get(kind if isinstance(kind, str) else "", "g4_value")
 
 
-def _gemma4(g: _Lark, specs: Sequence[FunctionSpec], parallel: bool) -> str:
+def _gemma4(g: _Lark, specs: Sequence[FunctionSpec], parallel: bool) -> Block:
     """``<|tool_call>call:name{key:value,...}<tool_call|>`` per call."""
     _gemma4_generic(g)
     alts = []
@@ -278,8 +312,7 @@ def _gemma4(g: _Lark, specs: Sequence[FunctionSpec], parallel: bool) -> str:
         inner = f" {args}" if args else ""
         alts.append(g.rule(f"call{i}", f'{g.lit("call:" + s.name + "{")}{inner} "}}"'))
     body = g.rule("call_body", " | ".join(alts))
-    one = g.rule("call", f"{g.lit('<|tool_call>')} {body} {g.lit('<tool_call|>')}")
-    return f"{one}+" if parallel else one
+    return g.rule("call", f"{g.open('<|tool_call>')} {body} {g.lit('<tool_call|>')}"), ""
 
 
 def _xml_value(g: _Lark, schema: dict[str, Any]) -> str:
@@ -296,7 +329,7 @@ def _xml_value(g: _Lark, schema: dict[str, Any]) -> str:
     return f"{_json(schema)} {end}"
 
 
-def _qwen_xml(g: _Lark, specs: Sequence[FunctionSpec], parallel: bool) -> str:
+def _qwen_xml(g: _Lark, specs: Sequence[FunctionSpec], parallel: bool) -> Block:
     """``<tool_call>\\n<function=name>\\n<parameter=key>\\nvalue\\n</parameter>\\n...
     </function>\\n</tool_call>`` per call, spaced as Qwen3.5's template renders them."""
     g.rule("xml_text", r"/(.|\n)*\n<\/parameter>\n/", "[lazy]")
@@ -313,8 +346,8 @@ def _qwen_xml(g: _Lark, specs: Sequence[FunctionSpec], parallel: bool) -> str:
         head = g.lit(f"<function={s.name}>\n")
         alts.append(g.rule(f"call{i}", f"{head} {inner}{g.lit('</function>')}"))
     body = g.rule("call_body", " | ".join(alts))
-    one = g.rule("call", f'{g.lit("<tool_call>")} "\\n" {body} "\\n" {g.lit("</tool_call>")}')
-    return f'{one} ("\\n" {one})*' if parallel else one
+    one = g.rule("call", f'{g.open("<tool_call>")} "\\n" {body} "\\n" {g.lit("</tool_call>")}')
+    return one, '"\\n"'
 
 
 def _think_rest(g: _Lark, close: str = "</think>") -> str:
@@ -371,7 +404,11 @@ def tool_call_grammar(
         parallel = False
     fam = family.family if isinstance(family, ToolParserFactory) else family
     g = _Lark(special_tokens or {})
-    calls = _FAMILIES[fam](g, specs, parallel)
+    one, sep = _FAMILIES[fam](g, specs, parallel)
+    if parallel and sep is not None:
+        calls = f"{one}+" if not sep else f"{one} ({sep} {one})*"
+    else:
+        calls = one
     if reasoning is not None:
         think = _think_rest(g, reasoning_markers[1])
         if reasoning == "optional":
@@ -380,7 +417,64 @@ def tool_call_grammar(
             start = f"{think} /[ \\n]*/ {calls}"
     else:
         start = calls
+    return _grammar(start, g)
+
+
+def _grammar(start: str, g: _Lark) -> str:
     return "\n".join(["%llguidance {}", f"start: {start}", *g.rules]) + "\n"
+
+
+def lazy_tool_call_grammar(
+    tools: Sequence[dict[str, Any]] | Sequence[FunctionSpec],
+    family: str | ToolParserFactory,
+    parallel: bool = True,
+    *,
+    special_tokens: Mapping[str, int] | None = None,
+    reasoning: ReasoningPrefix = None,
+    reasoning_markers: tuple[str, str] = THINK_TAGS,
+) -> str:
+    """The grammar of ``tool_choice`` ``auto`` (llama.cpp's "lazy grammar"): free text until
+    the family's opening marker, then only a call to one of `tools` with arguments valid for
+    its schema, spaced as :func:`tool_call_grammar` spaces it, then free text again (with
+    `parallel`, more calls too; without, the turn ends after the call). llguidance computes
+    the free text's masks from a cached lexer state (microseconds a step, see
+    tests/unit/test_lazy_tool_grammar.py).
+
+    The trigger is a lazy lexeme (``/(.|\\n)*<tool_call>/``, ending at the marker's first
+    occurrence) where the marker is text, or the marker's token where it is a special token
+    (free text cannot contain special tokens). Llama 3's markup has no marker: an output
+    that starts with ``{`` (or ``<|python_tag|>``) is calls, anything else is free text.
+    `reasoning` as in :func:`tool_call_grammar`: ``optional`` lets a thinking block come
+    first, inside which a marker is only text; ``open`` requires the opened block's close.
+    A marker written as text inside free text (code that quotes ``<tool_call>``) starts a
+    call all the same: that is the cost of a trigger."""
+    specs = _as_specs(tools)
+    fam = family.family if isinstance(family, ToolParserFactory) else family
+    special = special_tokens or {}
+    open_tag, close_tag = reasoning_markers
+    text_block = reasoning == "optional" and not any(m in open_tag for m in special)
+    g = _Lark(special, lazy=True, not_after=_regex(open_tag) if text_block else "")
+    g.rule("TEXT", "/(.|\\n)*/")
+    prefix = ""
+    if reasoning == "open":
+        prefix = _think_rest(g, close_tag) + " "
+    elif reasoning == "optional" and text_block and close_tag not in special:
+        think = g.rule("think_block", f"/{_regex(open_tag)}(.|\\n)*{_regex(close_tag)}/", "[lazy]")
+        prefix = f"{think}? "
+    elif reasoning == "optional":
+        prefix = f"({g.lit(open_tag)} {_think_rest(g, close_tag)})? "
+    one, sep = _FAMILIES[fam](g, specs, parallel)
+    if fam == "llama3":
+        calls = f"{one} ({sep} {one})*" if parallel else one
+        tag = "<|python_tag|>"
+        plain = "/[ \\t\\r\\n]*/ | /[ \\t\\r\\n]*[^{ \\t\\r\\n](.|\\n)*/"
+        if tag not in special:
+            plain = f"({plain}) & ~/[ \\t\\r\\n]*{_regex(tag)}(.|\\n)*/"
+        g.rule("PLAIN", plain)
+        g.rule("LEAD", "/[ \\t\\r\\n]*/")
+        return _grammar(f"{prefix}(PLAIN | LEAD {g.lit(tag)}? {calls})", g)
+    free = f"{one}* TEXT" if parallel else f"(TEXT | {one})"
+    return _grammar(prefix + free, g)
 
 
 def grammar_error(grammar: str, tokenizer: Any = None) -> str | None:

@@ -13,6 +13,19 @@ Contract, as the seeds handle it (a model's mistake is text, never a 500):
   then can it be validated; its arguments are then sent as one fragment. Arguments therefore
   stream at call granularity: a client sees each call complete, never a call that is later
   withdrawn.
+- Unless the call is grammar-constrained (``stream=True``: ``tool_choice`` ``auto`` with the
+  lazy grammar, or a forced call; see ``grammar.py``): then whatever follows the opening
+  marker is known to be a valid call, so ``ToolCallStart`` goes out as soon as the name is
+  known and the arguments stream as they are generated: for JSON markups (Hermes, Llama 3,
+  Mistral) the raw text of the arguments object, piece by piece; for Qwen's XML, one
+  ``"key": value`` member per finished parameter; Gemma and Gemma 4 calls still go out whole
+  at their closing marker. The call's ``arguments`` is the concatenation of its fragments,
+  streamed or not. Only a call whose head (marker, name) matched the constrained shape
+  streams; anything else falls back to the rule above.
+- A streamed call cut before its arguments close (``max_tokens``, a stop string) cannot be
+  withdrawn: it stays a call whose ``arguments`` are the partial text (as OpenAI does), and
+  :attr:`ToolCallParser.incomplete` is set so the finish reason says ``length`` (or the
+  engine's reason), not ``tool_calls`` (:func:`~.calls.tool_finish_reason`).
 - Ordinary text streams as it arrives; only a tail that could be the start of an opening
   marker waits for the next delta.
 - Content is the output with the call blocks taken out. Whitespace at its edges next to a
@@ -35,7 +48,14 @@ from collections.abc import Iterable
 from typing import Any
 
 from ..markers import split_held
-from .calls import ContentDelta, ToolCall, ToolCallArguments, ToolCallStart, ToolEvent
+from .calls import (
+    ContentDelta,
+    ToolCall,
+    ToolCallArguments,
+    ToolCallStart,
+    ToolEvent,
+    new_call_id,
+)
 from .pycall import parse_python_calls
 
 ParsedCalls = list[tuple[str, dict[str, Any]]]
@@ -79,16 +99,78 @@ def calls_from_json_text(text: str) -> ParsedCalls | None:
     return [c for c in calls if c is not None]
 
 
+_JSON_STRING = r'"((?:[^"\\]|\\.)*)"'
+_NAME_THEN_ARGS = (
+    r'\{\s*"name"\s*:\s*' + _JSON_STRING + r'\s*,\s*"(?:arguments|parameters)"\s*:\s*(?=\{)'
+)
+# Where a constrained call's arguments object begins, per markup: (the first call of a
+# block, a further call in the same block). Group 1 is the name.
+_HERMES_HEADS = (re.compile(r"\s*" + _NAME_THEN_ARGS), None)
+_MISTRAL_HEADS = (
+    re.compile(r"\s*\[\s*" + _NAME_THEN_ARGS),
+    re.compile(r"\s*\}\s*,\s*" + _NAME_THEN_ARGS),
+)
+_MISTRAL_V11_HEAD = re.compile(
+    r"\s*([A-Za-z0-9_.:\-]+)\s*(?:\[CALL_ID\]\s*\S*?\s*)?\[ARGS\]\s*(?=\{)"
+)
+_LLAMA3_HEADS = (
+    re.compile(r"\s*(?:<\|python_tag\|>)?\s*" + _NAME_THEN_ARGS),
+    re.compile(r"\s*\}\s*;\s*" + _NAME_THEN_ARGS),
+)
+
+
+class _ObjectEnd:
+    """Where a JSON object that arrives in pieces ends: brackets counted outside strings."""
+
+    def __init__(self) -> None:
+        self._depth = 0
+        self._in_string = False
+        self._escaped = False
+
+    def scan(self, text: str) -> int | None:
+        """The index just past the object's closing brace in `text`, or None when all of
+        `text` is still inside the object."""
+        for i, ch in enumerate(text):
+            if self._in_string:
+                if self._escaped:
+                    self._escaped = False
+                elif ch == "\\":
+                    self._escaped = True
+                elif ch == '"':
+                    self._in_string = False
+            elif ch == '"':
+                self._in_string = True
+            elif ch in "{[":
+                self._depth += 1
+            elif ch in "}]":
+                self._depth -= 1
+                if self._depth == 0:
+                    return i + 1
+        return None
+
+
 class ToolCallParser:
     """Shared machinery: content whitespace around calls, validation, ids, call indices.
     Subclasses implement :meth:`_feed` and :meth:`_flush` with :meth:`_content` and
-    :meth:`_block`."""
+    :meth:`_block` (a whole call block) or :meth:`_start_call`, :meth:`_arguments` and
+    :meth:`_end_call` (a call streamed while it is generated, when `stream`)."""
 
-    def __init__(self, function_names: Iterable[str] | None = None, *, parallel: bool = True):
+    def __init__(
+        self,
+        function_names: Iterable[str] | None = None,
+        *,
+        parallel: bool = True,
+        stream: bool = False,
+    ):
         self._names = None if function_names is None else frozenset(function_names)
         self._max_calls = None if parallel else 1
+        self._stream = stream
         self._events: list[ToolEvent] = []
         self._calls: list[ToolCall] = []
+        self._open: tuple[int, str, str, list[str]] | None = None  # a streaming call
+        self._phase: str | None = None  # of a streaming call: head | args | tail (| params)
+        self._scanner = _ObjectEnd()
+        self._incomplete = False
         self._ws = ""  # trailing whitespace of the content: dropped at the end if calls came
         self._text_started = False  # non-whitespace content was sent
         self._flushed = False
@@ -97,6 +179,11 @@ class ToolCallParser:
     def calls(self) -> list[ToolCall]:
         """The valid calls produced so far (for ``message.tool_calls`` and the finish reason)."""
         return list(self._calls)
+
+    @property
+    def incomplete(self) -> bool:
+        """A streamed call was cut before its arguments were complete (see the module doc)."""
+        return self._incomplete
 
     def feed(self, delta: str) -> list[ToolEvent]:
         if delta:
@@ -108,6 +195,9 @@ class ToolCallParser:
         if not self._flushed:
             self._flushed = True
             self._flush()
+            if self._open is not None:  # cut mid-arguments: streamed, so it stays a call
+                self._incomplete = True
+                self._end_call()
             if not self._calls and self._ws:
                 self._events.append(ContentDelta(self._ws))
             self._ws = ""
@@ -155,6 +245,60 @@ class ToolCallParser:
             self._events.append(ToolCallStart(index, call.id, call.name))
             self._events.append(ToolCallArguments(index, call.arguments))
 
+    def _can_stream(self) -> bool:
+        """Whether a call starting now may stream (constrained, and not beyond the limit)."""
+        return self._stream and (self._max_calls is None or len(self._calls) < self._max_calls)
+
+    def _start_call(self, name: str) -> bool:
+        """A constrained call's name is known: announce it. False (nothing sent) when it is
+        not a function on offer, or no more calls are wanted."""
+        if not self._can_stream() or (self._names is not None and name not in self._names):
+            return False
+        if not self._text_started:
+            self._ws = ""
+        call_id = new_call_id()
+        index = len(self._calls)
+        self._open = (index, call_id, name, [])
+        self._events.append(ToolCallStart(index, call_id, name))
+        return True
+
+    def _arguments(self, fragment: str) -> None:
+        if fragment and self._open is not None:
+            self._open[3].append(fragment)
+            self._events.append(ToolCallArguments(self._open[0], fragment))
+
+    def _end_call(self) -> None:
+        if self._open is not None:
+            _, call_id, name, fragments = self._open
+            self._open = None
+            self._calls.append(ToolCall(name, "".join(fragments), call_id))
+
+    def _stream_json(self, buf: str, head: re.Match[str] | None) -> str | None:
+        """Streams a constrained JSON call whose head matched in `buf` (None: the call's
+        arguments are under way): returns what is left of `buf` once the arguments object
+        closed (the state is then "tail"), or "" with the state still "args"; None when
+        the head's call is not one to stream (not offered, or beyond the limit)."""
+        if head is not None:
+            try:
+                name = json.loads(f'"{head.group(1)}"')  # a JSON string's content, or a bare name
+            except ValueError:
+                name = None
+            if not isinstance(name, str) or not self._start_call(name):
+                if self._phase == "head":
+                    self._phase = None  # judged whole at its end; a later one is dropped
+                return None
+            buf = buf[head.end() :]
+            self._scanner = _ObjectEnd()
+            self._phase = "args"
+        end = self._scanner.scan(buf)
+        if end is None:
+            self._arguments(buf)
+            return ""
+        self._arguments(buf[:end])
+        self._end_call()
+        self._phase = "tail"
+        return buf[end:]
+
     def _valid(self, parsed: ParsedCalls) -> bool:
         for name, args in parsed:
             if self._names is not None and name not in self._names:
@@ -172,19 +316,62 @@ class ToolCallParser:
 
 class _DelimitedParser(ToolCallParser):
     """Calls between an opening and a closing marker, anywhere in the output, any number.
-    ``CLOSE = None``: a call runs to the next opening marker or the end of the output."""
+    ``CLOSE = None``: a call runs to the next opening marker or the end of the output.
+    ``HEADS``: for markups that can stream a constrained call, the regexes of where its
+    arguments begin (first in a block, further in the same block)."""
 
     OPEN: str = ""
     CLOSE: str | None = None
+    HEADS: tuple[re.Pattern[str] | None, re.Pattern[str] | None] = (None, None)
 
-    def __init__(self, function_names: Iterable[str] | None = None, *, parallel: bool = True):
-        super().__init__(function_names, parallel=parallel)
+    def __init__(
+        self,
+        function_names: Iterable[str] | None = None,
+        *,
+        parallel: bool = True,
+        stream: bool = False,
+    ):
+        super().__init__(function_names, parallel=parallel, stream=stream)
         self._buf = ""
         self._inside = False
         self._scanned = 0  # how much of an open block's buffer has been searched already
 
     def _parse_body(self, body: str) -> ParsedCalls | None:
         raise NotImplementedError
+
+    def _streams(self) -> bool:
+        return self.HEADS[0] is not None
+
+    def _stream_step(self) -> bool:
+        """Advances a streamed block in ``_buf``; True while it needs more text, False when
+        the closing marker decides the rest (its calls are done, or it does not stream)."""
+        while self._phase is not None:
+            if self._phase == "args":
+                self._buf = self._stream_json(self._buf, None) or ""
+                self._scanned = 0
+                if self._phase == "args":
+                    return True
+                continue
+            first, more = self.HEADS
+            pattern = first if self._phase == "head" else more
+            head = pattern.match(self._buf) if pattern is not None else None
+            if head is None:
+                if self._phase == "head" and (self.CLOSE or self.OPEN) not in self._buf:
+                    return True  # the head may still come
+                if self._phase == "head":
+                    self._phase = None
+                return False
+            if not self._advance(head):
+                return False
+        return False
+
+    def _advance(self, head: re.Match[str]) -> bool:
+        """Starts streaming the call whose head matched; False when it is not one to."""
+        rest = self._stream_json(self._buf, head)
+        if rest is None:
+            return False
+        self._buf, self._scanned = rest, 0
+        return True
 
     def _feed(self, delta: str) -> None:
         self._buf += delta
@@ -200,29 +387,43 @@ class _DelimitedParser(ToolCallParser):
                     self._content(self._buf[:start])
                 self._buf = self._buf[start + len(self.OPEN) :]
                 self._inside, self._scanned = True, 0
+                self._phase = "head" if self._streams() and self._can_stream() else None
             else:
+                if self._phase is not None and self._stream_step():
+                    return
                 end_marker = self.CLOSE or self.OPEN
                 end = self._buf.find(end_marker, self._scanned)
                 if end < 0:
                     self._scanned = max(0, len(self._buf) - len(end_marker) + 1)
                     return
                 body = self._buf[:end]
+                streamed, self._phase = self._phase == "tail", None  # its call went out
                 if self.CLOSE is None:  # the next call's marker: it stays for the next round
                     self._buf = self._buf[end:]
                     self._inside = False
-                    self._block(self.OPEN + body, self._parse_body(body))
+                    if not streamed:
+                        self._block(self.OPEN + body, self._parse_body(body))
                 else:
                     self._buf = self._buf[end + len(self.CLOSE) :]
                     self._inside = False
-                    self._block(self.OPEN + body + self.CLOSE, self._parse_body(body))
+                    if not streamed:
+                        self._block(self.OPEN + body + self.CLOSE, self._parse_body(body))
 
     def _flush(self) -> None:
         held, self._buf = self._buf, ""
-        if self._inside:
-            self._inside = False
+        phase, self._phase = self._phase, None
+        if phase == "args":
+            self._arguments(held)  # cut mid-arguments: the call ends incomplete
+        elif phase in ("tail", "params"):
+            self._flush_streamed(held)
+        elif self._inside:
             self._block(self.OPEN + held, self._parse_body(held))
         elif held:
             self._content(held)
+        self._inside = False
+
+    def _flush_streamed(self, held: str) -> None:
+        """The end of the output inside a streamed block whose arguments are not open."""
 
 
 class HermesParser(_DelimitedParser):
@@ -232,6 +433,7 @@ class HermesParser(_DelimitedParser):
     output still counts if its JSON is complete (models often stop right after the ``}``)."""
 
     OPEN, CLOSE = HERMES_OPEN, HERMES_CLOSE
+    HEADS = _HERMES_HEADS
 
     def _parse_body(self, body: str) -> ParsedCalls | None:
         return calls_from_json_text(body.strip())
@@ -373,6 +575,19 @@ class MistralParser(_DelimitedParser):
     ``[TOOL_CALLS]`` is a control token: the detokenizer must show it (``visible_tokens``)."""
 
     OPEN, CLOSE = MISTRAL_TOOL_CALLS, None
+    HEADS = _MISTRAL_HEADS
+
+    def _stream_step(self) -> bool:
+        if self._phase == "head" and self._buf.strip() and not self._buf.lstrip()[0] == "[":
+            head = _MISTRAL_V11_HEAD.match(self._buf)  # v11's name[ARGS]{...}
+            if head is None:
+                if self.OPEN in self._buf:
+                    self._phase = None
+                    return False
+                return True
+            if not self._advance(head):
+                return False
+        return super()._stream_step()
 
     def _parse_body(self, body: str) -> ParsedCalls | None:
         text = body.strip()
@@ -394,10 +609,16 @@ class Llama3JsonParser(ToolCallParser):
     separated by ``;``. An output that starts otherwise is content, streamed as it comes. One
     that starts with ``{`` is held to the end (only then is it known to be calls), unless its
     first object already shows it is not a call. All or nothing: if any part is not a valid
-    call, the whole output is content."""
+    call, the whole output is content. Constrained (`stream`), each call streams instead."""
 
-    def __init__(self, function_names: Iterable[str] | None = None, *, parallel: bool = True):
-        super().__init__(function_names, parallel=parallel)
+    def __init__(
+        self,
+        function_names: Iterable[str] | None = None,
+        *,
+        parallel: bool = True,
+        stream: bool = False,
+    ):
+        super().__init__(function_names, parallel=parallel, stream=stream)
         self._buf = ""
         self._mode = "start"  # start | call | content
 
@@ -410,14 +631,40 @@ class Llama3JsonParser(ToolCallParser):
             head = self._buf.lstrip()
             if head.startswith(LLAMA3_PYTHON_TAG) or head.startswith("{"):
                 self._mode = "call"
+                self._phase = "head" if self._can_stream() else None
             elif head and not LLAMA3_PYTHON_TAG.startswith(head):
                 self._release()
                 return
-        if self._mode == "call" and "}" in delta and self._first_object_is_not_a_call():
+        if self._mode == "call" and self._phase is not None:
+            self._stream_calls()
+        elif self._mode == "call" and "}" in delta and self._first_object_is_not_a_call():
             self._release()
 
+    def _stream_calls(self) -> None:
+        while self._phase is not None:
+            if self._phase == "args":
+                self._buf = self._stream_json(self._buf, None) or ""
+                if self._phase == "args":
+                    return
+                continue
+            head = _LLAMA3_HEADS[0 if self._phase == "head" else 1].match(self._buf)
+            if head is None:
+                if self._phase == "head" and self._first_object_is_not_a_call():
+                    self._phase = None
+                    self._release()
+                return
+            rest = self._stream_json(self._buf, head)
+            if rest is None:
+                return  # not offered: held and judged whole (a first call) or dropped
+            self._buf = rest
+
     def _flush(self) -> None:
-        if self._mode == "call":
+        phase, self._phase = self._phase, None
+        if phase == "args":
+            self._arguments(self._buf)  # cut mid-arguments: the call ends incomplete
+        elif phase == "tail":
+            pass  # the calls went out; what follows them is markup
+        elif self._mode == "call":
             self._block(self._buf, self._parse_all(self._buf))
         elif self._buf:
             self._content(self._buf)

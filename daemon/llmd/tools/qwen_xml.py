@@ -18,11 +18,16 @@ can see, not a lost argument). Parameters the schema does not declare are string
 
 Streaming, validation and content rules are the shared ones of :mod:`.parsers`: a block is
 held to its ``</tool_call>`` and judged whole; markup that is not a valid call is content.
+A grammar-constrained call (``stream=True``) streams instead: its start at ``<function=name>``,
+then one ``{"key": value`` / ``, "key": value`` fragment per finished parameter, and ``}`` at
+``</function>``; together they are ``json.dumps`` of the arguments, as the whole-block path
+makes them.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -30,6 +35,8 @@ from .parsers import HERMES_CLOSE, HERMES_OPEN, ParsedCalls, _DelimitedParser
 
 XML_FUNCTION, XML_FUNCTION_END = "<function=", "</function>"
 XML_PARAMETER, XML_PARAMETER_END = "<parameter=", "</parameter>"
+_FUNCTION_HEAD = re.compile(r"\s*<function=([^>\n]+)>")
+_PARAMETER_HEAD = re.compile(r"\s*<parameter=([^>\n]+)>")
 
 _JSON_TYPES: dict[str, tuple[type, ...]] = {
     "integer": (int,),
@@ -171,10 +178,66 @@ class QwenXmlParser(_DelimitedParser):
         function_names: Iterable[str] | None = None,
         *,
         parallel: bool = True,
+        stream: bool = False,
         schemas: Mapping[str, Mapping[str, Any]] | None = None,
     ) -> None:
-        super().__init__(function_names, parallel=parallel)
+        super().__init__(function_names, parallel=parallel, stream=stream)
         self._schemas = dict(schemas or {})
+        self._props: Mapping[str, Any] = {}
+        self._members = 0
 
     def _parse_body(self, body: str) -> ParsedCalls | None:
         return parse_xml_calls(body, self._schemas)
+
+    def _streams(self) -> bool:
+        return True
+
+    def _stream_step(self) -> bool:
+        if self._phase == "head":
+            head = _FUNCTION_HEAD.match(self._buf)
+            if head is None:
+                if HERMES_CLOSE in self._buf or self._buf.strip()[:1] not in ("", "<"):
+                    self._phase = None
+                    return False
+                return True  # <function=... may still come
+            name = head.group(1).strip()
+            if not self._start_call(name):
+                self._phase = None
+                return False
+            params = self._schemas.get(name) or {}
+            props = params.get("properties") if isinstance(params, Mapping) else None
+            self._props = props if isinstance(props, Mapping) else {}
+            self._members = 0
+            self._buf = self._buf[head.end() :]
+            self._phase = "params"
+        while self._phase == "params":
+            body = self._buf.lstrip()
+            if body.startswith(XML_FUNCTION_END) or body.startswith(HERMES_CLOSE):
+                if body.startswith(XML_FUNCTION_END):
+                    body = body[len(XML_FUNCTION_END) :]
+                self._close_arguments()
+                self._buf = body
+                break
+            param = _PARAMETER_HEAD.match(self._buf)
+            end = self._buf.find(XML_PARAMETER_END, param.end()) if param else -1
+            if end < 0:
+                return True  # a parameter under way (its value is sent once it is whole)
+            assert param is not None
+            key = param.group(1).strip()
+            value = parameter_value(self._buf[param.end() : end], self._props.get(key))
+            sep = ", " if self._members else "{"
+            self._arguments(f"{sep}{json.dumps(key, ensure_ascii=False)}: ")
+            self._arguments(json.dumps(value, ensure_ascii=False))
+            self._members += 1
+            self._buf = self._buf[end + len(XML_PARAMETER_END) :]
+        self._scanned = 0
+        return False
+
+    def _close_arguments(self) -> None:
+        self._arguments("}" if self._members else "{}")
+        self._end_call()
+        self._phase = "tail"
+
+    def _flush_streamed(self, held: str) -> None:
+        if self._open is not None and not held.strip():  # ended between parameters
+            self._close_arguments()

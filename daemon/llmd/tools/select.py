@@ -83,12 +83,14 @@ class ToolParserFactory:
         *,
         parallel: bool = True,
         schemas: Mapping[str, Mapping[str, Any]] | None = None,
+        stream: bool = False,
     ) -> ToolCallParser:
         """`schemas` (function name -> parameters schema) types the values of markups that
-        write them as bare text (qwen_xml); JSON markups ignore it."""
+        write them as bare text (qwen_xml); JSON markups ignore it. `stream`: calls are
+        grammar-constrained, so their arguments may stream as generated (see parsers.py)."""
         if self.family in _TYPED_BY_SCHEMA:
-            return QwenXmlParser(function_names, parallel=parallel, schemas=schemas)
-        return _PARSERS[self.family](function_names, parallel=parallel)
+            return QwenXmlParser(function_names, parallel=parallel, stream=stream, schemas=schemas)
+        return _PARSERS[self.family](function_names, parallel=parallel, stream=stream)
 
     def parse(
         self,
@@ -97,9 +99,10 @@ class ToolParserFactory:
         *,
         parallel: bool = True,
         schemas: Mapping[str, Mapping[str, Any]] | None = None,
+        stream: bool = False,
     ) -> tuple[str | None, list[ToolCall]]:
         """Non-streaming: a whole output as (content or None, calls)."""
-        return self(function_names, parallel=parallel, schemas=schemas).parse(text)
+        return self(function_names, parallel=parallel, schemas=schemas, stream=stream).parse(text)
 
 
 def family_from_template(chat_template: str | None) -> str | None:

@@ -279,9 +279,17 @@ def main(argv: list[str] | None = None) -> int:
     )
     reader.start()
     while not stop.is_set():
-        for ev in engine.poll(50):
+        for ev in engine.poll(50, started=True):
             kind = ev["type"]
-            if kind == "tokens":
+            if kind == "started":
+                writer.send(
+                    p.Started(
+                        id=ev["id"],
+                        prompt_tokens=ev["prompt_tokens"],
+                        cached_tokens=ev["cached_tokens"],
+                    )
+                )
+            elif kind == "tokens":
                 writer.send(
                     p.Tokens(
                         id=ev["id"], tokens=ev["tokens"], logprobs=_logprobs(ev.get("logprobs"))
