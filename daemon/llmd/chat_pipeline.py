@@ -389,28 +389,17 @@ def chat_prompt(req: ChatCompletionRequest, model: ModelSupervisor) -> ChatPromp
         special = marker_token_ids(
             plan.parser, text.tokenizer.token_to_id, text.special_ids, markers.tokens
         )
-        reasoning = ("open" if starts_in else "optional") if thinks else None
+        markup: dict[str, Any] = {
+            "special_tokens": special,
+            "reasoning": ("open" if starts_in else "optional") if thinks else None,
+            "reasoning_markers": (markers.open, markers.close),
+        }
         if choice.forces_call:
-            grammar = tool_call_grammar(
-                specs,
-                choice,
-                plan.parser,
-                parallel,
-                special_tokens=special,
-                reasoning=reasoning,
-                reasoning_markers=(markers.open, markers.close),
-            )
+            grammar = tool_call_grammar(specs, choice, plan.parser, parallel, **markup)
             if grammar is not None and (error := grammar_error(grammar)):
                 raise bad_request(f"the tools cannot be enforced: {error}", param="tools")
         else:  # auto: once the model opens a call, the rest of it is held to the schema
-            grammar = lazy_tool_call_grammar(
-                specs,
-                plan.parser,
-                parallel,
-                special_tokens=special,
-                reasoning=reasoning,
-                reasoning_markers=(markers.open, markers.close),
-            )
+            grammar = lazy_tool_call_grammar(specs, plan.parser, parallel, **markup)
             if grammar_error(grammar):  # a schema llguidance refuses: calls checked, not held
                 grammar = None
     shown = (plan.parser.visible_tokens if offer_tools else ()) + (markers.tokens if thinks else ())

@@ -130,15 +130,21 @@ class ToolSet:
         self.chat_tools.append({"type": "function", "function": {**fn, "name": entry.model_name}})
 
 
-def _function(tool: dict[str, Any], where: str, namespace: str | None, tools: ToolSet) -> None:
+def _named(tool: dict[str, Any], where: str, known: set[str]) -> str:
+    """The tool's name, after refusing fields llmd does not know for its type (400s)."""
     name = tool.get("name")
     if not isinstance(name, str) or not name:
         raise bad_request(f"{where}.name is required", param=f"{where}.name")
-    extra = sorted(set(tool) - _FUNCTION_KEYS - _IGNORED_KEYS)
+    extra = sorted(set(tool) - known - _IGNORED_KEYS)
     if extra:
         raise _unsupported(
             f"{where}: field(s) not supported by llmd: {', '.join(extra)}", f"{where}.{extra[0]}"
         )
+    return name
+
+
+def _function(tool: dict[str, Any], where: str, namespace: str | None, tools: ToolSet) -> None:
+    name = _named(tool, where, _FUNCTION_KEYS)
     fn: dict[str, Any] = {}
     for key in ("description", "parameters", "strict"):
         if tool.get(key) is not None:
@@ -170,14 +176,7 @@ def custom_format(raw: Any, where: str) -> CustomFormat:
 
 
 def _custom(tool: dict[str, Any], where: str, namespace: str | None, tools: ToolSet) -> None:
-    name = tool.get("name")
-    if not isinstance(name, str) or not name:
-        raise bad_request(f"{where}.name is required", param=f"{where}.name")
-    extra = sorted(set(tool) - _CUSTOM_KEYS - _IGNORED_KEYS)
-    if extra:
-        raise _unsupported(
-            f"{where}: field(s) not supported by llmd: {', '.join(extra)}", f"{where}.{extra[0]}"
-        )
+    name = _named(tool, where, _CUSTOM_KEYS)
     fmt = custom_format(tool.get("format"), where)
     description = tool.get("description") or ""
     if fmt.syntax is not None:

@@ -96,6 +96,9 @@ def make_app(upstream: str, out: Path) -> web.Application:
                     if k.lower() not in HOP_BY_HOP:
                         response.headers[k] = v
                 await response.prepare(request)
+                # Known from here on, even if the client hangs up before the stream ends.
+                record["status"] = up.status
+                record["response_headers"] = dict(up.headers)
                 async for chunk in up.content.iter_any():
                     if len(kept) < KEEP_ANSWER_BYTES:
                         kept.extend(chunk)
@@ -103,8 +106,6 @@ def make_app(upstream: str, out: Path) -> web.Application:
                         kept.extend(chunk)  # a stream's last events carry the usage
                     await response.write(chunk)
                 await response.write_eof()
-                record["status"] = up.status
-                record["response_headers"] = dict(up.headers)
         except (ConnectionResetError, asyncio.CancelledError) as exc:
             record["client_gone"] = repr(exc)
             raise

@@ -27,5 +27,22 @@ if ! timeout 900 npm install --no-audit --no-fund --loglevel=error $specs >&2; t
   echo "npm install failed for: $specs" >&2
   exit 4
 fi
+# Claude Code's `claude` is a stub until its postinstall links the platform's native package,
+# an optional dependency npm sometimes leaves out when several packages install together:
+# install that package by name and rerun the postinstall.
+cc="node_modules/@anthropic-ai/claude-code"
+if [ -f "$cc/install.cjs" ] && ! node_modules/.bin/claude --version >/dev/null 2>&1; then
+  version="$(node -p "require('./$cc/package.json').version")"
+  platform="$(node -p 'process.platform + "-" + process.arch')"
+  timeout 600 npm install --no-audit --no-fund --loglevel=error --no-save \
+    "@anthropic-ai/claude-code-$platform@$version" >&2 || true
+  (cd "$cc" && node install.cjs >&2) || true
+fi
+for bin in claude codex opencode qwen; do
+  if ! timeout 120 "node_modules/.bin/$bin" --version >/dev/null 2>&1; then
+    echo "the installed $bin does not run (node_modules/.bin/$bin --version failed)" >&2
+    exit 4
+  fi
+done
 echo "$specs" > .installed
 echo "$dir/node_modules/.bin"

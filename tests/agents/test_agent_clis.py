@@ -5,7 +5,9 @@ llmd/agent_config.py, configured exactly as `llmd agents NAME` and docs/agents.m
 Each agent runs twice, non-interactively, in a temp dir holding notes.txt, asked to read it
 and tell the number in it, through a logging proxy (capture_proxy.py) that keeps every request
 and answer. Asserted, per agent:
-  - the CLI exits 0, both runs;
+  - the CLI exits 0, both runs (an expected failure, not a pass, where Claude Code or Codex
+    gives up only because the model never ended its turn within the output cap: a model
+    limit);
   - no request got a 4xx/5xx (or an error event inside a stream);
   - the second run's first full request (tools and all) was served >= 90% from the prefix
     cache (the usage the agent was sent: cached_tokens / cache_read_input_tokens);
@@ -215,6 +217,9 @@ def _cache_split(r: dict) -> tuple[int, int] | None:
 
 
 def _errors(records: list[dict]) -> list[str]:
+    """Requests llmd refused or failed. A client hanging up on a stream it no longer wants
+    (Codex after `response.completed`, opencode abandoning its title request) is the client's
+    choice, not an error, as long as llmd had answered 200."""
     out = []
     for r in records:
         status = r.get("status")
@@ -332,8 +337,6 @@ def test_agent_cli_against_llmd(
                     "requests": [r["n"] for r in proxy.records()[first:]],
                 }
             )
-            if proc.returncode != 0:
-                break
         records = proxy.records()
     finally:
         proxy.stop()
@@ -376,11 +379,6 @@ def test_agent_cli_against_llmd(
     assert not summary["errors"], f"{agent}: llmd refused requests {where}:\n" + "\n".join(
         summary["errors"]
     )
-    for i, run in enumerate(runs):
-        assert run["rc"] == 0, (
-            f"{agent} run {i + 1} exited {run['rc']} {where}\nstdout: {run['stdout_tail']}\n"
-            f"stderr: {run['stderr_tail']}"
-        )
     assert all(main), f"{agent}: a run sent no request with tools {where}"
     assert cache is not None, f"{agent}: no usage reached the agent on run 2 {where}"
     cached, total = cache
@@ -391,3 +389,27 @@ def test_agent_cli_against_llmd(
         assert r.get("status") == 200, f"{agent}: tool result #{r['n']} -> {r.get('status')}"
     if REQUIRE_TOOL:
         assert tool_results, f"{agent}: the model never called a tool {where}"
+    failed = [(i, run) for i, run in enumerate(runs) if run["rc"] != 0]
+    if failed and all(_model_ran_past_the_cap(agent, run) for _, run in failed):
+        # Every request was answered (asserted above); the CLI gave up because the model never
+        # ended its turn within the output cap, which Claude Code and Codex treat as an error.
+        # A model limit (SmolLM2-135M at the agent's default temperature), not a protocol one.
+        pytest.xfail(f"{agent}: the model never ended its turn within {MAX_OUTPUT} tokens")
+    for i, run in failed:
+        raise AssertionError(
+            f"{agent} run {i + 1} exited {run['rc']} {where}\nstdout: {run['stdout_tail']}\n"
+            f"stderr: {run['stderr_tail']}"
+        )
+
+
+# What each CLI says when it gives up because an answer was cut by the output cap.
+_CUT_BY_THE_CAP = {
+    "claude": "output token maximum",  # "Claude's response exceeded the N output token maximum"
+    "codex": "Incomplete response returned, reason: max_output_tokens",
+}
+
+
+def _model_ran_past_the_cap(agent: str, run: dict) -> bool:
+    """Whether the CLI failed only because the model never ended its turn within the cap."""
+    words = _CUT_BY_THE_CAP.get(agent)
+    return words is not None and words in run["stdout_tail"] + run["stderr_tail"]
