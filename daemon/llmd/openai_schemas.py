@@ -27,6 +27,7 @@ from pydantic import (
 
 from .errors import ApiError, bad_request
 from .keep_alive import parse_keep_alive
+from .protocol import INT32_MAX
 
 
 class _Strict(BaseModel):
@@ -119,7 +120,8 @@ class SamplingFields(_Strict):
     max_tokens: int | None = Field(default=None, ge=1)
     temperature: float = Field(default=1.0, ge=0.0, le=2.0)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
-    top_k: int = Field(default=0, ge=0)
+    # Bounded by what the engine's int32 holds: beyond, the worker could not take the request.
+    top_k: int = Field(default=0, ge=0, le=INT32_MAX)
     min_p: float = Field(default=0.0, ge=0.0, le=1.0)
     seed: int | None = Field(default=None, ge=-(2**63), lt=2**64)
     stop: str | list[str] | None = None
@@ -130,7 +132,7 @@ class SamplingFields(_Strict):
     repetition_penalty: float = Field(default=1.0, gt=0.0, le=10.0)
     # llama-server's extension: the latest tokens the repetition penalty covers (-1: the
     # whole context, the default; 0: the penalty is off).
-    repeat_last_n: int = Field(default=-1, ge=-1)
+    repeat_last_n: int = Field(default=-1, ge=-1, le=INT32_MAX)
     logit_bias: dict[str, float] | None = None
     # n choices from one prompt; its KV is prefilled once (the engine forks choice 0's).
     n: int = Field(default=1, ge=1, le=16)

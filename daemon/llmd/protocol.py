@@ -28,29 +28,35 @@ class _Message(BaseModel):
 # ---------------------------------------------------------------- daemon -> worker
 
 
+INT32_MAX = 2**31 - 1  # the engine's token counts and windows are int32
+Int32 = Annotated[int, Field(ge=-(2**31), le=INT32_MAX)]
+
+
 class SamplingParams(_Message):
     """Per-request sampling; temperature 0 means greedy."""
 
+    # Integers are bounded by the engine's C++ types, so a value it cannot hold is refused
+    # (an `error` naming the request) before it reaches the binding.
     temperature: float = 0.0
-    top_k: int = 0  # 0 = disabled
+    top_k: Int32 = 0  # 0 = disabled
     top_p: float = 1.0
     min_p: float = 0.0
-    seed: int | None = None  # None: the worker picks a fresh seed
+    seed: int | None = Field(default=None, ge=-(2**63), lt=2**64)  # None: a fresh seed
     frequency_penalty: float = 0.0  # OpenAI's: generated tokens only
     presence_penalty: float = 0.0
     repetition_penalty: float = 1.0  # HF/vLLM's: prompt and generated tokens
-    repetition_window: int = 0  # the latest tokens the repetition penalty covers; 0: all
-    logit_bias: dict[int, float] = {}
-    top_logprobs: int = -1  # -1: none; 0: the sampled token's logprob; n: and n alternatives
+    repetition_window: Int32 = 0  # the latest tokens the repetition penalty covers; 0: all
+    logit_bias: dict[Int32, float] = {}
+    top_logprobs: Int32 = -1  # -1: none; 0: the sampled token's logprob; n: and n alternatives
 
 
 class Generate(_Message):
     type: Literal["generate"] = "generate"
     id: str
-    prompt: list[int]
-    max_tokens: int
+    prompt: list[Int32]
+    max_tokens: Int32
     sampling: SamplingParams = SamplingParams()
-    stop_tokens: list[int] = []
+    stop_tokens: list[Int32] = []
     session: str = ""  # named session: its KV stays pinned when the request ends
     # A llguidance grammar (JSON schema, Lark, regex; llguidance's serialized form) the
     # output must follow: enforced token by token in the worker.

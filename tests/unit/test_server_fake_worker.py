@@ -253,6 +253,8 @@ async def test_max_tokens_beyond_the_context_is_clamped_to_the_room_left(llmd_ho
     [
         ({"prompt": "word " * 300}, "prompt", "context_length_exceeded"),
         ({"prompt": "x", "temperature": 3}, "temperature", None),
+        ({"prompt": "x", "top_k": 2**31}, "top_k", None),  # past the engine's int32
+        ({"prompt": "x", "repeat_last_n": 2**31}, "repeat_last_n", None),
         ({"prompt": "x", "top_p": 0}, "top_p", None),
         ({"prompt": "x", "max_tokens": 0}, "max_tokens", None),
         ({"prompt": "x", "logprobs": 21}, "logprobs", None),

@@ -98,6 +98,40 @@ def _score(engine: Any, msg: p.Score, writer: Writer) -> None:
     writer.send(p.Scored(id=msg.id, logprobs=out))
 
 
+def _message_id(line: bytes) -> str | None:
+    """The `id` of a daemon message that failed validation, when it has a readable one."""
+    try:
+        raw = json.loads(line)
+    except ValueError:
+        return None
+    rid = raw.get("id") if isinstance(raw, dict) else None
+    return rid if isinstance(rid, str) else None
+
+
+def _submit(engine: Any, msg: p.Generate, seed: int, constraint: Any) -> None:
+    s = msg.sampling
+    engine.submit(
+        msg.id,
+        msg.prompt,
+        msg.max_tokens,
+        temperature=s.temperature,
+        top_k=s.top_k,
+        top_p=s.top_p,
+        min_p=s.min_p,
+        seed=seed & 0xFFFFFFFFFFFFFFFF,
+        stop_tokens=msg.stop_tokens,
+        session=msg.session,
+        frequency_penalty=s.frequency_penalty,
+        presence_penalty=s.presence_penalty,
+        repetition_penalty=s.repetition_penalty,
+        repetition_window=s.repetition_window,
+        logit_bias=list(s.logit_bias.items()),
+        top_logprobs=s.top_logprobs,
+        constraint=constraint,
+        prefill_of=msg.prefill_of,
+    )
+
+
 def _read_commands(
     engine: Any, writer: Writer, stop: threading.Event, grammars: GrammarFactory
 ) -> None:
@@ -108,7 +142,12 @@ def _read_commands(
         try:
             msg = p.decode_daemon_message(line)
         except ValidationError as exc:
-            writer.send(p.Error(id=None, code="invalid_message", message=str(exc).splitlines()[0]))
+            # Answer the request it names, if any, so its client does not wait forever.
+            writer.send(
+                p.Error(
+                    id=_message_id(line), code="invalid_message", message=str(exc).splitlines()[0]
+                )
+            )
             continue
         if isinstance(msg, p.Generate):
             s = msg.sampling
@@ -120,26 +159,11 @@ def _read_commands(
                 except ValueError as exc:
                     writer.send(p.Error(id=msg.id, code="invalid_request", message=str(exc)))
                     continue
-            engine.submit(
-                msg.id,
-                msg.prompt,
-                msg.max_tokens,
-                temperature=s.temperature,
-                top_k=s.top_k,
-                top_p=s.top_p,
-                min_p=s.min_p,
-                seed=seed & 0xFFFFFFFFFFFFFFFF,
-                stop_tokens=msg.stop_tokens,
-                session=msg.session,
-                frequency_penalty=s.frequency_penalty,
-                presence_penalty=s.presence_penalty,
-                repetition_penalty=s.repetition_penalty,
-                repetition_window=s.repetition_window,
-                logit_bias=list(s.logit_bias.items()),
-                top_logprobs=s.top_logprobs,
-                constraint=constraint,
-                prefill_of=msg.prefill_of,
-            )
+            try:
+                _submit(engine, msg, seed, constraint)
+            except (TypeError, ValueError, OverflowError) as exc:
+                # A value the engine's types cannot hold: that request fails, the loop goes on.
+                writer.send(p.Error(id=msg.id, code="invalid_request", message=str(exc)))
         elif isinstance(msg, p.Score):
             try:
                 _score(engine, msg, writer)

@@ -1,0 +1,69 @@
+"""The worker's command loop survives any command: a field at or past the limits of the
+engine's types fails that request with an `error` naming it, and the same worker then serves
+the next request (before, an int >= 2**31 in top_k killed the loop: the request hung, the
+health ping replaced the worker, and three such requests put the model in `failed`)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("llmd._engine", reason="the native engine (llmd._engine) is not built")
+
+LIMITS = [
+    ("top_k", 2**31),
+    ("top_k", 2**63),
+    ("repetition_window", 2**31),
+    ("top_logprobs", 2**40),
+    ("seed", 2**64),
+]
+
+
+def _generate(rid: str, **sampling: Any) -> dict[str, Any]:
+    return {
+        "type": "generate",
+        "id": rid,
+        "prompt": [1, 2, 3],
+        "max_tokens": 2,
+        "sampling": sampling,
+    }
+
+
+def test_limit_values_fail_their_request_and_the_worker_serves_on(model_path: Path) -> None:
+    from llmd.worker.launch import worker_command
+
+    cmd, env = worker_command(str(model_path), kv_budget_bytes=16 << 20)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+    bad = [_generate(f"bad{i}", **{field: value}) for i, (field, value) in enumerate(LIMITS)]
+    bad.append({**_generate("huge"), "max_tokens": 2**40})
+    lines = [*bad, _generate("ok", temperature=0.0)]
+    with subprocess.Popen(
+        [*cmd, "--backend", "cpu"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        env=env,
+    ) as proc:
+        assert proc.stdin and proc.stdout
+        assert json.loads(proc.stdout.readline())["type"] == "ready"
+        proc.stdin.write("".join(json.dumps(m) + "\n" for m in lines).encode())
+        proc.stdin.flush()
+        errors: dict[str, dict[str, Any]] = {}
+        done = None
+        while done is None:
+            event = json.loads(proc.stdout.readline())
+            if event["type"] == "error":
+                errors[event["id"]] = event
+            elif event["type"] == "done":
+                done = event
+        proc.stdin.write(b'{"type": "shutdown"}\n')
+        proc.stdin.close()
+        assert proc.wait(timeout=60) == 0  # the loop was alive to read the shutdown
+    assert set(errors) == {m["id"] for m in bad}, errors
+    assert done["id"] == "ok" and done["completion_tokens"] == 2
