@@ -37,6 +37,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from .errors import ApiError, bad_request
 from .generation import ContextOverflow
+from .keep_alive import KeepAlive
 from .openai_schemas import ChatCompletionRequest, parse_request
 from .prompt_hygiene import is_request_metadata
 
@@ -277,7 +278,7 @@ class MessagesRequest(CountTokensRequest):
     # llmd extensions (as on its OpenAI routes): sessions, keep-alive, reproducible sampling.
     session_id: str | None = None
     session_ttl: float | None = None
-    keep_alive: str | float | None = None
+    keep_alive: KeepAlive = None
     seed: int | None = None
 
     @model_validator(mode="after")

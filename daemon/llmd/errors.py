@@ -17,6 +17,9 @@ class ApiError(Exception):
         code: str | None = None,
     ) -> None:
         super().__init__(message)
+        # The connection cannot carry another request (the body was left unread): the
+        # response says `Connection: close`.
+        self.close_connection = False
         self.status = status
         self.message = message
         self.type = type
@@ -38,7 +41,15 @@ def bad_request(message: str, param: str | None = None, code: str | None = None)
     return ApiError(400, message, param=param, code=code)
 
 
+def shown_name(name: str, limit: int = 100) -> str:
+    """`name` as an error message quotes it: a hostile 100 kB name is cut short."""
+    return name if len(name) <= limit else f"{name[:limit]}... ({len(name)} characters)"
+
+
 def model_not_found(name: str, hint: str) -> ApiError:
+    if len(name) > 128:  # no model is called that: the hint would quote the name again
+        hint = "Model names are at most 128 characters."
+    name = shown_name(name)
     return ApiError(
         404,
         f"The model '{name}' is not installed. {hint}",

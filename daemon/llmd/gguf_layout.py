@@ -176,7 +176,13 @@ class _Cursor:
         self.pos += n
 
 
-def _value(cur: _Cursor, vtype: int) -> Any:
+# Arrays of arrays nest this deep at most (real files: one level, the vocabulary's merges).
+MAX_ARRAY_DEPTH = 8
+
+
+def _value(cur: _Cursor, vtype: int, depth: int = 0) -> Any:
+    if depth > MAX_ARRAY_DEPTH:
+        raise GGUFFormatError(f"metadata arrays nest deeper than {MAX_ARRAY_DEPTH} levels")
     if vtype in _SCALARS:
         return cur.unpack(_SCALARS[vtype])
     if vtype == _STRING:
@@ -198,7 +204,7 @@ def _value(cur: _Cursor, vtype: int) -> Any:
         return None
     if etype == _ARRAY:
         for _ in range(count):
-            _value(cur, _ARRAY)
+            _value(cur, _ARRAY, depth + 1)
         return None
     raise GGUFFormatError(f"unknown GGUF array element type {etype}")
 

@@ -60,7 +60,13 @@ class _Cursor:
         return self.take(n).decode("utf-8", errors="replace")
 
 
-def _value(cur: _Cursor, vtype: int) -> Any:
+# Arrays of arrays nest this deep at most (real files: one level).
+MAX_ARRAY_DEPTH = 8
+
+
+def _value(cur: _Cursor, vtype: int, depth: int = 0) -> Any:
+    if depth > MAX_ARRAY_DEPTH:
+        raise GGUFMetadataError(f"metadata arrays nest deeper than {MAX_ARRAY_DEPTH} levels")
     if vtype in _SCALARS:
         return cur.unpack(_SCALARS[vtype])
     if vtype == _STRING:
@@ -76,7 +82,7 @@ def _value(cur: _Cursor, vtype: int) -> Any:
         if etype == _STRING:
             return [cur.string() for _ in range(count)]
         if etype == _ARRAY:
-            return [_value(cur, _ARRAY) for _ in range(count)]
+            return [_value(cur, _ARRAY, depth + 1) for _ in range(count)]
         raise GGUFMetadataError(f"unknown GGUF array element type {etype}")
     raise GGUFMetadataError(f"unknown GGUF value type {vtype}")
 

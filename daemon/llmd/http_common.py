@@ -10,7 +10,9 @@ import re
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
-from aiohttp import web
+from aiohttp import ClientPayloadError, web
+from aiohttp.http_exceptions import HttpProcessingError
+from aiohttp.web_protocol import RequestPayloadError
 
 from .errors import ApiError, bad_request, server_error
 from .model_registry import ModelRegistry
@@ -53,12 +55,90 @@ def error_shape_for(request: web.Request) -> ErrorShape:
     return ApiError.envelope
 
 
-async def json_body(request: web.Request) -> Any:
-    raw = await request.read()
+# Deepest nesting of arrays and objects a request body may have: far beyond any real request
+# (a tool schema nests a few levels), far below what recursive code downstream can take.
+MAX_JSON_DEPTH = 128
+# A lone UTF-16 surrogate ("\ud800" in JSON) decodes into a str no tokenizer or encoder takes.
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _invalid_unicode() -> ApiError:
+    return bad_request(
+        "text must be valid Unicode: the body holds a lone UTF-16 surrogate "
+        "(an escape such as \\ud800 without its pair)",
+        code="invalid_unicode",
+    )
+
+
+def could_hold_surrogates(raw: bytes) -> bool:
+    """False when `raw` JSON cannot decode to a lone surrogate: no \\uD8xx-\\uDFxx escape
+    and no UTF-8-encoded surrogate (which json.loads lets through)."""
+    return b"\\ud" in raw.lower() or b"\xed" in raw
+
+
+def check_json_value(value: Any, max_depth: int = MAX_JSON_DEPTH, *, text: bool = True) -> None:
+    """400 when a decoded JSON value nests deeper than `max_depth` or (with `text`) holds a
+    string, key or value, that is not valid Unicode. Walked level by level, never recursing."""
+    level = [value]
+    depth = 0
+    while level:
+        below: list[Any] = []
+        for item in level:
+            if isinstance(item, dict):
+                if text:
+                    below.extend(item)
+                below.extend(item.values())
+            elif isinstance(item, list):
+                below.extend(item)
+            elif text and isinstance(item, str) and _SURROGATE.search(item):
+                raise _invalid_unicode()
+        if not below:
+            return
+        depth += 1
+        if depth > max_depth and any(isinstance(x, (dict, list)) for x in below):
+            raise bad_request(
+                f"the request body nests deeper than {max_depth} levels",
+                code="too_deeply_nested",
+            )
+        level = below
+
+
+BODY_READ_ERRORS = (ClientPayloadError, RequestPayloadError, HttpProcessingError)
+
+
+def body_read_error(request: web.BaseRequest, exc: BaseException) -> ApiError:
+    """The 400 for a body aiohttp could not read (a `Content-Encoding: gzip` header on plain
+    bytes, broken chunked framing)."""
+    detail = (getattr(exc, "message", "") or str(exc)).strip()
+    encoding = request.headers.get("Content-Encoding")
+    what = f" (Content-Encoding: {encoding})" if encoding else ""
+    err = bad_request(f"the request body could not be read{what}: {detail}", code="invalid_body")
+    err.close_connection = True
+    return err
+
+
+async def read_request_body(request: web.Request) -> bytes:
+    """The raw body; one aiohttp cannot decode is a 400, not an internal error. The size limit
+    (413) stays aiohttp's HTTPRequestEntityTooLarge, which the error middleware renders."""
     try:
-        return json.loads(raw)
-    except ValueError as exc:
+        return await request.read()
+    except BODY_READ_ERRORS as exc:
+        raise body_read_error(request, exc) from exc
+
+
+async def json_body(request: web.Request) -> Any:
+    raw = await read_request_body(request)
+    try:
+        value = json.loads(raw)
+    except RecursionError as exc:
+        raise bad_request(
+            f"the request body nests deeper than {MAX_JSON_DEPTH} levels",
+            code="too_deeply_nested",
+        ) from exc
+    except ValueError as exc:  # UnicodeDecodeError and huge integers included
         raise bad_request(f"the request body is not valid JSON: {exc}") from exc
+    check_json_value(value, text=could_hold_surrogates(raw))
+    return value
 
 
 async def start_stream(request: web.Request, content_type: str) -> web.StreamResponse:

@@ -51,7 +51,7 @@ from .fim import (
 )
 from .generation import Delta, Finished
 from .http_common import REGISTRY, json_body, relay, sse
-from .keep_alive import parse_keep_alive
+from .keep_alive import KeepAlive, parse_keep_alive
 from .model_registry import ModelRegistry
 from .openai_schemas import CompletionRequest
 from .worker_client import Accepted
@@ -96,7 +96,7 @@ class InfillRequest(BaseModel):
     response_fields: list[str] | None = None
     return_tokens: bool = False
     n_cmpl: int = Field(default=1, ge=1, le=1)
-    keep_alive: str | float | None = None  # llmd's (Ollama's) keep-alive
+    keep_alive: KeepAlive = None  # llmd's (Ollama's) keep-alive
 
     def sampling(self, model: str, prompt: list[int]) -> CompletionRequest:
         """The pipeline's request for these sampling settings (already range-checked)."""

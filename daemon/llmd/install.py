@@ -7,8 +7,12 @@ model is checked, converted and described the same way whatever its source.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
+import os
+import shutil
+import stat
 import threading
 import time
 from collections.abc import Callable
@@ -23,7 +27,7 @@ from .model_support import (
     unsupported_architecture_message,
     unsupported_gguf_message,
 )
-from .store import ModelRecord, ModelStore, StoreError, UnsupportedModel
+from .store import InsufficientStorage, ModelRecord, ModelStore, StoreError, UnsupportedModel
 from .tokenizer import gguf_tokenizer_problem
 
 _HF_DIR_SUFFIXES = {".json", ".safetensors", ".jinja", ".txt", ".model"}
@@ -127,6 +131,55 @@ def converted_blob_for(store: ModelStore, source_digest: str) -> ModelRecord | N
     return None
 
 
+def _kind(mode: int) -> str:
+    for test, what in (
+        (stat.S_ISFIFO, "a FIFO (named pipe)"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISSOCK, "a socket"),
+    ):
+        if test(mode):
+            return what
+    return "not a regular file"
+
+
+def check_local_source(path: Path) -> None:
+    """StoreError (400) naming `path` unless it is a regular, non-empty file or a Hugging Face
+    model directory. Only stat()ed, never opened: opening a FIFO blocks until a writer comes,
+    and reading a device or a /proc file never ends or fails half-way."""
+    try:
+        st = os.stat(path)
+    except OSError as exc:
+        raise StoreError(f"{path} cannot be read: {exc.strerror}") from exc
+    if stat.S_ISDIR(st.st_mode):
+        if not (path / "config.json").is_file() or not list(path.glob("*.safetensors")):
+            raise StoreError(
+                f"{path} is a directory but not a Hugging Face model directory "
+                "(config.json + *.safetensors)"
+            )
+        return
+    if not stat.S_ISREG(st.st_mode):
+        raise StoreError(
+            f"{path} is {_kind(st.st_mode)}: only a GGUF file or a model directory can be pulled"
+        )
+    if st.st_size < 4:
+        raise StoreError(f"{path} is empty (or a virtual file such as /proc's): not a GGUF file")
+
+
+def insufficient_storage(needed: int, where: Path) -> InsufficientStorage:
+    """A disk that filled up during a pull (ENOSPC): 507 naming the space needed."""
+    try:
+        free = shutil.disk_usage(where).free
+    except OSError:
+        free = 0
+    return InsufficientStorage(
+        f"the disk holding {where} filled up during the pull: it needs about "
+        f"{needed / 1e9:.2f} GB free ({free / 1e9:.2f} GB is). Free some space (`llmd gc` "
+        "deletes unused blobs and old partial downloads, `llmd rm NAME` removes a model) "
+        "and pull again."
+    )
+
+
 def import_local(
     store: ModelStore,
     path: Path,
@@ -135,6 +188,25 @@ def import_local(
     progress: Progress | None = None,
 ) -> ModelRecord:
     """`llmd pull ./file.gguf` / `./hf_dir`: checked, converted if needed, published."""
+    check_local_source(path)
+    try:
+        return _import_local(store, path, name, source, progress)
+    except OSError as exc:
+        if exc.errno != errno.ENOSPC:
+            raise
+        needed = (
+            sum(p.stat().st_size for p in path.rglob("*")) if path.is_dir() else path.stat().st_size
+        )
+        raise insufficient_storage(needed, store.paths.models) from exc
+
+
+def _import_local(
+    store: ModelStore,
+    path: Path,
+    name: str,
+    source: str | None,
+    progress: Progress | None,
+) -> ModelRecord:
     if path.is_dir():
         return _import_dir(store, path, name, progress)
     with open(path, "rb") as f:
@@ -144,6 +216,13 @@ def import_local(
         layout = read_layout(path)
     except GGUFFormatError as exc:
         raise StoreError(f"{path} cannot be read as GGUF: {exc}") from exc
+    if not layout.tensors:
+        raise StoreError(f"{path} holds no tensors: it is a GGUF header, not a model")
+    if "tokenizer.ggml.tokens" not in layout.kv:  # (string arrays are skipped, not read)
+        raise StoreError(
+            f"{path} has no tokenizer (no tokenizer.ggml.tokens in its metadata): llmd cannot "
+            "serve it; convert the model with its tokenizer (llama.cpp's convert_hf_to_gguf.py)"
+        )
     plan = check_gguf(layout, str(path))
     source = source or f"file:{path.resolve()}"
     size = path.stat().st_size
@@ -168,6 +247,13 @@ def import_local(
         return store.write_manifest(record)
 
 
+def _mode(path: Path) -> int:
+    try:
+        return os.stat(path).st_mode
+    except OSError:
+        return 0
+
+
 def _phase(progress: Progress | None, phase: str) -> Callable[[int, int], None] | None:
     if progress is None:
         return None
@@ -184,7 +270,11 @@ def _import_dir(store: ModelStore, src: Path, name: str, progress: Progress | No
         arch = check_hf_config(json.loads(config.read_text()), str(src))
     except ValueError as exc:
         raise StoreError(f"{config} is not valid JSON: {exc}") from exc
-    wanted = [p for p in sorted(src.iterdir()) if p.is_file() and p.suffix in _HF_DIR_SUFFIXES]
+    wanted = [
+        p
+        for p in sorted(src.iterdir())
+        if p.suffix in _HF_DIR_SUFFIXES and stat.S_ISREG(_mode(p))  # no FIFO behind a .json
+    ]
     total = sum(p.stat().st_size for p in wanted)
     done = 0
     files: list[tuple[str, str]] = []

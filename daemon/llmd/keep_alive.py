@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import math
 import re
+from typing import Annotated, Any
+
+from pydantic import BeforeValidator
 
 DEFAULT_KEEP_ALIVE = 300.0  # seconds, as Ollama: long enough for a conversation's next turn
 FOREVER = math.inf
@@ -15,12 +18,19 @@ _PART = re.compile(r"(\d+(?:\.\d+)?)(ms|h|m|s)")
 _SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 
 
+_TYPE_ERROR = "keep_alive must be a duration such as '5m' or a number of seconds"
+
+
 def parse_keep_alive(value: str | float | int) -> float:
-    """Seconds (FOREVER for a negative value); ValueError for anything else."""
-    if isinstance(value, bool):
-        raise ValueError("keep_alive must be a duration such as '5m' or a number of seconds")
+    """Seconds (FOREVER for a negative value); ValueError for anything else (a boolean too:
+    `true` is not one second)."""
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+        raise ValueError(_TYPE_ERROR)
     if isinstance(value, (int, float)):
-        seconds = float(value)
+        try:
+            seconds = float(value)
+        except OverflowError:  # an integer beyond any float: longer than forever
+            seconds = math.inf if value > 0 else -math.inf
     else:
         text = value.strip()
         sign = -1.0 if text.startswith("-") else 1.0
@@ -37,6 +47,18 @@ def parse_keep_alive(value: str | float | int) -> float:
     if math.isnan(seconds):
         raise ValueError("keep_alive must be a number")
     return FOREVER if seconds < 0 else seconds
+
+
+def _exact_types(value: Any) -> Any:
+    """Before pydantic's coercion (which would read `true` as 1.0): exactly what Ollama
+    documents, a duration string or a number."""
+    if value is not None and (isinstance(value, bool) or not isinstance(value, (str, int, float))):
+        raise ValueError(_TYPE_ERROR)
+    return value
+
+
+# The `keep_alive` field of every protocol's request model.
+KeepAlive = Annotated[str | float | None, BeforeValidator(_exact_types)]
 
 
 def describe_keep_alive(seconds: float) -> str:

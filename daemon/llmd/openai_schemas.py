@@ -26,7 +26,7 @@ from pydantic import (
 )
 
 from .errors import ApiError, bad_request
-from .keep_alive import parse_keep_alive
+from .keep_alive import KeepAlive, parse_keep_alive
 from .protocol import INT32_MAX
 
 
@@ -143,7 +143,7 @@ class SamplingFields(_Strict):
     )
     session_ttl: float | None = Field(default=None, gt=0, le=7 * 24 * 3600)
     # Ollama's extension: how long the model stays loaded after this request ("5m", 0, -1).
-    keep_alive: str | float | None = None
+    keep_alive: KeepAlive = None
 
     @field_validator("keep_alive")
     @classmethod

@@ -27,7 +27,7 @@ from typing import Any
 from aiohttp import web
 
 from .errors import ApiError, bad_request
-from .http_common import STORE, stream_ndjson
+from .http_common import STORE, check_json_value, stream_ndjson
 from .pulls import PullJob, PullManager
 from .security import read_body
 from .store import ModelStore, StoreError
@@ -56,8 +56,11 @@ async def pull(request: web.Request) -> web.StreamResponse:
     raw = await read_body(request)
     try:
         body: Any = json.loads(raw or b"{}")
+    except RecursionError as exc:
+        raise bad_request("the request body nests too deeply") from exc
     except ValueError as exc:
         raise bad_request(f"the request body is not valid JSON: {exc}") from exc
+    check_json_value(body)
     if not isinstance(body, dict):
         raise bad_request("the request body must be a JSON object")
     source = body.get("model") or body.get("source")

@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import errno
 import json
 import logging
 import shutil
@@ -60,9 +61,11 @@ from .hub import (
 from .install import (
     check_gguf,
     check_hf_config,
+    check_local_source,
     convert_to_blob,
     converted_blob_for,
     gguf_record,
+    insufficient_storage,
     tree_record,
 )
 from .model_support import architecture_supported, unsupported_architecture_message
@@ -160,6 +163,13 @@ class PullJob:
                 return event
         raise RuntimeError("unreachable")  # pragma: no cover
 
+    def bytes_needed(self) -> int:
+        """The size of what the pull was writing when it stopped (its last progress total)."""
+        for event in [self.last_progress, *reversed(self.history)]:
+            if event and isinstance(event.get("total"), int):
+                return int(event["total"])
+        return 0
+
     def describe(self) -> dict[str, Any]:
         latest = self.last_progress or (self.history[-1] if self.history else {})
         return {"model": self.name, "source": self.source, "started": self.started, **latest}
@@ -202,6 +212,7 @@ def resolve_source(source: str, name: str | None = None) -> tuple[str, _Target |
         return install, _Target(ref.repo, ref.revision, install, tag=ref.tag)
     path = Path(source).expanduser()
     if path.is_absolute() and path.exists():
+        check_local_source(path)  # a FIFO, a device, /proc/self/mem: refused before any job
         default = path.stem if path.is_file() else path.name
         return validate_name(name or default), path
     raise StoreError(
@@ -308,6 +319,13 @@ class PullManager:
             )
         except StoreError as exc:
             job.finish(_error_event(exc), exc.status)
+        except OSError as exc:
+            if exc.errno != errno.ENOSPC:
+                log.exception("pull of %s failed", job.source)
+                job.finish(_error_event(f"the pull of {job.source} failed: {exc}"), 500)
+                return
+            full = insufficient_storage(job.bytes_needed(), self.store.paths.models)
+            job.finish(_error_event(full), full.status)
         except asyncio.CancelledError:
             job.finish(
                 _error_event(

@@ -391,6 +391,27 @@ class _HeadTimeoutHandler(RequestHandler):
         finally:
             self._llmd_busy = False
 
+    def handle_error(
+        self,
+        request: Any,
+        status: int = 500,
+        exc: BaseException | None = None,
+        message: str | None = None,
+    ) -> web.StreamResponse:
+        """aiohttp's answer to a request its HTTP parser refused (bad framing, an over-long
+        header line), in the OpenAI error envelope instead of text/plain: the path of a
+        request that could not be parsed is unknown, so no protocol's own shape applies."""
+        resp = super().handle_error(request, status, exc, message)
+        if status >= 500 or not isinstance(resp, web.Response):
+            return resp
+        detail = (message or (str(exc) if exc else "") or "bad request").strip()
+        error = {"message": f"malformed HTTP request: {detail}", "type": "invalid_request_error"}
+        json_resp = web.json_response(
+            {"error": {**error, "param": None, "code": "bad_http_request"}}, status=status
+        )
+        json_resp.force_close()
+        return json_resp
+
     def _llmd_arm(self) -> None:
         self._llmd_disarm()
         loop = asyncio.get_running_loop()

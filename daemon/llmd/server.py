@@ -26,6 +26,7 @@ from .anthropic_messages import add_anthropic_routes
 from .errors import ApiError, server_error
 from .http_common import (
     ADDRESSES,
+    BODY_READ_ERRORS,
     DEFAULT_MAX_TOKENS,
     DEFAULT_STREAM_KEEPALIVE,
     DRAINING,
@@ -35,6 +36,7 @@ from .http_common import (
     STARTED,
     STORE,
     STREAM_KEEPALIVE,
+    body_read_error,
     error_shape_for,
 )
 from .infill_api import add_infill_routes
@@ -67,7 +69,10 @@ def _error_response(err: ApiError, request: web.Request) -> web.Response:
     """In the envelope of the protocol the path belongs to (OpenAI's unless a protocol
     registered its own shape for its routes)."""
     render = error_shape_for(request)
-    return web.json_response(render(err), status=err.status)
+    resp = web.json_response(render(err), status=err.status)
+    if err.close_connection:
+        resp.force_close()
+    return resp
 
 
 @web.middleware
@@ -89,6 +94,13 @@ async def error_middleware(
         return _error_response(ApiError(exc.status, exc.reason or "error", type=kind), request)
     except asyncio.CancelledError:
         raise
+    except BODY_READ_ERRORS as exc:  # read outside json_body (the security middleware's read)
+        return _error_response(body_read_error(request, exc), request)
+    except RecursionError:
+        log.warning("too deeply nested request on %s %s", request.method, request.path)
+        return _error_response(
+            ApiError(400, "the request nests too deeply", code="too_deeply_nested"), request
+        )
     except Exception as exc:  # noqa: BLE001 - the daemon keeps serving whatever went wrong
         log.exception("unhandled error on %s %s", request.method, request.path)
         return _error_response(server_error(f"internal error: {exc}"), request)

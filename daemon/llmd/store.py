@@ -125,7 +125,23 @@ def _safe_file_name(name: str) -> str:
     return name.replace("/", "--").replace(":", "--")
 
 
+# A manifest's file name is the model name plus ".json"; file systems stop at 255 bytes.
+MAX_NAME_BYTES = 200
+
+
+def could_be_installed(name: str) -> bool:
+    """False for a name no manifest can have (too long for a file name, a NUL byte): looked
+    up, it is simply not installed, without touching the file system."""
+    if not name or "\x00" in name:
+        return False
+    return len(name.encode("utf-8", "surrogatepass")) <= MAX_NAME_BYTES
+
+
 def validate_name(name: str) -> str:
+    if len(name) > 128:
+        raise StoreError(
+            f"invalid model name '{name[:64]}...': longer than 128 characters",
+        )
     if not _NAME.match(name) or ".." in name:
         raise StoreError(f"invalid model name '{name}': use letters, digits and . _ - : /")
     return name
@@ -160,6 +176,8 @@ class ModelStore:
         return records
 
     def get(self, name: str) -> ModelRecord | None:
+        if not could_be_installed(name):
+            return None
         f = self.paths.manifests / f"{_safe_file_name(name)}.json"
         if not f.exists():
             return None
@@ -352,6 +370,10 @@ class ModelStore:
 
     def remove(self, name: str) -> ModelRecord:
         """Delete the manifest; the weights go once no other manifest refers to them."""
+        if not could_be_installed(name):
+            raise StoreError(
+                f"model '{name[:64]}...' is not installed", code="model_not_found", status=404
+            )
         f = self.paths.manifests / f"{_safe_file_name(name)}.json"
         if not f.exists():
             served = self.resolve(name)

@@ -19,20 +19,46 @@ from .errors import bad_request
 _LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 
 
-def _closed(schema: Any) -> Any:
-    """`schema` with `additionalProperties: false` on every object that does not say."""
-    if isinstance(schema, list):
-        return [_closed(s) for s in schema]
-    if not isinstance(schema, dict):
-        return schema
-    out = {k: _closed(v) for k, v in schema.items()}
-    for key in ("properties", "$defs", "definitions", "patternProperties"):
-        if isinstance(schema.get(key), dict):
-            out[key] = {name: _closed(sub) for name, sub in schema[key].items()}
-    is_object = schema.get("type") == "object" or "properties" in schema
-    if is_object and "additionalProperties" not in schema:
-        out["additionalProperties"] = False
-    return out
+# Deepest schema nesting (dicts and lists) accepted: real schemas nest a few levels.
+MAX_SCHEMA_DEPTH = 64
+_MAPS = ("properties", "$defs", "definitions", "patternProperties")
+
+
+def _closed(schema: Any, *, param: str = "response_format") -> Any:
+    """`schema` with `additionalProperties: false` on every object that does not say.
+    Built with an explicit stack (no recursion): a schema nested deeper than
+    MAX_SCHEMA_DEPTH is a 400 naming `param`."""
+
+    def shell(node: Any) -> Any:
+        return {} if isinstance(node, dict) else [] if isinstance(node, list) else node
+
+    root = shell(schema)
+    # (source node, its copy, depth, whether the node is a name -> schema map)
+    stack: list[tuple[Any, Any, int, bool]] = [(schema, root, 0, False)]
+    while stack:
+        node, out, depth, is_map = stack.pop()
+        if depth > MAX_SCHEMA_DEPTH:
+            raise bad_request(
+                f"the JSON schema nests deeper than {MAX_SCHEMA_DEPTH} levels", param=param
+            )
+        if isinstance(node, list):
+            for item in node:
+                copy = shell(item)
+                out.append(copy)
+                if isinstance(item, (dict, list)):
+                    stack.append((item, copy, depth + 1, False))
+            continue
+        for key, value in node.items():
+            copy = shell(value)
+            out[key] = copy
+            if isinstance(value, (dict, list)):
+                child_is_map = not is_map and key in _MAPS and isinstance(value, dict)
+                stack.append((value, copy, depth + 1, child_is_map))
+        if not is_map:
+            is_object = node.get("type") == "object" or "properties" in node
+            if is_object and "additionalProperties" not in node:
+                out["additionalProperties"] = False
+    return root
 
 
 def json_schema_grammar(schema: dict[str, Any], *, strict: bool, param: str) -> str:
@@ -41,9 +67,11 @@ def json_schema_grammar(schema: dict[str, Any], *, strict: bool, param: str) -> 
 
     try:
         grammar = llguidance.LLMatcher.grammar_from_json_schema(
-            json.dumps(_closed(schema) if strict else schema),
+            json.dumps(_closed(schema, param=param) if strict else schema),
             defaults={**_LAYOUT, "lenient": not strict},
         )
+    except RecursionError as exc:
+        raise bad_request("the JSON schema nests too deeply", param=param) from exc
     except ValueError as exc:
         raise bad_request(f"invalid JSON schema: {exc}", param=param) from exc
     error = llguidance.LLMatcher.validate_grammar(grammar)

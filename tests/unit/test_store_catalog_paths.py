@@ -17,12 +17,23 @@ from llmd.server import AlreadyRunning, prepare_socket
 from llmd.store import ModelStore, StoreError
 
 
+def _gguf_string(text: str) -> bytes:
+    raw = text.encode()
+    return struct.pack("<Q", len(raw)) + raw
+
+
 def fake_gguf(path: Path, payload: bytes = b"", arch: str = "llama") -> Path:
-    """A GGUF with no tensors and one metadata entry (general.architecture), which is all
-    the store reads; `payload` trails it so different files have different digests."""
-    key, value = b"general.architecture", arch.encode()
-    kv = struct.pack("<Q", len(key)) + key + struct.pack("<IQ", 8, len(value)) + value
-    path.write_bytes(b"GGUF" + struct.pack("<IQQ", 3, 0, 1) + kv + payload)
+    """A GGUF with one F32 tensor and the metadata the store reads (general.architecture,
+    a vocabulary, as import refuses a GGUF without); `payload` trails it so different files
+    have different digests."""
+    kv = _gguf_string("general.architecture") + struct.pack("<I", 8) + _gguf_string(arch)
+    tokens = ["<s>", "</s>", "a"]
+    kv += _gguf_string("tokenizer.ggml.tokens") + struct.pack("<IIQ", 9, 8, len(tokens))
+    kv += b"".join(_gguf_string(t) for t in tokens)
+    tensor = _gguf_string("blk.0.attn_norm.weight") + struct.pack("<IQIQ", 1, 4, 0, 0)
+    head = b"GGUF" + struct.pack("<IQQ", 3, 1, 2) + kv + tensor
+    head += b"\0" * (-len(head) % 32)
+    path.write_bytes(head + struct.pack("<4f", 1, 1, 1, 1) + payload)
     return path
 
 
