@@ -1,5 +1,6 @@
 #include "decoder.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -215,6 +216,22 @@ Linear Checkpoint::linear(const std::vector<std::string>& modules, bool on_devic
     parts.push_back({tensors_.at(m + ".weight"), tensors_.at(m + ".scales"), tensors_.at(m + ".biases")});
   }
   if (all) return Linear::from_mlx_quantized(parts, first->bits, first->group_size, on_device, interleave_pairs);
+  if (std::all_of(modules.begin(), modules.end(), [&](const std::string& m) { return quantization(m).has_value(); })) {
+    // mlx-lm's per-module settings differ within the stack: one quantized Linear per run of
+    // modules with the same settings (gate and up apart, as a SwiGLU over the concatenation
+    // expects).
+    auto same = [&](const std::string& a, const std::string& b) {
+      return quantization(a)->bits == quantization(b)->bits &&
+             quantization(a)->group_size == quantization(b)->group_size;
+    };
+    std::vector<Linear> pieces;
+    for (auto run = modules.begin(); run != modules.end();) {
+      auto end = std::find_if(run, modules.end(), [&](const std::string& m) { return !same(m, *run); });
+      pieces.push_back(linear({run, end}, on_device));
+      run = end;
+    }
+    return Linear::concatenated(std::move(pieces));
+  }
   std::vector<mx::array> ws;
   for (const std::string& m : modules) ws.push_back(get(m + ".weight"));
   return Linear::from_float(ws.size() == 1 ? ws[0] : mx::concatenate(ws, 0), on_device);

@@ -296,17 +296,10 @@ std::unique_ptr<Model> load_gemma3_gguf(const GgufFile& file, const LoadOptions&
     const TensorView* q = &file.tensor(b + "attn_q.weight");
     const TensorView* k = &file.tensor(b + "attn_k.weight");
     const TensorView* v = &file.tensor(b + "attn_v.weight");
-    if (q->type != k->type || k->type != v->type) {
-      throw std::runtime_error("mixed quantization types within one attention block (" + type_name(q->type) + "/" +
-                               type_name(k->type) + "/" + type_name(v->type) + ") are not supported yet");
-    }
     L.qkv = Linear::from_gguf({q, k, v}, false, dev);
     L.wo = Linear::from_gguf({&file.tensor(b + "attn_output.weight")}, false, dev);
     const TensorView* gate = &file.tensor(b + "ffn_gate.weight");
     const TensorView* up = &file.tensor(b + "ffn_up.weight");
-    if (gate->type != up->type) {
-      throw std::runtime_error("mixed quantization types for ffn_gate/ffn_up are not supported yet");
-    }
     L.gate_up = Linear::from_gguf({gate, up}, false, dev);
     L.down = Linear::from_gguf({&file.tensor(b + "ffn_down.weight")}, false, dev);
   }

@@ -1,5 +1,6 @@
 #include "linear.h"
 
+#include <algorithm>
 #include <cstring>
 #include <stdexcept>
 
@@ -19,6 +20,23 @@ mx::array owned_bytes(size_t n) {
 
 namespace {
 std::string device_name() { return mx::default_device() == mx::Device::gpu ? "gpu" : "cpu"; }
+
+// silu(gate) * up of y [rows, 2 * half]: gate and up in the two halves, or in adjacent
+// columns when `interleaved`.
+mx::array swiglu(const mx::array& y, bool interleaved) {
+  const int rows = y.shape(0);
+  const int half = y.shape(1) / 2;
+  mx::array g{0.f}, u{0.f};
+  if (interleaved) {
+    mx::array pairs = mx::reshape(y, {rows, half, 2});
+    g = mx::squeeze(mx::slice(pairs, {0, 0, 0}, {rows, half, 1}), 2);
+    u = mx::squeeze(mx::slice(pairs, {0, 0, 1}, {rows, half, 2}), 2);
+  } else {
+    g = mx::slice(y, {0, 0}, {rows, half});
+    u = mx::slice(y, {0, half}, {rows, 2 * half});
+  }
+  return mx::multiply(mx::multiply(g, mx::sigmoid(g)), u);
+}
 }  // namespace
 
 Linear Linear::from_gguf(const std::vector<const TensorView*>& parts, bool interleave_pairs, bool on_device) {
@@ -26,11 +44,24 @@ Linear Linear::from_gguf(const std::vector<const TensorView*>& parts, bool inter
   Linear lin;
   lin.type_ = parts[0]->type;
   lin.k_ = static_cast<int>(parts[0]->shape[0]);
+  bool one_type = true;
   for (const TensorView* p : parts) {
-    if (p->type != lin.type_ || p->shape[0] != lin.k_ || p->shape.size() != 2) {
+    if (p->shape.size() != 2 || p->shape[0] != lin.k_) {
       throw std::invalid_argument("cannot stack " + p->name + " with " + parts[0]->name);
     }
+    one_type = one_type && p->type == lin.type_;
     lin.n_ += static_cast<int>(p->shape[1]);
+  }
+  if (!one_type) {
+    // One Linear per run of same-typed parts; gate and up (interleave_pairs) are two runs, so
+    // their outputs come as the halves a SwiGLU over the concatenation expects.
+    std::vector<Linear> pieces;
+    for (auto run = parts.begin(); run != parts.end();) {
+      auto end = std::find_if(run, parts.end(), [&](const TensorView* p) { return p->type != (*run)->type; });
+      pieces.push_back(from_gguf({run, end}, false, on_device));
+      run = end;
+    }
+    return concatenated(std::move(pieces));
   }
   if (on_device) {
     if (interleave_pairs && (parts.size() != 2 || parts[0]->shape[1] != parts[1]->shape[1])) {
@@ -94,6 +125,21 @@ Linear Linear::from_gguf(const std::vector<const TensorView*>& parts, bool inter
     lin.weight_ = mx::array(f.begin(), {lin.n_, lin.k_}, mx::float32);
     lin.weight_.eval();
   }
+  return lin;
+}
+
+Linear Linear::concatenated(std::vector<Linear> pieces) {
+  if (pieces.empty()) throw std::invalid_argument("Linear needs at least one piece");
+  if (pieces.size() == 1) return std::move(pieces.front());
+  Linear lin;
+  lin.type_ = pieces.front().type_;
+  lin.k_ = pieces.front().k_;
+  for (const Linear& piece : pieces) {
+    if (piece.k_ != lin.k_) throw std::invalid_argument("cannot concatenate Linears of different input widths");
+    lin.n_ += piece.n_;
+    lin.quantized_ = lin.quantized_ || piece.quantized_;
+  }
+  lin.pieces_ = std::move(pieces);
   return lin;
 }
 
@@ -233,20 +279,18 @@ mx::array Linear::device_forward(const mx::array& x, const Fused& fused) const {
   // The residual stream stays float32; only the product runs in the compute dtype.
   mx::array h = fused.rms_norm_weight ? mx::fast::rms_norm(x, *fused.rms_norm_weight, fused.eps) : x;
   mx::array y = mx::astype(device_->matmul(mx::astype(h, device_compute_dtype())), mx::float32);
-  if (fused.swiglu) {
-    const int rows = y.shape(0);
-    const int half = n_ / 2;
-    mx::array g{0.f}, u{0.f};
-    if (interleaved_) {
-      mx::array pairs = mx::reshape(y, {rows, half, 2});
-      g = mx::squeeze(mx::slice(pairs, {0, 0, 0}, {rows, half, 1}), 2);
-      u = mx::squeeze(mx::slice(pairs, {0, 0, 1}, {rows, half, 2}), 2);
-    } else {
-      g = mx::slice(y, {0, 0}, {rows, half});
-      u = mx::slice(y, {0, half}, {rows, n_});
-    }
-    y = mx::multiply(mx::multiply(g, mx::sigmoid(g)), u);
-  }
+  if (fused.swiglu) y = swiglu(y, interleaved_);
+  if (fused.residual) y = mx::add(*fused.residual, y);
+  return y;
+}
+
+mx::array Linear::split_forward(const mx::array& x, const Fused& fused) const {
+  mx::array h = fused.rms_norm_weight ? mx::fast::rms_norm(x, *fused.rms_norm_weight, fused.eps) : x;
+  std::vector<mx::array> ys;
+  ys.reserve(pieces_.size());
+  for (const Linear& piece : pieces_) ys.push_back(piece(h));
+  mx::array y = mx::concatenate(ys, -1);
+  if (fused.swiglu) y = swiglu(y, false);
   if (fused.residual) y = mx::add(*fused.residual, y);
   return y;
 }
@@ -258,6 +302,7 @@ void Linear::pack_for_kernels() {
 }
 
 mx::array Linear::operator()(const mx::array& x, const Fused& fused) const {
+  if (!pieces_.empty()) return split_forward(x, fused);
   if (device_) return device_forward(x, fused);
   if (quantized_) {
     if (fused.swiglu && !interleaved_) throw std::logic_error("fused SwiGLU needs interleaved gate/up rows");
@@ -274,23 +319,27 @@ mx::array Linear::operator()(const mx::array& x, const Fused& fused) const {
   // Float weights: the same maths as separate MLX ops.
   mx::array h = fused.rms_norm_weight ? mx::fast::rms_norm(x, *fused.rms_norm_weight, fused.eps) : x;
   mx::array y = mx::matmul(h, mx::transpose(weight_));
-  if (fused.swiglu) {
-    const int rows = y.shape(0);
-    const int half = n_ / 2;
-    mx::array g = mx::slice(y, {0, 0}, {rows, half});
-    mx::array u = mx::slice(y, {0, half}, {rows, n_});
-    y = mx::multiply(mx::multiply(g, mx::sigmoid(g)), u);
-  }
+  if (fused.swiglu) y = swiglu(y, false);
   if (fused.residual) y = mx::add(*fused.residual, y);
   return y;
 }
 
 size_t Linear::resident_bytes() const {
+  if (!pieces_.empty()) {
+    size_t n = 0;
+    for (const Linear& piece : pieces_) n += piece.resident_bytes();
+    return n;
+  }
   if (device_) return device_->w.nbytes() + (device_->bits ? device_->scales.nbytes() + device_->biases.nbytes() : 0);
   return weight_.nbytes();
 }
 
 std::string Linear::path() const {
+  if (!pieces_.empty()) {
+    std::string paths;
+    for (const Linear& piece : pieces_) paths += (paths.empty() ? "" : "+") + piece.path();
+    return paths;
+  }
   std::string t = type_name(type_);
   for (auto& c : t) c = static_cast<char>(std::tolower(c));
   if (device_ && !mlx_format_.empty()) return "mlx:qmm:" + mlx_format_ + ":" + device_name_;

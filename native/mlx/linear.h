@@ -1,6 +1,8 @@
 // A weight matrix and the path that multiplies by it: llmd's quantized kernels for GGUF block
 // types, MLX's matmul for float weights. Built from one or more same-shaped-K tensors whose
-// rows are stacked (q|k|v, gate|up), so a fused projection is one kernel call.
+// rows are stacked (q|k|v, gate|up), so a fused projection is one kernel call. Parts of
+// different block types (llama.cpp's K-quant recipes put attn_v in Q6_K beside a Q4_K attn_q)
+// become one Linear per run of same-typed parts whose outputs are concatenated.
 #pragma once
 
 #include <optional>
@@ -22,7 +24,8 @@ class Linear {
   Linear() = default;
   // Stacks the rows of `parts` (each [n_i, k] in GGUF order shape {k, n_i}). With
   // `interleave_pairs` (two equal parts: gate, up) rows alternate gate_0, up_0, gate_1, ...
-  // so a fused SwiGLU finds each pair in adjacent output columns.
+  // so a fused SwiGLU finds each pair in adjacent output columns. Parts of different types
+  // are split into runs (gate and up then stay apart: the fused options run around the runs).
   // With `on_device`, the weight is converted to MLX's formats for the device backend
   // (device_weight.h) instead of staying in GGUF blocks for llmd's CPU kernels.
   static Linear from_gguf(const std::vector<const TensorView*>& parts, bool interleave_pairs = false,
@@ -42,6 +45,9 @@ class Linear {
   };
   static Linear from_mlx_quantized(const std::vector<MlxQuantized>& parts, int bits, int group, bool on_device,
                                    bool interleave_pairs = false);
+  // Linears of one input width whose outputs are concatenated (parts stored in different
+  // formats); the fused options run around them: gate and up as two pieces give a SwiGLU.
+  static Linear concatenated(std::vector<Linear> pieces);
 
   // Row-wise work fused around the product (one kernel pass on the quantized path).
   struct Fused {
@@ -64,10 +70,13 @@ class Linear {
   int in_features() const { return k_; }
   // Bytes the weight keeps resident (blocks, or packed weights with scales and biases).
   size_t resident_bytes() const;
-  bool on_device() const { return device_.has_value() && !host_mlx_; }
+  bool on_device() const {
+    return pieces_.empty() ? device_.has_value() && !host_mlx_ : pieces_.front().on_device();
+  }
   // "llmd:q4_1:avx512vnni", "mlx:matmul:f32", or on the device backend
   // "mlx:qmm:q4_1->affine4:gpu"; MLX-quantized checkpoints run "mlx:qmm:affine4g64:gpu" (or
   // ":cpu" where MLX's kernel runs on the CPU backend) or "llmd:q4_1:<isa>".
+  // A split Linear reports its runs' paths joined by '+'.
   std::string path() const;
 
  private:
@@ -82,9 +91,13 @@ class Linear {
   std::string device_name_;
   std::string mlx_format_;  // "affine4g64": MLX-quantized source kept in MLX's format
   bool host_mlx_ = false;   // MLX's quantized_matmul on the CPU backend (not the device backend)
+  // Runs of same-typed parts when the parts' types differ (then nothing above but n_, k_,
+  // type_ (the first run's) and quantized_ is set): their outputs are concatenated.
+  std::vector<Linear> pieces_;
   // Packs quantized blocks in place into the layout the active kernels run fastest on.
   void pack_for_kernels();
   mx::array device_forward(const mx::array& x, const Fused& fused) const;
+  mx::array split_forward(const mx::array& x, const Fused& fused) const;
 };
 
 // An evaluated, MLX-owned uint8 buffer of n bytes for weights copied out of a mapped file.

@@ -149,11 +149,6 @@ std::unique_ptr<Model> load_llama_family_gguf(const GgufFile& file, const LoadOp
     const TensorView* q = &file.tensor(b + "attn_q.weight");
     const TensorView* k = &file.tensor(b + "attn_k.weight");
     const TensorView* v = &file.tensor(b + "attn_v.weight");
-    if (q->type != k->type || k->type != v->type) {
-      throw std::runtime_error("mixed quantization types within one attention block (" + type_name(q->type) +
-                               "/" + type_name(k->type) + "/" + type_name(v->type) +
-                               ") are not supported yet");
-    }
     L.qkv = Linear::from_gguf({q, k, v}, false, dev);
     if (variant.requires_qkv_bias || file.find(b + "attn_q.bias")) {
       L.qkv_bias = mx::concatenate({dequantize_tensor(file.tensor(b + "attn_q.bias")),
@@ -169,9 +164,6 @@ std::unique_ptr<Model> load_llama_family_gguf(const GgufFile& file, const LoadOp
     L.wo_bias = gguf_vector(file, b + "attn_output.bias");
     const TensorView* gate = &file.tensor(b + "ffn_gate.weight");
     const TensorView* up = &file.tensor(b + "ffn_up.weight");
-    if (gate->type != up->type) {
-      throw std::runtime_error("mixed quantization types for ffn_gate/ffn_up are not supported yet");
-    }
     L.gate_up = Linear::from_gguf({gate, up}, /*interleave_pairs=*/true, dev);
     L.down = Linear::from_gguf({&file.tensor(b + "ffn_down.weight")}, false, dev);
   }

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import json
 import struct
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -680,7 +682,7 @@ _GGUF_LAYER_NAMES = {
     "mlp.up_proj": "ffn_up",
     "mlp.down_proj": "ffn_down",
 }
-_GGUF_ARCH = {"qwen2": "qwen2", "qwen3": "qwen3", "gemma3_text": "gemma3"}
+_GGUF_ARCH = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma3_text": "gemma3"}
 
 
 def gguf_name(arch: str, hf_name: str) -> str:
@@ -705,13 +707,22 @@ def gguf_name(arch: str, hf_name: str) -> str:
     return f"blk.{layer}.{names[module]}.{suffix}"
 
 
-def write_gguf(path: Path, arch: str, seed: int = 0, quant: str = "F32") -> None:
+def write_gguf(
+    path: Path,
+    arch: str,
+    seed: int = 0,
+    quant: str = "F32",
+    config: dict | None = None,
+    tensor_data: Callable[[str, np.ndarray], tuple[np.ndarray, Any] | None] | None = None,
+) -> None:
     """The same weights as a GGUF with llama.cpp's names and metadata keys, as its converter
     writes them (Gemma's norms shifted by +1). `quant`: F32, F16 or Q8_0 for 2-D weights, or
-    Q8_0-as-F32 (F32 tensors holding exactly the values a Q8_0 file would)."""
+    Q8_0-as-F32 (F32 tensors holding exactly the values a Q8_0 file would). `config` replaces
+    CONFIGS[arch] (arch "llama" needs one); `tensor_data(gguf_name, values)` may return
+    (data, raw GGMLQuantizationType or None for float data) to store a tensor its own way."""
     from gguf import GGMLQuantizationType, GGUFWriter, RopeScalingType, dequantize, quantize
 
-    c = CONFIGS[arch]
+    c = config or CONFIGS[arch]
     g = _GGUF_ARCH[arch]
     w = GGUFWriter(str(path), g)
     hd = c.get("head_dim", c["hidden_size"] // c["num_attention_heads"])
@@ -742,11 +753,15 @@ def write_gguf(path: Path, arch: str, seed: int = 0, quant: str = "F32") -> None
     w.add_token_merges(["a b"])
     w.add_bos_token_id(c["bos_token_id"])
     w.add_eos_token_id(c["eos_token_id"])
-    for name, x in weights(arch, seed).items():
+    for name, x in weights(arch, seed, config).items():
         if arch == "gemma3_text" and name.endswith("norm.weight"):
             x = x + 1  # Gemma3RMSNorm multiplies by (1 + w); llama.cpp stores 1 + w
         x = x.astype(np.float32)
-        if quant == "Q8_0-as-F32" and x.ndim == 2:  # the values a Q8_0 file holds, as F32
+        custom = tensor_data(gguf_name(arch, name), x) if tensor_data else None
+        if custom is not None:
+            data, raw_dtype = custom
+            w.add_tensor(gguf_name(arch, name), data, raw_dtype=raw_dtype)
+        elif quant == "Q8_0-as-F32" and x.ndim == 2:  # the values a Q8_0 file holds, as F32
             q8 = GGMLQuantizationType.Q8_0
             w.add_tensor(gguf_name(arch, name), dequantize(quantize(x, q8), q8).astype(np.float32))
         elif x.ndim == 1 or quant in ("F32", "Q8_0-as-F32"):
