@@ -51,7 +51,7 @@ class ChatOutputPlan:
         incomplete = False
         if self.tools is not None:
             parser = self.parser()
-            content, calls = parser.parse(content or "")
+            content, calls = parser.parse(content or "", cut=engine_reason == "length")
             incomplete = parser.incomplete
         message["content"] = content
         message["refusal"] = None
@@ -106,7 +106,7 @@ class ChatStream:
             out += self._content(part.content)
         calls, incomplete = 0, False
         if self._parser is not None:
-            out += [openai_delta(e) for e in self._parser.flush()]
+            out += [openai_delta(e) for e in self._parser.flush(cut=engine_reason == "length")]
             calls, incomplete = len(self._parser.calls), self._parser.incomplete
         return out, tool_finish_reason(engine_reason, calls, incomplete)
 

@@ -369,7 +369,9 @@ def chat_prompt(req: ChatCompletionRequest, model: ModelSupervisor) -> ChatPromp
         if offer_tools:
             extra["tools"] = req.tools
     elif offer_tools or has_tool_turns:
-        messages = fallback_messages(messages, req.tools if offer_tools else None, plan.family)
+        messages = fallback_messages(
+            messages, req.tools if offer_tools else None, plan.family, tool_role=plan.tool_role
+        )
     extra.update(thinking_switch(req.reasoning_effort, thinking, strict=not req.reasoning_is_hint))
     rendered = _render(template, messages, text.bos_token, text.eos_token, extra)
     ids = text.encode_rendered_chat(rendered)

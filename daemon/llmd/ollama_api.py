@@ -60,7 +60,7 @@ from .errors import ApiError, bad_request
 from .fim import start_fim_text
 from .generation import Finished
 from .http_common import REGISTRY, STORE, json_body, ndjson, relay
-from .keep_alive import parse_keep_alive
+from .keep_alive import KeepAlive, parse_keep_alive
 from .openai_schemas import ChatCompletionRequest, CompletionRequest, parse_request
 from .reasoning import reasoning_support
 from .store import ModelStore
@@ -199,7 +199,7 @@ class _Request(OllamaSchema):
     format: str | dict[str, Any] | None = None
     options: dict[str, Any] | None = None
     stream: bool | None = None  # absent or null: stream (Ollama's default)
-    keep_alive: str | float | None = None
+    keep_alive: KeepAlive = None
     think: bool | str | None = None
     # Ollama truncates an over-long prompt (truncate) and shifts the context when the answer
     # fills it (shift); llmd does neither: a prompt that does not fit is a 400, and a full
@@ -499,7 +499,7 @@ def ollama_tool_call(index: int, call_id: str, name: str, arguments: str) -> dic
     try:
         parsed: Any = json.loads(arguments) if arguments.strip() else {}
     except ValueError:
-        parsed = {"arguments": arguments}  # never happens for parsed calls: kept, not lost
+        parsed = {"arguments": arguments}  # a call cut by max_tokens: kept, not lost
     if not isinstance(parsed, dict):
         parsed = {"value": parsed}
     return {"id": call_id, "function": {"index": index, "name": name, "arguments": parsed}}

@@ -604,11 +604,14 @@ def output_items(
     if content or not calls:
         status = "incomplete" if finish_reason == "length" else "completed"
         items.append(message_item(new_id("msg"), content, status))
-    for call in calls:
+    for i, call in enumerate(calls):
         fn = call["function"]
         prefix = "ctc" if tools.custom(fn["name"]) else "fc"
+        # The limit cut the answer after (or inside) its last call, as the stream says.
+        cut = finish_reason == "length" and i == len(calls) - 1
+        status = "incomplete" if cut else "completed"
         items.append(
-            call_item(tools, new_id(prefix), call["id"], fn["name"], fn["arguments"], "completed")
+            call_item(tools, new_id(prefix), call["id"], fn["name"], fn["arguments"], status)
         )
     return items
 
@@ -954,7 +957,7 @@ class ResponseEvents:
             )
         else:
             item = self.items[index]
-            item.update(arguments=text, status="completed")
+            item.update(arguments=text, status=status)  # incomplete: the limit cut it
             out.append(
                 self._event(
                     "response.function_call_arguments.done",

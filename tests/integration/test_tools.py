@@ -214,3 +214,107 @@ def test_a_call_cut_by_max_tokens_says_length(client: OpenAI) -> None:
     assert out.choices[0].finish_reason == "length"
     [call] = out.choices[0].message.tool_calls
     assert call.function.arguments == "".join(fragments)
+
+
+# Issue 30: SmolLM2's template renders any role as `<|im_start|>{role}`, so a tool result is
+# a `tool` turn of its own (as llama-server renders it), not `<tool_response>` in a user turn,
+# which the model copied into its answer.
+RESULTS = [
+    ("What is the weather in Paris?", "Sunny, 24 C"),
+    ("Is it raining in London?", "Light rain, 12 C"),
+]
+
+
+@pytest.mark.parametrize(("question", "result"), RESULTS)
+def test_an_answer_after_a_tool_result_does_not_copy_the_result_tag(
+    client: OpenAI, question: str, result: str
+) -> None:
+    call = {
+        "id": "call_1",
+        "type": "function",
+        "function": {"name": "get_weather", "arguments": json.dumps({"city": "Paris"})},
+    }
+    out = client.chat.completions.create(
+        model=MODEL,
+        messages=[
+            {"role": "user", "content": question},
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "call_1", "content": result},
+        ],
+        tools=TOOLS,
+        temperature=0,
+        max_tokens=40,
+    )
+    message = out.choices[0].message
+    assert message.content or message.tool_calls
+    assert not (message.content or "").lstrip().startswith("<tool_response>"), message.content
+
+
+@pytest.mark.parametrize(("question", "result"), RESULTS)
+def test_an_anthropic_answer_after_a_tool_result_does_not_copy_the_result_tag(
+    server, question: str, result: str
+) -> None:  # type: ignore[no-untyped-def]
+    import httpx
+
+    tools = [
+        {
+            "name": t["function"]["name"],
+            "description": t["function"]["description"],
+            "input_schema": t["function"]["parameters"],
+        }
+        for t in TOOLS
+    ]
+    use = {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {"city": "Paris"}}
+    body = {
+        "model": MODEL,
+        "max_tokens": 40,
+        "temperature": 0,
+        "tools": tools,
+        "messages": [
+            {"role": "user", "content": question},
+            {"role": "assistant", "content": [use]},
+            {
+                "role": "user",
+                "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": result}],
+            },
+        ],
+    }
+    r = httpx.post(f"{server.base_url}/v1/messages", json=body, timeout=120)
+    assert r.status_code == 200, r.text
+    content = r.json()["content"]
+    assert content
+    texts = [b["text"] for b in content if b["type"] == "text"]
+    assert not any(t.lstrip().startswith("<tool_response>") for t in texts), texts
+
+
+def test_a_second_call_cut_by_max_tokens_is_not_content(client: OpenAI) -> None:
+    """Forced parallel calls until the limit: the call the limit cuts never shows as
+    content, and the finish reason says `length`, streamed or not."""
+    request: dict[str, Any] = {
+        "messages": QUESTION,
+        "tools": TOOLS,
+        "tool_choice": "required",
+        "temperature": 0,
+    }
+    cut_after_a_call = 0
+    for limit in range(22, 40):
+        out = client.chat.completions.create(model=MODEL, max_tokens=limit, **request)
+        choice = out.choices[0]
+        calls = choice.message.tool_calls or []
+        assert "<tool_call>" not in (choice.message.content or ""), (limit, choice.message)
+        if choice.finish_reason == "tool_calls":  # whole calls (at most a marker cut)
+            for c in calls:
+                json.loads(c.function.arguments)
+        else:
+            assert choice.finish_reason == "length" and out.usage.completion_tokens == limit
+            cut_after_a_call += bool(calls)
+        stream = client.chat.completions.create(
+            model=MODEL, max_tokens=limit, stream=True, **request
+        )
+        text, finish = "", None
+        for chunk in stream:
+            if chunk.choices:
+                text += chunk.choices[0].delta.content or ""
+                finish = chunk.choices[0].finish_reason or finish
+        assert "<tool_call>" not in text and finish == choice.finish_reason, limit
+    assert cut_after_a_call  # the case of the issue: a whole call, then one cut

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import struct
 from pathlib import Path
 
 import pytest
@@ -11,6 +10,7 @@ from click.testing import CliRunner
 
 from llmd import __version__
 from llmd.cli import main
+from tests.unit.test_store_catalog_paths import fake_gguf
 
 
 def invoke(*args: str) -> tuple[int, str]:
@@ -39,10 +39,8 @@ def test_help_explains_every_command() -> None:
 
 
 def test_pull_list_rm_roundtrip(llmd_home: Path, tmp_path: Path) -> None:
-    src = tmp_path / "tiny.gguf"
-    key, arch = b"general.architecture", b"llama"  # pulls refuse GGUFs the engine cannot run
-    kv = struct.pack("<Q", len(key)) + key + struct.pack("<IQ", 8, len(arch)) + arch
-    src.write_bytes(b"GGUF" + struct.pack("<IQQ", 3, 0, 1) + kv)
+    # A llama GGUF with a tensor and a vocabulary: pulls refuse what the engine cannot run.
+    src = fake_gguf(tmp_path / "tiny.gguf")
     code, out = invoke("pull", str(src), "--name", "tiny")
     assert code == 0 and "installed tiny" in out
     code, out = invoke("list")

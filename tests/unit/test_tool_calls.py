@@ -29,6 +29,7 @@ from llmd.tools import (
     resolve_tool_choice,
     template_handles_tools,
     template_messages,
+    template_renders_tool_role,
     tool_call_grammar,
     tool_finish_reason,
     tools_system_prompt,
@@ -728,6 +729,32 @@ def test_fallback_conversation_renders_with_the_test_models_template(text_model:
     _, calls = ToolParserFactory("hermes").parse(messages[2]["content"], NAMES)
     assert [(c.name, c.arguments) for c in calls] == [("get_weather", WEATHER_ARGS), ("now", "{}")]
     assert CONVERSATION[2]["content"] is None and "tool_calls" in CONVERSATION[2]  # untouched
+
+
+def test_tool_results_are_tool_turns_where_the_template_renders_the_role(
+    text_model: Any,
+) -> None:
+    """Issue 30: SmolLM2's template writes any role as `<|im_start|>{role}`, so results are
+    `tool` turns of their own, as llama-server renders them; wrapped in `<tool_response>`
+    inside a user turn the model copied the tag into its answer."""
+    assert template_renders_tool_role(text_model.chat_template)
+    assert plan_tools(text_model.chat_template, None).tool_role
+    messages = fallback_messages(CONVERSATION, TOOLS, "hermes", tool_role=True)
+    assert [m["role"] for m in messages] == ["system", "user", "assistant", "tool", "tool", "user"]
+    prompt = render_chat(text_model.chat_template, messages, bos_token="", eos_token="")
+    assert "<|im_start|>tool\nsunny<|im_end|>\n<|im_start|>tool\n12:00<|im_end|>" in prompt
+    assert "<tool_response>" not in prompt
+    # A template that refuses the role, drops the turn, or writes it as a user turn: no.
+    refuses = "{% for m in messages %}{% if m.role == 'tool' %}{{ raise_exception('no') }}"
+    refuses += "{% endif %}{{ m.content }}{% endfor %}"
+    drops = "{% for m in messages %}{% if m.role != 'tool' %}{{ m.content }}{% endif %}{% endfor %}"
+    as_user = (
+        "{% for m in messages %}{% if m.role == 'assistant' %}<bot>{% else %}<user>{% endif %}"
+        "{{ m.content }}{% endfor %}"
+    )
+    for template in (refuses, drops, as_user, "{{ messages[0].content }}"):
+        assert not template_renders_tool_role(template)
+        assert not plan_tools(template, None).tool_role
 
 
 def test_gemma_fallback_keeps_roles_alternating() -> None:

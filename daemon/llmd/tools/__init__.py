@@ -32,6 +32,7 @@ from .prompt import (
     fallback_messages,
     template_handles_tools,
     template_messages,
+    template_renders_tool_role,
     tools_system_prompt,
 )
 from .select import ToolParserFactory, ToolPlan, parser_for, plan_tools
@@ -66,6 +67,7 @@ __all__ = [
     "resolve_tool_choice",
     "template_handles_tools",
     "template_messages",
+    "template_renders_tool_role",
     "tool_call_grammar",
     "tool_finish_reason",
     "tools_system_prompt",

@@ -26,6 +26,14 @@ Contract, as the seeds handle it (a model's mistake is text, never a 500):
   withdrawn: it stays a call whose ``arguments`` are the partial text (as OpenAI does), and
   :attr:`ToolCallParser.incomplete` is set so the finish reason says ``length`` (or the
   engine's reason), not ``tool_calls`` (:func:`~.calls.tool_finish_reason`).
+- A call cut by ``max_tokens`` (``flush(cut=True)``) before it went out is dropped: a piece
+  of an opening marker, a block cut before its head is whole (``<tool_call>\n{"name":``),
+  and, unconstrained, a block cut anywhere before its closing marker whose text is not a
+  whole call. Its markup is never content, and :attr:`incomplete` is set, so complete calls
+  before it finish with ``length``, not ``tool_calls``. So: a call whose start was sent
+  (streamed, constrained) is kept with partial arguments; any other unfinished call is
+  dropped. Only a cut closing marker after a whole call leaves that call complete. Without
+  `cut` (the model stopped), an unterminated block is judged as it is, as above.
 - Ordinary text streams as it arrives; only a tail that could be the start of an opening
   marker waits for the next delta.
 - Content is the output with the call blocks taken out. Whitespace at its edges next to a
@@ -97,6 +105,30 @@ def calls_from_json_text(text: str) -> ParsedCalls | None:
     if not calls or any(c is None for c in calls):
         return None
     return [c for c in calls if c is not None]
+
+
+def leading_calls(text: str, separator: str = ",") -> ParsedCalls | None:
+    """The whole call objects at the start of an output cut by the limit: a list (``[``) or
+    a run of objects joined by `separator`, read up to the first one that is cut; None when
+    there is none (or an item that is whole is no call)."""
+    body = text.strip()
+    pos = 1 if body.startswith("[") else 0
+    decoder = json.JSONDecoder()
+    calls: ParsedCalls = []
+    while True:
+        pos = _skip_ws(body, pos)
+        try:
+            obj, pos = decoder.raw_decode(body, pos)
+        except _UNDECODABLE:
+            return calls or None
+        call = call_from_json(obj)
+        if call is None:
+            return None
+        calls.append(call)
+        pos = _skip_ws(body, pos)
+        if not body.startswith(separator, pos):
+            return calls
+        pos += len(separator)
 
 
 _JSON_STRING = r'"((?:[^"\\]|\\.)*)"'
@@ -171,6 +203,7 @@ class ToolCallParser:
         self._phase: str | None = None  # of a streaming call: head | args | tail (| params)
         self._scanner = _ObjectEnd()
         self._incomplete = False
+        self._cut = False  # set by flush: the output was cut by max_tokens
         self._ws = ""  # trailing whitespace of the content: dropped at the end if calls came
         self._text_started = False  # non-whitespace content was sent
         self._flushed = False
@@ -190,10 +223,13 @@ class ToolCallParser:
             self._feed(delta)
         return self._take()
 
-    def flush(self) -> list[ToolEvent]:
-        """End of output: held text is released, an unterminated call is judged as it is."""
+    def flush(self, *, cut: bool = False) -> list[ToolEvent]:
+        """End of output: held text is released, an unterminated call is judged as it is.
+        `cut`: the output ended at ``max_tokens`` (the engine's ``length``), so markup left
+        open at the end is an unfinished call, not text (see the module doc)."""
         if not self._flushed:
             self._flushed = True
+            self._cut = cut
             self._flush()
             if self._open is not None:  # cut mid-arguments: streamed, so it stays a call
                 self._incomplete = True
@@ -203,9 +239,10 @@ class ToolCallParser:
             self._ws = ""
         return self._take()
 
-    def parse(self, text: str) -> tuple[str | None, list[ToolCall]]:
-        """A whole output as (content or None when there is none, calls)."""
-        events = self.feed(text) + self.flush()
+    def parse(self, text: str, *, cut: bool = False) -> tuple[str | None, list[ToolCall]]:
+        """A whole output as (content or None when there is none, calls); `cut` as for
+        :meth:`flush`."""
+        events = self.feed(text) + self.flush(cut=cut)
         content = "".join(e.text for e in events if isinstance(e, ContentDelta))
         return (content or None), self.calls
 
@@ -244,6 +281,12 @@ class ToolCallParser:
             self._calls.append(call)
             self._events.append(ToolCallStart(index, call.id, call.name))
             self._events.append(ToolCallArguments(index, call.arguments))
+
+    def _unfinished(self) -> None:
+        """The output was cut inside a call's markup before the call was whole and before it
+        went out (or a held piece of an opening marker): the unfinished call is dropped,
+        neither content nor call, and the finish reason says ``length``."""
+        self._incomplete = True
 
     def _can_stream(self) -> bool:
         """Whether a call starting now may stream (constrained, and not beyond the limit)."""
@@ -416,14 +459,38 @@ class _DelimitedParser(ToolCallParser):
             self._arguments(held)  # cut mid-arguments: the call ends incomplete
         elif phase in ("tail", "params"):
             self._flush_streamed(held)
+        elif self._inside and self._cut:
+            # A marker cut after a whole call: its closing one, or the next call's opening.
+            held, marker = split_held(held, self.CLOSE or self.OPEN)
+            parsed = self._parse_body(held) if self._whole_at_cut(held) else None
+            if parsed is not None and self._valid(parsed):
+                self._block(self.OPEN + held, parsed)
+                if marker and self.CLOSE is None:
+                    self._unfinished()  # the next call had begun
+            else:
+                self._unfinished()
+                leading = self._parse_cut(held)
+                if leading is not None and self._valid(leading):
+                    self._block(self.OPEN + held, leading)  # the calls whole before the cut
         elif self._inside:
             self._block(self.OPEN + held, self._parse_body(held))
+        elif held and self._cut and self.OPEN.startswith(held):
+            self._unfinished()  # a call's opening marker, cut
         elif held:
             self._content(held)
         self._inside = False
 
     def _flush_streamed(self, held: str) -> None:
         """The end of the output inside a streamed block whose arguments are not open."""
+
+    def _parse_cut(self, body: str) -> ParsedCalls | None:
+        """The calls that are whole in a block the limit cut (a JSON list's first items)."""
+        return None
+
+    def _whole_at_cut(self, body: str) -> bool:
+        """Whether a block the limit cut may hold whole calls (a lenient `_parse_body` may
+        read a cut call as whole; the markup says it is not)."""
+        return True
 
 
 class HermesParser(_DelimitedParser):
@@ -437,6 +504,9 @@ class HermesParser(_DelimitedParser):
 
     def _parse_body(self, body: str) -> ParsedCalls | None:
         return calls_from_json_text(body.strip())
+
+    def _parse_cut(self, body: str) -> ParsedCalls | None:
+        return leading_calls(body) if body.lstrip().startswith("[") else None
 
 
 class GemmaParser(_DelimitedParser):
@@ -589,6 +659,14 @@ class MistralParser(_DelimitedParser):
                 return False
         return super()._stream_step()
 
+    def _flush_streamed(self, held: str) -> None:
+        rest = held.strip()
+        if self._cut and ("," in rest or (rest and self.OPEN.startswith(rest))):
+            self._unfinished()  # the next call in the list (or its marker) had begun
+
+    def _parse_cut(self, body: str) -> ParsedCalls | None:
+        return leading_calls(body) if body.lstrip().startswith("[") else None
+
     def _parse_body(self, body: str) -> ParsedCalls | None:
         text = body.strip()
         if text.startswith("["):
@@ -663,12 +741,35 @@ class Llama3JsonParser(ToolCallParser):
         if phase == "args":
             self._arguments(self._buf)  # cut mid-arguments: the call ends incomplete
         elif phase == "tail":
-            pass  # the calls went out; what follows them is markup
+            if self._cut and ";" in self._buf:
+                self._unfinished()  # the next call had begun
+        elif self._mode == "call" and self._cut and self._looks_like_calls(self._buf):
+            parsed = self._parse_all(self._buf)
+            if parsed is not None and self._valid(parsed):
+                self._block(self._buf, parsed)
+            else:
+                self._unfinished()
+                leading = leading_calls(self._body(self._buf), ";")
+                if leading is not None and self._valid(leading):
+                    self._block(self._buf, leading)  # the calls whole before the cut
         elif self._mode == "call":
             self._block(self._buf, self._parse_all(self._buf))
+        elif self._buf and self._cut and LLAMA3_PYTHON_TAG.startswith(self._buf.lstrip()):
+            self._unfinished()  # `<|python_tag|>`, cut
         elif self._buf:
             self._content(self._buf)
         self._buf = ""
+
+    def _looks_like_calls(self, text: str) -> bool:
+        """Held output cut by the limit that is call markup as far as it goes: after
+        ``<|python_tag|>``, or ``{"name"`` (or a start of it); other JSON is content."""
+        if text.lstrip().startswith(LLAMA3_PYTHON_TAG):
+            return True
+        body = self._body(text).lstrip()
+        if not body.startswith("{"):
+            return False
+        rest = body[1:].lstrip()
+        return rest.startswith('"name"') or '"name"'.startswith(rest)
 
     def _release(self) -> None:
         self._mode = "content"

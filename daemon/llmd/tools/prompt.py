@@ -8,9 +8,12 @@ Many templates ignore ``tools`` (SmolLM2's ChatML, Llama 3.0, Gemma 3). For thos
 the tools into the system prompt and the tool turns into plain text
 (:func:`fallback_messages`), in the Hermes convention Qwen2.5 uses (``<tools>`` JSON list,
 ``<tool_call>`` answers, ``<tool_response>`` results), or for Gemma in Google's documented
-convention (```` ```tool_code ```` calls, ```` ```tool_output ```` results). The rewritten
-conversation has only system, user and assistant turns with string content, so any template
-renders it.
+convention (```` ```tool_code ```` calls, ```` ```tool_output ```` results). Tool results
+become ``tool`` turns of their own, as llama-server renders them, where the template writes
+any role under its own name (SmolLM2's ChatML: ``<|im_start|>tool``; found by rendering a
+probe, :func:`template_renders_tool_role`): wrapped in ``<tool_response>`` inside a user
+turn, a small model copies the tag into its answer. Other templates get only system, user
+and assistant turns with string content, so any template renders the conversation.
 """
 
 from __future__ import annotations
@@ -21,7 +24,11 @@ from typing import Any
 
 from jinja2 import TemplateError, meta
 
-from ..chat_template import _compile  # the daemon's own sandbox and Jinja extensions
+from ..chat_template import (
+    _compile,  # the daemon's own sandbox and Jinja extensions
+    render_chat,
+)
+from ..errors import ApiError
 from .pycall import format_python_call
 
 _HERMES_INSTRUCTIONS = (
@@ -57,6 +64,28 @@ def template_handles_tools(chat_template: str) -> bool:
         return "tools" in meta.find_undeclared_variables(env.parse(chat_template))
     except TemplateError:
         return False
+
+
+_PROBE_RESULT = "llmd-probe-result-7f3a"
+
+
+def template_renders_tool_role(chat_template: str) -> bool:
+    """Whether the template renders a ``tool`` turn as a turn of that role: a probe
+    conversation (user, assistant, tool) renders, the result appears, and the role's name
+    stands between the assistant's text and it (a header such as ``<|im_start|>tool``). A
+    template that refuses the role, drops the turn or folds it into another role does not."""
+    probe = [
+        {"role": "user", "content": "llmd-probe-question"},
+        {"role": "assistant", "content": "llmd-probe-answer"},
+        {"role": "tool", "content": _PROBE_RESULT},
+    ]
+    try:
+        rendered = render_chat(chat_template, probe, bos_token="", eos_token="")
+    except (ApiError, TemplateError, TypeError, ValueError, KeyError, AttributeError):
+        return False
+    answer = rendered.find("llmd-probe-answer")
+    result = rendered.find(_PROBE_RESULT)
+    return 0 <= answer < result and "tool" in rendered[answer:result]
 
 
 def tools_system_prompt(tools: Sequence[dict[str, Any]], family: str) -> str:
@@ -133,14 +162,21 @@ def fallback_messages(
     messages: Sequence[dict[str, Any]],
     tools: Sequence[dict[str, Any]] | None,
     family: str = "hermes",
+    *,
+    tool_role: bool = False,
 ) -> list[dict[str, Any]]:
     """The conversation for a template that knows no tools: the tools block appended to the
     system message (or a system message of its own first), assistant calls written as the
-    model is asked to write them, and each run of ``tool`` results as one user turn (merged
+    model is asked to write them, and each ``tool`` result as a ``tool`` turn with its text
+    as it is (`tool_role`: the template renders that role, see
+    :func:`template_renders_tool_role`), else each run of results as one user turn (merged
     with an adjacent user turn, for templates that insist on alternating roles). With no
     `tools` (``tool_choice`` none), earlier tool turns are still written out."""
     turns: list[dict[str, Any]] = []
     for message in messages:
+        if message.get("role") == "tool" and tool_role:
+            turns.append({"role": "tool", "content": _text(message.get("content"))})
+            continue
         if message.get("role") == "tool":
             result = _result_text(_text(message.get("content")), family)
             turns.append({"role": "user", "content": result, "_results": True})

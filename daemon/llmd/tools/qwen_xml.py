@@ -239,5 +239,9 @@ class QwenXmlParser(_DelimitedParser):
         self._phase = "tail"
 
     def _flush_streamed(self, held: str) -> None:
-        if self._open is not None and not held.strip():  # ended between parameters
+        # Ended between parameters; cut by the limit, the call stays open (incomplete).
+        if self._open is not None and not held.strip() and not self._cut:
             self._close_arguments()
+
+    def _whole_at_cut(self, body: str) -> bool:
+        return body.rstrip().endswith(XML_FUNCTION_END)

@@ -23,7 +23,7 @@ from .parsers import (
     MistralParser,
     ToolCallParser,
 )
-from .prompt import template_handles_tools
+from .prompt import template_handles_tools, template_renders_tool_role
 from .qwen_xml import XML_FUNCTION, XML_PARAMETER, QwenXmlParser
 
 # markup family -> its parser; and the markers that must stay visible in the detokenized text
@@ -100,9 +100,11 @@ class ToolParserFactory:
         parallel: bool = True,
         schemas: Mapping[str, Mapping[str, Any]] | None = None,
         stream: bool = False,
+        cut: bool = False,
     ) -> tuple[str | None, list[ToolCall]]:
         """Non-streaming: a whole output as (content or None, calls)."""
-        return self(function_names, parallel=parallel, schemas=schemas, stream=stream).parse(text)
+        parser = self(function_names, parallel=parallel, schemas=schemas, stream=stream)
+        return parser.parse(text, cut=cut)
 
 
 def family_from_template(chat_template: str | None) -> str | None:
@@ -153,6 +155,7 @@ class ToolPlan:
 
     parser: ToolParserFactory
     template_renders_tools: bool
+    tool_role: bool = False  # the fallback writes tool results as `tool` turns (prompt.py)
 
     @property
     def family(self) -> str:
@@ -172,4 +175,5 @@ def plan_tools(chat_template: str | None, family: str | None) -> ToolPlan:
         named = family_from_catalog(family)
     # Gemma 3's template ignores tools; it gets the Gemma prompt convention, not Hermes.
     fallback = "gemma" if named == "gemma" else FALLBACK_FAMILY
-    return ToolPlan(ToolParserFactory(fallback), False)
+    tool_role = bool(chat_template) and template_renders_tool_role(chat_template)
+    return ToolPlan(ToolParserFactory(fallback), False, tool_role)
