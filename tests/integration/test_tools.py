@@ -48,6 +48,14 @@ def client(server) -> OpenAI:  # type: ignore[no-untyped-def]
     return OpenAI(base_url=server.base_url + "/v1", api_key="unused", max_retries=0, timeout=120)
 
 
+# An assistant turn's call, as clients send it back with its result.
+PARIS_CALL = {
+    "id": "call_1",
+    "type": "function",
+    "function": {"name": "get_weather", "arguments": json.dumps({"city": "Paris"})},
+}
+
+
 def test_required_tool_choice_always_yields_a_valid_call(client: OpenAI) -> None:
     out = client.chat.completions.create(
         model=MODEL,
@@ -125,11 +133,7 @@ def test_tool_choice_none_answers_in_text(client: OpenAI) -> None:
 
 
 def test_a_tool_result_turn_is_accepted_and_answered(client: OpenAI) -> None:
-    call = {
-        "id": "call_1",
-        "type": "function",
-        "function": {"name": "get_weather", "arguments": json.dumps({"city": "Paris"})},
-    }
+    call = PARIS_CALL
     out = client.chat.completions.create(
         model=MODEL,
         messages=[
@@ -229,11 +233,7 @@ RESULTS = [
 def test_an_answer_after_a_tool_result_does_not_copy_the_result_tag(
     client: OpenAI, question: str, result: str
 ) -> None:
-    call = {
-        "id": "call_1",
-        "type": "function",
-        "function": {"name": "get_weather", "arguments": json.dumps({"city": "Paris"})},
-    }
+    call = PARIS_CALL
     out = client.chat.completions.create(
         model=MODEL,
         messages=[
