@@ -183,7 +183,13 @@ BAD_REQUESTS: list[tuple[str, dict[str, Any], int, str | None]] = [
     ("unknown parameter", {"temprature": 0.2}, 400, "temprature"),
     ("too many stops", {"stop": ["x"] * 17}, 400, "stop"),
     ("n out of range", {"n": 0}, 400, "n"),
-    ("context overflow", {"max_tokens": 10_000_000}, 400, "max_tokens"),
+    # A prompt that does not fit (a max_tokens past the context is clamped, not refused).
+    (
+        "context overflow",
+        {"messages": [{"role": "user", "content": "word " * 9000}]},
+        400,
+        "messages",
+    ),
 ]
 
 
