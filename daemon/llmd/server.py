@@ -54,7 +54,7 @@ from .responses_api import add_responses_routes
 from .security import SecurityConfig, install_cors, make_runner, security_middlewares
 from .sessions import DEFAULT_MAX_SESSIONS, DEFAULT_SESSION_TTL, SessionTable
 from .store import ModelStore
-from .supervisor import RestartPolicy
+from .supervisor import ModelSupervisor, RestartPolicy
 from .worker_client import WorkerError, WorkerLauncher
 
 log = logging.getLogger("llmd.server")
@@ -113,21 +113,31 @@ async def health(request: web.Request) -> web.Response:
     return web.json_response({"status": "ok", "version": __version__})
 
 
+# How long /status waits for a worker's counters: a stopped or wedged worker (SIGSTOP, a long
+# GIL-holding call) is reported as such instead of stalling the answer; workers are asked at
+# once, so the wait does not grow with the number of models.
+STATUS_STATS_TIMEOUT = 1.0
+
+
+async def _describe(model: ModelSupervisor) -> dict[str, Any]:
+    entry = model.describe()
+    worker = model.worker
+    if worker is not None and worker.dead is None:
+        try:
+            stats = await worker.stats(timeout=STATUS_STATS_TIMEOUT)
+            entry["engine"] = {**stats.model_dump(exclude={"type", "extra"}), **stats.extra}
+        except asyncio.TimeoutError:  # not the builtin before Python 3.11
+            entry["engine_error"] = f"the worker did not answer within {STATUS_STATS_TIMEOUT} s"
+        except Exception as exc:  # noqa: BLE001 - a busy or dead worker is reported
+            entry["engine_error"] = str(exc)
+    return entry
+
+
 async def status(request: web.Request) -> web.Response:
     """What the daemon is doing: each loaded model (state, worker, backend, device, memory,
     last use and unload deadline, restarts and last error, warmup, its engine's live
     counters) and the named sessions. `llmd status` and `llmd ps` read the same."""
-    models = []
-    for model in request.app[REGISTRY].loaded():
-        entry = model.describe()
-        worker = model.worker
-        if worker is not None and worker.dead is None:
-            try:
-                stats = await worker.stats(timeout=5.0)
-                entry["engine"] = {**stats.model_dump(exclude={"type", "extra"}), **stats.extra}
-            except Exception as exc:  # noqa: BLE001 - a busy or dead worker is reported
-                entry["engine_error"] = str(exc)
-        models.append(entry)
+    models = await asyncio.gather(*(_describe(m) for m in request.app[REGISTRY].loaded()))
     queued = sum(m.get("engine", {}).get("queued_requests", 0) for m in models)
     return web.json_response(
         {

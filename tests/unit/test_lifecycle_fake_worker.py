@@ -304,3 +304,19 @@ async def test_drain_timeout_ends_running_streams_with_an_error_event(llmd_home:
         events = await sse_events(resp)
     assert events[-1]["error"]["code"] == "shutting_down"
     assert "shutting down" in events[-1]["error"]["message"]
+
+
+async def test_status_does_not_wait_on_a_wedged_worker(llmd_home: Path) -> None:
+    """A worker that stops answering (SIGSTOP, a call holding its loop) is reported as such
+    within /status's own short timeout, not after the health ping gives up on it."""
+    policy = RestartPolicy(first_backoff=0.01, health_interval=30, hang_timeout=60)
+    async with api(llmd_home, app_options={"restart_policy": policy}) as client:
+        await complete(client, prompt="load")
+        hung = asyncio.create_task(complete(client, prompt="hang", seed=668))
+        await asyncio.sleep(0.3)  # the fake worker now blocks its event loop
+        started = time.monotonic()
+        info = await status_of(client)
+        took = time.monotonic() - started
+        hung.cancel()
+    assert took < 3
+    assert "did not answer" in info["models"][0]["engine_error"]
