@@ -191,16 +191,9 @@ def usage(finished: Finished | ChoiceStarted | None, prompt_tokens: int) -> dict
     """Anthropic's usage from the end of the run (or its admission, for message_start)."""
     cached = finished.cached_tokens if finished else 0
     prompt = finished.prompt_tokens if finished else prompt_tokens
-    if not isinstance(finished, Finished):
-        return {
-            "input_tokens": prompt - cached,
-            "output_tokens": 0,
-            "cache_creation_input_tokens": 0,
-            "cache_read_input_tokens": cached,
-        }
     return {
         "input_tokens": prompt - cached,
-        "output_tokens": finished.completion_tokens if finished else 0,
+        "output_tokens": finished.completion_tokens if isinstance(finished, Finished) else 0,
         "cache_creation_input_tokens": 0,
         "cache_read_input_tokens": cached,
     }

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -46,21 +50,16 @@ def run_all(engine, requests: dict[str, dict]) -> dict[str, dict]:  # type: igno
     return results
 
 
-def generate_in_worker(
-    model: Path, backend: str, prompt: list[int], max_tokens: int
-) -> tuple[dict, list[int]]:
-    """Launches `python -m llmd.worker` with the argv and environment the daemon gives it
-    (its BLAS preload included: a preloaded library that cannot run on this CPU once killed
-    every float-weight worker), runs one greedy generation and shuts it down cleanly. Returns
-    the ready message and the generated tokens."""
-    import subprocess
-    import sys
-
+@contextmanager
+def worker_process(model: Path, backend: str) -> Iterator[tuple[subprocess.Popen[bytes], dict]]:
+    """`python -m llmd.worker` with the argv and environment the daemon gives it (its BLAS
+    preload included: a preloaded library that cannot run on this CPU once killed every
+    float-weight worker), yielded once it is ready with its ready message. Leaving the block
+    shuts it down and checks it exited cleanly (its command loop was alive to read that)."""
     from llmd.worker.launch import worker_command
 
     cmd, env = worker_command(str(model), kv_budget_bytes=16 << 20)
     env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
-    request = {"type": "generate", "id": "g", "prompt": prompt, "max_tokens": max_tokens}
     with subprocess.Popen(
         [*cmd, "--backend", backend],
         stdin=subprocess.PIPE,
@@ -71,15 +70,35 @@ def generate_in_worker(
         assert proc.stdin and proc.stdout
         ready = json.loads(proc.stdout.readline())
         assert ready["type"] == "ready", ready
-        proc.stdin.write((json.dumps(request) + "\n").encode())
-        proc.stdin.flush()
-        tokens: list[int] = []
-        started = json.loads(proc.stdout.readline())  # admission: the prefix-cache split
-        assert started["type"] == "started" and started["prompt_tokens"] == len(prompt), started
-        while (event := json.loads(proc.stdout.readline()))["type"] != "done":
-            assert event["type"] == "tokens", event
-            tokens += event["tokens"]
+        yield proc, ready
         proc.stdin.write(b'{"type": "shutdown"}\n')
         proc.stdin.close()
         assert proc.wait(timeout=60) == 0
+
+
+def send(proc: subprocess.Popen[bytes], *messages: dict) -> None:
+    assert proc.stdin
+    proc.stdin.write("".join(json.dumps(m) + "\n" for m in messages).encode())
+    proc.stdin.flush()
+
+
+def read_event(proc: subprocess.Popen[bytes]) -> dict:
+    assert proc.stdout
+    return json.loads(proc.stdout.readline())
+
+
+def generate_in_worker(
+    model: Path, backend: str, prompt: list[int], max_tokens: int
+) -> tuple[dict, list[int]]:
+    """One greedy generation in a real worker process (worker_process). Returns the ready
+    message and the generated tokens."""
+    request = {"type": "generate", "id": "g", "prompt": prompt, "max_tokens": max_tokens}
+    with worker_process(model, backend) as (proc, ready):
+        send(proc, request)
+        tokens: list[int] = []
+        started = read_event(proc)  # admission: the prefix-cache split
+        assert started["type"] == "started" and started["prompt_tokens"] == len(prompt), started
+        while (event := read_event(proc))["type"] != "done":
+            assert event["type"] == "tokens", event
+            tokens += event["tokens"]
     return ready, tokens

@@ -5,14 +5,12 @@ health ping replaced the worker, and three such requests put the model in `faile
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests.native.conftest import read_event, send, worker_process
 
 pytest.importorskip("llmd._engine", reason="the native engine (llmd._engine) is not built")
 
@@ -36,34 +34,17 @@ def _generate(rid: str, **sampling: Any) -> dict[str, Any]:
 
 
 def test_limit_values_fail_their_request_and_the_worker_serves_on(model_path: Path) -> None:
-    from llmd.worker.launch import worker_command
-
-    cmd, env = worker_command(str(model_path), kv_budget_bytes=16 << 20)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
     bad = [_generate(f"bad{i}", **{field: value}) for i, (field, value) in enumerate(LIMITS)]
     bad.append({**_generate("huge"), "max_tokens": 2**40})
-    lines = [*bad, _generate("ok", temperature=0.0)]
-    with subprocess.Popen(
-        [*cmd, "--backend", "cpu"],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        env=env,
-    ) as proc:
-        assert proc.stdin and proc.stdout
-        assert json.loads(proc.stdout.readline())["type"] == "ready"
-        proc.stdin.write("".join(json.dumps(m) + "\n" for m in lines).encode())
-        proc.stdin.flush()
-        errors: dict[str, dict[str, Any]] = {}
-        done = None
+    errors: dict[str, dict[str, Any]] = {}
+    done = None
+    with worker_process(model_path, "cpu") as (proc, _):
+        send(proc, *bad, _generate("ok", temperature=0.0))
         while done is None:
-            event = json.loads(proc.stdout.readline())
+            event = read_event(proc)
             if event["type"] == "error":
                 errors[event["id"]] = event
             elif event["type"] == "done":
                 done = event
-        proc.stdin.write(b'{"type": "shutdown"}\n')
-        proc.stdin.close()
-        assert proc.wait(timeout=60) == 0  # the loop was alive to read the shutdown
     assert set(errors) == {m["id"] for m in bad}, errors
     assert done["id"] == "ok" and done["completion_tokens"] == 2
