@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Build llama.cpp's reference tools (llama-bench, llama-server, llama-batched-bench) from the
+# Build llama.cpp's reference tools (llama-bench, llama-server, llama-batched-bench,
+# llama-quantize, llama-perplexity) from the
 # sources vendored in the llama-cpp-python source distribution on PyPI. Nothing third-party is
 # committed: the sdist is downloaded into bench/.llamacpp (git-ignored) and built there.
 #   bench/build_llamacpp.sh [extra cmake args, e.g. -DGGML_CUDA=ON]
@@ -16,5 +17,5 @@ fi
 src="$work/llama_cpp_python-$version/vendor/llama.cpp"
 cmake -S "$src" -B "$work/build" -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF -DGGML_NATIVE=ON \
   -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=ON -DLLAMA_BUILD_SERVER=ON "$@" > "$work/cmake.log"
-cmake --build "$work/build" -j "$(nproc)" --target llama-bench llama-server llama-batched-bench > "$work/build.log"
+cmake --build "$work/build" -j "$(nproc)" --target llama-bench llama-server llama-batched-bench llama-quantize llama-perplexity > "$work/build.log"
 echo "$work/build/bin"

@@ -925,6 +925,7 @@ def show(name: str, as_json: bool, template_only: bool) -> None:
             "tensor types",
             ", ".join(f"{k} {v}" for k, v in (facts.get("tensor_types") or {}).items()),
         ),
+        ("engine", facts.get("engine")),
         ("license", facts.get("license")),
         ("source", facts.get("source")),
         ("digest", facts.get("digest")),

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from .convert import ConversionError, ConversionPlan, convert_gguf, plan_conversion
+from .engine_check import engine_refusal
 from .gguf_layout import GGUFFormatError, GGUFLayout, read_layout
 from .model_support import (
     architecture_supported,
@@ -50,6 +51,16 @@ def check_gguf(layout: GGUFLayout, what: str) -> ConversionPlan:
         return plan_conversion(layout)
     except (ConversionError, GGUFFormatError) as exc:
         raise UnsupportedModel(f"{what}: {exc}") from exc
+
+
+def check_engine_loads(store: ModelStore, record: ModelRecord, what: str) -> ModelRecord:
+    """`record` (not yet published) when the engine loads its file; otherwise its orphaned blob
+    is removed and the pull fails with the loader's own reason (engine_check)."""
+    refusal = engine_refusal(Path(record.path))
+    if refusal is None:
+        return record
+    store.collect(record)
+    raise UnsupportedModel(f"{what}: the engine cannot load it: {refusal}")
 
 
 def hf_model_type(config: dict) -> str:
@@ -244,7 +255,7 @@ def _import_local(
                 path, None if copying is None else (lambda done: copying(done, size))
             )
             record = gguf_record(store, name, hexdigest, layout, source)
-        return store.write_manifest(record)
+        return store.write_manifest(check_engine_loads(store, record, str(path)))
 
 
 def _mode(path: Path) -> int:

@@ -4,10 +4,12 @@ config.json / tokenizer_config.json) plus the manifest, so it is true of the byt
 from __future__ import annotations
 
 import json
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from .gguf_layout import GGUFFormatError, read_layout
+from .gguf_layout import GGUFFormatError, GGUFLayout, read_layout
+from .model_support import NATIVE_GGUF_TYPES
 from .store import ModelRecord
 
 
@@ -60,7 +62,23 @@ def _gguf_facts(path: Path) -> dict[str, Any]:
         "license": layout.get("general.license") or "",
         "template": layout.get("tokenizer.chat_template") or "",
         "converted_from": layout.get("llmd.converted_from") or "",
+        "engine": engine_summary(layout),
     }
+
+
+def engine_summary(layout: GGUFLayout) -> str:
+    """What the engine does with each tensor type: which run on its own kernels (or as
+    floats), and what the pull converted from what (`llmd.converted_from`, written by
+    convert.py). A type it can do neither with cannot be installed (install.check_gguf)."""
+    runs = Counter((t.type_name, t.type in NATIVE_GGUF_TYPES) for t in layout.tensors)
+    native = ", ".join(f"{name} {n}" for (name, ok), n in runs.items() if ok)
+    other = ", ".join(f"{name} {n}" for (name, ok), n in runs.items() if not ok)
+    text = f"native kernels: {native}" if native else "no tensor runs natively"
+    if other:
+        text += f"; not runnable: {other}"
+    if converted := layout.get("llmd.converted_from"):
+        text += f"; converted at pull from the source's {converted}"
+    return text
 
 
 def _tree_facts(path: Path) -> dict[str, Any]:

@@ -59,6 +59,7 @@ from .hub import (
     parse_repo_ref,
 )
 from .install import (
+    check_engine_loads,
     check_gguf,
     check_hf_config,
     check_local_source,
@@ -436,6 +437,8 @@ class PullManager:
             source_digest=f"sha256:{sha}",
             license=license,
         )
+        job.emit({"status": "checking that the engine loads it"})
+        record = await asyncio.to_thread(check_engine_loads, self.store, record, what)
         record = self.store.write_manifest(record)
         if final != sha and not any(sha in r.blob_digests() for r in self.store.list()):
             blob.unlink(missing_ok=True)  # the unconverted original: no model uses it

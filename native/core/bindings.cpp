@@ -139,6 +139,28 @@ std::unique_ptr<Engine> make_engine(const std::string& path, int context_length,
   return std::make_unique<Engine>(std::move(model), opts);
 }
 
+// The pull-time support check (LoadOptions::validate_only): throws what a load would throw.
+py::dict check_model(const std::string& path, const py::dict& hf_config, const std::string& backend) {
+  Metadata hf = metadata_from_dict(hf_config);
+  std::unique_ptr<Model> model;
+  {
+    py::gil_scoped_release release;
+    LoadOptions load;
+    load.backend = backend;
+    load.validate_only = true;
+    model = load_model(path, load, hf);
+  }
+  const ModelInfo& i = model->info();
+  py::dict d;
+  d["architecture"] = i.architecture;
+  d["backend"] = i.backend;
+  d["weight_format"] = i.weight_format;
+  d["context_length"] = i.context_length;
+  // Only the CPU backend decides its kernels at load; a device backend's weights are not built.
+  if (i.backend == "cpu") d["matmul_paths"] = model->matmul_paths();
+  return d;
+}
+
 py::array_t<float> kernel_gemm(const std::string& type, py::array_t<uint8_t, py::array::c_style> w, int n, int k,
                                py::array_t<float, py::array::c_style> x, const std::string& isa, bool packed) {
   const kernels::KernelTable* table = isa.empty() ? &kernels::active_table() : kernels::table_named(isa);
@@ -305,6 +327,10 @@ PYBIND11_MODULE(_engine, m) {
         return out;
       }, py::arg("tokens"), py::arg("first_scored") = 1);
 
+  m.def("check_model", &check_model, py::arg("model_path"), py::arg("hf_config") = py::dict(),
+        py::arg("backend") = "auto",
+        "Runs every check a load makes without reading weights; raises RuntimeError naming what "
+        "the engine cannot run.");
   m.def("set_threads", &ThreadPool::configure_global, py::arg("n_threads"),
         "Size llmd's kernel thread pool (0: all cores / LLMD_THREADS).");
   m.def("profile", [] { return OpProfile::snapshot_ms(); },

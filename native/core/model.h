@@ -56,6 +56,11 @@ struct LoadOptions {
   // graph on MLX's CPU device: slow, but it runs the device code path where no GPU exists).
   std::string backend = "auto";
   bool on_device() const { return backend == "gpu" || backend == "mlx-cpu"; }
+  // The pull-time support check: every check the loader makes (architecture, hyperparameters,
+  // tensor presence, shapes and types) runs, but no weight bytes are copied, packed or
+  // dequantized, so a file of any size is checked in about the time its header takes to read.
+  // The model that comes back cannot run a forward.
+  bool validate_only = false;
 };
 
 // Loads a GGUF file or a Hugging Face safetensors directory; throws std::runtime_error with a

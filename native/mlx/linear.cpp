@@ -19,6 +19,14 @@ mx::array owned_bytes(size_t n) {
 }
 
 namespace {
+thread_local bool skip_weight_bytes = false;
+}  // namespace
+
+SkipWeightBytes::SkipWeightBytes() : previous_(skip_weight_bytes) { skip_weight_bytes = true; }
+SkipWeightBytes::~SkipWeightBytes() { skip_weight_bytes = previous_; }
+bool SkipWeightBytes::active() { return skip_weight_bytes; }
+
+namespace {
 std::string device_name() { return mx::default_device() == mx::Device::gpu ? "gpu" : "cpu"; }
 
 // silu(gate) * up of y [rows, 2 * half]: gate and up in the two halves, or in adjacent
@@ -63,9 +71,13 @@ Linear Linear::from_gguf(const std::vector<const TensorView*>& parts, bool inter
     }
     return concatenated(std::move(pieces));
   }
+  if (interleave_pairs && (parts.size() != 2 || parts[0]->shape[1] != parts[1]->shape[1])) {
+    throw std::invalid_argument("interleaving needs two tensors of equal shape");
+  }
   if (on_device) {
-    if (interleave_pairs && (parts.size() != 2 || parts[0]->shape[1] != parts[1]->shape[1])) {
-      throw std::invalid_argument("interleaving needs two tensors of equal shape");
+    if (SkipWeightBytes::active()) {
+      lin.quantized_ = is_quantized(lin.type_);
+      return lin;  // the device backend re-quantizes every block type it reads
     }
     std::vector<RowRef> rows;
     rows.reserve(lin.n_);
@@ -92,12 +104,10 @@ Linear Linear::from_gguf(const std::vector<const TensorView*>& parts, bool inter
     }
     lin.quantized_ = true;
     const size_t rb = row_bytes(lin.type_, lin.k_);
+    if (SkipWeightBytes::active()) return lin;
     mx::array bytes = owned_bytes(rb * lin.n_);
     uint8_t* dst = bytes.data<uint8_t>();
     if (interleave_pairs) {
-      if (parts.size() != 2 || parts[0]->shape[1] != parts[1]->shape[1]) {
-        throw std::invalid_argument("interleaving needs two tensors of equal shape");
-      }
       for (int64_t r = 0; r < parts[0]->shape[1]; ++r) {
         for (const TensorView* p : parts) {
           std::memcpy(dst, p->data + r * rb, rb);
@@ -114,7 +124,7 @@ Linear Linear::from_gguf(const std::vector<const TensorView*>& parts, bool inter
     lin.weight_ = mx::reshape(bytes, {lin.n_, static_cast<int>(rb)});
     lin.weight_.eval();
     lin.pack_for_kernels();
-  } else {
+  } else if (!SkipWeightBytes::active()) {
     std::vector<float> f(static_cast<size_t>(lin.n_) * lin.k_);
     size_t row = 0;
     for (const TensorView* p : parts) {

@@ -100,6 +100,20 @@ class Linear {
   mx::array split_forward(const mx::array& x, const Fused& fused) const;
 };
 
+// While one of these lives on a thread, Linear::from_gguf and copy_bytes check what they are
+// given but keep no bytes (LoadOptions::validate_only: the pull-time support check).
+class SkipWeightBytes {
+ public:
+  SkipWeightBytes();
+  ~SkipWeightBytes();
+  SkipWeightBytes(const SkipWeightBytes&) = delete;
+  SkipWeightBytes& operator=(const SkipWeightBytes&) = delete;
+  static bool active();
+
+ private:
+  bool previous_;
+};
+
 // An evaluated, MLX-owned uint8 buffer of n bytes for weights copied out of a mapped file.
 mx::array owned_bytes(size_t n);
 

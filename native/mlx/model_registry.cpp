@@ -4,12 +4,14 @@
 #include <filesystem>
 #include <functional>
 #include <map>
+#include <optional>
 #include <stdexcept>
 
 #include "../core/gguf_file.h"
 #include "../core/model.h"
 #include "kernels/qgemm.h"
 #include "architectures.h"
+#include "linear.h"
 
 #include <mlx/mlx.h>
 
@@ -116,6 +118,8 @@ std::unique_ptr<Model> load_model_on(const std::string& path, const LoadOptions&
 std::unique_ptr<Model> load_model(const std::string& path, const LoadOptions& requested,
                                   const Metadata& hf_config) {
   const LoadOptions options = resolve_backend(requested);
+  std::optional<SkipWeightBytes> skip;
+  if (options.validate_only) skip.emplace();
   auto model = load_model_on(path, options, hf_config);
   describe_backend(model->mutable_info(), options.backend);
   return model;

@@ -714,6 +714,8 @@ def write_gguf(
     quant: str = "F32",
     config: dict | None = None,
     tensor_data: Callable[[str, np.ndarray], tuple[np.ndarray, Any] | None] | None = None,
+    extra_tensors: dict[str, np.ndarray] | None = None,
+    extra_strings: dict[str, str] | None = None,
 ) -> None:
     """The same weights as a GGUF with llama.cpp's names and metadata keys, as its converter
     writes them (Gemma's norms shifted by +1). `quant`: F32, F16 or Q8_0 for 2-D weights, or
@@ -774,10 +776,59 @@ def write_gguf(
         else:
             qt = GGMLQuantizationType[quant]
             w.add_tensor(gguf_name(arch, name), quantize(x, qt), raw_dtype=qt)
+    for name, x in (extra_tensors or {}).items():
+        w.add_tensor(name, x)
+    for key, value in (extra_strings or {}).items():
+        w.add_string(key, value)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
+
+
+def loadable_llama_config(hidden: int = 64, ffn: int = 64) -> dict:
+    """A one-layer llama of `hidden` x `ffn`: the smallest file the engine loads."""
+    return {
+        **CONFIGS["qwen3"],
+        "model_type": "llama",
+        "architectures": ["LlamaForCausalLM"],
+        "hidden_size": hidden,
+        "intermediate_size": ffn,
+        "num_hidden_layers": 1,
+        "rope_theta": 10000.0,
+    }
+
+
+def write_loadable_gguf(
+    path: Path,
+    *,
+    quant: str = "Q8_0",
+    payload: bytes = b"",
+    pad_mb: int = 0,
+    config: dict | None = None,
+    tensor_data: Callable[[str, np.ndarray], tuple[np.ndarray, Any] | None] | None = None,
+    metadata: dict[str, str] | None = None,
+) -> Path:
+    """A tiny llama GGUF the engine loads (pulls ask the engine's own loader before they
+    install anything, so a store test's file must be a model). `payload` (stored as an extra
+    F32 tensor the loader ignores) makes files with different digests; `pad_mb` MiB of zeros
+    make a larger download."""
+    extras: dict[str, np.ndarray] = {}
+    if payload:
+        raw = payload + b"\0" * (-len(payload) % 4)
+        extras["llmd_test.payload"] = np.frombuffer(raw, dtype=np.float32).copy()
+    if pad_mb:
+        extras["llmd_test.pad"] = np.zeros(pad_mb << 18, dtype=np.float32)
+    write_gguf(
+        path,
+        "llama",
+        quant=quant,
+        config=config or loadable_llama_config(),
+        tensor_data=tensor_data,
+        extra_tensors=extras,
+        extra_strings=metadata,
+    )
+    return path
 
 
 def write_stub_gguf(path: Path, arch: str) -> None:

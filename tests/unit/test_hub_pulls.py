@@ -24,6 +24,7 @@ from llmd.paths import get_paths
 from llmd.pulls import PullManager
 from llmd.store import ModelStore, StoreError, UnsupportedModel
 from tests.fakes.fake_hub import TOKEN, FakeHub
+from tests.native.tiny_models import loadable_llama_config, write_loadable_gguf
 
 REPO = "test-org/SmolLM2-135M-Instruct-GGUF"
 FILE = "SmolLM2-135M-Instruct-Q4_1.gguf"
@@ -33,7 +34,10 @@ PADDED_REPO, PADDED = "test-org/padded-GGUF", "padded-Q8_0.gguf"  # 24 MiB, quic
 
 
 def tiny_gguf(path: Path, arch: str = "llama", pad_mb: int = 0) -> Path:
-    """A small valid GGUF (one Q8_0 tensor, plus `pad_mb` MiB of F32 zeros)."""
+    """A small GGUF: for "llama" a model the engine loads (Q8_0, plus `pad_mb` MiB of F32
+    zeros); for another architecture a Q8_0 tensor only, which pulls refuse unread."""
+    if arch == "llama":
+        return write_loadable_gguf(path, pad_mb=pad_mb)
     w = GGUFWriter(str(path), arch)
     w.add_context_length(256)
     rows = np.random.default_rng(1).standard_normal((32, 64)).astype(np.float32)
@@ -421,9 +425,19 @@ async def test_a_gguf_the_engine_cannot_run_natively_is_converted_once(
 ) -> None:
     from llmd.gguf_layout import read_layout
     from llmd.model_support import NATIVE_GGUF_TYPES
-    from tests.unit.test_hub_convert import make_gguf
+    from tests.unit.test_hub_convert import q5k_blocks
 
-    make_gguf(tmp_path / "k.gguf")  # Q5_0, Q5_1 and Q5_K tensors among native ones
+    def kquant_mix(name: str, x: np.ndarray) -> tuple[np.ndarray, Any] | None:
+        # Q5_0, Q5_1 and Q5_K tensors among native ones, as a Q5_K_M file has.
+        if name == "blk.0.ffn_gate.weight":
+            return q5k_blocks(*x.shape), T.Q5_K
+        if name in ("blk.0.attn_q.weight", "blk.0.ffn_up.weight"):
+            t = T.Q5_0 if "attn" in name else T.Q5_1
+            return quantize(x, t), t
+        return None
+
+    config = loadable_llama_config(hidden=256)
+    write_loadable_gguf(tmp_path / "k.gguf", config=config, tensor_data=kquant_mix)
     hub.add_repo("test-org/kquant-GGUF", {"kquant-Q5_K_M.gguf": tmp_path / "k.gguf"})
     m = manager()
     try:
@@ -434,6 +448,14 @@ async def test_a_gguf_the_engine_cannot_run_natively_is_converted_once(
     finally:
         await m.close()
     assert "Q5_K -> Q8_0 (1 tensors)" in final["note"] and final["quantization"] == "Q8_0"
+    from llmd.model_facts import describe
+
+    engine = describe(ModelStore(get_paths()).get("hf.co/test-org/kquant-GGUF:Q5_K_M"))["engine"]
+    assert engine.startswith("native kernels: ") and "not runnable" not in engine
+    assert engine.endswith(
+        "converted at pull from the source's Q5_0 -> Q8_0 (1 tensors), "
+        "Q5_1 -> Q8_0 (1 tensors), Q5_K -> Q8_0 (1 tensors)"
+    )
     assert any(e["status"] == "converting" for e in events)
     store = ModelStore(get_paths())
     record = store.get("hf.co/test-org/kquant-GGUF:Q5_K_M")
@@ -444,3 +466,23 @@ async def test_a_gguf_the_engine_cannot_run_natively_is_converted_once(
     # the same upstream file again: no download, no conversion, the same blob
     assert again["status"] == "success" and hub.served["kquant-Q5_K_M.gguf"] == served
     assert store.get("second-name").path == record.path
+
+
+async def test_a_download_the_engine_would_refuse_is_not_installed(
+    hub: FakeHub, llmd_home: Path, tmp_path: Path
+) -> None:
+    # Passes every check the pull makes from the header (architecture, tokenizer, types); the
+    # engine's loader refuses its rope scaling once the file is here: the pull fails with its
+    # words, after saying it asked, and the downloaded blob does not stay.
+    yarn = write_loadable_gguf(tmp_path / "y.gguf", metadata={"llama.rope.scaling.type": "yarn"})
+    hub.add_repo("test-org/yarn-GGUF", {"yarn-Q8_0.gguf": yarn})
+    m = manager()
+    try:
+        events, final = await pull(m, "hf.co/test-org/yarn-GGUF")
+    finally:
+        await m.close()
+    assert final["error"]["code"] == "unsupported_model", final
+    assert "the engine cannot load it" in final["error"]["message"]
+    assert "'yarn' is not supported" in final["error"]["message"]
+    assert any(e.get("status") == "checking that the engine loads it" for e in events)
+    assert ModelStore(get_paths()).list() == [] and blob_files(llmd_home) == []

@@ -15,6 +15,7 @@ from llmd.catalog import DEFAULT_MODEL, builtin_file, install_hint, load_catalog
 from llmd.paths import DEFAULT_PORT, Paths, get_paths
 from llmd.server import AlreadyRunning, prepare_socket
 from llmd.store import ModelStore, StoreError
+from tests.native.tiny_models import write_loadable_gguf
 
 
 def _gguf_string(text: str) -> bytes:
@@ -23,9 +24,11 @@ def _gguf_string(text: str) -> bytes:
 
 
 def fake_gguf(path: Path, payload: bytes = b"", arch: str = "llama") -> Path:
-    """A GGUF with one F32 tensor and the metadata the store reads (general.architecture,
-    a vocabulary, as import refuses a GGUF without); `payload` trails it so different files
-    have different digests."""
+    """A GGUF for store tests: for "llama" a tiny model the engine loads (`payload` makes
+    files with different digests); for another architecture one F32 tensor and a vocabulary
+    only, which pulls refuse before they ask the engine."""
+    if arch == "llama":
+        return write_loadable_gguf(path, payload=payload)
     kv = _gguf_string("general.architecture") + struct.pack("<I", 8) + _gguf_string(arch)
     tokens = ["<s>", "</s>", "a"]
     kv += _gguf_string("tokenizer.ggml.tokens") + struct.pack("<IIQ", 9, 8, len(tokens))
@@ -170,3 +173,19 @@ def test_install_hints_say_exactly_how() -> None:
     assert "llmd pull smollm2-360m" in install_hint("smollm2-360m")
     assert "HF_TOKEN" in install_hint("gemma3-1b")  # gated
     assert "--name who-knows" in install_hint("who-knows")
+
+
+def test_a_file_the_engine_would_refuse_is_not_installed(llmd_home: Path, tmp_path: Path) -> None:
+    # A llama GGUF with a rope scaling llmd does not implement (YaRN, as long-context Qwen2.5
+    # GGUFs carry): every check the pull makes itself passes, the engine's loader refuses it,
+    # so the pull fails with the loader's words and leaves nothing behind.
+    src = write_loadable_gguf(tmp_path / "yarn.gguf", metadata={"llama.rope.scaling.type": "yarn"})
+    store = ModelStore(get_paths())
+    with pytest.raises(StoreError, match="the engine cannot load it: .*'yarn' is not supported"):
+        store.pull(str(src), "yarn")
+    assert store.list() == [] and blobs(llmd_home) == []
+    # the same model without it installs, and `llmd show` says what runs natively
+    from llmd.model_facts import describe
+
+    record = store.pull(str(write_loadable_gguf(tmp_path / "plain.gguf")), "plain")
+    assert describe(record)["engine"] == "native kernels: Q8_0 9, F32 3"

@@ -18,7 +18,8 @@ async def _slow(delays: list[float]) -> AsyncIterator[bytes]:
 
 
 async def test_beats_fill_silences_and_frames_keep_their_order() -> None:
-    out = [f async for f in with_keepalive(_slow([0.25, 0.0, 0.25]), 0.05, BEAT)]
+    # 0.5 s silences hold 10 beat periods: 3 beats arrive even on a loaded 2-core machine.
+    out = [f async for f in with_keepalive(_slow([0.5, 0.0, 0.5]), 0.05, BEAT)]
     frames = [f for f in out if f != BEAT]
     assert frames == [b"frame 0", b"frame 1", b"frame 2"]
     assert out.index(b"frame 0") >= 3  # beats while the first frame was slow
