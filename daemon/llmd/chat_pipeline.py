@@ -31,7 +31,7 @@ from . import protocol as p
 from .chat_output import ChatOutputPlan, ChatStream
 from .chat_template import fold_inner_system_messages, render_chat
 from .errors import ApiError, bad_request
-from .generation import Delta, Finished, Started, generate_text, token_budget
+from .generation import ContextOverflow, Delta, Finished, Started, generate_text, token_budget
 from .http_common import DEFAULT_MAX_TOKENS, SESSION_ID, SESSIONS
 from .openai_schemas import ChatCompletionRequest, SamplingFields
 from .reasoning import (
@@ -44,6 +44,7 @@ from .reasoning import (
 from .sessions import Session, SessionTable
 from .structured import response_format_grammar
 from .supervisor import ModelSupervisor
+from .text_model import TextModel
 from .tools import (
     ToolPlan,
     ToolSpecError,
@@ -340,6 +341,12 @@ def _render(
         return render_chat(template, folded, bos_token=bos, eos_token=eos, **extra)
 
 
+def refuse_unfittable(text: TextModel, prompt: str, context_length: int, param: str) -> None:
+    """ContextOverflow, before tokenizing, for a prompt too long to fit whatever it holds."""
+    if (fewest := text.fewest_tokens(prompt)) >= context_length:
+        raise ContextOverflow(fewest, context_length, param, at_least=True)
+
+
 @dataclass
 class ChatPrompt:
     ids: list[int]
@@ -374,6 +381,7 @@ def chat_prompt(req: ChatCompletionRequest, model: ModelSupervisor) -> ChatPromp
         )
     extra.update(thinking_switch(req.reasoning_effort, thinking, strict=not req.reasoning_is_hint))
     rendered = _render(template, messages, text.bos_token, text.eos_token, extra)
+    refuse_unfittable(text, rendered, model.context_length, "messages")
     ids = text.encode_rendered_chat(rendered)
     markers = thinking.markers
     starts_in = thinking.is_reasoning_model and prompt_opens_reasoning(rendered, markers.open)
@@ -571,6 +579,7 @@ async def encode_prompt(
                 param=prompt_param,
             )
     else:
+        refuse_unfittable(model.text, prompt_text, model.context_length, prompt_param)
         prompt = await asyncio.to_thread(model.text.encode, prompt_text)
     if not prompt:
         raise bad_request("the prompt is empty", param=prompt_param)

@@ -50,11 +50,15 @@ class ContextOverflow(ApiError):
     as its clients parse it (agents compact their history on it): OpenAI's sentence here,
     Anthropic's `prompt is too long: N tokens > M maximum` in anthropic_schemas."""
 
-    def __init__(self, prompt_tokens: int, context_length: int, param: str) -> None:
+    def __init__(
+        self, prompt_tokens: int, context_length: int, param: str, *, at_least: bool = False
+    ) -> None:
+        # at_least: a lower bound counted from the prompt's length (TextModel.fewest_tokens).
+        counted = f"at least {prompt_tokens}" if at_least else str(prompt_tokens)
         super().__init__(
             400,
             f"This model's maximum context length is {context_length} tokens. However, your "
-            f"messages resulted in {prompt_tokens} tokens (at least one token must be left to "
+            f"messages resulted in {counted} tokens (at least one token must be left to "
             "generate). Please reduce the length of the messages.",
             param=param,
             code="context_length_exceeded",

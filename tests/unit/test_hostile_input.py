@@ -382,3 +382,25 @@ async def test_a_disk_that_fills_up_mid_pull_is_a_507_naming_the_space(
             assert "5.00 GB free" in message, message
             if path.startswith("/v1"):
                 assert payload["error"]["code"] == "insufficient_storage"
+
+
+async def test_a_prompt_that_cannot_fit_is_refused_without_tokenizing(llmd_home: Path) -> None:
+    # 1 MB of text: even at 4x the vocabulary's longest token (81 characters) it exceeds the
+    # served context (this app's: 256 tokens), so it is refused from its length alone ("at
+    # least"), on every protocol, instead of holding the tokenizer (and the GIL) for seconds.
+    big = "x" * 1_000_000
+    cases = [
+        ("/v1/chat/completions", {**CHAT, "messages": [{"role": "user", "content": big}]}),
+        ("/v1/completions", {**BODIES["/v1/completions"], "prompt": big}),
+        ("/v1/messages", {**CHAT, "messages": [{"role": "user", "content": big}]}),
+        ("/api/generate", {**BODIES["/api/generate"], "prompt": big, "raw": True}),
+    ]
+    async with api(llmd_home, max_body=8 << 20) as client:
+        for path, body in cases:
+            status, payload = await post_raw(client, path, json.dumps(body))
+            assert status == 400, (path, payload)
+            message = assert_error_shape(path, payload, status)
+            # (Anthropic keeps the wording Claude Code parses: "prompt is too long: N tokens")
+            assert "3086 tokens" in message, message
+        resp = await client.post("/api/generate", json=BODIES["/api/generate"])
+        assert resp.status == 200
