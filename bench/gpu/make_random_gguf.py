@@ -38,6 +38,9 @@ class Shape:
 PRESETS = {
     # Meta-Llama-3-8B's dimensions.
     "llama3-8b": Shape(128256, 4096, 32, 32, 8, 14336, 8192, 500000.0),
+    # Llama-3.2-1B's dimensions (re-quantize with llama-quantize --allow-requantize to get a
+    # Q4_K_M file with llama.cpp's own per-tensor type mix).
+    "llama3.2-1b": Shape(128256, 2048, 16, 32, 8, 8192, 8192, 500000.0),
     # A few MB: for tests of this script and of loaders.
     "tiny": Shape(512, 128, 2, 4, 2, 256, 512, 10000.0),
 }
