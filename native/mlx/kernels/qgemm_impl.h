@@ -350,8 +350,19 @@ struct Dot8Q8_0 {
   }
 };
 
+// Groups a single row takes at a time: 2 by default; a kernel may ask for another count (the
+// K-quants stream best one group at a time, see kquant_impl.h).
+template <template <int, int> class Dot8>
+constexpr int single_row_groups() {
+  if constexpr (requires { Dot8<1, 1>::kSingleRowGroups; }) {
+    return Dot8<1, 1>::kSingleRowGroups;
+  } else {
+    return 2;
+  }
+}
+
 // Packed groups of 8 weight rows: [n0, n1) must be multiples of 8. Tiles of kRowTile rows x
-// 1 group; leftover rows (all of a decode step) take 2 groups at a time. Every tile shape runs
+// 1 group; leftover rows (all of a decode step) take single_row_groups() groups at a time. Every tile shape runs
 // the same per-lane operations, so an output does not depend on the tile it fell in.
 template <template <int, int> class Dot8>
 inline void gemm_packed(const uint8_t* w, size_t w_row_bytes, const ActBlock* a, int k, int rows, int n0, int n1,
@@ -378,12 +389,13 @@ inline void gemm_packed(const uint8_t* w, size_t w_row_bytes, const ActBlock* a,
     }
     for (int r = tiled_end; r < r1; ++r) {
       const Row row_a = act.row(r);
+      constexpr int kG = single_row_groups<Dot8>();
       int n = n0;
-      for (; n + 16 <= n1; n += 16) {
+      for (; n + 8 * kG <= n1; n += 8 * kG) {
         float* o = out + static_cast<size_t>(r) * ldo + n;
-        Dot8<1, 2>::run(w + static_cast<size_t>(n) * w_row_bytes, stride, &row_a, nb, &o);
+        Dot8<1, kG>::run(w + static_cast<size_t>(n) * w_row_bytes, stride, &row_a, nb, &o);
       }
-      if (n < n1) {
+      for (; n < n1; n += 8) {
         float* o = out + static_cast<size_t>(r) * ldo + n;
         Dot8<1, 1>::run(w + static_cast<size_t>(n) * w_row_bytes, stride, &row_a, nb, &o);
       }
