@@ -161,6 +161,37 @@ py::dict check_model(const std::string& path, const py::dict& hf_config, const s
   return d;
 }
 
+TensorType kernel_type_named(const std::string& type) {
+  for (TensorType t : {TensorType::Q4_0, TensorType::Q4_1, TensorType::Q8_0, TensorType::Q4_K, TensorType::Q6_K}) {
+    if (type_name(t) == type) return t;
+  }
+  throw std::invalid_argument("no kernel weight type " + type);
+}
+
+// The engine's load-time packing and its inverse (the embedding lookup of a tied head), for
+// tests: pack8(rows) -> bytes in the 8-row layout; unpack8_row(packed, row) -> GGUF blocks.
+py::array_t<uint8_t> pack8_bytes(const std::string& type, py::array_t<uint8_t, py::array::c_style> w, int n, int k) {
+  const TensorType tt = kernel_type_named(type);
+  if (!kernels::has_pack8_layout(tt)) throw std::invalid_argument("no packed layout for " + type);
+  if (static_cast<size_t>(w.size()) != row_bytes(tt, k) * n) throw std::invalid_argument("weight bytes do not match n x k");
+  py::array_t<uint8_t> out(w.size());
+  std::memcpy(out.mutable_data(), w.data(), w.size());
+  kernels::pack8_in_place(tt, out.mutable_data(), n, k);
+  return out;
+}
+
+py::array_t<uint8_t> unpack8_bytes(const std::string& type, py::array_t<uint8_t, py::array::c_style> packed, int n,
+                                   int k, int row) {
+  const TensorType tt = kernel_type_named(type);
+  const size_t rb = row_bytes(tt, k);
+  if (static_cast<size_t>(packed.size()) != rb * n || n % kernels::kPackRows != 0 || row < 0 || row >= n) {
+    throw std::invalid_argument("unpack8_row: bad shape or row");
+  }
+  py::array_t<uint8_t> out(static_cast<py::ssize_t>(rb));
+  kernels::unpack8_row(tt, packed.data(), row, k, out.mutable_data());
+  return out;
+}
+
 py::array_t<float> kernel_gemm(const std::string& type, py::array_t<uint8_t, py::array::c_style> w, int n, int k,
                                py::array_t<float, py::array::c_style> x, const std::string& isa, bool packed) {
   const kernels::KernelTable* table = isa.empty() ? &kernels::active_table() : kernels::table_named(isa);
@@ -347,11 +378,15 @@ PYBIND11_MODULE(_engine, m) {
         py::arg("x"), py::arg("isa") = "", py::arg("packed") = false,
         "out[r, j] = dot(weight row j, x row r) with llmd's kernel for `type` on path `isa` "
         "(with `packed`, the kernel for the 8-row packed layout the engine loads weights into).");
+  m.def("pack8", &pack8_bytes, py::arg("type"), py::arg("weight"), py::arg("n"), py::arg("k"),
+        "Rows of `type` (n x k, GGUF layout) in the 8-row packed layout the engine loads them into.");
+  m.def("unpack8_row", &unpack8_bytes, py::arg("type"), py::arg("packed"), py::arg("n"), py::arg("k"),
+        py::arg("row"), "Row `row` of a pack8 matrix back in GGUF's block layout.");
   m.def("packed_kernel_types", [](const std::string& isa) {
     const kernels::KernelTable* table = isa.empty() ? &kernels::active_table() : kernels::table_named(isa);
     if (!table) throw std::invalid_argument("kernel path '" + isa + "' is not runnable on this CPU");
     std::vector<std::string> types;
-    for (TensorType t : {TensorType::Q4_0, TensorType::Q4_1, TensorType::Q8_0}) {
+    for (TensorType t : {TensorType::Q4_0, TensorType::Q4_1, TensorType::Q8_0, TensorType::Q4_K, TensorType::Q6_K}) {
       if (table->packed_gemm_for(t)) types.push_back(type_name(t));
     }
     return types;

@@ -167,3 +167,73 @@ def test_each_row_is_bit_identical_whatever_the_batch(path: str, type_name: str)
         assert np.array_equal(alone[0], batched[r])
         pair = engine.kernel_gemm(type_name, packed, n, k, x[max(r - 1, 0) : r + 1], path)
         assert np.array_equal(pair[-1], batched[r])
+
+
+# ------------------------------------------------------------------ 8-row packed layout
+#
+# The x86 paths pack Q4_K / Q6_K matrices whose row count is a multiple of 8 at load time
+# (kernels/pack8.h) and run kernels that read each weight super-block once for a tile of
+# activation rows and 8 output columns. Matrices of other row counts are not packed: the
+# engine keeps them row-major (test_kquant_packed.py checks that), and the packed kernel
+# refuses them.
+
+PACKED_PATHS = [p for p in PATHS if set(TYPES) <= set(engine.packed_kernel_types(p))]
+
+
+def _packed_kernel(type_name, weights, n, k, x, path):  # type: ignore[no-untyped-def]
+    """The kernel of the 8-row packed layout, on weights packed as the engine packs them."""
+    return engine.kernel_gemm(type_name, weights, n, k, x, path, packed=True)
+
+
+def test_x86_paths_have_packed_kquant_kernels() -> None:
+    assert PACKED_PATHS == [p for p in PATHS if p in ("avx2", "avx512vnni")]
+    for path in PACKED_PATHS:
+        with pytest.raises(ValueError, match="n = 12"):
+            _packed_kernel(
+                "Q4_K", np.zeros(12 * 144, np.uint8), 12, 256, np.zeros((1, 256), np.float32), path
+            )
+
+
+@pytest.mark.parametrize("type_name", list(TYPES))
+def test_pack8_moves_bytes_and_every_row_unpacks_exactly(type_name: str) -> None:
+    """Random bytes reach every scale bit pattern (Q4_K's 6-bit scales are re-encoded)."""
+    rng = np.random.default_rng(5)
+    n, k = 24, 512
+    rows = np.ascontiguousarray(_random_blocks(rng, n, k, type_name))
+    packed = engine.pack8(type_name, rows, n, k)
+    assert packed.shape == (rows.size,)
+    assert not np.array_equal(packed, rows.reshape(-1))
+    for r in range(n):
+        assert np.array_equal(engine.unpack8_row(type_name, packed, n, k, r), rows[r]), r
+
+
+@pytest.mark.parametrize("path", PACKED_PATHS)
+@pytest.mark.parametrize("type_name", list(TYPES))
+@pytest.mark.parametrize("source", ["quantized", "random_bytes"])
+@pytest.mark.parametrize("n,k", [(8, 256), (24, 512), (136, 1536)])
+def test_packed_kernel_matches_gguf_dequantize_reference(
+    path: str, type_name: str, source: str, n: int, k: int
+) -> None:
+    rng = np.random.default_rng(n * 1000 + k + 2)
+    packed, w_deq = _weights(rng, n, k, type_name, source)
+    check_matches_reference(_packed_kernel, type_name, packed, w_deq, path, rng)
+
+
+@pytest.mark.parametrize("path", PACKED_PATHS)
+@pytest.mark.parametrize("type_name", list(TYPES))
+def test_packed_rows_are_bit_identical_whatever_the_batch(path: str, type_name: str) -> None:
+    """Isolation on the packed layout: 4-row tiles, single rows over 2 groups and the lone
+    last group, and row chunks of 32 all give a row the same bits, for 1 to 9 rows and 67."""
+    rng = np.random.default_rng(13)
+    n, k = 56, 768  # 7 groups: single rows take 3 pairs of groups and one lone group
+    packed, _ = _weights(rng, n, k, type_name, "quantized")
+    x = rng.standard_normal((67, k), dtype=np.float32)
+    batched = _packed_kernel(type_name, packed, n, k, x, path)
+    for rows in range(1, 10):
+        assert np.array_equal(
+            _packed_kernel(type_name, packed, n, k, x[:rows], path), batched[:rows]
+        ), rows
+    for r in (4, 31, 32, 66):
+        assert np.array_equal(
+            _packed_kernel(type_name, packed, n, k, x[r : r + 1], path)[0], batched[r]
+        ), r

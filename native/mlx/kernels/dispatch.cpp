@@ -80,6 +80,8 @@ GemmFn KernelTable::packed_gemm_for(TensorType type) const {
     case TensorType::Q4_0: return q4_0_x8;
     case TensorType::Q4_1: return q4_1_x8;
     case TensorType::Q8_0: return q8_0_x8;
+    case TensorType::Q4_K: return q4_k_x8;
+    case TensorType::Q6_K: return q6_k_x8;
     default: return nullptr;
   }
 }

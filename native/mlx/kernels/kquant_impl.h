@@ -270,6 +270,330 @@ struct KqQ6K {
 
 inline float kq_finish(__m256 acc) { return hsum(acc); }
 
+// ------------------------------------------------------------------ 8-row packed layout (pack8.h)
+//
+// As the Q4_0 packed kernels (qgemm_impl.h): lane c of every vector is output column c, the
+// activation's 4 bytes are broadcast, and one pass over a tile super-block serves R activation
+// rows and G groups of 8 columns. Per 32-element activation block the integer dot is exact and
+// becomes one float FMA per row and group (Q4_K: plus one for the mins), in a fixed block order:
+// the same operations in the same order for every tile shape (R, G), so an output does not
+// depend on the tile it fell in.
+
+// A single row streams each weight byte once from DRAM. Measured (1 thread, 16384 x 2048 Q4_K,
+// 2048 x 8192 Q6_K): one group at a time with tiles asked for 4 super-blocks ahead streams
+// fastest; 2 or 4 groups at a time (more concurrent streams) ran 1.3-2x slower.
+constexpr int kKqPrefetch = 4;
+
+// Bytes 8q .. 8q+7 of v (q a constant after unrolling) widened to 8 int32 lanes.
+inline __m256i bytes8(__m256i v, int q) {
+  const __m128i half = q < 2 ? _mm256_castsi256_si128(v) : _mm256_extracti128_si256(v, 1);
+  return _mm256_cvtepu8_epi32(q % 2 == 0 ? half : _mm_unpackhi_epi64(half, half));
+}
+
+// Q4_K: per sub-block j, lane c: sum_e q[c][e] * a[e] (exact), then
+// acc = fma(isum, d * sc[j] * a.d, acc), acc = fnma(dmin * m[j], a.s, acc): the row-major
+// kernel's formula.
+template <int R, int G>
+inline void dot8_q4k(const uint8_t* w, size_t stride, const ActBlock* const* a, int nb, float* const* out) {
+  constexpr int kTile = 8 * kQ4KBytes;
+  const __m256i m4 = _mm256_set1_epi8(0x0f);
+  const __m256i m30 = _mm256_set1_epi8(0x30);
+  __m256 acc[R][G];
+  zero_tiles(acc);
+  for (int sb = 0; sb < nb / kSubBlocks; ++sb) {
+    if constexpr (R == 1) prefetch_tiles<G, kTile>(w, stride, sb + kKqPrefetch);
+    // The 6-bit scales and mins of every column, as bytes: byte 8j + c of sc[g][j / 4] / mn[g][j / 4]
+    // (kept in registers: storing them and reloading 8 bytes at a time stalls store forwarding).
+    __m256i sc[G][2], mn[G][2];
+    __m256 dg[G], dmg[G];
+#pragma GCC unroll 8
+    for (int g = 0; g < G; ++g) {
+      const uint8_t* t = w + g * stride + static_cast<size_t>(sb) * kTile;
+      dg[g] = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(t)));
+      dmg[g] = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(t + 16)));
+      const __m256i lo0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(t + 32));
+      const __m256i lo1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(t + 64));
+      const __m256i hb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(t + 96));
+      sc[g][0] = _mm256_or_si256(_mm256_and_si256(lo0, m4), _mm256_and_si256(_mm256_slli_epi16(hb, 4), m30));
+      sc[g][1] = _mm256_or_si256(_mm256_and_si256(lo1, m4), _mm256_and_si256(hb, m30));
+      mn[g][0] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(lo0, 4), m4),
+                                 _mm256_and_si256(_mm256_slli_epi16(hb, 2), m30));
+      mn[g][1] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(lo1, 4), m4),
+                                 _mm256_and_si256(_mm256_srli_epi16(hb, 2), m30));
+    }
+#pragma GCC unroll 4
+    for (int p = 0; p < 4; ++p) {
+      const int b0 = sb * kSubBlocks + 2 * p;  // low nibbles: block b0, high: block b0 + 1
+      __m256i isum[R][G][2];
+#pragma GCC unroll 8
+      for (int h = 0; h < 8; ++h) {
+        __m256i lo[G], hi[G];
+#pragma GCC unroll 8
+        for (int g = 0; g < G; ++g) {
+          const uint8_t* t = w + g * stride + static_cast<size_t>(sb) * kTile + 128 + 256 * p + 32 * h;
+          const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(t));
+          lo[g] = _mm256_and_si256(q, m4);
+          hi[g] = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+        }
+#pragma GCC unroll 8
+        for (int r = 0; r < R; ++r) {
+          const __m256i alo = broadcast4(a[r][b0].q + 4 * h);
+          const __m256i ahi = broadcast4(a[r][b0 + 1].q + 4 * h);
+#pragma GCC unroll 8
+          for (int g = 0; g < G; ++g) {
+#if defined(LLMD_ISA_VNNI)
+            const __m256i z = _mm256_setzero_si256();
+            isum[r][g][0] = _mm256_dpbusd_epi32(h == 0 ? z : isum[r][g][0], lo[g], alo);
+            isum[r][g][1] = _mm256_dpbusd_epi32(h == 0 ? z : isum[r][g][1], hi[g], ahi);
+#else
+            // int16 lanes: a maddubs term is at most 2 * 15 * 127 = 3810 in magnitude and a
+            // lane sums 8 of them (30480 < 32767), so nothing saturates.
+            const __m256i l16 = _mm256_maddubs_epi16(lo[g], alo);
+            const __m256i h16 = _mm256_maddubs_epi16(hi[g], ahi);
+            isum[r][g][0] = h == 0 ? l16 : _mm256_add_epi16(isum[r][g][0], l16);
+            isum[r][g][1] = h == 0 ? h16 : _mm256_add_epi16(isum[r][g][1], h16);
+#endif
+          }
+        }
+      }
+#pragma GCC unroll 2
+      for (int e = 0; e < 2; ++e) {
+        const int j = 2 * p + e;
+#pragma GCC unroll 8
+        for (int g = 0; g < G; ++g) {
+          const __m256 dsc = _mm256_mul_ps(dg[g], _mm256_cvtepi32_ps(bytes8(sc[g][j >> 2], j & 3)));
+          const __m256 dm = _mm256_mul_ps(dmg[g], _mm256_cvtepi32_ps(bytes8(mn[g][j >> 2], j & 3)));
+#pragma GCC unroll 8
+          for (int r = 0; r < R; ++r) {
+            const ActBlock& ab = a[r][b0 + e];
+#if defined(LLMD_ISA_VNNI)
+            const __m256i i32 = isum[r][g][e];
+#else
+            const __m256i i32 = _mm256_madd_epi16(isum[r][g][e], _mm256_set1_epi16(1));
+#endif
+            acc[r][g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i32), _mm256_mul_ps(dsc, _mm256_set1_ps(ab.d)), acc[r][g]);
+            acc[r][g] = _mm256_fnmadd_ps(dm, _mm256_set1_ps(ab.s), acc[r][g]);
+          }
+        }
+      }
+    }
+  }
+  store_tiles(acc, out);
+}
+
+// Q6_K rows: the blocks plus, per block, the integer sums of its two 16-element halves
+// (weights are stored as q in [0, 63]; dot(q - 32, a) = dot(q, a) - 32 * sum(a)).
+struct Q6Row {
+  const ActBlock* b;
+  const int32_t* hs;  // per block: -32 * sum(first 16), -32 * sum(second 16), both sums as int16 pair, 0
+};
+
+struct Q6Rows {
+  using Row = Q6Row;
+  const ActBlock* a;
+  int nb;
+  const int32_t* sums;
+  Q6Rows(const ActBlock* a_, int rows, int nb_) : a(a_), nb(nb_) {
+    thread_local std::vector<int32_t> buf;
+    buf.resize(static_cast<size_t>(rows) * nb * 4);
+    const __m256i ones8 = _mm256_set1_epi8(1);
+    const __m256i ones16 = _mm256_set1_epi16(1);
+    for (size_t i = 0; i < static_cast<size_t>(rows) * nb; ++i) {
+      const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a[i].q));
+      const __m256i s = _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, q), ones16);  // lane: 4 bytes
+      __m128i h = _mm_hadd_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+      h = _mm_hadd_epi32(h, h);  // [sum lo, sum hi, sum lo, sum hi]
+      const int32_t lo = _mm_cvtsi128_si32(h);
+      const int32_t hi = _mm_extract_epi32(h, 1);
+      int32_t* o = buf.data() + 4 * i;
+      o[0] = -32 * lo;
+      o[1] = -32 * hi;
+      o[2] = static_cast<int32_t>((static_cast<uint32_t>(lo) & 0xffffu) | (static_cast<uint32_t>(hi) << 16));
+      o[3] = 0;
+    }
+    sums = buf.data();
+  }
+  Row row(int r) const {
+    return {a + static_cast<size_t>(r) * nb, sums + static_cast<size_t>(r) * nb * 4};
+  }
+};
+
+// The 6-bit quants of one slice for the blocks of the low (t = p) and high (t = p + 2) nibbles
+// of ql, with their 2 high bits from qh (bits 2t, 2t + 1 of each byte).
+inline void q6_slice(const uint8_t* ql, const uint8_t* qh, int p, __m256i& wa, __m256i& wb) {
+  const __m256i m4 = _mm256_set1_epi8(0x0f);
+  const __m256i m30 = _mm256_set1_epi8(0x30);
+  const __m256i l = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ql));
+  const __m256i hb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qh));
+  const __m256i ha = p == 0 ? _mm256_slli_epi16(hb, 4) : _mm256_slli_epi16(hb, 2);
+  const __m256i hh = p == 0 ? hb : _mm256_srli_epi16(hb, 2);
+  wa = _mm256_or_si256(_mm256_and_si256(l, m4), _mm256_and_si256(ha, m30));
+  wb = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l, 4), m4), _mm256_and_si256(hh, m30));
+}
+
+// Q6_K: per block, lane c: isum = sc_lo * dot(q - 32, first 16) + sc_hi * dot(q - 32, second
+// 16) (exact), then acc = fma(isum, d * a.d, acc) — the row-major kernel's formula. Blocks
+// are accumulated in the order 0, 2, 1, 3, 4, 6, 5, 7 of each super-block (the order ql
+// pairs them), the same for every tile shape.
+template <int R, int G>
+inline void dot8_q6k(const uint8_t* w, size_t stride, const Q6Row* a, int nb, float* const* out) {
+  constexpr int kTile = 8 * kQ6KBytes;
+  __m256 acc[R][G];
+  zero_tiles(acc);
+  for (int sb = 0; sb < nb / kSubBlocks; ++sb) {
+    if constexpr (R == 1) prefetch_tiles<G, kTile>(w, stride, sb + kKqPrefetch);
+    __m256 dg[G];
+#pragma GCC unroll 8
+    for (int g = 0; g < G; ++g) {
+      const uint8_t* t = w + g * stride + static_cast<size_t>(sb) * kTile;
+      dg[g] = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(t)));
+    }
+#pragma GCC unroll 4
+    for (int hp = 0; hp < 4; ++hp) {
+      const int h = hp >> 1, p = hp & 1;
+      const int bl[2] = {4 * h + p, 4 * h + p + 2};  // blocks of the low / high nibbles
+      // Per group and block: lane c holds (scales[2b], scales[2b + 1]) of column c as int16.
+      __m256i scp[G][2];
+#pragma GCC unroll 8
+      for (int g = 0; g < G; ++g) {
+        const uint8_t* t = w + g * stride + static_cast<size_t>(sb) * kTile + 16;
+        for (int e = 0; e < 2; ++e) {
+          scp[g][e] = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(t + 16 * bl[e])));
+        }
+      }
+      __m256i isum[R][G][2];
+#if defined(LLMD_ISA_VNNI)
+      // Half-block chains seeded with -32 * sum(a); scaled by the half's scale when complete.
+#pragma GCC unroll 2
+      for (int half = 0; half < 2; ++half) {
+        __m256i part[R][G][2];
+#pragma GCC unroll 8
+        for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 8
+          for (int g = 0; g < G; ++g) {
+            for (int e = 0; e < 2; ++e) {
+              part[r][g][e] = _mm256_set1_epi32(a[r].hs[4 * (sb * kSubBlocks + bl[e]) + half]);
+            }
+          }
+        }
+#pragma GCC unroll 4
+        for (int i = 4 * half; i < 4 * half + 4; ++i) {
+          __m256i wv[G][2];
+#pragma GCC unroll 8
+          for (int g = 0; g < G; ++g) {
+            const uint8_t* t = w + g * stride + static_cast<size_t>(sb) * kTile;
+            q6_slice(t + 144 + 512 * h + 256 * p + 32 * i, t + 1168 + 256 * h + 32 * i, p, wv[g][0], wv[g][1]);
+          }
+#pragma GCC unroll 8
+          for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 2
+            for (int e = 0; e < 2; ++e) {
+              const __m256i av = broadcast4(a[r].b[sb * kSubBlocks + bl[e]].q + 4 * i);
+#pragma GCC unroll 8
+              for (int g = 0; g < G; ++g) part[r][g][e] = _mm256_dpbusd_epi32(part[r][g][e], wv[g][e], av);
+            }
+          }
+        }
+#pragma GCC unroll 8
+        for (int g = 0; g < G; ++g) {
+          for (int e = 0; e < 2; ++e) {
+            const __m256i s32 = half == 0 ? _mm256_srai_epi32(_mm256_slli_epi32(scp[g][e], 16), 16)
+                                          : _mm256_srai_epi32(scp[g][e], 16);
+#pragma GCC unroll 8
+            for (int r = 0; r < R; ++r) {
+              const __m256i v = _mm256_mullo_epi32(part[r][g][e], s32);
+              isum[r][g][e] = half == 0 ? v : _mm256_add_epi32(isum[r][g][e], v);
+            }
+          }
+        }
+      }
+#else
+      // Pairs of slices in int16 (|pair| <= 2 * 63 * 127 each, two of them fit), scaled by
+      // madd against the half's scale in both int16 halves of the lane; the -32 * sum(a)
+      // term is one more madd of (-32 * scales) against the row's two half sums.
+      __m256i sc16[G][2][2];  // [g][e][half]
+#pragma GCC unroll 8
+      for (int g = 0; g < G; ++g) {
+        for (int e = 0; e < 2; ++e) {
+          sc16[g][e][0] = _mm256_shufflehi_epi16(_mm256_shufflelo_epi16(scp[g][e], 0xa0), 0xa0);
+          sc16[g][e][1] = _mm256_shufflehi_epi16(_mm256_shufflelo_epi16(scp[g][e], 0xf5), 0xf5);
+          const __m256i m32 = _mm256_mullo_epi16(scp[g][e], _mm256_set1_epi16(-32));
+#pragma GCC unroll 8
+          for (int r = 0; r < R; ++r) {
+            isum[r][g][e] =
+                _mm256_madd_epi16(m32, _mm256_set1_epi32(a[r].hs[4 * (sb * kSubBlocks + bl[e]) + 2]));
+          }
+        }
+      }
+#pragma GCC unroll 4
+      for (int i = 0; i < 8; i += 2) {
+        __m256i w0[G][2], w1[G][2];
+#pragma GCC unroll 8
+        for (int g = 0; g < G; ++g) {
+          const uint8_t* t = w + g * stride + static_cast<size_t>(sb) * kTile;
+          q6_slice(t + 144 + 512 * h + 256 * p + 32 * i, t + 1168 + 256 * h + 32 * i, p, w0[g][0], w0[g][1]);
+          q6_slice(t + 144 + 512 * h + 256 * p + 32 * (i + 1), t + 1168 + 256 * h + 32 * (i + 1), p, w1[g][0],
+                   w1[g][1]);
+        }
+#pragma GCC unroll 8
+        for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 2
+          for (int e = 0; e < 2; ++e) {
+            const int8_t* q = a[r].b[sb * kSubBlocks + bl[e]].q;
+            const __m256i a0 = broadcast4(q + 4 * i);
+            const __m256i a1 = broadcast4(q + 4 * i + 4);
+#pragma GCC unroll 8
+            for (int g = 0; g < G; ++g) {
+              const __m256i s16 = _mm256_add_epi16(_mm256_maddubs_epi16(w0[g][e], a0), _mm256_maddubs_epi16(w1[g][e], a1));
+              isum[r][g][e] = _mm256_add_epi32(isum[r][g][e], _mm256_madd_epi16(s16, sc16[g][e][i >> 2]));
+            }
+          }
+        }
+      }
+#endif
+#pragma GCC unroll 2
+      for (int e = 0; e < 2; ++e) {
+#pragma GCC unroll 8
+        for (int g = 0; g < G; ++g) {
+#pragma GCC unroll 8
+          for (int r = 0; r < R; ++r) {
+            const float ad = a[r].b[sb * kSubBlocks + bl[e]].d;
+            acc[r][g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r][g][e]), _mm256_mul_ps(dg[g], _mm256_set1_ps(ad)),
+                                        acc[r][g]);
+          }
+        }
+      }
+    }
+  }
+  store_tiles(acc, out);
+}
+
+template <int R, int G>
+struct Dot8Q4K {
+  static constexpr int kSingleRowGroups = 1;
+  using Rows = PlainRows;
+  static void run(const uint8_t* w, size_t stride, const ActBlock* const* a, int nb, float* const* out) {
+    dot8_q4k<R, G>(w, stride, a, nb, out);
+  }
+};
+template <int R, int G>
+struct Dot8Q6K {
+  static constexpr int kSingleRowGroups = 1;
+  using Rows = Q6Rows;
+  static void run(const uint8_t* w, size_t stride, const Q6Row* a, int nb, float* const* out) {
+    dot8_q6k<R, G>(w, stride, a, nb, out);
+  }
+};
+
+inline void gemm_q4_k_x8(const uint8_t* w, size_t rb, const ActBlock* a, int k, int rows, int n0, int n1, float* out,
+                         int ldo) {
+  gemm_packed<Dot8Q4K>(w, rb, a, k, rows, n0, n1, out, ldo);
+}
+inline void gemm_q6_k_x8(const uint8_t* w, size_t rb, const ActBlock* a, int k, int rows, int n0, int n1, float* out,
+                         int ldo) {
+  gemm_packed<Dot8Q6K>(w, rb, a, k, rows, n0, n1, out, ldo);
+}
+
 #else  // portable scalar path
 
 // Q4_K's 6-bit scales and mins (the packing of get_scale_min_k4), 4 at a time through 32-bit

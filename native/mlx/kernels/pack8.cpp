@@ -8,66 +8,140 @@ namespace llmd::kernels {
 
 namespace {
 
-struct BlockShape {
-  int bytes;       // bytes of one GGUF block of 32 elements
-  int scale_bytes; // fp16 scale (+ fp16 minimum) at the start of a block
-  int chunks;      // 32-byte chunks of quants in a tile block (4-byte slices per row)
+// How one row's GGUF block maps into a tile block of 8 rows (pack8.h): `to_tile` writes row
+// c's block into the tile, `from_tile` reads it back; each touches only row c's bytes, so a
+// row can be unpacked alone and packing is a byte-exact bijection.
+struct Codec {
+  int elements;  // elements per GGUF block (32, or 256 for K-quants)
+  int bytes;     // bytes of one GGUF block
+  void (*to_tile)(const uint8_t* block, int c, uint8_t* tile);
+  void (*from_tile)(const uint8_t* tile, int c, uint8_t* block);
 };
 
-BlockShape shape_of(TensorType type) {
-  switch (type) {
-    case TensorType::Q4_0: return {18, 2, 4};
-    case TensorType::Q4_1: return {20, 4, 4};
-    case TensorType::Q8_0: return {34, 2, 8};
-    default: throw std::invalid_argument("no packed layout for " + type_name(type));
+// Q4_0 / Q4_1 / Q8_0: scale fields (fp16 d, Q4_1's fp16 m) then the quants in 4-byte slices.
+template <int kScaleBytes, int kSlices>
+void copy_pieces(const uint8_t* src, uint8_t* dst, int c, bool to_tile) {
+  auto piece = [&](int tile_off, int block_off, int n) {
+    if (to_tile) {
+      std::memcpy(dst + tile_off, src + block_off, n);
+    } else {
+      std::memcpy(dst + block_off, src + tile_off, n);
+    }
+  };
+  for (int f = 0; f < kScaleBytes / 2; ++f) piece(16 * f + 2 * c, 2 * f, 2);
+  for (int s = 0; s < kSlices; ++s) piece(kScaleBytes * 8 + 32 * s + 4 * c, kScaleBytes + 4 * s, 4);
+}
+
+template <int kScaleBytes, int kSlices>
+Codec legacy_codec(int bytes) {
+  return {32, bytes, [](const uint8_t* block, int c, uint8_t* tile) { copy_pieces<kScaleBytes, kSlices>(block, tile, c, true); },
+          [](const uint8_t* tile, int c, uint8_t* block) { copy_pieces<kScaleBytes, kSlices>(tile, block, c, false); }};
+}
+
+// Q4_K: fp16 d, fp16 dmin, 12 bytes of 6-bit scales and mins (ggml's get_scale_min_k4
+// packing), 128 bytes of nibbles.
+void q4k_to_tile(const uint8_t* block, int c, uint8_t* tile) {
+  std::memcpy(tile + 2 * c, block, 2);
+  std::memcpy(tile + 16 + 2 * c, block + 2, 2);
+  const uint8_t* s = block + 4;
+  uint8_t sc[8], mn[8];
+  for (int j = 0; j < 4; ++j) {
+    sc[j] = s[j] & 63;
+    mn[j] = s[j + 4] & 63;
+    sc[j + 4] = (s[j + 8] & 15) | ((s[j] >> 6) << 4);
+    mn[j + 4] = (s[j + 8] >> 4) | ((s[j + 4] >> 6) << 4);
+  }
+  for (int j = 0; j < 8; ++j) tile[32 + 8 * j + c] = static_cast<uint8_t>((sc[j] & 15) | ((mn[j] & 15) << 4));
+  for (int j = 0; j < 4; ++j) {
+    tile[96 + 8 * j + c] = static_cast<uint8_t>((sc[j] >> 4) | ((mn[j] >> 4) << 2) | ((sc[j + 4] >> 4) << 4) |
+                                                ((mn[j + 4] >> 4) << 6));
+  }
+  for (int p = 0; p < 4; ++p) {
+    for (int h = 0; h < 8; ++h) std::memcpy(tile + 128 + 256 * p + 32 * h + 4 * c, block + 16 + 32 * p + 4 * h, 4);
   }
 }
 
-// Byte offset inside a tile block of row c's scale field f (0: d, 1: m), and of its quant
-// slice s (4 bytes each).
-int scale_offset(int field, int c) { return field * 16 + 2 * c; }
-int quant_offset(const BlockShape& s, int slice, int c) { return s.scale_bytes * 8 + 32 * slice + 4 * c; }
+void q4k_from_tile(const uint8_t* tile, int c, uint8_t* block) {
+  std::memcpy(block, tile + 2 * c, 2);
+  std::memcpy(block + 2, tile + 16 + 2 * c, 2);
+  uint8_t sc[8], mn[8];
+  for (int j = 0; j < 8; ++j) {
+    const uint8_t lo = tile[32 + 8 * j + c];
+    const uint8_t hi = tile[96 + 8 * (j % 4) + c] >> (j < 4 ? 0 : 4);
+    sc[j] = static_cast<uint8_t>((lo & 15) | ((hi & 3) << 4));
+    mn[j] = static_cast<uint8_t>((lo >> 4) | (((hi >> 2) & 3) << 4));
+  }
+  uint8_t* s = block + 4;
+  for (int j = 0; j < 4; ++j) {
+    s[j] = static_cast<uint8_t>(sc[j] | ((sc[j + 4] >> 4) << 6));
+    s[j + 4] = static_cast<uint8_t>(mn[j] | ((mn[j + 4] >> 4) << 6));
+    s[j + 8] = static_cast<uint8_t>((sc[j + 4] & 15) | ((mn[j + 4] & 15) << 4));
+  }
+  for (int p = 0; p < 4; ++p) {
+    for (int h = 0; h < 8; ++h) std::memcpy(block + 16 + 32 * p + 4 * h, tile + 128 + 256 * p + 32 * h + 4 * c, 4);
+  }
+}
 
-// Calls fn(tile offset, block offset, bytes) for each piece of row c's block in a tile block.
+// Q6_K: ql[128], qh[64], int8 scales[16], fp16 d.
 template <class Fn>
-void for_each_piece(const BlockShape& s, int c, Fn fn) {
-  for (int f = 0; f < s.scale_bytes / 2; ++f) fn(scale_offset(f, c), 2 * f, 2);
-  for (int slice = 0; slice < s.chunks; ++slice) fn(quant_offset(s, slice, c), s.scale_bytes + 4 * slice, 4);
+void q6k_pieces(int c, Fn piece) {
+  piece(2 * c, 208, 2);
+  for (int b = 0; b < 8; ++b) piece(16 + 16 * b + 2 * c, 192 + 2 * b, 2);
+  for (int h = 0; h < 2; ++h) {
+    for (int p = 0; p < 2; ++p) {
+      for (int i = 0; i < 8; ++i) piece(144 + 512 * h + 256 * p + 32 * i + 4 * c, 64 * h + 32 * p + 4 * i, 4);
+    }
+    for (int i = 0; i < 8; ++i) piece(1168 + 256 * h + 32 * i + 4 * c, 128 + 32 * h + 4 * i, 4);
+  }
+}
+
+void q6k_to_tile(const uint8_t* block, int c, uint8_t* tile) {
+  q6k_pieces(c, [&](int t, int o, int n) { std::memcpy(tile + t, block + o, n); });
+}
+void q6k_from_tile(const uint8_t* tile, int c, uint8_t* block) {
+  q6k_pieces(c, [&](int t, int o, int n) { std::memcpy(block + o, tile + t, n); });
+}
+
+Codec codec_of(TensorType type) {
+  switch (type) {
+    case TensorType::Q4_0: return legacy_codec<2, 4>(18);
+    case TensorType::Q4_1: return legacy_codec<4, 4>(20);
+    case TensorType::Q8_0: return legacy_codec<2, 8>(34);
+    case TensorType::Q4_K: return {256, 144, q4k_to_tile, q4k_from_tile};
+    case TensorType::Q6_K: return {256, 210, q6k_to_tile, q6k_from_tile};
+    default: throw std::invalid_argument("no packed layout for " + type_name(type));
+  }
 }
 
 }  // namespace
 
 bool has_pack8_layout(TensorType type) {
-  return type == TensorType::Q4_0 || type == TensorType::Q4_1 || type == TensorType::Q8_0;
+  return type == TensorType::Q4_0 || type == TensorType::Q4_1 || type == TensorType::Q8_0 ||
+         type == TensorType::Q4_K || type == TensorType::Q6_K;
 }
 
 void pack8_in_place(TensorType type, uint8_t* rows, int n_rows, int k) {
   if (n_rows % kPackRows != 0) throw std::invalid_argument("pack8: rows must be a multiple of 8");
-  const BlockShape s = shape_of(type);
+  const Codec codec = codec_of(type);
   const size_t rb = row_bytes(type, k);
-  const int nb = k / 32;
+  const int nb = k / codec.elements;
   std::vector<uint8_t> group(rb * kPackRows);
   for (int g = 0; g < n_rows / kPackRows; ++g) {
     uint8_t* dst = rows + static_cast<size_t>(g) * kPackRows * rb;
     std::memcpy(group.data(), dst, group.size());
     for (int b = 0; b < nb; ++b) {
-      uint8_t* tile = dst + static_cast<size_t>(b) * kPackRows * s.bytes;
-      for (int c = 0; c < kPackRows; ++c) {
-        const uint8_t* block = group.data() + c * rb + b * s.bytes;
-        for_each_piece(s, c, [&](int t, int o, int n) { std::memcpy(tile + t, block + o, n); });
-      }
+      uint8_t* tile = dst + static_cast<size_t>(b) * kPackRows * codec.bytes;
+      for (int c = 0; c < kPackRows; ++c) codec.to_tile(group.data() + c * rb + b * codec.bytes, c, tile);
     }
   }
 }
 
 void unpack8_row(TensorType type, const uint8_t* packed, int row, int k, uint8_t* out) {
-  const BlockShape s = shape_of(type);
+  const Codec codec = codec_of(type);
   const size_t rb = row_bytes(type, k);
   const uint8_t* group = packed + static_cast<size_t>(row / kPackRows) * kPackRows * rb;
-  for (int b = 0; b < k / 32; ++b) {
-    const uint8_t* tile = group + static_cast<size_t>(b) * kPackRows * s.bytes;
-    uint8_t* block = out + b * s.bytes;
-    for_each_piece(s, row % kPackRows, [&](int t, int o, int n) { std::memcpy(block + o, tile + t, n); });
+  for (int b = 0; b < k / codec.elements; ++b) {
+    codec.from_tile(group + static_cast<size_t>(b) * kPackRows * codec.bytes, row % kPackRows, out + b * codec.bytes);
   }
 }
 

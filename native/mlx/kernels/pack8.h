@@ -1,4 +1,4 @@
-// The 8-row packed layout of Q4_0 / Q4_1 / Q8_0 weights used by the x86 kernels.
+// The 8-row packed layout of Q4_0 / Q4_1 / Q8_0 / Q4_K / Q6_K weights used by the x86 kernels.
 //
 // Why: with rows stored one after another, every 32-element block of every (activation row,
 // weight row) pair needs its own int->float conversion, scale multiply and FMA, and the final
@@ -14,8 +14,30 @@
 //   Q4_0 / Q4_1: 4 chunks h = 0..3 of 32 bytes; chunk h holds, for c = 0..7, row c's quant
 //     bytes 4h .. 4h+3 (low nibbles: elements 4h..4h+3, high: elements 16+4h..16+4h+3)
 //   Q8_0: 8 chunks g = 0..7 of 32 bytes; chunk g holds row c's quants 4g .. 4g+3 at 4c.
+//
+// K-quants tile whole 256-element super-blocks (GGUF block layouts: see kquant_impl.h). The
+// same idea, plus scales re-encoded so that 8 columns' scales of one 32-element block are 8
+// adjacent bytes (one widening load in the kernel, no per-row bit juggling):
+//   Q4_K, 1152 bytes:
+//     [0, 16)      d[8] fp16                [16, 32) dmin[8] fp16
+//     [32, 96)     byte 32 + 8j + c: low 4 bits of sc[j] | low 4 bits of m[j] << 4 (row c,
+//                  sub-block j = 0..7)
+//     [96, 128)    byte 96 + 8j + c, j = 0..3: bits 0-1 sc[j] >> 4, 2-3 m[j] >> 4,
+//                  4-5 sc[j+4] >> 4, 6-7 m[j+4] >> 4
+//     [128, 1152)  chunk p = 0..3 (GGUF's qs[32p .. 32p+31]: low nibbles sub-block 2p, high
+//                  2p+1), slice h = 0..7: 32 bytes at 128 + 256p + 32h holding row c's
+//                  qs[32p + 4h .. +3] at 4c
+//   Q6_K, 1680 bytes:
+//     [0, 16)      d[8] fp16
+//     [16, 144)    byte 16 + 16b + 2c (+1): scales[2b] (scales[2b+1]) of row c, b = 0..7: one
+//                  sign-extending load gives each column's pair of 16-element scales
+//     [144, 1168)  half h = 0..1, pair p = 0..1, slice i = 0..7: 32 bytes at
+//                  144 + 512h + 256p + 32i holding row c's ql[64h + 32p + 4i .. +3] at 4c
+//     [1168, 1680) half h, slice i: 32 bytes at 1168 + 256h + 32i holding row c's
+//                  qh[32h + 4i .. +3] at 4c
 // A group's bytes occupy exactly the bytes its 8 rows occupied, so the row-major offset of
-// row 8g (8g * row_bytes) is also where its group starts.
+// row 8g (8g * row_bytes) is also where its group starts. Matrices whose row count is not a
+// multiple of 8 are not packed (they keep GGUF's layout and the row-major kernels).
 #pragma once
 
 #include <cstddef>
@@ -27,7 +49,7 @@ namespace llmd::kernels {
 
 constexpr int kPackRows = 8;
 
-// Whether `type` has a packed layout (Q4_0, Q4_1, Q8_0).
+// Whether `type` has a packed layout (Q4_0, Q4_1, Q8_0, Q4_K, Q6_K).
 bool has_pack8_layout(TensorType type);
 
 // Packs `n_rows` (a multiple of 8) rows of `k` elements, row-major at `rows`, in place.

@@ -50,6 +50,8 @@ struct KernelTable {
   GemmFn q4_0_x8 = nullptr;
   GemmFn q4_1_x8 = nullptr;
   GemmFn q8_0_x8 = nullptr;
+  GemmFn q4_k_x8 = nullptr;
+  GemmFn q6_k_x8 = nullptr;
 
   GemmFn gemm_for(TensorType type) const;         // nullptr if this table has no kernel for it
   GemmFn packed_gemm_for(TensorType type) const;  // nullptr if it has no packed kernel

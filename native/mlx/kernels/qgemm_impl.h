@@ -317,56 +317,85 @@ inline void dot8_q8(const uint8_t* w, size_t stride, const ActBlock* const* a, i
   store_tiles(acc, out);
 }
 
+// What a packed kernel gets for each activation row: by default the row's blocks. A kernel
+// whose Rows type precomputes more per row (Q6_K's half-block sums) gets that instead; the
+// driver builds it once per call.
+struct PlainRows {
+  using Row = const ActBlock*;
+  const ActBlock* a;
+  int nb;
+  PlainRows(const ActBlock* a_, int /*rows*/, int nb_) : a(a_), nb(nb_) {}
+  Row row(int r) const { return a + static_cast<size_t>(r) * nb; }
+};
+
 template <int R, int G>
 struct Dot8Q4_0 {
+  using Rows = PlainRows;
   static void run(const uint8_t* w, size_t stride, const ActBlock* const* a, int nb, float* const* out) {
     dot8_q4<R, G, false>(w, stride, a, nb, out);
   }
 };
 template <int R, int G>
 struct Dot8Q4_1 {
+  using Rows = PlainRows;
   static void run(const uint8_t* w, size_t stride, const ActBlock* const* a, int nb, float* const* out) {
     dot8_q4<R, G, true>(w, stride, a, nb, out);
   }
 };
 template <int R, int G>
 struct Dot8Q8_0 {
+  using Rows = PlainRows;
   static void run(const uint8_t* w, size_t stride, const ActBlock* const* a, int nb, float* const* out) {
     dot8_q8<R, G>(w, stride, a, nb, out);
   }
 };
 
+// Groups a single row takes at a time: 2 by default; a kernel may ask for another count (the
+// K-quants stream best one group at a time, see kquant_impl.h).
+template <template <int, int> class Dot8>
+constexpr int single_row_groups() {
+  if constexpr (requires { Dot8<1, 1>::kSingleRowGroups; }) {
+    return Dot8<1, 1>::kSingleRowGroups;
+  } else {
+    return 2;
+  }
+}
+
 // Packed groups of 8 weight rows: [n0, n1) must be multiples of 8. Tiles of kRowTile rows x
-// 1 group; leftover rows (all of a decode step) take 2 groups at a time. Every tile shape runs
+// 1 group; leftover rows (all of a decode step) take single_row_groups() groups at a time. Every tile shape runs
 // the same per-lane operations, so an output does not depend on the tile it fell in.
 template <template <int, int> class Dot8>
 inline void gemm_packed(const uint8_t* w, size_t w_row_bytes, const ActBlock* a, int k, int rows, int n0, int n1,
                         float* out, int ldo) {
+  using Rows = typename Dot8<1, 1>::Rows;
+  using Row = typename Rows::Row;
   const int nb = k / kBlock;
   const size_t stride = 8 * w_row_bytes;
+  const Rows act(a, rows, nb);
   for (int r0 = 0; r0 < rows; r0 += kRowChunk) {
     const int r1 = std::min(rows, r0 + kRowChunk);
     const int tiled_end = r0 + (r1 - r0) / kRowTile * kRowTile;
     for (int n = n0; n < n1; n += 8) {
       const uint8_t* group = w + static_cast<size_t>(n) * w_row_bytes;
       for (int r = r0; r < tiled_end; r += kRowTile) {
-        const ActBlock* rows_a[kRowTile];
+        Row rows_a[kRowTile];
         float* outs[kRowTile];
         for (int t = 0; t < kRowTile; ++t) {
-          rows_a[t] = a + static_cast<size_t>(r + t) * nb;
+          rows_a[t] = act.row(r + t);
           outs[t] = out + static_cast<size_t>(r + t) * ldo + n;
         }
         Dot8<kRowTile, 1>::run(group, stride, rows_a, nb, outs);
       }
     }
     for (int r = tiled_end; r < r1; ++r) {
-      const ActBlock* row_a = a + static_cast<size_t>(r) * nb;
+      const Row row_a = act.row(r);
+      constexpr int kG = single_row_groups<Dot8>();
       int n = n0;
-      for (; n + 16 <= n1; n += 16) {
+      for (; n + 8 * kG <= n1; n += 8 * kG) {
         float* o = out + static_cast<size_t>(r) * ldo + n;
-        Dot8<1, 2>::run(w + static_cast<size_t>(n) * w_row_bytes, stride, &row_a, nb, &o);
+        Dot8<1, kG>::run(w + static_cast<size_t>(n) * w_row_bytes, stride, &row_a, nb, &o);
       }
-      if (n < n1) {
+      for (; n < n1; n += 8) {
         float* o = out + static_cast<size_t>(r) * ldo + n;
         Dot8<1, 1>::run(w + static_cast<size_t>(n) * w_row_bytes, stride, &row_a, nb, &o);
       }
@@ -579,8 +608,9 @@ namespace llmd::kernels::LLMD_ISA_NAMESPACE {
 
 inline const KernelTable* make_table(const char* isa) {
 #if defined(LLMD_ISA_X86)
-  static const KernelTable table{isa,       quantize_row_simd, gemm_q4_0,    gemm_q4_1,    gemm_q8_0,
-                                 gemm_q4_k, gemm_q6_k,         gemm_q4_0_x8, gemm_q4_1_x8, gemm_q8_0_x8};
+  static const KernelTable table{isa,          quantize_row_simd, gemm_q4_0,    gemm_q4_1,
+                                 gemm_q8_0,    gemm_q4_k,         gemm_q6_k,    gemm_q4_0_x8,
+                                 gemm_q4_1_x8, gemm_q8_0_x8,      gemm_q4_k_x8, gemm_q6_k_x8};
 #else
   static const KernelTable table{isa, quantize_row, gemm_q4_0, gemm_q4_1, gemm_q8_0, gemm_q4_k, gemm_q6_k};
 #endif
