@@ -112,6 +112,8 @@ class Engine {
   int context_length() const { return context_length_; }
   const EngineOptions& options() const { return options_; }
   std::map<std::string, std::string> matmul_paths() const { return model_->matmul_paths(); }
+  // The KV pool's fixed facts (element type, bytes per position, capacity of the budget).
+  const KvPool& kv_pool() const { return pool_; }
 
   // Synchronous helper for tests and parity scripts (teacher forcing): runs `tokens` as one
   // fresh sequence and returns the logits after each position p >= first_scored - 1, i.e. the
