@@ -123,9 +123,16 @@ py::dict event_to_dict(const EngineEvent& e) {
   return d;
 }
 
+// What attention over the KV runs: "llmd:f16:avx512" (llmd's kernels over the pool's float16
+// blocks) or "mlx:sdpa:f16" (the device backend's own KV arrays).
+std::string attention_report(const KvShape& kv) {
+  return kv.host_storage ? attention_path(kv.type) : std::string("mlx:sdpa:") + kv_type_name(kv.type);
+}
+
 std::unique_ptr<Engine> make_engine(const std::string& path, int context_length, int max_sequences,
                                     int step_token_budget, size_t kv_budget_bytes, const py::dict& hf_config,
-                                    const std::string& backend) {
+                                    const std::string& backend, const std::string& kv_type) {
+  if (kv_type != "f16" && kv_type != "f32") throw std::invalid_argument("kv_type must be f16 or f32");
   Metadata hf = metadata_from_dict(hf_config);
   py::gil_scoped_release release;
   LoadOptions load;
@@ -137,6 +144,7 @@ std::unique_ptr<Engine> make_engine(const std::string& path, int context_length,
   opts.step_token_budget = step_token_budget;
   opts.kv_budget_bytes = kv_budget_bytes;
   opts.context_length = context_length;
+  opts.kv_type = kv_type == "f32" ? KvType::F32 : KvType::F16;
   return std::make_unique<Engine>(std::move(model), opts);
 }
 
@@ -255,7 +263,7 @@ PYBIND11_MODULE(_engine, m) {
       .def(py::init(&make_engine), py::arg("model_path"), py::arg("context_length") = 0,
            py::arg("max_sequences") = 8, py::arg("step_token_budget") = 512,
            py::arg("kv_budget_bytes") = size_t{1} << 30, py::arg("hf_config") = py::dict(),
-           py::arg("backend") = "auto")
+           py::arg("backend") = "auto", py::arg("kv_type") = "f16")
       .def(
           "submit",
           [](Engine& e, const std::string& id, std::vector<int32_t> prompt, int max_tokens, float temperature,
@@ -360,7 +368,7 @@ PYBIND11_MODULE(_engine, m) {
              d["backend"] = i.backend;
              d["device_name"] = i.device_name;
              d["device_memory_bytes"] = i.device_memory_bytes;
-             d["attention"] = i.attention;
+             d["attention"] = attention_report(e.kv_pool().shape());
              return d;
            })
       .def(
@@ -372,7 +380,7 @@ PYBIND11_MODULE(_engine, m) {
             d["bytes_per_token"] = pool.bytes_per_token();
             d["capacity_tokens"] = pool.capacity_tokens();
             d["block_tokens"] = KvPool::kBlockTokens;
-            d["attention"] = e.info().attention;
+            d["attention"] = attention_report(pool.shape());
             return d;
           },
           "The KV cache's element type, bytes per position (all layers), how many positions the "

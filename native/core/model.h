@@ -27,9 +27,6 @@ struct ModelInfo {
   std::string backend;      // "cpu" (llmd's kernels), "gpu" or "mlx-cpu" (MLX's kernels)
   std::string device_name;  // e.g. "NVIDIA H100 80GB HBM3", or the CPU kernel path
   size_t device_memory_bytes = 0;  // total memory of the GPU, 0 on the CPU backend
-  // What attention over the KV runs, e.g. "llmd:f16:avx512" (llmd's kernels over the pool's
-  // float16 blocks) or "mlx:sdpa:f16" (the device backend's own KV arrays).
-  std::string attention;
 };
 
 class Model {

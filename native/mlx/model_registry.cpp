@@ -10,7 +10,6 @@
 #include "../core/model.h"
 #include "kernels/qgemm.h"
 #include "architectures.h"
-#include "attention_kernels.h"
 
 #include <mlx/mlx.h>
 
@@ -119,9 +118,6 @@ std::unique_ptr<Model> load_model(const std::string& path, const LoadOptions& re
   const LoadOptions options = resolve_backend(requested);
   auto model = load_model_on(path, options, hf_config);
   describe_backend(model->mutable_info(), options.backend);
-  const KvShape kv = model->kv_shape();
-  model->mutable_info().attention =
-      kv.host_storage ? attention_path(kv.type) : std::string("mlx:sdpa:") + kv_type_name(kv.type);
   return model;
 }
 

@@ -42,7 +42,15 @@ BLOCK = 64
 def _engine(path: Path, backend: str, **kw):  # type: ignore[no-untyped-def]
     from llmd.worker.host import hf_config
 
-    opts = {"context_length": 512, "max_sequences": 8, "kv_budget_bytes": 16 << 20, **kw}
+    # float32 KV: these tests hold the model to float32 transformers logits (test_kv_f16 runs
+    # it on float16 KV).
+    opts = {
+        "context_length": 512,
+        "max_sequences": 8,
+        "kv_budget_bytes": 16 << 20,
+        "kv_type": "f32",
+        **kw,
+    }
     return native.Engine(str(path), backend=backend, hf_config=hf_config(str(path)), **opts)
 
 
