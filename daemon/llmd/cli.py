@@ -567,6 +567,13 @@ def _mib(n: int | None) -> str:
     return "-" if n is None else f"{n / 2**20:.0f} MiB"
 
 
+def _kv_kind(model: dict) -> str:
+    """' (f16, 45,000 tokens)': the KV type and the context the budget holds, when known."""
+    if not model.get("kv_type"):
+        return ""
+    return f" ({model['kv_type']}, {model.get('kv_capacity_tokens', 0):,} tokens)"
+
+
 @main.command()
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def status(as_json: bool) -> None:
@@ -600,7 +607,8 @@ def status(as_json: bool) -> None:
         click.echo(
             f"  {e.get('active_sequences', 0)} running / {e.get('queued_requests', 0)} queued "
             f"(max {m.get('max_sequences', '?')}), KV {_mib(e.get('kv_bytes', 0))} of "
-            f"{_mib(m.get('kv_budget_bytes', 0))}, {e.get('prefix_cache_blocks', 0)} cached blocks"
+            f"{_mib(m.get('kv_budget_bytes', 0))}{_kv_kind(m)}, "
+            f"{e.get('prefix_cache_blocks', 0)} cached blocks"
         )
         click.echo(
             f"  last used {_ago(m.get('last_used'))}, unloads {_until(m.get('expires_at'))}, "

@@ -126,6 +126,11 @@ class Ready(_Message):
     features: list[str] = []
     load_ms: float = 0.0
     kv_budget_bytes: int = 0  # KV cache memory the engine may use (prefix cache included)
+    # The KV cache's element type ("f16"), what one position of context costs in it (all
+    # layers) and how many positions the budget holds.
+    kv_type: str = ""
+    kv_bytes_per_token: int = 0
+    kv_capacity_tokens: int = 0
     threads: int = 0
     # Resident memory of the worker before and after the weights were loaded (bytes).
     memory: dict[str, int] = {}

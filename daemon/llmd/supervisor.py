@@ -367,6 +367,9 @@ class ModelSupervisor:
                 trained_context_length=ready.model.context_length,
                 max_sequences=ready.max_sequences,
                 kv_budget_bytes=ready.kv_budget_bytes,
+                kv_type=ready.kv_type,
+                kv_bytes_per_token=ready.kv_bytes_per_token,
+                kv_capacity_tokens=ready.kv_capacity_tokens,
                 memory=ready.memory,
             )
             warning = context_warning(ready)

@@ -8,6 +8,7 @@
 #include <mutex>
 #include <stdexcept>
 
+#include "../mlx/attention_kernels.h"
 #include "../mlx/kernels/pack8.h"
 #include "../mlx/kernels/qgemm.h"
 #include "engine.h"
@@ -122,9 +123,16 @@ py::dict event_to_dict(const EngineEvent& e) {
   return d;
 }
 
+// What attention over the KV runs: "llmd:f16:avx512" (llmd's kernels over the pool's float16
+// blocks) or "mlx:sdpa:f16" (the device backend's own KV arrays).
+std::string attention_report(const KvShape& kv) {
+  return kv.host_storage ? attention_path(kv.type) : std::string("mlx:sdpa:") + kv_type_name(kv.type);
+}
+
 std::unique_ptr<Engine> make_engine(const std::string& path, int context_length, int max_sequences,
                                     int step_token_budget, size_t kv_budget_bytes, const py::dict& hf_config,
-                                    const std::string& backend) {
+                                    const std::string& backend, const std::string& kv_type) {
+  if (kv_type != "f16" && kv_type != "f32") throw std::invalid_argument("kv_type must be f16 or f32");
   Metadata hf = metadata_from_dict(hf_config);
   py::gil_scoped_release release;
   LoadOptions load;
@@ -136,6 +144,7 @@ std::unique_ptr<Engine> make_engine(const std::string& path, int context_length,
   opts.step_token_budget = step_token_budget;
   opts.kv_budget_bytes = kv_budget_bytes;
   opts.context_length = context_length;
+  opts.kv_type = kv_type == "f32" ? KvType::F32 : KvType::F16;
   return std::make_unique<Engine>(std::move(model), opts);
 }
 
@@ -192,6 +201,77 @@ py::array_t<uint8_t> unpack8_bytes(const std::string& type, py::array_t<uint8_t,
   return out;
 }
 
+// Attention of each query row over keys/values laid out exactly as the KV pool lays them out
+// (64-position blocks, keys transposed), stored as `kv_type` through the write path's own
+// conversion, on the attention variant of kernel path `isa`. Rows go in tiles of `tile_rows`
+// (as PagedAttention groups decode heads or prefill rows) so tests can check tile invariance.
+py::array_t<float> kernel_attention(py::array_t<float, py::array::c_style> q, py::array_t<float, py::array::c_style> k,
+                                    py::array_t<float, py::array::c_style> v, std::vector<int> n_pos,
+                                    std::vector<int> first_pos, const std::string& kv_type, const std::string& isa,
+                                    int tile_rows) {
+  if (!isa.empty() && !kernels::table_named(isa)) {
+    throw std::invalid_argument("kernel path '" + isa + "' is not runnable on this CPU");
+  }
+  const AttentionKernels& ak = isa.empty() ? attention_kernels() : attention_kernels_for(isa);
+  if (kv_type != "f16" && kv_type != "f32") throw std::invalid_argument("kv_type must be f16 or f32");
+  const bool f16 = kv_type == "f16";
+  if (q.ndim() != 2 || k.ndim() != 2 || v.ndim() != 2) throw std::invalid_argument("q, k, v must be 2-D");
+  const int rows = static_cast<int>(q.shape(0));
+  const int hd = static_cast<int>(q.shape(1));
+  const int n = static_cast<int>(k.shape(0));
+  if (hd % 16 != 0 || k.shape(1) != hd || v.shape(0) != n || v.shape(1) != hd) {
+    throw std::invalid_argument("q [rows, d], k and v [n, d] with d a multiple of 16");
+  }
+  if (static_cast<int>(n_pos.size()) != rows || static_cast<int>(first_pos.size()) != rows) {
+    throw std::invalid_argument("n_pos and first_pos need one entry per row");
+  }
+  for (int r = 0; r < rows; ++r) {
+    if (n_pos[r] < 1 || n_pos[r] > n || first_pos[r] < 0 || first_pos[r] >= n_pos[r]) {
+      throw std::invalid_argument("each row needs 0 <= first_pos < n_pos <= n");
+    }
+  }
+  if (tile_rows < 1 || tile_rows > kMaxTileRows) throw std::invalid_argument("tile_rows must be 1..4");
+  constexpr int BT = KvPool::kBlockTokens;
+  const int nb = (n + BT - 1) / BT;
+  const size_t elems = static_cast<size_t>(BT) * hd;
+  std::vector<float> kf(nb * elems, 0.f), vf(nb * elems, 0.f);
+  std::vector<uint16_t> kh(nb * elems, 0), vh(nb * elems, 0);
+  std::vector<uint16_t> row(hd);
+  for (int j = 0; j < n; ++j) {
+    const size_t blk = static_cast<size_t>(j / BT) * elems;
+    const int off = j % BT;
+    const float* kj = k.data() + static_cast<size_t>(j) * hd;
+    const float* vj = v.data() + static_cast<size_t>(j) * hd;
+    ak.floats_to_halves(kj, row.data(), hd);
+    for (int d = 0; d < hd; ++d) {
+      kf[blk + static_cast<size_t>(d) * BT + off] = kj[d];
+      kh[blk + static_cast<size_t>(d) * BT + off] = row[d];
+    }
+    std::memcpy(vf.data() + blk + static_cast<size_t>(off) * hd, vj, hd * sizeof(float));
+    ak.floats_to_halves(vj, vh.data() + blk + static_cast<size_t>(off) * hd, hd);
+  }
+  std::vector<const void*> kb(nb), vb(nb);
+  for (int b = 0; b < nb; ++b) {
+    kb[b] = f16 ? static_cast<const void*>(kh.data() + b * elems) : static_cast<const void*>(kf.data() + b * elems);
+    vb[b] = f16 ? static_cast<const void*>(vh.data() + b * elems) : static_cast<const void*>(vf.data() + b * elems);
+  }
+  py::array_t<float> out({rows, hd});
+  std::vector<float> scratch(static_cast<size_t>(kMaxTileRows) * ((n + 15) / 16 * 16));
+  const AttendTileFn attend = ak.attend(f16 ? KvType::F16 : KvType::F32);
+  for (int r0 = 0; r0 < rows; r0 += tile_rows) {
+    AttentionTile tile;
+    tile.rows = std::min(tile_rows, rows - r0);
+    for (int i = 0; i < tile.rows; ++i) {
+      tile.q[i] = q.data() + static_cast<size_t>(r0 + i) * hd;
+      tile.n_pos[i] = n_pos[r0 + i];
+      tile.first_pos[i] = first_pos[r0 + i];
+      tile.out[i] = out.mutable_data() + static_cast<size_t>(r0 + i) * hd;
+    }
+    attend(tile, kb.data(), vb.data(), hd, BT, scratch.data());
+  }
+  return out;
+}
+
 py::array_t<float> kernel_gemm(const std::string& type, py::array_t<uint8_t, py::array::c_style> w, int n, int k,
                                py::array_t<float, py::array::c_style> x, const std::string& isa, bool packed) {
   const kernels::KernelTable* table = isa.empty() ? &kernels::active_table() : kernels::table_named(isa);
@@ -236,7 +316,7 @@ PYBIND11_MODULE(_engine, m) {
       .def(py::init(&make_engine), py::arg("model_path"), py::arg("context_length") = 0,
            py::arg("max_sequences") = 8, py::arg("step_token_budget") = 512,
            py::arg("kv_budget_bytes") = size_t{1} << 30, py::arg("hf_config") = py::dict(),
-           py::arg("backend") = "auto")
+           py::arg("backend") = "auto", py::arg("kv_type") = "f16")
       .def(
           "submit",
           [](Engine& e, const std::string& id, std::vector<int32_t> prompt, int max_tokens, float temperature,
@@ -341,8 +421,23 @@ PYBIND11_MODULE(_engine, m) {
              d["backend"] = i.backend;
              d["device_name"] = i.device_name;
              d["device_memory_bytes"] = i.device_memory_bytes;
+             d["attention"] = attention_report(e.kv_pool().shape());
              return d;
            })
+      .def(
+          "kv_cache",
+          [](Engine& e) {
+            const KvPool& pool = e.kv_pool();
+            py::dict d;
+            d["type"] = kv_type_name(pool.shape().type);
+            d["bytes_per_token"] = pool.bytes_per_token();
+            d["capacity_tokens"] = pool.capacity_tokens();
+            d["block_tokens"] = KvPool::kBlockTokens;
+            d["attention"] = attention_report(pool.shape());
+            return d;
+          },
+          "The KV cache's element type, bytes per position (all layers), how many positions the "
+          "budget holds, and the attention path that reads it.")
       .def_property_readonly("context_length", &Engine::context_length)
       .def_property_readonly("max_sequences", [](Engine& e) { return e.options().max_sequences; })
       .def("matmul_paths", &Engine::matmul_paths)
@@ -382,6 +477,16 @@ PYBIND11_MODULE(_engine, m) {
         "Rows of `type` (n x k, GGUF layout) in the 8-row packed layout the engine loads them into.");
   m.def("unpack8_row", &unpack8_bytes, py::arg("type"), py::arg("packed"), py::arg("n"), py::arg("k"),
         py::arg("row"), "Row `row` of a pack8 matrix back in GGUF's block layout.");
+  m.def("kernel_attention", &kernel_attention, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("n_pos"),
+        py::arg("first_pos"), py::arg("kv_type") = "f16", py::arg("isa") = "", py::arg("tile_rows") = 1,
+        "out[r] = softmax(q[r] . k[first_pos[r]:n_pos[r]]) v[...] with llmd's attention kernel over "
+        "pool-layout KV stored as kv_type (q pre-scaled), on the variant of kernel path `isa`.");
+  m.def("attention_kernel_path", [](const std::string& isa) {
+    if (!isa.empty() && !kernels::table_named(isa)) {
+      throw std::invalid_argument("kernel path '" + isa + "' is not runnable on this CPU");
+    }
+    return std::string((isa.empty() ? attention_kernels() : attention_kernels_for(isa)).isa);
+  }, py::arg("isa") = "", "The attention variant that runs with matmul kernel path `isa` (default: the active one).");
   m.def("packed_kernel_types", [](const std::string& isa) {
     const kernels::KernelTable* table = isa.empty() ? &kernels::active_table() : kernels::table_named(isa);
     if (!table) throw std::invalid_argument("kernel path '" + isa + "' is not runnable on this CPU");

@@ -14,6 +14,14 @@ double ms_between(std::chrono::steady_clock::time_point a, std::chrono::steady_c
 }
 }  // namespace
 
+namespace {
+KvShape kv_shape_for(const Model& model, const EngineOptions& options) {
+  KvShape shape = model.kv_shape();
+  if (shape.host_storage) shape.type = options.kv_type;
+  return shape;
+}
+}  // namespace
+
 Engine::Engine(std::unique_ptr<Model> model, EngineOptions options)
     : model_(std::move(model)),
       recurrent_(model_->has_recurrent_state()),
@@ -21,7 +29,7 @@ Engine::Engine(std::unique_ptr<Model> model, EngineOptions options)
       // --context-length may go beyond the trained context (as llama-server's -c and Ollama's
       // num_ctx): positions past it are computed the same way, their quality is not guaranteed.
       context_length_(options.context_length > 0 ? options.context_length : model_->info().context_length),
-      pool_(model_->kv_shape(), options.kv_budget_bytes),
+      pool_(kv_shape_for(*model_, options), options.kv_budget_bytes),
       prefix_cache_(pool_),
       session_pins_(pool_) {
   if (options_.max_sequences < 1) options_.max_sequences = 1;

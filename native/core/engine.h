@@ -67,6 +67,9 @@ struct EngineOptions {
   int step_token_budget = 512;  // tokens per forward pass (decode rows + prefill chunk)
   size_t kv_budget_bytes = size_t{1} << 30;
   int context_length = 0;       // 0: the model's trained context; may exceed it (positions computed alike)
+  // Element type of the CPU backend's KV blocks (a device backend keeps its own dtype). F32 is
+  // for checks against float32 references; the later --kv-type option will set this.
+  KvType kv_type = KvType::F16;
 };
 
 struct EngineStats {
@@ -112,6 +115,8 @@ class Engine {
   int context_length() const { return context_length_; }
   const EngineOptions& options() const { return options_; }
   std::map<std::string, std::string> matmul_paths() const { return model_->matmul_paths(); }
+  // The KV pool's fixed facts (element type, bytes per position, capacity of the budget).
+  const KvPool& kv_pool() const { return pool_; }
 
   // Synchronous helper for tests and parity scripts (teacher forcing): runs `tokens` as one
   // fresh sequence and returns the logits after each position p >= first_scored - 1, i.e. the

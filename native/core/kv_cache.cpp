@@ -12,10 +12,10 @@ namespace llmd {
 namespace {
 constexpr size_t kMinBlockBookkeeping = 1024;  // bytes charged per block id when no layer is full
 
-float* aligned_floats(size_t bytes) {
+std::byte* aligned_bytes(size_t bytes) {
   void* p = std::aligned_alloc(64, std::max<size_t>(64, (bytes + 63) / 64 * 64));
   if (!p) throw std::bad_alloc();
-  return static_cast<float*>(p);
+  return static_cast<std::byte*>(p);
 }
 }  // namespace
 
@@ -26,21 +26,21 @@ int KvShape::windowed_layers() const {
 }
 
 KvPool::KvPool(KvShape shape, size_t budget_bytes)
-    : shape_(std::move(shape)), budget_bytes_(budget_bytes), block_floats_(0) {
+    : shape_(std::move(shape)), budget_bytes_(budget_bytes), block_elements_(0) {
   if ((!shape_.layer_kv_heads.empty() && static_cast<int>(shape_.layer_kv_heads.size()) != shape_.n_layers) ||
       shape_.layer_kv_heads.size() != shape_.layer_head_dim.size()) {
     throw std::invalid_argument("KvShape: per-layer KV shapes must name every layer");
   }
   for (int l = 0; l < shape_.n_layers; ++l) {
-    size_t& part = shape_.is_windowed(l) ? window_floats_ : block_floats_;
+    size_t& part = shape_.is_windowed(l) ? window_elements_ : block_elements_;
     layer_offset_.push_back(part);
     part += shape_.layer_elements(l) * kBlockTokens;
   }
-  if (block_floats_ == 0 && window_floats_ == 0) throw std::invalid_argument("KvShape: no layer stores KV");
-  if (window_floats_ == 0) shape_.window = 0;
-  max_blocks_ = budget_bytes / std::max(block_bytes(), window_floats_ > 0 ? kMinBlockBookkeeping : size_t{1});
+  if (block_elements_ == 0 && window_elements_ == 0) throw std::invalid_argument("KvShape: no layer stores KV");
+  if (window_elements_ == 0) shape_.window = 0;
+  max_blocks_ = budget_bytes / std::max(block_bytes(), window_elements_ > 0 ? kMinBlockBookkeeping : size_t{1});
   if (max_blocks_ == 0) max_blocks_ = 1;
-  if (window_floats_ > 0) {
+  if (window_elements_ > 0) {
     // s window parts need s blocks: s * (block + part) <= budget.
     max_window_slots_ = std::max<size_t>(1, budget_bytes / (block_bytes() + window_part_bytes()));
   }
@@ -65,7 +65,7 @@ int KvPool::take_window_slot() {
       return s;
     }
     if (window_created_ < max_window_slots_ && allocated_bytes() + window_part_bytes() <= budget_bytes_) {
-      if (shape_.host_storage) window_storage_.emplace_back(aligned_floats(window_part_bytes()));
+      if (shape_.host_storage) window_storage_.emplace_back(aligned_bytes(window_part_bytes()));
       return static_cast<int>(window_created_++);
     }
     if (!evict_one()) return -1;
@@ -73,7 +73,7 @@ int KvPool::take_window_slot() {
 }
 
 void KvPool::free_window_part(int block) {
-  if (window_floats_ == 0 || window_slot_[block] < 0) return;
+  if (window_elements_ == 0 || window_slot_[block] < 0) return;
   window_free_.push_back(window_slot_[block]);
   window_slot_[block] = -1;
   window_holds_[block] = 0;
@@ -81,13 +81,13 @@ void KvPool::free_window_part(int block) {
 
 int KvPool::allocate() {
   int b = -1;
-  const bool room_for_part = window_floats_ == 0 || !window_free_.empty() ||
+  const bool room_for_part = window_elements_ == 0 || !window_free_.empty() ||
                              allocated_bytes() + block_bytes() + window_part_bytes() <= budget_bytes_;
   if (!free_.empty()) {
     b = free_.back();
     free_.pop_back();
   } else if (created_ < max_blocks_ && room_for_part) {
-    if (shape_.host_storage) storage_.emplace_back(aligned_floats(block_bytes()));
+    if (shape_.host_storage) storage_.emplace_back(aligned_bytes(block_bytes()));
     refs_.push_back(0);
     cacheable_.push_back(false);
     idle_pos_.emplace_back();
@@ -100,7 +100,7 @@ int KvPool::allocate() {
   } else {
     return -1;
   }
-  if (window_floats_ > 0) {
+  if (window_elements_ > 0) {
     const int slot = take_window_slot();
     if (slot < 0) {
       free_.push_back(b);
@@ -134,8 +134,8 @@ void KvPool::release(int block) {
 }
 
 void KvPool::copy_block(int src, int dst) {
-  if (block_floats_ > 0) std::memcpy(storage_[dst].get(), storage_[src].get(), block_bytes());
-  if (window_floats_ > 0) {
+  if (block_elements_ > 0) std::memcpy(storage_[dst].get(), storage_[src].get(), block_bytes());
+  if (window_elements_ > 0) {
     std::memcpy(window_storage_[window_slot_[dst]].get(), window_storage_[window_slot_[src]].get(),
                 window_part_bytes());
   }
@@ -144,7 +144,7 @@ void KvPool::copy_block(int src, int dst) {
 void KvPool::mark_cacheable(int block) { cacheable_[block] = true; }
 
 void KvPool::unhold_window(int block, bool drop) {
-  if (window_floats_ == 0 || window_slot_[block] < 0) return;
+  if (window_elements_ == 0 || window_slot_[block] < 0) return;
   if (--window_holds_[block] > 0) return;
   window_holds_[block] = 0;
   if (drop) free_window_part(block);
@@ -166,7 +166,7 @@ bool KvPool::has_window_for(const std::vector<int>& blocks, int length) const {
   return true;
 }
 
-void KvPool::AlignedFree::operator()(float* p) const { std::free(p); }
+void KvPool::AlignedFree::operator()(std::byte* p) const { std::free(p); }
 
 SequenceKv::~SequenceKv() { clear(); }
 

@@ -29,15 +29,27 @@ class SequenceState {
   virtual size_t bytes() const = 0;
 };
 
+// The element type of stored keys and values. A property of the pool, not of a layer: every
+// byte count (block_bytes, the budget's capacity) and every reader follows it. The CPU backend
+// stores F16 (llama.cpp's default KV type too: half the memory of F32 per token, and attention
+// reads half the bytes); F32 stays for tests and for the device backend's bookkeeping of its
+// float32 arrays on MLX's CPU device. Quantized types (q8_0, q4_0) are meant to join this enum.
+enum class KvType { F32, F16 };
+
+inline int kv_type_bytes(KvType t) { return t == KvType::F16 ? 2 : 4; }
+inline const char* kv_type_name(KvType t) { return t == KvType::F16 ? "f16" : "f32"; }
+
 struct KvShape {
   int n_layers = 0;
   int n_kv_heads = 0;
   int head_dim = 0;
-  // Where the KV numbers live. The CPU backend keeps float32 blocks here in host memory; a
-  // device backend keeps its own storage (indexed by the same block ids) and this pool only
-  // does the bookkeeping: allocation, sharing, budget and LRU eviction.
+  // Where the KV numbers live. The CPU backend keeps blocks of `type` here in host memory; a
+  // device backend keeps its own storage (indexed by the same block ids, of its own dtype,
+  // which `type` then only describes for the budget) and this pool only does the bookkeeping:
+  // allocation, sharing, budget and LRU eviction.
   bool host_storage = true;
-  int element_bytes = 4;
+  KvType type = KvType::F16;
+  int element_bytes() const { return kv_type_bytes(type); }
   // Layers of different shapes (Gemma 4: full-attention layers have their own head size and
   // KV-head count): one entry per layer, or empty when every layer has n_kv_heads x head_dim.
   // A layer with 0 KV heads stores nothing (it reads an earlier layer's KV: KV sharing).
@@ -75,8 +87,12 @@ class KvPool {
 
   const KvShape& shape() const { return shape_; }
   // Bytes of a block's full-attention layers, and of its window part (0 without windows).
-  size_t block_bytes() const { return block_floats_ * shape_.element_bytes; }
-  size_t window_part_bytes() const { return window_floats_ * shape_.element_bytes; }
+  size_t block_bytes() const { return block_elements_ * shape_.element_bytes(); }
+  size_t window_part_bytes() const { return window_elements_ * shape_.element_bytes(); }
+  // Bytes one more position of context costs (every layer, windowed ones included), and the
+  // positions the budget holds in full blocks: what the KV type buys a user.
+  size_t bytes_per_token() const { return (block_bytes() + window_part_bytes()) / kBlockTokens; }
+  size_t capacity_tokens() const { return max_blocks_ * kBlockTokens; }
   // Upper bounds on block ids and window slots the budget allows.
   size_t capacity_blocks() const { return max_blocks_; }
   size_t capacity_window_slots() const { return max_window_slots_; }
@@ -118,20 +134,20 @@ class KvPool {
   bool referenced(int block) const { return refs_[block] > 0; }
   void set_evict_callback(std::function<void(int)> on_evict) { on_evict_ = std::move(on_evict); }
 
-  // One head of one layer in a block (the layer's own head_dim: KvShape::head_dim_of). Keys
-  // are stored transposed, [head_dim][kBlockTokens],
-  // so attention scores 16 positions per vector op without horizontal sums; values are
-  // [kBlockTokens][head_dim]. Blocks are 64-byte aligned.
+  // One head of one layer in a block (the layer's own head_dim: KvShape::head_dim_of), as
+  // elements of shape().type (uint16_t bits for F16, float for F32). Keys are stored
+  // transposed, [head_dim][kBlockTokens], so attention scores 8 or 16 positions per vector op
+  // without horizontal sums; values are [kBlockTokens][head_dim]. Blocks are 64-byte aligned.
   // Host storage only (shape().host_storage).
-  float* keys(int block, int layer, int head) { return at(block, layer, 0, head); }
-  float* values(int block, int layer, int head) { return at(block, layer, 1, head); }
+  void* keys(int block, int layer, int head) { return at(block, layer, 0, head); }
+  void* values(int block, int layer, int head) { return at(block, layer, 1, head); }
 
  private:
-  float* at(int block, int layer, int kv, int head) {
+  void* at(int block, int layer, int kv, int head) {
     const size_t off = layer_offset_[layer] + (static_cast<size_t>(kv) * shape_.kv_heads_of(layer) + head) *
                                                    kBlockTokens * shape_.head_dim_of(layer);
-    if (shape_.is_windowed(layer)) return window_storage_[window_slot_[block]].get() + off;
-    return storage_[block].get() + off;
+    std::byte* base = shape_.is_windowed(layer) ? window_storage_[window_slot_[block]].get() : storage_[block].get();
+    return base + off * shape_.element_bytes();
   }
   bool evict_one();       // the least recently used idle block back to free_; false if none
   int take_window_slot();  // -1 when the budget has no room even after evictions
@@ -139,20 +155,20 @@ class KvPool {
 
   KvShape shape_;
   size_t budget_bytes_;
-  // First float of each layer in its part of a block (the full part, or the window part for
+  // First element of each layer in its part of a block (the full part, or the window part for
   // windowed layers).
   std::vector<size_t> layer_offset_;
-  size_t block_floats_;
-  size_t window_floats_ = 0;
+  size_t block_elements_;
+  size_t window_elements_ = 0;
   size_t max_blocks_;
   size_t max_window_slots_ = 0;
   size_t used_ = 0;
   size_t created_ = 0;
   struct AlignedFree {
-    void operator()(float* p) const;
+    void operator()(std::byte* p) const;
   };
-  std::vector<std::unique_ptr<float[], AlignedFree>> storage_;
-  std::vector<std::unique_ptr<float[], AlignedFree>> window_storage_;
+  std::vector<std::unique_ptr<std::byte[], AlignedFree>> storage_;
+  std::vector<std::unique_ptr<std::byte[], AlignedFree>> window_storage_;
   std::vector<int> window_slot_;   // per block
   std::vector<int> window_holds_;  // per block
   std::vector<int> window_free_;

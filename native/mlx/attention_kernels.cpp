@@ -1,133 +1,26 @@
 #include "attention_kernels.h"
 
-#include "simd.h"
-
-#include <algorithm>
-#include <cmath>
+#include "kernels/qgemm.h"
 
 namespace llmd {
 
-namespace {
-
-using namespace simd;
-
-// Scores of R queries over C consecutive kLanes-position chunks starting at j0 (the chunks of a
-// sweep share nothing but independent accumulators: more chunks per sweep only shortens the
-// FMA dependency chains of small tiles; each score is the same sum in the same order).
-template <int R, int C>
-[[gnu::always_inline]] inline void score_sweep(const AttentionTile& tile, const float* const* k_blocks, int head_dim,
-                                               int block_tokens, int j0, int n_end, float* const* scores) {
-  const float* kt[C];
-  for (int c = 0; c < C; ++c) {
-    const int j = j0 + kLanes * c;
-    kt[c] = k_blocks[j / block_tokens] + (j % block_tokens);
-  }
-  // Decode reads each key once per step, mostly from DRAM: ask for the next sweep's lines
-  // while this one computes.
-  const int next = j0 + kLanes * C;
-  const float* kt_next = next < n_end ? k_blocks[next / block_tokens] + (next % block_tokens) : nullptr;
-  vf acc[R][C] = {};
-  for (int d = 0; d < head_dim; ++d) {
-    if (kt_next) __builtin_prefetch(kt_next + static_cast<size_t>(d) * block_tokens);
-    for (int c = 0; c < C; ++c) {
-      const vf k = load(kt[c] + static_cast<size_t>(d) * block_tokens);
-      for (int r = 0; r < R; ++r) acc[r][c] += tile.q[r][d] * k;
-    }
-  }
-  for (int r = 0; r < R; ++r) {
-    for (int c = 0; c < C; ++c) store(scores[r] + j0 + kLanes * c, acc[r][c]);
-  }
+const AttentionKernels& attention_kernels_for(const std::string& kernel_path) {
+#if defined(__x86_64__) || defined(_M_X64)
+  // The matmul paths' runtime checks cover these variants' flags (AVX-512 F/BW/VL with VNNI
+  // implies what attention_avx512.cpp is built with; avx2 includes FMA and F16C).
+  if (kernel_path == "avx512vnni") return *attention::avx512::kernels();
+  if (kernel_path == "avx2") return *attention::avx2::kernels();
+#endif
+  return *attention::generic::kernels();
 }
 
-// out[c0 .. c0 + kLanes * C] = sum_j p_j * V[j][...] for R queries, positions in order.
-template <int R, int C>
-[[gnu::always_inline]] inline void value_sweep(const AttentionTile& tile, const float* const* v_blocks, int head_dim,
-                                               int block_tokens, int lo, int n_max, int c0,
-                                               const float* const* scores, const float* inv_sum) {
-  vf acc[R][C] = {};
-  constexpr int kAhead = 4;  // rows of V requested ahead (see score_sweep)
-  for (int j = lo; j < n_max; ++j) {
-    const float* v = v_blocks[j / block_tokens] + static_cast<size_t>(j % block_tokens) * head_dim + c0;
-    if (j + kAhead < n_max) {
-      const int ja = j + kAhead;
-      __builtin_prefetch(v_blocks[ja / block_tokens] + static_cast<size_t>(ja % block_tokens) * head_dim + c0);
-    }
-    for (int c = 0; c < C; ++c) {
-      const vf vv = load(v + kLanes * c);
-      for (int r = 0; r < R; ++r) acc[r][c] += scores[r][j] * vv;
-    }
-  }
-  for (int r = 0; r < R; ++r) {
-    for (int c = 0; c < C; ++c) store(tile.out[r] + c0 + kLanes * c, acc[r][c] * inv_sum[r]);
-  }
+const AttentionKernels& attention_kernels() {
+  static const AttentionKernels& chosen = attention_kernels_for(kernels::active_table().isa);
+  return chosen;
 }
 
-// The tile with R queries; sweeps take 8 / R chunks so that R * C accumulators fit AVX2's
-// registers with the most independent chains.
-template <int R>
-[[gnu::always_inline]] inline void attend_rows(const AttentionTile& tile, const float* const* k_blocks,
-                                               const float* const* v_blocks, int head_dim, int block_tokens,
-                                               float* scratch) {
-  constexpr int C = 8 / R;
-  int n_max = 0;
-  int lo = tile.first_pos[0];
-  for (int r = 0; r < R; ++r) {
-    n_max = std::max(n_max, tile.n_pos[r]);
-    lo = std::min(lo, tile.first_pos[r]);
-  }
-  lo = lo / 16 * 16;  // vector-aligned start (blocks are a multiple of 16 positions)
-  const int padded = (n_max + 15) / 16 * 16;
-  float* scores[R];
-  for (int r = 0; r < R; ++r) scores[r] = scratch + static_cast<size_t>(r) * padded;
-
-  int j0 = lo;
-  for (; j0 + kLanes * C <= padded; j0 += kLanes * C) {
-    score_sweep<R, C>(tile, k_blocks, head_dim, block_tokens, j0, padded, scores);
-  }
-  for (; j0 < padded; j0 += kLanes) score_sweep<R, 1>(tile, k_blocks, head_dim, block_tokens, j0, padded, scores);
-
-  // Softmax of each row over its own range; positions outside it weigh exactly 0.
-  float inv_sum[R];
-  for (int r = 0; r < R; ++r) {
-    const int first = tile.first_pos[r];
-    const int n = tile.n_pos[r];
-    float* s = scores[r];
-    float mx = s[first];
-    for (int j = first + 1; j < n; ++j) mx = std::max(mx, s[j]);
-    for (int j = lo; j < first; ++j) s[j] = -INFINITY;
-    for (int j = n; j < padded; ++j) s[j] = -INFINITY;
-    vf sum = {};
-    for (int j = lo; j < padded; j += kLanes) {
-      const vf raw = load(s + j);
-      const vf e = (raw == -INFINITY) ? splat(0.f) : vexp(raw - mx);
-      store(s + j, e);
-      sum += e;
-    }
-    float total = 0.f;
-    for (int i = 0; i < kLanes; ++i) total += sum[i];
-    inv_sum[r] = 1.f / total;
-  }
-
-  // head_dim % 16 == 0
-  int c0 = 0;
-  for (; c0 + kLanes * C <= head_dim; c0 += kLanes * C) {
-    value_sweep<R, C>(tile, v_blocks, head_dim, block_tokens, lo, n_max, c0, scores, inv_sum);
-  }
-  for (; c0 < head_dim; c0 += kLanes) value_sweep<R, 1>(tile, v_blocks, head_dim, block_tokens, lo, n_max, c0, scores, inv_sum);
-}
-
-}  // namespace
-
-LLMD_CLONES
-void attend_tile(const AttentionTile& tile, const float* const* k_blocks, const float* const* v_blocks,
-                 int head_dim, int block_tokens, float* scratch) {
-  static_assert(kMaxTileRows == 4);
-  switch (tile.rows) {
-    case 1: return attend_rows<1>(tile, k_blocks, v_blocks, head_dim, block_tokens, scratch);
-    case 2: return attend_rows<2>(tile, k_blocks, v_blocks, head_dim, block_tokens, scratch);
-    case 3: return attend_rows<3>(tile, k_blocks, v_blocks, head_dim, block_tokens, scratch);
-    default: return attend_rows<4>(tile, k_blocks, v_blocks, head_dim, block_tokens, scratch);
-  }
+std::string attention_path(KvType type) {
+  return std::string("llmd:") + kv_type_name(type) + ":" + attention_kernels().isa;
 }
 
 }  // namespace llmd

@@ -332,9 +332,10 @@ void DeviceState::copy_kv_block(KvPool& pool, const KvShape& shape, int src, int
 }
 
 KvShape decoder_kv_shape(const DecoderDims& d, bool on_device) {
-  // The device backend keeps KV in MLX arrays of its compute dtype (device_attention.h).
-  return {d.n_layers, d.n_kv_heads, d.head_dim, !on_device,
-          on_device ? static_cast<int>(mx::size_of(device_compute_dtype())) : 4};
+  // The device backend keeps KV in MLX arrays of its compute dtype (device_attention.h); the
+  // CPU backend stores float16 in the pool's own blocks (kv_cache.h, KvType).
+  const KvType type = !on_device || device_compute_dtype() == mx::float16 ? KvType::F16 : KvType::F32;
+  return {d.n_layers, d.n_kv_heads, d.head_dim, !on_device, type};
 }
 
 mx::array head_rms_norm(const mx::array& x, const mx::array& weight, int heads, int head_dim, float eps) {

@@ -95,8 +95,12 @@ void PagedAttention::eval_cpu(const std::vector<mx::array>& inputs, mx::array& o
     constexpr int BT = KvPool::kBlockTokens;
     auto& threads = ThreadPool::global();
 
+    const KvType kv_type = pool.shape().type;
+    const AttentionKernels& kernels = attention_kernels();
+
     // Phase 1: rotate keys into the (transposed) KV blocks, values as they are (unless the
-    // layer only reads another's KV); rotate and pre-scale queries into a scratch copy.
+    // layer only reads another's KV), converted to the pool's element type; rotate and
+    // pre-scale queries into a scratch copy.
     thread_local std::vector<float> queries;
     queries.resize(static_cast<size_t>(rows) * H * hd);
     std::vector<std::pair<const AttentionBatch::Segment*, int>> row_seg(rows);
@@ -106,6 +110,7 @@ void PagedAttention::eval_cpu(const std::vector<mx::array>& inputs, mx::array& o
     float* qs = queries.data();
     threads.parallel_for(rows, [&](int r0, int r1) {
       std::vector<float> k(hd);
+      std::vector<uint16_t> k_half(hd);
       for (int row = r0; row < r1; ++row) {
         const auto [seg, pos] = row_seg[row];
         const float* src = in + static_cast<size_t>(row) * width;
@@ -116,10 +121,19 @@ void PagedAttention::eval_cpu(const std::vector<mx::array>& inputs, mx::array& o
         for (int g = 0; g < (write_kv ? G : 0); ++g) {
           std::memcpy(k.data(), src + (H + g) * hd, hd * sizeof(float));
           rope->rotate(k.data(), ct, st);
-          float* kt = pool.keys(block, layer, g);
-          for (int d = 0; d < hd; ++d) kt[static_cast<size_t>(d) * BT + off] = k[d];
-          std::memcpy(pool.values(block, layer, g) + static_cast<size_t>(off) * hd, src + (H + G + g) * hd,
-                      hd * sizeof(float));
+          const float* v = src + (H + G + g) * hd;
+          if (kv_type == KvType::F16) {
+            auto* kt = static_cast<uint16_t*>(pool.keys(block, layer, g));
+            kernels.floats_to_halves(k.data(), k_half.data(), hd);
+            for (int d = 0; d < hd; ++d) kt[static_cast<size_t>(d) * BT + off] = k_half[d];
+            kernels.floats_to_halves(v, static_cast<uint16_t*>(pool.values(block, layer, g)) +
+                                            static_cast<size_t>(off) * hd, hd);
+          } else {
+            auto* kt = static_cast<float*>(pool.keys(block, layer, g));
+            for (int d = 0; d < hd; ++d) kt[static_cast<size_t>(d) * BT + off] = k[d];
+            std::memcpy(static_cast<float*>(pool.values(block, layer, g)) + static_cast<size_t>(off) * hd, v,
+                        hd * sizeof(float));
+          }
         }
         for (int h = 0; h < H; ++h) {
           float* q = qs + (static_cast<size_t>(row) * H + h) * hd;
@@ -147,9 +161,10 @@ void PagedAttention::eval_cpu(const std::vector<mx::array>& inputs, mx::array& o
       }
     }
     const int tasks = static_cast<int>(tiles.size());
+    const AttendTileFn attend = kernels.attend(kv_type);
     threads.parallel_for_dynamic(tasks, [&](int t0, int t1) {
-      std::vector<const float*> kb;
-      std::vector<const float*> vb;
+      std::vector<const void*> kb;
+      std::vector<const void*> vb;
       std::vector<float> scratch;
       for (int i = t0; i < t1; ++i) {
         const TileRef& tile = tiles[tasks - 1 - i];  // latest (costliest) tiles first, so the tail balances
@@ -179,7 +194,7 @@ void PagedAttention::eval_cpu(const std::vector<mx::array>& inputs, mx::array& o
           vb[b] = pool.values(blocks[b], layer, g);
         }
         scratch.resize(static_cast<size_t>(kMaxTileRows) * ((n_max + 15) / 16 * 16));
-        attend_tile(at, kb.data(), vb.data(), hd, BT, scratch.data());
+        attend(at, kb.data(), vb.data(), hd, BT, scratch.data());
       }
     });
   });

@@ -1,7 +1,8 @@
 // Portable 8-float vectors (GCC vector extensions) for kernels compiled once and cloned per
 // ISA with target_clones (AVX-512, AVX2, baseline), so they need no -m flags. Eight floats is
 // one AVX2 register: a 16-float type made GCC keep accumulator arrays on the stack in the
-// AVX2 clone. Include only from translation units whose kernels are cloned this way.
+// AVX2 clone. Include only from translation units whose kernels are cloned this way, or that
+// are built once per ISA with that ISA's flags (kernels/attention_<isa>.cpp).
 #pragma once
 
 #include <cstring>

@@ -6,6 +6,9 @@ from __future__ import annotations
 from .conftest import run_all
 
 BLOCK = 64
+# One block of SmolLM2-135M's float16 KV: 30 layers x 3 KV heads x 64 dims, keys and values
+# (test_kv_f16 checks the engine reports this size).
+BLOCK_BYTES = 30 * 2 * 3 * 64 * BLOCK * 2
 
 
 def _long_prompt(reference: dict) -> list[int]:
@@ -102,7 +105,7 @@ def test_partly_shared_block_is_reused_token_by_token_with_the_same_output(
 def test_tight_kv_budget_evicts_old_prefixes_and_keeps_serving(model_path, reference: dict) -> None:  # type: ignore[no-untyped-def]
     import llmd._engine as native
 
-    block_bytes = 30 * 2 * 3 * 64 * 64 * 4
+    block_bytes = BLOCK_BYTES
     small = native.Engine(str(model_path), context_length=2048, kv_budget_bytes=24 * block_bytes)
     prompt = _long_prompt(reference)  # ~17 blocks: two different prompts cannot both stay cached
     a = run_all(small, {"a": {"prompt": prompt, "max_tokens": 4}})["a"]
@@ -121,7 +124,7 @@ def test_named_session_keeps_its_kv_through_cache_pressure_until_unpinned(
     they are ordinary cache again and the same pressure evicts them."""
     import llmd._engine as native
 
-    block_bytes = 30 * 2 * 3 * 64 * 64 * 4
+    block_bytes = BLOCK_BYTES
     long = _long_prompt(reference)
     ours = long[:700]
     others = [[1, 7 + i, *long[300:998]] for i in range(2)]  # same length, different prefixes

@@ -42,7 +42,15 @@ BLOCK = 64
 def _engine(path: Path, backend: str, **kw):  # type: ignore[no-untyped-def]
     from llmd.worker.host import hf_config
 
-    opts = {"context_length": 512, "max_sequences": 8, "kv_budget_bytes": 16 << 20, **kw}
+    # float32 KV: these tests hold the model to float32 transformers logits (test_kv_f16 runs
+    # it on float16 KV).
+    opts = {
+        "context_length": 512,
+        "max_sequences": 8,
+        "kv_budget_bytes": 16 << 20,
+        "kv_type": "f32",
+        **kw,
+    }
     return native.Engine(str(path), backend=backend, hf_config=hf_config(str(path)), **opts)
 
 
@@ -172,7 +180,8 @@ def test_session_evicted_and_resumed_gives_fresh_tokens(checkpoint: Path, backen
     ours = [int(t) for t in rng.integers(3, vocab, 130)]
     others = [[int(t) for t in rng.integers(3, vocab, 250)] for _ in range(2)]
     neighbour = {"prompt": [int(t) for t in rng.integers(3, vocab, 37)], "max_tokens": 20}
-    block_bytes = 1 * 2 * 2 * BLOCK * 32 * 4  # one full-attention layer, 2 kv heads of 32
+    # One block of the full-attention layer's KV, in whatever element type the backend stores.
+    block_bytes = BLOCK * _engine(checkpoint, backend).kv_cache()["bytes_per_token"]
     for pinned in (True, False):
         e = _engine(checkpoint, backend, kv_budget_bytes=7 * block_bytes, step_token_budget=32)
         first = run_all(e, {"s1": {"prompt": ours, "max_tokens": 10, "session": "chat"}})["s1"]

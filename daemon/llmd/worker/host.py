@@ -266,6 +266,7 @@ def main(argv: list[str] | None = None) -> int:
     load_ms = (time.perf_counter() - started) * 1000
     info = engine.info()
     paths = engine.matmul_paths()
+    kv = engine.kv_cache()
     writer.send(
         p.Ready(
             backend=_backend_name(info["backend"]),
@@ -282,11 +283,14 @@ def main(argv: list[str] | None = None) -> int:
             ),
             context_length=engine.context_length,
             max_sequences=engine.max_sequences,
-            kernels={"isa": _engine.active_kernel_path(), **paths},
+            kernels={"isa": _engine.active_kernel_path(), "attention": kv["attention"], **paths},
             blas=loaded_blas(),
             features=["continuous_batching", "cancel"],
             load_ms=load_ms,
             kv_budget_bytes=kv_budget,
+            kv_type=kv["type"],
+            kv_bytes_per_token=kv["bytes_per_token"],
+            kv_capacity_tokens=kv["capacity_tokens"],
             threads=_engine.thread_count(),
             memory={
                 "rss_before_load": rss_before,
