@@ -36,7 +36,7 @@ from .anthropic_schemas import (
 from .chat_pipeline import ChatEvent, ChoiceDelta, ChoiceEnd, ChoiceStarted, chat_prompt, start_chat
 from .errors import ApiError, bad_request
 from .generation import Finished
-from .http_common import REGISTRY, add_error_shape, json_body, relay, sse
+from .http_common import REGISTRY, add_error_shape, parsed_body, relay, sse
 
 SSE = "text/event-stream"
 PING = b'event: ping\ndata: {"type": "ping"}\n\n'
@@ -215,7 +215,7 @@ def message_envelope(mid: str, model: str, content: list[dict[str, Any]]) -> dic
 
 
 async def create_message(request: web.Request) -> web.StreamResponse:
-    tr = translate_messages(await json_body(request))
+    tr = await parsed_body(request, translate_messages)
     req = tr.chat
     async with request.app[REGISTRY].use(req.model, req.keep_alive_seconds()) as model:
         run = await start_chat(request, req, model)
@@ -309,7 +309,7 @@ async def _resume(
 async def count_tokens(request: web.Request) -> web.Response:
     """The rendered prompt's length in tokens: the same rendering as a generation (template,
     tools prompt), so it equals that request's input + cache_read tokens."""
-    req = translate_count_tokens(await json_body(request))
+    req = await parsed_body(request, translate_count_tokens)
     async with request.app[REGISTRY].use(req.model, req.keep_alive_seconds()) as model:
         if not model.text.chat_template:
             raise bad_request(f"model '{req.model}' has no chat template", param="model")

@@ -50,7 +50,7 @@ from .fim import (
     with_fim_stops,
 )
 from .generation import Delta, Finished
-from .http_common import REGISTRY, json_body, relay, sse
+from .http_common import REGISTRY, parsed_body, relay, sse
 from .keep_alive import KeepAlive, parse_keep_alive
 from .model_registry import ModelRegistry
 from .openai_schemas import CompletionRequest
@@ -348,7 +348,7 @@ def pick_fields(body: dict[str, Any], paths: list[str]) -> dict[str, Any]:
 
 
 async def infill(request: web.Request) -> web.StreamResponse:
-    req = parse_infill(await json_body(request))
+    req = await parsed_body(request, parse_infill)
     registry = request.app[REGISTRY]
     name = pick_model(registry, req.model)
     keep = None if req.keep_alive is None else parse_keep_alive(req.keep_alive)

@@ -59,7 +59,7 @@ from .chat_pipeline import ChatRun, ChoiceDelta, ChoiceEnd, start_chat, start_te
 from .errors import ApiError, bad_request
 from .fim import start_fim_text
 from .generation import Finished
-from .http_common import REGISTRY, STORE, json_body, ndjson, relay
+from .http_common import REGISTRY, STORE, ndjson, parsed_body, relay
 from .keep_alive import KeepAlive, parse_keep_alive
 from .openai_schemas import ChatCompletionRequest, CompletionRequest, parse_request
 from .reasoning import reasoning_support
@@ -727,7 +727,7 @@ async def _load_or_unload(
 
 async def chat(request: web.Request) -> web.StreamResponse:
     clock = Clock()
-    req = parse_body(await json_body(request), ChatRequest)
+    req = await parsed_body(request, parse_body, ChatRequest)
     shape = Shape(chat=True)
     name = require_model(request.app[STORE], req.model)
     keep = keep_alive_seconds(req.keep_alive)
@@ -743,7 +743,7 @@ async def chat(request: web.Request) -> web.StreamResponse:
 
 async def generate(request: web.Request) -> web.StreamResponse:
     clock = Clock()
-    req = parse_body(await json_body(request), GenerateRequest)
+    req = await parsed_body(request, parse_body, GenerateRequest)
     shape = Shape(chat=False)
     name = require_model(request.app[STORE], req.model)
     keep = keep_alive_seconds(req.keep_alive)

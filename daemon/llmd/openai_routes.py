@@ -33,7 +33,7 @@ from .chat_pipeline import (
 from .errors import ApiError, server_error
 from .fim import completion_fim_prompt, with_fim_stops
 from .generation import Finished
-from .http_common import REGISTRY, SSE_KEEPALIVE, json_body, relay, sse
+from .http_common import REGISTRY, SSE_KEEPALIVE, parsed_body, relay, sse
 from .openai_schemas import ChatCompletionRequest, CompletionRequest, parse_request
 from .supervisor import ModelSupervisor
 from .worker_client import Accepted, WorkerError
@@ -54,7 +54,7 @@ def _error_event(err: ApiError) -> bytes:
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
-    req = parse_request(await json_body(request), ChatCompletionRequest)
+    req = await parsed_body(request, parse_request, ChatCompletionRequest)
     async with request.app[REGISTRY].use(req.model, req.keep_alive_seconds()) as model:
         return await _chat(request, req, model)
 
@@ -127,7 +127,7 @@ async def _chat(
 
 
 async def completions(request: web.Request) -> web.StreamResponse:
-    req = parse_request(await json_body(request), CompletionRequest)
+    req = await parsed_body(request, parse_request, CompletionRequest)
     async with request.app[REGISTRY].use(req.model, req.keep_alive_seconds()) as model:
         return await _complete(request, req, model)
 

@@ -56,7 +56,15 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from .chat_pipeline import ChatRun, ChoiceDelta, ChoiceEnd, start_chat, usage_of
 from .errors import ApiError, bad_request
-from .http_common import REGISTRY, SESSION_ID, SESSIONS, SSE_KEEPALIVE, json_body, relay, sse
+from .http_common import (
+    REGISTRY,
+    SESSION_ID,
+    SESSIONS,
+    SSE_KEEPALIVE,
+    parsed_body,
+    relay,
+    sse,
+)
 from .openai_schemas import ChatCompletionRequest, ChatMessage
 from .response_store import ResponseStore, StoredResponse, open_reasoning, seal_reasoning
 from .responses_tools import (
@@ -1071,7 +1079,7 @@ def _add_usage(usage: dict[str, Any], more: list[dict[str, Any]]) -> dict[str, A
 
 
 async def create_response(request: web.Request) -> web.StreamResponse:
-    req = parse_responses_request(await json_body(request))
+    req = await parsed_body(request, parse_responses_request)
     store = _store(request)
     previous: StoredResponse | None = None
     if req.previous_response_id is not None:

@@ -43,6 +43,7 @@ from .infill_api import add_infill_routes
 from .instance import AlreadyRunning, InstanceLock, lock_path
 from .keep_alive import DEFAULT_KEEP_ALIVE
 from .limits import DEFAULT_MAX_LOADED, DEFAULT_QUEUE_LIMIT
+from .memory_trim import trim_after_big_bodies
 from .metrics import Metrics, add_metrics, metrics_middleware
 from .model_cards import openai_model
 from .model_registry import ModelRegistry
@@ -236,6 +237,7 @@ def create_app(
             error_middleware,
             *security_middlewares(security),
             drain_middleware,
+            trim_after_big_bodies,
         ],
     )
     app[SECURITY] = security

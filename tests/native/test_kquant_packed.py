@@ -104,4 +104,9 @@ def test_q4_k_m_model_runs_packed_kernels_and_matches_the_dequantized_model(
         assert paths["output"] == f"llmd:q6_k:{path}" + (":x8" if vocab % 8 == 0 else ""), paths
         ours = np.array(got["logits"], dtype=np.float32)[: len(TOKENS)]
         assert _max_rel(ours, ref) < Q8_BOUND, (path, _max_rel(ours, ref))
-        assert (ours.argmax(1) == ref.argmax(1)).mean() >= 0.9
+        # Greedy choices agree wherever the reference's top two are further apart than the
+        # bound lets logits move (random tiny models have near-ties; KV is float16 on both).
+        top2 = np.sort(ref, axis=1)[:, -2:]
+        clear = (top2[:, 1] - top2[:, 0]) > 2 * Q8_BOUND * float(np.max(np.abs(ref)))
+        assert clear.sum() >= len(TOKENS) // 4
+        assert (ours.argmax(1) == ref.argmax(1))[clear].all()
