@@ -462,6 +462,9 @@ PYBIND11_MODULE(_engine, m) {
   m.def("profile", [] { return OpProfile::snapshot_ms(); },
         "Wall ms and calls per op kind since start (LLMD_PROFILE=1 enables it).");
   m.def("profile_reset", [] { OpProfile::reset(); });
+  m.def("last_step_graph", [] { return OpProfile::last_step_graph(); },
+        "MLX primitives of the last forward's graph by name, plus 'total' (LLMD_PROFILE=1; "
+        "device backend and MLX ops of the cpu backend alike).");
   m.def("thread_count", [] { return ThreadPool::global().size(); });
   m.def("active_kernel_path", [] { return std::string(kernels::active_table().isa); });
   m.def("runnable_kernel_paths", [] {

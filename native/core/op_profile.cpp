@@ -2,6 +2,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 
 namespace llmd {
 
@@ -9,6 +10,8 @@ namespace {
 std::array<std::atomic<int64_t>, static_cast<int>(OpKind::Count)> g_ns{};
 std::array<std::atomic<int64_t>, static_cast<int>(OpKind::Count)> g_calls{};
 const char* kNames[] = {"quantized_matmul", "attention", "forward", "graph_build", "embedding"};
+std::mutex g_graph_mutex;
+std::map<std::string, int> g_last_graph;
 }  // namespace
 
 bool OpProfile::enabled() {
@@ -36,6 +39,16 @@ std::map<std::string, double> OpProfile::snapshot_ms() {
 void OpProfile::reset() {
   for (auto& v : g_ns) v = 0;
   for (auto& v : g_calls) v = 0;
+}
+
+void OpProfile::record_step_graph(std::map<std::string, int> primitives) {
+  std::lock_guard lock(g_graph_mutex);
+  g_last_graph = std::move(primitives);
+}
+
+std::map<std::string, int> OpProfile::last_step_graph() {
+  std::lock_guard lock(g_graph_mutex);
+  return g_last_graph;
 }
 
 }  // namespace llmd

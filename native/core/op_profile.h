@@ -19,6 +19,11 @@ class OpProfile {
   static void add(OpKind kind, int64_t ns);
   static std::map<std::string, double> snapshot_ms();  // kind -> total ms, plus call counts
   static void reset();
+  // The primitives of the last profiled forward's graph (name -> count, "total"), recorded by
+  // the backend before it evaluates the step: what a decode step costs in MLX nodes, the
+  // figure bench/mlx_vs_mlxlm.py compares with mlx-lm's.
+  static void record_step_graph(std::map<std::string, int> primitives);
+  static std::map<std::string, int> last_step_graph();
 };
 
 class ScopedOpTimer {

@@ -4,10 +4,13 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <stdexcept>
 
 #include "../core/dequantize.h"
 #include "kernels/pack8.h"
+#include "mlx/graph_utils.h"
 
 namespace llmd {
 
@@ -344,22 +347,50 @@ mx::array head_rms_norm(const mx::array& x, const mx::array& weight, int heads, 
                      {rows, heads * head_dim});
 }
 
+namespace {
+// Counts the primitives of the graph that evaluating `outputs` runs, by the same rule as
+// mx.export_to_dot (one node per primitive, multi-output ones once; evaluated arrays such as
+// weights and the KV store are leaves), so llmd's figure and mlx-lm's are comparable.
+void record_step_graph(const std::vector<mx::array>& outputs) {
+  std::ostringstream dot;
+  mx::export_to_dot(dot, outputs);
+  std::map<std::string, int> counts;
+  const std::string text = dot.str();
+  if (const char* path = std::getenv("LLMD_STEP_GRAPH_DOT")) std::ofstream(path) << text;  // to read it
+  const std::string label = "[label =\"", rect = "shape=rectangle";
+  for (size_t at = text.find(label); at != std::string::npos; at = text.find(label, at + 1)) {
+    const size_t end = text.find('"', at + label.size());
+    const size_t line_end = text.find('\n', at);
+    if (end == std::string::npos || text.find(rect, end) > line_end) continue;
+    const std::string name = text.substr(at + label.size(), end - at - label.size());
+    ++counts[name];
+    ++counts["total"];
+  }
+  OpProfile::record_step_graph(std::move(counts));
+}
+}  // namespace
+
 void compute_logits(const mx::array& x, const std::vector<int32_t>& rows, const Linear& lm_head,
                     const mx::array& norm, float eps, float softcap, std::vector<float>& logits,
                     std::optional<ScopedOpTimer>& build_timer) {
   if (rows.empty()) {
     build_timer.reset();
+    if (OpProfile::enabled()) record_step_graph({x});
     mx::eval(x);
     logits.clear();
     return;
   }
-  mx::array idx(rows.begin(), {static_cast<int>(rows.size())}, mx::int32);
-  mx::array out = lm_head(mx::take(x, idx, 0), {.rms_norm_weight = norm, .eps = eps});
-  out = mx::astype(out, mx::float32);
+  // Every row sampled (a decode step): no gather.
+  bool all_rows = static_cast<int>(rows.size()) == x.shape(0);
+  for (size_t i = 0; i < rows.size() && all_rows; ++i) all_rows = rows[i] == static_cast<int32_t>(i);
+  mx::array h = all_rows ? x : mx::take(x, mx::array(rows.begin(), {static_cast<int>(rows.size())}, mx::int32), 0);
+  mx::array out = lm_head(h, {.rms_norm_weight = norm, .eps = eps});
+  out = mx::astype(out, mx::float32);  // cast: the sampler reads float32 logits
   if (softcap > 0.f) {
     out = mx::multiply(mx::tanh(mx::multiply(out, mx::array(1.f / softcap))), mx::array(softcap));
   }
   build_timer.reset();
+  if (OpProfile::enabled()) record_step_graph({out});
   mx::eval(out);
   logits.resize(out.size());
   std::memcpy(logits.data(), out.data<float>(), out.nbytes());

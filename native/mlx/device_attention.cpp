@@ -22,29 +22,6 @@ mx::array int_array(const std::vector<int32_t>& v, mx::Shape shape) {
   return mx::array(v.begin(), std::move(shape), mx::int32);
 }
 
-// Rotates the first rope.dims features of each head: x [rows, heads, head_dim] float32.
-mx::array apply_rope(const mx::array& x, const DeviceAttentionPlan& plan, const Rope& rope) {
-  const int rows = x.shape(0), heads = x.shape(1), hd = x.shape(2), half = rope.dims / 2;
-  mx::array rot = rope.dims == hd ? x : mx::slice(x, {0, 0, 0}, {rows, heads, rope.dims});
-  mx::array x0{0.f}, x1{0.f};
-  if (rope.interleaved) {
-    mx::array pairs = mx::reshape(rot, {rows, heads, half, 2});
-    x0 = mx::squeeze(mx::slice(pairs, {0, 0, 0, 0}, {rows, heads, half, 1}), 3);
-    x1 = mx::squeeze(mx::slice(pairs, {0, 0, 0, 1}, {rows, heads, half, 2}), 3);
-  } else {
-    x0 = mx::slice(rot, {0, 0, 0}, {rows, heads, half});
-    x1 = mx::slice(rot, {0, 0, half}, {rows, heads, rope.dims});
-  }
-  const mx::array& c = plan.rope_cos;
-  const mx::array& s = plan.rope_sin;
-  mx::array o0 = mx::subtract(mx::multiply(x0, c), mx::multiply(x1, s));
-  mx::array o1 = mx::add(mx::multiply(x0, s), mx::multiply(x1, c));
-  mx::array out = rope.interleaved ? mx::reshape(mx::stack({o0, o1}, -1), {rows, heads, rope.dims})
-                                   : mx::concatenate({o0, o1}, -1);
-  if (rope.dims == hd) return out;
-  return mx::concatenate({out, mx::slice(x, {0, 0, rope.dims}, {rows, heads, hd})}, -1);
-}
-
 // Attention of q [B, H, Lq, hd] over k, v [B, KVH, L, hd]. MLX's fused kernel serves one
 // unmasked query row per sequence (its vector kernel); causal prefill chunks and decode batches
 // of unequal lengths run as explicit ops. Why: MLX's other fused path is cuDNN's, which crashes
@@ -120,7 +97,7 @@ void DeviceKvStore::grow(bool windowed, size_t& have, size_t need, size_t max) {
   have = grown;
 }
 
-DeviceAttentionPlan DeviceAttentionPlan::build(const AttentionBatch& batch, int rope_dims) {
+DeviceAttentionPlan DeviceAttentionPlan::build(const AttentionBatch& batch, const Rope& rope) {
   DeviceAttentionPlan plan;
   int rows = 0;
   for (const auto& seg : batch.segments) rows += seg.n_rows;
@@ -133,9 +110,15 @@ DeviceAttentionPlan DeviceAttentionPlan::build(const AttentionBatch& batch, int 
     for (int i = 0; i < seg.n_rows; ++i) slots.push_back(slot_of(*seg.kv, seg.start_pos + i));
   }
   plan.write_slots = int_array(slots, {rows});
-  const int half = rope_dims / 2;
-  plan.rope_cos = mx::array(batch.rope_cos.begin(), {rows, 1, half}, mx::float32);
-  plan.rope_sin = mx::array(batch.rope_sin.begin(), {rows, 1, half}, mx::float32);
+  std::vector<int32_t> positions;
+  positions.reserve(rows);
+  for (const auto& seg : batch.segments) {
+    for (int i = 0; i < seg.n_rows; ++i) positions.push_back(seg.start_pos + i);
+  }
+  plan.positions = int_array(positions, {rows});
+  std::vector<float> periods(rope.inv_freq.size());
+  for (size_t i = 0; i < periods.size(); ++i) periods[i] = 1.f / rope.inv_freq[i];
+  plan.rope_freqs = mx::array(periods.begin(), {static_cast<int>(periods.size())}, mx::float32);
   // First position a query at `pos` sees: 0, or the start of its sliding window.
   auto first_seen = [w = batch.window](int pos) { return w > 0 ? std::max(0, pos - w + 1) : 0; };
 
@@ -181,6 +164,9 @@ DeviceAttentionPlan DeviceAttentionPlan::build(const AttentionBatch& batch, int 
     std::vector<int32_t> gather(len);
     for (int p = 0; p < len; ++p) gather[p] = slot_of(*seg.kv, lo + p);
     Group g;
+    bool consecutive = true;
+    for (int p = 1; p < len && consecutive; ++p) consecutive = gather[p] == gather[0] + p;
+    if (consecutive) g.first_slot = gather[0];
     g.row0 = seg.row0;
     g.n_rows = seg.n_rows;
     g.gather = int_array(gather, {len});
@@ -206,43 +192,51 @@ mx::array device_attention(const mx::array& qkv, const DeviceAttentionPlan& plan
   const int H = shape.n_heads, KVH = shape.n_kv_heads, hd = shape.head_dim;
   const int qw = H * hd, kw = KVH * hd;
   const mx::Dtype dt = device_compute_dtype();
-  mx::array q = mx::reshape(mx::slice(qkv, {0, 0}, {rows, qw}), {rows, H, hd});
-  q = mx::astype(apply_rope(q, plan, rope), dt);
+  // Cast (none when the caller's stream is already in the compute dtype): a float32 qkv from
+  // a caller that keeps float32 activations; KV is stored in the compute dtype.
+  const mx::array x = mx::astype(qkv, dt);
+  // Queries and keys rotated together, each row at its own position: [rows, heads, 1, hd].
+  const int rotated = write_kv ? H + KVH : H;
+  mx::array qk = mx::reshape(mx::slice(x, {0, 0}, {rows, rotated * hd}), {rows, rotated, 1, hd});
+  qk = mx::fast::rope(qk, rope.dims, rope.interleaved, std::nullopt, 1.f, plan.positions, plan.rope_freqs);
+  mx::array q = write_kv ? mx::slice(qk, {0, 0, 0, 0}, {rows, H, 1, hd}) : qk;
   // The store's arrays are replaced by the scattered ones, so MLX updates them in place.
   mx::array& keys = kv.keys(layer);
   mx::array& values = kv.values(layer);
   if (write_kv) {
-    mx::array k = mx::reshape(mx::slice(qkv, {0, qw}, {rows, qw + kw}), {rows, KVH, hd});
-    mx::array v = mx::slice(qkv, {0, qw + kw}, {rows, qw + 2 * kw});
-    k = mx::astype(apply_rope(k, plan, rope), dt);
-    keys = mx::scatter(keys, {plan.write_slots}, mx::reshape(k, {rows, 1, kw}), {0});
-    values = mx::scatter(values, {plan.write_slots}, mx::reshape(mx::astype(v, dt), {rows, 1, kw}), {0});
+    mx::array k = mx::reshape(mx::slice(qk, {0, H, 0, 0}, {rows, H + KVH, 1, hd}), {rows, 1, kw});
+    mx::array v = mx::reshape(mx::slice(x, {0, qw + kw}, {rows, qw + 2 * kw}), {rows, 1, kw});
+    keys = mx::scatter(keys, {plan.write_slots}, k, {0});
+    values = mx::scatter(values, {plan.write_slots}, v, {0});
   }
 
   std::vector<mx::array> outs;
   outs.reserve(plan.groups.size());
   for (const auto& g : plan.groups) {
-    mx::array qg = mx::slice(q, {g.row0, 0, 0}, {g.row0 + g.n_rows, H, hd});
+    mx::array qg = plan.groups.size() == 1 ? q : mx::slice(q, {g.row0, 0, 0, 0}, {g.row0 + g.n_rows, H, 1, hd});
     if (g.batched_decode) {
       const int b = g.n_rows, lmax = g.gather.shape(1);
       auto gathered = [&](const mx::array& store) {
         return mx::transpose(mx::reshape(mx::take(store, g.gather, 0), {b, lmax, KVH, hd}), {0, 2, 1, 3});
       };
-      mx::array o = attend(mx::reshape(qg, {b, H, 1, hd}), gathered(keys), gathered(values), shape.scale,
-                           g.mask, false);
+      mx::array o = attend(qg, gathered(keys), gathered(values), shape.scale, g.mask, false);
       outs.push_back(mx::reshape(o, {b, qw}));
     } else {
       const int len = g.gather.shape(0);
-      auto gathered = [&](const mx::array& store) {
-        return mx::expand_dims(mx::transpose(mx::reshape(mx::take(store, g.gather, 0), {len, KVH, hd}), {1, 0, 2}), 0);
+      // [1, KVH, len, hd]: a view of the store when the slots are consecutive, else a gather.
+      auto read = [&](const mx::array& store) {
+        mx::array r = g.first_slot >= 0 ? mx::slice(store, {g.first_slot, 0}, {g.first_slot + len, kw})
+                                        : mx::take(store, g.gather, 0);
+        return mx::expand_dims(mx::transpose(mx::reshape(r, {len, KVH, hd}), {1, 0, 2}), 0);
       };
-      mx::array qt = mx::expand_dims(mx::transpose(qg, {1, 0, 2}), 0);
-      mx::array o = attend(qt, gathered(keys), gathered(values), shape.scale, g.mask, g.n_rows > 1 && !g.mask);
-      outs.push_back(mx::reshape(mx::transpose(mx::squeeze(o, 0), {1, 0, 2}), {g.n_rows, qw}));
+      // [n_rows, H, 1, hd] -> [1, H, n_rows, hd]
+      mx::array qt = mx::transpose(qg, {2, 1, 0, 3});
+      mx::array o = attend(qt, read(keys), read(values), shape.scale, g.mask, g.n_rows > 1 && !g.mask);
+      outs.push_back(mx::reshape(mx::transpose(o, {2, 1, 0, 3}), {g.n_rows, qw}));
     }
   }
   mx::array out = outs.size() == 1 ? outs[0] : mx::concatenate(outs, 0);
-  return mx::astype(out, mx::float32);
+  return qkv.dtype() == dt ? out : mx::astype(out, qkv.dtype());  // back to the caller's stream dtype
 }
 
 }  // namespace llmd

@@ -1,13 +1,15 @@
 // Attention for the device backend (MLX's own kernels on the GPU, or on MLX's CPU device in
 // tests): KV lives in MLX arrays indexed by the engine's block ids, new keys/values are
-// scattered into their slots, and each sequence's keys are gathered for MLX's
-// scaled_dot_product_attention.
+// scattered into their slots, and attention reads each sequence's keys from there.
 //
 // Why this shape: the engine's block pool, prefix cache and sessions stay exactly as on the
 // CPU backend (block ids are the currency); only the storage moves to the device. Decode rows
 // of many sequences share one padded attention call (masked when lengths differ); a prefill
-// chunk gets its own causal call. Gathering keys per step costs a copy of each sequence's KV
-// per layer; a paged attention kernel of our own (native/cuda) removes it later.
+// chunk gets its own causal call. A sequence whose slots are consecutive in the store (a lone
+// sequence in a fresh pool, the common batch-1 case) is read in place through a slice, a view
+// with no copy; otherwise its keys are gathered, a copy of its KV per layer (a paged attention
+// kernel of our own, native/cuda, removes that later). RoPE is mx::fast::rope over the queries
+// and keys together, one op per layer with each row's own position.
 #pragma once
 
 #include <optional>
@@ -52,13 +54,14 @@ class DeviceKvStore {
 // Index arrays of one step, built once on the host and shared by every layer.
 struct DeviceAttentionPlan {
   mx::array write_slots{0};  // [rows] int32: the slot each row's k/v goes to
-  mx::array rope_cos{0.f};   // [rows, 1, dims / 2]
-  mx::array rope_sin{0.f};
+  mx::array positions{0};    // [rows] int32: each row's position, RoPE's offset
+  mx::array rope_freqs{0.f};  // [dims / 2] float32: 1 / inv_freq, as mx::fast::rope takes them
   struct Group {
     int row0 = 0;
     int n_rows = 0;
     bool batched_decode = false;     // n_rows sequences of one token each
     mx::array gather{0};             // [L] (one sequence) or [n_rows, Lmax] (decode batch)
+    int first_slot = -1;             // >= 0: one sequence's L slots are first_slot.. (read in place)
     // Bool, broadcast over the scores [batch, kv_heads, group, queries, keys]: [n_rows, 1, 1, 1,
     // Lmax] when decode lengths differ, [1, 1, 1, n_rows, L] for a windowed prefill chunk.
     std::optional<mx::array> mask;
@@ -66,10 +69,11 @@ struct DeviceAttentionPlan {
   std::vector<Group> groups;  // in row order, covering every row
 
   // Honours batch.window: sliding-window layers gather only each query's window.
-  static DeviceAttentionPlan build(const AttentionBatch& batch, int rope_dims);
+  static DeviceAttentionPlan build(const AttentionBatch& batch, const Rope& rope);
 };
 
-// qkv: [rows, (n_heads + 2 * n_kv_heads) * head_dim] float32 -> [rows, n_heads * head_dim].
+// qkv: [rows, (n_heads + 2 * n_kv_heads) * head_dim] -> [rows, n_heads * head_dim], in
+// qkv's dtype (the compute dtype, or float32 from a caller that keeps a float32 stream).
 // As paged_attention: with `write_kv` false, qkv holds only the queries and `layer`'s KV is
 // only read (KV sharing).
 mx::array device_attention(const mx::array& qkv, const DeviceAttentionPlan& plan, int layer,

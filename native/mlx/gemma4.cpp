@@ -176,8 +176,8 @@ class Gemma4Model : public Model {
     DeviceKvStore* device_kv = nullptr;
     if (device_.on_device()) {
       device_kv = &device_.prepare(pool, kv_shape());
-      global_plan = DeviceAttentionPlan::build(*global, global_rope_->dims);
-      local_plan = DeviceAttentionPlan::build(*local, local_rope_->dims);
+      global_plan = DeviceAttentionPlan::build(*global, *global_rope_);
+      local_plan = DeviceAttentionPlan::build(*local, *local_rope_);
     }
     mx::array x(rows.x.begin(), {T, H}, mx::float32);
     std::optional<mx::array> ple = per_layer_inputs(step, x);

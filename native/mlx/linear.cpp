@@ -29,6 +29,17 @@ bool SkipWeightBytes::active() { return skip_weight_bytes; }
 namespace {
 std::string device_name() { return mx::default_device() == mx::Device::gpu ? "gpu" : "cpu"; }
 
+// silu(g) * u as one compiled, shapeless MLX function: one graph node instead of four
+// (sigmoid, two multiplies and their broadcasts), as mlx-lm compiles its SwiGLU.
+mx::array silu_mul(const mx::array& g, const mx::array& u) {
+  static const auto fn = mx::compile(
+      [](const std::vector<mx::array>& in) {
+        return std::vector<mx::array>{mx::multiply(mx::multiply(in[0], mx::sigmoid(in[0])), in[1])};
+      },
+      /*shapeless=*/true);
+  return fn({g, u})[0];
+}
+
 // silu(gate) * up of y [rows, 2 * half]: gate and up in the two halves, or in adjacent
 // columns when `interleaved`.
 mx::array swiglu(const mx::array& y, bool interleaved) {
@@ -43,7 +54,7 @@ mx::array swiglu(const mx::array& y, bool interleaved) {
     g = mx::slice(y, {0, 0}, {rows, half});
     u = mx::slice(y, {0, half}, {rows, 2 * half});
   }
-  return mx::multiply(mx::multiply(g, mx::sigmoid(g)), u);
+  return silu_mul(g, u);
 }
 }  // namespace
 
@@ -286,9 +297,12 @@ Linear Linear::from_mlx_quantized(const std::vector<MlxQuantized>& parts, int bi
 }
 
 mx::array Linear::device_forward(const mx::array& x, const Fused& fused) const {
-  // The residual stream stays float32; only the product runs in the compute dtype.
+  // The product runs in the compute dtype and the result comes back in x's: an architecture
+  // whose residual stream is already in the compute dtype (llama.cpp on the device backend)
+  // pays no cast here; one that keeps a float32 stream pays one cast in and one out.
   mx::array h = fused.rms_norm_weight ? mx::fast::rms_norm(x, *fused.rms_norm_weight, fused.eps) : x;
-  mx::array y = mx::astype(device_->matmul(mx::astype(h, device_compute_dtype())), mx::float32);
+  mx::array y = device_->matmul(mx::astype(h, device_compute_dtype()));
+  if (y.dtype() != x.dtype()) y = mx::astype(y, x.dtype());
   if (fused.swiglu) y = swiglu(y, interleaved_);
   if (fused.residual) y = mx::add(*fused.residual, y);
   return y;

@@ -32,7 +32,26 @@ class LlamaModel : public Model {
              Embedding embed, std::shared_ptr<const Rope> rope)
       : dims_(dims), info_(std::move(info)), layers_(std::move(layers)), out_norm_(std::move(out_norm)),
         lm_head_(std::move(lm_head)), embed_(std::move(embed)), rope_(std::move(rope)),
-        device_(lm_head_.on_device()) {}
+        device_(lm_head_.on_device()) {
+    if (device_.on_device()) {
+      // The device backend's activations are in the compute dtype: so are the vectors that
+      // meet them (else MLX would promote each norm's output back to float32).
+      std::vector<mx::array> all;
+      auto to_compute = [&](mx::array& a) {
+        a = mx::astype(a, device_compute_dtype(), mx::default_stream(mx::Device::cpu));
+        all.push_back(a);
+      };
+      to_compute(out_norm_);
+      for (Layer& L : layers_) {
+        to_compute(L.attn_norm);
+        to_compute(L.ffn_norm);
+        for (auto* v : {&L.qkv_bias, &L.q_norm, &L.k_norm, &L.wo_bias}) {
+          if (*v) to_compute(**v);
+        }
+      }
+      mx::eval(all);
+    }
+  }
 
   const ModelInfo& info() const override { return info_; }
   ModelInfo& mutable_info() override { return info_; }
@@ -52,9 +71,13 @@ class LlamaModel : public Model {
     DeviceKvStore* device_kv = nullptr;
     if (device_.on_device()) {
       device_kv = &device_.prepare(pool, kv_shape());
-      plan = DeviceAttentionPlan::build(*rows.batch, rope_->dims);
+      plan = DeviceAttentionPlan::build(*rows.batch, *rope_);
     }
     mx::array x(rows.x.begin(), {rows.total, dims_.hidden_size}, mx::float32);
+    // Cast: the host's embedding rows are float32. On the device backend the residual stream
+    // then stays in the compute dtype through every layer (norm weights and biases were
+    // converted at load), as mlx-lm's does.
+    if (device_.on_device()) x = mx::astype(x, device_compute_dtype());
     // Five ops per layer (plus bias and QK-norm where the variant has them): norm+qkv,
     // attention, o+residual, norm+gate/up+SwiGLU, down+residual.
     for (int l = 0; l < dims_.n_layers; ++l) {

