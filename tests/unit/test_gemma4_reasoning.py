@@ -191,7 +191,7 @@ def _prompt(text: Any, **body: Any) -> Any:
     req = ChatCompletionRequest.model_validate(
         {"model": "gemma4", "messages": [{"role": "user", "content": "Hi"}], **body}
     )
-    return chat_prompt(req, SimpleNamespace(text=text))  # type: ignore[arg-type]
+    return chat_prompt(req, SimpleNamespace(text=text, context_length=text.context_length))  # type: ignore[arg-type]
 
 
 def test_real_gemma4_template_thinks_only_when_asked(gemma4_text: Any) -> None:
