@@ -35,6 +35,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from .chunked_validation import prevalidated
 from .errors import ApiError, bad_request
 from .generation import ContextOverflow
 from .keep_alive import KeepAlive
@@ -382,7 +383,7 @@ _LOC_TAG = re.compile(r"^(str|int|float|bool|none|list\[.*|dict\[.*|function-.*|
 
 def _validate(body: dict[str, Any], model: type[CountTokensRequest]) -> CountTokensRequest:
     try:
-        return model.model_validate(body)
+        return model.model_validate(prevalidated(body, "messages", InputMessage))
     except ValidationError as exc:
         problems: list[str] = []
         params: list[str] = []

@@ -25,6 +25,7 @@ from pydantic import (
     model_validator,
 )
 
+from .chunked_validation import prevalidated
 from .errors import ApiError, bad_request
 from .keep_alive import KeepAlive, parse_keep_alive
 from .protocol import INT32_MAX
@@ -417,6 +418,7 @@ def parse_request(body: Any, model: type[Request]) -> Request:
     kept = _screen_unknown(body, model)
     if "messages" in kept:
         _screen_messages(kept["messages"])
+        kept = prevalidated(kept, "messages", ChatMessage)
     try:
         return model.model_validate(kept)
     except ValidationError as exc:
