@@ -610,6 +610,12 @@ def status(as_json: bool) -> None:
             f"{_mib(m.get('kv_budget_bytes', 0))}{_kv_kind(m)}, "
             f"{e.get('prefix_cache_blocks', 0)} cached blocks"
         )
+        if dm := e.get("device_memory"):
+            # MLX's allocator on the device (Metal's unified memory, CUDA): not in the RSS above.
+            click.echo(
+                f"  device memory {_mib(dm.get('active_bytes'))} in use, peak "
+                f"{_mib(dm.get('peak_bytes'))}, {_mib(dm.get('cache_bytes'))} cached for reuse"
+            )
         click.echo(
             f"  last used {_ago(m.get('last_used'))}, unloads {_until(m.get('expires_at'))}, "
             f"{m.get('restarts', 0)} restart(s)"

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
+import sys
 
 # Requests that may wait per model beyond its running sequences before new ones get HTTP 429.
 DEFAULT_QUEUE_LIMIT = 64
@@ -52,12 +54,23 @@ def kv_budget_share(free: int) -> int:
 
 
 def process_rss(pid: int | str = "self") -> int | None:
-    """Resident memory of a process (Linux /proc; None where that cannot be read)."""
+    """Resident memory of a process: Linux /proc, else (macOS, which has no /proc) `ps`; None
+    where neither can tell."""
     try:
         with open(f"/proc/{pid}/status") as f:
             for line in f:
                 if line.startswith("VmRSS:"):
                     return int(line.split()[1]) * 1024
-    except OSError:
         return None
-    return None
+    except OSError:
+        pass
+    if sys.platform != "darwin":
+        return None
+    target = str(os.getpid() if pid == "self" else pid)
+    try:
+        out = subprocess.run(
+            ["ps", "-o", "rss=", "-p", target], capture_output=True, text=True, timeout=2
+        )
+        return int(out.stdout.strip()) * 1024 if out.returncode == 0 else None
+    except (OSError, ValueError, subprocess.TimeoutExpired):
+        return None

@@ -133,3 +133,29 @@ def test_status_shows_the_loaded_model_and_its_engine(server) -> None:  # type: 
     assert model["engine"]["steps"] > 0
     text = llmd(server, "status")
     assert "smollm2-135m: ready, llmd-cpu" in text.stdout
+
+
+def test_status_shows_an_mlx_device_models_device_memory(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The MLX device backend (Metal on a Mac, CUDA; here MLX's CPU device, the same allocator
+    # interface) holds its weights in memory the worker's RSS does not show: `llmd status`
+    # prints MLX's own counters for it.
+    from tests.conftest import start_server, stop_server
+
+    monkeypatch.setenv("LLMD_BACKEND", "mlx-cpu")
+    home = short_home()
+    live = start_server(home)
+    try:
+        assert llmd(live, "run", "smollm2-135m", "Say hi.").returncode == 0
+        info = json.loads(llmd(live, "status", "--json").stdout)
+        [model] = [m for m in info["models"] if m["name"] == "smollm2-135m"]
+        assert model["backend"] == "mlx-cpu"
+        assert model["engine"]["device_memory"]["active_bytes"] > 50 << 20
+        text = llmd(live, "status").stdout
+        assert "device memory " in text and " MiB in use, peak " in text, text
+    finally:
+        stop_server(live)
+        import shutil
+
+        shutil.rmtree(home, ignore_errors=True)

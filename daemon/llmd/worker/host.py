@@ -174,7 +174,7 @@ def _read_commands(
         elif isinstance(msg, p.Unpin):
             engine.unpin(msg.session)
         elif isinstance(msg, p.StatsRequest):
-            st = engine.stats()
+            st = {**engine.stats(), **mlx_memory(engine.info()["backend"])}
             writer.send(
                 p.Stats(
                     active_sequences=st["active_sequences"],
@@ -205,6 +205,26 @@ def auto_kv_budget(backend: str) -> int:
         except Exception:  # noqa: BLE001 - no usable MLX GPU: host memory it is
             pass
     return kv_budget_share(free)
+
+
+def mlx_memory(engine_backend: str) -> dict[str, dict[str, int]]:
+    """MLX's own allocator counters where the engine runs on an MLX device (Metal's unified
+    memory, CUDA, MLX's CPU device): the worker's RSS does not show a GPU's memory, and on a
+    Mac it is the number that competes with every other app. Empty on llmd's CPU kernels."""
+    if engine_backend == "cpu":
+        return {}
+    try:
+        import mlx.core as mx
+
+        return {
+            "device_memory": {
+                "active_bytes": int(mx.get_active_memory()),
+                "peak_bytes": int(mx.get_peak_memory()),
+                "cache_bytes": int(mx.get_cache_memory()),
+            }
+        }
+    except Exception:  # noqa: BLE001 - an MLX without the counters: nothing to report
+        return {}
 
 
 def _backend_name(engine_backend: str) -> str:
