@@ -324,7 +324,12 @@ inline void dot8_q4k(const uint8_t* w, size_t stride, const ActBlock* const* a, 
 #pragma GCC unroll 4
     for (int p = 0; p < 4; ++p) {
       const int b0 = sb * kSubBlocks + 2 * p;  // low nibbles: block b0, high: block b0 + 1
+      // A single row has too few independent integer chains to hide dpbusd's latency: it keeps
+      // a second set of sums for odd h and adds the two after the loop. Integer sums are exact,
+      // so the result (and its independence of the tile shape) is unchanged.
+      constexpr int kChains = R == 1 ? 2 : 1;
       __m256i isum[R][G][2];
+      __m256i odd[R][G][2];
 #pragma GCC unroll 8
       for (int h = 0; h < 8; ++h) {
         __m256i lo[G], hi[G];
@@ -335,23 +340,38 @@ inline void dot8_q4k(const uint8_t* w, size_t stride, const ActBlock* const* a, 
           lo[g] = _mm256_and_si256(q, m4);
           hi[g] = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
         }
+        const bool second = kChains == 2 && (h & 1);
+        const bool first_of_chain = kChains == 2 ? h < 2 : h == 0;
 #pragma GCC unroll 8
         for (int r = 0; r < R; ++r) {
           const __m256i alo = broadcast4(a[r][b0].q + 4 * h);
           const __m256i ahi = broadcast4(a[r][b0 + 1].q + 4 * h);
 #pragma GCC unroll 8
           for (int g = 0; g < G; ++g) {
+            __m256i(&dst)[2] = second ? odd[r][g] : isum[r][g];
 #if defined(LLMD_ISA_VNNI)
             const __m256i z = _mm256_setzero_si256();
-            isum[r][g][0] = _mm256_dpbusd_epi32(h == 0 ? z : isum[r][g][0], lo[g], alo);
-            isum[r][g][1] = _mm256_dpbusd_epi32(h == 0 ? z : isum[r][g][1], hi[g], ahi);
+            dst[0] = _mm256_dpbusd_epi32(first_of_chain ? z : dst[0], lo[g], alo);
+            dst[1] = _mm256_dpbusd_epi32(first_of_chain ? z : dst[1], hi[g], ahi);
 #else
             // int16 lanes: a maddubs term is at most 2 * 15 * 127 = 3810 in magnitude and a
             // lane sums 8 of them (30480 < 32767), so nothing saturates.
             const __m256i l16 = _mm256_maddubs_epi16(lo[g], alo);
             const __m256i h16 = _mm256_maddubs_epi16(hi[g], ahi);
-            isum[r][g][0] = h == 0 ? l16 : _mm256_add_epi16(isum[r][g][0], l16);
-            isum[r][g][1] = h == 0 ? h16 : _mm256_add_epi16(isum[r][g][1], h16);
+            dst[0] = first_of_chain ? l16 : _mm256_add_epi16(dst[0], l16);
+            dst[1] = first_of_chain ? h16 : _mm256_add_epi16(dst[1], h16);
+#endif
+          }
+        }
+      }
+      if constexpr (kChains == 2) {
+#pragma GCC unroll 8
+        for (int g = 0; g < G; ++g) {
+          for (int e = 0; e < 2; ++e) {
+#if defined(LLMD_ISA_VNNI)
+            isum[0][g][e] = _mm256_add_epi32(isum[0][g][e], odd[0][g][e]);
+#else
+            isum[0][g][e] = _mm256_add_epi16(isum[0][g][e], odd[0][g][e]);
 #endif
           }
         }
