@@ -120,11 +120,10 @@ def serve_mlxlm(repo: str, dtype: str) -> None:
     """Runs mlx-lm (its own venv) the way `mlx_lm.generate` does; same commands as serve_llmd.
     `dtype` "float32" converts the model's float parameters (norms, quantization scales and
     biases) as llmd's device path computes on MLX's CPU device; "native" keeps the checkpoint's."""
+    import mlx.core as mx
     from mlx_lm import load
     from mlx_lm.generate import generate_step
     from mlx_lm.models.cache import make_prompt_cache
-
-    import mlx.core as mx
 
     model, _ = load(repo)
     if dtype != "native":
@@ -241,10 +240,9 @@ def _llama_config(
 
 def export_gguf_to_hf(gguf: Path, out: Path) -> None:
     """The GGUF's values as a bf16 Hugging Face checkpoint mlx_lm.convert can read."""
+    import mlx.core as mx
     import numpy as np
     from gguf import GGUFReader, dequantize
-
-    import mlx.core as mx
 
     reader = GGUFReader(str(gguf))
     f = {k: v.contents() for k, v in reader.fields.items() if not k.startswith("tokenizer.")}
