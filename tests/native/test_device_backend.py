@@ -153,7 +153,7 @@ def test_decode_step_graph_is_reported_and_reads_kv_in_place(model_path: Path) -
     quantized product per projection plus the lm_head, and rotates queries and keys in one
     RoPE op per layer (on the CPU device mx.fast's rope falls back to one Sin per call)."""
     pytest.importorskip("llmd._engine")
-    env = {**os.environ, "LLMD_PROFILE": "1", "PYTHONPATH": str(ROOT / "daemon")}
+    env = {**os.environ, "LLMD_PROFILE": "1"}  # the llmd this test imports (installed or not)
     out = subprocess.run(
         [sys.executable, "-c", _STEP_GRAPH, str(model_path)],
         env=env,
