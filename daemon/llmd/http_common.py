@@ -134,10 +134,12 @@ OFF_LOOP_BODY = 256 * 1024
 
 
 async def json_body(request: web.Request) -> Any:
-    raw = await read_request_body(request)
-    if len(raw) > OFF_LOOP_BODY:
-        return await asyncio.to_thread(_decode_json, raw)
-    return _decode_json(raw)
+    """The body decoded and checked, in a thread when it is big (parsed_body)."""
+    return await parsed_body(request, _as_is)
+
+
+def _as_is(body: Any) -> Any:
+    return body
 
 
 async def parsed_body(request: web.Request, parse: Callable[..., T], *args: Any) -> T:

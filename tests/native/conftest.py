@@ -9,6 +9,7 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -31,6 +32,21 @@ def engine(model_path: Path):  # type: ignore[no-untyped-def]
     return native.Engine(
         str(model_path), context_length=4096, max_sequences=8, backend=TEST_BACKEND
     )
+
+
+def on_kernel_path(path: str, code: str, *args: str, timeout: float = 300) -> Any:
+    """Runs `code` (a Python program printing JSON on its last line) in a child process whose
+    engine uses kernel path `path` (LLMD_CPU_PATH picks the kernel table once, at import), and
+    returns that JSON."""
+    out = subprocess.run(
+        [sys.executable, "-c", code, *args],
+        env={**os.environ, "LLMD_CPU_PATH": path},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def run_all(engine, requests: dict[str, dict]) -> dict[str, dict]:  # type: ignore[no-untyped-def]

@@ -12,10 +12,6 @@ head stays row-major and says so.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +19,7 @@ import pytest
 from gguf import GGMLQuantizationType
 from gguf.quants import dequantize
 
+from .conftest import on_kernel_path
 from .test_mixed_quant_types import CONFIG, Q8_BOUND, _max_rel, _quantize
 from .tiny_models import TOKENS, write_gguf
 
@@ -70,15 +67,7 @@ def _run_on_path(model: Path, path: str) -> dict:
         f"print(json.dumps({{'active': e.active_kernel_path(), 'paths': eng.matmul_paths(), "
         f"'logits': eng.score({TOKENS!r}, 1).tolist()}}))"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", code],
-        env={**os.environ, "LLMD_CPU_PATH": path},
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert out.returncode == 0, out.stderr
-    return json.loads(out.stdout)
+    return on_kernel_path(path, code)
 
 
 @pytest.mark.skipif(not X86_PATHS, reason="no x86 kernel path runs here")

@@ -10,7 +10,6 @@ float64 reference; parity with llama.cpp on the real model is test_parity_llamac
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -18,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from .conftest import run_all
+from .conftest import on_kernel_path, run_all
 
 native = pytest.importorskip("llmd._engine")
 PATHS = native.runnable_kernel_paths()
@@ -112,16 +111,8 @@ def test_forced_kernel_path_runs_its_attention_variant(model_path: Path, path: s
         f"eng = e.Engine({str(model_path)!r}, context_length=512, backend='cpu');"
         "print(json.dumps([eng.info()['attention'], eng.kv_cache()['attention']]))"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", code],
-        env={**os.environ, "LLMD_CPU_PATH": path},
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-    )
     expected = f"llmd:f16:{native.attention_kernel_path(path)}"
-    assert json.loads(out.stdout.splitlines()[-1]) == [expected, expected]
+    assert on_kernel_path(path, code, timeout=120) == [expected, expected]
 
 
 def test_worker_ready_reports_kv_type_and_attention_path(model_path: Path) -> None:

@@ -16,7 +16,7 @@ import pytest
 from llmd.chat_template import render_chat
 from llmd.text_model import load_text_model
 
-from .conftest import run_all
+from .conftest import on_kernel_path, run_all
 
 NEAR_TIE = 0.5
 STOP_IDS = [2]  # <|im_end|> is the GGUF's eos
@@ -84,10 +84,6 @@ def test_free_running_greedy_equals_reference_until_first_near_tie(reference: di
 @pytest.mark.parametrize("path", ["avx2", "scalar"])
 def test_lower_kernel_paths_keep_parity(reference: dict, model_path: Path, path: str) -> None:
     """Every dispatch path this CPU runs answers the capital question like llama.cpp."""
-    import os
-    import subprocess
-    import sys
-
     native = pytest.importorskip("llmd._engine")
     if path not in native.runnable_kernel_paths():
         pytest.skip(f"{path} is not runnable here")
@@ -97,16 +93,6 @@ def test_lower_kernel_paths_keep_parity(reference: dict, model_path: Path, path:
         f"eng=e.Engine({str(model_path)!r}, context_length=512); "
         f"print(json.dumps([e.active_kernel_path(), eng.score({case['prompt_ids'] + case['generated_ids'][:-1]!r}, {len(case['prompt_ids'])}).argmax(1).tolist()]))"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", code],
-        env={**os.environ, "LLMD_CPU_PATH": path},
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert out.returncode == 0, out.stderr
-    import json
-
-    active, argmax = json.loads(out.stdout)
+    active, argmax = on_kernel_path(path, code)
     assert active == path
     assert argmax == case["generated_ids"]
