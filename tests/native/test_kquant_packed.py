@@ -17,11 +17,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType
-from gguf.quants import dequantize
 
 from .conftest import on_kernel_path
 from .test_mixed_quant_types import CONFIG, Q8_BOUND, _max_rel, _quantize
-from .tiny_models import TOKENS, write_gguf
+from .tiny_models import TOKENS, write_with_exact_twin
 
 native = pytest.importorskip("llmd._engine")
 
@@ -46,16 +45,8 @@ def _write_pair(tmp_path: Path, config: dict) -> tuple[Path, Path]:
         t = _type_of(name)
         return None if t is None else (_quantize(x, t), GGMLQuantizationType[t])
 
-    def as_f32(name: str, x: np.ndarray):  # type: ignore[no-untyped-def]
-        t = _type_of(name)
-        if t is None:
-            return None
-        data = np.ascontiguousarray(_quantize(x, t))
-        return dequantize(data, GGMLQuantizationType[t]).astype(np.float32), None
-
     paths = tmp_path / "q4_k_m.gguf", tmp_path / "f32.gguf"
-    write_gguf(paths[0], "llama", config=config, tensor_data=quantized)
-    write_gguf(paths[1], "llama", config=config, tensor_data=as_f32)
+    write_with_exact_twin(*paths, "llama", config, quantized)
     return paths
 
 

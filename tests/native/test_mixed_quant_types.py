@@ -22,10 +22,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType
-from gguf.quants import dequantize, quantize
+from gguf.quants import quantize
 
 from .test_kquant_kernels import quantize_q4_k, quantize_q6_k
-from .tiny_models import CONFIGS, TOKENS, write_gguf
+from .tiny_models import CONFIGS, TOKENS, write_with_exact_twin
 
 native = pytest.importorskip("llmd._engine")
 
@@ -89,16 +89,8 @@ def _write_pair(tmp_path: Path, arch: str) -> tuple[Path, Path]:
         t = _type_of(name)
         return None if t is None else (_quantize(x, t), GGMLQuantizationType[t])
 
-    def as_f32(name: str, x: np.ndarray):  # type: ignore[no-untyped-def]
-        t = _type_of(name)
-        if t is None:
-            return None
-        qt = GGMLQuantizationType[t]
-        return dequantize(np.ascontiguousarray(_quantize(x, t)), qt).astype(np.float32), None
-
     paths = tmp_path / f"{arch}-mixed.gguf", tmp_path / f"{arch}-f32.gguf"
-    write_gguf(paths[0], arch, config=CONFIG[arch], tensor_data=mixed)
-    write_gguf(paths[1], arch, config=CONFIG[arch], tensor_data=as_f32)
+    write_with_exact_twin(*paths, arch, CONFIG[arch], mixed)
     return paths
 
 

@@ -35,7 +35,7 @@ from gguf import GGUFReader
 from gguf.quants import dequantize, quantize
 
 from .test_kquant_kernels import quantize_q4_k, quantize_q6_k
-from .tiny_models import CONFIGS, write_gguf
+from .tiny_models import CONFIGS, write_gguf, write_with_exact_twin
 
 native = pytest.importorskip("llmd._engine")
 
@@ -116,39 +116,21 @@ def _blocks(x: np.ndarray, qtype: T) -> np.ndarray:
 def _write_mix(path: Path, reference: Path, types: dict[str, str]) -> None:
     """The model with each tensor in its recorded type, and its F32 twin (dequantized values)."""
 
-    made: dict[str, tuple[np.ndarray, T]] = {}  # random blocks must be the same in both files
-
-    def mixed(name: str, x: np.ndarray) -> tuple[np.ndarray, T | None] | None:
-        if name not in types or x.ndim != 2:
+    def mixed(name: str, x: np.ndarray) -> tuple[np.ndarray, T] | None:
+        if name not in types or x.ndim != 2 or T[types[name]] in (T.F32, T.F16):
             return None
-        qtype = T[types[name]]
-        if qtype in (T.F32, T.F16):
-            return None
-        if name not in made:
-            made[name] = (_blocks(_scaled(x), qtype), qtype)
-        return made[name]
+        return _blocks(_scaled(x), T[types[name]]), T[types[name]]
 
-    def twin(name: str, x: np.ndarray) -> tuple[np.ndarray, None] | None:
-        custom = mixed(name, x)
-        if custom is None:
-            return None
-        data, qtype = custom
-        return dequantize(data, qtype).astype(np.float32).reshape(x.shape), None
-
-    write_gguf(path, "llama", config=CONFIG, tensor_data=mixed)
-    write_gguf(reference, "llama", config=CONFIG, tensor_data=twin)
+    write_with_exact_twin(path, reference, "llama", CONFIG, mixed)
 
 
-def _pull(path: Path, name: str, home: Path) -> Path:
-    """The file a user's `llmd pull ./file.gguf` installs (converted where it must be)."""
+def _pull(path: Path, name: str) -> Path:
+    """The file a user's `llmd pull ./file.gguf` installs (converted where it must be), in the
+    test's LLMD_HOME (the llmd_home fixture)."""
     from llmd.paths import get_paths
     from llmd.store import ModelStore
 
-    os.environ["LLMD_HOME"] = str(home)
-    try:
-        return Path(ModelStore(get_paths()).pull(str(path), name).path)
-    finally:
-        del os.environ["LLMD_HOME"]
+    return Path(ModelStore(get_paths()).pull(str(path), name).path)
 
 
 def _logits(path: Path, backend: str = "cpu") -> np.ndarray:
@@ -171,12 +153,12 @@ def test_fixture_covers_every_recipe_with_mixed_layers() -> None:
 
 @pytest.mark.parametrize("recipe", RECIPES)
 def test_recipe_type_mixes_load_and_match_their_dequantized_values(
-    recipe: str, tmp_path: Path
+    recipe: str, tmp_path: Path, llmd_home: Path
 ) -> None:
     types = _recorded()[recipe]
     src, ref = tmp_path / f"m-{recipe}.gguf", tmp_path / "ref.gguf"
     _write_mix(src, ref, types)
-    installed = _pull(src, f"m-{recipe.lower()}", tmp_path / "home")
+    installed = _pull(src, f"m-{recipe.lower()}")
     want = _logits(ref)
     for backend in ("cpu", "mlx-cpu"):
         got = _logits(installed, backend)
@@ -255,7 +237,7 @@ def _spread(a: np.ndarray, b: dict[int, float], scale: float) -> float:
 
 
 @needs_llamacpp
-def test_llama_quantize_files_agree_with_llama_cpp(tmp_path: Path) -> None:
+def test_llama_quantize_files_agree_with_llama_cpp(tmp_path: Path, llmd_home: Path) -> None:
     """Both engines quantize activations (llmd to int8 blocks of 32, llama.cpp to q8_0/q8_K),
     so neither reproduces the exact values of the file's weights, and a random 8-layer model
     amplifies that noise (llama.cpp on its own Q4_K_M file is 5-16% of the largest logit from
@@ -271,7 +253,7 @@ def test_llama_quantize_files_agree_with_llama_cpp(tmp_path: Path) -> None:
     for recipe in RECIPES:
         out = tmp_path / f"m-{recipe}.gguf"
         recorded[recipe] = _quantize_with_llamacpp(f16, out, recipe)
-        installed = _pull(out, f"m-{recipe.lower()}", tmp_path / "home")
+        installed = _pull(out, f"m-{recipe.lower()}")
         ours, exact = _logits(installed), _logits(_exact_twin(out, tmp_path / "exact.gguf"))
         ours_err = llamacpp_err = 0.0
         server = llama_server(

@@ -786,6 +786,39 @@ def write_gguf(
     w.close()
 
 
+def write_with_exact_twin(
+    path: Path,
+    twin: Path,
+    arch: str,
+    config: dict,
+    blocks: Callable[[str, np.ndarray], tuple[np.ndarray, Any] | None],
+) -> None:
+    """`path` with each tensor `blocks(name, values)` returns stored as those (data, type), and
+    `twin` with those tensors as F32 holding exactly what their blocks hold (gguf-py's
+    dequantizer): the reference a quantized file's logits are compared with. Each tensor's
+    blocks are made once, so random ones are the same in both files."""
+    from gguf import dequantize
+
+    made: dict[str, tuple[np.ndarray, Any] | None] = {}
+
+    def quantized(name: str, x: np.ndarray) -> tuple[np.ndarray, Any] | None:
+        if name not in made:
+            made[name] = blocks(name, x)
+        return made[name]
+
+    def exact(name: str, x: np.ndarray) -> tuple[np.ndarray, None] | None:
+        custom = quantized(name, x)
+        if custom is None:
+            return None
+        data, qtype = custom
+        return dequantize(np.ascontiguousarray(data), qtype).astype(np.float32).reshape(
+            x.shape
+        ), None
+
+    write_gguf(path, arch, config=config, tensor_data=quantized)
+    write_gguf(twin, arch, config=config, tensor_data=exact)
+
+
 def loadable_llama_config(hidden: int = 64, ffn: int = 64) -> dict:
     """A one-layer llama of `hidden` x `ffn`: the smallest file the engine loads."""
     return {
