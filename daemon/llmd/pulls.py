@@ -438,11 +438,12 @@ class PullManager:
             license=license,
         )
         job.emit({"status": "checking that the engine loads it"})
-        record = await asyncio.to_thread(check_engine_loads, self.store, record, what)
-        record = self.store.write_manifest(record)
-        if final != sha and not any(sha in r.blob_digests() for r in self.store.list()):
-            blob.unlink(missing_ok=True)  # the unconverted original: no model uses it
-        return record
+        try:
+            record = await asyncio.to_thread(check_engine_loads, self.store, record, what)
+            return self.store.write_manifest(record)
+        finally:  # installed or refused, the unconverted original is of no use unless shared
+            if final != sha and not any(sha in r.blob_digests() for r in self.store.list()):
+                blob.unlink(missing_ok=True)
 
     async def _pull_tree(
         self, job: PullJob, hub: HubClient, target: _Target, info: RepoInfo
