@@ -13,12 +13,9 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import ctypes.util
-import logging
 from collections.abc import Awaitable, Callable
 
 from aiohttp import web
-
-log = logging.getLogger("llmd.memory")
 
 TRIM_AFTER_BODY = 1 << 20
 
@@ -38,12 +35,9 @@ def _load_trim() -> Callable[[int], int] | None:
 _malloc_trim = _load_trim()
 
 
-def trim_now() -> bool:
-    """Return freed heap pages to the system; False where the C library cannot."""
-    if _malloc_trim is None:
-        return False
+def _trim_now() -> None:
+    assert _malloc_trim is not None
     _malloc_trim(0)
-    return True
 
 
 @web.middleware
@@ -55,4 +49,4 @@ async def trim_after_big_bodies(
     finally:
         if (request.content_length or 0) > TRIM_AFTER_BODY and _malloc_trim is not None:
             # After the handler: the body and everything built from it are garbage by now.
-            asyncio.get_running_loop().run_in_executor(None, trim_now)
+            asyncio.get_running_loop().run_in_executor(None, _trim_now)
