@@ -297,14 +297,15 @@ inline __m256i bytes8(__m256i v, int q) {
 // acc = fma(isum, d * sc[j] * a.d, acc), acc = fnma(dmin * m[j], a.s, acc): the row-major
 // kernel's formula.
 template <int R, int G>
-inline void dot8_q4k(const uint8_t* w, size_t stride, const ActBlock* const* a, int nb, float* const* out) {
+inline void dot8_q4k(const uint8_t* w, size_t stride, const ActBlock* const* a, int nb, float* const* out,
+                     bool stream) {
   constexpr int kTile = 8 * kQ4KBytes;
   const __m256i m4 = _mm256_set1_epi8(0x0f);
   const __m256i m30 = _mm256_set1_epi8(0x30);
   __m256 acc[R][G];
   zero_tiles(acc);
   for (int sb = 0; sb < nb / kSubBlocks; ++sb) {
-    if constexpr (R == 1) prefetch_tiles<G, kTile>(w, stride, sb + kKqPrefetchAhead);
+    if (stream) prefetch_tiles<G, kTile>(w, stride, sb + kKqPrefetchAhead);
     // The 6-bit scales and mins of every column, as bytes: byte 8j + c of sc[g][j / 4] / mn[g][j / 4]
     // (kept in registers: storing them and reloading 8 bytes at a time stalls store forwarding).
     __m256i sc[G][2], mn[G][2];
@@ -459,12 +460,12 @@ inline void q6_slice(const uint8_t* ql, const uint8_t* qh, int p, __m256i& wa, _
 // are accumulated in the order 0, 2, 1, 3, 4, 6, 5, 7 of each super-block (the order ql
 // pairs them), the same for every tile shape.
 template <int R, int G>
-inline void dot8_q6k(const uint8_t* w, size_t stride, const Q6Row* a, int nb, float* const* out) {
+inline void dot8_q6k(const uint8_t* w, size_t stride, const Q6Row* a, int nb, float* const* out, bool stream) {
   constexpr int kTile = 8 * kQ6KBytes;
   __m256 acc[R][G];
   zero_tiles(acc);
   for (int sb = 0; sb < nb / kSubBlocks; ++sb) {
-    if constexpr (R == 1) prefetch_tiles<G, kTile>(w, stride, sb + kKqPrefetchAhead);
+    if (stream) prefetch_tiles<G, kTile>(w, stride, sb + kKqPrefetchAhead);
     __m256 dg[G];
 #pragma GCC unroll 8
     for (int g = 0; g < G; ++g) {
@@ -595,16 +596,17 @@ template <int R, int G>
 struct Dot8Q4K {
   static constexpr int kSingleRowGroups = 1;
   using Rows = PlainRows;
-  static void run(const uint8_t* w, size_t stride, const ActBlock* const* a, int nb, float* const* out) {
-    dot8_q4k<R, G>(w, stride, a, nb, out);
+  static void run(const uint8_t* w, size_t stride, const ActBlock* const* a, int nb, float* const* out,
+                  bool stream) {
+    dot8_q4k<R, G>(w, stride, a, nb, out, stream);
   }
 };
 template <int R, int G>
 struct Dot8Q6K {
   static constexpr int kSingleRowGroups = 1;
   using Rows = Q6Rows;
-  static void run(const uint8_t* w, size_t stride, const Q6Row* a, int nb, float* const* out) {
-    dot8_q6k<R, G>(w, stride, a, nb, out);
+  static void run(const uint8_t* w, size_t stride, const Q6Row* a, int nb, float* const* out, bool stream) {
+    dot8_q6k<R, G>(w, stride, a, nb, out, stream);
   }
 };
 
