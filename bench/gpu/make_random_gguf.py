@@ -1,13 +1,17 @@
-"""Write a random-weight llama GGUF of a given shape, tensor by tensor, with the `gguf` package.
+"""Write a random-weight llama or qwen3 GGUF of a given shape, tensor by tensor, with the `gguf`
+package.
 
 Why: the GPU benchmark needs an 8B-shaped model on a machine that cannot download one. The
 weights are random Q4_0 blocks (uniform 4-bit codes, one float16 scale per 32 weights chosen so
 weights have a std of ~0.02), written straight as blocks: nothing is ever held in float32, and
-only one tensor is in memory at a time. The vocabulary is a synthetic SentencePiece-style list
+only one tensor is in memory at a time. With `--dtype f16` the weights are float16 normals of
+std 0.02 instead, the input `llama-quantize` turns into each of llama.cpp's recipes (what
+`bench/realistic.py` does). The vocabulary is a synthetic SentencePiece-style list
 (control, byte and filler tokens) so llama.cpp's tools load the file too. Text is gibberish;
 speed is what it is for.
 
     python bench/gpu/make_random_gguf.py --preset llama3-8b --out /tmp/llama3-8b-q4_0.gguf
+    python bench/gpu/make_random_gguf.py --preset qwen3-4b --dtype f16 --out /tmp/qwen3-4b-f16.gguf
 """
 
 from __future__ import annotations
@@ -21,6 +25,11 @@ import numpy as np
 
 Q4_0 = gguf.GGMLQuantizationType.Q4_0
 BLOCK_ELEMS, BLOCK_BYTES = 32, 18
+# ChatML, so that chat requests work over HTTP on both servers (the vocabulary is synthetic).
+CHATML = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
 
 
 @dataclass(frozen=True)
@@ -33,6 +42,13 @@ class Shape:
     ffn: int
     context: int
     rope_theta: float
+    arch: str = "llama"
+    head_dim: int = 0  # 0: hidden / heads
+    tied: bool = False  # no output.weight: the logits reuse token_embd (Qwen3-4B does)
+
+    @property
+    def hd(self) -> int:
+        return self.head_dim or self.hidden // self.heads
 
 
 PRESETS = {
@@ -41,6 +57,8 @@ PRESETS = {
     # Llama-3.2-1B's dimensions (re-quantize with llama-quantize --allow-requantize to get a
     # Q4_K_M file with llama.cpp's own per-tensor type mix).
     "llama3.2-1b": Shape(128256, 2048, 16, 32, 8, 8192, 8192, 500000.0),
+    # Qwen3-4B's dimensions (head_dim 128 with a 2560 hidden size, QK-norm, tied embeddings).
+    "qwen3-4b": Shape(151936, 2560, 36, 32, 8, 9728, 40960, 1000000.0, "qwen3", 128, True),
     # A few MB: for tests of this script and of loaders.
     "tiny": Shape(512, 128, 2, 4, 2, 256, 512, 10000.0),
 }
@@ -66,39 +84,60 @@ def vocabulary(n: int) -> tuple[list[str], list[float], list[int]]:
 
 def tensor_plan(s: Shape) -> list[tuple[str, int, int]]:
     """(name, rows, cols) in file order; rows == 0 marks a 1-D float32 norm of `cols`."""
-    hd = s.hidden // s.heads
+    hd = s.hd
     plan = [("token_embd.weight", s.vocab, s.hidden)]
     for i in range(s.layers):
         b = f"blk.{i}."
         plan += [
             (b + "attn_norm.weight", 0, s.hidden),
-            (b + "attn_q.weight", s.hidden, s.hidden),
+            (b + "attn_q.weight", s.heads * hd, s.hidden),
             (b + "attn_k.weight", s.kv_heads * hd, s.hidden),
             (b + "attn_v.weight", s.kv_heads * hd, s.hidden),
-            (b + "attn_output.weight", s.hidden, s.hidden),
+        ]
+        if s.arch == "qwen3":
+            plan += [(b + "attn_q_norm.weight", 0, hd), (b + "attn_k_norm.weight", 0, hd)]
+        plan += [
+            (b + "attn_output.weight", s.hidden, s.heads * hd),
             (b + "ffn_norm.weight", 0, s.hidden),
             (b + "ffn_gate.weight", s.ffn, s.hidden),
             (b + "ffn_up.weight", s.ffn, s.hidden),
             (b + "ffn_down.weight", s.hidden, s.ffn),
         ]
-    plan += [("output_norm.weight", 0, s.hidden), ("output.weight", s.vocab, s.hidden)]
+    plan += [("output_norm.weight", 0, s.hidden)]
+    if not s.tied:
+        plan += [("output.weight", s.vocab, s.hidden)]
     return plan
 
 
-def write(shape: Shape, out: Path, seed: int = 0) -> None:
+def f16_rows(rng: np.random.Generator, rows: int, cols: int, std: float = 0.02) -> np.ndarray:
+    """[rows, cols] float16 normals, drawn a slice at a time (a 150k x 2560 embedding would
+    otherwise need 1.5 GB of float32 at once)."""
+    out = np.empty((rows, cols), dtype=np.float16)
+    step = max(1, (1 << 24) // cols)
+    for r in range(0, rows, step):
+        out[r : r + step] = rng.standard_normal((min(step, rows - r), cols), dtype=np.float32) * std
+    return out
+
+
+def write(shape: Shape, out: Path, seed: int = 0, dtype: str = "q4_0") -> None:
     rng = np.random.default_rng(seed)
-    w = gguf.GGUFWriter(str(out), "llama")
-    w.add_name("random-llama")
+    w = gguf.GGUFWriter(str(out), shape.arch)
+    w.add_name(f"random-{shape.arch}")
     w.add_block_count(shape.layers)
     w.add_context_length(shape.context)
     w.add_embedding_length(shape.hidden)
     w.add_feed_forward_length(shape.ffn)
     w.add_head_count(shape.heads)
     w.add_head_count_kv(shape.kv_heads)
-    w.add_rope_dimension_count(shape.hidden // shape.heads)
+    w.add_rope_dimension_count(shape.hd)
+    w.add_key_length(shape.hd)
+    w.add_value_length(shape.hd)
     w.add_rope_freq_base(shape.rope_theta)
-    w.add_layer_norm_rms_eps(1e-5)
-    w.add_file_type(gguf.LlamaFileType.MOSTLY_Q4_0)
+    w.add_layer_norm_rms_eps(1e-6 if shape.arch == "qwen3" else 1e-5)
+    w.add_file_type(
+        gguf.LlamaFileType.MOSTLY_F16 if dtype == "f16" else gguf.LlamaFileType.MOSTLY_Q4_0
+    )
+    w.add_chat_template(CHATML)
     tokens, scores, types = vocabulary(shape.vocab)
     w.add_tokenizer_model("llama")
     w.add_token_list(tokens)
@@ -111,6 +150,8 @@ def write(shape: Shape, out: Path, seed: int = 0) -> None:
     for name, rows, cols in plan:
         if rows == 0:
             w.add_tensor_info(name, (cols,), np.dtype(np.float32), cols * 4)
+        elif dtype == "f16":
+            w.add_tensor_info(name, (rows, cols), np.dtype(np.float16), rows * cols * 2)
         else:
             nbytes = rows * cols // BLOCK_ELEMS * BLOCK_BYTES
             w.add_tensor_info(
@@ -122,6 +163,8 @@ def write(shape: Shape, out: Path, seed: int = 0) -> None:
     for _name, rows, cols in plan:
         if rows == 0:
             w.write_tensor_data(np.ones(cols, dtype=np.float32))
+        elif dtype == "f16":
+            w.write_tensor_data(f16_rows(rng, rows, cols))
         else:
             w.write_tensor_data(q4_0_blocks(rng, rows, cols))
     w.close()
@@ -134,8 +177,9 @@ def main() -> None:
     ap.add_argument("--preset", choices=sorted(PRESETS), default="llama3-8b")
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--dtype", choices=["q4_0", "f16"], default="q4_0")
     args = ap.parse_args()
-    write(PRESETS[args.preset], args.out, args.seed)
+    write(PRESETS[args.preset], args.out, args.seed, args.dtype)
     print(f"wrote {args.out} ({args.out.stat().st_size / 2**30:.2f} GiB)")
 
 

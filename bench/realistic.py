@@ -1,0 +1,426 @@
+"""CPU at the sizes people run: llmd vs llama.cpp on random-weight models of Llama-3.2-1B and
+Qwen3-4B shapes, in each quantization recipe people pull, measured in the same run.
+
+Models are built once under `bench/.realistic/`: float16 weights written tensor by tensor
+(`bench/gpu/make_random_gguf.py --dtype f16`), then each recipe with llama.cpp's own
+`llama-quantize` (built from the sdist by `bench/build_llamacpp.sh`), so the per-tensor type
+mix is exactly llama.cpp's. Then, per model, alternating rounds (the machines are noisy):
+
+- pp512, pp4096, pp16k: one prompt of that many tokens, prefill tokens/s. llmd: its engine in
+  this process (`prefill_ms` of the request); llama.cpp: `llama-bench -p N -n 0`.
+- tg128: 128 tokens generated one at a time after a 1-token prompt (`llama-bench -n 128`),
+  and the fraction of the machine's measured read bandwidth that speed implies (the bytes a
+  decode step reads: every weight but the token-embedding lookup).
+- streams: 4 and 8 concurrent chat streams over HTTP, aggregate tokens/s
+  (`bench.compare_servers`, llama-server with as many slots as streams).
+- rss: the resident memory of llmd's worker and of llama-server after a 4-stream load.
+
+    bench/build_llamacpp.sh                                    # once
+    python -m bench.realistic --shapes llama3.2-1b --types Q4_K_M,Q5_K_M --rounds 3
+    python -m bench.realistic --tests pp512,tg128 --rounds 2   # every shape and type
+
+Prints one markdown table per model (with the machine's kernel path) and writes
+bench/results/realistic-<timestamp>.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+# Run as a file (python bench/realistic.py), the repo root is not on the path: add it.
+try:
+    from bench import servers
+except ImportError:
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from bench import servers
+
+HERE = Path(__file__).resolve().parent
+CACHE = HERE / ".realistic"
+LLAMA_BIN = HERE / ".llamacpp" / "build" / "bin"
+SHAPES = ("llama3.2-1b", "qwen3-4b")
+SMOKE_SHAPES = ("tiny",)  # make_random_gguf's few-MB preset: checks this script, measures nothing
+TYPES = ("Q4_0", "Q4_K_M", "Q5_K_M", "Q6_K", "Q8_0")
+PREFILLS = {"pp512": 512, "pp4096": 4096, "pp16k": 16384}
+TESTS = (*PREFILLS, "tg128", "streams", "rss")
+STREAMS = (4, 8)
+
+
+# --- models -------------------------------------------------------------------------------
+
+
+def build_model(shape: str, qtype: str, cache: Path = CACHE) -> Path:
+    """The GGUF of `shape` in recipe `qtype`, made (and kept) under `cache` if missing."""
+    cache.mkdir(parents=True, exist_ok=True)
+    f16 = cache / f"{shape}-f16.gguf"
+    if not f16.exists():
+        print(f"writing {f16.name} (random float16 weights)", flush=True)
+        tmp = f16.with_suffix(".tmp")
+        subprocess.run(
+            [
+                sys.executable,
+                str(HERE / "gpu" / "make_random_gguf.py"),
+                "--preset",
+                shape,
+                "--dtype",
+                "f16",
+                "--out",
+                str(tmp),
+            ],
+            check=True,
+        )
+        tmp.rename(f16)
+    out = cache / f"{shape}-{qtype.lower()}.gguf"
+    if not out.exists():
+        print(f"quantizing {out.name} with llama-quantize", flush=True)
+        tmp = out.with_suffix(".tmp")
+        subprocess.run(
+            [str(LLAMA_BIN / "llama-quantize"), str(f16), str(tmp), qtype],
+            check=True,
+            capture_output=True,
+        )
+        tmp.rename(out)
+    return out
+
+
+def decode_bytes(model: Path) -> int:
+    """Bytes one decode step reads: every tensor but the token embedding, which is a row
+    lookup, unless the output projection reuses it (tied embeddings)."""
+    import gguf
+
+    tensors = {t.name: int(t.n_bytes) for t in gguf.GGUFReader(str(model)).tensors}
+    tied = "output.weight" not in tensors
+    return sum(n for name, n in tensors.items() if tied or name != "token_embd.weight")
+
+
+def read_bandwidth(threads: int, gib: float = 1.0, tries: int = 3) -> float:
+    """The machine's read bandwidth in bytes/s: `threads` threads summing disjoint slices of
+    a `gib` GiB array (numpy releases the GIL), best of `tries`."""
+    import numpy as np
+
+    data = np.ones(int(gib * 2**30) // 8, dtype=np.float64)
+    parts = np.array_split(data, threads)
+    best = 0.0
+    for _ in range(tries):
+        t0 = time.perf_counter()
+        workers = [threading.Thread(target=np.sum, args=(p,)) for p in parts]
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join()
+        best = max(best, data.nbytes / (time.perf_counter() - t0))
+    return best
+
+
+# --- the engines ---------------------------------------------------------------------------
+
+
+class LlmdEngine:
+    """llmd's engine on one model, in this process, as the worker runs it (default KV type,
+    step budget and kernels)."""
+
+    def __init__(self, model: Path, threads: int, longest: int) -> None:
+        from llmd import _engine
+
+        _engine.set_threads(threads)
+        self.native = _engine
+        context = longest + 256
+        self.engine = _engine.Engine(
+            str(model), context_length=context, max_sequences=8, kv_budget_bytes=4 << 30
+        )
+        self.vocab = int(self.engine.info()["vocab_size"])
+        self.rng = random.Random(0)
+
+    def _run(self, prompt: list[int], max_tokens: int) -> dict[str, Any]:
+        self.engine.submit(f"b{self.rng.random()}", prompt, max_tokens)
+        while True:
+            for ev in self.engine.poll(1000):
+                if ev["type"] == "done":
+                    return ev
+                if ev["type"] == "error":
+                    raise RuntimeError(ev["message"])
+
+    def prefill(self, n: int) -> float:
+        """tokens/s of one fresh n-token prompt (random ids: no prefix cache hit)."""
+        prompt = [self.rng.randrange(300, self.vocab) for _ in range(n)]
+        return n / (self._run(prompt, 1)["timings"]["prefill_ms"] / 1000)
+
+    def decode(self, n: int = 128) -> float:
+        done = self._run([self.rng.randrange(300, self.vocab)], n + 1)
+        return n / (done["timings"]["decode_ms"] / 1000)
+
+
+def llama_bench(model: Path, threads: int, n_prompt: int, n_gen: int) -> float:
+    """llama-bench's tokens/s for one test (`-p n_prompt -n 0` or `-p 0 -n n_gen`)."""
+    out = subprocess.run(
+        [
+            str(LLAMA_BIN / "llama-bench"),
+            "-m",
+            str(model),
+            "-p",
+            str(n_prompt),
+            "-n",
+            str(n_gen),
+            "-t",
+            str(threads),
+            "-r",
+            "1",
+            "-o",
+            "json",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return float(json.loads(out.stdout)[0]["avg_ts"])
+
+
+def stream_aggregates(model: Path, threads: int, rounds: int, duration: float) -> dict[str, Any]:
+    """4- and 8-stream aggregate tokens/s over HTTP, both servers, from `bench.compare_servers`
+    (which alternates them), as {"c4": {"llmd": .., "llama.cpp": .., "ratio": ..}, ...}."""
+    out = CACHE / "streams" / dt.datetime.now().strftime("%Y%m%dT%H%M%S")
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bench.compare_servers",
+            "--gguf",
+            str(model),
+            "--rounds",
+            str(rounds),
+            "--duration",
+            str(duration),
+            "--concurrency",
+            ",".join(map(str, STREAMS)),
+            "--turns",
+            "0",
+            "--max-tokens",
+            "64",
+            "--ctx-per-slot",
+            "2048",
+            "--threads",
+            str(threads),
+            "--out",
+            str(out),
+            "--no-plots",
+        ],
+        cwd=HERE.parent,
+        check=True,
+    )
+    got = json.loads((out / "results.json").read_text())
+    table = {}
+    for c in STREAMS:
+        agg = got["medians"][f"c{c}"]["aggregate_tok_s"]
+        ratio = got["ratios"]["llmd"][f"c{c}"]["aggregate_tok_s"]["median"]
+        table[f"c{c}"] = {"llmd": agg["llmd"], "llama.cpp": agg["llama.cpp"], "ratio": ratio}
+    return table
+
+
+def _group_rss(pgid: int, match: Callable[[str], bool]) -> int:
+    """Summed VmRSS (bytes) of the processes of group `pgid` whose command line matches."""
+    total = 0
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            if int((proc / "stat").read_text().rsplit(")", 1)[1].split()[2]) != pgid:
+                continue
+            cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            if not match(cmd):
+                continue
+            for line in (proc / "status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    total += int(line.split()[1]) * 1024
+        except (OSError, ValueError, IndexError):
+            continue
+    return total
+
+
+def server_rss(model: Path, threads: int, duration: float) -> dict[str, int]:
+    """Resident bytes of llmd's worker and of llama-server after `duration` s of 4 streams,
+    each server alone on the machine (4 slots each, 2,048 tokens of context per slot)."""
+    import asyncio
+
+    from bench import loadgen
+
+    result = {}
+    cases = [
+        (
+            "llmd",
+            lambda: servers.llmd_server(
+                threads=threads, max_sequences=4, context_length=2048, gguf=model
+            ),
+            servers.LLMD_BENCH_MODEL,
+            lambda cmd: "llmd.worker" in cmd,
+        ),
+        (
+            "llama.cpp",
+            lambda: servers.llama_server(
+                LLAMA_BIN / "llama-server", model, threads=threads, slots=4, ctx_per_slot=2048
+            ),
+            "model",
+            lambda cmd: "llama-server" in cmd,
+        ),
+    ]
+    for name, make, model_name, is_engine in cases:
+        with make() as server:
+            server.start(timeout=600)
+            target = loadgen.Target(name, server.base_url, model_name)
+            asyncio.run(loadgen.run_load(target, 4, 64, duration=duration))
+            assert server.proc is not None
+            result[name] = _group_rss(server.proc.pid, is_engine)
+    return result
+
+
+# --- the run -------------------------------------------------------------------------------
+
+
+def measure(model: Path, args: argparse.Namespace, bandwidth: float) -> dict[str, Any]:
+    tests = args.tests
+    rows: dict[str, dict[str, Any]] = {}
+    prefills = {t: PREFILLS[t] for t in tests if t in PREFILLS}
+    engine_tests = prefills or "tg128" in tests
+    llmd = None
+    if engine_tests:
+        try:
+            llmd = LlmdEngine(model, args.threads, max(prefills.values(), default=512))
+        except RuntimeError as exc:  # a type the engine has no kernel for (a pull converts it)
+            print(f"  llmd's engine refuses {model.name} as is ({exc}): engine tests skipped")
+    if llmd is not None:
+        llmd.prefill(64)  # warm-up: weights paged in, kernels' scratch allocated
+        rounds: list[dict[str, dict[str, float]]] = []
+        for i in range(args.rounds):
+            got: dict[str, dict[str, float]] = {"llmd": {}, "llama.cpp": {}}
+            for who in ("llmd", "llama.cpp") if i % 2 == 0 else ("llama.cpp", "llmd"):
+                for test, n in prefills.items():
+                    got[who][test] = (
+                        llmd.prefill(n) if who == "llmd" else llama_bench(model, args.threads, n, 0)
+                    )
+                if "tg128" in tests:
+                    got[who]["tg128"] = (
+                        llmd.decode(128)
+                        if who == "llmd"
+                        else llama_bench(model, args.threads, 0, 128)
+                    )
+            print(f"  round {i + 1}: {json.dumps(got)}", flush=True)
+            rounds.append(got)
+        kernel_path = llmd.native.active_kernel_path()
+        del llmd
+        for test in [*prefills, *(["tg128"] if "tg128" in tests else [])]:
+            ours = [r["llmd"][test] for r in rounds]
+            ref = [r["llama.cpp"][test] for r in rounds]
+            rows[test] = {
+                "llmd": statistics.median(ours),
+                "llama.cpp": statistics.median(ref),
+                "ratio": statistics.median(o / r for o, r in zip(ours, ref, strict=True)),
+            }
+        if "tg128" in tests:
+            step_bytes = decode_bytes(model)
+            rows["tg128"]["bandwidth_fraction"] = {
+                who: rows["tg128"][who] * step_bytes / bandwidth for who in ("llmd", "llama.cpp")
+            }
+    else:
+        kernel_path = ""
+    if "streams" in tests:
+        for case, row in stream_aggregates(model, args.threads, args.rounds, args.duration).items():
+            rows[f"{case[1:]} streams"] = row
+    if "rss" in tests:
+        rss = server_rss(model, args.threads, args.duration)
+        rows["rss"] = {**rss, "ratio": rss["llmd"] / rss["llama.cpp"]}
+    return {"model": model.name, "kernel_path": kernel_path, "rows": rows}
+
+
+def markdown(result: dict[str, Any]) -> str:
+    lines = [
+        f"**{result['model']}** (llmd kernels: {result['kernel_path'] or 'n/a'})",
+        "",
+        "| test | llmd | llama.cpp | llmd / llama.cpp |",
+        "|---|---|---|---|",
+    ]
+    for test, row in result["rows"].items():
+        if test == "rss":
+            llmd, ref = f"{row['llmd'] / 2**20:,.0f} MiB", f"{row['llama.cpp'] / 2**20:,.0f} MiB"
+        else:
+            llmd, ref = f"{row['llmd']:,.1f} tok/s", f"{row['llama.cpp']:,.1f} tok/s"
+            if "bandwidth_fraction" in row:
+                frac = row["bandwidth_fraction"]
+                llmd += f" ({frac['llmd']:.0%} of bw)"
+                ref += f" ({frac['llama.cpp']:.0%} of bw)"
+        lines.append(f"| {test} | {llmd} | {ref} | {row['ratio']:.2f}x |")
+    return "\n".join(lines)
+
+
+def cpu_flags() -> str:
+    try:
+        flags = next(
+            ln for ln in Path("/proc/cpuinfo").read_text().splitlines() if ln.startswith("flags")
+        ).split()
+    except (OSError, StopIteration):
+        return "unknown"
+    return "AVX-512 VNNI" if "avx512_vnni" in flags else "AVX2" if "avx2" in flags else "no AVX2"
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--shapes", default=",".join(SHAPES))
+    ap.add_argument("--types", default=",".join(TYPES))
+    ap.add_argument("--tests", default=",".join(TESTS))
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--duration", type=float, default=20.0, help="seconds per stream case")
+    ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    args = ap.parse_args(argv)
+    args.shapes = args.shapes.split(",")
+    args.types = args.types.split(",")
+    args.tests = args.tests.split(",")
+    for name, given, known in (
+        ("shape", args.shapes, SHAPES + SMOKE_SHAPES),
+        ("type", args.types, TYPES),
+        ("test", args.tests, TESTS),
+    ):
+        unknown = sorted(set(given) - set(known))
+        if unknown:
+            ap.error(f"unknown {name} {', '.join(unknown)} (known: {', '.join(known)})")
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    for tool in ("llama-quantize", "llama-bench", "llama-server"):
+        if not (LLAMA_BIN / tool).exists():
+            raise SystemExit(f"{LLAMA_BIN / tool} is missing: run bench/build_llamacpp.sh")
+    bandwidth = read_bandwidth(args.threads)
+    print(f"read bandwidth ({args.threads} threads): {bandwidth / 1e9:.1f} GB/s", flush=True)
+    results = []
+    for shape in args.shapes:
+        for qtype in args.types:
+            model = build_model(shape, qtype)
+            print(f"{model.name}: {', '.join(args.tests)}", flush=True)
+            result = measure(model, args, bandwidth)
+            results.append(result)
+            print("\n" + markdown(result) + "\n", flush=True)
+    header = (
+        f"{dt.date.today()}, {cpu_flags()}, {os.cpu_count()} cores, {args.threads} threads each, "
+        f"{args.rounds} alternating rounds (medians), read bandwidth {bandwidth / 1e9:.1f} GB/s"
+    )
+    print(header + "\n\n" + "\n\n".join(markdown(r) for r in results))
+    out = HERE / "results" / f"realistic-{dt.datetime.now():%Y-%m-%dT%H%M%S}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"header": header, "results": results}, indent=2))
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
