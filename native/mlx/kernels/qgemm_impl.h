@@ -335,8 +335,15 @@ struct PlainRows {
   Row row(int r) const { return a + static_cast<size_t>(r) * nb; }
 };
 
+#if defined(LLMD_ISA_VNNI)
+constexpr int kPlainRowTile = 8;
+#else
+constexpr int kPlainRowTile = 4;
+#endif
+
 template <int R, int G>
 struct Dot8Q4_0 {
+  static constexpr int kRowTile = kPlainRowTile;
   using Rows = PlainRows;
   static void run(const uint8_t* w, size_t stride, const ActBlock* const* a, int nb, float* const* out,
                   bool stream) {
@@ -345,6 +352,7 @@ struct Dot8Q4_0 {
 };
 template <int R, int G>
 struct Dot8Q4_1 {
+  static constexpr int kRowTile = kPlainRowTile;
   using Rows = PlainRows;
   static void run(const uint8_t* w, size_t stride, const ActBlock* const* a, int nb, float* const* out,
                   bool stream) {
@@ -353,6 +361,7 @@ struct Dot8Q4_1 {
 };
 template <int R, int G>
 struct Dot8Q8_0 {
+  static constexpr int kRowTile = kPlainRowTile;
   using Rows = PlainRows;
   static void run(const uint8_t* w, size_t stride, const ActBlock* const* a, int nb, float* const* out,
                   bool stream) {
@@ -371,43 +380,78 @@ constexpr int single_row_groups() {
   }
 }
 
-// Packed groups of 8 weight rows: [n0, n1) must be multiples of 8. Tiles of kRowTile rows x
-// 1 group; leftover rows (all of a decode step) take single_row_groups() groups at a time. Every tile shape runs
-// the same per-lane operations, so an output does not depend on the tile it fell in.
+// Activation rows one packed tile takes (they share each unpacked weight block): kRowTile by
+// default; a kernel may ask for more. Q4_0/Q4_1/Q8_0 take 8 with AVX-512VL's 32 vector
+// registers (8 accumulators and 8 integer sums fit beside the weights; with AVX2's 16 they
+// would spill), which reads every unpacked weight block once for a whole 8-sequence step.
+template <template <int, int> class Dot8>
+constexpr int packed_row_tile() {
+  if constexpr (requires { Dot8<1, 1>::kRowTile; }) {
+    return Dot8<1, 1>::kRowTile;
+  } else {
+    return kRowTile;
+  }
+}
+
+// One tile of `n` (1 .. 8) rows over one group, as a call with a compile-time row count.
+template <template <int, int> class Dot8, class Row>
+inline void run_row_tile(int n, const uint8_t* group, size_t stride, const Row* rows_a, int nb, float* const* outs,
+                         bool stream) {
+  switch (n) {
+    case 1: return Dot8<1, 1>::run(group, stride, rows_a, nb, outs, stream);
+    case 2: return Dot8<2, 1>::run(group, stride, rows_a, nb, outs, stream);
+    case 3: return Dot8<3, 1>::run(group, stride, rows_a, nb, outs, stream);
+    case 4: return Dot8<4, 1>::run(group, stride, rows_a, nb, outs, stream);
+    case 5: return Dot8<5, 1>::run(group, stride, rows_a, nb, outs, stream);
+    case 6: return Dot8<6, 1>::run(group, stride, rows_a, nb, outs, stream);
+    case 7: return Dot8<7, 1>::run(group, stride, rows_a, nb, outs, stream);
+    default: return Dot8<8, 1>::run(group, stride, rows_a, nb, outs, stream);
+  }
+}
+
+// Packed groups of 8 weight rows: [n0, n1) must be multiples of 8. Every group is swept once
+// per chunk of rows, in tiles of packed_row_tile() rows plus one tile of the rows left over
+// (a 6-sequence step is a 4-row and a 2-row tile over each group in one pass, not a tile and
+// two more passes over the whole matrix). A single row (a lone sequence's decode step) takes
+// single_row_groups() groups at a time. Every tile shape runs the same per-lane operations,
+// so an output does not depend on the tile it fell in.
 template <template <int, int> class Dot8>
 inline void gemm_packed(const uint8_t* w, size_t w_row_bytes, const ActBlock* a, int k, int rows, int n0, int n1,
                         float* out, int ldo) {
   using Rows = typename Dot8<1, 1>::Rows;
   using Row = typename Rows::Row;
+  constexpr int kTile = packed_row_tile<Dot8>();
+  static_assert(kTile >= 1 && kTile <= 8);
   const int nb = k / kBlock;
   const size_t stride = 8 * w_row_bytes;
   const Rows act(a, rows, nb);
+  if (rows == 1) {
+    const Row row_a = act.row(0);
+    constexpr int kG = single_row_groups<Dot8>();
+    int n = n0;
+    for (; n + 8 * kG <= n1; n += 8 * kG) {
+      float* o = out + n;
+      Dot8<1, kG>::run(w + static_cast<size_t>(n) * w_row_bytes, stride, &row_a, nb, &o, true);
+    }
+    for (; n < n1; n += 8) {
+      float* o = out + n;
+      Dot8<1, 1>::run(w + static_cast<size_t>(n) * w_row_bytes, stride, &row_a, nb, &o, true);
+    }
+    return;
+  }
   for (int r0 = 0; r0 < rows; r0 += kRowChunk) {
     const int r1 = std::min(rows, r0 + kRowChunk);
-    const int tiled_end = r0 + (r1 - r0) / kRowTile * kRowTile;
     for (int n = n0; n < n1; n += 8) {
       const uint8_t* group = w + static_cast<size_t>(n) * w_row_bytes;
-      for (int r = r0; r < tiled_end; r += kRowTile) {
-        Row rows_a[kRowTile];
-        float* outs[kRowTile];
-        for (int t = 0; t < kRowTile; ++t) {
+      for (int r = r0; r < r1; r += kTile) {
+        const int t_rows = std::min(kTile, r1 - r);
+        Row rows_a[kTile];
+        float* outs[kTile];
+        for (int t = 0; t < t_rows; ++t) {
           rows_a[t] = act.row(r + t);
           outs[t] = out + static_cast<size_t>(r + t) * ldo + n;
         }
-        Dot8<kRowTile, 1>::run(group, stride, rows_a, nb, outs, r == r0);
-      }
-    }
-    for (int r = tiled_end; r < r1; ++r) {
-      const Row row_a = act.row(r);
-      constexpr int kG = single_row_groups<Dot8>();
-      int n = n0;
-      for (; n + 8 * kG <= n1; n += 8 * kG) {
-        float* o = out + static_cast<size_t>(r) * ldo + n;
-        Dot8<1, kG>::run(w + static_cast<size_t>(n) * w_row_bytes, stride, &row_a, nb, &o, true);
-      }
-      for (; n < n1; n += 8) {
-        float* o = out + static_cast<size_t>(r) * ldo + n;
-        Dot8<1, 1>::run(w + static_cast<size_t>(n) * w_row_bytes, stride, &row_a, nb, &o, true);
+        run_row_tile<Dot8>(t_rows, group, stride, rows_a, nb, outs, r == r0);
       }
     }
   }
