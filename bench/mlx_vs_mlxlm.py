@@ -28,6 +28,12 @@ What it does:
    the logits of the sampled row (recorded by the engine under LLMD_PROFILE=1). Neither
    includes sampling.
 
+4. Servers under load (`--streams`, default 8): `llmd serve` with the repo pulled and
+   LLMD_BACKEND=mlx-cpu against `mlx_lm server --decode-concurrency N --prompt-concurrency N`
+   (its continuous batching), N concurrent streaming chat requests (`bench.loadgen`, 64 tokens
+   each) for --stream-duration seconds per round, the first server alternating: aggregate
+   tok/s and TTFT p50. `--streams 0` skips it.
+
 Tables quote medians over rounds and the median of per-round ratios llmd / mlx-lm.
 """
 
@@ -42,10 +48,16 @@ import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from bench import servers
 
 ROOT = Path(__file__).resolve().parents[1]
+
 LAYERS = {"smollm2-135m": 30, "random-1b": 16}
 
 
@@ -210,6 +222,8 @@ def _tokenizer_files(gguf: Path, out: Path) -> None:
                 "tokenizer_class": "PreTrainedTokenizerFast",
                 "bos_token": tokens[int(meta["tokenizer.ggml.bos_token_id"])],
                 "eos_token": tokens[int(meta["tokenizer.ggml.eos_token_id"])],
+                # the GGUF's chat template, so that both servers answer chat requests
+                "chat_template": meta.get("tokenizer.chat_template"),
             }
         )
     )
@@ -434,6 +448,80 @@ def compare(name: str, repo: Path, args: argparse.Namespace, results: dict) -> N
             s.close()
 
 
+def _bench_modules():  # type: ignore[no-untyped-def]
+    """bench.loadgen and bench.servers, imported only where servers run: the mlx-lm child
+    runs this file in a venv without aiohttp."""
+    sys.path.insert(0, str(ROOT))
+    from bench import loadgen, servers
+
+    return loadgen, servers
+
+
+def _llmd_server(repo: Path, streams: int) -> servers.ManagedServer:
+    """`llmd serve` on the device path with `repo` pulled into a throwaway LLMD_HOME."""
+    _, servers = _bench_modules()
+    home = Path(tempfile.mkdtemp(prefix="llmd-b-"))
+    env = {**servers.llmd_env(home), "LLMD_BACKEND": "mlx-cpu"}
+    subprocess.run(
+        [sys.executable, "-m", "llmd", "pull", str(repo), "--name", servers.LLMD_BENCH_MODEL],
+        env=env,
+        check=True,
+        capture_output=True,
+    )
+    port = servers.free_port()
+    argv = [sys.executable, "-m", "llmd", "serve", "--port", str(port)]
+    argv += ["--max-sequences", str(streams)]
+    return servers.ManagedServer("llmd", argv, port, env=env, cleanup=home)
+
+
+def _mlxlm_server(repo: Path, streams: int, python: str) -> servers.ManagedServer:
+    """`mlx_lm server` batching up to `streams` requests in prefill and in decode."""
+    _, servers = _bench_modules()
+    port = servers.free_port()
+    argv = [python, "-m", "mlx_lm", "server", "--model", str(repo), "--port", str(port)]
+    argv += ["--decode-concurrency", str(streams), "--prompt-concurrency", str(streams)]
+    return servers.ManagedServer("mlx-lm", argv, port, env=_env(), health_path="/v1/models")
+
+
+def compare_servers(name: str, repo: Path, args: argparse.Namespace, results: dict) -> None:
+    """Aggregate tok/s and TTFT of `args.streams` concurrent streams, server by server, the
+    first alternating by round; only one server runs at a time (they would share the cores)."""
+    import asyncio
+
+    loadgen, servers = _bench_modules()
+    rows = results[name].setdefault("servers", [])
+    for r in range(args.rounds):
+        order = ["llmd", "mlx-lm"] if r % 2 == 0 else ["mlx-lm", "llmd"]
+        row: dict = {"round": r, "order": order}
+        for side in order:
+            server = (
+                _llmd_server(repo, args.streams)
+                if side == "llmd"
+                else _mlxlm_server(repo, args.streams, args.mlx_lm_python)
+            )
+            with server:
+                server.start(timeout=600)
+                model = servers.LLMD_BENCH_MODEL if side == "llmd" else str(repo)
+                target = loadgen.Target(side, server.base_url, model)
+                asyncio.run(loadgen.run_load(target, 1, 8, requests=1, seed=1000 + r))  # warm-up
+                load = asyncio.run(
+                    loadgen.run_load(
+                        target, args.streams, 64, duration=args.stream_duration, seed=r
+                    )
+                )
+            m = load.metrics()
+            if m["failed"]:
+                raise RuntimeError(f"{side}: {m['failed']} failed requests: {load.failed[0].error}")
+            row[f"{side}_aggregate_tps"] = m["aggregate_tok_s"]
+            row[f"{side}_ttft_s"] = m["ttft_s_p50"]
+        rows.append(row)
+        print(
+            f"[{name}] round {r}, {args.streams} streams: llmd {row['llmd_aggregate_tps']:.1f} / "
+            f"mlx-lm {row['mlx-lm_aggregate_tps']:.1f} tok/s",
+            flush=True,
+        )
+
+
 def table(results: dict, args: argparse.Namespace) -> str:
     out = [
         "| model | measure | llmd | mlx-lm | llmd / mlx-lm (median of rounds) |",
@@ -449,6 +537,21 @@ def table(results: dict, args: argparse.Namespace) -> str:
             theirs = statistics.median(r[f"mlx-lm_{key}"] for r in rows)
             ratio = statistics.median(r[f"llmd_{key}"] / r[f"mlx-lm_{key}"] for r in rows)
             out.append(f"| {name} | {label} | {ours:.1f} | {theirs:.1f} | {ratio:.2f}x |")
+        if res.get("servers"):
+            srows = res["servers"]
+            for key, label, unit in (
+                ("aggregate_tps", f"aggregate tok/s, {args.streams} streams (server)", ""),
+                ("ttft_s", f"TTFT p50, {args.streams} streams (server)", " s"),
+            ):
+                ours = statistics.median(r[f"llmd_{key}"] for r in srows)
+                theirs = statistics.median(r[f"mlx-lm_{key}"] for r in srows)
+                ratio = statistics.median(
+                    r[f"llmd_{key}"] / r[f"mlx-lm_{key}"] if r[f"mlx-lm_{key}"] else float("nan")
+                    for r in srows
+                )
+                out.append(
+                    f"| {name} | {label} | {ours:.2f}{unit} | {theirs:.2f}{unit} | {ratio:.2f}x |"
+                )
         p = res["primitives"]
         layers = LAYERS[name]
         out.append(
@@ -476,6 +579,8 @@ def main() -> None:
     ap.add_argument("--decode-tokens", type=int, default=64)
     ap.add_argument("--prompt-tokens", type=int, default=512)
     ap.add_argument("--out", type=Path, help="write results JSON here")
+    ap.add_argument("--streams", type=int, default=8, help="concurrent streams (0: no servers)")
+    ap.add_argument("--stream-duration", type=float, default=30.0, help="seconds per round")
     ap.add_argument(
         "--mlx-lm-dtype",
         default="float32",
@@ -503,6 +608,8 @@ def main() -> None:
     for name in args.models.split(","):
         repo = prepare(name, args.gguf, args.work_dir, args.mlx_lm_python)
         compare(name, repo, args, results)
+        if args.streams:
+            compare_servers(name, repo, args, results)
     print()
     print(
         f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, MLX CPU device, "
