@@ -34,7 +34,7 @@ from gguf import GGMLQuantizationType as T
 from gguf import GGUFReader
 from gguf.quants import dequantize, quantize
 
-from .test_kquant_kernels import quantize_q4_k, quantize_q6_k
+from .kquants import quantize_q4_k, quantize_q6_k
 from .tiny_models import CONFIGS, write_gguf, write_with_exact_twin
 
 native = pytest.importorskip("llmd._engine")
