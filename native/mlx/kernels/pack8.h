@@ -27,10 +27,9 @@
 //     [128, 1152)  chunk p = 0..3 (GGUF's qs[32p .. 32p+31]: low nibbles sub-block 2p, high
 //                  2p+1), slice h = 0..7: 32 bytes at 128 + 256p + 32h holding row c's
 //                  qs[32p + 4h .. +3] at 4c
-//   Q5_K, 1408 bytes: Q4_K's 1152 bytes (the same fields; GGUF's qs follow qh in the block),
-//     then
-//     [1152, 1408) slice h = 0..7: 32 bytes at 1152 + 32h holding row c's qh[4h .. +3] at 4c,
-//                  the fifth bits of the elements chunk p's slice h holds (bits 2p, 2p + 1)
+//   Q5_K, 1408 bytes: Q4_K's tile (the same fields; in the GGUF block qh[32] precedes qs), then
+//     [1152, 1408) slice h = 0..7: 32 bytes at 1152 + 32h holding row c's qh[4h .. +3] at 4c:
+//                  bits 2p and 2p + 1 are the fifth bits of the elements chunk p's slice h holds
 //   Q6_K, 1680 bytes:
 //     [0, 16)      d[8] fp16
 //     [16, 144)    byte 16 + 16b + 2c (+1): scales[2b] (scales[2b+1]) of row c, b = 0..7: one
