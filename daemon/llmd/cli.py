@@ -468,7 +468,7 @@ def pull(source: str, name: str | None) -> None:
     Hub pulls run in the daemon (a temporary one if none runs) with a progress bar;
     they are resumable (Ctrl-C, a lost connection or a restart keeps what was
     downloaded), checked against the hub's sha256 before anything is installed, and
-    GGUF quantizations the engine cannot run (Q5_K, Q3_K, IQ4_XS, ...) are converted
+    GGUF quantizations the engine cannot run (Q3_K, Q5_0, IQ4_XS, ...) are converted
     to Q8_0 at pull time. Set HF_TOKEN (or `huggingface-cli login`) for gated repos,
     HF_ENDPOINT for a mirror.
     """

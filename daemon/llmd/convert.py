@@ -1,7 +1,7 @@
 """Pull-time conversion of GGUF files whose tensor types the engine cannot run natively.
 
-Most GGUF files on the hub are K-quants (Q4_K_M, Q5_K_M, ...); the engine runs Q4_K and Q6_K
-natively but not Q5_K, Q3_K, Q2_K, Q5_0/Q5_1 or the IQ types. Such tensors are dequantized with
+Most GGUF files on the hub are K-quants (Q4_K_M, Q5_K_M, ...); the engine runs Q4_K, Q5_K and
+Q6_K natively but not Q3_K, Q2_K, Q5_0/Q5_1 or the IQ types. Such tensors are dequantized with
 gguf-py (``gguf.quants``, the llama.cpp project's own Python package) and re-quantized to the
 target chosen in ``model_support.CONVERSION_TARGET`` (Q8_0, for the reasons written there);
 every other tensor is copied byte for byte.

@@ -170,8 +170,12 @@ py::dict check_model(const std::string& path, const py::dict& hf_config, const s
   return d;
 }
 
+// The block types llmd's CPU kernels multiply by (some paths may lack one: gemm_for says).
+constexpr TensorType kKernelTypes[] = {TensorType::Q4_0, TensorType::Q4_1, TensorType::Q8_0,
+                                       TensorType::Q4_K, TensorType::Q5_K, TensorType::Q6_K};
+
 TensorType kernel_type_named(const std::string& type) {
-  for (TensorType t : {TensorType::Q4_0, TensorType::Q4_1, TensorType::Q8_0, TensorType::Q4_K, TensorType::Q6_K}) {
+  for (TensorType t : kKernelTypes) {
     if (type_name(t) == type) return t;
   }
   throw std::invalid_argument("no kernel weight type " + type);
@@ -278,7 +282,7 @@ py::array_t<float> kernel_gemm(const std::string& type, py::array_t<uint8_t, py:
   if (!table) throw std::invalid_argument("kernel path '" + isa + "' is not runnable on this CPU");
   TensorType tt = TensorType::F32;
   bool known = false;
-  for (TensorType t : {TensorType::Q4_0, TensorType::Q4_1, TensorType::Q8_0, TensorType::Q4_K, TensorType::Q6_K}) {
+  for (TensorType t : kKernelTypes) {
     if (type_name(t) == type) {
       tt = t;
       known = true;
@@ -494,7 +498,7 @@ PYBIND11_MODULE(_engine, m) {
     const kernels::KernelTable* table = isa.empty() ? &kernels::active_table() : kernels::table_named(isa);
     if (!table) throw std::invalid_argument("kernel path '" + isa + "' is not runnable on this CPU");
     std::vector<std::string> types;
-    for (TensorType t : {TensorType::Q4_0, TensorType::Q4_1, TensorType::Q8_0, TensorType::Q4_K, TensorType::Q6_K}) {
+    for (TensorType t : kKernelTypes) {
       if (table->packed_gemm_for(t)) types.push_back(type_name(t));
     }
     return types;

@@ -39,6 +39,25 @@ void q4k_block_affine(const uint8_t* blk, uint8_t* q, float* scales, float* mins
   }
 }
 
+void q5k_block_affine(const uint8_t* blk, uint8_t* q, float* scales, float* mins) {
+  const float d = half_to_float(read_u16(blk));
+  const float dmin = half_to_float(read_u16(blk + 2));
+  const uint8_t* sc = blk + 4;
+  const uint8_t* qh = blk + 16;
+  const uint8_t* qs = blk + 48;
+  for (int j = 0; j < 8; ++j) {
+    int s = 0, m = 0;
+    q4k_scale_min(j, sc, s, m);
+    scales[j] = d * s;
+    mins[j] = dmin * m;
+    const int pair = j / 2;
+    for (int l = 0; l < 32; ++l) {
+      const int lo = (j % 2) ? (qs[pair * 32 + l] >> 4) : (qs[pair * 32 + l] & 0x0f);
+      q[j * 32 + l] = static_cast<uint8_t>(lo | (((qh[l] >> j) & 1) << 4));
+    }
+  }
+}
+
 void dequantize_row(TensorType type, const uint8_t* src, float* dst, int64_t n) {
   switch (type) {
     case TensorType::F32:
@@ -79,6 +98,15 @@ void dequantize_row(TensorType type, const uint8_t* src, float* dst, int64_t n) 
       float scales[8], mins[8];
       for (int64_t b = 0; b < n / 256; ++b) {
         q4k_block_affine(src + b * 144, q, scales, mins);
+        for (int i = 0; i < 256; ++i) dst[b * 256 + i] = scales[i / 32] * q[i] - mins[i / 32];
+      }
+      return;
+    }
+    case TensorType::Q5_K: {
+      uint8_t q[256];
+      float scales[8], mins[8];
+      for (int64_t b = 0; b < n / 256; ++b) {
+        q5k_block_affine(src + b * 176, q, scales, mins);
         for (int i = 0; i < 256; ++i) dst[b * 256 + i] = scales[i / 32] * q[i] - mins[i / 32];
       }
       return;

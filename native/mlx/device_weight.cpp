@@ -80,10 +80,17 @@ void exact_row(TensorType type, const uint8_t* src, int k, AffineBuilder& out) {
         out.group(q, d, -128.f * d);
       }
       return;
-    case TensorType::Q4_K: {
+    case TensorType::Q4_K:
+    case TensorType::Q5_K: {
+      const bool five = type == TensorType::Q5_K;
       float scales[8], mins[8];
       for (int b = 0; b < k / 256; ++b) {
-        q4k_block_affine(src + static_cast<size_t>(b) * 144, q, scales, mins);
+        const uint8_t* blk = src + static_cast<size_t>(b) * (five ? 176 : 144);
+        if (five) {
+          q5k_block_affine(blk, q, scales, mins);
+        } else {
+          q4k_block_affine(blk, q, scales, mins);
+        }
         for (int j = 0; j < 8; ++j) out.group(q + j * 32, scales[j], -mins[j]);
       }
       return;
@@ -127,9 +134,10 @@ DeviceWeight device_weight_from_rows(const std::vector<RowRef>& rows, TensorType
   const size_t n = rows.size();
   const size_t rb = row_bytes(type, k);
   const bool exact = type == TensorType::Q4_0 || type == TensorType::Q4_1 || type == TensorType::Q8_0 ||
-                     type == TensorType::Q4_K;
+                     type == TensorType::Q4_K || type == TensorType::Q5_K;
   if (exact) {
-    AffineBuilder b(type == TensorType::Q8_0 ? 8 : 4, k, n);
+    // Q5_K's 5-bit quants sit in 8-bit groups (MLX's 5-bit layout packs across bytes).
+    AffineBuilder b(type == TensorType::Q8_0 || type == TensorType::Q5_K ? 8 : 4, k, n);
     for (const RowRef& r : rows) exact_row(type, r.tensor->data + r.row * rb, k, b);
     return b.finish(n, false);
   }

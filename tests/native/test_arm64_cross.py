@@ -26,6 +26,7 @@ from gguf import GGMLQuantizationType
 from gguf.quants import dequantize, quantize
 
 from .kernel_checks import activation_rounding_tolerance
+from .kquants import QUANTIZERS
 
 NATIVE = Path(__file__).parents[2] / "native"
 COMMON = ["mlx/kernels/dispatch.cpp", "mlx/kernels/qgemm_scalar.cpp"]
@@ -48,6 +49,9 @@ TYPES = {
     GGMLQuantizationType.Q8_0: "Q8_0",
 }
 SHAPES = [(1, 32), (7, 96), (33, 576)]  # (n, k), n odd
+# K-quants (the project's own quantizers: gguf cannot write them); rows of 256-weight blocks.
+KQUANT_TYPES = {GGMLQuantizationType[name]: name for name in QUANTIZERS}
+KQUANT_SHAPES = [(1, 256), (7, 768)]
 ROWS = (1, 2, 5, 67)
 
 
@@ -81,10 +85,13 @@ def cases(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[dict]]:
     path = tmp_path_factory.mktemp("selftest") / "cases.bin"
     meta = []
     with path.open("wb") as f:
-        for qtype, name in TYPES.items():
-            for n, k in SHAPES:
+        kinds = [(q, name, SHAPES) for q, name in TYPES.items()]
+        kinds += [(q, name, KQUANT_SHAPES) for q, name in KQUANT_TYPES.items()]
+        for qtype, name, shapes in kinds:
+            for n, k in shapes:
                 w = rng.standard_normal((n, k), dtype=np.float32) * 0.05
-                packed = np.ascontiguousarray(quantize(w, qtype))
+                blocks = QUANTIZERS[name](w)[0] if name in QUANTIZERS else quantize(w, qtype)
+                packed = np.ascontiguousarray(blocks)
                 w_deq = dequantize(packed, qtype).astype(np.float64)
                 for rows in ROWS:
                     x = rng.standard_normal((rows, k), dtype=np.float32)

@@ -52,7 +52,7 @@ def test_each_row_is_bit_identical_whatever_the_batch(path: str, type_name: str)
     check_rows_batch_invariant(engine.kernel_gemm, type_name, packed, n, k, path, rng)
 
 
-# Q4_K / Q6_K have packed kernels too; test_kquant_kernels.py checks those.
+# Q4_K / Q5_K / Q6_K have packed kernels too; test_kquant_kernels.py checks those.
 PACKED = [(p, t) for p in PATHS for t in engine.packed_kernel_types(p) if t in TYPES]
 
 
@@ -82,11 +82,11 @@ def test_packed_rows_are_bit_identical_whatever_the_batch(path: str, type_name: 
 
 
 def test_packed_kernels_exist_on_x86_paths() -> None:
-    """The AVX2 and AVX-512 paths run Q4_0 / Q4_1 / Q8_0 / Q4_K / Q6_K in the packed layout;
+    """The AVX2 and AVX-512 paths run Q4_0 / Q4_1 / Q8_0 / Q4_K / Q5_K / Q6_K in the packed layout;
     the others (scalar, NEON) keep GGUF's row-major one and say so."""
     for path in PATHS:
         x86 = path in ("avx2", "avx512vnni")
-        expected = ["Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q6_K"] if x86 else []
+        expected = ["Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"] if x86 else []
         assert engine.packed_kernel_types(path) == expected
     with pytest.raises(ValueError, match="n = 12"):
         engine.kernel_gemm(

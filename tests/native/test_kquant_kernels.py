@@ -1,13 +1,13 @@
-"""llmd's Q4_K and Q6_K kernels against a reference built from the `gguf` package.
+"""llmd's Q4_K, Q5_K and Q6_K kernels against a reference built from the `gguf` package.
 
-gguf 0.19 can dequantize K-quants but not quantize them, so this file carries a small numpy
-quantizer. Its packing is checked first: the integers it chose, dequantized by hand with the
+gguf 0.19 can dequantize K-quants but not quantize them, so the project carries small numpy
+quantizers (kquants.py). Their packing is checked first: the integers it chose, dequantized by hand with the
 formulas of ggml's block layouts, must equal what `gguf.quants.dequantize` reads back from the
 packed bytes, and the result must be close to the input. The kernels are then checked as in
 test_kernels.py: reference = x (float64) @ gguf-dequantized W.T, tolerance = the worst case of
 the int8 activation rounding (sum_i |w_i| * blockmax|x| / 254) plus a small float term. Besides
 quantized weights, blocks of random bytes (sane fp16 scales) reach every bit pattern: 6-bit
-scale high bits, negative Q6_K scales, q = 0 and q = 63.
+scale high bits, Q5_K's fifth bits, negative Q6_K scales, q = 0 and q = 63.
 """
 
 from __future__ import annotations
@@ -18,93 +18,25 @@ from gguf import GGMLQuantizationType
 from gguf.quants import dequantize
 
 from .kernel_checks import check_matches_reference
+from .kquants import QUANTIZERS, f16
 
 engine = pytest.importorskip("llmd._engine")
 
 QK = 256
-TYPES = {"Q4_K": GGMLQuantizationType.Q4_K, "Q6_K": GGMLQuantizationType.Q6_K}
-BLOCK_BYTES = {"Q4_K": 144, "Q6_K": 210}
+TYPES = {
+    "Q4_K": GGMLQuantizationType.Q4_K,
+    "Q5_K": GGMLQuantizationType.Q5_K,
+    "Q6_K": GGMLQuantizationType.Q6_K,
+}
+BLOCK_BYTES = {"Q4_K": 144, "Q5_K": 176, "Q6_K": 210}
 PATHS = engine.runnable_kernel_paths()
-
-
-def _f16(v: np.ndarray) -> np.ndarray:
-    return v.astype(np.float16)
-
-
-def quantize_q4_k(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """w [n, k] -> (packed uint8 [n, k/256*144], what those bytes should dequantize to)."""
-    x = w.astype(np.float32).reshape(-1, 8, 32)  # [blocks, sub-block, element]
-    lo = np.minimum(x.min(axis=2), 0.0)
-    hi = np.maximum(x.max(axis=2), 0.0)
-    scale = (hi - lo) / 15.0  # per sub-block step
-    mn = -lo  # per sub-block offset, >= 0
-    d = _f16(scale.max(axis=1) / 63.0)
-    dmin = _f16(mn.max(axis=1) / 63.0)
-    df, dminf = d.astype(np.float32)[:, None], dmin.astype(np.float32)[:, None]
-    with np.errstate(divide="ignore", invalid="ignore"):
-        sc = np.where(df > 0, np.rint(scale / df), 0).clip(0, 63).astype(np.uint8)
-        m = np.where(dminf > 0, np.rint(mn / dminf), 0).clip(0, 63).astype(np.uint8)
-        step = (df * sc)[:, :, None]
-        q = np.where(step > 0, np.rint((x + (dminf * m)[:, :, None]) / step), 0)
-    q = q.clip(0, 15).astype(np.uint8)
-
-    nblk = x.shape[0]
-    scales = np.zeros((nblk, 12), np.uint8)
-    scales[:, 0:4] = sc[:, 0:4] | ((sc[:, 4:8] >> 4) << 6)
-    scales[:, 4:8] = m[:, 0:4] | ((m[:, 4:8] >> 4) << 6)
-    scales[:, 8:12] = (sc[:, 4:8] & 0x0F) | ((m[:, 4:8] & 0x0F) << 4)
-    qq = q.reshape(nblk, 4, 2, 32)  # chunk j: sub-blocks 2j (low nibble), 2j+1 (high)
-    qs = (qq[:, :, 0, :] | (qq[:, :, 1, :] << 4)).reshape(nblk, 128)
-    packed = np.concatenate(
-        [d.view(np.uint8).reshape(nblk, 2), dmin.view(np.uint8).reshape(nblk, 2), scales, qs],
-        axis=1,
-    )
-    expect = df[:, :, None] * sc[:, :, None] * q - dminf[:, :, None] * m[:, :, None]
-    n = w.shape[0]
-    return packed.reshape(n, -1), expect.reshape(w.shape)
-
-
-def quantize_q6_k(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """w [n, k] -> (packed uint8 [n, k/256*210], what those bytes should dequantize to)."""
-    x = w.astype(np.float32).reshape(-1, 16, 16)  # [blocks, sub-block, element]
-    scale = np.abs(x).max(axis=2) / 31.0
-    d = _f16(scale.max(axis=1) / 127.0)
-    df = d.astype(np.float32)[:, None]
-    with np.errstate(divide="ignore", invalid="ignore"):
-        sc = np.where(df > 0, np.rint(scale / df), 0).clip(-128, 127).astype(np.int8)
-        step = (df * sc)[:, :, None]
-        q = np.where(step != 0, np.rint(x / step), 0)
-    q = (q.clip(-32, 31) + 32).astype(np.uint8)  # [0, 63]
-
-    nblk = x.shape[0]
-    qe = q.reshape(nblk, 2, 4, 32)  # half h, quarter t, l: element 128h + 32t + l
-    ql = np.concatenate(
-        [
-            qe[:, :, 0] & 0x0F | (qe[:, :, 2] & 0x0F) << 4,
-            qe[:, :, 1] & 0x0F | (qe[:, :, 3] & 0x0F) << 4,
-        ],
-        axis=2,
-    ).reshape(nblk, 128)
-    qh = (
-        (qe[:, :, 0] >> 4)
-        | (qe[:, :, 1] >> 4) << 2
-        | (qe[:, :, 2] >> 4) << 4
-        | (qe[:, :, 3] >> 4) << 6
-    ).reshape(nblk, 64)
-    packed = np.concatenate([ql, qh, sc.view(np.uint8), d.view(np.uint8).reshape(nblk, 2)], axis=1)
-    expect = df[:, :, None] * sc[:, :, None] * (q.astype(np.float32) - 32)
-    n = w.shape[0]
-    return packed.reshape(n, -1), expect.reshape(w.shape)
-
-
-QUANTIZERS = {"Q4_K": quantize_q4_k, "Q6_K": quantize_q6_k}
 
 
 def _random_blocks(rng: np.random.Generator, n: int, k: int, type_name: str) -> np.ndarray:
     """Blocks of random bytes, with finite fp16 super-block scales of a sane size."""
     blocks = rng.integers(0, 256, (n * k // QK, BLOCK_BYTES[type_name]), dtype=np.uint8)
-    scale = _f16(rng.uniform(1e-4, 2e-3, (blocks.shape[0], 2)))
-    if type_name == "Q4_K":
+    scale = f16(rng.uniform(1e-4, 2e-3, (blocks.shape[0], 2)))
+    if type_name in ("Q4_K", "Q5_K"):
         blocks[:, 0:4] = scale.view(np.uint8)
     else:
         blocks[:, 208:210] = scale[:, :1].view(np.uint8)
@@ -134,10 +66,10 @@ def test_quantizer_packs_what_gguf_reads(type_name: str) -> None:
     err = np.abs(got - w).reshape(-1, 32).max(axis=1)
     span = np.abs(w).reshape(-1, 32).max(axis=1)
     # Half a quantization step plus the 6/8-bit scale rounding, per 32-element slice.
-    limit = span * (0.1 if type_name == "Q4_K" else 0.03) + 1e-7
+    limit = span * {"Q4_K": 0.1, "Q5_K": 0.05, "Q6_K": 0.03}[type_name] + 1e-7
     assert (err <= limit).all(), f"worst relative error {(err / np.maximum(span, 1e-12)).max()}"
     rms = np.sqrt(((got - w) ** 2).mean() / (w**2).mean())
-    assert rms < (0.09 if type_name == "Q4_K" else 0.03), rms
+    assert rms < {"Q4_K": 0.09, "Q5_K": 0.045, "Q6_K": 0.03}[type_name], rms
 
 
 @pytest.mark.parametrize("path", PATHS)
@@ -171,7 +103,7 @@ def test_each_row_is_bit_identical_whatever_the_batch(path: str, type_name: str)
 
 # ------------------------------------------------------------------ 8-row packed layout
 #
-# The x86 paths pack Q4_K / Q6_K matrices whose row count is a multiple of 8 at load time
+# The x86 paths pack Q4_K / Q5_K / Q6_K matrices whose row count is a multiple of 8 at load time
 # (kernels/pack8.h) and run kernels that read each weight super-block once for a tile of
 # activation rows and 8 output columns. Matrices of other row counts are not packed: the
 # engine keeps them row-major (test_kquant_packed.py checks that), and the packed kernel

@@ -1,7 +1,8 @@
-"""Q4_K / Q6_K models run the 8-row packed kernels on the hot path (issue 32).
+"""Q4_K / Q5_K / Q6_K models run the 8-row packed kernels on the hot path (issue 32).
 
 A tiny llama in llama.cpp's Q4_K_M pattern (Q4_K throughout, attn_v and ffn_down in Q6_K in
-layer 0, the tied embedding/head in Q6_K) is loaded once per x86 kernel path this CPU runs
+layer 0, the tied embedding/head in Q6_K), with Q5_K_M's attn_v and ffn_down in layer 1, loaded
+natively (not converted to Q8_0 as before Q5_K had kernels), is loaded once per x86 kernel path this CPU runs
 (LLMD_CPU_PATH in a child process, since the path is chosen once per process). The engine
 must report every K-quant projection as packed (":x8"), and give the logits of the same
 model stored as F32 holding the dequantized values, within test_mixed_quant_types' Q8 bound.
@@ -37,7 +38,9 @@ def _type_of(name: str) -> str | None:
     if not name.startswith("blk.") or not name.endswith(".weight") or "norm" in name:
         return None
     _, layer, proj, _ = name.split(".")
-    return "Q6_K" if layer == "0" and proj in ("attn_v", "ffn_down") else "Q4_K"
+    if proj not in ("attn_v", "ffn_down") or layer not in ("0", "1"):
+        return "Q4_K"
+    return "Q6_K" if layer == "0" else "Q5_K"
 
 
 def _write_pair(tmp_path: Path, config: dict) -> tuple[Path, Path]:
@@ -45,7 +48,7 @@ def _write_pair(tmp_path: Path, config: dict) -> tuple[Path, Path]:
         t = _type_of(name)
         return None if t is None else (_quantize(x, t), GGMLQuantizationType[t])
 
-    paths = tmp_path / "q4_k_m.gguf", tmp_path / "f32.gguf"
+    paths = tmp_path / "k_m.gguf", tmp_path / "f32.gguf"
     write_with_exact_twin(*paths, "llama", config, quantized)
     return paths
 
@@ -78,9 +81,11 @@ def test_q4_k_m_model_runs_packed_kernels_and_matches_the_dequantized_model(
         for layer in range(config["num_hidden_layers"]):
             for module in ("attn_qkv", "attn_output", "ffn_gate_up", "ffn_down"):
                 runs = paths[f"blk.{layer}.{module}"].split("+")
-                assert all(r.startswith(("llmd:q4_k:", "llmd:q6_k:")) for r in runs), paths
+                assert all(r.startswith(("llmd:q4_k:", "llmd:q5_k:", "llmd:q6_k:")) for r in runs)
                 assert all(r.endswith(f":{path}:x8") for r in runs), paths
         assert paths["blk.0.ffn_down"] == f"llmd:q6_k:{path}:x8"
+        assert paths["blk.1.ffn_down"] == f"llmd:q5_k:{path}:x8"
+        assert paths["blk.1.attn_qkv"] == f"llmd:q4_k:{path}:x8+llmd:q5_k:{path}:x8"
         assert paths["output"] == f"llmd:q6_k:{path}" + (":x8" if vocab % 8 == 0 else ""), paths
         ours = np.array(got["logits"], dtype=np.float32)[: len(TOKENS)]
         assert _max_rel(ours, ref) < Q8_BOUND, (path, _max_rel(ours, ref))

@@ -24,7 +24,7 @@ import pytest
 from gguf import GGMLQuantizationType
 from gguf.quants import quantize
 
-from .test_kquant_kernels import quantize_q4_k, quantize_q6_k
+from .kquants import quantize_q4_k, quantize_q5_k, quantize_q6_k
 from .tiny_models import CONFIGS, TOKENS, write_with_exact_twin
 
 native = pytest.importorskip("llmd._engine")
@@ -56,8 +56,8 @@ CONFIG = {
 # Per layer, the block type of each projection (anything unlisted: Q4_K).
 LAYER_TYPES = {
     0: {"attn_v": "Q6_K", "ffn_down": "Q6_K"},  # Q4_K_M's pattern: q|k fused, v apart
-    1: {"ffn_up": "Q6_K"},  # gate and up apart, q|k|v one kernel
-    2: {"attn_k": "Q8_0", "attn_v": "Q6_K", "ffn_gate": "Q8_0", "ffn_up": "Q4_0"},  # three runs
+    1: {"ffn_up": "Q6_K", "ffn_down": "Q5_K"},  # gate and up apart, q|k|v one kernel
+    2: {"attn_q": "Q5_K", "attn_k": "Q8_0", "attn_v": "Q6_K", "ffn_gate": "Q8_0", "ffn_up": "Q4_0"},
 }
 TOP_TYPES = {"token_embd.weight": "Q4_K", "output.weight": "Q6_K"}
 
@@ -77,6 +77,8 @@ def _quantize(x: np.ndarray, type_name: str) -> np.ndarray:
     x = x * 0.5
     if type_name == "Q4_K":
         return quantize_q4_k(x)[0]
+    if type_name == "Q5_K":
+        return quantize_q5_k(x)[0]
     if type_name == "Q6_K":
         return quantize_q6_k(x)[0]
     return quantize(x, GGMLQuantizationType[type_name])
@@ -135,7 +137,8 @@ def test_matmul_paths_show_the_runs_and_keep_fused_kernels(tmp_path: Path, backe
     assert [kind(p) for p in runs("blk.0.ffn_gate_up")] == ["q4_k"]  # still one fused kernel
     assert [kind(p) for p in runs("blk.1.attn_qkv")] == ["q4_k"]
     assert [kind(p) for p in runs("blk.1.ffn_gate_up")] == ["q4_k", "q6_k"]
-    assert [kind(p) for p in runs("blk.2.attn_qkv")] == ["q4_k", "q8_0", "q6_k"]
+    assert [kind(p) for p in runs("blk.1.ffn_down")] == ["q5_k"]
+    assert [kind(p) for p in runs("blk.2.attn_qkv")] == ["q5_k", "q8_0", "q6_k"]
     assert [kind(p) for p in runs("blk.2.ffn_gate_up")] == ["q8_0", "q4_0"]
     if backend == "cpu":
         assert all(p.startswith("llmd:q") for v in paths.values() for p in v.split("+")), paths

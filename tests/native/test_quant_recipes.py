@@ -8,7 +8,8 @@ there, Q2_K: Q3_K/Q4_K/Q2_K, ...). Two tests:
   recipe, the per-tensor types that `llama-quantize` chose for an 8-layer model are recorded in
   ``tests/fixtures/quant_recipes.json``; the test writes a file with exactly that mix (blocks from
   the project's quantizers, or random valid blocks for types it has no quantizer for), pulls it
-  as a user would (types without a kernel are converted to Q8_0 at pull time) and compares the
+  as a user would (types without a kernel are converted to Q8_0 at pull time, and only those:
+  the Q5_K tensors of Q5_K_S/Q5_K_M/Q3_K_L/... stay Q5_K) and compares the
   engine's logits with the same model stored as F32 holding exactly the values the mixed file's
   blocks dequantize to (gguf-py's dequantizer). Bound: test_mixed_quant_types' 8e-2 of the
   largest |logit| (int8 activations; the pull's Q8_0 re-quantization adds ~1%).
@@ -34,7 +35,9 @@ from gguf import GGMLQuantizationType as T
 from gguf import GGUFReader
 from gguf.quants import dequantize, quantize
 
-from .test_kquant_kernels import quantize_q4_k, quantize_q6_k
+from llmd.model_support import NATIVE_GGUF_TYPES
+
+from .kquants import quantize_q4_k, quantize_q5_k, quantize_q6_k
 from .tiny_models import CONFIGS, write_gguf, write_with_exact_twin
 
 native = pytest.importorskip("llmd._engine")
@@ -88,12 +91,11 @@ def _random_blocks(rows: int, cols: int, qtype: T) -> np.ndarray:
     block, nbytes = GGML_QUANT_SIZES[qtype]
     raw = RNG.integers(0, 256, size=(rows, cols // block, nbytes), dtype=np.uint8)
     # (offset of the fp16 d, d, dmin or None): d x (largest sub-block scale) x (largest code)
-    # stays near 0.1-0.2, and dmin cancels the codes' mean (Q2_K: codes 0..3, Q5_K: 0..31,
-    # with scales and minimums drawn alike), so rows have no common offset.
+    # stays near 0.1-0.2, and dmin cancels the codes' mean (Q2_K: codes 0..3, with scales and
+    # minimums drawn alike), so rows have no common offset.
     at, d, dmin = {
         T.Q2_K: (80, 4e-3, 6e-3),
         T.Q3_K: (108, 8e-4, None),
-        T.Q5_K: (0, 1e-4, 1.55e-3),
         T.IQ4_XS: (0, 2e-5, None),
         T.IQ4_NL: (0, 6e-4, None),
     }[qtype]
@@ -106,9 +108,11 @@ def _random_blocks(rows: int, cols: int, qtype: T) -> np.ndarray:
 def _blocks(x: np.ndarray, qtype: T) -> np.ndarray:
     if qtype == T.Q4_K:
         return quantize_q4_k(x)[0]
+    if qtype == T.Q5_K:
+        return quantize_q5_k(x)[0]
     if qtype == T.Q6_K:
         return quantize_q6_k(x)[0]
-    if qtype in (T.Q2_K, T.Q3_K, T.Q5_K, T.IQ4_XS, T.IQ4_NL):
+    if qtype in (T.Q2_K, T.Q3_K, T.IQ4_XS, T.IQ4_NL):
         return _random_blocks(*x.shape, qtype)
     return quantize(x, qtype)
 
@@ -159,6 +163,11 @@ def test_recipe_type_mixes_load_and_match_their_dequantized_values(
     src, ref = tmp_path / f"m-{recipe}.gguf", tmp_path / "ref.gguf"
     _write_mix(src, ref, types)
     installed = _pull(src, f"m-{recipe.lower()}")
+    # Only types without a kernel are converted (to Q8_0); Q5_K, Q4_K, Q6_K, ... stay as chosen.
+    kept = {t.name: t.tensor_type.name for t in GGUFReader(installed).tensors}
+    for name, chosen in types.items():
+        native_type = T[chosen] in NATIVE_GGUF_TYPES
+        assert kept[name] == (chosen if native_type else "Q8_0"), (name, chosen, kept[name])
     want = _logits(ref)
     for backend in ("cpu", "mlx-cpu"):
         got = _logits(installed, backend)

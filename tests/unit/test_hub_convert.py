@@ -30,6 +30,14 @@ def q5k_blocks(rows: int, cols: int) -> np.ndarray:
     return raw.reshape(rows, -1)
 
 
+def q3k_blocks(rows: int, cols: int) -> np.ndarray:
+    """Valid Q3_K bytes (a K-quant the engine has no kernel for): random quants and 6-bit
+    scales with a sane fp16 super-block scale d (the block's last 2 of 110 bytes)."""
+    raw = RNG.integers(0, 256, size=(rows, cols // 256, 110), dtype=np.uint8)
+    raw[:, :, 108:110] = np.frombuffer(np.float16(0.01).tobytes(), np.uint8)
+    return raw.reshape(rows, -1)
+
+
 def make_gguf(path: Path, arch: str = "llama") -> dict[str, tuple[int, np.ndarray]]:
     """A small GGUF with every kind of tensor a conversion meets; returns name -> (type,
     the weights it holds as float32)."""
@@ -51,9 +59,12 @@ def make_gguf(path: Path, arch: str = "llama") -> dict[str, tuple[int, np.ndarra
         data = x if ttype == T.F32 else quantize(x, ttype)
         tensors[name] = (ttype, x if ttype == T.F32 else dequantize(data, ttype))
         w.add_tensor(name, data, raw_dtype=None if ttype == T.F32 else ttype)
-    k = q5k_blocks(8, 512)
-    tensors["blk.0.ffn_gate.weight"] = (T.Q5_K, dequantize(k, T.Q5_K))
-    w.add_tensor("blk.0.ffn_gate.weight", k, raw_dtype=T.Q5_K)
+    k3 = q3k_blocks(8, 512)
+    tensors["blk.0.ffn_gate.weight"] = (T.Q3_K, dequantize(k3, T.Q3_K))
+    w.add_tensor("blk.0.ffn_gate.weight", k3, raw_dtype=T.Q3_K)
+    k5 = q5k_blocks(8, 512)  # native since Q5_K has kernels: copied as is
+    tensors["blk.0.attn_k.weight"] = (T.Q5_K, dequantize(k5, T.Q5_K))
+    w.add_tensor("blk.0.attn_k.weight", k5, raw_dtype=T.Q5_K)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -92,9 +103,9 @@ def test_conversion_keeps_metadata_and_weights(tmp_path: Path) -> None:
     assert {n: (T(a).name, T(b).name) for n, (a, b) in plan.changes.items()} == {
         "blk.0.attn_q.weight": ("Q5_0", "Q8_0"),
         "blk.0.ffn_up.weight": ("Q5_1", "Q8_0"),
-        "blk.0.ffn_gate.weight": ("Q5_K", "Q8_0"),
+        "blk.0.ffn_gate.weight": ("Q3_K", "Q8_0"),
     }
-    assert "Q5_K -> Q8_0 (1 tensors)" in plan.summary()
+    assert "Q3_K -> Q8_0 (1 tensors)" in plan.summary()
     done: list[int] = []
     convert_gguf(src, dst, layout, plan, lambda d, t: done.append(d))
     assert dst.stat().st_size == plan.output_size and done[-1] == sum(

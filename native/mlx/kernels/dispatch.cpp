@@ -70,6 +70,7 @@ GemmFn KernelTable::gemm_for(TensorType type) const {
     case TensorType::Q4_1: return q4_1;
     case TensorType::Q8_0: return q8_0;
     case TensorType::Q4_K: return q4_k;
+    case TensorType::Q5_K: return q5_k;
     case TensorType::Q6_K: return q6_k;
     default: return nullptr;
   }
@@ -81,6 +82,7 @@ GemmFn KernelTable::packed_gemm_for(TensorType type) const {
     case TensorType::Q4_1: return q4_1_x8;
     case TensorType::Q8_0: return q8_0_x8;
     case TensorType::Q4_K: return q4_k_x8;
+    case TensorType::Q5_K: return q5_k_x8;
     case TensorType::Q6_K: return q6_k_x8;
     default: return nullptr;
   }

@@ -1,13 +1,16 @@
-// K-quant kernels (Q4_K, Q6_K: 256-element super-blocks). Included by qgemm_impl.h inside
+// K-quant kernels (Q4_K, Q5_K, Q6_K: 256-element super-blocks). Included by qgemm_impl.h inside
 // each ISA's translation unit, after its helpers (half, isum_u8s8, hsum).
 //
 // Block layouts (ggml-common.h):
 //   Q4_K, 144 bytes: half d, half dmin, 12 bytes of 6-bit scales/mins for 8 sub-blocks of 32,
 //     128 bytes qs. Chunk j = qs[32j .. 32j+31]: low nibbles are sub-block 2j, high nibbles
 //     sub-block 2j+1, each in element order. weight = d * sc * q - dmin * m, q in [0, 15].
+//   Q5_K, 176 bytes: Q4_K's d, dmin and 12 scale bytes, then qh[32], then Q4_K's qs[128].
+//     Bit 2j (2j+1) of qh[l] is the fifth bit of element l of sub-block 2j (2j+1), so q in
+//     [0, 31] and the same weight formula: the kernels follow Q4_K's, with the bit ORed in.
 //   Q6_K, 210 bytes: ql[128], qh[64], int8 scales[16] (one per 16 elements), half d.
 //     weight = d * scale * (q - 32), q in [0, 63]; element order as in dequantize_row_q6_K.
-// Each 32-wide activation block lines up with one Q4_K sub-block or two Q6_K sub-blocks.
+// Each 32-wide activation block lines up with one Q4_K/Q5_K sub-block or two Q6_K sub-blocks.
 //
 // x86 layout trick: the activation rows are shared by every weight column, so once per call
 // each row's int8 blocks are rearranged ("lane-transposed") so that 32-bit lane i of every
@@ -26,6 +29,7 @@ namespace llmd::kernels::LLMD_ISA_NAMESPACE {
 constexpr int kSuper = 256;                   // elements per K-quant super-block
 constexpr int kSubBlocks = kSuper / kBlock;   // activation blocks per super-block
 constexpr int kQ4KBytes = 144;
+constexpr int kQ5KBytes = 176;
 constexpr int kQ6KBytes = 210;
 
 #if defined(LLMD_ISA_X86)
@@ -147,6 +151,25 @@ inline __m256i kq_load(const int8_t* p) {
   return _mm256_load_si256(reinterpret_cast<const __m256i*>(p));
 }
 
+// Q4_K's and Q5_K's d * sc[i] and dmin * m[i] in lane i (the same 16 header bytes in both).
+inline void kq4_dscales(const uint8_t* blk, __m256& dsc, __m256& dm) {
+  // The 6-bit scales and mins as in the scalar path's kq4_scales, on 32-bit lanes:
+  // u = {u0, u1, u2, -} -> bytes {sc[0..3], sc[4..7], m[0..3], m[4..7]}. Reads 16 bytes at
+  // blk + 4, inside the block.
+  const __m128i u = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 4));
+  const __m128i u22 = _mm_srlv_epi32(_mm_shuffle_epi32(u, _MM_SHUFFLE(2, 2, 2, 2)),
+                                     _mm_setr_epi32(0, 4, 0, 0));
+  const __m128i lo = _mm_and_si128(u, _mm_set1_epi8(0x3f));
+  const __m128i hi = _mm_or_si128(
+      _mm_and_si128(u22, _mm_set1_epi8(0x0f)),
+      _mm_slli_epi32(_mm_and_si128(_mm_srli_epi32(u, 6), _mm_set1_epi8(0x03)), 4));
+  const __m128i scm = _mm_unpacklo_epi32(lo, hi);
+  const __m256 fsc = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(scm));
+  const __m256 fmn = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(scm, 8)));
+  dsc = _mm256_mul_ps(_mm256_set1_ps(half(blk)), fsc);
+  dm = _mm256_mul_ps(_mm256_set1_ps(half(blk + 2)), fmn);
+}
+
 struct KqQ4K {
   static constexpr int kBytes = kQ4KBytes;
   static constexpr bool kSplit = false;
@@ -159,21 +182,7 @@ struct KqQ4K {
   };
 
   static void unpack(const uint8_t* blk, Weights& w) {
-    // The 6-bit scales and mins as in the scalar path's kq4_scales, on 32-bit lanes:
-    // u = {u0, u1, u2, -} -> bytes {sc[0..3], sc[4..7], m[0..3], m[4..7]}. Reads 16 bytes at
-    // blk + 4, inside the block.
-    const __m128i u = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 4));
-    const __m128i u22 = _mm_srlv_epi32(_mm_shuffle_epi32(u, _MM_SHUFFLE(2, 2, 2, 2)),
-                                       _mm_setr_epi32(0, 4, 0, 0));
-    const __m128i lo = _mm_and_si128(u, _mm_set1_epi8(0x3f));
-    const __m128i hi = _mm_or_si128(
-        _mm_and_si128(u22, _mm_set1_epi8(0x0f)),
-        _mm_slli_epi32(_mm_and_si128(_mm_srli_epi32(u, 6), _mm_set1_epi8(0x03)), 4));
-    const __m128i scm = _mm_unpacklo_epi32(lo, hi);
-    const __m256 fsc = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(scm));
-    const __m256 fmn = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(scm, 8)));
-    w.dsc = _mm256_mul_ps(_mm256_set1_ps(half(blk)), fsc);
-    w.dm = _mm256_mul_ps(_mm256_set1_ps(half(blk + 2)), fmn);
+    kq4_dscales(blk, w.dsc, w.dm);
     kq4_weights(blk + 16, w.t);
   }
 
@@ -196,6 +205,58 @@ struct KqQ4K {
 #endif
     acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(w.dsc, _mm256_load_ps(a.d)), acc);
     return _mm256_fnmadd_ps(w.dm, _mm256_load_ps(a.s), acc);
+  }
+};
+
+// Bit m (0..7) of every byte of qh as 16 in the same byte, 0 elsewhere: Q5_K's fifth bit of
+// sub-block m. 16-bit shifts carry bits across bytes, but the 0x10 mask keeps only bit 4 of
+// each byte, which comes from bit m of that same byte for shifts of at most 4 left or 3 right.
+inline __m256i q5_hbit(__m256i qh, int m) {
+  const __m256i x = m <= 4 ? _mm256_slli_epi16(qh, 4 - m) : _mm256_srli_epi16(qh, m - 4);
+  return _mm256_and_si256(x, _mm256_set1_epi8(0x10));
+}
+
+struct KqQ5K {
+  static constexpr int kBytes = kQ5KBytes;
+  static constexpr bool kSplit = false;
+  using Act = KqAct;
+  using Acc = __m256;
+  using Weights = KqQ4K::Weights;  // t: q in [0, 31], placed as Q4_K's
+
+  static void unpack(const uint8_t* blk, Weights& w) {
+    kq4_dscales(blk, w.dsc, w.dm);
+    // The 5-bit quants of each sub-block in element order, then Q4_K's activation placement
+    // (kq4_acts moves bytes only, so it places weights and activations alike).
+    const __m256i m4 = _mm256_set1_epi8(0x0f);
+    const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 16));
+    __m256i v[8];
+    for (int j = 0; j < 4; ++j) {
+      const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 48 + 32 * j));
+      v[2 * j] = _mm256_or_si256(_mm256_and_si256(q, m4), q5_hbit(qh, 2 * j));
+      v[2 * j + 1] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 4), m4), q5_hbit(qh, 2 * j + 1));
+    }
+    kq4_acts(v, w.t);
+  }
+
+  static __m256 step(const Weights& w, const Act& a, __m256 acc) {
+#if defined(LLMD_ISA_VNNI)
+    return KqQ4K::step(w, a, acc);  // dpbusd sums in 32 bits: 5-bit quants change nothing
+#else
+    // |pair| <= 2 * 31 * 127 = 7874: four 16-bit partial sums fit (31496), eight would not, so
+    // each half of the vectors is widened to 32 bits on its own.
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256i half16[2];
+    for (int u = 0; u < 2; ++u) {
+      const int8_t* aq = a.q + 128 * u;
+      half16[u] = _mm256_maddubs_epi16(w.t[4 * u], kq_load(aq));
+      for (int t = 1; t < 4; ++t) {
+        half16[u] = _mm256_add_epi16(half16[u], _mm256_maddubs_epi16(w.t[4 * u + t], kq_load(aq + 32 * t)));
+      }
+    }
+    const __m256i isum = _mm256_add_epi32(_mm256_madd_epi16(half16[0], ones), _mm256_madd_epi16(half16[1], ones));
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(w.dsc, _mm256_load_ps(a.d)), acc);
+    return _mm256_fnmadd_ps(w.dm, _mm256_load_ps(a.s), acc);
+#endif
   }
 };
 
@@ -293,13 +354,14 @@ inline __m256i bytes8(__m256i v, int q) {
   return _mm256_cvtepu8_epi32(q % 2 == 0 ? half : _mm_unpackhi_epi64(half, half));
 }
 
-// Q4_K: per sub-block j, lane c: sum_e q[c][e] * a[e] (exact), then
+// Q4_K and Q5_K: per sub-block j, lane c: sum_e q[c][e] * a[e] (exact), then
 // acc = fma(isum, d * sc[j] * a.d, acc), acc = fnma(dmin * m[j], a.s, acc): the row-major
-// kernel's formula.
-template <int R, int G>
-inline void dot8_q4k(const uint8_t* w, size_t stride, const ActBlock* const* a, int nb, float* const* out,
-                     bool stream) {
-  constexpr int kTile = 8 * kQ4KBytes;
+// kernel's formula. Q5_K's tile is Q4_K's plus the qh slices, whose bit 2p (2p + 1) is ORed
+// into the low (high) nibbles of chunk p as 16.
+template <int R, int G, bool kFive>
+inline void dot8_q45k(const uint8_t* w, size_t stride, const ActBlock* const* a, int nb, float* const* out,
+                      bool stream) {
+  constexpr int kTile = 8 * (kFive ? kQ5KBytes : kQ4KBytes);
   const __m256i m4 = _mm256_set1_epi8(0x0f);
   const __m256i m30 = _mm256_set1_epi8(0x30);
   __m256 acc[R][G];
@@ -330,8 +392,15 @@ inline void dot8_q4k(const uint8_t* w, size_t stride, const ActBlock* const* a, 
       const int b0 = sb * kSubBlocks + 2 * p;  // low nibbles: block b0, high: block b0 + 1
       // A single row has too few independent integer chains to hide dpbusd's latency: it keeps
       // a second set of sums for odd h and adds the two after the loop. Integer sums are exact,
-      // so the result (and its independence of the tile shape) is unchanged.
-      constexpr int kChains = R == 1 ? 2 : 1;
+      // so the result (and its independence of the tile shape) is unchanged. AVX2's 16-bit
+      // sums of Q5_K overflow past 4 slices (8 * 2 * 31 * 127 > 32767): two chains of 4 there
+      // too, widened to 32 bits before they are added.
+#if defined(LLMD_ISA_VNNI)
+      constexpr bool kWiden = false;
+#else
+      constexpr bool kWiden = kFive;
+#endif
+      constexpr int kChains = R == 1 || kWiden ? 2 : 1;
       __m256i isum[R][G][2];
       __m256i odd[R][G][2];
 #pragma GCC unroll 8
@@ -343,6 +412,11 @@ inline void dot8_q4k(const uint8_t* w, size_t stride, const ActBlock* const* a, 
           const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(t));
           lo[g] = _mm256_and_si256(q, m4);
           hi[g] = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+          if constexpr (kFive) {
+            const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(t - 256 * p + 1024));
+            lo[g] = _mm256_or_si256(lo[g], q5_hbit(qh, 2 * p));
+            hi[g] = _mm256_or_si256(hi[g], q5_hbit(qh, 2 * p + 1));
+          }
         }
         const bool second = kChains == 2 && (h & 1);
         const bool first_of_chain = kChains == 2 ? h < 2 : h == 0;
@@ -358,8 +432,8 @@ inline void dot8_q4k(const uint8_t* w, size_t stride, const ActBlock* const* a, 
             dst[0] = _mm256_dpbusd_epi32(first_of_chain ? z : dst[0], lo[g], alo);
             dst[1] = _mm256_dpbusd_epi32(first_of_chain ? z : dst[1], hi[g], ahi);
 #else
-            // int16 lanes: a maddubs term is at most 2 * 15 * 127 = 3810 in magnitude and a
-            // lane sums 8 of them (30480 < 32767), so nothing saturates.
+            // int16 lanes: a maddubs term is at most 2 * 15 * 127 = 3810 in magnitude (Q5_K:
+            // 7874) and a lane sums 8 of them (30480 < 32767; Q5_K: 4 per chain, 31496).
             const __m256i l16 = _mm256_maddubs_epi16(lo[g], alo);
             const __m256i h16 = _mm256_maddubs_epi16(hi[g], ahi);
             dst[0] = first_of_chain ? l16 : _mm256_add_epi16(dst[0], l16);
@@ -370,13 +444,22 @@ inline void dot8_q4k(const uint8_t* w, size_t stride, const ActBlock* const* a, 
       }
       if constexpr (kChains == 2) {
 #pragma GCC unroll 8
-        for (int g = 0; g < G; ++g) {
-          for (int e = 0; e < 2; ++e) {
+        for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 8
+          for (int g = 0; g < G; ++g) {
+            for (int e = 0; e < 2; ++e) {
 #if defined(LLMD_ISA_VNNI)
-            isum[0][g][e] = _mm256_add_epi32(isum[0][g][e], odd[0][g][e]);
+              isum[r][g][e] = _mm256_add_epi32(isum[r][g][e], odd[r][g][e]);
 #else
-            isum[0][g][e] = _mm256_add_epi16(isum[0][g][e], odd[0][g][e]);
+              if constexpr (kWiden) {
+                const __m256i ones = _mm256_set1_epi16(1);
+                isum[r][g][e] =
+                    _mm256_add_epi32(_mm256_madd_epi16(isum[r][g][e], ones), _mm256_madd_epi16(odd[r][g][e], ones));
+              } else {
+                isum[r][g][e] = _mm256_add_epi16(isum[r][g][e], odd[r][g][e]);
+              }
 #endif
+            }
           }
         }
       }
@@ -393,7 +476,7 @@ inline void dot8_q4k(const uint8_t* w, size_t stride, const ActBlock* const* a, 
 #if defined(LLMD_ISA_VNNI)
             const __m256i i32 = isum[r][g][e];
 #else
-            const __m256i i32 = _mm256_madd_epi16(isum[r][g][e], _mm256_set1_epi16(1));
+            const __m256i i32 = kWiden ? isum[r][g][e] : _mm256_madd_epi16(isum[r][g][e], _mm256_set1_epi16(1));
 #endif
             acc[r][g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i32), _mm256_mul_ps(dsc, _mm256_set1_ps(ab.d)), acc[r][g]);
             acc[r][g] = _mm256_fnmadd_ps(dm, _mm256_set1_ps(ab.s), acc[r][g]);
@@ -598,7 +681,16 @@ struct Dot8Q4K {
   using Rows = PlainRows;
   static void run(const uint8_t* w, size_t stride, const ActBlock* const* a, int nb, float* const* out,
                   bool stream) {
-    dot8_q4k<R, G>(w, stride, a, nb, out, stream);
+    dot8_q45k<R, G, false>(w, stride, a, nb, out, stream);
+  }
+};
+template <int R, int G>
+struct Dot8Q5K {
+  static constexpr int kSingleRowGroups = 1;
+  using Rows = PlainRows;
+  static void run(const uint8_t* w, size_t stride, const ActBlock* const* a, int nb, float* const* out,
+                  bool stream) {
+    dot8_q45k<R, G, true>(w, stride, a, nb, out, stream);
   }
 };
 template <int R, int G>
@@ -613,6 +705,10 @@ struct Dot8Q6K {
 inline void gemm_q4_k_x8(const uint8_t* w, size_t rb, const ActBlock* a, int k, int rows, int n0, int n1, float* out,
                          int ldo) {
   gemm_packed<Dot8Q4K>(w, rb, a, k, rows, n0, n1, out, ldo);
+}
+inline void gemm_q5_k_x8(const uint8_t* w, size_t rb, const ActBlock* a, int k, int rows, int n0, int n1, float* out,
+                         int ldo) {
+  gemm_packed<Dot8Q5K>(w, rb, a, k, rows, n0, n1, out, ldo);
 }
 inline void gemm_q6_k_x8(const uint8_t* w, size_t rb, const ActBlock* a, int k, int rows, int n0, int n1, float* out,
                          int ldo) {
@@ -652,7 +748,7 @@ struct KqQ4K {
   using Act = KqAct;
   using Acc = float;
   struct Weights {
-    uint8_t q[kSuper];  // in element order
+    uint8_t q[kSuper];  // in element order (Q5_K: the fifth bit included)
     float dsc[8];
     float dm[8];
   };
@@ -684,6 +780,35 @@ struct KqQ4K {
     }
     return acc;
   }
+};
+
+// Q5_K: Q4_K's maths on q in [0, 31] (the fifth bit from qh), so it reuses Q4_K's step.
+struct KqQ5K {
+  static constexpr int kBytes = kQ5KBytes;
+  static constexpr bool kSplit = false;
+  using Act = KqAct;
+  using Acc = float;
+  using Weights = KqQ4K::Weights;
+
+  static void unpack(const uint8_t* blk, Weights& w) {
+    uint8_t sc[8], mn[8];
+    kq4_scales(blk + 4, sc, mn);
+    const float d = half(blk), dmin = half(blk + 2);
+    for (int j = 0; j < 8; ++j) {
+      w.dsc[j] = d * static_cast<float>(sc[j]);
+      w.dm[j] = dmin * static_cast<float>(mn[j]);
+    }
+    const uint8_t* qh = blk + 16;
+    const uint8_t* qs = blk + 48;
+    for (int j = 0; j < 4; ++j) {
+      for (int i = 0; i < 32; ++i) {
+        w.q[64 * j + i] = static_cast<uint8_t>((qs[32 * j + i] & 0x0f) | (((qh[i] >> (2 * j)) & 1) << 4));
+        w.q[64 * j + 32 + i] = static_cast<uint8_t>((qs[32 * j + i] >> 4) | (((qh[i] >> (2 * j + 1)) & 1) << 4));
+      }
+    }
+  }
+
+  static float step(const Weights& w, const Act& a, float acc) { return KqQ4K::step(w, a, acc); }
 };
 
 struct KqQ6K {
@@ -786,6 +911,10 @@ inline void kq_gemm(const uint8_t* w, size_t w_row_bytes, const ActBlock* a, int
 inline void gemm_q4_k(const uint8_t* w, size_t rb, const ActBlock* a, int k, int rows, int n0,
                       int n1, float* out, int ldo) {
   kq_gemm<KqQ4K>(w, rb, a, k, rows, n0, n1, out, ldo);
+}
+inline void gemm_q5_k(const uint8_t* w, size_t rb, const ActBlock* a, int k, int rows, int n0,
+                      int n1, float* out, int ldo) {
+  kq_gemm<KqQ5K>(w, rb, a, k, rows, n0, n1, out, ldo);
 }
 inline void gemm_q6_k(const uint8_t* w, size_t rb, const ActBlock* a, int k, int rows, int n0,
                       int n1, float* out, int ldo) {

@@ -39,8 +39,10 @@ Codec legacy_codec(int bytes) {
 }
 
 // Q4_K: fp16 d, fp16 dmin, 12 bytes of 6-bit scales and mins (ggml's get_scale_min_k4
-// packing), 128 bytes of nibbles.
-void q4k_to_tile(const uint8_t* block, int c, uint8_t* tile) {
+// packing), 128 bytes of nibbles. Q5_K has the same fields with qh[32] before the nibbles
+// (kQs = 48 instead of 16) and its tile appends the qh slices.
+template <int kQs>
+void q45k_to_tile(const uint8_t* block, int c, uint8_t* tile) {
   std::memcpy(tile + 2 * c, block, 2);
   std::memcpy(tile + 16 + 2 * c, block + 2, 2);
   const uint8_t* s = block + 4;
@@ -57,11 +59,15 @@ void q4k_to_tile(const uint8_t* block, int c, uint8_t* tile) {
                                                 ((mn[j + 4] >> 4) << 6));
   }
   for (int p = 0; p < 4; ++p) {
-    for (int h = 0; h < 8; ++h) std::memcpy(tile + 128 + 256 * p + 32 * h + 4 * c, block + 16 + 32 * p + 4 * h, 4);
+    for (int h = 0; h < 8; ++h) std::memcpy(tile + 128 + 256 * p + 32 * h + 4 * c, block + kQs + 32 * p + 4 * h, 4);
+  }
+  if constexpr (kQs == 48) {
+    for (int h = 0; h < 8; ++h) std::memcpy(tile + 1152 + 32 * h + 4 * c, block + 16 + 4 * h, 4);
   }
 }
 
-void q4k_from_tile(const uint8_t* tile, int c, uint8_t* block) {
+template <int kQs>
+void q45k_from_tile(const uint8_t* tile, int c, uint8_t* block) {
   std::memcpy(block, tile + 2 * c, 2);
   std::memcpy(block + 2, tile + 16 + 2 * c, 2);
   uint8_t sc[8], mn[8];
@@ -78,7 +84,10 @@ void q4k_from_tile(const uint8_t* tile, int c, uint8_t* block) {
     s[j + 8] = static_cast<uint8_t>((sc[j + 4] & 15) | ((mn[j + 4] & 15) << 4));
   }
   for (int p = 0; p < 4; ++p) {
-    for (int h = 0; h < 8; ++h) std::memcpy(block + 16 + 32 * p + 4 * h, tile + 128 + 256 * p + 32 * h + 4 * c, 4);
+    for (int h = 0; h < 8; ++h) std::memcpy(block + kQs + 32 * p + 4 * h, tile + 128 + 256 * p + 32 * h + 4 * c, 4);
+  }
+  if constexpr (kQs == 48) {
+    for (int h = 0; h < 8; ++h) std::memcpy(block + 16 + 4 * h, tile + 1152 + 32 * h + 4 * c, 4);
   }
 }
 
@@ -107,7 +116,8 @@ Codec codec_of(TensorType type) {
     case TensorType::Q4_0: return legacy_codec<2, 4>(18);
     case TensorType::Q4_1: return legacy_codec<4, 4>(20);
     case TensorType::Q8_0: return legacy_codec<2, 8>(34);
-    case TensorType::Q4_K: return {256, 144, q4k_to_tile, q4k_from_tile};
+    case TensorType::Q4_K: return {256, 144, q45k_to_tile<16>, q45k_from_tile<16>};
+    case TensorType::Q5_K: return {256, 176, q45k_to_tile<48>, q45k_from_tile<48>};
     case TensorType::Q6_K: return {256, 210, q6k_to_tile, q6k_from_tile};
     default: throw std::invalid_argument("no packed layout for " + type_name(type));
   }
@@ -117,7 +127,7 @@ Codec codec_of(TensorType type) {
 
 bool has_pack8_layout(TensorType type) {
   return type == TensorType::Q4_0 || type == TensorType::Q4_1 || type == TensorType::Q8_0 ||
-         type == TensorType::Q4_K || type == TensorType::Q6_K;
+         type == TensorType::Q4_K || type == TensorType::Q5_K || type == TensorType::Q6_K;
 }
 
 void pack8_in_place(TensorType type, uint8_t* rows, int n_rows, int k) {

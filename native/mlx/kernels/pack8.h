@@ -1,4 +1,4 @@
-// The 8-row packed layout of Q4_0 / Q4_1 / Q8_0 / Q4_K / Q6_K weights used by the x86 kernels.
+// The 8-row packed layout of Q4_0 / Q4_1 / Q8_0 / Q4_K / Q5_K / Q6_K weights used by the x86 kernels.
 //
 // Why: with rows stored one after another, every 32-element block of every (activation row,
 // weight row) pair needs its own int->float conversion, scale multiply and FMA, and the final
@@ -27,6 +27,9 @@
 //     [128, 1152)  chunk p = 0..3 (GGUF's qs[32p .. 32p+31]: low nibbles sub-block 2p, high
 //                  2p+1), slice h = 0..7: 32 bytes at 128 + 256p + 32h holding row c's
 //                  qs[32p + 4h .. +3] at 4c
+//   Q5_K, 1408 bytes: Q4_K's tile (the same fields; in the GGUF block qh[32] precedes qs), then
+//     [1152, 1408) slice h = 0..7: 32 bytes at 1152 + 32h holding row c's qh[4h .. +3] at 4c:
+//                  bits 2p and 2p + 1 are the fifth bits of the elements chunk p's slice h holds
 //   Q6_K, 1680 bytes:
 //     [0, 16)      d[8] fp16
 //     [16, 144)    byte 16 + 16b + 2c (+1): scales[2b] (scales[2b+1]) of row c, b = 0..7: one
@@ -49,7 +52,7 @@ namespace llmd::kernels {
 
 constexpr int kPackRows = 8;
 
-// Whether `type` has a packed layout (Q4_0, Q4_1, Q8_0, Q4_K, Q6_K).
+// Whether `type` has a packed layout (Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K).
 bool has_pack8_layout(TensorType type);
 
 // Packs `n_rows` (a multiple of 8) rows of `k` elements, row-major at `rows`, in place.

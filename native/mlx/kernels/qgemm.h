@@ -44,6 +44,7 @@ struct KernelTable {
   GemmFn q4_1;
   GemmFn q8_0;
   GemmFn q4_k;  // nullptr where not implemented: such weights are refused at load
+  GemmFn q5_k;
   GemmFn q6_k;
   // Kernels for weights in the 8-row packed layout (pack8.h); null where this path has none,
   // and then weights stay row-major.
@@ -51,6 +52,7 @@ struct KernelTable {
   GemmFn q4_1_x8 = nullptr;
   GemmFn q8_0_x8 = nullptr;
   GemmFn q4_k_x8 = nullptr;
+  GemmFn q5_k_x8 = nullptr;
   GemmFn q6_k_x8 = nullptr;
 
   GemmFn gemm_for(TensorType type) const;         // nullptr if this table has no kernel for it

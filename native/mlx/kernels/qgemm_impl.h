@@ -662,11 +662,29 @@ namespace llmd::kernels::LLMD_ISA_NAMESPACE {
 
 inline const KernelTable* make_table(const char* isa) {
 #if defined(LLMD_ISA_X86)
-  static const KernelTable table{isa,          quantize_row_simd, gemm_q4_0,    gemm_q4_1,
-                                 gemm_q8_0,    gemm_q4_k,         gemm_q6_k,    gemm_q4_0_x8,
-                                 gemm_q4_1_x8, gemm_q8_0_x8,      gemm_q4_k_x8, gemm_q6_k_x8};
+  static const KernelTable table{.isa = isa,
+                                 .quantize_row = quantize_row_simd,
+                                 .q4_0 = gemm_q4_0,
+                                 .q4_1 = gemm_q4_1,
+                                 .q8_0 = gemm_q8_0,
+                                 .q4_k = gemm_q4_k,
+                                 .q5_k = gemm_q5_k,
+                                 .q6_k = gemm_q6_k,
+                                 .q4_0_x8 = gemm_q4_0_x8,
+                                 .q4_1_x8 = gemm_q4_1_x8,
+                                 .q8_0_x8 = gemm_q8_0_x8,
+                                 .q4_k_x8 = gemm_q4_k_x8,
+                                 .q5_k_x8 = gemm_q5_k_x8,
+                                 .q6_k_x8 = gemm_q6_k_x8};
 #else
-  static const KernelTable table{isa, quantize_row, gemm_q4_0, gemm_q4_1, gemm_q8_0, gemm_q4_k, gemm_q6_k};
+  static const KernelTable table{.isa = isa,
+                                 .quantize_row = quantize_row,
+                                 .q4_0 = gemm_q4_0,
+                                 .q4_1 = gemm_q4_1,
+                                 .q8_0 = gemm_q8_0,
+                                 .q4_k = gemm_q4_k,
+                                 .q5_k = gemm_q5_k,
+                                 .q6_k = gemm_q6_k};
 #endif
   return &table;
 }
