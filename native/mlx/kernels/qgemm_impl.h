@@ -393,20 +393,15 @@ constexpr int packed_row_tile() {
   }
 }
 
-// One tile of `n` (1 .. 8) rows over one group, as a call with a compile-time row count.
-template <template <int, int> class Dot8, class Row>
+// One tile of `n` (1 .. kMax) rows over one group, as a call with a compile-time row count
+// (only the counts a kernel's tile can leave are instantiated).
+template <template <int, int> class Dot8, int kMax, class Row>
 inline void run_row_tile(int n, const uint8_t* group, size_t stride, const Row* rows_a, int nb, float* const* outs,
                          bool stream) {
-  switch (n) {
-    case 1: return Dot8<1, 1>::run(group, stride, rows_a, nb, outs, stream);
-    case 2: return Dot8<2, 1>::run(group, stride, rows_a, nb, outs, stream);
-    case 3: return Dot8<3, 1>::run(group, stride, rows_a, nb, outs, stream);
-    case 4: return Dot8<4, 1>::run(group, stride, rows_a, nb, outs, stream);
-    case 5: return Dot8<5, 1>::run(group, stride, rows_a, nb, outs, stream);
-    case 6: return Dot8<6, 1>::run(group, stride, rows_a, nb, outs, stream);
-    case 7: return Dot8<7, 1>::run(group, stride, rows_a, nb, outs, stream);
-    default: return Dot8<8, 1>::run(group, stride, rows_a, nb, outs, stream);
+  if constexpr (kMax > 1) {
+    if (n < kMax) return run_row_tile<Dot8, kMax - 1>(n, group, stride, rows_a, nb, outs, stream);
   }
+  Dot8<kMax, 1>::run(group, stride, rows_a, nb, outs, stream);
 }
 
 // Packed groups of 8 weight rows: [n0, n1) must be multiples of 8. Every group is swept once
@@ -451,7 +446,7 @@ inline void gemm_packed(const uint8_t* w, size_t w_row_bytes, const ActBlock* a,
           rows_a[t] = act.row(r + t);
           outs[t] = out + static_cast<size_t>(r + t) * ldo + n;
         }
-        run_row_tile<Dot8>(t_rows, group, stride, rows_a, nb, outs, r == r0);
+        run_row_tile<Dot8, kTile>(t_rows, group, stride, rows_a, nb, outs, r == r0);
       }
     }
   }
