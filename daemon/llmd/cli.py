@@ -29,6 +29,7 @@ from .instance import AlreadyRunning, running_pid
 from .keep_alive import parse_keep_alive
 from .limits import DEFAULT_MAX_LOADED, DEFAULT_QUEUE_LIMIT, parse_size
 from .paths import DEFAULT_HOST, DEFAULT_PORT, get_paths
+from .remote_cli import remote
 from .security import SecurityConfig
 from .service import service
 from .sessions import DEFAULT_MAX_SESSIONS, DEFAULT_SESSION_TTL
@@ -631,6 +632,11 @@ def status(as_json: bool) -> None:
             click.echo(f"  warning: {m['context_warning']}")
         if m.get("last_error"):
             click.echo(f"  last error: {m['last_error']}")
+    for r in info.get("remotes", []):
+        click.echo(
+            f"remote {r['name']}: {r['upstream_model']} at {r['url']}, {r['in_flight']} in "
+            f"flight / {r['queued']} queued (max {r['max_concurrency']})"
+        )
     for sess in info["sessions"]:
         click.echo(
             f"session {sess['id']}: {sess['model']}, {sess['requests']} requests, "
@@ -1054,3 +1060,4 @@ def gc(partials: bool, older_than: float, dry_run: bool) -> None:
 
 
 main.add_command(service)
+main.add_command(remote)

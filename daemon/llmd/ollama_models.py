@@ -44,6 +44,7 @@ from .ollama_api import (
     template_thinks,
 )
 from .pull_routes import start_pull
+from .remote_routes import ollama_remote_tags
 from .store import ModelRecord, StoreError
 
 # ---------------------------------------------------------------------- facts
@@ -178,6 +179,7 @@ async def tags(request: web.Request) -> web.Response:
                 "details": await asyncio.to_thread(details, r),
             }
         )
+    models += await ollama_remote_tags(request.app)
     return web.json_response({"models": models})
 
 

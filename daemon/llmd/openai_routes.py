@@ -35,6 +35,7 @@ from .fim import completion_fim_prompt, with_fim_stops
 from .generation import Finished
 from .http_common import REGISTRY, SSE_KEEPALIVE, parsed_body, relay, sse
 from .openai_schemas import ChatCompletionRequest, CompletionRequest, parse_request
+from .remote_routes import forward_if_remote
 from .supervisor import ModelSupervisor
 from .worker_client import Accepted, WorkerError
 
@@ -55,6 +56,8 @@ def _error_event(err: ApiError) -> bytes:
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     req = await parsed_body(request, parse_request, ChatCompletionRequest)
+    if (remote := await forward_if_remote(request, req, "/v1/chat/completions")) is not None:
+        return remote
     async with request.app[REGISTRY].use(req.model, req.keep_alive_seconds()) as model:
         return await _chat(request, req, model)
 
@@ -128,6 +131,8 @@ async def _chat(
 
 async def completions(request: web.Request) -> web.StreamResponse:
     req = await parsed_body(request, parse_request, CompletionRequest)
+    if (remote := await forward_if_remote(request, req, "/v1/completions")) is not None:
+        return remote
     async with request.app[REGISTRY].use(req.model, req.keep_alive_seconds()) as model:
         return await _complete(request, req, model)
 

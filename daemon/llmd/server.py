@@ -51,6 +51,13 @@ from .ollama_models import add_ollama_routes
 from .openai_routes import add_openai_routes
 from .paths import Paths, ensure_private_dir
 from .pull_routes import add_pull_routes
+from .remote_routes import (
+    add_remote_routes,
+    find_remote,
+    openai_entry,
+    openai_remote_models,
+    remote_status,
+)
 from .responses_api import add_responses_routes
 from .security import SecurityConfig, install_cors, make_runner, security_middlewares
 from .sessions import DEFAULT_MAX_SESSIONS, DEFAULT_SESSION_TTL, SessionTable
@@ -151,6 +158,7 @@ async def status(request: web.Request) -> web.Response:
             "queued_requests": queued,
             "models": models,
             "sessions": request.app[SESSIONS].list(),
+            "remotes": await asyncio.to_thread(remote_status, request.app),
         }
     )
 
@@ -164,13 +172,17 @@ async def list_models(request: web.Request) -> web.Response:
     def entries() -> list[dict[str, Any]]:
         return [openai_model(registry, r) for r in request.app[STORE].served()]
 
-    return web.json_response({"object": "list", "data": await asyncio.to_thread(entries)})
+    data = await asyncio.to_thread(entries) + await openai_remote_models(request.app)
+    return web.json_response({"object": "list", "data": data})
 
 
 async def get_model(request: web.Request) -> web.Response:
     """`GET /v1/models/{id}`: one entry of the list, or OpenAI's 404."""
     name = request.match_info["model_id"]
     record = await asyncio.to_thread(request.app[STORE].resolve, name)
+    remote = None if record else await asyncio.to_thread(find_remote, request.app, name)
+    if remote is not None:
+        return web.json_response(openai_entry(remote))
     if record is None:
         raise ApiError(
             404, f"The model '{name}' does not exist", param="model", code="model_not_found"
@@ -244,6 +256,7 @@ def create_app(
     install_cors(app, security)
     store = ModelStore(paths)
     app[STORE] = store
+    add_remote_routes(app)
     registry = ModelRegistry(
         store,
         context_length=context_length,

@@ -1,0 +1,304 @@
+"""Forwarding one validated OpenAI request to a remote model's upstream and its answer back.
+
+What travels: the request as llmd validated it (the same pydantic models as local requests;
+fields the client did not set stay unset), minus llmd's own extensions (sessions,
+keep_alive), with `model` replaced by the upstream's id; headers are llmd's own (the remote's
+key as ``Authorization: Bearer`` when configured), never the client's. What comes back: the
+upstream's JSON as it gave it, or its SSE events one by one, with `model` rewritten to the
+local name. A client that goes away closes the upstream connection, which cancels the
+generation there (vLLM, SGLang, llama-server and llmd all stop on disconnect).
+
+Limits (decision): each remote has `max_concurrency` requests in flight; more wait in a FIFO
+queue for up to `queue_timeout` seconds, then get 429 ``remote_busy`` with Retry-After. Waiting
+smooths bursts (an agent fanning out a few calls) without letting a stuck upstream pile up
+clients forever. Errors leave in llmd's envelope: an upstream 4xx keeps its status (429 with
+its Retry-After, a 400 about a parameter), 503 stays 503 (back-pressure), other 5xx and an
+unreachable or broken upstream are 502, a timeout 504; the key never appears in them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from .errors import ApiError
+from .http_common import SSE_KEEPALIVE, relay, sse
+from .openai_schemas import SamplingFields
+from .remotes import RemoteError, RemoteRecord
+
+log = logging.getLogger("llmd.remote")
+
+# llmd's own request fields: they steer local state (sessions, loaded models) and mean nothing
+# (or something else) to an upstream.
+LOCAL_ONLY_FIELDS = {"session_id", "session_ttl", "keep_alive"}
+SSE = "text/event-stream"
+
+
+@dataclass
+class _Slots:
+    """One remote's in-flight bound: a semaphore sized from its record."""
+
+    limit: int
+    semaphore: asyncio.Semaphore
+    in_flight: int = 0
+    queued: int = 0
+
+
+@dataclass
+class RemoteGate:
+    """The daemon's upstream connections and per-remote limits (one per app)."""
+
+    _slots: dict[str, _Slots] = field(default_factory=dict)
+    _session: aiohttp.ClientSession | None = None
+
+    def session(self) -> aiohttp.ClientSession:
+        """One connection pool for every upstream; TLS certificates are verified."""
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession(auto_decompress=True)
+        return self._session
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+    def _for(self, remote: RemoteRecord) -> _Slots:
+        slots = self._slots.get(remote.name)
+        if slots is None or (slots.limit != remote.max_concurrency and slots.in_flight == 0):
+            slots = _Slots(remote.max_concurrency, asyncio.Semaphore(remote.max_concurrency))
+            self._slots[remote.name] = slots
+        return slots
+
+    async def acquire(self, remote: RemoteRecord) -> _Slots:
+        """A slot, waiting up to the remote's queue timeout; 429 beyond it."""
+        slots = self._for(remote)
+        slots.queued += 1
+        try:
+            await asyncio.wait_for(slots.semaphore.acquire(), timeout=remote.queue_timeout)
+        except asyncio.TimeoutError as exc:
+            err = ApiError(
+                429,
+                f"remote model '{remote.name}' has {remote.max_concurrency} requests in flight "
+                f"and no slot freed within {remote.queue_timeout:g} s; retry later",
+                type="rate_limit_error",
+                code="remote_busy",
+            )
+            err.retry_after = 1  # type: ignore[attr-defined]
+            raise err from exc
+        finally:
+            slots.queued -= 1
+        slots.in_flight += 1
+        return slots
+
+    @staticmethod
+    def release(slots: _Slots) -> None:
+        slots.in_flight -= 1
+        slots.semaphore.release()
+
+    def status(self, remote: RemoteRecord) -> dict[str, int]:
+        slots = self._slots.get(remote.name)
+        return {
+            "in_flight": slots.in_flight if slots else 0,
+            "queued": slots.queued if slots else 0,
+            "max_concurrency": remote.max_concurrency,
+        }
+
+
+def upstream_body(req: SamplingFields, remote: RemoteRecord) -> dict[str, Any]:
+    """The validated request as the upstream gets it: what the client set, under the
+    upstream's model id, without llmd's local-only fields."""
+    body = req.model_dump(mode="json", by_alias=True, exclude_unset=True, exclude=LOCAL_ONLY_FIELDS)
+    body["model"] = remote.upstream_model
+    return body
+
+
+def _renamed(payload: Any, name: str) -> Any:
+    if isinstance(payload, dict) and "model" in payload:
+        payload["model"] = name
+    return payload
+
+
+def _upstream_error(remote: RemoteRecord, status: int, text: str, headers: Any) -> ApiError:
+    """An upstream's error answer in llmd's envelope: its message (key scrubbed), its status
+    for 4xx and 503, 502 for other failures."""
+    message, etype, code, param = text.strip()[:500], None, None, None
+    try:
+        err = json.loads(text).get("error")
+        if isinstance(err, dict):
+            message = str(err.get("message") or message)
+            etype, code, param = err.get("type"), err.get("code"), err.get("param")
+        elif isinstance(err, str):
+            message = err
+    except (ValueError, AttributeError):
+        pass
+    message = remote.scrub(message)
+    kept = 400 <= status < 500 or status == 503
+    default_type = "invalid_request_error" if status < 500 else "server_error"
+    out = ApiError(
+        status if kept else 502,
+        f"remote '{remote.name}' ({remote.host}) answered {status}: {message}",
+        type=str(etype) if etype and kept else default_type,
+        param=str(param) if isinstance(param, str) else None,
+        code=str(code) if isinstance(code, (str, int)) and kept else "upstream_error",
+    )
+    if headers.get("Retry-After"):
+        out.retry_after = headers["Retry-After"]  # type: ignore[attr-defined]
+    return out
+
+
+def _transport_error(remote: RemoteRecord, exc: BaseException) -> ApiError:
+    """An upstream we could not reach, that stalled or broke off: 504 for a timeout, else 502."""
+    if isinstance(exc, asyncio.TimeoutError):
+        return ApiError(
+            504,
+            f"remote '{remote.name}' ({remote.host}) did not answer in time",
+            type="server_error",
+            code="upstream_timeout",
+        )
+    detail = remote.scrub(str(exc) or type(exc).__name__)
+    return ApiError(
+        502,
+        f"remote '{remote.name}' ({remote.host}) failed: {detail}",
+        type="server_error",
+        code="upstream_unreachable",
+    )
+
+
+async def forward(
+    request: web.Request,
+    gate: RemoteGate,
+    remote: RemoteRecord,
+    req: SamplingFields,
+    path: str,
+) -> web.StreamResponse:
+    """Answer `request` (already validated as `req`) from the remote's `path`. An error that
+    says when to retry (429, 503) keeps its Retry-After header."""
+    try:
+        return await _forward(request, gate, remote, req, path)
+    except ApiError as err:
+        retry_after = getattr(err, "retry_after", None)
+        if retry_after is None:
+            raise
+        return web.json_response(
+            err.envelope(), status=err.status, headers={"Retry-After": str(retry_after)}
+        )
+
+
+async def _forward(
+    request: web.Request,
+    gate: RemoteGate,
+    remote: RemoteRecord,
+    req: SamplingFields,
+    path: str,
+) -> web.StreamResponse:
+    try:
+        headers = remote.headers()
+    except RemoteError as exc:
+        raise ApiError(exc.status, exc.message, type="server_error", code=exc.code) from exc
+    body = upstream_body(req, remote)
+    timeout = aiohttp.ClientTimeout(
+        total=None, sock_connect=remote.connect_timeout, sock_read=remote.read_timeout
+    )
+    slots = await gate.acquire(remote)
+    try:
+        try:
+            resp = await gate.session().post(
+                remote.endpoint(path), json=body, headers=headers, timeout=timeout
+            )
+        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+            raise _transport_error(remote, exc) from exc
+        try:
+            if resp.status >= 400:
+                try:
+                    text = await resp.text(errors="replace")
+                except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+                    raise _transport_error(remote, exc) from exc
+                raise _upstream_error(remote, resp.status, text, resp.headers)
+            if req.stream and resp.content_type == SSE:
+                return await relay(
+                    request,
+                    _ready(),
+                    _events(resp, remote, req.model),
+                    content_type=SSE,
+                    error_frame=lambda err: sse(err.envelope()),
+                    keepalive=SSE_KEEPALIVE,
+                )
+            try:
+                raw = await resp.read()
+            except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+                raise _transport_error(remote, exc) from exc
+            try:
+                payload = json.loads(raw)
+            except ValueError as exc:
+                raise ApiError(
+                    502,
+                    f"remote '{remote.name}' ({remote.host}) answered with something that is "
+                    "not JSON",
+                    type="server_error",
+                    code="upstream_error",
+                ) from exc
+            return web.json_response(_renamed(payload, req.model))
+        finally:
+            resp.release()
+            resp.close()
+    finally:
+        gate.release(slots)
+
+
+async def _ready() -> None:
+    """The upstream accepted the request (its status is already known to be 2xx)."""
+
+
+async def _events(
+    resp: aiohttp.ClientResponse, remote: RemoteRecord, name: str
+) -> AsyncIterator[bytes]:
+    """The upstream's SSE stream, one event per frame, `model` renamed in each JSON event.
+    A stream that breaks off or stalls ends with llmd's error event (502/504)."""
+    lines: list[bytes] = []
+    done = False
+    try:
+        async for raw in resp.content:
+            line = raw.rstrip(b"\r\n")
+            if line:
+                lines.append(line)
+                # [DONE], or an upstream's own in-band error (its stream ends with it)
+                done = done or line == b"data: [DONE]" or line.startswith(b'data: {"error"')
+                continue
+            if lines:
+                yield _event(lines, name)
+                lines = []
+    except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+        raise _transport_error(remote, exc) from exc
+    if lines:
+        yield _event(lines, name)
+    if not done:  # the upstream closed the stream without finishing it
+        raise ApiError(
+            502,
+            f"remote '{remote.name}' ({remote.host}) ended the stream before it was complete",
+            type="server_error",
+            code="upstream_unreachable",
+        )
+
+
+def _event(lines: list[bytes], name: str) -> bytes:
+    out = []
+    for line in lines:
+        if line.startswith(b"data:"):
+            data = line[5:].strip()
+            if data.startswith(b"{"):
+                try:
+                    payload = json.loads(data)
+                except ValueError:
+                    pass
+                else:
+                    line = (
+                        b"data: " + json.dumps(_renamed(payload, name), ensure_ascii=False).encode()
+                    )
+        out.append(line)
+    return b"\n".join(out) + b"\n\n"

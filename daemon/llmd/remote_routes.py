@@ -1,0 +1,261 @@
+"""The HTTP side of remote models (remotes.py): managing them (``GET``/``POST /v1/remotes``,
+``DELETE /v1/remotes/{name}``), listing them with the local models, sending
+`/v1/chat/completions` and `/v1/completions` for them to their upstream (remote_proxy.py),
+and a clear 400 on every other protocol until phase 2 translates them.
+
+A local model always wins over a remote of the same name (adding such a remote is refused,
+but a model pulled later under a remote's name takes it over): a name never silently starts
+going to another machine.
+
+Adding a remote that names an API-key variable is only accepted over the Unix socket (the
+CLI's way in, private to the user): over TCP anyone holding llmd's own key, or any local user
+when there is none, could otherwise point a remote at their server and have the daemon send
+it the value of any variable in its environment.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+
+from .errors import ApiError, bad_request
+from .http_common import STORE, json_body
+from .openai_schemas import SamplingFields
+from .remote_proxy import RemoteGate, forward
+from .remotes import RemoteError, RemoteRecord, RemoteStore, probe_new
+from .security import is_unix_socket_request
+
+REMOTES = web.AppKey("remotes", RemoteStore)
+GATE = web.AppKey("remote_gate", RemoteGate)
+
+# Protocols that do not serve remote models yet (phase 2 translates them onto the upstream's
+# Chat Completions): a request for a remote model there is a 400 in the protocol's own error
+# shape (the error middleware picks it from the path), never a local "model not found".
+NOT_FORWARDED = frozenset(
+    {
+        "/v1/messages",
+        "/v1/messages/count_tokens",
+        "/v1/responses",
+        "/v1/embeddings",
+        "/api/chat",
+        "/api/generate",
+        "/api/show",
+        "/api/embed",
+        "/api/embeddings",
+        "/infill",
+    }
+)
+
+
+def _api_error(exc: RemoteError) -> ApiError:
+    kind = "server_error" if exc.status >= 500 else "invalid_request_error"
+    return ApiError(exc.status, exc.message, type=kind, code=exc.code)
+
+
+def find_remote(app: web.Application, name: str) -> RemoteRecord | None:
+    """The remote a request for `name` goes to: None for a local model (it wins) or an
+    unknown name. Reads two small files at most: remotes are rare, lookups cheap."""
+    remote = app[REMOTES].get(name)
+    if remote is None or app[STORE].resolve(name) is not None:
+        return None
+    return remote
+
+
+async def forward_if_remote(
+    request: web.Request, req: SamplingFields, path: str
+) -> web.StreamResponse | None:
+    """The answer for a validated OpenAI request when its model is remote, else None (the
+    caller serves it locally)."""
+    remote = await asyncio.to_thread(find_remote, request.app, req.model)
+    if remote is None:
+        return None
+    return await forward(request, request.app[GATE], remote, req, path)
+
+
+# ---------------------------------------------------------------------- listings
+
+
+def openai_entry(remote: RemoteRecord) -> dict[str, Any]:
+    """A `/v1/models` entry for a remote: owner is the upstream's host, context its own."""
+    return {
+        "id": remote.name,
+        "object": "model",
+        "created": int(remote.added),
+        "owned_by": remote.host,
+        "context_length": remote.context_length,
+        "max_model_len": remote.context_length,
+        "remote": {"url": remote.url, "upstream_model": remote.upstream_model},
+    }
+
+
+def served_remotes(app: web.Application) -> list[RemoteRecord]:
+    """Remotes a request can reach (those a local model does not shadow)."""
+    store = app[STORE]
+    return [r for r in app[REMOTES].list() if store.resolve(r.name) is None]
+
+
+async def openai_remote_models(app: web.Application) -> list[dict[str, Any]]:
+    return [openai_entry(r) for r in await asyncio.to_thread(served_remotes, app)]
+
+
+async def ollama_remote_tags(app: web.Application) -> list[dict[str, Any]]:
+    """`/api/tags` entries: no local size or digest; the owner in `remote_host`, as Ollama
+    marks its cloud models."""
+    out = []
+    for r in await asyncio.to_thread(served_remotes, app):
+        out.append(
+            {
+                "name": r.name,
+                "model": r.name,
+                "modified_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(r.added)),
+                "size": 0,
+                "digest": "",
+                "remote_model": r.upstream_model,
+                "remote_host": r.url,
+                "details": {"format": "remote", "family": "", "context_length": r.context_length},
+            }
+        )
+    return out
+
+
+def remote_status(app: web.Application) -> list[dict[str, Any]]:
+    """`/status`'s remotes: where each goes and its requests in flight and queued."""
+    gate = app[GATE]
+    return [
+        {"name": r.name, "url": r.url, "upstream_model": r.upstream_model, **gate.status(r)}
+        for r in app[REMOTES].list()
+    ]
+
+
+def _shown(remote: RemoteRecord, app: web.Application) -> dict[str, Any]:
+    entry = remote.model_dump()
+    entry["shadowed_by_local_model"] = app[STORE].resolve(remote.name) is not None
+    entry.update(app[GATE].status(remote))
+    return entry
+
+
+# ---------------------------------------------------------------------- /v1/remotes
+
+
+async def list_remotes(request: web.Request) -> web.Response:
+    app = request.app
+    entries = await asyncio.to_thread(lambda: [_shown(r, app) for r in app[REMOTES].list()])
+    return web.json_response({"object": "list", "data": entries})
+
+
+_ADD_FIELDS = {
+    "name",
+    "url",
+    "model",
+    "api_key_env",
+    "max_concurrency",
+    "queue_timeout",
+    "connect_timeout",
+    "read_timeout",
+}
+
+
+async def add_remote(request: web.Request) -> web.Response:
+    """`POST /v1/remotes` {name, url, model?, api_key_env?, max_concurrency?, ...}: probes
+    the upstream, then stores the remote; 201 with the record."""
+    body = await json_body(request)
+    if not isinstance(body, dict):
+        raise bad_request("the request body must be a JSON object")
+    unknown = sorted(set(body) - _ADD_FIELDS)
+    if unknown:
+        raise bad_request(
+            f"unrecognized field(s): {', '.join(unknown)}", param=unknown[0], code="unknown_field"
+        )
+    if body.get("api_key_env") and not is_unix_socket_request(request):
+        raise ApiError(
+            403,
+            "a remote with an API key variable can only be added over llmd's Unix socket "
+            "(`llmd remote add ... --api-key-env VAR`): over TCP it would let a client send "
+            "the daemon's environment to a server of its choosing",
+            type="permission_error",
+            param="api_key_env",
+            code="unix_socket_only",
+        )
+    fields = {k: v for k, v in body.items() if k != "model"}
+    fields["upstream_model"] = body.get("model")
+    app = request.app
+    try:
+        if not isinstance(fields.get("name"), str) or not fields["name"]:
+            raise RemoteError("name is required")
+        await asyncio.to_thread(app[REMOTES].check_free, fields["name"], app[STORE])
+        record = await probe_new(fields)
+        record = await asyncio.to_thread(app[REMOTES].add, record, app[STORE])
+    except RemoteError as exc:
+        raise _api_error(exc) from exc
+    return web.json_response(_shown(record, app), status=201)
+
+
+async def delete_remote(request: web.Request) -> web.Response:
+    name = request.match_info["name"]
+    try:
+        await asyncio.to_thread(request.app[REMOTES].remove, name)
+    except RemoteError as exc:
+        raise _api_error(exc) from exc
+    return web.json_response({"id": name, "object": "remote", "deleted": True})
+
+
+# ---------------------------------------------------------------------- other protocols
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def _named_remote(app: web.Application, raw: bytes) -> str | None:
+    """The remote a body's `model` names, if any (Ollama's `:latest` tag understood)."""
+    try:
+        model = json.loads(raw).get("model")
+    except (ValueError, AttributeError):
+        return None  # the protocol's own handler reports a bad body
+    if not isinstance(model, str):
+        return None
+    for name in (model, model.removesuffix(":latest")):
+        if find_remote(app, name) is not None:
+            return name
+    return None
+
+
+@web.middleware
+async def refuse_unforwarded(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """A remote model asked for through a protocol phase 1 does not forward: 400 saying
+    where it is served. Only bodies that could name a remote are decoded."""
+    if request.method != "POST" or request.path not in NOT_FORWARDED:
+        return await handler(request)
+    names = await asyncio.to_thread(lambda: [r.name for r in request.app[REMOTES].list()])
+    if names:
+        raw = await request.read()
+        if any(n.encode() in raw for n in names) or b"\\" in raw:
+            name = await asyncio.to_thread(_named_remote, request.app, raw)
+            if name is not None:
+                raise bad_request(
+                    f"'{name}' is a remote model; llmd serves remote models on "
+                    "/v1/chat/completions and /v1/completions only so far (not on "
+                    f"{request.path})",
+                    param="model",
+                    code="remote_model_unsupported_here",
+                )
+    return await handler(request)
+
+
+def add_remote_routes(app: web.Application) -> None:
+    """Everything remote models need in the app: store, gate, routes, the refusal middleware
+    (innermost: after the security checks and the body read), and closing the connections."""
+    app[REMOTES] = RemoteStore(app[STORE].paths)  # beside the local store, created before
+    app[GATE] = RemoteGate()
+    app.router.add_get("/v1/remotes", list_remotes)
+    app.router.add_post("/v1/remotes", add_remote)
+    app.router.add_delete("/v1/remotes/{name:.+}", delete_remote)
+    app.middlewares.append(refuse_unforwarded)
+
+    async def close(app: web.Application) -> None:
+        await app[GATE].close()
+
+    app.on_cleanup.append(close)
