@@ -71,6 +71,8 @@ async def forward_if_remote(
 ) -> web.StreamResponse | None:
     """The answer for a validated OpenAI request when its model is remote, else None (the
     caller serves it locally)."""
+    if not request.app[REMOTES].root.is_dir():  # no remote was ever added: no thread hop
+        return None
     remote = await asyncio.to_thread(find_remote, request.app, req.model)
     if remote is None:
         return None

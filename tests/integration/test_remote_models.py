@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 from aiohttp import web
-from openai import OpenAI
+from openai import APIError, OpenAI
 
 from tests.conftest import LiveServer, free_port, run_llmd, short_home, start_server, stop_server
 
@@ -129,6 +129,15 @@ class Recorder:
                     },
                     status=401,
                 )
+            elif what == "break":  # two events, then the connection drops mid-stream
+                resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+                await resp.prepare(request)
+                for _ in range(2):
+                    chunk = {"model": "rec", "choices": [{"index": 0, "delta": {"content": "x"}}]}
+                    await resp.write(f"data: {json.dumps(chunk)}\n\n".encode())
+                assert request.transport is not None
+                request.transport.close()
+                return resp
             elif what == "forever":
                 resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
                 await resp.prepare(request)
@@ -496,3 +505,14 @@ def test_a_dead_upstream_is_a_502_in_the_envelope(local: LiveServer, model_path:
     assert status == 502 and err["error"]["code"] == "upstream_unreachable"
     assert "doomed" in err["error"]["message"]
     run_llmd(local.env, "remote", "rm", "doomed")
+
+
+def test_an_upstream_that_breaks_off_mid_stream_ends_it_with_an_error(local: LiveServer) -> None:
+    stream = openai(local).chat.completions.create(
+        model="rec", messages=[{"role": "user", "content": "break"}], stream=True
+    )
+    got = []
+    with pytest.raises(APIError, match="remote 'rec'"):
+        for chunk in stream:
+            got.append(chunk.choices[0].delta.content)
+    assert got and set(got) == {"x"}  # what arrived before the break, then the error

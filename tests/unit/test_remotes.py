@@ -1,0 +1,131 @@
+"""Remote model records and forwarding rules (remotes.py, remote_proxy.py) without a network:
+URLs, stored records, what the upstream is sent, how its errors and events come back. The
+end-to-end behaviour is tests/integration/test_remote_models.py."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from llmd.openai_schemas import ChatCompletionRequest, parse_request
+from llmd.paths import Paths
+from llmd.remote_proxy import _event, _upstream_error, upstream_body
+from llmd.remotes import (
+    RemoteError,
+    RemoteRecord,
+    RemoteStore,
+    context_of,
+    normalize_url,
+    parse_record,
+)
+from llmd.store import ModelStore
+
+
+def _paths(root: Path) -> Paths:
+    return Paths(data=root / "data", cache=root / "c", logs=root / "l", runtime=root / "r")
+
+
+def _record(**fields: object) -> RemoteRecord:
+    return parse_record({"name": "big", "url": "http://gpu:8000", "upstream_model": "m", **fields})
+
+
+@pytest.mark.parametrize(
+    ("raw", "base"),
+    [
+        ("http://gpu:8000", "http://gpu:8000"),
+        ("http://gpu:8000/", "http://gpu:8000"),
+        ("http://gpu:8000/v1", "http://gpu:8000"),
+        ("https://gw.example/openai/v1/", "https://gw.example/openai"),
+    ],
+)
+def test_urls_are_reduced_to_the_base_the_api_paths_go_under(raw: str, base: str) -> None:
+    assert normalize_url(raw) == base
+
+
+@pytest.mark.parametrize(
+    ("raw", "said"),
+    [
+        ("ftp://gpu", "http"),
+        ("gpu:8000", "http"),
+        ("http://user:secret@gpu:8000", "credentials"),
+        ("http://gpu:8000/v1?key=secret", "query"),
+    ],
+)
+def test_urls_that_are_not_plain_http_endpoints_are_refused(raw: str, said: str) -> None:
+    with pytest.raises(RemoteError, match=said):
+        normalize_url(raw)
+
+
+def test_context_comes_from_what_each_engine_reports() -> None:
+    assert context_of({"id": "m", "max_model_len": 32768}) == 32768  # vLLM, SGLang, llmd
+    assert context_of({"id": "m", "meta": {"n_ctx_train": 8192}}) == 8192  # llama-server
+    assert context_of({"id": "m", "meta": {"n_ctx": 4096, "n_ctx_train": 8192}}) == 4096
+    assert context_of({"id": "m"}) is None
+
+
+def test_a_record_round_trips_and_holds_only_the_keys_variable_name(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MY_KEY", "sk-very-secret")
+    paths = _paths(tmp_path)
+    remotes = RemoteStore(paths)
+    record = remotes.add(_record(api_key_env="MY_KEY", context_length=4096), ModelStore(paths))
+    assert remotes.get("big") == record and remotes.list() == [record]
+    stored = (remotes.root / "big.json").read_text()
+    assert "MY_KEY" in stored and "sk-very-secret" not in stored
+    assert record.headers()["Authorization"] == "Bearer sk-very-secret"
+    assert record.host == "gpu:8000"
+    with pytest.raises(RemoteError) as taken:
+        remotes.add(record, ModelStore(paths))
+    assert taken.value.status == 409
+    remotes.remove("big")
+    assert remotes.get("big") is None and remotes.list() == []
+
+
+def test_a_missing_key_variable_is_said_by_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("MY_KEY", raising=False)
+    with pytest.raises(RemoteError, match="MY_KEY"):
+        _record(api_key_env="MY_KEY").headers()
+    with pytest.raises(RemoteError, match="api_key_env"):
+        _record(api_key_env="NOT A NAME")
+
+
+def test_the_upstream_gets_what_the_client_set_under_its_own_model_id() -> None:
+    req = parse_request(
+        {
+            "model": "big",
+            "messages": [{"role": "user", "content": "hi"}],
+            "temperature": 0,
+            "session_id": "s1",
+            "keep_alive": "5m",
+            "user": "me",
+            "response_format": {"type": "json_schema", "json_schema": {"schema": {}}},
+        },
+        ChatCompletionRequest,
+    )
+    body = upstream_body(req, _record())
+    assert body["model"] == "m" and body["temperature"] == 0
+    assert body["messages"] == [{"role": "user", "content": "hi"}]
+    assert body["response_format"]["json_schema"] == {"schema": {}}
+    assert not {"session_id", "keep_alive", "user", "top_p", "stream"} & set(body)
+
+
+def test_upstream_errors_keep_4xx_and_hide_the_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MY_KEY", "sk-very-secret")
+    remote = _record(api_key_env="MY_KEY")
+    text = json.dumps({"error": {"message": "bad key sk-very-secret", "code": "invalid_api_key"}})
+    err = _upstream_error(remote, 401, text, {})
+    assert err.status == 401 and err.code == "invalid_api_key"
+    assert "sk-very-secret" not in err.message and "***" in err.message
+    assert _upstream_error(remote, 500, "boom", {}).status == 502
+    busy = _upstream_error(remote, 503, "{}", {"Retry-After": "3"})
+    assert busy.status == 503 and busy.retry_after == "3"  # type: ignore[attr-defined]
+
+
+def test_stream_events_are_renamed_and_otherwise_untouched() -> None:
+    event = _event([b'data: {"model": "m", "choices": []}'], "big")
+    assert json.loads(event.removeprefix(b"data: ")) == {"model": "big", "choices": []}
+    assert _event([b"data: [DONE]"], "big") == b"data: [DONE]\n\n"
+    assert _event([b": keep-alive"], "big") == b": keep-alive\n\n"
