@@ -52,11 +52,33 @@ class _Slots:
 
 
 @dataclass
+class Health:
+    """What the last check of a remote found (remote_health.py, or a failed request)."""
+
+    healthy: bool | None = None  # None: not checked yet
+    checked_at: float | None = None
+    last_error: str | None = None
+    failures: int = 0  # in a row: the backoff grows with them
+    next_check: float = 0.0
+    context_length: int | None = None  # as the upstream reports it now
+
+
+@dataclass
 class RemoteGate:
-    """The daemon's upstream connections and per-remote limits (one per app)."""
+    """The daemon's upstream connections and per-remote runtime state (one per app): request
+    slots and health."""
 
     _slots: dict[str, _Slots] = field(default_factory=dict)
+    _health: dict[str, Health] = field(default_factory=dict)
     _session: aiohttp.ClientSession | None = None
+
+    def health(self, name: str) -> Health:
+        return self._health.setdefault(name, Health())
+
+    def forget(self, keep: set[str]) -> None:
+        """Drops the state of remotes that were removed."""
+        for name in set(self._health) - keep:
+            del self._health[name]
 
     def session(self) -> aiohttp.ClientSession:
         """One connection pool for every upstream; TLS certificates are verified."""
@@ -101,12 +123,16 @@ class RemoteGate:
         slots.in_flight -= 1
         slots.semaphore.release()
 
-    def status(self, remote: RemoteRecord) -> dict[str, int]:
+    def status(self, remote: RemoteRecord) -> dict[str, Any]:
         slots = self._slots.get(remote.name)
+        health = self.health(remote.name)
         return {
             "in_flight": slots.in_flight if slots else 0,
             "queued": slots.queued if slots else 0,
             "max_concurrency": remote.max_concurrency,
+            "healthy": health.healthy,
+            "checked_at": health.checked_at,
+            "last_error": health.last_error,
         }
 
 
@@ -182,6 +208,9 @@ async def forward(
     try:
         return await _forward(request, gate, remote, req, path)
     except ApiError as err:
+        if err.code in ("upstream_unreachable", "upstream_timeout"):
+            health = gate.health(remote.name)
+            health.healthy, health.last_error = False, err.message
         retry_after = getattr(err, "retry_after", None)
         if retry_after is None:
             raise

@@ -26,6 +26,7 @@ from aiohttp import web
 from .errors import ApiError, bad_request
 from .http_common import STORE, json_body
 from .openai_schemas import SamplingFields
+from .remote_health import add_health_checks
 from .remote_proxy import RemoteGate, forward
 from .remotes import RemoteError, RemoteRecord, RemoteStore, probe_new
 from .security import is_unix_socket_request
@@ -82,15 +83,17 @@ async def forward_if_remote(
 # ---------------------------------------------------------------------- listings
 
 
-def openai_entry(remote: RemoteRecord) -> dict[str, Any]:
-    """A `/v1/models` entry for a remote: owner is the upstream's host, context its own."""
+def openai_entry(remote: RemoteRecord, context: int | None = None) -> dict[str, Any]:
+    """A `/v1/models` entry for a remote: owner is the upstream's host, context its own (the
+    last health check's, else what it said when the remote was added)."""
+    context = context or remote.context_length
     return {
         "id": remote.name,
         "object": "model",
         "created": int(remote.added),
         "owned_by": remote.host,
-        "context_length": remote.context_length,
-        "max_model_len": remote.context_length,
+        "context_length": context,
+        "max_model_len": context,
         "remote": {"url": remote.url, "upstream_model": remote.upstream_model},
     }
 
@@ -101,8 +104,17 @@ def served_remotes(app: web.Application) -> list[RemoteRecord]:
     return [r for r in app[REMOTES].list() if store.resolve(r.name) is None]
 
 
+def remote_model_entry(app: web.Application, remote: RemoteRecord) -> dict[str, Any]:
+    return openai_entry(remote, _context(app, remote))
+
+
+def _context(app: web.Application, remote: RemoteRecord) -> int | None:
+    return app[GATE].health(remote.name).context_length or remote.context_length
+
+
 async def openai_remote_models(app: web.Application) -> list[dict[str, Any]]:
-    return [openai_entry(r) for r in await asyncio.to_thread(served_remotes, app)]
+    remotes = await asyncio.to_thread(served_remotes, app)
+    return [remote_model_entry(app, r) for r in remotes]
 
 
 async def ollama_remote_tags(app: web.Application) -> list[dict[str, Any]]:
@@ -119,7 +131,7 @@ async def ollama_remote_tags(app: web.Application) -> list[dict[str, Any]]:
                 "digest": "",
                 "remote_model": r.upstream_model,
                 "remote_host": r.url,
-                "details": {"format": "remote", "family": "", "context_length": r.context_length},
+                "details": {"format": "remote", "family": "", "context_length": _context(app, r)},
             }
         )
     return out
@@ -256,6 +268,7 @@ def add_remote_routes(app: web.Application) -> None:
     app.router.add_post("/v1/remotes", add_remote)
     app.router.add_delete("/v1/remotes/{name:.+}", delete_remote)
     app.middlewares.append(refuse_unforwarded)
+    add_health_checks(app, app[REMOTES], app[GATE])
 
     async def close(app: web.Application) -> None:
         await app[GATE].close()

@@ -54,8 +54,8 @@ from .pull_routes import add_pull_routes
 from .remote_routes import (
     add_remote_routes,
     find_remote,
-    openai_entry,
     openai_remote_models,
+    remote_model_entry,
     remote_status,
 )
 from .responses_api import add_responses_routes
@@ -182,7 +182,7 @@ async def get_model(request: web.Request) -> web.Response:
     record = await asyncio.to_thread(request.app[STORE].resolve, name)
     remote = None if record else await asyncio.to_thread(find_remote, request.app, name)
     if remote is not None:
-        return web.json_response(openai_entry(remote))
+        return web.json_response(remote_model_entry(request.app, remote))
     if record is None:
         raise ApiError(
             404, f"The model '{name}' does not exist", param="model", code="model_not_found"

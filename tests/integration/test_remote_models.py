@@ -246,6 +246,9 @@ def test_remote_is_listed_with_its_owner_and_the_upstreams_context(
     assert "far" in [m["name"] for m in tags["models"]]
     shown = run_llmd(local.env, "remote", "list")
     assert "far" in shown.stdout and upstream.base_url in shown.stdout
+    _wait_for(lambda: _remote_status(local, "far")["healthy"] is True, "a health check")
+    status = run_llmd(local.env, "status")
+    assert "remote far:" in status.stdout
 
 
 def test_key_is_sent_upstream_but_never_stored_or_shown(
@@ -504,6 +507,8 @@ def test_a_dead_upstream_is_a_502_in_the_envelope(local: LiveServer, model_path:
     )
     assert status == 502 and err["error"]["code"] == "upstream_unreachable"
     assert "doomed" in err["error"]["message"]
+    health = _remote_status(local, "doomed")
+    assert health["healthy"] is False and "doomed" in health["last_error"]
     run_llmd(local.env, "remote", "rm", "doomed")
 
 

@@ -11,7 +11,8 @@ import pytest
 
 from llmd.openai_schemas import ChatCompletionRequest, parse_request
 from llmd.paths import Paths
-from llmd.remote_proxy import _event, _upstream_error, upstream_body
+from llmd.remote_health import check
+from llmd.remote_proxy import RemoteGate, _event, _upstream_error, upstream_body
 from llmd.remotes import (
     RemoteError,
     RemoteRecord,
@@ -129,3 +130,21 @@ def test_stream_events_are_renamed_and_otherwise_untouched() -> None:
     assert json.loads(event.removeprefix(b"data: ")) == {"model": "big", "choices": []}
     assert _event([b"data: [DONE]"], "big") == b"data: [DONE]\n\n"
     assert _event([b": keep-alive"], "big") == b": keep-alive\n\n"
+
+
+async def test_a_down_upstream_is_checked_again_sooner_then_backing_off() -> None:
+    import socket
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    remote = _record(url=f"http://127.0.0.1:{port}")
+    gate = RemoteGate()
+    delays = []
+    for _ in range(3):
+        await check(gate, remote, interval=30, max_backoff=12)
+        health = gate.health("big")
+        assert health.healthy is False and "cannot reach" in (health.last_error or "")
+        delays.append(health.next_check - (health.checked_at or 0))
+    assert delays == [5, 10, 12]
+    assert gate.status(remote)["healthy"] is False
