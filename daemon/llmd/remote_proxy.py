@@ -274,8 +274,10 @@ async def _forward(
                 ) from exc
             return web.json_response(_renamed(payload, req.model))
         finally:
-            resp.release()
-            resp.close()
+            if resp.content.is_eof():
+                resp.release()  # read to the end: the connection goes back to the pool
+            else:
+                resp.close()  # cut short (the client left, an error): the upstream stops
     finally:
         gate.release(slots)
 

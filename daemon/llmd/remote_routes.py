@@ -7,10 +7,12 @@ A local model always wins over a remote of the same name (adding such a remote i
 but a model pulled later under a remote's name takes it over): a name never silently starts
 going to another machine.
 
-Adding a remote that names an API-key variable is only accepted over the Unix socket (the
-CLI's way in, private to the user): over TCP anyone holding llmd's own key, or any local user
-when there is none, could otherwise point a remote at their server and have the daemon send
-it the value of any variable in its environment.
+Adding and removing remotes over HTTP is only accepted over the Unix socket (the CLI's way
+in, private to the user; 403 over TCP). Where a model name's requests go, with the prompts in
+them, is the owner's decision: over TCP anyone holding llmd's own key, or any local user when
+there is none, could otherwise register a remote called like a model the user's agents ask for
+and receive their prompts, or name an API-key variable and have the daemon send them the value
+of any variable in its environment. Listing (GET) is open: it holds no secret.
 """
 
 from __future__ import annotations
@@ -174,9 +176,23 @@ _ADD_FIELDS = {
 }
 
 
+def _owner_only(request: web.Request, done: str) -> None:
+    """403 unless the request came over the Unix socket (see the module docstring)."""
+    if not is_unix_socket_request(request):
+        raise ApiError(
+            403,
+            f"remotes can only be {done} over llmd's Unix socket (`llmd remote ...`): over "
+            "TCP a client could send other clients' requests, or the daemon's environment, "
+            "to a server of its choosing",
+            type="permission_error",
+            code="unix_socket_only",
+        )
+
+
 async def add_remote(request: web.Request) -> web.Response:
     """`POST /v1/remotes` {name, url, model?, api_key_env?, max_concurrency?, ...}: probes
     the upstream, then stores the remote; 201 with the record."""
+    _owner_only(request, "added")
     body = await json_body(request)
     if not isinstance(body, dict):
         raise bad_request("the request body must be a JSON object")
@@ -184,16 +200,6 @@ async def add_remote(request: web.Request) -> web.Response:
     if unknown:
         raise bad_request(
             f"unrecognized field(s): {', '.join(unknown)}", param=unknown[0], code="unknown_field"
-        )
-    if body.get("api_key_env") and not is_unix_socket_request(request):
-        raise ApiError(
-            403,
-            "a remote with an API key variable can only be added over llmd's Unix socket "
-            "(`llmd remote add ... --api-key-env VAR`): over TCP it would let a client send "
-            "the daemon's environment to a server of its choosing",
-            type="permission_error",
-            param="api_key_env",
-            code="unix_socket_only",
         )
     fields = {k: v for k, v in body.items() if k != "model"}
     fields["upstream_model"] = body.get("model")
@@ -210,6 +216,7 @@ async def add_remote(request: web.Request) -> web.Response:
 
 
 async def delete_remote(request: web.Request) -> web.Response:
+    _owner_only(request, "removed")
     name = request.match_info["name"]
     try:
         await asyncio.to_thread(request.app[REMOTES].remove, name)
@@ -242,6 +249,8 @@ async def refuse_unforwarded(request: web.Request, handler: Handler) -> web.Stre
     """A remote model asked for through a protocol phase 1 does not forward: 400 saying
     where it is served. Only bodies that could name a remote are decoded."""
     if request.method != "POST" or request.path not in NOT_FORWARDED:
+        return await handler(request)
+    if not request.app[REMOTES].root.is_dir():  # no remote was ever added
         return await handler(request)
     names = await asyncio.to_thread(lambda: [r.name for r in request.app[REMOTES].list()])
     if names:

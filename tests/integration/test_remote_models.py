@@ -16,6 +16,7 @@ import http.client
 import json
 import os
 import shutil
+import socket
 import threading
 import urllib.error
 import urllib.request
@@ -35,6 +36,28 @@ LOCAL_MODEL = "smollm2-135m"
 KEY_VAR = "LLMD_TEST_REMOTE_KEY"
 KEY = "sk-test-4f2a9c1e-secret"
 SEA = [{"role": "user", "content": "Write two sentences about the sea."}]
+
+
+class _UnixConnection(http.client.HTTPConnection):
+    def __init__(self, path: Path) -> None:
+        super().__init__("llmd", timeout=120)
+        self.unix_path = str(path)
+
+    def connect(self) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.connect(self.unix_path)
+
+
+def call_unix(server: LiveServer, method: str, path: str, body: Any = None) -> tuple[int, Any]:
+    """A request over the daemon's Unix socket, as the CLI sends them."""
+    conn = _UnixConnection(server.home / "run" / "llmd.sock")
+    try:
+        data = None if body is None else json.dumps(body)
+        conn.request(method, path, data, {"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        return resp.status, json.loads(resp.read())
+    finally:
+        conn.close()
 
 
 def call(
@@ -296,27 +319,29 @@ def test_names_urls_and_unreachable_upstreams_are_refused_clearly(local: LiveSer
     for args, said in cases:
         done = run_llmd(local.env, "remote", "add", *args)
         assert done.returncode != 0 and said in done.stderr, (args, done.stderr)
-    status, err, _ = call(
-        local,
-        "POST",
-        "/v1/remotes",
-        {"name": "sneaky", "url": "http://127.0.0.1:1", "api_key_env": "HOME"},
-    )
-    assert status == 403 and err["error"]["param"] == "api_key_env"
 
 
-def test_add_and_remove_over_http(local: LiveServer, upstream: LiveServer) -> None:
-    status, added, _ = call(
-        local, "POST", "/v1/remotes", {"name": "far2", "url": upstream.base_url}
-    )
+def test_add_and_remove_over_http_on_the_unix_socket_only(
+    local: LiveServer, upstream: LiveServer
+) -> None:
+    far2 = {"name": "far2", "url": upstream.base_url}
+    # Over TCP, changing where a name's requests go is refused: another local user could
+    # take over a model name, or have the daemon send its environment anywhere.
+    status, err, _ = call(local, "POST", "/v1/remotes", {**far2, "api_key_env": "HOME"})
+    assert status == 403 and err["error"]["code"] == "unix_socket_only"
+    status, _, _ = call(local, "DELETE", "/v1/remotes/far")
+    assert status == 403
+    status, added = call_unix(local, "POST", "/v1/remotes", far2)
     assert status == 201 and added["upstream_model"] == LOCAL_MODEL  # its only model
-    status, _, _ = call(local, "POST", "/v1/remotes", {"name": "far2", "url": upstream.base_url})
+    status, _ = call_unix(local, "POST", "/v1/remotes", far2)
     assert status == 409
-    status, _, _ = call(local, "DELETE", "/v1/remotes/far2")
+    _, listed, _ = call(local, "GET", "/v1/remotes")  # listing holds no secret: open on TCP
+    assert "far2" in [r["name"] for r in listed["data"]]
+    status, _ = call_unix(local, "DELETE", "/v1/remotes/far2")
     assert status == 200
     _, listed, _ = call(local, "GET", "/v1/models")
     assert "far2" not in [m["id"] for m in listed["data"]]
-    status, err, _ = call(local, "DELETE", "/v1/remotes/far2")
+    status, err = call_unix(local, "DELETE", "/v1/remotes/far2")
     assert status == 404 and "far2" in err["error"]["message"]
 
 
