@@ -377,6 +377,8 @@ def test_streamed_chat_is_relayed_event_by_event(local: LiveServer, upstream: Li
     assert text == whole.choices[0].message.content
     assert len(chunks) > 3 and {c.model for c in chunks} == {"far"}
     assert chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+    ran = run_llmd(local.env, "run", "far", SEA[0]["content"], "--max-tokens", "24")
+    assert ran.returncode == 0 and ran.stdout.strip() == text.strip()
 
 
 def test_completions_streamed_and_not(local: LiveServer, upstream: LiveServer) -> None:
@@ -408,6 +410,17 @@ def test_requests_are_validated_before_they_leave(local: LiveServer, recorder: R
         )
         assert status == 400 and err["error"]["param"] == param
     assert len(recorder.requests) == before  # nothing reached the upstream
+
+
+def test_an_upstream_refusal_keeps_its_status_and_says_why(
+    local: LiveServer, upstream: LiveServer
+) -> None:
+    body = {"prompt": "hi " * 20000, "max_tokens": 4}  # far beyond the test model's context
+    theirs, their_err, _ = call(upstream, "POST", "/v1/completions", {"model": LOCAL_MODEL, **body})
+    mine, my_err, _ = call(local, "POST", "/v1/completions", {"model": "far", **body})
+    assert 400 <= theirs < 500 and mine == theirs
+    assert their_err["error"]["message"] in my_err["error"]["message"]
+    assert "remote 'far'" in my_err["error"]["message"]
 
 
 def test_other_protocols_say_where_remote_models_are_served(local: LiveServer) -> None:
