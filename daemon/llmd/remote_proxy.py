@@ -83,7 +83,8 @@ class RemoteGate:
     def session(self) -> aiohttp.ClientSession:
         """One connection pool for every upstream; TLS certificates are verified."""
         if self._session is None or self._session.closed:
-            self._session = aiohttp.ClientSession(auto_decompress=True)
+            # No pool-wide cap: each remote's own bound (max_concurrency) is the limit.
+            self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
         return self._session
 
     async def close(self) -> None:
@@ -294,8 +295,7 @@ async def _events(
     lines: list[bytes] = []
     done = False
     try:
-        async for raw in resp.content:
-            line = raw.rstrip(b"\r\n")
+        async for line in _lines(resp.content):
             if line:
                 lines.append(line)
                 # [DONE], or an upstream's own in-band error (its stream ends with it)
@@ -315,6 +315,19 @@ async def _events(
             type="server_error",
             code="upstream_unreachable",
         )
+
+
+async def _lines(content: aiohttp.StreamReader) -> AsyncIterator[bytes]:
+    """The stream's lines without their ends, however long: aiohttp's own line reader refuses
+    lines past 128 KiB, and one SSE event (a big tool call's arguments, logprobs) can be."""
+    pending = b""
+    async for chunk in content.iter_any():
+        pending += chunk
+        *complete, pending = pending.split(b"\n")
+        for line in complete:
+            yield line.rstrip(b"\r")
+    if pending:
+        yield pending.rstrip(b"\r")
 
 
 def _event(lines: list[bytes], name: str) -> bytes:

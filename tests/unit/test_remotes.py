@@ -12,7 +12,7 @@ import pytest
 from llmd.openai_schemas import ChatCompletionRequest, parse_request
 from llmd.paths import Paths
 from llmd.remote_health import check
-from llmd.remote_proxy import RemoteGate, _event, _upstream_error, upstream_body
+from llmd.remote_proxy import RemoteGate, _event, _lines, _upstream_error, upstream_body
 from llmd.remotes import (
     RemoteError,
     RemoteRecord,
@@ -148,3 +148,14 @@ async def test_a_down_upstream_is_checked_again_sooner_then_backing_off() -> Non
         delays.append(health.next_check - (health.checked_at or 0))
     assert delays == [5, 10, 12]
     assert gate.status(remote)["healthy"] is False
+
+
+async def test_stream_lines_of_any_length_are_split_whatever_the_chunks() -> None:
+    class Content:  # what _lines reads of aiohttp's StreamReader
+        async def iter_any(self):  # type: ignore[no-untyped-def]
+            big = b"data: " + b"x" * 300_000
+            for chunk in (big[:1000], big[1000:] + b"\r\n\nda", b"ta: [DONE]\n\n"):
+                yield chunk
+
+    got = [line async for line in _lines(Content())]  # type: ignore[arg-type]
+    assert got == [b"data: " + b"x" * 300_000, b"", b"data: [DONE]", b""]
