@@ -124,6 +124,10 @@ class RemoteGate:
         slots.in_flight -= 1
         slots.semaphore.release()
 
+    def in_flight(self) -> int:
+        """Requests to any remote running or queued now (a draining daemon waits for them)."""
+        return sum(s.in_flight + s.queued for s in self._slots.values())
+
     def status(self, remote: RemoteRecord) -> dict[str, Any]:
         slots = self._slots.get(remote.name)
         health = self.health(remote.name)

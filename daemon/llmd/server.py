@@ -52,6 +52,7 @@ from .openai_routes import add_openai_routes
 from .paths import Paths, ensure_private_dir
 from .pull_routes import add_pull_routes
 from .remote_routes import (
+    GATE,
     add_remote_routes,
     find_remote,
     openai_remote_models,
@@ -331,7 +332,7 @@ async def drain(app: web.Application, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     if registry.in_flight():
         log.info("draining %d request(s) for up to %.0f s", registry.in_flight(), timeout)
-    while registry.in_flight() and time.monotonic() < deadline:
+    while (registry.in_flight() or app[GATE].in_flight()) and time.monotonic() < deadline:
         await asyncio.sleep(0.05)
     if registry.in_flight():
         log.warning(

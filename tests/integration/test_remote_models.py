@@ -559,3 +559,25 @@ def test_an_upstream_that_breaks_off_mid_stream_ends_it_with_an_error(local: Liv
         for chunk in stream:
             got.append(chunk.choices[0].delta.content)
     assert got and set(got) == {"x"}  # what arrived before the break, then the error
+
+
+def test_stopping_the_daemon_lets_a_running_remote_request_finish(recorder: Recorder) -> None:
+    home = short_home()
+    daemon = start_server(home)
+    try:
+        done = run_llmd(
+            daemon.env, "remote", "add", "held", "--url", recorder.url, "--model", "rec"
+        )
+        assert done.returncode == 0, done.stderr
+        statuses: list[int] = []
+        before = recorder.in_flight
+        thread = _post_in_thread(daemon, "held", "hold", statuses)
+        _wait_for(lambda: recorder.in_flight == before + 1, "the request upstream")
+        daemon.proc.terminate()  # `llmd stop` sends SIGTERM: running requests may finish
+        _wait_for(lambda: b"shutting down" in daemon.log.read_bytes(), "the drain")
+        recorder.release()
+        thread.join(60)
+        assert statuses == [200]
+    finally:
+        stop_server(daemon)
+        shutil.rmtree(home, ignore_errors=True)
