@@ -929,6 +929,7 @@ def show(name: str, as_json: bool, template_only: bool) -> None:
         return
     rows = [
         ("architecture", facts.get("architecture")),
+        ("kind", facts.get("kind")),
         ("parameters", _count(facts.get("parameters"))),
         ("context length", facts.get("context_length")),
         ("embedding length", facts.get("embedding_length")),

@@ -21,6 +21,7 @@ from pathlib import Path
 from .convert import ConversionError, ConversionPlan, convert_gguf, plan_conversion
 from .engine_check import engine_refusal
 from .gguf_layout import GGUFFormatError, GGUFLayout, read_layout
+from .model_kind import GENERATE, KindError, ModelKind, kind_of_gguf, kind_of_hf_dir
 from .model_support import (
     architecture_supported,
     gguf_architecture_supported,
@@ -47,10 +48,27 @@ def check_gguf(layout: GGUFLayout, what: str) -> ConversionPlan:
     )
     if problem:
         raise UnsupportedModel(f"{what}: {problem}")
+    gguf_kind(layout, what)
     try:
         return plan_conversion(layout)
     except (ConversionError, GGUFFormatError) as exc:
         raise UnsupportedModel(f"{what}: {exc}") from exc
+
+
+def gguf_kind(layout: GGUFLayout, what: str) -> ModelKind:
+    """The GGUF's kind (model_kind.py); UnsupportedModel for one llmd cannot serve yet."""
+    try:
+        return kind_of_gguf(layout.get, layout.architecture, what)
+    except KindError as exc:
+        raise UnsupportedModel(str(exc)) from exc
+
+
+def hf_kind(directory: Path, name: str, what: str) -> ModelKind:
+    """A Hugging Face directory's kind (model_kind.py); UnsupportedModel when unservable."""
+    try:
+        return kind_of_hf_dir(directory, name)
+    except KindError as exc:
+        raise UnsupportedModel(str(exc)) from exc
 
 
 def check_engine_loads(store: ModelStore, record: ModelRecord, what: str) -> ModelRecord:
@@ -93,6 +111,7 @@ def gguf_record(
     license: str = "",
 ) -> ModelRecord:
     blob = store.blob_path(hexdigest)
+    kind = gguf_kind(layout, name)
     return ModelRecord(
         name=name,
         format="gguf",
@@ -107,6 +126,9 @@ def gguf_record(
         license=license or str(layout.get("general.license", "") or ""),
         note=note,
         source_digest=source_digest or f"sha256:{hexdigest}",
+        kind=kind.kind,
+        pooling=kind.pooling,
+        normalize=kind.normalize,
     )
 
 
@@ -281,6 +303,7 @@ def _import_dir(store: ModelStore, src: Path, name: str, progress: Progress | No
         arch = check_hf_config(json.loads(config.read_text()), str(src))
     except ValueError as exc:
         raise StoreError(f"{config} is not valid JSON: {exc}") from exc
+    kind = hf_kind(src, src.name, str(src))
     wanted = [
         p
         for p in sorted(src.iterdir())
@@ -302,7 +325,7 @@ def _import_dir(store: ModelStore, src: Path, name: str, progress: Progress | No
             )
         tree = store.make_tree(files)
         return store.write_manifest(
-            tree_record(store, name, tree, entries, f"dir:{src.resolve()}", arch)
+            tree_record(store, name, tree, entries, f"dir:{src.resolve()}", arch, kind=kind)
         )
 
 
@@ -314,6 +337,7 @@ def tree_record(
     source: str,
     arch: str,
     license: str = "",
+    kind: ModelKind = GENERATE,
 ) -> ModelRecord:
     config = json.loads((tree / "config.json").read_text())
     quant = config.get("quantization") or config.get("quantization_config") or {}
@@ -332,4 +356,7 @@ def tree_record(
         context_length=config.get("max_position_embeddings"),
         license=license,
         files=tuple(entries),
+        kind=kind.kind,
+        pooling=kind.pooling,
+        normalize=kind.normalize,
     )

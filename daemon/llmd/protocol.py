@@ -66,6 +66,23 @@ class Generate(_Message):
     prefill_of: str = ""
 
 
+class Embed(_Message):
+    """Prompts that prefill and end without sampling, queued together so the engine admits
+    them into the same steps (beside any generation): answered by one `done` whose `values`
+    hold one row per prompt, in order: the final-norm hidden state pooled over the prompt
+    (`embedding`: last token or mean, L2-normalised when asked), or the raw next-token logits
+    of `logit_tokens` after it (`token_logits`: a reranker's yes/no scores). One failing
+    prompt fails the request (`error`); `cancel` of the id cancels all of them."""
+
+    type: Literal["embed"] = "embed"
+    id: str
+    prompts: list[list[Int32]] = Field(min_length=1)
+    output: Literal["embedding", "token_logits"] = "embedding"
+    pooling: Literal["last", "mean"] = "last"
+    normalize: bool = False
+    logit_tokens: list[Int32] = []
+
+
 class Score(_Message):
     """Log probabilities of a prompt's own tokens (legacy completions `echo` + `logprobs`):
     answered by one `scored` message."""
@@ -97,7 +114,7 @@ class Shutdown(_Message):
 
 
 DaemonMessage = Annotated[
-    Generate | Score | Cancel | Unpin | StatsRequest | Shutdown, Field(discriminator="type")
+    Generate | Embed | Score | Cancel | Unpin | StatsRequest | Shutdown, Field(discriminator="type")
 ]
 
 # ---------------------------------------------------------------- worker -> daemon
@@ -195,6 +212,7 @@ class Done(_Message):
     completion_tokens: int
     cached_tokens: int = 0
     timings: Timings = Timings()
+    values: list[list[float]] | None = None  # the results of an `embed` request, per prompt
 
 
 class Error(_Message):

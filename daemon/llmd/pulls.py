@@ -66,6 +66,7 @@ from .install import (
     convert_to_blob,
     converted_blob_for,
     gguf_record,
+    hf_kind,
     insufficient_storage,
     tree_record,
 )
@@ -84,6 +85,8 @@ log = logging.getLogger("llmd.pulls")
 DISK_RESERVE = 256 << 20  # left free after a pull, for logs and the OS
 _PROGRESS_INTERVAL = 0.1
 _TREE_FILES = (".safetensors", ".json", ".jinja", ".model", ".txt", ".tiktoken")
+# A sentence-transformers pooling config (model_kind.py reads it at pull time).
+_POOLING_FILES = ("1_Pooling/config.json",)
 _SKIP_TREE = ("README", ".gitattributes", "LICENSE", "USE_POLICY", "NOTICE")
 
 
@@ -451,7 +454,9 @@ class PullManager:
         names = sorted(
             n
             for n in info.siblings
-            if "/" not in n and n.endswith(_TREE_FILES) and not n.startswith(_SKIP_TREE)
+            if ("/" not in n or n in _POOLING_FILES)
+            and n.endswith(_TREE_FILES)
+            and not n.startswith(_SKIP_TREE)
         )
         if "config.json" not in names or not any(n.endswith(".safetensors") for n in names):
             raise HubNotFound(
@@ -479,8 +484,9 @@ class PullManager:
         tree = await asyncio.to_thread(self.store.make_tree, files)
         source = f"hf:{info.repo}@{info.sha}"
         license = target.entry.license if target.entry else ""
+        kind = hf_kind(tree, info.repo, f"hf.co/{info.repo}")
         return self.store.write_manifest(
-            tree_record(self.store, target.name, tree, entries, source, arch, license)
+            tree_record(self.store, target.name, tree, entries, source, arch, license, kind)
         )
 
     def _check_disk(self, name: str, remotes: list[RemoteFile], plan: ConversionPlan) -> None:

@@ -94,6 +94,11 @@ class ModelRecord:
     note: str = ""  # what was done at pull time (a conversion), for `show`
     source_digest: str = ""  # sha256 of the file as published upstream, before conversion
     files: tuple[dict[str, Any], ...] = ()  # trees: [{"name", "digest", "size"}]
+    # What the model is for (model_kind.py): "generate", "embed" or "rerank"; an embedding
+    # model's pooling ("last", "mean") and whether it L2-normalises.
+    kind: str = "generate"
+    pooling: str = ""
+    normalize: bool = False
 
     def to_json(self) -> dict[str, object]:
         return asdict(self)
