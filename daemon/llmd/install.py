@@ -21,7 +21,14 @@ from pathlib import Path
 from .convert import ConversionError, ConversionPlan, convert_gguf, plan_conversion
 from .engine_check import engine_refusal
 from .gguf_layout import GGUFFormatError, GGUFLayout, read_layout
-from .model_kind import GENERATE, KindError, ModelKind, kind_of_gguf, kind_of_hf_dir
+from .model_kind import (
+    GENERATE,
+    KindError,
+    ModelKind,
+    check_architecture,
+    kind_of_gguf,
+    kind_of_hf_dir,
+)
 from .model_support import (
     architecture_supported,
     gguf_architecture_supported,
@@ -58,15 +65,16 @@ def check_gguf(layout: GGUFLayout, what: str) -> ConversionPlan:
 def gguf_kind(layout: GGUFLayout, what: str) -> ModelKind:
     """The GGUF's kind (model_kind.py); UnsupportedModel for one llmd cannot serve yet."""
     try:
-        return kind_of_gguf(layout.get, layout.architecture, what)
+        kind = kind_of_gguf(layout.get, layout.architecture, what)
+        return check_architecture(kind, layout.architecture, what)
     except KindError as exc:
         raise UnsupportedModel(str(exc)) from exc
 
 
-def hf_kind(directory: Path, name: str, what: str) -> ModelKind:
+def hf_kind(directory: Path, name: str, what: str, arch: str) -> ModelKind:
     """A Hugging Face directory's kind (model_kind.py); UnsupportedModel when unservable."""
     try:
-        return kind_of_hf_dir(directory, name)
+        return check_architecture(kind_of_hf_dir(directory, name), arch, what)
     except KindError as exc:
         raise UnsupportedModel(str(exc)) from exc
 
@@ -303,7 +311,7 @@ def _import_dir(store: ModelStore, src: Path, name: str, progress: Progress | No
         arch = check_hf_config(json.loads(config.read_text()), str(src))
     except ValueError as exc:
         raise StoreError(f"{config} is not valid JSON: {exc}") from exc
-    kind = hf_kind(src, src.name, str(src))
+    kind = hf_kind(src, src.name, str(src), arch)
     wanted = [
         p
         for p in sorted(src.iterdir())

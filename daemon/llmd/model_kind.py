@@ -137,6 +137,21 @@ def kind_of_gguf(get: Any, arch: str, what: str, requested: str | None = None) -
     return _embed_kind(pooling or "last", True, what)
 
 
+# Decoder architectures whose file (native/mlx/llama.cpp) returns hidden states; an embedding
+# or rerank model of another one (EmbeddingGemma, the encoder families) is refused at pull.
+POOLING_ARCHITECTURES = ("llama", "qwen2", "qwen3")
+
+
+def check_architecture(kind: ModelKind, arch: str, what: str) -> ModelKind:
+    """`kind` when llmd can serve it on `arch`; KindError naming both otherwise."""
+    if kind.kind != "generate" and arch not in POOLING_ARCHITECTURES:
+        raise KindError(
+            f"{what}: {kind.kind} models of architecture {arch} are not supported yet "
+            f"(llmd embeds and reranks with {', '.join(POOLING_ARCHITECTURES)} decoders)"
+        )
+    return kind
+
+
 def record_kind(record: Any) -> ModelKind:
     """The kind stored in a manifest (older manifests are generation models)."""
     kind = getattr(record, "kind", "") or "generate"

@@ -484,7 +484,7 @@ class PullManager:
         tree = await asyncio.to_thread(self.store.make_tree, files)
         source = f"hf:{info.repo}@{info.sha}"
         license = target.entry.license if target.entry else ""
-        kind = hf_kind(tree, info.repo, f"hf.co/{info.repo}")
+        kind = hf_kind(tree, info.repo, f"hf.co/{info.repo}", arch)
         return self.store.write_manifest(
             tree_record(self.store, target.name, tree, entries, source, arch, license, kind)
         )

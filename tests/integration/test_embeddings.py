@@ -209,3 +209,19 @@ def test_kind_is_shown_and_refused_where_wrong(server: LiveServer, models: dict[
         },
     )
     assert chat.status_code == 400 and "rerank model" in chat.json()["error"]
+
+
+def test_gguf_with_pooling_type_embeds_like_transformers(
+    server: LiveServer, tmp_path: Path
+) -> None:
+    from tests.native.tiny_embedding_models import write_embedding_gguf
+
+    write_embedding_gguf(tmp_path / "embed.gguf", pooling_type=3)  # last token, as Qwen3-Embedding
+    _pull(server, tmp_path / "embed.gguf", "tiny-embed-gguf")
+    fx = FIXTURE["embed_last"]
+    out = _client(server).embeddings.create(model="tiny-embed-gguf", input=fx["ids"])
+    for got, want in zip(out.data, fx["embeddings"], strict=True):
+        assert _cosine(got.embedding, want) >= 0.9999
+    write_embedding_gguf(tmp_path / "rank.gguf", pooling_type=4)
+    refused = run_llmd(server.env, "pull", str(tmp_path / "rank.gguf"), "--name", "tiny-rank-gguf")
+    assert refused.returncode != 0 and "reranking GGUF files" in refused.stderr

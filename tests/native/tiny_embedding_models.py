@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tests.native.tiny_models import CONFIGS, weights, write_safetensors
+from tests.native.tiny_models import CONFIGS, weights, write_gguf, write_safetensors
 
 YES_ID, NO_ID = 50, 51
 
@@ -99,6 +99,14 @@ def write_embedding_dir(directory: Path, pooling: str = "last", seed: int = 3) -
         )
     )
     write_tokenizer(directory, append_eos=True)
+
+
+def write_embedding_gguf(path: Path, pooling_type: int = 3, seed: int = 3) -> None:
+    """The embedding directory's weights as an F32 GGUF with llama.cpp's
+    ``qwen3.pooling_type`` (1 mean, 2 cls, 3 last, 4 rank), as its converter writes an
+    embedding or rerank file (its own byte-level tokenizer: feed it token ids)."""
+    config = {**CONFIGS["qwen3"], "tie_word_embeddings": True}
+    write_gguf(path, "qwen3", seed, config=config, extra_uints={"qwen3.pooling_type": pooling_type})
 
 
 def write_reranker_dir(directory: Path, seed: int = 5) -> None:
