@@ -46,10 +46,13 @@ def require_kind(model: ModelSupervisor, wanted: str, route: str) -> ModelKind:
 def embedding_tokens(text: TextModel, value: str) -> list[int]:
     """The token ids of one input as the model's own tokenizer makes them for an embedding:
     with its post-processor's special tokens (Qwen3-Embedding's tokenizer appends
-    <|endoftext|>, the token its last-token pooling reads), and its BOS where it wants one."""
+    <|endoftext|>, the token its last-token pooling reads; a GGUF asks for it with
+    add_eos_token), and its BOS where it wants one."""
     ids = list(text.tokenizer.encode(value, add_special_tokens=True).ids)
     if text.add_bos and text.bos_id is not None and (not ids or ids[0] != text.bos_id):
         ids = [text.bos_id, *ids]
+    if text.add_eos_id is not None and (not ids or ids[-1] != text.add_eos_id):
+        ids.append(text.add_eos_id)
     return ids
 
 
