@@ -71,10 +71,13 @@ def gguf_kind(layout: GGUFLayout, what: str) -> ModelKind:
         raise UnsupportedModel(str(exc)) from exc
 
 
-def hf_kind(directory: Path, name: str, what: str, arch: str) -> ModelKind:
-    """A Hugging Face directory's kind (model_kind.py); UnsupportedModel when unservable."""
+def hf_kind(
+    directory: Path, name: str, what: str, arch: str, requested: str | None = None
+) -> ModelKind:
+    """A Hugging Face directory's kind (model_kind.py; `requested`: the pull's ``kind``);
+    UnsupportedModel when unservable."""
     try:
-        return check_architecture(kind_of_hf_dir(directory, name), arch, what)
+        return check_architecture(kind_of_hf_dir(directory, name, requested), arch, what)
     except KindError as exc:
         raise UnsupportedModel(str(exc)) from exc
 
@@ -227,11 +230,15 @@ def import_local(
     name: str,
     source: str | None,
     progress: Progress | None = None,
+    kind: str | None = None,
 ) -> ModelRecord:
-    """`llmd pull ./file.gguf` / `./hf_dir`: checked, converted if needed, published."""
+    """`llmd pull ./file.gguf` / `./hf_dir`: checked, converted if needed, published.
+    `kind` (a directory only) says what the model is for where its files cannot."""
     check_local_source(path)
+    if kind is not None and not path.is_dir():
+        raise kind_not_for_gguf()
     try:
-        return _import_local(store, path, name, source, progress)
+        return _import_local(store, path, name, source, progress, kind)
     except OSError as exc:
         if exc.errno != errno.ENOSPC:
             raise
@@ -241,15 +248,24 @@ def import_local(
         raise insufficient_storage(needed, store.paths.models) from exc
 
 
+def kind_not_for_gguf() -> StoreError:
+    return StoreError(
+        "a kind can be given for Hugging Face directories only: a GGUF file says its own "
+        "(llama.cpp's converter writes {arch}.pooling_type for embedding models)",
+        code="invalid_value",
+    )
+
+
 def _import_local(
     store: ModelStore,
     path: Path,
     name: str,
     source: str | None,
     progress: Progress | None,
+    kind: str | None = None,
 ) -> ModelRecord:
     if path.is_dir():
-        return _import_dir(store, path, name, progress)
+        return _import_dir(store, path, name, progress, kind)
     with open(path, "rb") as f:
         if f.read(4) != b"GGUF":
             raise StoreError(f"{path} is not a GGUF file (it lacks the GGUF magic)")
@@ -301,7 +317,9 @@ def _phase(progress: Progress | None, phase: str) -> Callable[[int, int], None] 
     return lambda done, total: progress(phase, done, total)
 
 
-def _import_dir(store: ModelStore, src: Path, name: str, progress: Progress | None) -> ModelRecord:
+def _import_dir(
+    store: ModelStore, src: Path, name: str, progress: Progress | None, kind_asked: str | None
+) -> ModelRecord:
     config = src / "config.json"
     if not config.exists() or not list(src.glob("*.safetensors")):
         raise StoreError(
@@ -311,7 +329,7 @@ def _import_dir(store: ModelStore, src: Path, name: str, progress: Progress | No
         arch = check_hf_config(json.loads(config.read_text()), str(src))
     except ValueError as exc:
         raise StoreError(f"{config} is not valid JSON: {exc}") from exc
-    kind = hf_kind(src, src.name, str(src), arch)
+    kind = hf_kind(src, src.name, str(src), arch, kind_asked)
     wanted = [
         p
         for p in sorted(src.iterdir())

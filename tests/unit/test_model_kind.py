@@ -86,3 +86,21 @@ def test_embedding_models_of_other_architectures_are_refused() -> None:
     assert check_architecture(GENERATE, "gemma3_text", "m") == GENERATE
     with pytest.raises(KindError, match="architecture gemma3_text are not supported yet"):
         check_architecture(embed, "gemma3_text", "m")
+
+
+def test_a_pull_may_say_the_kind_of_a_directory_but_not_of_a_gguf(
+    llmd_home: Path, tmp_path: Path
+) -> None:
+    from llmd.paths import get_paths
+    from llmd.store import ModelStore, StoreError
+    from tests.native.tiny_embedding_models import write_reranker_dir
+    from tests.native.tiny_models import write_loadable_gguf
+
+    write_reranker_dir(tmp_path / "plain-qwen3")  # nothing in its name or files says rerank
+    store = ModelStore(get_paths())
+    assert store.pull(str(tmp_path / "plain-qwen3"), "plain").kind == "generate"
+    assert store.pull(str(tmp_path / "plain-qwen3"), "scorer", kind="rerank").kind == "rerank"
+    assert store.get("scorer").kind == "rerank"  # stored in the manifest
+    gguf = write_loadable_gguf(tmp_path / "model.gguf")
+    with pytest.raises(StoreError, match="Hugging Face directories only"):
+        store.pull(str(gguf), "g", kind="embed")
