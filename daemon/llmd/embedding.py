@@ -13,6 +13,7 @@ from .errors import ApiError
 from .generation import _api_error
 from .metrics import observe_embedding
 from .model_kind import ModelKind, record_kind
+from .store import ModelStore
 from .supervisor import ModelSupervisor
 from .text_model import TextModel
 from .worker_client import WorkerError
@@ -41,6 +42,14 @@ def require_kind(model: ModelSupervisor, wanted: str, route: str) -> ModelKind:
     if kind.kind != wanted:
         raise WrongKind(model.name, kind, wanted, route)
     return kind
+
+
+def check_kind_before_load(store: ModelStore, name: str, wanted: str, route: str) -> None:
+    """The wrong-kind 400 from the manifest alone, before a load that could evict another
+    model just to refuse the request (an unknown name is left for the registry's 404)."""
+    record = store.resolve(name)
+    if record is not None and record_kind(record).kind != wanted:
+        raise WrongKind(name, record_kind(record), wanted, route)
 
 
 def embedding_tokens(text: TextModel, value: str) -> list[int]:
@@ -95,7 +104,7 @@ async def run_pooled(
     kind = record_kind(model.record)
     worker = await model.ensure_ready()
     try:
-        done = await worker.embed(
+        done, rows = await worker.embed(
             list(prompts),
             output=output,
             pooling=kind.pooling or "last",
@@ -104,9 +113,8 @@ async def run_pooled(
         )
     except WorkerError as exc:
         raise _api_error(exc) from exc
-    values = [list(v) for v in done.values or []]
-    observe_embedding(model, len(values), done.prompt_tokens)
-    return Pooled(values, done.prompt_tokens)
+    observe_embedding(model, len(rows), done.prompt_tokens)
+    return Pooled(rows, done.prompt_tokens)
 
 
 def l2_normalized(vector: list[float]) -> list[float]:

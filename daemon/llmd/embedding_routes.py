@@ -16,10 +16,17 @@ from typing import Any
 
 from aiohttp import web
 
-from .embedding import MAX_INPUTS, embedding_tokens, fit_context, require_kind, run_pooled
+from .embedding import (
+    MAX_INPUTS,
+    check_kind_before_load,
+    embedding_tokens,
+    fit_context,
+    require_kind,
+    run_pooled,
+)
 from .embedding_schemas import EmbeddingRequest, RerankRequest
 from .errors import ApiError, bad_request
-from .http_common import REGISTRY, parsed_body
+from .http_common import REGISTRY, STORE, parsed_body
 from .openai_schemas import parse_request
 from .rerank import relevance, rerank_tokens, yes_no_ids
 from .supervisor import ModelSupervisor
@@ -59,6 +66,7 @@ def encode_vector(values: list[float], encoding: str) -> list[float] | str:
 
 async def embeddings(request: web.Request) -> web.Response:
     req = await parsed_body(request, parse_request, EmbeddingRequest)
+    check_kind_before_load(request.app[STORE], req.model, "embed", "/v1/embeddings")
     async with request.app[REGISTRY].use(req.model, req.keep_alive_seconds()) as model:
         require_kind(model, "embed", "/v1/embeddings")
         if req.dimensions is not None:
@@ -90,6 +98,7 @@ def _rerank_body(body: Any) -> RerankRequest:
 async def rerank(request: web.Request) -> web.Response:
     req = await parsed_body(request, _rerank_body)
     documents = req.texts()
+    check_kind_before_load(request.app[STORE], req.model, "rerank", request.path)
     async with request.app[REGISTRY].use(req.model, req.keep_alive_seconds()) as model:
         require_kind(model, "rerank", request.path)
         yes, no = yes_no_ids(model.text)

@@ -15,7 +15,14 @@ from typing import Any
 
 from aiohttp import web
 
-from .embedding import embedding_tokens, fit_context, l2_normalized, require_kind, run_pooled
+from .embedding import (
+    check_kind_before_load,
+    embedding_tokens,
+    fit_context,
+    l2_normalized,
+    require_kind,
+    run_pooled,
+)
 from .embedding_schemas import OllamaEmbeddingsRequest, OllamaEmbedRequest
 from .errors import ApiError
 from .http_common import REGISTRY, STORE, parsed_body
@@ -36,6 +43,7 @@ async def embed(request: web.Request) -> web.Response:
     started = time.perf_counter_ns()
     req = await parsed_body(request, parse_body, OllamaEmbedRequest)
     name = require_model(request.app[STORE], req.model)
+    check_kind_before_load(request.app[STORE], name, "embed", "/api/embed")
     if isinstance(req.input, str):
         texts = [req.input] if req.input else []
     else:
@@ -71,6 +79,7 @@ async def embed(request: web.Request) -> web.Response:
 async def embeddings(request: web.Request) -> web.Response:
     req = await parsed_body(request, parse_body, OllamaEmbeddingsRequest)
     name = require_model(request.app[STORE], req.model)
+    check_kind_before_load(request.app[STORE], name, "embed", "/api/embeddings")
     async with request.app[REGISTRY].use(name, req.keep_alive_seconds()) as model:
         require_kind(model, "embed", "/api/embeddings")
         if not req.prompt:

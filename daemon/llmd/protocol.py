@@ -68,11 +68,12 @@ class Generate(_Message):
 
 class Embed(_Message):
     """Prompts that prefill and end without sampling, queued together so the engine admits
-    them into the same steps (beside any generation): answered by one `done` whose `values`
-    hold one row per prompt, in order: the final-norm hidden state pooled over the prompt
-    (`embedding`: last token or mean, L2-normalised when asked), or the raw next-token logits
-    of `logit_tokens` after it (`token_logits`: a reranker's yes/no scores). One failing
-    prompt fails the request (`error`); `cancel` of the id cancels all of them."""
+    them into the same steps (beside any generation): answered by one `pooled` per prompt as
+    each is ready, with the final-norm hidden state pooled over the prompt (`embedding`: last
+    token or mean, L2-normalised when asked) or the raw next-token logits of `logit_tokens`
+    after it (`token_logits`: a reranker's yes/no scores), then one `done` (token counts of
+    all prompts). One failing prompt fails the request (`error`); `cancel` of the id cancels
+    all of them."""
 
     type: Literal["embed"] = "embed"
     id: str
@@ -212,7 +213,16 @@ class Done(_Message):
     completion_tokens: int
     cached_tokens: int = 0
     timings: Timings = Timings()
-    values: list[list[float]] | None = None  # the results of an `embed` request, per prompt
+
+
+class Pooled(_Message):
+    """One prompt's result of an `embed` request (prompts[index]). One line per prompt keeps
+    every line small, whatever the number of inputs and the width of the model."""
+
+    type: Literal["pooled"] = "pooled"
+    id: str
+    index: int
+    values: list[float]
 
 
 class Error(_Message):
@@ -235,7 +245,8 @@ class Stats(_Message):
 
 
 WorkerMessage = Annotated[
-    Ready | Fatal | Started | Tokens | Scored | Done | Error | Stats, Field(discriminator="type")
+    Ready | Fatal | Started | Tokens | Scored | Pooled | Done | Error | Stats,
+    Field(discriminator="type"),
 ]
 
 daemon_message_adapter: TypeAdapter[DaemonMessage] = TypeAdapter(DaemonMessage)

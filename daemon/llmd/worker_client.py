@@ -295,15 +295,16 @@ class WorkerClient:
         pooling: str = "last",
         normalize: bool = False,
         logit_tokens: list[int] | None = None,
-    ) -> p.Done:
-        """One `embed` request (protocol.Embed): its Done, whose `values` hold one row per
-        prompt. Raises WorkerError (``queue_full`` first when the worker is at capacity);
+    ) -> tuple[p.Done, list[list[float]]]:
+        """One `embed` request (protocol.Embed): its Done and one row of values per prompt,
+        in order. Raises WorkerError (``queue_full`` first when the worker is at capacity);
         cancelling the awaiting task (the client went away) cancels it in the worker."""
         self._check_capacity()
         rid = f"e{next(_ids)}-{os.getpid()}"
         queue: asyncio.Queue[p.WorkerMessage | WorkerError] = asyncio.Queue()
         self._queues[rid] = queue
         finished = False
+        rows: dict[int, list[float]] = {}
         try:
             await self._send(
                 p.Embed(
@@ -323,9 +324,11 @@ class WorkerClient:
                 if isinstance(msg, p.Error):
                     finished = True
                     raise WorkerError(msg.code, msg.message)
+                if isinstance(msg, p.Pooled):
+                    rows[msg.index] = msg.values
                 if isinstance(msg, p.Done):
                     finished = True
-                    return msg
+                    return msg, [rows.get(i, []) for i in range(len(prompts))]
         finally:
             self._queues.pop(rid, None)
             if not finished and not self.dead:

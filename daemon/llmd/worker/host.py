@@ -341,10 +341,10 @@ def main(argv: list[str] | None = None) -> int:
     reader.start()
     while not stop.is_set():
         for ev in engine.poll(50, started=True):
-            handled, answer = pooled.on_event(engine, ev)
+            handled, answers = pooled.on_event(engine, ev)
+            for answer in answers:
+                writer.send(answer)
             if handled:
-                if answer is not None:
-                    writer.send(answer)
                 continue
             kind = ev["type"]
             if kind == "started":
