@@ -97,3 +97,35 @@ def test_a_model_that_cannot_pool_refuses_embeddings(tmp_path: Path) -> None:
     assert error["type"] == "error" and error["code"] == "unsupported"
     assert "cannot compute embeddings" in error["message"]
     engine.shutdown()
+
+
+@pytest.mark.parametrize("backend", ["cpu", "mlx-cpu"])
+@pytest.mark.parametrize("pooling", ["last", "mean"])
+def test_embeddings_match_transformers_on_each_backend(
+    tmp_path: Path, backend: str, pooling: str
+) -> None:
+    """The host kernels and the device graph (MLX's CPU device here, CUDA or Metal elsewhere)
+    pool the same vectors as transformers (tests/fixtures/record_embeddings.py)."""
+    import json
+
+    fx = json.loads(
+        (Path(__file__).parents[1] / "fixtures" / "qwen3_embeddings_transformers.json").read_text()
+    )
+    fx = fx[f"embed_{pooling}"]
+    write_embedding_dir(tmp_path, pooling)
+    from llmd.worker.host import hf_config
+
+    engine = native.Engine(
+        str(tmp_path), hf_config=hf_config(str(tmp_path)), backend=backend, kv_type="f32"
+    )
+    ids = [f"b{i}" for i in range(len(fx["ids"]))]
+    engine.submit_pooled(
+        ids, fx["ids"], output="embedding", pooling=pooling, normalize=pooling == "last"
+    )
+    got = _drain(engine, set(ids))
+    for i, want in zip(ids, fx["embeddings"], strict=True):
+        ours = np.asarray(got[i]["values"], dtype=np.float64)
+        ref = np.asarray(want, dtype=np.float64)
+        assert ours @ ref / (np.linalg.norm(ours) * np.linalg.norm(ref)) >= 0.9999
+        assert np.abs(ours - ref).max() < 1e-3 * max(1.0, np.abs(ref).max())
+    engine.shutdown()
