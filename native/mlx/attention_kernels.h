@@ -4,7 +4,8 @@
 // set's flags (kernels/attention_<isa>.cpp) and chosen at run time together with the matmul
 // kernels: the variant follows kernels::active_table(), so LLMD_CPU_PATH forces attention down
 // too and every variant is testable on a CPU that runs it. Keys and values are read in the KV
-// pool's element type (KvType), float16 converted in registers as it is loaded.
+// pool's element type (KvType), float16 converted in registers as it is loaded (or once per KV
+// tile when many queries share it).
 #pragma once
 
 #include <cstdint>

@@ -6,9 +6,9 @@ with an online softmax. These checks build KV in the pool's block layout through
 path's conversion and run every attention variant this CPU runs: many KV tiles, tails that are
 not a multiple of the tile, sliding windows (first_pos > 0) inside and across tiles, GQA-style
 queries sharing their range, running maxima that grow late (the accumulator is rescaled) or
-early, the head dims the architectures use (64 Llama/SmolLM2, 128 Qwen, 256 Gemma). And the
-isolation property at kernel level: a query gives the same bits alone, in a tile of 4 and in a
-full tile, whatever queries share it.
+early, the head dims the architectures use (64 Llama/SmolLM2, 128 Qwen, 256 Gemma, 512 Gemma
+4's global layers). And the isolation property at kernel level: a query gives the same bits
+alone, in a tile of 4 and in a full tile, whatever queries share it.
 """
 
 from __future__ import annotations
@@ -62,6 +62,7 @@ CASES = [
     (700, 8, 8, 300, 128, 0.0),  # Qwen-like group of 8 with a sliding window across tiles
     (1030, 12, 2, 512, 256, 3.0),  # Gemma: head_dim 256, window of 512 positions
     (90, 90, 1, 70, 64, 0.0),  # a whole short prompt, window inside the second tile
+    (200, 6, 2, 0, 512, 2.0),  # Gemma 4's global layers: head_dim 512
 ]
 
 
