@@ -235,7 +235,7 @@ py::array_t<float> kernel_attention(py::array_t<float, py::array::c_style> q, py
       throw std::invalid_argument("each row needs 0 <= first_pos < n_pos <= n");
     }
   }
-  if (tile_rows < 1 || tile_rows > kMaxTileRows) throw std::invalid_argument("tile_rows must be 1..4");
+  if (tile_rows < 1 || tile_rows > kMaxTileRows) throw std::invalid_argument("tile_rows must be 1.." + std::to_string(kMaxTileRows));
   constexpr int BT = KvPool::kBlockTokens;
   const int nb = (n + BT - 1) / BT;
   const size_t elems = static_cast<size_t>(BT) * hd;
@@ -261,7 +261,7 @@ py::array_t<float> kernel_attention(py::array_t<float, py::array::c_style> q, py
     vb[b] = f16 ? static_cast<const void*>(vh.data() + b * elems) : static_cast<const void*>(vf.data() + b * elems);
   }
   py::array_t<float> out({rows, hd});
-  std::vector<float> scratch(static_cast<size_t>(kMaxTileRows) * ((n + 15) / 16 * 16));
+  std::vector<float> scratch(attention_scratch_floats(hd));
   const AttendTileFn attend = ak.attend(f16 ? KvType::F16 : KvType::F32);
   for (int r0 = 0; r0 < rows; r0 += tile_rows) {
     AttentionTile tile;
