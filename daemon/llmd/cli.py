@@ -451,7 +451,14 @@ def run(
 @click.option(
     "--name", default=None, help="Name to install it under (default: derived from SOURCE)."
 )
-def pull(source: str, name: str | None) -> None:
+@click.option(
+    "--kind",
+    type=click.Choice(["generate", "embed", "rerank"]),
+    default=None,
+    help="What a Hugging Face model is for, where its files do not say (a Qwen3-Reranker "
+    "whose name lacks 'reranker'); default: from its files and name.",
+)
+def pull(source: str, name: str | None, kind: str | None) -> None:
     """Download (or import) a model into llmd's store, under a name the API serves it as.
 
     \b
@@ -483,7 +490,7 @@ def pull(source: str, name: str | None) -> None:
     )
 
     if not needs_daemon(source):
-        record = pull_local(source, name)
+        record = pull_local(source, name, kind)
         print_installed(
             record.name, record.format, record.quantization, record.size, record.digest, record.note
         )
@@ -493,7 +500,7 @@ def pull(source: str, name: str | None) -> None:
     temporary = not _socket_alive(sock)
     try:
         with _daemon() as live:
-            final = asyncio.run(follow_pull(live, request_body(source, name)))
+            final = asyncio.run(follow_pull(live, request_body(source, name, kind)))
     except KeyboardInterrupt:
         if temporary:
             click.echo(
@@ -935,6 +942,7 @@ def show(name: str, as_json: bool, template_only: bool) -> None:
         return
     rows = [
         ("architecture", facts.get("architecture")),
+        ("kind", facts.get("kind")),
         ("parameters", _count(facts.get("parameters"))),
         ("context length", facts.get("context_length")),
         ("embedding length", facts.get("embedding_length")),

@@ -10,6 +10,7 @@ from . import protocol as p
 from .detokenizer import IncrementalDetokenizer
 from .errors import ApiError, bad_request, server_error
 from .metrics import observe_generation
+from .model_kind import record_kind
 from .stop_strings import StopMatcher
 from .supervisor import ModelSupervisor
 from .worker_client import Accepted, WorkerError
@@ -118,6 +119,17 @@ async def generate_text(
     # Control tokens (end of turn, ...) are markup, not answer text (llama-server and vLLM
     # leave them out of the output by default too).
     # `show_tokens`: control tokens that are markup the API parses (tool-call markers).
+    kind = record_kind(model.record)
+    if kind.kind != "generate":
+        # Every protocol's generation comes through here: one place refuses them all.
+        raise ApiError(
+            400,
+            f"model '{model.name}' is a{'n' if kind.kind == 'embed' else ''} {kind.kind} model: "
+            "it does not generate text (use /v1/embeddings, /api/embed or /v1/rerank); its kind "
+            "was decided when it was pulled (see `llmd show`)",
+            param="model",
+            code="wrong_model_kind",
+        )
     hidden = (model.text.special_ids | set(model.text.stop_token_ids)) - show_tokens
     detok = IncrementalDetokenizer(model.text.tokenizer, skip_ids=hidden)
     matcher = StopMatcher(stops)

@@ -21,6 +21,14 @@ from pathlib import Path
 from .convert import ConversionError, ConversionPlan, convert_gguf, plan_conversion
 from .engine_check import engine_refusal
 from .gguf_layout import GGUFFormatError, GGUFLayout, read_layout
+from .model_kind import (
+    GENERATE,
+    KindError,
+    ModelKind,
+    check_architecture,
+    kind_of_gguf,
+    kind_of_hf_dir,
+)
 from .model_support import (
     architecture_supported,
     gguf_architecture_supported,
@@ -47,10 +55,31 @@ def check_gguf(layout: GGUFLayout, what: str) -> ConversionPlan:
     )
     if problem:
         raise UnsupportedModel(f"{what}: {problem}")
+    gguf_kind(layout, what)
     try:
         return plan_conversion(layout)
     except (ConversionError, GGUFFormatError) as exc:
         raise UnsupportedModel(f"{what}: {exc}") from exc
+
+
+def gguf_kind(layout: GGUFLayout, what: str) -> ModelKind:
+    """The GGUF's kind (model_kind.py); UnsupportedModel for one llmd cannot serve yet."""
+    try:
+        kind = kind_of_gguf(layout.get, layout.architecture, what)
+        return check_architecture(kind, layout.architecture, what)
+    except KindError as exc:
+        raise UnsupportedModel(str(exc)) from exc
+
+
+def hf_kind(
+    directory: Path, name: str, what: str, arch: str, requested: str | None = None
+) -> ModelKind:
+    """A Hugging Face directory's kind (model_kind.py; `requested`: the pull's ``kind``);
+    UnsupportedModel when unservable."""
+    try:
+        return check_architecture(kind_of_hf_dir(directory, name, requested), arch, what)
+    except KindError as exc:
+        raise UnsupportedModel(str(exc)) from exc
 
 
 def check_engine_loads(store: ModelStore, record: ModelRecord, what: str) -> ModelRecord:
@@ -93,6 +122,7 @@ def gguf_record(
     license: str = "",
 ) -> ModelRecord:
     blob = store.blob_path(hexdigest)
+    kind = gguf_kind(layout, name)
     return ModelRecord(
         name=name,
         format="gguf",
@@ -107,6 +137,9 @@ def gguf_record(
         license=license or str(layout.get("general.license", "") or ""),
         note=note,
         source_digest=source_digest or f"sha256:{hexdigest}",
+        kind=kind.kind,
+        pooling=kind.pooling,
+        normalize=kind.normalize,
     )
 
 
@@ -197,11 +230,15 @@ def import_local(
     name: str,
     source: str | None,
     progress: Progress | None = None,
+    kind: str | None = None,
 ) -> ModelRecord:
-    """`llmd pull ./file.gguf` / `./hf_dir`: checked, converted if needed, published."""
+    """`llmd pull ./file.gguf` / `./hf_dir`: checked, converted if needed, published.
+    `kind` (a directory only) says what the model is for where its files cannot."""
     check_local_source(path)
+    if kind is not None and not path.is_dir():
+        raise kind_not_for_gguf()
     try:
-        return _import_local(store, path, name, source, progress)
+        return _import_local(store, path, name, source, progress, kind)
     except OSError as exc:
         if exc.errno != errno.ENOSPC:
             raise
@@ -211,15 +248,24 @@ def import_local(
         raise insufficient_storage(needed, store.paths.models) from exc
 
 
+def kind_not_for_gguf() -> StoreError:
+    return StoreError(
+        "a kind can be given for Hugging Face directories only: a GGUF file says its own "
+        "(llama.cpp's converter writes {arch}.pooling_type for embedding models)",
+        code="invalid_value",
+    )
+
+
 def _import_local(
     store: ModelStore,
     path: Path,
     name: str,
     source: str | None,
     progress: Progress | None,
+    kind: str | None = None,
 ) -> ModelRecord:
     if path.is_dir():
-        return _import_dir(store, path, name, progress)
+        return _import_dir(store, path, name, progress, kind)
     with open(path, "rb") as f:
         if f.read(4) != b"GGUF":
             raise StoreError(f"{path} is not a GGUF file (it lacks the GGUF magic)")
@@ -271,7 +317,9 @@ def _phase(progress: Progress | None, phase: str) -> Callable[[int, int], None] 
     return lambda done, total: progress(phase, done, total)
 
 
-def _import_dir(store: ModelStore, src: Path, name: str, progress: Progress | None) -> ModelRecord:
+def _import_dir(
+    store: ModelStore, src: Path, name: str, progress: Progress | None, kind_asked: str | None
+) -> ModelRecord:
     config = src / "config.json"
     if not config.exists() or not list(src.glob("*.safetensors")):
         raise StoreError(
@@ -281,6 +329,7 @@ def _import_dir(store: ModelStore, src: Path, name: str, progress: Progress | No
         arch = check_hf_config(json.loads(config.read_text()), str(src))
     except ValueError as exc:
         raise StoreError(f"{config} is not valid JSON: {exc}") from exc
+    kind = hf_kind(src, src.name, str(src), arch, kind_asked)
     wanted = [
         p
         for p in sorted(src.iterdir())
@@ -302,7 +351,7 @@ def _import_dir(store: ModelStore, src: Path, name: str, progress: Progress | No
             )
         tree = store.make_tree(files)
         return store.write_manifest(
-            tree_record(store, name, tree, entries, f"dir:{src.resolve()}", arch)
+            tree_record(store, name, tree, entries, f"dir:{src.resolve()}", arch, kind=kind)
         )
 
 
@@ -314,6 +363,7 @@ def tree_record(
     source: str,
     arch: str,
     license: str = "",
+    kind: ModelKind = GENERATE,
 ) -> ModelRecord:
     config = json.loads((tree / "config.json").read_text())
     quant = config.get("quantization") or config.get("quantization_config") or {}
@@ -332,4 +382,7 @@ def tree_record(
         context_length=config.get("max_position_embeddings"),
         license=license,
         files=tuple(entries),
+        kind=kind.kind,
+        pooling=kind.pooling,
+        normalize=kind.normalize,
     )

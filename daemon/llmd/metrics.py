@@ -132,6 +132,18 @@ class Metrics:
             buckets=DURATION_BUCKETS,
             registry=r,
         )
+        self.embedded_inputs = Counter(
+            "llmd_embedded_inputs",
+            "Inputs embedded or documents scored (embeddings and rerank requests), by model.",
+            ["model"],
+            registry=r,
+        )
+        self.embedded_tokens = Counter(
+            "llmd_embedded_tokens",
+            "Prompt tokens of embedded inputs and scored documents, by model.",
+            ["model"],
+            registry=r,
+        )
         self.worker_restarts = Counter(
             "llmd_worker_restarts",
             "Unexpected worker deaths (crash or hang) of a model, each followed by a restart "
@@ -188,6 +200,13 @@ class GenerationObserver:
         m.cached_prompt_tokens.labels(model).inc(result.cached_tokens)
         m.duration.labels(model).observe(time.perf_counter() - self.started)
         return result
+
+
+def observe_embedding(model: ModelSupervisor, inputs: int, tokens: int) -> None:
+    """Counts one embedding or rerank request's inputs and their tokens."""
+    if model.metrics is not None:
+        model.metrics.embedded_inputs.labels(model.name).inc(inputs)
+        model.metrics.embedded_tokens.labels(model.name).inc(tokens)
 
 
 def observe_generation(model: ModelSupervisor) -> GenerationObserver:
@@ -275,6 +294,7 @@ async def scrape(app: web.Application) -> list[Metric]:
         ("prompt_tokens_processed", "counter", "llmd_engine_prefill_tokens", "Prompt tokens the engine prefilled (not served from the prefix cache) since its worker started."),
         ("prefix_cache_hits", "counter", "llmd_prefix_cache_hits", "Requests that reused cached KV since the worker started."),
         ("prefix_cached_tokens", "counter", "llmd_prefix_cache_hit_tokens", "Prompt tokens served from the prefix cache since the worker started."),
+        ("embedding_requests", "counter", "llmd_engine_embedding_sequences", "Embedding and rerank sequences the engine completed since its worker started."),
     ]  # fmt: skip
     for field, kind, name, doc in engine_fields:
         family_type = CounterMetricFamily if kind == "counter" else GaugeMetricFamily
@@ -293,6 +313,17 @@ async def scrape(app: web.Application) -> list[Metric]:
             hit, prefilled = st["prefix_cached_tokens"], st["prompt_tokens_processed"]
             ratio.add_metric([m.name], hit / (hit + prefilled) if hit + prefilled else 0.0)
     families.append(ratio)
+    pooled = _gauge(
+        "llmd_engine_max_embeddings_in_a_step",
+        "Most embedding or rerank sequences that one engine step finished together since the "
+        "worker started (above 1: the inputs of a request were batched).",
+        ["model"],
+    )
+    for m, st in zip(models, stats, strict=True):
+        histogram = st.get("pooled_rows_histogram") if st is not None else None
+        if isinstance(histogram, dict):
+            pooled.add_metric([m.name], max((int(k) for k in histogram), default=0))
+    families.append(pooled)
 
     sessions = _gauge("llmd_sessions", "Named sessions open.")
     sessions.add_metric([], len(app[SESSIONS].list()))

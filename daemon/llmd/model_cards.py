@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from .model_facts import describe
+from .model_kind import record_kind
 from .model_registry import ModelRegistry
 from .reasoning import reasoning_support
 from .store import ModelRecord
@@ -44,16 +45,18 @@ def served_context(registry: ModelRegistry, record: ModelRecord) -> int | None:
 
 def capabilities(record: ModelRecord) -> dict[str, bool]:
     """What requests the model serves: tools for every chat model (native markup or llmd's
-    fallback prompt), reasoning for thinking templates; vision and embeddings are not served
-    by llmd yet, so they are false for every model."""
-    template = facts_of(record).get("template") or ""
+    fallback prompt), reasoning for thinking templates; embeddings and rerank from the kind
+    decided at pull (model_kind.py); vision is not served by llmd yet."""
+    kind = record_kind(record).kind
+    template = facts_of(record).get("template") or "" if kind == "generate" else ""
     return {
-        "completion": True,
+        "completion": kind == "generate",
         "chat": bool(template),
         "tools": bool(template),
         "reasoning": bool(template) and reasoning_support(template, None).is_reasoning_model,
         "vision": False,
-        "embeddings": False,
+        "embeddings": kind == "embed",
+        "rerank": kind == "rerank",
     }
 
 
@@ -72,4 +75,5 @@ def openai_model(registry: ModelRegistry, record: ModelRecord) -> dict[str, Any]
         "capabilities": capabilities(record),
         "architecture": facts.get("architecture") or record.architecture or None,
         "quantization": facts.get("quantization") or record.quantization or None,
+        "kind": record_kind(record).kind,
     }

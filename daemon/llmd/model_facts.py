@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from .gguf_layout import GGUFFormatError, GGUFLayout, read_layout
+from .model_kind import record_kind
 from .model_support import NATIVE_GGUF_TYPES
 from .store import ModelRecord
 
@@ -18,6 +19,7 @@ def describe(record: ModelRecord) -> dict[str, Any]:
         "name": record.name,
         "format": record.format,
         "architecture": record.architecture,
+        "kind": record_kind(record).describe(),
         "quantization": record.quantization,
         "context_length": record.context_length,
         "license": record.license,

@@ -6,9 +6,9 @@
 Names are llmd's (``smollm2-135m``, ``hf.co/ORG/REPO:QUANT``); a ``:latest`` tag that Ollama
 clients add to an untagged name is understood. ``/api/pull`` pulls what ``llmd pull`` pulls
 (catalog names, Hugging Face repos, absolute local paths), reporting progress in Ollama's
-lines. Not implemented, answered 501 in Ollama's error shape: ``/api/embed``,
-``/api/embeddings`` (llmd serves generation models), ``/api/create``, ``/api/push`` and
-``/api/blobs`` (no Modelfiles, no registry to push to).
+lines. Not implemented, answered 501 in Ollama's error shape: ``/api/create``, ``/api/push``
+and ``/api/blobs`` (no Modelfiles, no registry to push to). ``/api/embed`` and
+``/api/embeddings`` live in ollama_embed.py.
 
 ``add_ollama_routes`` registers these and the generation routes of ollama_api.py, and makes
 every error under ``/api`` Ollama's ``{"error": "message"}``.
@@ -32,6 +32,7 @@ from .errors import ApiError, bad_request
 from .gguf_layout import GGUFFormatError, read_layout
 from .http_common import REGISTRY, STORE, add_error_shape, json_body, stream_ndjson
 from .model_cards import facts_of, served_context
+from .model_kind import record_kind
 from .ollama_api import (
     OllamaSchema,
     chat,
@@ -111,10 +112,15 @@ def model_info(record: ModelRecord, *, verbose: bool = False) -> dict[str, Any]:
     return info
 
 
-def capabilities(template: str) -> list[str]:
-    """completion always; tools for every chat model (llmd offers tools natively or through
-    its fallback prompt, and enforces a forced call by grammar); thinking for reasoning
-    templates."""
+def capabilities(template: str, kind: str = "generate") -> list[str]:
+    """completion for generation models (tools for every chat model: llmd offers tools
+    natively or through its fallback prompt, and enforces a forced call by grammar; thinking
+    for reasoning templates); embedding for embedding models, as Ollama lists them; rerank
+    for rerankers (not an Ollama capability: llmd's own word)."""
+    if kind == "embed":
+        return ["embedding"]
+    if kind == "rerank":
+        return ["rerank"]
     caps = ["completion"]
     if template:
         caps.append("tools")
@@ -209,7 +215,7 @@ async def show(request: web.Request) -> web.Response:
         "license": facts.get("license") or "",
         "details": await asyncio.to_thread(details, record),
         "model_info": info,
-        "capabilities": capabilities(template),
+        "capabilities": capabilities(template, record_kind(record).kind),
         "modified_at": rfc3339(record.modified),
     }
     return web.json_response(body)
@@ -310,8 +316,6 @@ def _not_supported(what: str, why: str) -> Any:
 
 
 _ABSENT = (
-    ("POST", "/api/embed", "/api/embed", "it serves generation models, not embedding models"),
-    ("POST", "/api/embeddings", "/api/embeddings", "it serves generation models only"),
     ("POST", "/api/create", "/api/create", "there are no Modelfiles; use `llmd pull`"),
     ("POST", "/api/push", "/api/push", "there is no registry to push to"),
     ("POST", "/api/blobs/{digest}", "/api/blobs", "there are no Modelfiles; use `llmd pull`"),

@@ -66,6 +66,24 @@ class Generate(_Message):
     prefill_of: str = ""
 
 
+class Embed(_Message):
+    """Prompts that prefill and end without sampling, queued together so the engine admits
+    them into the same steps (beside any generation): answered by one `pooled` per prompt as
+    each is ready, with the final-norm hidden state pooled over the prompt (`embedding`: last
+    token or mean, L2-normalised when asked) or the raw next-token logits of `logit_tokens`
+    after it (`token_logits`: a reranker's yes/no scores), then one `done` (token counts of
+    all prompts). One failing prompt fails the request (`error`); `cancel` of the id cancels
+    all of them."""
+
+    type: Literal["embed"] = "embed"
+    id: str
+    prompts: list[list[Int32]] = Field(min_length=1)
+    output: Literal["embedding", "token_logits"] = "embedding"
+    pooling: Literal["last", "mean"] = "last"
+    normalize: bool = False
+    logit_tokens: list[Int32] = []
+
+
 class Score(_Message):
     """Log probabilities of a prompt's own tokens (legacy completions `echo` + `logprobs`):
     answered by one `scored` message."""
@@ -97,7 +115,7 @@ class Shutdown(_Message):
 
 
 DaemonMessage = Annotated[
-    Generate | Score | Cancel | Unpin | StatsRequest | Shutdown, Field(discriminator="type")
+    Generate | Embed | Score | Cancel | Unpin | StatsRequest | Shutdown, Field(discriminator="type")
 ]
 
 # ---------------------------------------------------------------- worker -> daemon
@@ -197,6 +215,16 @@ class Done(_Message):
     timings: Timings = Timings()
 
 
+class Pooled(_Message):
+    """One prompt's result of an `embed` request (prompts[index]). One line per prompt keeps
+    every line small, whatever the number of inputs and the width of the model."""
+
+    type: Literal["pooled"] = "pooled"
+    id: str
+    index: int
+    values: list[float]
+
+
 class Error(_Message):
     """A request failed (id set) or a daemon message was malformed (id None)."""
 
@@ -217,7 +245,8 @@ class Stats(_Message):
 
 
 WorkerMessage = Annotated[
-    Ready | Fatal | Started | Tokens | Scored | Done | Error | Stats, Field(discriminator="type")
+    Ready | Fatal | Started | Tokens | Scored | Pooled | Done | Error | Stats,
+    Field(discriminator="type"),
 ]
 
 daemon_message_adapter: TypeAdapter[DaemonMessage] = TypeAdapter(DaemonMessage)

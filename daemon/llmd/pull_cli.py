@@ -40,12 +40,14 @@ def needs_daemon(source: str) -> bool:
         return True  # a malformed hf.co/... reference: `precheck` says what is wrong
 
 
-def request_body(source: str, name: str | None) -> dict[str, Any]:
+def request_body(source: str, name: str | None, kind: str | None = None) -> dict[str, Any]:
     """The pull request, carrying this shell's HF_ENDPOINT/HF_TOKEN when set (a daemon
     started earlier, e.g. as a service, does not see them)."""
     body: dict[str, Any] = {"model": source}
     if name:
         body["name"] = name
+    if kind:
+        body["kind"] = kind
     if os.environ.get("HF_ENDPOINT"):
         body["endpoint"] = os.environ["HF_ENDPOINT"]
     if os.environ.get("HF_TOKEN"):
@@ -159,14 +161,14 @@ def print_installed(name: str, fmt: str, quant: str, size: int, digest: str, not
         click.echo(f"note: {note}")
 
 
-def pull_local(source: str, name: str | None) -> ModelRecord:
+def pull_local(source: str, name: str | None, kind: str | None = None) -> ModelRecord:
     bars = Bars()
 
     def progress(phase: str, done: int, total: int) -> None:
         bars.update(phase, phase, done, total)
 
     try:
-        return ModelStore(get_paths()).pull(source, name, progress)
+        return ModelStore(get_paths()).pull(source, name, progress, kind)
     except StoreError as exc:
         raise click.ClickException(str(exc)) from exc
     finally:

@@ -1,8 +1,9 @@
 """HTTP routes for pulls: ``POST /v1/models/pull`` streams a pull's progress, and
 ``GET /v1/models/pulls`` lists the running ones.
 
-Request: ``{"model": NAME, "name": INSTALL_AS?, "stream": true?}`` (``"model"`` may also be
-spelled ``"source"``). NAME is a catalog name, ``hf.co/ORG/REPO[:QUANT]`` or an absolute local
+Request: ``{"model": NAME, "name": INSTALL_AS?, "kind": KIND?, "stream": true?}`` (``"model"``
+may also be spelled ``"source"``; ``"kind"``, generate / embed / rerank, overrides what a Hugging
+Face directory's files say, model_kind.py). NAME is a catalog name, ``hf.co/ORG/REPO[:QUANT]`` or an absolute local
 path. Optional ``"endpoint"`` and ``"token"`` carry the caller's ``HF_ENDPOINT`` / ``HF_TOKEN``
 (the CLI sends them when set in its shell, which a daemon started earlier does not see); a
 token the daemon holds itself is never sent to an endpoint a request names.
@@ -28,6 +29,7 @@ from aiohttp import web
 
 from .errors import ApiError, bad_request
 from .http_common import STORE, check_json_value, stream_ndjson
+from .model_kind import KINDS
 from .pulls import PullJob, PullManager
 from .security import read_body
 from .store import ModelStore, StoreError
@@ -72,11 +74,19 @@ async def pull(request: web.Request) -> web.StreamResponse:
         if value is not None and not isinstance(value, str):
             raise bad_request(f"'{key}' must be a string", param=key)
         options[key] = value or None
+    kind = body.get("kind")
+    if kind is not None and kind not in KINDS:
+        raise bad_request(f"'kind' must be one of {', '.join(KINDS)}", param="kind")
     stream = body.get("stream", True)
     if not isinstance(stream, bool):
         raise bad_request("'stream' must be true or false", param="stream")
     job = start_pull(
-        request, source, options["name"], endpoint=options["endpoint"], token=options["token"]
+        request,
+        source,
+        options["name"],
+        endpoint=options["endpoint"],
+        token=options["token"],
+        kind=kind,
     )
     if not stream:
         final = await job.wait()

@@ -66,7 +66,9 @@ from .install import (
     convert_to_blob,
     converted_blob_for,
     gguf_record,
+    hf_kind,
     insufficient_storage,
+    kind_not_for_gguf,
     tree_record,
 )
 from .model_support import architecture_supported, unsupported_architecture_message
@@ -84,6 +86,8 @@ log = logging.getLogger("llmd.pulls")
 DISK_RESERVE = 256 << 20  # left free after a pull, for logs and the OS
 _PROGRESS_INTERVAL = 0.1
 _TREE_FILES = (".safetensors", ".json", ".jinja", ".model", ".txt", ".tiktoken")
+# A sentence-transformers pooling config (model_kind.py reads it at pull time).
+_POOLING_FILES = ("1_Pooling/config.json",)
 _SKIP_TREE = ("README", ".gitattributes", "LICENSE", "USE_POLICY", "NOTICE")
 
 
@@ -117,6 +121,7 @@ class PullJob:
         self.status_code = 200
         self.task: asyncio.Task[None] | None = None
         self._last_emit = 0.0
+        self.kind: str | None = None  # what the pull says the model is for (model_kind.py)
 
     def emit(self, event: dict[str, Any], *, progress: bool = False) -> None:
         if progress:
@@ -255,6 +260,7 @@ class PullManager:
         *,
         endpoint: str | None = None,
         token: str | None = None,
+        kind: str | None = None,
     ) -> PullJob:
         """The running pull of `source` (as `name`), started now if there is none. Errors
         knowable without the network (a bad name, an unknown source, an architecture the
@@ -265,6 +271,7 @@ class PullManager:
         if job is not None and job.final is None:
             return job
         job = PullJob(key, source, install_name)
+        job.kind = kind
         self.jobs[key] = job
         job.task = asyncio.create_task(self._run(job, target, endpoint, token))
         job.task.add_done_callback(lambda _t: self._forget(job))
@@ -356,13 +363,15 @@ class PullManager:
             )
 
         source = job.source if load_catalog().get(job.source) else str(path)
-        return await asyncio.to_thread(self.store.pull, source, job.name, progress)
+        return await asyncio.to_thread(self.store.pull, source, job.name, progress, job.kind)
 
     async def _pull_hub(self, job: PullJob, hub: HubClient, target: _Target) -> ModelRecord:
         job.emit({"status": "pulling manifest"})
         info = await hub.model_info(target.repo, target.revision)
         files = gguf_files(info)
         if target.file is not None or target.tag is not None or files:
+            if job.kind is not None:
+                raise kind_not_for_gguf()
             filename = target.file or choose_gguf(info, target.tag)
             if filename not in info.siblings:
                 raise HubNotFound(
@@ -451,7 +460,9 @@ class PullManager:
         names = sorted(
             n
             for n in info.siblings
-            if "/" not in n and n.endswith(_TREE_FILES) and not n.startswith(_SKIP_TREE)
+            if ("/" not in n or n in _POOLING_FILES)
+            and n.endswith(_TREE_FILES)
+            and not n.startswith(_SKIP_TREE)
         )
         if "config.json" not in names or not any(n.endswith(".safetensors") for n in names):
             raise HubNotFound(
@@ -479,8 +490,9 @@ class PullManager:
         tree = await asyncio.to_thread(self.store.make_tree, files)
         source = f"hf:{info.repo}@{info.sha}"
         license = target.entry.license if target.entry else ""
+        kind = hf_kind(tree, info.repo, f"hf.co/{info.repo}", arch, job.kind)
         return self.store.write_manifest(
-            tree_record(self.store, target.name, tree, entries, source, arch, license)
+            tree_record(self.store, target.name, tree, entries, source, arch, license, kind)
         )
 
     def _check_disk(self, name: str, remotes: list[RemoteFile], plan: ConversionPlan) -> None:

@@ -23,6 +23,7 @@ from aiohttp import web
 
 from . import __version__
 from .anthropic_messages import add_anthropic_routes
+from .embedding_routes import add_embedding_routes
 from .errors import ApiError, server_error
 from .http_common import (
     ADDRESSES,
@@ -47,6 +48,7 @@ from .memory_trim import trim_after_big_bodies
 from .metrics import Metrics, add_metrics, metrics_middleware
 from .model_cards import openai_model
 from .model_registry import ModelRegistry
+from .ollama_embed import add_ollama_embed_routes
 from .ollama_models import add_ollama_routes
 from .openai_routes import add_openai_routes
 from .paths import Paths, ensure_private_dir
@@ -288,6 +290,8 @@ def create_app(
     add_ollama_routes(app)
     add_anthropic_routes(app)
     add_infill_routes(app)
+    add_embedding_routes(app)
+    add_ollama_embed_routes(app)
     # After the routes it would shadow (GET /v1/models/pulls): names may hold slashes.
     app.router.add_get("/v1/models/{model_id:.+}", get_model)
     app.router.add_get("/v1/sessions", list_sessions)

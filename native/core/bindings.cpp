@@ -111,6 +111,7 @@ py::dict event_to_dict(const EngineEvent& e) {
       d["prompt_tokens"] = e.prompt_tokens;
       d["completion_tokens"] = e.completion_tokens;
       d["cached_tokens"] = e.cached_tokens;
+      if (!e.values.empty()) d["values"] = e.values;
       d["timings"] = py::dict(py::arg("queued_ms") = e.queued_ms, py::arg("prefill_ms") = e.prefill_ms,
                               py::arg("decode_ms") = e.decode_ms);
       break;
@@ -234,7 +235,7 @@ py::array_t<float> kernel_attention(py::array_t<float, py::array::c_style> q, py
       throw std::invalid_argument("each row needs 0 <= first_pos < n_pos <= n");
     }
   }
-  if (tile_rows < 1 || tile_rows > kMaxTileRows) throw std::invalid_argument("tile_rows must be 1..4");
+  if (tile_rows < 1 || tile_rows > kMaxTileRows) throw std::invalid_argument("tile_rows must be 1.." + std::to_string(kMaxTileRows));
   constexpr int BT = KvPool::kBlockTokens;
   const int nb = (n + BT - 1) / BT;
   const size_t elems = static_cast<size_t>(BT) * hd;
@@ -260,7 +261,7 @@ py::array_t<float> kernel_attention(py::array_t<float, py::array::c_style> q, py
     vb[b] = f16 ? static_cast<const void*>(vh.data() + b * elems) : static_cast<const void*>(vf.data() + b * elems);
   }
   py::array_t<float> out({rows, hd});
-  std::vector<float> scratch(static_cast<size_t>(kMaxTileRows) * ((n + 15) / 16 * 16));
+  std::vector<float> scratch(attention_scratch_floats(hd));
   const AttendTileFn attend = ak.attend(f16 ? KvType::F16 : KvType::F32);
   for (int r0 = 0; r0 < rows; r0 += tile_rows) {
     AttentionTile tile;
@@ -327,8 +328,23 @@ PYBIND11_MODULE(_engine, m) {
              int top_k, float top_p, float min_p, uint64_t seed, std::vector<int32_t> stop_tokens,
              std::string session, float frequency_penalty, float presence_penalty, float repetition_penalty,
              std::vector<std::pair<int32_t, float>> logit_bias, int top_logprobs, py::object constraint,
-             std::string prefill_of, int repetition_window) {
+             std::string prefill_of, int repetition_window, const std::string& output, const std::string& pooling,
+             bool normalize, std::vector<int32_t> logit_tokens) {
             GenerateRequest r;
+            if (output == "embedding") {
+              r.output = GenerateRequest::Output::Embedding;
+            } else if (output == "token_logits") {
+              r.output = GenerateRequest::Output::TokenLogits;
+            } else if (output != "tokens") {
+              throw std::invalid_argument("output must be tokens, embedding or token_logits, not " + output);
+            }
+            if (pooling == "mean") {
+              r.pooling = GenerateRequest::Pooling::Mean;
+            } else if (pooling != "last") {
+              throw std::invalid_argument("pooling must be last or mean, not " + pooling);
+            }
+            r.normalize = normalize;
+            r.logit_tokens = std::move(logit_tokens);
             r.id = id;
             r.prompt = std::move(prompt);
             r.max_tokens = max_tokens;
@@ -356,7 +372,42 @@ PYBIND11_MODULE(_engine, m) {
           py::arg("repetition_penalty") = 1.f,
           py::arg("logit_bias") = std::vector<std::pair<int32_t, float>>{}, py::arg("top_logprobs") = -1,
           py::arg("constraint") = py::none(), py::arg("prefill_of") = "",
-          py::arg("repetition_window") = 0)
+          py::arg("repetition_window") = 0, py::arg("output") = "tokens", py::arg("pooling") = "last",
+          py::arg("normalize") = false, py::arg("logit_tokens") = std::vector<int32_t>{})
+      .def(
+          "submit_pooled",
+          [](Engine& e, const std::vector<std::string>& ids, std::vector<std::vector<int32_t>> prompts,
+             const std::string& output, const std::string& pooling, bool normalize,
+             const std::vector<int32_t>& logit_tokens) {
+            if (ids.size() != prompts.size()) throw std::invalid_argument("one id per prompt");
+            GenerateRequest base;
+            if (output == "embedding") {
+              base.output = GenerateRequest::Output::Embedding;
+            } else if (output == "token_logits") {
+              base.output = GenerateRequest::Output::TokenLogits;
+            } else {
+              throw std::invalid_argument("output must be embedding or token_logits, not " + output);
+            }
+            if (pooling == "mean") {
+              base.pooling = GenerateRequest::Pooling::Mean;
+            } else if (pooling != "last") {
+              throw std::invalid_argument("pooling must be last or mean, not " + pooling);
+            }
+            base.normalize = normalize;
+            base.logit_tokens = logit_tokens;
+            std::vector<GenerateRequest> batch;
+            for (size_t i = 0; i < ids.size(); ++i) {
+              GenerateRequest r = base;
+              r.id = ids[i];
+              r.prompt = std::move(prompts[i]);
+              batch.push_back(std::move(r));
+            }
+            e.submit(std::move(batch));
+          },
+          py::arg("ids"), py::arg("prompts"), py::arg("output") = "embedding", py::arg("pooling") = "last",
+          py::arg("normalize") = false, py::arg("logit_tokens") = std::vector<int32_t>{},
+          "Embedding or token-logits requests (no sampling), queued together so they are admitted "
+          "into the same steps; each ends with its own done (`values`) or error.")
       .def("shutdown",
            [](Engine& e) {
              py::gil_scoped_release release;
@@ -407,6 +458,10 @@ PYBIND11_MODULE(_engine, m) {
              py::dict hist;
              for (const auto& [k, v] : s.sampled_rows_histogram) hist[py::str(std::to_string(k))] = v;
              d["sampled_rows_histogram"] = hist;
+             d["embedding_requests"] = s.embedding_requests;
+             py::dict pooled;
+             for (const auto& [k, v] : s.pooled_rows_histogram) pooled[py::str(std::to_string(k))] = v;
+             d["pooled_rows_histogram"] = pooled;
              return d;
            })
       .def("info",

@@ -1,6 +1,7 @@
 #include "engine.h"
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
 #include <stdexcept>
 
@@ -57,6 +58,19 @@ std::string Engine::validate(const GenerateRequest& r, std::string& code) const 
   if (r.prompt.empty()) return "prompt has no tokens";
   if (r.max_tokens < 0) return "max_tokens must be >= 0";
   const int vocab = model_->info().vocab_size;
+  if (r.output == GenerateRequest::Output::Embedding && !model_->supports_hidden()) {
+    code = "unsupported";
+    return model_->info().architecture + " models cannot compute embeddings in llmd yet";
+  }
+  if (r.output != GenerateRequest::Output::Tokens && r.max_tokens != 0) {
+    return "embedding and token-logits requests generate nothing: max_tokens must be 0";
+  }
+  if (r.output == GenerateRequest::Output::TokenLogits && r.logit_tokens.empty()) {
+    return "a token-logits request names no tokens";
+  }
+  for (int32_t t : r.logit_tokens) {
+    if (t < 0 || t >= vocab) return "logit token id " + std::to_string(t) + " is outside the vocabulary";
+  }
   for (int32_t t : r.prompt) {
     if (t < 0 || t >= vocab) return "prompt token id " + std::to_string(t) + " is outside the vocabulary";
   }
@@ -69,27 +83,40 @@ std::string Engine::validate(const GenerateRequest& r, std::string& code) const 
 }
 
 void Engine::submit(GenerateRequest request) {
-  std::string code;
-  const std::string problem = validate(request, code);
-  if (!problem.empty()) {
-    EngineEvent e;
-    e.kind = EngineEvent::Kind::Error;
-    e.id = request.id;
-    e.code = code;
-    e.message = problem;
-    emit(std::move(e));
-    return;
+  std::vector<GenerateRequest> one;
+  one.push_back(std::move(request));
+  submit(std::move(one));
+}
+
+void Engine::submit(std::vector<GenerateRequest> requests) {
+  std::vector<std::unique_ptr<Sequence>> accepted;
+  for (GenerateRequest& request : requests) {
+    std::string code;
+    const std::string problem = validate(request, code);
+    if (!problem.empty()) {
+      EngineEvent e;
+      e.kind = EngineEvent::Kind::Error;
+      e.id = request.id;
+      e.code = code;
+      e.message = problem;
+      emit(std::move(e));
+      continue;
+    }
+    auto seq = std::make_unique<Sequence>(std::move(request), pool_);
+    if (needs_counts(seq->request.sampling)) seq->counts.add_prompt(seq->request.prompt);
+    seq->submitted = Clock::now();
+    accepted.push_back(std::move(seq));
   }
-  auto seq = std::make_unique<Sequence>(std::move(request), pool_);
-  if (needs_counts(seq->request.sampling)) seq->counts.add_prompt(seq->request.prompt);
-  seq->submitted = Clock::now();
+  if (accepted.empty()) return;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (seq->request.prefill_of.empty()) {
-      waiting_.push_back(std::move(seq));
-    } else {
-      const std::string parent = seq->request.prefill_of;
-      forks_[parent].push_back(std::move(seq));
+    for (auto& seq : accepted) {
+      if (seq->request.prefill_of.empty()) {
+        waiting_.push_back(std::move(seq));
+      } else {
+        const std::string parent = seq->request.prefill_of;
+        forks_[parent].push_back(std::move(seq));
+      }
     }
   }
   work_cv_.notify_one();
@@ -140,11 +167,12 @@ EngineStats Engine::stats() {
   return s;
 }
 
-void Engine::finish(Sequence& seq, const std::string& reason) {
+void Engine::finish(Sequence& seq, const std::string& reason, std::vector<float> values) {
   EngineEvent e;
   e.kind = EngineEvent::Kind::Done;
   e.id = seq.request.id;
   e.finish_reason = reason;
+  e.values = std::move(values);
   e.prompt_tokens = static_cast<int>(seq.request.prompt.size());
   e.completion_tokens = static_cast<int>(seq.generated.size());
   e.cached_tokens = seq.cached;
@@ -170,6 +198,11 @@ void Engine::admit(Sequence& seq) {
   // more cached block), always leaving at least one prompt token to run so the first sampled
   // token has fresh logits.
   if (seq.fed > 0) return;  // a forked sibling waiting for room: its KV is already there
+  // Mean pooling sums the hidden state of every prompt position: none may come from the cache.
+  if (seq.request.output == GenerateRequest::Output::Embedding &&
+      seq.request.pooling == GenerateRequest::Pooling::Mean) {
+    return;
+  }
   const auto& prompt = seq.request.prompt;
   PrefixCache::Match m = prefix_cache_.match(prompt.data(), static_cast<int>(prompt.size()) - 1);
   // Recurrent state exists only at block boundaries (snapshots): no partial block.
@@ -381,7 +414,13 @@ void Engine::step_once() {
     s.kv = seq->kv.get();
     s.tokens.assign(seq->request.prompt.begin() + seq->fed, seq->request.prompt.begin() + seq->fed + n);
     s.start_pos = seq->fed;
-    s.want_logits = (n == remaining);
+    if (seq->request.output != GenerateRequest::Output::Embedding) {
+      s.want_logits = (n == remaining);
+    } else if (seq->request.pooling == GenerateRequest::Pooling::Mean) {
+      s.hidden = HiddenOut::Sum;
+    } else if (n == remaining) {
+      s.hidden = HiddenOut::Last;
+    }
     if (recurrent_) s.snapshot_at = snapshot_positions(*seq, s.start_pos, n);
     step.segments.push_back(std::move(s));
     in_step.push_back(seq.get());
@@ -409,17 +448,26 @@ void Engine::step_once() {
   if (step.segments.empty()) return;
 
   std::vector<float> logits;
+  std::vector<float> hidden;
   {
     std::lock_guard<std::mutex> lock(forward_mutex_);
     ScopedOpTimer timer(OpKind::Forward);
-    model_->forward(step, pool_, logits);
+    if (step.hidden_rows() > 0) {
+      model_->forward(step, pool_, logits, hidden);
+    } else {
+      model_->forward(step, pool_, logits);
+    }
   }
   const int vocab = model_->info().vocab_size;
+  const int width = model_->info().hidden_size;
   int row = 0;
+  int hidden_row = 0;
   int sampled = 0;
+  int pooled = 0;
   int prompt_tokens = 0;
   std::vector<Sequence*> finished;
   std::vector<std::string> reasons;
+  std::vector<std::vector<float>> results;
   for (size_t i = 0; i < step.segments.size(); ++i) {
     Sequence* seq = in_step[i];
     const StepSegment& s = step.segments[i];
@@ -430,6 +478,24 @@ void Engine::step_once() {
     }
     index_full_blocks(*seq);
     if (recurrent_) keep_snapshots(*seq);
+    const float* hidden_out = nullptr;
+    if (s.hidden != HiddenOut::None) hidden_out = hidden.data() + static_cast<size_t>(hidden_row++) * width;
+    if (seq->request.output != GenerateRequest::Output::Tokens) {
+      if (s.hidden == HiddenOut::Sum) {
+        seq->hidden_sum.resize(width, 0.0);
+        for (int j = 0; j < width; ++j) seq->hidden_sum[j] += hidden_out[j];
+      }
+      const float* logits_out = nullptr;
+      if (s.want_logits) logits_out = logits.data() + static_cast<size_t>(row++) * vocab;
+      if (!seq->prefilling()) {
+        if (seq->generated.empty()) seq->first_token = Clock::now();
+        ++pooled;
+        finished.push_back(seq);
+        reasons.push_back("stop");
+        results.push_back(pooled_values(*seq, hidden_out, logits_out));
+      }
+      continue;
+    }
     if (!s.want_logits) continue;
     ++sampled;
     float* row_logits = logits.data() + static_cast<size_t>(row) * vocab;
@@ -442,6 +508,7 @@ void Engine::step_once() {
     if (!reason.empty()) {
       finished.push_back(seq);
       reasons.push_back(reason);
+      results.emplace_back();
     }
   }
   {
@@ -451,12 +518,39 @@ void Engine::step_once() {
     stats_.prompt_tokens_processed += prompt_tokens;
     if (sampled > 0) stats_.sampled_rows_histogram[sampled] += 1;
     stats_.max_rows_sampled_in_a_step = std::max(stats_.max_rows_sampled_in_a_step, sampled);
+    stats_.embedding_requests += pooled;
+    if (pooled > 0) stats_.pooled_rows_histogram[pooled] += 1;
   }
   for (size_t i = 0; i < finished.size(); ++i) {
-    finish(*finished[i], reasons[i]);
+    finish(*finished[i], reasons[i], std::move(results[i]));
     active_.erase(std::find_if(active_.begin(), active_.end(), [&](auto& p) { return p.get() == finished[i]; }));
   }
   publish_gauges();
+}
+
+std::vector<float> Engine::pooled_values(Sequence& seq, const float* hidden, const float* logits) const {
+  const GenerateRequest& r = seq.request;
+  std::vector<float> out;
+  if (r.output == GenerateRequest::Output::TokenLogits) {
+    for (int32_t t : r.logit_tokens) out.push_back(logits[t]);
+    return out;
+  }
+  const int width = model_->info().hidden_size;
+  if (r.pooling == GenerateRequest::Pooling::Mean) {
+    const double n = static_cast<double>(r.prompt.size());
+    out.resize(width);
+    for (int j = 0; j < width; ++j) out[j] = static_cast<float>(seq.hidden_sum[j] / n);
+  } else {
+    out.assign(hidden, hidden + width);
+  }
+  if (r.normalize) {
+    double norm = 0.0;
+    for (float v : out) norm += static_cast<double>(v) * v;
+    // As torch.nn.functional.normalize: a zero vector stays zero.
+    const double scale = 1.0 / std::max(std::sqrt(norm), 1e-12);
+    for (float& v : out) v = static_cast<float>(v * scale);
+  }
+  return out;
 }
 
 std::string Engine::take_token(Sequence& seq, float* logits, int vocab) {

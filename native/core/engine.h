@@ -40,6 +40,17 @@ struct GenerateRequest {
   // so the prompt is prefilled once. If that request is gone or past its prefill, this one
   // runs as an ordinary request.
   std::string prefill_of;
+  // Not every request generates: an embedding request prefills its prompt and ends with the
+  // pooled final-norm hidden state (last token, or mean over the prompt), optionally
+  // L2-normalised; a token-logits request (rerank: P(yes) from the logits of "yes" and "no")
+  // ends with the raw next-token logits of `logit_tokens` after its prompt. Neither samples,
+  // and both end with one Done event carrying `values`.
+  enum class Output { Tokens, Embedding, TokenLogits };
+  Output output = Output::Tokens;
+  enum class Pooling { Last, Mean };
+  Pooling pooling = Pooling::Last;
+  bool normalize = false;
+  std::vector<int32_t> logit_tokens;
 };
 
 struct EngineEvent {
@@ -57,6 +68,7 @@ struct EngineEvent {
   int completion_tokens = 0;
   int cached_tokens = 0;
   double queued_ms = 0, prefill_ms = 0, decode_ms = 0;
+  std::vector<float> values;  // Done of an Embedding or TokenLogits request (GenerateRequest::Output)
   // Error
   std::string code;
   std::string message;
@@ -92,6 +104,9 @@ struct EngineStats {
   size_t kv_idle_cached_blocks = 0;     // cached blocks no running sequence uses
   // How many steps sampled k sequences at once (k -> steps): proves steps are batched.
   std::map<int, uint64_t> sampled_rows_histogram;
+  uint64_t embedding_requests = 0;   // Embedding and TokenLogits requests that completed
+  // How many steps finished k such requests at once (k -> steps): proves embeddings batch.
+  std::map<int, uint64_t> pooled_rows_histogram;
 };
 
 class Engine {
@@ -102,6 +117,9 @@ class Engine {
   Engine& operator=(const Engine&) = delete;
 
   void submit(GenerateRequest request);
+  // Several requests queued at once, so they are admitted into the same step (the many
+  // inputs of one embedding request); each is validated and answered on its own.
+  void submit(std::vector<GenerateRequest> requests);
   // Stops the engine thread (idempotent; the destructor calls it). Callers that may hold a
   // lock the engine thread needs (a Python GIL for constraints) call it after releasing it.
   void shutdown();
@@ -134,6 +152,7 @@ class Engine {
     std::vector<uint64_t> block_keys;  // prefix-cache keys of this sequence's full blocks
     uint64_t decode_snapshot_key = 0;  // recurrent models: latest snapshot past the prompt (0: none)
     std::vector<int32_t> generated;
+    std::vector<double> hidden_sum;  // mean pooling: sum of the final-norm hidden rows so far
     TokenCounts counts;  // only filled when a penalty needs it
     Clock::time_point submitted, admitted, first_token;
     explicit Sequence(GenerateRequest r, KvPool& pool)
@@ -150,7 +169,9 @@ class Engine {
 
   void loop();
   void step_once();
-  void finish(Sequence& seq, const std::string& reason);
+  void finish(Sequence& seq, const std::string& reason, std::vector<float> values = {});
+  // An Embedding / TokenLogits sequence's result from its last chunk's outputs.
+  std::vector<float> pooled_values(Sequence& seq, const float* hidden, const float* logits) const;
   void admit(Sequence& seq);
   // Gives kv (on whole blocks, up to the one holding position length - 1) its own copy of
   // block src as that block, and length positions: a cached block's shared head, a forking

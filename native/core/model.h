@@ -4,6 +4,7 @@
 
 #include <map>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -40,6 +41,15 @@ class Model {
   // Runs the step, writing new KV into `pool` and the logits of every segment with
   // want_logits (in segment order) into `logits` as [rows, vocab].
   virtual void forward(const Step& step, KvPool& pool, std::vector<float>& logits) = 0;
+  // As forward(), also writing one row [hidden_size] per segment whose `hidden` is not None
+  // (segment order) into `hidden`: the final-norm hidden state of its last row, or the sum
+  // over its rows. Only architectures with supports_hidden() implement it (embedding models).
+  virtual void forward(const Step& step, KvPool& pool, std::vector<float>& logits, std::vector<float>& hidden) {
+    if (step.hidden_rows() > 0) throw std::runtime_error(info().architecture + " cannot output hidden states");
+    hidden.clear();
+    forward(step, pool, logits);
+  }
+  virtual bool supports_hidden() const { return false; }
   // Copies KV block `src` into block `dst` wherever this backend keeps KV (a sibling sequence
   // forked from a prefilled prompt gets its own copy of the partial last block).
   virtual void copy_kv_block(KvPool& pool, int src, int dst) { pool.copy_block(src, dst); }

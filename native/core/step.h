@@ -10,11 +10,17 @@
 
 namespace llmd {
 
+// What a segment needs of the final hidden states (after the model's final norm): nothing, the
+// last fed row's (last-token pooling), or the sum of all its fed rows' (mean pooling, which
+// the engine divides once the whole prompt has been summed over its chunks).
+enum class HiddenOut { None, Last, Sum };
+
 struct StepSegment {
   SequenceKv* kv = nullptr;      // KV of the sequence; positions [0, start_pos) already filled
   std::vector<int32_t> tokens;   // tokens fed this step, at positions start_pos...
   int start_pos = 0;
   bool want_logits = false;      // sample a token after the last fed token
+  HiddenOut hidden = HiddenOut::None;  // embeddings: see HiddenOut
   // Models with recurrent state: positions p in (start_pos, start_pos + tokens] (block
   // boundaries) after which the model records a copy of the state into kv->snapshots.
   std::vector<int> snapshot_at;
@@ -31,6 +37,11 @@ struct Step {
   int logits_rows() const {
     int n = 0;
     for (const auto& s : segments) n += s.want_logits ? 1 : 0;
+    return n;
+  }
+  int hidden_rows() const {
+    int n = 0;
+    for (const auto& s : segments) n += s.hidden != HiddenOut::None ? 1 : 0;
     return n;
   }
 };

@@ -4,7 +4,8 @@
 // set's flags (kernels/attention_<isa>.cpp) and chosen at run time together with the matmul
 // kernels: the variant follows kernels::active_table(), so LLMD_CPU_PATH forces attention down
 // too and every variant is testable on a CPU that runs it. Keys and values are read in the KV
-// pool's element type (KvType), float16 converted in registers as it is loaded.
+// pool's element type (KvType), float16 converted in registers as it is loaded (or once per KV
+// tile when many queries share it).
 #pragma once
 
 #include <cstdint>
@@ -14,21 +15,34 @@
 
 namespace llmd {
 
+// Queries per tile: a prefill tile holds rows of one sequence x the heads of one KV group, so
+// that each KV tile loaded serves all of them (decode: the group's heads of one row).
+constexpr int kMaxTileRows = 64;
+// Positions per KV tile of the online softmax, aligned to absolute positions (a query's tile
+// boundaries, hence its arithmetic, do not depend on how its prompt was split into steps).
+// Blocks hold a whole number of KV tiles.
+constexpr int kKvTile = 64;
+static_assert(KvPool::kBlockTokens % kKvTile == 0);
+
 struct AttentionTile {
-  int rows = 0;                     // queries in the tile (<= kMaxTileRows)
-  const float* q[4];                // rotated and pre-scaled query vectors, head_dim each
-  int n_pos[4];                     // causal length of each query (positions 0..n_pos-1)
-  int first_pos[4] = {0, 0, 0, 0};  // first position each query sees (sliding windows)
-  float* out[4];                    // head_dim outputs each
+  int rows = 0;                        // queries in the tile (<= kMaxTileRows)
+  const float* q[kMaxTileRows];        // rotated and pre-scaled query vectors, head_dim each
+  int n_pos[kMaxTileRows];             // causal length of each query (positions 0..n_pos-1)
+  int first_pos[kMaxTileRows] = {};    // first position each query sees (sliding windows)
+  float* out[kMaxTileRows];            // head_dim outputs each
 };
 
-constexpr int kMaxTileRows = 4;
+// Floats of scratch a tile needs: running max and sum per query, scores of a micro-tile, and a
+// float32 copy of one KV tile's keys and values.
+constexpr size_t attention_scratch_floats(int head_dim) {
+  return 2 * kMaxTileRows + 4 * kKvTile + 2 * static_cast<size_t>(kKvTile) * head_dim;
+}
 
 // k_blocks[b]: [head_dim][block_tokens] transposed keys of block b; v_blocks[b]:
 // [block_tokens][head_dim] values, both of the kernel's element type (float, or uint16_t
-// halves). `scratch` holds kMaxTileRows * max(n_pos) floats (rounded up to 16). Query r attends
-// to positions first_pos[r] .. n_pos[r] - 1; blocks wholly before every query's window are not
-// read.
+// halves). `scratch` holds attention_scratch_floats(head_dim) floats. Query r attends to
+// positions first_pos[r] .. n_pos[r] - 1; blocks wholly before every query's window are not
+// read. head_dim is a multiple of 16.
 using AttendTileFn = void (*)(const AttentionTile& tile, const void* const* k_blocks, const void* const* v_blocks,
                               int head_dim, int block_tokens, float* scratch);
 

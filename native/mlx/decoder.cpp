@@ -306,6 +306,7 @@ StepRows embed_step(const Step& step, KvPool& pool, const Embedding& embed, int 
     rows.batch->segments.push_back({seg.kv, row, n, seg.start_pos});
     row += n;
     if (seg.want_logits) rows.logit_rows.push_back(row - 1);
+    if (seg.hidden != HiddenOut::None) rows.hidden_spans.push_back({row - n, n, seg.hidden});
   }
   return rows;
 }
@@ -373,27 +374,66 @@ void record_step_graph(const std::vector<mx::array>& outputs) {
 void compute_logits(const mx::array& x, const std::vector<int32_t>& rows, const Linear& lm_head,
                     const mx::array& norm, float eps, float softcap, std::vector<float>& logits,
                     std::optional<ScopedOpTimer>& build_timer) {
-  if (rows.empty()) {
-    build_timer.reset();
+  StepRows step_rows;
+  step_rows.logit_rows = rows;
+  std::vector<float> unused;
+  compute_outputs(x, step_rows, lm_head, norm, eps, softcap, logits, unused, build_timer);
+}
+
+void compute_outputs(const mx::array& x, const StepRows& step_rows, const Linear& lm_head, const mx::array& norm,
+                     float eps, float softcap, std::vector<float>& logits, std::vector<float>& hidden,
+                     std::optional<ScopedOpTimer>& build_timer) {
+  const std::vector<int32_t>& rows = step_rows.logit_rows;
+  std::vector<mx::array> outputs;
+  if (!rows.empty()) {
+    // Every row sampled (a decode step): no gather.
+    bool all_rows = static_cast<int>(rows.size()) == x.shape(0);
+    for (size_t i = 0; i < rows.size() && all_rows; ++i) all_rows = rows[i] == static_cast<int32_t>(i);
+    mx::array h = all_rows ? x : mx::take(x, mx::array(rows.begin(), {static_cast<int>(rows.size())}, mx::int32), 0);
+    mx::array out = lm_head(h, {.rms_norm_weight = norm, .eps = eps});
+    out = mx::astype(out, mx::float32);  // cast: the sampler reads float32 logits
+    if (softcap > 0.f) {
+      out = mx::multiply(mx::tanh(mx::multiply(out, mx::array(1.f / softcap))), mx::array(softcap));
+    }
+    outputs.push_back(out);
+  }
+  if (!step_rows.hidden_spans.empty()) {
+    // Embeddings: the final norm over the rows they read (the lm_head fuses it for logits),
+    // in float32 whatever the compute dtype, as sentence-transformers pools.
+    const int width = x.shape(1);
+    std::vector<mx::array> pooled;
+    for (const auto& span : step_rows.hidden_spans) {
+      const int first = span.mode == HiddenOut::Last ? span.first + span.n - 1 : span.first;
+      mx::array h = mx::astype(mx::slice(x, {first, 0}, {span.first + span.n, width}), mx::float32);
+      h = mx::fast::rms_norm(h, mx::astype(norm, mx::float32), eps);
+      pooled.push_back(span.mode == HiddenOut::Sum ? mx::sum(h, 0, true) : h);
+    }
+    outputs.push_back(pooled.size() == 1 ? pooled[0] : mx::concatenate(pooled, 0));
+  }
+  build_timer.reset();
+  if (outputs.empty()) {
     if (OpProfile::enabled()) record_step_graph({x});
     mx::eval(x);
     logits.clear();
+    hidden.clear();
     return;
   }
-  // Every row sampled (a decode step): no gather.
-  bool all_rows = static_cast<int>(rows.size()) == x.shape(0);
-  for (size_t i = 0; i < rows.size() && all_rows; ++i) all_rows = rows[i] == static_cast<int32_t>(i);
-  mx::array h = all_rows ? x : mx::take(x, mx::array(rows.begin(), {static_cast<int>(rows.size())}, mx::int32), 0);
-  mx::array out = lm_head(h, {.rms_norm_weight = norm, .eps = eps});
-  out = mx::astype(out, mx::float32);  // cast: the sampler reads float32 logits
-  if (softcap > 0.f) {
-    out = mx::multiply(mx::tanh(mx::multiply(out, mx::array(1.f / softcap))), mx::array(softcap));
+  if (OpProfile::enabled()) record_step_graph(outputs);
+  mx::eval(outputs);
+  if (!rows.empty()) {
+    const mx::array& out = outputs.front();
+    logits.resize(out.size());
+    std::memcpy(logits.data(), out.data<float>(), out.nbytes());
+  } else {
+    logits.clear();
   }
-  build_timer.reset();
-  if (OpProfile::enabled()) record_step_graph({out});
-  mx::eval(out);
-  logits.resize(out.size());
-  std::memcpy(logits.data(), out.data<float>(), out.nbytes());
+  if (!step_rows.hidden_spans.empty()) {
+    const mx::array& out = outputs.back();
+    hidden.resize(out.size());
+    std::memcpy(hidden.data(), out.data<float>(), out.nbytes());
+  } else {
+    hidden.clear();
+  }
 }
 
 std::vector<bool> sliding_pattern(int n_layers, int pattern) {

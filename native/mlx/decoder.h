@@ -144,6 +144,11 @@ struct StepRows {
   std::vector<float> x;                  // [T, hidden] embeddings
   std::shared_ptr<AttentionBatch> batch;
   std::vector<int32_t> logit_rows;       // last row of each segment that wants logits
+  struct HiddenSpan {
+    int first, n;
+    HiddenOut mode;
+  };
+  std::vector<HiddenSpan> hidden_spans;  // segments that want final hidden states
   int total = 0;
 };
 StepRows embed_step(const Step& step, KvPool& pool, const Embedding& embed, int hidden, float embed_scale = 1.f);
@@ -204,5 +209,10 @@ mx::array head_rms_norm(const mx::array& x, const mx::array& weight, int heads, 
 void compute_logits(const mx::array& x, const std::vector<int32_t>& rows, const Linear& lm_head,
                     const mx::array& norm, float eps, float softcap, std::vector<float>& logits,
                     std::optional<ScopedOpTimer>& build_timer);
+// compute_logits, plus the final-norm hidden states the step's embedding segments asked for
+// (one row per span into `hidden`, [spans, hidden_size]), evaluated in the same graph.
+void compute_outputs(const mx::array& x, const StepRows& rows, const Linear& lm_head, const mx::array& norm,
+                     float eps, float softcap, std::vector<float>& logits, std::vector<float>& hidden,
+                     std::optional<ScopedOpTimer>& build_timer);
 
 }  // namespace llmd

@@ -61,7 +61,14 @@ class LlamaModel : public Model {
     return decoder_matmul_paths(layers_, lm_head_);
   }
 
+  bool supports_hidden() const override { return true; }
+
   void forward(const Step& step, KvPool& pool, std::vector<float>& logits) override {
+    std::vector<float> unused;
+    forward(step, pool, logits, unused);
+  }
+
+  void forward(const Step& step, KvPool& pool, std::vector<float>& logits, std::vector<float>& hidden) override {
     std::optional<ScopedOpTimer> build_timer(std::in_place, OpKind::GraphBuild);
     StepRows rows = embed_step(step, pool, embed_, dims_.hidden_size);
     rows.batch->build_rope_tables(*rope_);
@@ -92,7 +99,7 @@ class LlamaModel : public Model {
       mx::array h = L.gate_up(x, {.rms_norm_weight = L.ffn_norm, .eps = dims_.rms_eps, .swiglu = true});
       x = L.down(h, {.residual = x});
     }
-    compute_logits(x, rows.logit_rows, lm_head_, out_norm_, dims_.rms_eps, 0.f, logits, build_timer);
+    compute_outputs(x, rows, lm_head_, out_norm_, dims_.rms_eps, 0.f, logits, hidden, build_timer);
   }
 
   void copy_kv_block(KvPool& pool, int src, int dst) override { device_.copy_kv_block(pool, kv_shape(), src, dst); }
@@ -244,9 +251,12 @@ std::unique_ptr<Model> load_llama_family_safetensors(const std::string& dir, con
   }
 
   const bool dev = options.on_device();
+  // A checkpoint saved from the bare decoder (sentence-transformers' Qwen3-Embedding: a
+  // Qwen3Model, no lm_head) names its tensors without the "model." prefix.
+  const std::string root = w.has("model.embed_tokens.weight") || !w.has("embed_tokens.weight") ? "model." : "";
   std::vector<Layer> layers(c.n_layers);
   for (int i = 0; i < c.n_layers; ++i) {
-    const std::string b = "model.layers." + std::to_string(i) + ".";
+    const std::string b = root + "layers." + std::to_string(i) + ".";
     const std::string a = b + "self_attn.";
     Layer& L = layers[i];
     L.attn_norm = w.get(b + "input_layernorm.weight");
@@ -269,10 +279,12 @@ std::unique_ptr<Model> load_llama_family_safetensors(const std::string& dir, con
     mx::eval({L.attn_norm, L.ffn_norm});
     if (L.wo_bias) L.wo_bias->eval();
   }
-  mx::array out_norm = w.get("model.norm.weight");
-  const bool tied = hf.get_bool("tie_word_embeddings").value_or(!w.has("lm_head.weight"));
-  Linear lm_head = w.linear({tied ? "model.embed_tokens" : "lm_head"}, dev);
-  Embedding embed = w.embedding("model.embed_tokens", tied ? &lm_head : nullptr);
+  mx::array out_norm = w.get(root + "norm.weight");
+  // No lm_head at all (an embedding model's checkpoint): the tied table stands in, so the
+  // model still loads and warms up; its embeddings never read it.
+  const bool tied = !w.has("lm_head.weight") || hf.get_bool("tie_word_embeddings").value_or(false);
+  Linear lm_head = w.linear({tied ? root + "embed_tokens" : "lm_head"}, dev);
+  Embedding embed = w.embedding(root + "embed_tokens", tied ? &lm_head : nullptr);
   out_norm.eval();
   ModelInfo info = make_info(c, variant.arch, w.format(), options);
   info.weight_bytes = decoder_weight_bytes(layers, lm_head, embed);

@@ -145,19 +145,19 @@ void PagedAttention::eval_cpu(const std::vector<mx::array>& inputs, mx::array& o
     });
 
     // Phase 2: one task per tile of up to kMaxTileRows query vectors that read the same KV
-    // blocks: consecutive rows of one sequence for one head (prefill chunks), or the heads of
-    // one KV group for a single row (decode: the group's keys and values are then read once
-    // for all its heads instead of once per head, which is what bounds batched decode).
+    // blocks: the heads of one KV group for a run of consecutive rows of one sequence, so each
+    // KV tile the kernel loads serves them all while it is in cache (decode: one row, the
+    // group's heads read the group's keys and values once for all of them). A query's result
+    // does not depend on its tile (attention_impl.h), so the split is free to follow the load.
     std::vector<TileRef> tiles;
+    const int heads_per_tile = std::min(group, kMaxTileRows);
+    const int rows_per_tile = std::max(1, kMaxTileRows / heads_per_tile);
     for (const auto& seg : batch->segments) {
-      if (seg.n_rows == 1) {
-        for (int h = 0; h < H; h += std::min(group, kMaxTileRows)) {
-          tiles.push_back({&seg, seg.row0, 1, h, std::min({group - h % group, kMaxTileRows, H - h})});
+      for (int i = 0; i < seg.n_rows; i += rows_per_tile) {
+        for (int h = 0; h < H; h += heads_per_tile) {
+          tiles.push_back({&seg, seg.row0 + i, std::min(rows_per_tile, seg.n_rows - i), h,
+                           std::min({group - h % group, heads_per_tile, H - h})});
         }
-        continue;
-      }
-      for (int i = 0; i < seg.n_rows; i += kMaxTileRows) {
-        for (int h = 0; h < H; ++h) tiles.push_back({&seg, seg.row0 + i, std::min(kMaxTileRows, seg.n_rows - i), h, 1});
       }
     }
     const int tasks = static_cast<int>(tiles.size());
@@ -165,7 +165,7 @@ void PagedAttention::eval_cpu(const std::vector<mx::array>& inputs, mx::array& o
     threads.parallel_for_dynamic(tasks, [&](int t0, int t1) {
       std::vector<const void*> kb;
       std::vector<const void*> vb;
-      std::vector<float> scratch;
+      std::vector<float> scratch(attention_scratch_floats(hd));
       for (int i = t0; i < t1; ++i) {
         const TileRef& tile = tiles[tasks - 1 - i];  // latest (costliest) tiles first, so the tail balances
         const int g = tile.head0 / group;
@@ -193,7 +193,6 @@ void PagedAttention::eval_cpu(const std::vector<mx::array>& inputs, mx::array& o
           kb[b] = pool.keys(blocks[b], layer, g);
           vb[b] = pool.values(blocks[b], layer, g);
         }
-        scratch.resize(static_cast<size_t>(kMaxTileRows) * ((n_max + 15) / 16 * 16));
         attend(at, kb.data(), vb.data(), hd, BT, scratch.data());
       }
     });

@@ -207,4 +207,5 @@ def test_errors_in_ollamas_shape(client: Any, server: Any) -> None:
         client.pull("no-such-model-xyz")
     assert pull.value.status_code == 404 and "no-such-model-xyz" in pull.value.error
     embed = httpx.post(f"{server.base_url}/api/embed", json={"model": MODEL, "input": "x"})
-    assert embed.status_code == 501 and "not supported" in embed.json()["error"]
+    # A generation model asked for embeddings: a 400 saying what it is, in Ollama's shape.
+    assert embed.status_code == 400 and "is a generate model" in embed.json()["error"]

@@ -716,6 +716,7 @@ def write_gguf(
     tensor_data: Callable[[str, np.ndarray], tuple[np.ndarray, Any] | None] | None = None,
     extra_tensors: dict[str, np.ndarray] | None = None,
     extra_strings: dict[str, str] | None = None,
+    extra_uints: dict[str, int] | None = None,
 ) -> None:
     """The same weights as a GGUF with llama.cpp's names and metadata keys, as its converter
     writes them (Gemma's norms shifted by +1). `quant`: F32, F16 or Q8_0 for 2-D weights, or
@@ -780,6 +781,8 @@ def write_gguf(
         w.add_tensor(name, x)
     for key, value in (extra_strings or {}).items():
         w.add_string(key, value)
+    for key, value in (extra_uints or {}).items():
+        w.add_uint32(key, value)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

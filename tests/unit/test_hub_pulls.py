@@ -488,3 +488,37 @@ async def test_a_download_the_engine_would_refuse_is_not_installed(
     assert "'yarn' is not supported" in final["error"]["message"]
     assert any(e.get("status") == "checking that the engine loads it" for e in events)
     assert ModelStore(get_paths()).list() == [] and blob_files(llmd_home) == []
+
+
+async def test_embedding_and_reranker_repos_are_pulled_with_their_kind(
+    hub: FakeHub, llmd_home: Path
+) -> None:
+    config = json.dumps({"model_type": "qwen3", "max_position_embeddings": 4096}).encode()
+    weights = b"\x08\x00\x00\x00\x00\x00\x00\x00{}      " + os.urandom(4096)
+    modules = [
+        {"idx": 0, "path": "", "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+        {"idx": 2, "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"},
+    ]
+    hub.add_repo(
+        "test-org/tiny-embedding",
+        {
+            "config.json": config,
+            "model.safetensors": weights,
+            "modules.json": json.dumps(modules).encode(),
+            "1_Pooling/config.json": b'{"pooling_mode_lasttoken": true}',
+        },
+    )
+    hub.add_repo("test-org/tiny-Reranker", {"config.json": config, "model.safetensors": weights})
+    m = manager()
+    try:
+        _, embedder = await pull(m, "hf.co/test-org/tiny-embedding")
+        _, reranker = await pull(m, "hf.co/test-org/tiny-Reranker")
+    finally:
+        await m.close()
+    assert embedder["status"] == "success" and reranker["status"] == "success"
+    store = ModelStore(get_paths())
+    record = store.get("hf.co/test-org/tiny-embedding")
+    assert (record.kind, record.pooling, record.normalize) == ("embed", "last", True)
+    assert (Path(record.path) / "1_Pooling" / "config.json").is_file()
+    assert store.get("hf.co/test-org/tiny-Reranker").kind == "rerank"

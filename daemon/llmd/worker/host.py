@@ -23,6 +23,7 @@ from .. import protocol as p
 from ..limits import available_host_memory, kv_budget_share, process_rss
 from .blas import loaded_blas
 from .grammar import GrammarFactory
+from .pooled import PooledRequests
 
 
 def _flatten(prefix: str, value: Any, out: dict[str, Any]) -> None:
@@ -133,7 +134,11 @@ def _submit(engine: Any, msg: p.Generate, seed: int, constraint: Any) -> None:
 
 
 def _read_commands(
-    engine: Any, writer: Writer, stop: threading.Event, grammars: GrammarFactory
+    engine: Any,
+    writer: Writer,
+    stop: threading.Event,
+    grammars: GrammarFactory,
+    pooled: PooledRequests,
 ) -> None:
     for raw in sys.stdin.buffer:
         line = raw.strip()
@@ -164,13 +169,20 @@ def _read_commands(
             except (TypeError, ValueError, OverflowError) as exc:
                 # A value the engine's types cannot hold: that request fails, the loop goes on.
                 writer.send(p.Error(id=msg.id, code="invalid_request", message=str(exc)))
+        elif isinstance(msg, p.Embed):
+            try:
+                pooled.submit(engine, msg)
+            except (TypeError, ValueError, OverflowError) as exc:
+                pooled.forget(msg.id)
+                writer.send(p.Error(id=msg.id, code="invalid_request", message=str(exc)))
         elif isinstance(msg, p.Score):
             try:
                 _score(engine, msg, writer)
             except Exception as exc:  # noqa: BLE001 - a failed score fails that request only
                 writer.send(p.Error(id=msg.id, code="internal", message=f"scoring failed: {exc}"))
         elif isinstance(msg, p.Cancel):
-            engine.cancel(msg.id)
+            if not pooled.cancel(engine, msg.id):
+                engine.cancel(msg.id)
         elif isinstance(msg, p.Unpin):
             engine.unpin(msg.session)
         elif isinstance(msg, p.StatsRequest):
@@ -305,7 +317,7 @@ def main(argv: list[str] | None = None) -> int:
             max_sequences=engine.max_sequences,
             kernels={"isa": _engine.active_kernel_path(), "attention": kv["attention"], **paths},
             blas=loaded_blas(),
-            features=["continuous_batching", "cancel"],
+            features=["continuous_batching", "cancel", "embed"],
             load_ms=load_ms,
             kv_budget_bytes=kv_budget,
             kv_type=kv["type"],
@@ -322,12 +334,18 @@ def main(argv: list[str] | None = None) -> int:
 
     stop = threading.Event()
     grammars = GrammarFactory(args.model, info["vocab_size"])
+    pooled = PooledRequests()
     reader = threading.Thread(
-        target=_read_commands, args=(engine, writer, stop, grammars), daemon=True
+        target=_read_commands, args=(engine, writer, stop, grammars, pooled), daemon=True
     )
     reader.start()
     while not stop.is_set():
         for ev in engine.poll(50, started=True):
+            handled, answers = pooled.on_event(engine, ev)
+            for answer in answers:
+                writer.send(answer)
+            if handled:
+                continue
             kind = ev["type"]
             if kind == "started":
                 writer.send(

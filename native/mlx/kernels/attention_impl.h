@@ -3,15 +3,26 @@
 // attention_kernels.cpp picks the variant that follows the active matmul path, so
 // LLMD_CPU_PATH forces attention down with the matmuls and tests can run every variant.
 //
+// Flash-style: the keys and values are swept in KV tiles of kKvTile positions aligned to
+// absolute positions, with an online softmax (running max and sum per query, the accumulator
+// rescaled when the max grows). Every query of the tile (up to kMaxTileRows: rows of one
+// sequence x heads of one KV group) uses a KV tile while it sits in L1/L2, so a long prompt
+// reads its keys and values once per tile of queries instead of once per 4 queries.
+//
 // Keys and values are read in the pool's element type (float32, or float16 converted 8 lanes
-// at a time right where they are loaded: no dequantized copy of the KV is ever made). Each
-// query's arithmetic (score order over positions, softmax, value accumulation order) is
-// independent of the other queries in the tile, so a sequence's output does not depend on what
-// it is batched with.
+// at a time where they are loaded, or once per KV tile into a float32 copy when many queries
+// share it: the conversion is exact, so the two give the same bits). Each query's arithmetic
+// depends only on its own range and the KV: the tiles it visits (fixed by absolute positions),
+// the score sum over head_dim, the max, the per-tile exp and sums, the value accumulation over
+// positions in order. Queries sharing a micro-tile only widen the range of positions a query
+// adds with weight exactly 0 (which changes no value, at most the sign of a zero), so a result
+// does not depend on what the query is batched with, nor on whether its prompt was prefilled in
+// one chunk, several, or step by step (decode runs this same kernel).
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "../../core/fp16.h"
 #include "../attention_kernels.h"
@@ -26,6 +37,11 @@ namespace llmd::attention::LLMD_ATTN_NS {
 namespace {
 
 using namespace simd;
+
+constexpr int kT = kKvTile;
+constexpr int kChunks = kT / kLanes;  // 8-position chunks of a KV tile
+constexpr int kMicro = 4;             // queries whose scores and accumulators are held together
+static_assert(kT % kLanes == 0);
 
 [[gnu::always_inline]] inline vf load_kv(const float* p) { return load(p); }
 
@@ -59,127 +75,234 @@ using namespace simd;
 #endif
 }
 
-// Scores of R queries over C consecutive kLanes-position chunks starting at j0 (the chunks of a
-// sweep share nothing but independent accumulators: more chunks per sweep only shortens the
-// FMA dependency chains of small tiles; each score is the same sum in the same order).
+// Chunks per sweep for R queries: R * C accumulators fill most of the vector registers (16 on
+// AVX2 and SSE, 32 with AVX-512's EVEX encodings) with the most independent chains.
+constexpr int sweep_chunks(int r) {
+#if defined(LLMD_ATTN_WIDE)
+  constexpr int kAccumulators = 16;
+#else
+  constexpr int kAccumulators = 8;
+#endif
+  const int c = kAccumulators / r;
+  return c >= kChunks ? kChunks : c >= 4 ? 4 : c >= 2 ? 2 : 1;
+}
+
+// Ask for `bytes` from p (one line per 64 bytes).
+template <class E>
+[[gnu::always_inline]] inline void prefetch_span(const E* p, int bytes) {
+  const char* c = reinterpret_cast<const char*>(p);
+  for (int b = 0; b < bytes; b += 64) __builtin_prefetch(c + b);
+}
+
+// One KV tile as a micro-tile reads it: keys [head_dim][kstride] (positions along a row),
+// values [kT][head_dim]; `next_*` (or null) is the following tile, requested while this one
+// computes (decode reads each key once per step, mostly from DRAM).
+template <class E>
+struct KvTile {
+  const E* k;
+  int kstride;
+  const E* v;
+  const E* next_k;
+  int next_kstride;
+  const E* next_v;
+};
+
+// Scores of R queries over C consecutive chunks starting at chunk c0 of the tile. Each score is
+// the same sum over head_dim in the same order whatever R and C (their accumulators are
+// independent; more chunks per sweep only shortens the FMA chains of small tiles).
 template <int R, int C, class E>
-[[gnu::always_inline]] inline void score_sweep(const AttentionTile& tile, const E* const* k_blocks, int head_dim,
-                                               int block_tokens, int j0, int n_end, float* const* scores) {
-  const E* kt[C];
-  for (int c = 0; c < C; ++c) {
-    const int j = j0 + kLanes * c;
-    kt[c] = k_blocks[j / block_tokens] + (j % block_tokens);
-  }
-  // Decode reads each key once per step, mostly from DRAM: ask for the next sweep's lines
-  // while this one computes.
-  const int next = j0 + kLanes * C;
-  const E* kt_next = next < n_end ? k_blocks[next / block_tokens] + (next % block_tokens) : nullptr;
+[[gnu::always_inline]] inline void score_sweep(const float* const* q, const KvTile<E>& kv, int head_dim, int c0,
+                                               bool prefetch, float (*s)[kT]) {
   vf acc[R][C] = {};
+  const E* k = kv.k + kLanes * c0;
   for (int d = 0; d < head_dim; ++d) {
-    if (kt_next) __builtin_prefetch(kt_next + static_cast<size_t>(d) * block_tokens);
+    if (prefetch) prefetch_span(kv.next_k + static_cast<size_t>(d) * kv.next_kstride, kT * sizeof(E));
+    const E* kd = k + static_cast<size_t>(d) * kv.kstride;
     for (int c = 0; c < C; ++c) {
-      const vf k = load_kv(kt[c] + static_cast<size_t>(d) * block_tokens);
-      for (int r = 0; r < R; ++r) acc[r][c] += tile.q[r][d] * k;
+      const vf kk = load_kv(kd + kLanes * c);
+      for (int r = 0; r < R; ++r) acc[r][c] += q[r][d] * kk;
     }
   }
   for (int r = 0; r < R; ++r) {
-    for (int c = 0; c < C; ++c) store(scores[r] + j0 + kLanes * c, acc[r][c]);
+    for (int c = 0; c < C; ++c) store(s[r] + kLanes * (c0 + c), acc[r][c]);
   }
 }
 
-// out[c0 .. c0 + kLanes * C] = sum_j p_j * V[j][...] for R queries, positions in order.
+// acc[c0 ..] = acc * alpha + sum_j p_j * V[j][c0 ..] for R queries, positions j0 .. j1 - 1 in
+// order (a query's weights outside its own range are exactly 0).
 template <int R, int C, class E>
-[[gnu::always_inline]] inline void value_sweep(const AttentionTile& tile, const E* const* v_blocks, int head_dim,
-                                               int block_tokens, int lo, int n_max, int c0, const float* const* scores,
-                                               const float* inv_sum) {
-  vf acc[R][C] = {};
-  constexpr int kAhead = 4;  // rows of V requested ahead (see score_sweep)
-  for (int j = lo; j < n_max; ++j) {
-    const E* v = v_blocks[j / block_tokens] + static_cast<size_t>(j % block_tokens) * head_dim + c0;
-    if (j + kAhead < n_max) {
-      const int ja = j + kAhead;
-      __builtin_prefetch(v_blocks[ja / block_tokens] + static_cast<size_t>(ja % block_tokens) * head_dim + c0);
-    }
+[[gnu::always_inline]] inline void value_sweep(float* const* out, const float* alpha, const KvTile<E>& kv, int head_dim,
+                                               int j0, int j1, int c0, bool prefetch, const float (*p)[kT]) {
+  vf acc[R][C];
+  for (int r = 0; r < R; ++r) {
+    for (int c = 0; c < C; ++c) acc[r][c] = load(out[r] + c0 + kLanes * c) * alpha[r];
+  }
+  for (int j = j0; j < j1; ++j) {
+    if (prefetch) prefetch_span(kv.next_v + static_cast<size_t>(j) * head_dim, head_dim * sizeof(E));
+    const E* v = kv.v + static_cast<size_t>(j) * head_dim + c0;
     for (int c = 0; c < C; ++c) {
       const vf vv = load_kv(v + kLanes * c);
-      for (int r = 0; r < R; ++r) acc[r][c] += scores[r][j] * vv;
+      for (int r = 0; r < R; ++r) acc[r][c] += p[r][j] * vv;
     }
   }
   for (int r = 0; r < R; ++r) {
-    for (int c = 0; c < C; ++c) store(tile.out[r] + c0 + kLanes * c, acc[r][c] * inv_sum[r]);
+    for (int c = 0; c < C; ++c) store(out[r] + c0 + kLanes * c, acc[r][c]);
   }
 }
 
-// The tile with R queries; sweeps take 8 / R chunks so that R * C accumulators fit AVX2's
-// registers with the most independent chains.
+// Online-softmax step of one query over its scores s[lo .. hi) of a tile (chunks c_lo .. c_hi
+// were computed; the rest of them lies outside the query's range): turns s into weights (0
+// outside [lo, hi)), updates the running max and sum, returns the accumulator's rescale factor.
+// Not inlined: one copy of this arithmetic serves every tile shape.
+[[gnu::noinline]] float softmax_step(float* s, int lo, int hi, int c_lo, int c_hi, float& run_max, float& run_sum) {
+  for (int j = kLanes * c_lo; j < lo; ++j) s[j] = -INFINITY;
+  for (int j = hi; j < kLanes * c_hi; ++j) s[j] = -INFINITY;
+  vf vmax = splat(-INFINITY);  // a max is exact in any order
+  for (int c = c_lo; c < c_hi; ++c) {
+    const vf x = load(s + kLanes * c);
+    vmax = x > vmax ? x : vmax;
+  }
+  float mx = vmax[0];
+  for (int i = 1; i < kLanes; ++i) mx = std::max(mx, vmax[i]);
+  const float new_max = std::max(run_max, mx);
+  const float alpha = run_max == -INFINITY ? 0.f : vexp(splat(run_max - new_max))[0];
+  // Lane i sums the positions = i mod 8 of the tile in order; chunks outside the query's range
+  // add exact zeros.
+  vf sum = {};
+  for (int c = c_lo; c < c_hi; ++c) {
+    const vf raw = load(s + kLanes * c);
+    const vf e = (raw == -INFINITY) ? splat(0.f) : vexp(raw - new_max);
+    store(s + kLanes * c, e);
+    sum += e;
+  }
+  float total = 0.f;
+  for (int i = 0; i < kLanes; ++i) total += sum[i];
+  run_sum = run_sum * alpha + total;
+  run_max = new_max;
+  return alpha;
+}
+
+// R active queries (indices idx[]) of the tile over one KV tile starting at absolute position t0.
 template <int R, class E>
-[[gnu::always_inline]] inline void attend_rows(const AttentionTile& tile, const E* const* k_blocks,
-                                               const E* const* v_blocks, int head_dim, int block_tokens,
-                                               float* scratch) {
-  constexpr int C = 8 / R;
-  int n_max = 0;
-  int lo = tile.first_pos[0];
+[[gnu::always_inline]] inline void micro_tile(const AttentionTile& tile, const int* idx, int t0, const KvTile<E>& kv,
+                                              int head_dim, bool prefetch, float* run_max, float* run_sum,
+                                              float (*s)[kT]) {
+  const float* q[R];
+  float* out[R];
+  int lo[R], hi[R];
+  int j0 = kT, j1 = 0;
   for (int r = 0; r < R; ++r) {
-    n_max = std::max(n_max, tile.n_pos[r]);
-    lo = std::min(lo, tile.first_pos[r]);
+    const int i = idx[r];
+    q[r] = tile.q[i];
+    out[r] = tile.out[i];
+    lo[r] = std::max(tile.first_pos[i] - t0, 0);
+    hi[r] = std::min(tile.n_pos[i] - t0, kT);
+    j0 = std::min(j0, lo[r]);
+    j1 = std::max(j1, hi[r]);
   }
-  lo = lo / 16 * 16;  // vector-aligned start (blocks are a multiple of 16 positions)
-  const int padded = (n_max + 15) / 16 * 16;
-  float* scores[R];
-  for (int r = 0; r < R; ++r) scores[r] = scratch + static_cast<size_t>(r) * padded;
+  const int c_lo = j0 / kLanes;
+  const int c_hi = (j1 + kLanes - 1) / kLanes;
+  constexpr int C = sweep_chunks(R);
+  int c = c_lo;
+  for (; c + C <= c_hi; c += C) score_sweep<R, C>(q, kv, head_dim, c, prefetch && c == c_lo, s);
+  for (; c < c_hi; ++c) score_sweep<R, 1>(q, kv, head_dim, c, prefetch && c == c_lo, s);
 
-  int j0 = lo;
-  for (; j0 + kLanes * C <= padded; j0 += kLanes * C) {
-    score_sweep<R, C>(tile, k_blocks, head_dim, block_tokens, j0, padded, scores);
-  }
-  for (; j0 < padded; j0 += kLanes) score_sweep<R, 1>(tile, k_blocks, head_dim, block_tokens, j0, padded, scores);
-
-  // Softmax of each row over its own range; positions outside it weigh exactly 0.
-  float inv_sum[R];
+  float alpha[R];
   for (int r = 0; r < R; ++r) {
-    const int first = tile.first_pos[r];
-    const int n = tile.n_pos[r];
-    float* s = scores[r];
-    float mx = s[first];
-    for (int j = first + 1; j < n; ++j) mx = std::max(mx, s[j]);
-    for (int j = lo; j < first; ++j) s[j] = -INFINITY;
-    for (int j = n; j < padded; ++j) s[j] = -INFINITY;
-    vf sum = {};
-    for (int j = lo; j < padded; j += kLanes) {
-      const vf raw = load(s + j);
-      const vf e = (raw == -INFINITY) ? splat(0.f) : vexp(raw - mx);
-      store(s + j, e);
-      sum += e;
-    }
-    float total = 0.f;
-    for (int i = 0; i < kLanes; ++i) total += sum[i];
-    inv_sum[r] = 1.f / total;
+    alpha[r] = softmax_step(s[r], lo[r], hi[r], c_lo, c_hi, run_max[idx[r]], run_sum[idx[r]]);
   }
 
-  // head_dim % 16 == 0
   int c0 = 0;
   for (; c0 + kLanes * C <= head_dim; c0 += kLanes * C) {
-    value_sweep<R, C>(tile, v_blocks, head_dim, block_tokens, lo, n_max, c0, scores, inv_sum);
+    value_sweep<R, C>(out, alpha, kv, head_dim, j0, j1, c0, prefetch && c0 == 0, s);
   }
-  for (; c0 < head_dim; c0 += kLanes)
-    value_sweep<R, 1>(tile, v_blocks, head_dim, block_tokens, lo, n_max, c0, scores, inv_sum);
+  for (; c0 < head_dim; c0 += kLanes) value_sweep<R, 1>(out, alpha, kv, head_dim, j0, j1, c0, false, s);
 }
 
 template <class E>
 void attend_tile(const AttentionTile& tile, const void* const* k_blocks, const void* const* v_blocks, int head_dim,
                  int block_tokens, float* scratch) {
-  static_assert(kMaxTileRows == 4);
-  const auto* k = reinterpret_cast<const E* const*>(k_blocks);
-  const auto* v = reinterpret_cast<const E* const*>(v_blocks);
-  switch (tile.rows) {
-    case 1:
-      return attend_rows<1>(tile, k, v, head_dim, block_tokens, scratch);
-    case 2:
-      return attend_rows<2>(tile, k, v, head_dim, block_tokens, scratch);
-    case 3:
-      return attend_rows<3>(tile, k, v, head_dim, block_tokens, scratch);
-    default:
-      return attend_rows<4>(tile, k, v, head_dim, block_tokens, scratch);
+  static_assert(kMicro == 4);
+  const auto* kb = reinterpret_cast<const E* const*>(k_blocks);
+  const auto* vb = reinterpret_cast<const E* const*>(v_blocks);
+  const int rows = tile.rows;
+  float* run_max = scratch;
+  float* run_sum = run_max + kMaxTileRows;
+  auto* s = reinterpret_cast<float (*)[kT]>(run_sum + kMaxTileRows);
+  float* kv32 = run_sum + kMaxTileRows + kMicro * kT;  // [head_dim][kT] keys, then [kT][head_dim] values
+
+  int first = tile.first_pos[0], n_max = 0;
+  for (int r = 0; r < rows; ++r) {
+    run_max[r] = -INFINITY;
+    run_sum[r] = 0.f;
+    std::memset(tile.out[r], 0, sizeof(float) * head_dim);
+    first = std::min(first, tile.first_pos[r]);
+    n_max = std::max(n_max, tile.n_pos[r]);
+  }
+  // A float16 tile read by more than one micro-tile is converted once (exactly, so the scores
+  // and sums are the same bits as when they read the halves).
+  const bool convert = std::is_same_v<E, uint16_t> && rows > kMicro;
+  const int t_end = (n_max + kT - 1) / kT;
+  auto tile_at = [&](int t) {
+    const int t0 = t * kT;
+    const int b = t0 / block_tokens;
+    const int off = t0 % block_tokens;
+    return std::pair{kb[b] + off, vb[b] + static_cast<size_t>(off) * head_dim};
+  };
+  for (int t = first / kT; t < t_end; ++t) {
+    const int t0 = t * kT;
+    int active[kMaxTileRows];
+    int n_active = 0;
+    for (int r = 0; r < rows; ++r) {
+      if (tile.first_pos[r] < t0 + kT && tile.n_pos[r] > t0) active[n_active++] = r;
+    }
+    if (n_active == 0) continue;
+    const auto [k, v] = tile_at(t);
+    bool has_next = t + 1 < t_end;
+    const auto [nk, nv] = has_next ? tile_at(t + 1) : std::pair{k, v};
+    auto run = [&](const auto& kv) {
+      int i = 0;
+      for (; i + 4 <= n_active; i += 4) {
+        micro_tile<4>(tile, active + i, t0, kv, head_dim, has_next && i == 0, run_max, run_sum, s);
+      }
+      switch (n_active - i) {
+        case 1:
+          return micro_tile<1>(tile, active + i, t0, kv, head_dim, has_next && i == 0, run_max, run_sum, s);
+        case 2:
+          return micro_tile<2>(tile, active + i, t0, kv, head_dim, has_next && i == 0, run_max, run_sum, s);
+        case 3:
+          return micro_tile<3>(tile, active + i, t0, kv, head_dim, has_next && i == 0, run_max, run_sum, s);
+        default:
+          return;
+      }
+    };
+    if (convert) {
+      // Converted tiles are read from L1/L2 by many micro-tiles: the next tile is requested
+      // here, as this one is converted, rather than by the first micro-tile.
+      float* k32 = kv32;
+      float* v32 = kv32 + static_cast<size_t>(kT) * head_dim;
+      for (int d = 0; d < head_dim; ++d) {
+        if (has_next) prefetch_span(nk + static_cast<size_t>(d) * block_tokens, kT * sizeof(E));
+        for (int j = 0; j < kT; j += kLanes) {
+          store(k32 + static_cast<size_t>(d) * kT + j, load_kv(k + static_cast<size_t>(d) * block_tokens + j));
+        }
+      }
+      for (int j = 0; j < kT; ++j) {
+        if (has_next) prefetch_span(nv + static_cast<size_t>(j) * head_dim, head_dim * sizeof(E));
+        for (int c = 0; c < head_dim; c += kLanes) {
+          const size_t e = static_cast<size_t>(j) * head_dim + c;
+          store(v32 + e, load_kv(v + e));
+        }
+      }
+      has_next = false;
+      run(KvTile<float>{k32, kT, v32, nullptr, 0, nullptr});
+    } else {
+      run(KvTile<E>{k, block_tokens, v, nk, block_tokens, nv});
+    }
+  }
+  for (int r = 0; r < rows; ++r) {
+    const vf inv = splat(1.f / run_sum[r]);
+    for (int c = 0; c < head_dim; c += kLanes) store(tile.out[r] + c, load(tile.out[r] + c) * inv);
   }
 }
 

@@ -1,0 +1,161 @@
+"""What a model is for - generating text, embedding it, or reranking documents - decided once
+at pull time from the model's own files and stored in its manifest, so every route can refuse
+the wrong use with a clear 400 without loading anything.
+
+How the kind is decided (issue 23, phase 1):
+
+- **Hugging Face directory:** a sentence-transformers ``modules.json`` naming a Pooling module
+  makes it an embedding model; its ``1_Pooling/config.json`` gives the pooling mode
+  (``pooling_mode_lasttoken``, ``pooling_mode_mean_tokens``, ``pooling_mode_cls_token``) and a
+  ``Normalize`` module in ``modules.json`` L2-normalises the result (what
+  ``SentenceTransformer.encode`` returns).
+- **GGUF:** llama.cpp's converter writes ``{arch}.pooling_type`` for embedding and rerank files
+  (1 mean, 2 cls, 3 last, 4 rank); a GGUF embedding is normalised, as llama-server returns it
+  by default.
+- **Rerankers:** a Qwen3-Reranker is a plain ``Qwen3ForCausalLM`` with no marker in its files,
+  so a directory is a reranker when its name (the hub repo or the local directory) contains
+  ``reranker`` (case-insensitive), or when the pull asks for it (``llmd pull --kind rerank``,
+  ``"kind"`` in the pull API; any kind may be asked for a directory, none for a GGUF). Its score is
+  P("yes") over the "yes"/"no" next-token logits after the Qwen3-Reranker prompt
+  (rerank.py). A GGUF with pooling_type rank is refused for now: llama.cpp's converter
+  replaces its lm_head with a two-row ``cls.output`` the engine does not load yet.
+
+Poolings a decoder cannot run yet (CLS) are refused at pull with the reason.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+Kind = Literal["generate", "embed", "rerank"]
+KINDS: tuple[str, ...] = ("generate", "embed", "rerank")
+
+# llama.cpp's enum llama_pooling_type (gguf.PoolingType)
+_GGUF_POOLING = {1: "mean", 2: "cls", 3: "last", 4: "rank"}
+_ST_POOLING = {
+    "pooling_mode_lasttoken": "last",
+    "pooling_mode_mean_tokens": "mean",
+    "pooling_mode_cls_token": "cls",
+    "pooling_mode_max_tokens": "max",
+    "pooling_mode_mean_sqrt_len_tokens": "mean_sqrt_len",
+    "pooling_mode_weightedmean_tokens": "weightedmean",
+}
+# What the engine pools on a decoder (engine.h, GenerateRequest::Pooling).
+RUNNABLE_POOLING = ("last", "mean")
+
+
+class KindError(ValueError):
+    """The model's kind or pooling is one llmd cannot serve; the message says why."""
+
+
+@dataclass(frozen=True)
+class ModelKind:
+    kind: Kind = "generate"
+    pooling: str = ""  # embed: "last" or "mean"
+    normalize: bool = False  # embed: L2-normalise the pooled vector
+
+    def describe(self) -> str:
+        """`llmd show`'s line: 'embed (last-token pooling, normalized)'."""
+        if self.kind != "embed":
+            return self.kind
+        extra = ", normalized" if self.normalize else ""
+        return f"embed ({self.pooling}-token pooling{extra})".replace("mean-token", "mean")
+
+
+GENERATE = ModelKind()
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _embed_kind(pooling: str, normalize: bool, what: str) -> ModelKind:
+    if pooling not in RUNNABLE_POOLING:
+        raise KindError(
+            f"{what}: {pooling} pooling is not supported yet (llmd pools decoder models by "
+            "last token or mean)"
+        )
+    return ModelKind("embed", pooling, normalize)
+
+
+def kind_of_hf_dir(directory: Path, name: str, requested: str | None = None) -> ModelKind:
+    """The kind of a Hugging Face directory (see the module docstring); `name` is the repo or
+    directory name, `requested` a pull's explicit ``kind``. Raises KindError."""
+    what = str(name)
+    if requested == "generate":
+        return GENERATE
+    if requested == "rerank" or (requested is None and "reranker" in name.lower()):
+        return ModelKind("rerank")
+    modules = _read_json(directory / "modules.json")
+    pooling_module = None
+    normalize = False
+    if isinstance(modules, list):
+        for m in modules:
+            if not isinstance(m, dict):
+                continue
+            kind = str(m.get("type", ""))
+            if kind.endswith("Pooling"):
+                pooling_module = str(m.get("path", "1_Pooling"))
+            elif kind.endswith("Normalize"):
+                normalize = True
+            elif kind.endswith("Dense"):
+                raise KindError(
+                    f"{what}: sentence-transformers Dense modules are not supported yet"
+                )
+    if pooling_module is None:
+        if requested == "embed":
+            return _embed_kind("last", True, what)  # Qwen3-Embedding's own setting
+        return GENERATE
+    config = _read_json(directory / pooling_module / "config.json")
+    if not isinstance(config, dict):
+        raise KindError(
+            f"{what}: modules.json names {pooling_module} but its config.json is unreadable"
+        )
+    modes = [mode for key, mode in _ST_POOLING.items() if config.get(key)]
+    if len(modes) != 1:
+        raise KindError(
+            f"{what}: {pooling_module}/config.json sets {len(modes)} pooling modes, not one"
+        )
+    return _embed_kind(modes[0], normalize, what)
+
+
+def kind_of_gguf(get: Any, arch: str, what: str, requested: str | None = None) -> ModelKind:
+    """The kind of a GGUF file from ``{arch}.pooling_type``; `get` reads a metadata key."""
+    pooling = _GGUF_POOLING.get(int(get(f"{arch}.pooling_type", 0) or 0), "")
+    if requested == "generate" or (not pooling and requested is None):
+        return GENERATE
+    if pooling == "rank" or requested == "rerank":
+        raise KindError(
+            f"{what}: reranking GGUF files (pooling_type rank) are not supported yet; pull the "
+            "reranker's Hugging Face directory instead"
+        )
+    return _embed_kind(pooling or "last", True, what)
+
+
+# Decoder architectures whose file (native/mlx/llama.cpp) returns hidden states; an embedding
+# or rerank model of another one (EmbeddingGemma, the encoder families) is refused at pull.
+POOLING_ARCHITECTURES = ("llama", "qwen2", "qwen3")
+
+
+def check_architecture(kind: ModelKind, arch: str, what: str) -> ModelKind:
+    """`kind` when llmd can serve it on `arch`; KindError naming both otherwise."""
+    if kind.kind != "generate" and arch not in POOLING_ARCHITECTURES:
+        raise KindError(
+            f"{what}: {kind.kind} models of architecture {arch} are not supported yet "
+            f"(llmd embeds and reranks with {', '.join(POOLING_ARCHITECTURES)} decoders)"
+        )
+    return kind
+
+
+def record_kind(record: Any) -> ModelKind:
+    """The kind stored in a manifest (older manifests are generation models)."""
+    kind = getattr(record, "kind", "") or "generate"
+    return ModelKind(
+        kind, getattr(record, "pooling", ""), bool(getattr(record, "normalize", False))
+    )

@@ -1,0 +1,106 @@
+"""A model's kind (generate, embed, rerank) as llmd decides it at pull time from the model's
+own files (model_kind.py), and the refusals of what it cannot serve yet."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from llmd.model_kind import (
+    GENERATE,
+    KindError,
+    ModelKind,
+    check_architecture,
+    kind_of_gguf,
+    kind_of_hf_dir,
+)
+
+
+def _st_dir(tmp_path: Path, mode: str, *, normalize: bool, dense: bool = False) -> Path:
+    modules = [
+        {"idx": 0, "path": "", "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+    ]
+    if dense:
+        modules.append({"idx": 2, "path": "2_Dense", "type": "sentence_transformers.models.Dense"})
+    if normalize:
+        modules.append(
+            {"idx": 3, "path": "3_Normalize", "type": "sentence_transformers.models.Normalize"}
+        )
+    (tmp_path / "modules.json").write_text(json.dumps(modules))
+    (tmp_path / "1_Pooling").mkdir()
+    (tmp_path / "1_Pooling" / "config.json").write_text(json.dumps({mode: True}))
+    return tmp_path
+
+
+def test_sentence_transformers_files_make_an_embedding_model(tmp_path: Path) -> None:
+    last = _st_dir(tmp_path, "pooling_mode_lasttoken", normalize=True)
+    kind = kind_of_hf_dir(last, "Qwen3-Embedding-0.6B")
+    assert kind == ModelKind("embed", "last", True)
+    assert kind.describe() == "embed (last-token pooling, normalized)"
+
+
+def test_mean_pooling_without_normalize(tmp_path: Path) -> None:
+    kind = kind_of_hf_dir(_st_dir(tmp_path, "pooling_mode_mean_tokens", normalize=False), "m")
+    assert kind == ModelKind("embed", "mean", False)
+
+
+@pytest.mark.parametrize(
+    ("mode", "dense", "words"),
+    [
+        ("pooling_mode_cls_token", False, "cls pooling is not supported yet"),
+        ("pooling_mode_lasttoken", True, "Dense modules are not supported yet"),
+    ],
+)
+def test_what_a_decoder_cannot_pool_yet_is_refused(
+    tmp_path: Path, mode: str, dense: bool, words: str
+) -> None:
+    with pytest.raises(KindError, match=words):
+        kind_of_hf_dir(_st_dir(tmp_path, mode, normalize=True, dense=dense), "m")
+
+
+def test_a_plain_decoder_generates_and_a_reranker_is_known_by_its_name(tmp_path: Path) -> None:
+    assert kind_of_hf_dir(tmp_path, "SmolLM2-135M-Instruct") == GENERATE
+    assert kind_of_hf_dir(tmp_path, "Qwen/Qwen3-Reranker-0.6B").kind == "rerank"
+    assert kind_of_hf_dir(tmp_path, "my-model", requested="rerank").kind == "rerank"
+
+
+def test_gguf_pooling_type() -> None:
+    def meta(pooling: int | None):  # type: ignore[no-untyped-def]
+        return lambda key, default=None: pooling if key == "qwen3.pooling_type" else default
+
+    assert kind_of_gguf(meta(None), "qwen3", "f.gguf") == GENERATE
+    assert kind_of_gguf(meta(3), "qwen3", "f.gguf") == ModelKind("embed", "last", True)
+    assert kind_of_gguf(meta(1), "qwen3", "f.gguf") == ModelKind("embed", "mean", True)
+    with pytest.raises(KindError, match="cls pooling"):
+        kind_of_gguf(meta(2), "qwen3", "f.gguf")
+    with pytest.raises(KindError, match="reranking GGUF files"):
+        kind_of_gguf(meta(4), "qwen3", "f.gguf")
+
+
+def test_embedding_models_of_other_architectures_are_refused() -> None:
+    embed = ModelKind("embed", "mean", True)
+    assert check_architecture(embed, "qwen3", "m") == embed
+    assert check_architecture(GENERATE, "gemma3_text", "m") == GENERATE
+    with pytest.raises(KindError, match="architecture gemma3_text are not supported yet"):
+        check_architecture(embed, "gemma3_text", "m")
+
+
+def test_a_pull_may_say_the_kind_of_a_directory_but_not_of_a_gguf(
+    llmd_home: Path, tmp_path: Path
+) -> None:
+    from llmd.paths import get_paths
+    from llmd.store import ModelStore, StoreError
+    from tests.native.tiny_embedding_models import write_reranker_dir
+    from tests.native.tiny_models import write_loadable_gguf
+
+    write_reranker_dir(tmp_path / "plain-qwen3")  # nothing in its name or files says rerank
+    store = ModelStore(get_paths())
+    assert store.pull(str(tmp_path / "plain-qwen3"), "plain").kind == "generate"
+    assert store.pull(str(tmp_path / "plain-qwen3"), "scorer", kind="rerank").kind == "rerank"
+    assert store.get("scorer").kind == "rerank"  # stored in the manifest
+    gguf = write_loadable_gguf(tmp_path / "model.gguf")
+    with pytest.raises(StoreError, match="Hugging Face directories only"):
+        store.pull(str(gguf), "g", kind="embed")
