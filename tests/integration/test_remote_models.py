@@ -434,6 +434,10 @@ def test_other_protocols_say_where_remote_models_are_served(local: LiveServer) -
     assert status == 400 and "/v1/chat/completions" in err["error"]
     status, err, _ = call(local, "POST", "/v1/responses", {"model": "far", "input": "hi"})
     assert status == 400 and "remote model" in err["error"]["message"]
+    status, err, _ = call(local, "POST", "/v1/embeddings", {"model": "far", "input": "hi"})
+    assert status == 400 and "remote model" in err["error"]["message"]
+    status, err, _ = call(local, "POST", "/api/embed", {"model": "far", "input": "hi"})
+    assert status == 400 and "remote model" in err["error"]
 
 
 # ---------------------------------------------------------------------- limits and failures
