@@ -6,29 +6,18 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import ConfigDict, Field, field_validator
 
-from .keep_alive import KeepAlive, parse_keep_alive
+from .keep_alive import CheckedKeepAlive
 from .protocol import INT32_MAX
 
 TokenId = Annotated[int, Field(ge=0, le=INT32_MAX)]
 
 
-class _Body(BaseModel):
+class _Body(CheckedKeepAlive):
     model_config = ConfigDict(extra="forbid")
 
     model: str = Field(min_length=1)
-    keep_alive: KeepAlive = None
-
-    @field_validator("keep_alive")
-    @classmethod
-    def _keep_alive(cls, v: str | float | None) -> str | float | None:
-        if v is not None:
-            parse_keep_alive(v)  # ValueError -> 400 naming keep_alive
-        return v
-
-    def keep_alive_seconds(self) -> float | None:
-        return None if self.keep_alive is None else parse_keep_alive(self.keep_alive)
 
 
 class EmbeddingRequest(_Body):

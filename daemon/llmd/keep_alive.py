@@ -9,7 +9,7 @@ import math
 import re
 from typing import Annotated, Any
 
-from pydantic import BeforeValidator
+from pydantic import BaseModel, BeforeValidator, field_validator
 
 DEFAULT_KEEP_ALIVE = 300.0  # seconds, as Ollama: long enough for a conversation's next turn
 FOREVER = math.inf
@@ -59,6 +59,24 @@ def _exact_types(value: Any) -> Any:
 
 # The `keep_alive` field of every protocol's request model.
 KeepAlive = Annotated[str | float | None, BeforeValidator(_exact_types)]
+
+
+class CheckedKeepAlive(BaseModel):
+    """A request body whose `keep_alive` duration is parsed when the body is validated, so a
+    bad one is a 400 naming the field (the OpenAI-shaped bodies: chat, completions,
+    embeddings, rerank)."""
+
+    keep_alive: KeepAlive = None
+
+    @field_validator("keep_alive")
+    @classmethod
+    def _keep_alive(cls, v: str | float | None) -> str | float | None:
+        if v is not None:
+            parse_keep_alive(v)  # ValueError -> 400 naming keep_alive
+        return v
+
+    def keep_alive_seconds(self) -> float | None:
+        return None if self.keep_alive is None else parse_keep_alive(self.keep_alive)
 
 
 def describe_keep_alive(seconds: float) -> str:

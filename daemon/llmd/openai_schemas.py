@@ -27,7 +27,7 @@ from pydantic import (
 
 from .chunked_validation import prevalidated
 from .errors import ApiError, bad_request
-from .keep_alive import KeepAlive, parse_keep_alive
+from .keep_alive import CheckedKeepAlive
 from .protocol import INT32_MAX
 
 
@@ -116,7 +116,7 @@ class ResponseFormat(_Strict):
     json_schema: JsonSchemaSpec | None = None
 
 
-class SamplingFields(_Strict):
+class SamplingFields(_Strict, CheckedKeepAlive):
     model: str = Field(min_length=1)
     max_tokens: int | None = Field(default=None, ge=1)
     temperature: float = Field(default=1.0, ge=0.0, le=2.0)
@@ -143,18 +143,8 @@ class SamplingFields(_Strict):
         default=None, min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:@-]+$"
     )
     session_ttl: float | None = Field(default=None, gt=0, le=7 * 24 * 3600)
-    # Ollama's extension: how long the model stays loaded after this request ("5m", 0, -1).
-    keep_alive: KeepAlive = None
-
-    @field_validator("keep_alive")
-    @classmethod
-    def _keep_alive(cls, v: str | float | None) -> str | float | None:
-        if v is not None:
-            parse_keep_alive(v)  # ValueError -> 400 naming keep_alive
-        return v
-
-    def keep_alive_seconds(self) -> float | None:
-        return None if self.keep_alive is None else parse_keep_alive(self.keep_alive)
+    # Ollama's extension (`keep_alive`, from CheckedKeepAlive): how long the model stays loaded
+    # after this request ("5m", 0, -1).
 
     @field_validator("logit_bias")
     @classmethod
