@@ -62,3 +62,16 @@ def check_rows_batch_invariant(
     for m in range(2, 10):
         small = kernel(type_name, packed, n, k, x[:m], path)
         assert np.array_equal(small, batched[:m]), f"{path} {type_name} batch of {m}"
+
+
+def attention_reference(q, k, v, n_pos, first_pos) -> np.ndarray:  # type: ignore[no-untyped-def]
+    """Row r of softmax(q[r] . k[first_pos[r]:n_pos[r]]) v[...], in float64: what every
+    attention kernel (q pre-scaled) is compared with."""
+    out = []
+    for r in range(q.shape[0]):
+        ks = k[first_pos[r] : n_pos[r]].astype(np.float64)
+        vs = v[first_pos[r] : n_pos[r]].astype(np.float64)
+        s = ks @ q[r].astype(np.float64)
+        p = np.exp(s - s.max())
+        out.append((p / p.sum()) @ vs)
+    return np.array(out)

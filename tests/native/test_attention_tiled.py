@@ -16,20 +16,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from .kernel_checks import attention_reference
+
 native = pytest.importorskip("llmd._engine")
 PATHS = native.runnable_kernel_paths()
 MAX_TILE = 64
-
-
-def _reference(q, k, v, n_pos, first_pos) -> np.ndarray:  # type: ignore[no-untyped-def]
-    out = []
-    for r in range(q.shape[0]):
-        ks = k[first_pos[r] : n_pos[r]].astype(np.float64)
-        vs = v[first_pos[r] : n_pos[r]].astype(np.float64)
-        s = ks @ q[r].astype(np.float64)
-        p = np.exp(s - s.max())
-        out.append((p / p.sum()) @ vs)
-    return np.array(out)
 
 
 def _queries(n: int, chunk: int, group: int, window: int):  # type: ignore[no-untyped-def]
@@ -69,7 +60,7 @@ CASES = [
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("kv_type", ["f16", "f32"])
 @pytest.mark.parametrize("n,chunk,group,window,head_dim,trend", CASES)
-def test_tiled_attention_matches_float64_reference(
+def test_tiled_attention_matches_float64attention_reference(
     path: str,
     kv_type: str,
     n: int,
@@ -89,7 +80,7 @@ def test_tiled_attention_matches_float64_reference(
     # accumulation over up to ~1,300 positions and the polynomial exp differ (seen: 7e-7 of the
     # largest value).
     held = (k.astype(np.float16), v.astype(np.float16)) if kv_type == "f16" else (k, v)
-    expected = _reference(q, *held, n_pos, first_pos)
+    expected = attention_reference(q, *held, n_pos, first_pos)
     vmax = np.abs(v).max()
     assert np.abs(out - expected).max() <= 4e-6 * vmax, (path, kv_type)
 

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from .conftest import on_kernel_path, run_all
+from .kernel_checks import attention_reference
 
 native = pytest.importorskip("llmd._engine")
 PATHS = native.runnable_kernel_paths()
@@ -25,17 +26,6 @@ PATHS = native.runnable_kernel_paths()
 # SmolLM2-135M: 30 layers x 3 KV heads x 64 dims, keys and values.
 SMOLLM2_KV_ELEMENTS_PER_TOKEN = 30 * 3 * 64 * 2
 HALF_EPS = 2.0**-11  # float16's relative rounding error (round to nearest)
-
-
-def _reference(q, k, v, n_pos, first_pos) -> np.ndarray:  # type: ignore[no-untyped-def]
-    out = []
-    for r in range(q.shape[0]):
-        ks = k[first_pos[r] : n_pos[r]].astype(np.float64)
-        vs = v[first_pos[r] : n_pos[r]].astype(np.float64)
-        s = ks @ q[r].astype(np.float64)
-        p = np.exp(s - s.max())
-        out.append((p / p.sum()) @ vs)
-    return np.array(out)
 
 
 def _case(seed: int, n: int, head_dim: int):  # type: ignore[no-untyped-def]
@@ -51,18 +41,20 @@ def _case(seed: int, n: int, head_dim: int):  # type: ignore[no-untyped-def]
 
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("n,head_dim", [(65, 64), (300, 64), (1100, 128)])
-def test_attention_over_f16_kv_matches_float64_reference(path: str, n: int, head_dim: int) -> None:
+def test_attention_over_f16_kv_matches_float64attention_reference(
+    path: str, n: int, head_dim: int
+) -> None:
     q, k, v, n_pos, first_pos = _case(n + head_dim, n, head_dim)
     out = native.kernel_attention(q, k, v, n_pos, first_pos, "f16", path)
     # The kernel against the same float16 keys and values in float64: only float32
     # accumulation and the polynomial exp differ (relative 1e-6 of the largest value, x4).
-    stored = _reference(q, k.astype(np.float16), v.astype(np.float16), n_pos, first_pos)
+    stored = attention_reference(q, k.astype(np.float16), v.astype(np.float16), n_pos, first_pos)
     vmax = np.abs(v).max()
     assert np.abs(out - stored).max() <= 4e-6 * vmax, path
     # Against float32 KV: storing in float16 moves a value by at most |v| * 2^-11 and a score
     # by delta = sum_d |q_d k_d| * 2^-11, which changes softmax weights by at most a factor
     # e^(2 delta): the output moves by at most vmax * (2^-11 + e^(2 delta) - 1).
-    exact = _reference(q, k, v, n_pos, first_pos)
+    exact = attention_reference(q, k, v, n_pos, first_pos)
     delta = (np.abs(q) @ np.abs(k).T).max() * HALF_EPS
     bound = vmax * (HALF_EPS + np.expm1(2 * delta)) + 4e-6 * vmax
     assert np.abs(out - exact).max() <= bound, path
