@@ -29,14 +29,25 @@ from aiohttp import web
 
 from .anthropic_schemas import (
     ThinkingDisplay,
+    Translated,
     anthropic_error,
     translate_count_tokens,
     translate_messages,
 )
-from .chat_pipeline import ChatEvent, ChoiceDelta, ChoiceEnd, ChoiceStarted, chat_prompt, start_chat
+from .chat_pipeline import (
+    ChatEvent,
+    ChatRun,
+    ChoiceDelta,
+    ChoiceEnd,
+    ChoiceStarted,
+    chat_prompt,
+    start_chat,
+)
 from .errors import ApiError, bad_request
 from .generation import Finished
 from .http_common import REGISTRY, add_error_shape, parsed_body, relay, sse
+from .remote_chat import AnyRun
+from .remote_routes import count_remote, remote_for, start_remote
 
 SSE = "text/event-stream"
 PING = b'event: ping\ndata: {"type": "ping"}\n\n'
@@ -217,68 +228,79 @@ def message_envelope(mid: str, model: str, content: list[dict[str, Any]]) -> dic
 async def create_message(request: web.Request) -> web.StreamResponse:
     tr = await parsed_body(request, translate_messages)
     req = tr.chat
+    remote = await remote_for(request, req.model)
+    if remote is not None:  # the same translation, answered by the remote's upstream
+        return await _answer(request, tr, await start_remote(request, remote, req))
     async with request.app[REGISTRY].use(req.model, req.keep_alive_seconds()) as model:
-        run = await start_chat(request, req, model)
-        mid = f"msg_{uuid.uuid4().hex[:24]}"
-        blocks = BlockAssembler(tr.thinking)
-        try:
-            if not req.stream:
-                end: ChoiceEnd | None = None
-                async for event in run.events():
-                    if isinstance(event, ChoiceDelta):
-                        blocks.feed(event.delta)
-                    else:
-                        end = event
-                blocks.close()
-                assert end is not None
-                reason, sequence = stop_reason(end.finish_reason, end.finished.stop_sequence)
-                body = message_envelope(mid, req.model, blocks.content)
-                body.update(
-                    stop_reason=reason,
-                    stop_sequence=sequence,
-                    usage=usage(end.finished, run.prompt_tokens),
-                )
-                return web.json_response(body)
+        return await _answer(request, tr, await start_chat(request, req, model))
 
-            async def frames() -> AsyncIterator[bytes]:
-                events = run.events(started=True)
-                admitted, first = await _first_event(events)
-                start = message_envelope(mid, req.model, [])
-                start["usage"] = usage(admitted, run.prompt_tokens)
-                yield sse({"type": "message_start", "message": start}, event="message_start")
-                yield PING
-                end: ChoiceEnd | None = None
-                async for event in _resume(first, events):
-                    if isinstance(event, ChoiceDelta):
-                        for name, payload in blocks.feed(event.delta):
-                            yield sse(payload, event=name)
-                    elif isinstance(event, ChoiceEnd):
-                        end = event
-                for name, payload in blocks.close():
-                    yield sse(payload, event=name)
-                assert end is not None
-                reason, sequence = stop_reason(end.finish_reason, end.finished.stop_sequence)
-                yield sse(
-                    {
-                        "type": "message_delta",
-                        "delta": {"stop_reason": reason, "stop_sequence": sequence},
-                        "usage": usage(end.finished, run.prompt_tokens),
-                    },
-                    event="message_delta",
-                )
-                yield sse({"type": "message_stop"}, event="message_stop")
 
-            return await relay(
-                request,
-                run.accepted(),
-                frames(),
-                content_type=SSE,
-                error_frame=_error_event,
-                keepalive=PING,
-                keepalive_after_first=True,  # message_start comes first
+async def _answer(request: web.Request, tr: Translated, run: AnyRun) -> web.StreamResponse:
+    """The run's events as an Anthropic message, whole or streamed; closes the run."""
+    req = tr.chat
+    mid = f"msg_{uuid.uuid4().hex[:24]}"
+    blocks = BlockAssembler(tr.thinking)
+    try:
+        if not req.stream:
+            end: ChoiceEnd | None = None
+            async for event in run.events():
+                if isinstance(event, ChoiceDelta):
+                    blocks.feed(event.delta)
+                else:
+                    end = event
+            blocks.close()
+            assert end is not None
+            reason, sequence = stop_reason(end.finish_reason, end.finished.stop_sequence)
+            body = message_envelope(mid, req.model, blocks.content)
+            body.update(
+                stop_reason=reason,
+                stop_sequence=sequence,
+                usage=usage(end.finished, run.prompt_tokens),
             )
-        finally:
-            await run.aclose()
+            return web.json_response(body)
+
+        async def frames() -> AsyncIterator[bytes]:
+            events = run.events(started=True)
+            # A remote's run reports no admission: its first event is already the answer.
+            admitted, first = (
+                await _first_event(events) if isinstance(run, ChatRun) else (None, None)
+            )
+            start = message_envelope(mid, req.model, [])
+            start["usage"] = usage(admitted, run.prompt_tokens)
+            yield sse({"type": "message_start", "message": start}, event="message_start")
+            yield PING
+            end: ChoiceEnd | None = None
+            async for event in _resume(first, events):
+                if isinstance(event, ChoiceDelta):
+                    for name, payload in blocks.feed(event.delta):
+                        yield sse(payload, event=name)
+                elif isinstance(event, ChoiceEnd):
+                    end = event
+            for name, payload in blocks.close():
+                yield sse(payload, event=name)
+            assert end is not None
+            reason, sequence = stop_reason(end.finish_reason, end.finished.stop_sequence)
+            yield sse(
+                {
+                    "type": "message_delta",
+                    "delta": {"stop_reason": reason, "stop_sequence": sequence},
+                    "usage": usage(end.finished, run.prompt_tokens),
+                },
+                event="message_delta",
+            )
+            yield sse({"type": "message_stop"}, event="message_stop")
+
+        return await relay(
+            request,
+            run.accepted(),
+            frames(),
+            content_type=SSE,
+            error_frame=_error_event,
+            keepalive=PING,
+            keepalive_after_first=True,  # message_start comes first
+        )
+    finally:
+        await run.aclose()
 
 
 async def _first_event(
@@ -310,6 +332,9 @@ async def count_tokens(request: web.Request) -> web.Response:
     """The rendered prompt's length in tokens: the same rendering as a generation (template,
     tools prompt), so it equals that request's input + cache_read tokens."""
     req = await parsed_body(request, translate_count_tokens)
+    remote = await remote_for(request, req.model)
+    if remote is not None:
+        return web.json_response({"input_tokens": await count_remote(request, remote, req)})
     async with request.app[REGISTRY].use(req.model, req.keep_alive_seconds()) as model:
         if not model.text.chat_template:
             raise bad_request(f"model '{req.model}' has no chat template", param="model")

@@ -20,6 +20,9 @@ class ApiError(Exception):
         # The connection cannot carry another request (the body was left unread): the
         # response says `Connection: close`.
         self.close_connection = False
+        # Seconds (or an HTTP date) the client should wait before retrying: a Retry-After
+        # header on the answer (a busy remote's 429, an upstream's 503).
+        self.retry_after: int | str | None = None
         self.status = status
         self.message = message
         self.type = type

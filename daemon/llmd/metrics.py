@@ -151,6 +151,46 @@ class Metrics:
             ["model"],
             registry=r,
         )
+        # Remote models (remotes.py): each request forwarded to an upstream, by remote name.
+        self.remote_requests = Counter(
+            "llmd_remote_requests",
+            "Requests forwarded to a remote model's upstream, by remote and outcome (ok, error, "
+            "cancelled: the client went away first).",
+            ["remote", "outcome"],
+            registry=r,
+        )
+        self.remote_errors = Counter(
+            "llmd_remote_errors",
+            "Requests to a remote that ended in an error, by the status llmd answered (429: "
+            "its queue was full; 502: unreachable or broken; 504: timed out; 4xx: refused).",
+            ["remote", "status"],
+            registry=r,
+        )
+        self.remote_prompt_tokens = Counter(
+            "llmd_remote_prompt_tokens",
+            "Prompt tokens the upstream reported.",
+            ["remote"],
+            registry=r,
+        )
+        self.remote_generated_tokens = Counter(
+            "llmd_remote_generated_tokens",
+            "Completion tokens the upstream reported.",
+            ["remote"],
+            registry=r,
+        )
+        self.remote_cached_tokens = Counter(
+            "llmd_remote_cached_prompt_tokens",
+            "Prompt tokens the upstream reported as served from its prefix cache.",
+            ["remote"],
+            registry=r,
+        )
+        self.remote_duration = Histogram(
+            "llmd_remote_request_duration_seconds",
+            "Duration of requests to a remote, from taking a slot to the end of the answer.",
+            ["remote"],
+            buckets=DURATION_BUCKETS,
+            registry=r,
+        )
         self._snapshot = _Snapshot()
         r.register(self._snapshot)  # type: ignore[arg-type]
 
@@ -334,7 +374,34 @@ async def scrape(app: web.Application) -> list[Metric]:
     pulls = _gauge("llmd_pulls_running", "Pulls running now.")
     pulls.add_metric([], len(app[PULLS].jobs) if PULLS in app else 0)
     families += [sessions, pulled, pulls]
+    families += await _remote_families(app)
     return families
+
+
+async def _remote_families(app: web.Application) -> list[Metric]:
+    """Each remote's health (1 up, 0 down; absent before its first check) and its requests
+    in flight and queued now."""
+    from .remote_routes import remote_status  # the remote routes import this module
+
+    up = _gauge(
+        "llmd_remote_up", "1 when the remote's last health check passed, else 0.", ["remote"]
+    )
+    running = _gauge(
+        "llmd_remote_in_flight", "Requests the remote's upstream is answering now.", ["remote"]
+    )
+    queued = _gauge(
+        "llmd_remote_queued", "Requests waiting for one of the remote's slots.", ["remote"]
+    )
+    try:
+        remotes = await asyncio.to_thread(remote_status, app)
+    except KeyError:  # an app built without remote routes
+        remotes = []
+    for r in remotes:
+        if r["healthy"] is not None:
+            up.add_metric([r["name"]], 1 if r["healthy"] else 0)
+        running.add_metric([r["name"]], r["in_flight"])
+        queued.add_metric([r["name"]], r["queued"])
+    return [up, running, queued]
 
 
 async def metrics_handler(request: web.Request) -> web.Response:

@@ -63,10 +63,15 @@ from .http_common import REGISTRY, STORE, ndjson, parsed_body, relay
 from .keep_alive import KeepAlive, parse_keep_alive
 from .openai_schemas import ChatCompletionRequest, CompletionRequest, parse_request
 from .reasoning import reasoning_support
+from .remote_chat import AnyRun
+from .remote_routes import remote_for, start_remote
+from .remotes import RemoteRecord
 from .store import ModelStore
 from .supervisor import ModelSupervisor
 
 NDJSON = "application/x-ndjson"
+# How a request's run starts, on its local model or its remote.
+Start = Callable[[Any], Awaitable[Any]]
 
 # ---------------------------------------------------------------------- shared helpers
 
@@ -600,7 +605,7 @@ class End:
     stats: dict[str, Any]
 
 
-async def pieces(run: ChatRun, clock: Clock, *, keep_thinking: bool) -> AsyncIterator[Piece | End]:
+async def pieces(run: AnyRun, clock: Clock, *, keep_thinking: bool) -> AsyncIterator[Piece | End]:
     """The run's events as Ollama answer pieces, then its end with the measured stats."""
     calls = ToolCallBuffer()
     clock.mark_started()
@@ -653,7 +658,7 @@ class Shape:
 
 async def _answer(
     request: web.Request,
-    run: ChatRun,
+    run: AnyRun,
     clock: Clock,
     shape: Shape,
     shown: str,
@@ -705,12 +710,20 @@ def keep_alive_seconds(value: str | float | None) -> float | None:
 
 
 async def _load_or_unload(
-    request: web.Request, name: str, shown: str, keep: float | None, shape: Shape
+    request: web.Request,
+    name: str,
+    shown: str,
+    keep: float | None,
+    shape: Shape,
+    remote: RemoteRecord | None = None,
 ) -> web.Response:
     """Ollama's empty request: load the model (keep it for `keep`), or unload it (keep 0).
-    A model busy with requests unloads as soon as they end."""
+    A model busy with requests unloads as soon as they end. A remote model is always ready
+    (its upstream holds it): "load" or "unload" is answered without a request."""
     registry = request.app[REGISTRY]
-    if keep == 0:
+    if remote is not None:
+        reason = "unload" if keep == 0 else "load"
+    elif keep == 0:
         for model in registry.loaded():
             if model.name == name:
                 model.touch(0)
@@ -725,31 +738,57 @@ async def _load_or_unload(
     return web.json_response(body)
 
 
+async def _remote(request: web.Request, name: str) -> RemoteRecord | None:
+    """The remote an Ollama model name (`:latest` understood) is served by, if any."""
+    for candidate in dict.fromkeys((name, name.removesuffix(":latest"))):
+        remote = await remote_for(request, candidate)
+        if remote is not None:
+            return remote
+    return None
+
+
+def _start_chat(request: web.Request, internal: ChatCompletionRequest) -> Start:
+    def start(model: ModelSupervisor | RemoteRecord) -> Awaitable[AnyRun]:
+        if isinstance(model, RemoteRecord):
+            return start_remote(request, model, internal)
+        return start_chat(request, internal, model)
+
+    return start
+
+
 async def chat(request: web.Request) -> web.StreamResponse:
     clock = Clock()
     req = await parsed_body(request, parse_body, ChatRequest)
     shape = Shape(chat=True)
-    name = require_model(request.app[STORE], req.model)
+    remote = await _remote(request, req.model)
+    name = remote.name if remote else require_model(request.app[STORE], req.model)
     keep = keep_alive_seconds(req.keep_alive)
     if not req.messages:
-        return await _load_or_unload(request, name, req.model, keep, shape)
+        return await _load_or_unload(request, name, req.model, keep, shape, remote)
     internal = to_internal(chat_fields(req, name))
-
-    def start(model: ModelSupervisor) -> Awaitable[ChatRun]:
-        return start_chat(request, internal, model)
-
-    return await _run(request, req, name, keep, start, clock, shape)
+    return await _run(
+        request, req, name, keep, _start_chat(request, internal), clock, shape, remote
+    )
 
 
 async def generate(request: web.Request) -> web.StreamResponse:
     clock = Clock()
     req = await parsed_body(request, parse_body, GenerateRequest)
     shape = Shape(chat=False)
-    name = require_model(request.app[STORE], req.model)
+    remote = await _remote(request, req.model)
+    name = remote.name if remote else require_model(request.app[STORE], req.model)
     keep = keep_alive_seconds(req.keep_alive)
     if not req.prompt:
-        return await _load_or_unload(request, name, req.model, keep, shape)
+        return await _load_or_unload(request, name, req.model, keep, shape, remote)
     check_generate(req)
+    if remote is not None and (req.suffix or req.raw):
+        raise bad_request(
+            f"'{req.model}' is a remote model: {'suffix' if req.suffix else 'raw'} is only "
+            "served for local models (a remote answers templated prompts, through its chat "
+            "endpoint)",
+            param="suffix" if req.suffix else "raw",
+            code="remote_model_unsupported_here",
+        )
     if req.suffix:  # fill-in-the-middle from the model's FIM tokens (raw or not)
         fim_req = to_internal(raw_fields(req, name), CompletionRequest)
 
@@ -764,12 +803,9 @@ async def generate(request: web.Request) -> web.StreamResponse:
             return start_text(request, text_req, model, req.prompt or "")
 
     else:
-        internal = to_internal(generate_fields(req, name))
+        start = _start_chat(request, to_internal(generate_fields(req, name)))
 
-        def start(model: ModelSupervisor) -> Awaitable[ChatRun]:
-            return start_chat(request, internal, model)
-
-    return await _run(request, req, name, keep, start, clock, shape)
+    return await _run(request, req, name, keep, start, clock, shape, remote)
 
 
 async def _run(
@@ -777,30 +813,51 @@ async def _run(
     req: ChatRequest | GenerateRequest,
     name: str,
     keep: float | None,
-    start: Callable[[ModelSupervisor], Awaitable[ChatRun]],
+    start: Start,
     clock: Clock,
     shape: Shape,
+    remote: RemoteRecord | None = None,
 ) -> web.StreamResponse:
-    """Load the model, start the pipeline's run and answer in Ollama's shape."""
+    """Load the model (or pick its remote), start the run and answer in Ollama's shape."""
+    if remote is not None:
+        clock.mark_loaded()
+        if isinstance(req.think, str):  # as for local models: no effort can be set
+            raise bad_request(
+                f"think: {req.think!r}: llmd cannot set a thinking level; use true or false",
+                param="think",
+            )
+        return await _respond(request, req, await _start(start(remote)), clock, shape, True)
     async with request.app[REGISTRY].use(name, keep) as model:
         clock.mark_loaded()
         keep_thinking = thinking_mode(req.think, model, req.model)
         run = await _start(start(model))
-        try:
-            return await _answer(
-                request,
-                run,
-                clock,
-                shape,
-                req.model,
-                stream=req.stream is not False,
-                keep_thinking=keep_thinking,
-            )
-        finally:
-            await run.aclose()
+        return await _respond(request, req, run, clock, shape, keep_thinking)
 
 
-async def _start(starting: Any) -> ChatRun:
+async def _respond(
+    request: web.Request,
+    req: ChatRequest | GenerateRequest,
+    run: AnyRun,
+    clock: Clock,
+    shape: Shape,
+    keep_thinking: bool,
+) -> web.StreamResponse:
+    """The run's answer in Ollama's shape (whole or NDJSON); closes the run."""
+    try:
+        return await _answer(
+            request,
+            run,
+            clock,
+            shape,
+            req.model,
+            stream=req.stream is not False,
+            keep_thinking=keep_thinking and req.think is not False,
+        )
+    finally:
+        await run.aclose()
+
+
+async def _start(starting: Any) -> AnyRun:
     """The pipeline's 400s (context overflow, bad schema) in Ollama's parameter names."""
     try:
         return await starting  # type: ignore[no-any-return]

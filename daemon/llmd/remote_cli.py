@@ -34,7 +34,8 @@ def remote() -> None:
       llmd remote list
       llmd remote rm big
 
-    Clients then ask llmd for `big` on /v1/chat/completions or /v1/completions.
+    Clients then ask llmd for `big` in any protocol llmd speaks (OpenAI chat/completions
+    and Responses, Anthropic Messages, Ollama's /api/chat and /api/generate).
     """
 
 
@@ -82,6 +83,13 @@ def remote() -> None:
     show_default=True,
     help="Seconds the upstream may stay silent while answering (504 beyond).",
 )
+@click.option(
+    "--ca-bundle",
+    type=click.Path(exists=True, dir_okay=False, resolve_path=True),
+    default=None,
+    help="PEM file of CA certificates to verify an https upstream against (a cluster's own "
+    "CA) instead of the system's. Its path is stored; the file is read at each connection.",
+)
 def add(
     name: str,
     url: str,
@@ -91,6 +99,7 @@ def add(
     queue_timeout: float,
     connect_timeout: float,
     read_timeout: float,
+    ca_bundle: str | None,
 ) -> None:
     """Serve NAME from the OpenAI-compatible server at --url (checked now: it must answer
     and list the model; its context length is recorded)."""
@@ -105,6 +114,7 @@ def add(
         "queue_timeout": queue_timeout,
         "connect_timeout": connect_timeout,
         "read_timeout": read_timeout,
+        "ca_bundle": ca_bundle,
     }
     try:
         remotes = RemoteStore(paths)

@@ -21,9 +21,10 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 from aiohttp import web
@@ -31,7 +32,10 @@ from aiohttp import web
 from .errors import ApiError
 from .http_common import SSE_KEEPALIVE, relay, sse
 from .openai_schemas import SamplingFields
-from .remotes import RemoteError, RemoteRecord
+from .remotes import RemoteError, RemoteRecord, ssl_context
+
+if TYPE_CHECKING:
+    from .metrics import Metrics
 
 log = logging.getLogger("llmd.remote")
 
@@ -42,7 +46,7 @@ SSE = "text/event-stream"
 
 
 @dataclass
-class _Slots:
+class Slots:
     """One remote's in-flight bound: a semaphore sized from its record."""
 
     limit: int
@@ -68,9 +72,10 @@ class RemoteGate:
     """The daemon's upstream connections and per-remote runtime state (one per app): request
     slots and health."""
 
-    _slots: dict[str, _Slots] = field(default_factory=dict)
+    _slots: dict[str, Slots] = field(default_factory=dict)
     _health: dict[str, Health] = field(default_factory=dict)
     _session: aiohttp.ClientSession | None = None
+    metrics: Metrics | None = None  # the app's, once the app has them
 
     def health(self, name: str) -> Health:
         return self._health.setdefault(name, Health())
@@ -87,18 +92,64 @@ class RemoteGate:
             self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
         return self._session
 
+    async def post(self, remote: RemoteRecord, path: str, **kwargs: Any) -> Any:
+        """POST to one of the remote's API paths: the URL comes from its record only (never
+        from a request body), TLS verified against the system's CAs or the remote's own
+        bundle (`--ca-bundle`)."""
+        try:
+            tls = ssl_context(remote)
+        except RemoteError as exc:
+            raise ApiError(exc.status, exc.message, type="server_error", code=exc.code) from exc
+        return await self.session().post(remote.endpoint(path), ssl=tls, **kwargs)
+
+    def failed(self, remote: RemoteRecord, err: ApiError, seconds: float) -> None:
+        """A request to `remote` ended with `err`: counted; an upstream that could not be
+        reached or stalled is marked down until the next health check finds it back."""
+        if err.code in ("upstream_unreachable", "upstream_timeout"):
+            health = self.health(remote.name)
+            health.healthy, health.last_error = False, err.message
+        if self.metrics is not None:
+            self.metrics.remote_requests.labels(remote.name, "error").inc()
+            self.metrics.remote_errors.labels(remote.name, str(err.status)).inc()
+            self.metrics.remote_duration.labels(remote.name).observe(seconds)
+
+    def finished(
+        self,
+        remote: RemoteRecord,
+        seconds: float,
+        usage: dict[str, Any] | None,
+        *,
+        complete: bool = True,
+    ) -> None:
+        """A request to `remote` ended without an error: its tokens (the upstream's usage,
+        when it reported one) and latency; `complete` False when the client left first."""
+        m = self.metrics
+        if m is None:
+            return
+        m.remote_requests.labels(remote.name, "ok" if complete else "cancelled").inc()
+        m.remote_duration.labels(remote.name).observe(seconds)
+        if usage:
+            details = usage.get("prompt_tokens_details") or {}
+            for counter, value in (
+                (m.remote_prompt_tokens, usage.get("prompt_tokens")),
+                (m.remote_generated_tokens, usage.get("completion_tokens")),
+                (m.remote_cached_tokens, details.get("cached_tokens")),
+            ):
+                if isinstance(value, int) and value > 0:
+                    counter.labels(remote.name).inc(value)
+
     async def close(self) -> None:
         if self._session is not None:
             await self._session.close()
 
-    def _for(self, remote: RemoteRecord) -> _Slots:
+    def _for(self, remote: RemoteRecord) -> Slots:
         slots = self._slots.get(remote.name)
         if slots is None or (slots.limit != remote.max_concurrency and slots.in_flight == 0):
-            slots = _Slots(remote.max_concurrency, asyncio.Semaphore(remote.max_concurrency))
+            slots = Slots(remote.max_concurrency, asyncio.Semaphore(remote.max_concurrency))
             self._slots[remote.name] = slots
         return slots
 
-    async def acquire(self, remote: RemoteRecord) -> _Slots:
+    async def acquire(self, remote: RemoteRecord) -> Slots:
         """A slot, waiting up to the remote's queue timeout; 429 beyond it."""
         slots = self._for(remote)
         slots.queued += 1
@@ -112,7 +163,7 @@ class RemoteGate:
                 type="rate_limit_error",
                 code="remote_busy",
             )
-            err.retry_after = 1  # type: ignore[attr-defined]
+            err.retry_after = 1
             raise err from exc
         finally:
             slots.queued -= 1
@@ -120,7 +171,7 @@ class RemoteGate:
         return slots
 
     @staticmethod
-    def release(slots: _Slots) -> None:
+    def release(slots: Slots) -> None:
         slots.in_flight -= 1
         slots.semaphore.release()
 
@@ -155,9 +206,12 @@ def _renamed(payload: Any, name: str) -> Any:
     return payload
 
 
-def _upstream_error(remote: RemoteRecord, status: int, text: str, headers: Any) -> ApiError:
+def upstream_error(
+    remote: RemoteRecord, status: int, text: str, headers: Any, *, in_stream: bool = False
+) -> ApiError:
     """An upstream's error answer in llmd's envelope: its message (key scrubbed), its status
-    for 4xx and 503, 502 for other failures."""
+    for 4xx and 503, 502 for other failures. `in_stream`: an error event that ended a stream
+    the upstream had started (no status of its own: 502)."""
     message, etype, code, param = text.strip()[:500], None, None, None
     try:
         err = json.loads(text).get("error")
@@ -173,17 +227,19 @@ def _upstream_error(remote: RemoteRecord, status: int, text: str, headers: Any) 
     default_type = "invalid_request_error" if status < 500 else "server_error"
     out = ApiError(
         status if kept else 502,
-        f"remote '{remote.name}' ({remote.host}) answered {status}: {message}",
+        f"remote '{remote.name}' ({remote.host}) "
+        + ("failed mid-stream" if in_stream else f"answered {status}")
+        + f": {message}",
         type=str(etype) if etype and kept else default_type,
         param=str(param) if isinstance(param, str) else None,
         code=str(code) if isinstance(code, (str, int)) and kept else "upstream_error",
     )
     if headers.get("Retry-After"):
-        out.retry_after = headers["Retry-After"]  # type: ignore[attr-defined]
+        out.retry_after = headers["Retry-After"]
     return out
 
 
-def _transport_error(remote: RemoteRecord, exc: BaseException) -> ApiError:
+def transport_error(remote: RemoteRecord, exc: BaseException) -> ApiError:
     """An upstream we could not reach, that stalled or broke off: 504 for a timeout, else 502."""
     if isinstance(exc, asyncio.TimeoutError):
         return ApiError(
@@ -210,18 +266,12 @@ async def forward(
 ) -> web.StreamResponse:
     """Answer `request` (already validated as `req`) from the remote's `path`. An error that
     says when to retry (429, 503) keeps its Retry-After header."""
+    started = time.perf_counter()
     try:
-        return await _forward(request, gate, remote, req, path)
+        return await _forward(request, gate, remote, req, path, started)
     except ApiError as err:
-        if err.code in ("upstream_unreachable", "upstream_timeout"):
-            health = gate.health(remote.name)
-            health.healthy, health.last_error = False, err.message
-        retry_after = getattr(err, "retry_after", None)
-        if retry_after is None:
-            raise
-        return web.json_response(
-            err.envelope(), status=err.status, headers={"Retry-After": str(retry_after)}
-        )
+        gate.failed(remote, err, time.perf_counter() - started)
+        raise
 
 
 async def _forward(
@@ -230,6 +280,7 @@ async def _forward(
     remote: RemoteRecord,
     req: SamplingFields,
     path: str,
+    started: float,
 ) -> web.StreamResponse:
     try:
         headers = remote.headers()
@@ -242,31 +293,36 @@ async def _forward(
     slots = await gate.acquire(remote)
     try:
         try:
-            resp = await gate.session().post(
-                remote.endpoint(path), json=body, headers=headers, timeout=timeout
-            )
+            resp = await gate.post(remote, path, json=body, headers=headers, timeout=timeout)
         except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
-            raise _transport_error(remote, exc) from exc
+            raise transport_error(remote, exc) from exc
         try:
             if resp.status >= 400:
                 try:
                     text = await resp.text(errors="replace")
                 except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
-                    raise _transport_error(remote, exc) from exc
-                raise _upstream_error(remote, resp.status, text, resp.headers)
+                    raise transport_error(remote, exc) from exc
+                raise upstream_error(remote, resp.status, text, resp.headers)
             if req.stream and resp.content_type == SSE:
-                return await relay(
+                seen = _Seen()
+                answer = await relay(
                     request,
                     _ready(),
-                    _events(resp, remote, req.model),
+                    _events(resp, remote, req.model, seen),
                     content_type=SSE,
                     error_frame=lambda err: sse(err.envelope()),
                     keepalive=SSE_KEEPALIVE,
                 )
+                elapsed = time.perf_counter() - started
+                if seen.error is not None:
+                    gate.failed(remote, seen.error, elapsed)
+                else:
+                    gate.finished(remote, elapsed, seen.usage, complete=seen.done)
+                return answer
             try:
                 raw = await resp.read()
             except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
-                raise _transport_error(remote, exc) from exc
+                raise transport_error(remote, exc) from exc
             try:
                 payload = json.loads(raw)
             except ValueError as exc:
@@ -277,6 +333,8 @@ async def _forward(
                     type="server_error",
                     code="upstream_error",
                 ) from exc
+            usage = payload.get("usage") if isinstance(payload, dict) else None
+            gate.finished(remote, time.perf_counter() - started, usage)
             return web.json_response(_renamed(payload, req.model))
         finally:
             if resp.content.is_eof():
@@ -291,37 +349,52 @@ async def _ready() -> None:
     """The upstream accepted the request (its status is already known to be 2xx)."""
 
 
+@dataclass
+class _Seen:
+    """What a relayed stream showed, for the remote's metrics: its usage (when the client
+    asked for it), whether it finished, the error that ended it."""
+
+    usage: dict[str, Any] | None = None
+    done: bool = False
+    error: ApiError | None = None
+
+
 async def _events(
-    resp: aiohttp.ClientResponse, remote: RemoteRecord, name: str
+    resp: aiohttp.ClientResponse, remote: RemoteRecord, name: str, seen: _Seen
 ) -> AsyncIterator[bytes]:
     """The upstream's SSE stream, one event per frame, `model` renamed in each JSON event.
     A stream that breaks off or stalls ends with llmd's error event (502/504)."""
     lines: list[bytes] = []
-    done = False
     try:
-        async for line in _lines(resp.content):
-            if line:
-                lines.append(line)
-                # [DONE], or an upstream's own in-band error (its stream ends with it)
-                done = done or line == b"data: [DONE]" or line.startswith(b'data: {"error"')
-                continue
-            if lines:
-                yield _event(lines, name)
-                lines = []
-    except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
-        raise _transport_error(remote, exc) from exc
-    if lines:
-        yield _event(lines, name)
-    if not done:  # the upstream closed the stream without finishing it
-        raise ApiError(
-            502,
-            f"remote '{remote.name}' ({remote.host}) ended the stream before it was complete",
-            type="server_error",
-            code="upstream_unreachable",
-        )
+        try:
+            async for line in read_lines(resp.content):
+                if line:
+                    lines.append(line)
+                    # [DONE], or an upstream's own in-band error (its stream ends with it)
+                    seen.done = (
+                        seen.done or line == b"data: [DONE]" or line.startswith(b'data: {"error"')
+                    )
+                    continue
+                if lines:
+                    yield _event(lines, name, seen)
+                    lines = []
+        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+            raise transport_error(remote, exc) from exc
+        if lines:
+            yield _event(lines, name, seen)
+        if not seen.done:  # the upstream closed the stream without finishing it
+            raise ApiError(
+                502,
+                f"remote '{remote.name}' ({remote.host}) ended the stream before it was complete",
+                type="server_error",
+                code="upstream_unreachable",
+            )
+    except ApiError as err:
+        seen.error = err
+        raise
 
 
-async def _lines(content: aiohttp.StreamReader) -> AsyncIterator[bytes]:
+async def read_lines(content: aiohttp.StreamReader) -> AsyncIterator[bytes]:
     """The stream's lines without their ends, however long: aiohttp's own line reader refuses
     lines past 128 KiB, and one SSE event (a big tool call's arguments, logprobs) can be."""
     pending = b""
@@ -334,7 +407,7 @@ async def _lines(content: aiohttp.StreamReader) -> AsyncIterator[bytes]:
         yield pending.rstrip(b"\r")
 
 
-def _event(lines: list[bytes], name: str) -> bytes:
+def _event(lines: list[bytes], name: str, seen: _Seen) -> bytes:
     out = []
     for line in lines:
         if line.startswith(b"data:"):
@@ -345,6 +418,8 @@ def _event(lines: list[bytes], name: str) -> bytes:
                 except ValueError:
                     pass
                 else:
+                    if isinstance(payload, dict) and isinstance(payload.get("usage"), dict):
+                        seen.usage = payload["usage"]
                     line = (
                         b"data: " + json.dumps(_renamed(payload, name), ensure_ascii=False).encode()
                     )

@@ -1,7 +1,10 @@
 """The HTTP side of remote models (remotes.py): managing them (``GET``/``POST /v1/remotes``,
 ``DELETE /v1/remotes/{name}``), listing them with the local models, sending
-`/v1/chat/completions` and `/v1/completions` for them to their upstream (remote_proxy.py),
-and a clear 400 on every other protocol until phase 2 translates them.
+`/v1/chat/completions` and `/v1/completions` for them to their upstream as they are
+(remote_proxy.py), handing the other generation protocols (Anthropic Messages, Responses,
+Ollama's chat and generate) a pipeline-shaped run of the upstream's answer (remote_chat.py),
+and a clear 400 on the protocols that have no remote counterpart (embeddings, reranking,
+infill, `/api/show`).
 
 A local model always wins over a remote of the same name (adding such a remote is refused,
 but a model pulled later under a remote's name takes it over): a name never silently starts
@@ -27,7 +30,9 @@ from aiohttp import web
 
 from .errors import ApiError, bad_request
 from .http_common import STORE, json_body
-from .openai_schemas import SamplingFields
+from .metrics import METRICS
+from .openai_schemas import ChatCompletionRequest, SamplingFields
+from .remote_chat import RemoteRun, count_remote_tokens, start_remote_chat
 from .remote_health import add_health_checks
 from .remote_proxy import RemoteGate, forward
 from .remotes import RemoteError, RemoteRecord, RemoteStore, probe_new
@@ -36,20 +41,16 @@ from .security import is_unix_socket_request
 REMOTES = web.AppKey("remotes", RemoteStore)
 GATE = web.AppKey("remote_gate", RemoteGate)
 
-# Protocols that do not serve remote models yet (phase 2 translates them onto the upstream's
-# Chat Completions): a request for a remote model there is a 400 in the protocol's own error
-# shape (the error middleware picks it from the path), never a local "model not found".
+# Protocols that do not serve remote models (they need the model's own weights or tokenizer
+# here, or an upstream endpoint llmd does not forward yet): a request for a remote model there
+# is a 400 in the protocol's own error shape (the error middleware picks it from the path),
+# never a local "model not found".
 NOT_FORWARDED = frozenset(
     {
-        "/v1/messages",
-        "/v1/messages/count_tokens",
-        "/v1/responses",
         "/v1/embeddings",
         "/v1/rerank",
         "/rerank",
         "/v1/reranking",
-        "/api/chat",
-        "/api/generate",
         "/api/show",
         "/api/embed",
         "/api/embeddings",
@@ -83,6 +84,28 @@ async def forward_if_remote(
     if remote is None:
         return None
     return await forward(request, request.app[GATE], remote, req, path)
+
+
+async def remote_for(request: web.Request, name: str) -> RemoteRecord | None:
+    """The remote `name` is served by, for a protocol that translates its request into the
+    pipeline's (Anthropic, Responses, Ollama), else None: the caller serves it locally."""
+    if not request.app[REMOTES].root.is_dir():  # no remote was ever added: no thread hop
+        return None
+    return await asyncio.to_thread(find_remote, request.app, name)
+
+
+async def start_remote(
+    request: web.Request, remote: RemoteRecord, req: ChatCompletionRequest
+) -> RemoteRun:
+    """The pipeline-shaped run of a translated request on its remote (remote_chat.py)."""
+    return await start_remote_chat(request.app[GATE], remote, req)
+
+
+async def count_remote(
+    request: web.Request, remote: RemoteRecord, req: ChatCompletionRequest
+) -> int:
+    """A translated request's prompt length, counted by the remote's upstream."""
+    return await count_remote_tokens(request.app[GATE], remote, req)
 
 
 # ---------------------------------------------------------------------- listings
@@ -176,6 +199,7 @@ _ADD_FIELDS = {
     "queue_timeout",
     "connect_timeout",
     "read_timeout",
+    "ca_bundle",
 }
 
 
@@ -262,9 +286,10 @@ async def refuse_unforwarded(request: web.Request, handler: Handler) -> web.Stre
             name = await asyncio.to_thread(_named_remote, request.app, raw)
             if name is not None:
                 raise bad_request(
-                    f"'{name}' is a remote model; llmd serves remote models on "
-                    "/v1/chat/completions and /v1/completions only so far (not on "
-                    f"{request.path})",
+                    f"'{name}' is a remote model; {request.path} is served for local "
+                    "models only (remote models answer generation requests: "
+                    "/v1/chat/completions, /v1/completions, /v1/responses, /v1/messages, "
+                    "/api/chat, /api/generate)",
                     param="model",
                     code="remote_model_unsupported_here",
                 )
@@ -282,7 +307,12 @@ def add_remote_routes(app: web.Application) -> None:
     app.middlewares.append(refuse_unforwarded)
     add_health_checks(app, app[REMOTES], app[GATE])
 
+    async def start(app: web.Application) -> None:
+        app[GATE].metrics = app.get(METRICS)  # per-remote counters on /metrics
+
     async def close(app: web.Application) -> None:
         await app[GATE].close()
+
+    app.on_startup.append(start)
 
     app.on_cleanup.append(close)

@@ -18,6 +18,7 @@ import asyncio
 import json
 import os
 import re
+import ssl
 import time
 from pathlib import Path
 from typing import Any
@@ -85,6 +86,9 @@ class RemoteRecord(BaseModel):
     connect_timeout: float = Field(default=DEFAULT_CONNECT_TIMEOUT, gt=0, le=600)
     read_timeout: float = Field(default=DEFAULT_READ_TIMEOUT, gt=0, le=86400)
     context_length: int | None = None
+    # A PEM file of CA certificates the upstream's TLS certificate is verified against,
+    # instead of the system's (a cluster's own CA). Never "no verification".
+    ca_bundle: str | None = None
     added: float = Field(default_factory=time.time)
 
     @field_validator("name")
@@ -109,6 +113,16 @@ class RemoteRecord(BaseModel):
         if v is not None and not _ENV_NAME.match(v):
             raise ValueError(f"{v!r} is not an environment variable name")
         return v
+
+    @field_validator("ca_bundle")
+    @classmethod
+    def _ca(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        path = Path(v).expanduser()
+        if not path.is_absolute():
+            path = Path.cwd() / path
+        return str(path)
 
     @property
     def host(self) -> str:
@@ -146,6 +160,31 @@ class RemoteRecord(BaseModel):
         """`text` (an upstream error) with the key blanked out: upstreams echo bad keys."""
         key = self.key()
         return text.replace(key, "***") if key else text
+
+
+_SSL_CACHE: dict[tuple[str, float], ssl.SSLContext] = {}
+
+
+def ssl_context(record: RemoteRecord) -> ssl.SSLContext | bool:
+    """How the upstream's certificate is verified: against the remote's CA bundle when it has
+    one (read again when the file changes), else the system's CAs (True, aiohttp's default).
+    A bundle that is gone or unreadable is a RemoteError, never a fall back to no checks."""
+    if record.ca_bundle is None:
+        return True
+    try:
+        key = (record.ca_bundle, os.stat(record.ca_bundle).st_mtime)
+        context = _SSL_CACHE.get(key)
+        if context is None:
+            context = ssl.create_default_context(cafile=record.ca_bundle)
+            _SSL_CACHE.clear()  # one bundle per remote in practice: keep the cache small
+            _SSL_CACHE[key] = context
+        return context
+    except (OSError, ssl.SSLError) as exc:
+        raise RemoteError(
+            f"remote '{record.name}': cannot use the CA bundle {record.ca_bundle}: {exc}",
+            status=500,
+            code="remote_ca_bundle",
+        ) from exc
 
 
 def parse_record(body: Any) -> RemoteRecord:
@@ -259,9 +298,10 @@ async def probe(record: RemoteRecord) -> RemoteRecord:
         total=record.connect_timeout + 30, sock_connect=record.connect_timeout
     )
     where = record.endpoint("/v1/models")
+    tls = ssl_context(record)
     try:
         async with aiohttp.ClientSession(timeout=timeout) as session:
-            async with session.get(where, headers=record.headers()) as resp:
+            async with session.get(where, headers=record.headers(), ssl=tls) as resp:
                 text = await resp.text(errors="replace")
                 if resp.status >= 400:
                     raise RemoteError(
@@ -325,7 +365,9 @@ async def probe_new(fields: dict[str, Any]) -> RemoteRecord:
 async def _only_model(record: RemoteRecord) -> str | None:
     timeout = aiohttp.ClientTimeout(total=record.connect_timeout + 30)
     async with aiohttp.ClientSession(timeout=timeout) as session:
-        async with session.get(record.endpoint("/v1/models"), headers=record.headers()) as resp:
+        async with session.get(
+            record.endpoint("/v1/models"), headers=record.headers(), ssl=ssl_context(record)
+        ) as resp:
             data = await resp.json(content_type=None)
     ids = [e.get("id") for e in data.get("data", []) if isinstance(e, dict)]
     return str(ids[0]) if len(ids) == 1 else None

@@ -48,13 +48,14 @@ import re
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from .chat_pipeline import ChatRun, ChoiceDelta, ChoiceEnd, start_chat, usage_of
+from .chat_pipeline import ChoiceDelta, ChoiceEnd, start_chat, usage_of
 from .errors import ApiError, bad_request
 from .http_common import (
     REGISTRY,
@@ -66,6 +67,9 @@ from .http_common import (
     sse,
 )
 from .openai_schemas import ChatCompletionRequest, ChatMessage
+from .remote_chat import AnyRun, RemoteRun
+from .remote_routes import remote_for, start_remote
+from .remotes import RemoteRecord
 from .response_store import ResponseStore, StoredResponse, open_reasoning, seal_reasoning
 from .responses_tools import (
     ToolEntry,
@@ -1008,20 +1012,53 @@ def _chain_session(request: web.Request, sid: str) -> str | None:
 async def _start(
     request: web.Request,
     chat: ChatCompletionRequest,
-    model: ModelSupervisor,
+    model: ModelSupervisor | RemoteRecord,
     auto: bool,
     grammar: str | None = None,
-) -> ChatRun:
-    """start_chat, dropping the oldest turns while the conversation does not fit (with
-    `truncation: auto`); errors in this API's parameter names."""
+) -> AnyRun:
+    """start_chat (or the remote's upstream), dropping the oldest turns while the conversation
+    does not fit (with `truncation: auto`); errors in this API's parameter names."""
     while True:
         try:
+            if isinstance(model, RemoteRecord):
+                return await start_remote(request, model, chat)
             return await start_chat(request, chat, model, grammar)
         except ApiError as err:
             shorter = drop_oldest_turn(chat.messages) if auto else None
-            if err.code != "context_length_exceeded" or shorter is None:
+            if not _too_long(err) or shorter is None:
                 raise renamed(err) from err
             chat = chat.model_copy(update={"messages": shorter})
+
+
+def _too_long(err: ApiError) -> bool:
+    """A prompt beyond the context: llmd's code, or (from an upstream that sets no code, as
+    vLLM) OpenAI's wording of it."""
+    return err.code == "context_length_exceeded" or (
+        err.status == 400 and "maximum context length" in err.message
+    )
+
+
+@asynccontextmanager
+async def _served_by(
+    request: web.Request, chat: ChatCompletionRequest, tools: ToolSet
+) -> AsyncIterator[ModelSupervisor | RemoteRecord]:
+    """The local model (loaded for the request) or the remote that answers `chat`. A remote
+    cannot hold a custom tool's input to its grammar (llmd enforces grammars in its own
+    engine only): such tools are a 400 there."""
+    remote = await remote_for(request, chat.model)
+    if remote is None:
+        async with request.app[REGISTRY].use(chat.model, chat.keep_alive_seconds()) as model:
+            yield model
+        return
+    for entry in tools.entries.values():
+        if entry.kind == "custom" and entry.format is not None and entry.format.syntax:
+            raise bad_request(
+                f"'{chat.model}' is a remote model: custom tools with a grammar format "
+                f"('{entry.name}') are only enforced on local models",
+                param="tools",
+                code="remote_model_unsupported_here",
+            )
+    yield remote
 
 
 def _cache_session(request: web.Request, key: str) -> str | None:
@@ -1044,7 +1081,7 @@ class _Regenerated:
 async def _grammar_inputs(
     request: web.Request,
     chat: ChatCompletionRequest,
-    model: ModelSupervisor,
+    model: ModelSupervisor | RemoteRecord,
     calls: list[tuple[ToolEntry, str, str]],
 ) -> _Regenerated:
     """A custom tool call the model chose itself is held to its grammar after the fact: an
@@ -1053,8 +1090,8 @@ async def _grammar_inputs(
     out = _Regenerated()
     for entry, call_id, text in calls:
         fmt = entry.format
-        if fmt is None or fmt.syntax is None:
-            continue
+        if fmt is None or fmt.syntax is None or isinstance(model, RemoteRecord):
+            continue  # (a remote is never given a custom tool with a grammar: _served_by)
         if await asyncio.to_thread(input_matches, fmt, text, model.text):
             continue
         run = await start_chat(request, chat, model, fmt.grammar())
@@ -1116,11 +1153,14 @@ async def create_response(request: web.Request) -> web.StreamResponse:
         conversation = history + new_messages + [assistant_message(output)]
         store.put(StoredResponse(shell.id, response, items, conversation, chain_sid))
 
-    async with request.app[REGISTRY].use(chat.model, chat.keep_alive_seconds()) as model:
+    async with _served_by(request, chat, tools) as model:
 
         async def reasoning_tokens(text: str) -> int:
             if not text:
                 return 0
+            if isinstance(run, RemoteRun):  # as the upstream counted them, if it did
+                return run.reasoning_tokens
+            assert isinstance(model, ModelSupervisor)
             return len(await asyncio.to_thread(model.text.encode, text, add_bos=False))
 
         run = await _start(request, chat, model, req.truncation == "auto", forced_grammar)

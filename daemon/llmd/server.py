@@ -81,6 +81,8 @@ def _error_response(err: ApiError, request: web.Request) -> web.Response:
     registered its own shape for its routes)."""
     render = error_shape_for(request)
     resp = web.json_response(render(err), status=err.status)
+    if err.retry_after is not None:
+        resp.headers["Retry-After"] = str(err.retry_after)
     if err.close_connection:
         resp.force_close()
     return resp
