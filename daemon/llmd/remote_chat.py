@@ -78,8 +78,8 @@ async def start_remote_chat(
     started = time.perf_counter()
     try:
         try:
-            resp = await gate.session(remote).post(
-                remote.endpoint("/v1/chat/completions"), json=body, headers=headers, timeout=timeout
+            resp = await gate.post(
+                remote, "/v1/chat/completions", json=body, headers=headers, timeout=timeout
             )
         except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
             raise transport_error(remote, exc) from exc
@@ -134,6 +134,8 @@ class RemoteRun:
         self._slots: Slots | None = slots
         self._started = started
         self._finished: list[Finished] = []
+        self._usage: dict[str, Any] | None = None  # the upstream's, for the remote's metrics
+        self._failed = False
 
     async def accepted(self) -> None:
         """The upstream accepted the request when the run was started."""
@@ -154,7 +156,7 @@ class RemoteRun:
                     break
                 chunk = self._parse(data)
                 if isinstance(chunk.get("usage"), dict):
-                    usage = chunk["usage"]
+                    usage = self._usage = chunk["usage"]
                 for choice in chunk.get("choices") or []:
                     index = int(choice.get("index") or 0)
                     for delta in split_delta(choice.get("delta") or {}, choice.get("logprobs")):
@@ -175,6 +177,7 @@ class RemoteRun:
                 finished = self._finish(ends.get(index, "stop"), usage, matched.get(index))
                 yield ChoiceEnd(index, finished.finish_reason, finished)
         except ApiError as err:
+            self._failed = True
             self.gate.failed(self.remote, err, time.perf_counter() - self._started)
             raise
         finally:
@@ -220,7 +223,13 @@ class RemoteRun:
         slots, self._slots = self._slots, None
         if slots is not None:
             self.gate.release(slots)
-            self.gate.finished(self.remote, self._finished, time.perf_counter() - self._started)
+            if not self._failed:
+                self.gate.finished(
+                    self.remote,
+                    time.perf_counter() - self._started,
+                    self._usage,
+                    complete=bool(self._finished),
+                )
 
     # ------------------------------------------------------------------ reading
 
