@@ -862,6 +862,8 @@ async def _start(starting: Any) -> AnyRun:
     try:
         return await starting  # type: ignore[no-any-return]
     except ApiError as err:
-        raise ApiError(
+        out = ApiError(
             err.status, ollama_message(err.message), type=err.type, param=err.param, code=err.code
-        ) from err
+        )
+        out.retry_after = err.retry_after  # a busy remote's 429 says when to retry
+        raise out from err

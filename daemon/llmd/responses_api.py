@@ -506,7 +506,9 @@ def renamed(err: ApiError) -> ApiError:
     message = err.message
     for chat, ours in _RENAMES:
         message = message.replace(chat, ours)
-    return ApiError(err.status, message, type=err.type, param=our_param(err.param), code=err.code)
+    out = ApiError(err.status, message, type=err.type, param=our_param(err.param), code=err.code)
+    out.retry_after = err.retry_after  # a busy remote's 429 says when to retry
+    return out
 
 
 def chat_request(

@@ -442,7 +442,9 @@ def test_a_slow_upstream_under_32_clients_is_bounded_and_loses_nothing(
                 body = {"model": "slow", "max_tokens": 4, "messages": SEA}
                 got = call(local, "POST", "/v1/messages", body)
             else:
-                got = call(local, "POST", "/api/chat", {"model": "slow", "messages": SEA})
+                got = call(
+                    local, "POST", "/api/chat", {"model": "slow", "messages": SEA, "stream": False}
+                )
             with lock:
                 results.append((i, *got[:2], got[2]))  # type: ignore[arg-type]
 
