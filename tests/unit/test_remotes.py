@@ -11,8 +11,9 @@ import pytest
 
 from llmd.openai_schemas import ChatCompletionRequest, parse_request
 from llmd.paths import Paths
+from llmd.remote_chat import split_delta
 from llmd.remote_health import check
-from llmd.remote_proxy import RemoteGate, _event, _lines, _upstream_error, upstream_body
+from llmd.remote_proxy import RemoteGate, _event, _Seen, read_lines, upstream_body, upstream_error
 from llmd.remotes import (
     RemoteError,
     RemoteRecord,
@@ -20,6 +21,7 @@ from llmd.remotes import (
     context_of,
     normalize_url,
     parse_record,
+    ssl_context,
 )
 from llmd.store import ModelStore
 
@@ -117,19 +119,19 @@ def test_upstream_errors_keep_4xx_and_hide_the_key(monkeypatch: pytest.MonkeyPat
     monkeypatch.setenv("MY_KEY", "sk-very-secret")
     remote = _record(api_key_env="MY_KEY")
     text = json.dumps({"error": {"message": "bad key sk-very-secret", "code": "invalid_api_key"}})
-    err = _upstream_error(remote, 401, text, {})
+    err = upstream_error(remote, 401, text, {})
     assert err.status == 401 and err.code == "invalid_api_key"
     assert "sk-very-secret" not in err.message and "***" in err.message
-    assert _upstream_error(remote, 500, "boom", {}).status == 502
-    busy = _upstream_error(remote, 503, "{}", {"Retry-After": "3"})
-    assert busy.status == 503 and busy.retry_after == "3"  # type: ignore[attr-defined]
+    assert upstream_error(remote, 500, "boom", {}).status == 502
+    busy = upstream_error(remote, 503, "{}", {"Retry-After": "3"})
+    assert busy.status == 503 and busy.retry_after == "3"
 
 
 def test_stream_events_are_renamed_and_otherwise_untouched() -> None:
-    event = _event([b'data: {"model": "m", "choices": []}'], "big")
+    event = _event([b'data: {"model": "m", "choices": []}'], "big", _Seen())
     assert json.loads(event.removeprefix(b"data: ")) == {"model": "big", "choices": []}
-    assert _event([b"data: [DONE]"], "big") == b"data: [DONE]\n\n"
-    assert _event([b": keep-alive"], "big") == b": keep-alive\n\n"
+    assert _event([b"data: [DONE]"], "big", _Seen()) == b"data: [DONE]\n\n"
+    assert _event([b": keep-alive"], "big", _Seen()) == b": keep-alive\n\n"
 
 
 async def test_a_down_upstream_is_checked_again_sooner_then_backing_off() -> None:
@@ -151,11 +153,35 @@ async def test_a_down_upstream_is_checked_again_sooner_then_backing_off() -> Non
 
 
 async def test_stream_lines_of_any_length_are_split_whatever_the_chunks() -> None:
-    class Content:  # what _lines reads of aiohttp's StreamReader
+    class Content:  # what read_lines reads of aiohttp's StreamReader
         async def iter_any(self):  # type: ignore[no-untyped-def]
             big = b"data: " + b"x" * 300_000
             for chunk in (big[:1000], big[1000:] + b"\r\n\nda", b"ta: [DONE]\n\n"):
                 yield chunk
 
-    got = [line async for line in _lines(Content())]  # type: ignore[arg-type]
+    got = [line async for line in read_lines(Content())]  # type: ignore[arg-type]
     assert got == [b"data: " + b"x" * 300_000, b"", b"data: [DONE]", b""]
+
+
+def test_upstream_chunks_become_one_pipeline_delta_per_piece() -> None:
+    lp = {"content": [{"token": "a", "logprob": -0.1, "top_logprobs": []}]}
+    call = {"index": 0, "id": "call_1", "function": {"name": "f", "arguments": ""}}
+    got = split_delta({"reasoning": "hmm", "content": "a", "tool_calls": [call]}, lp)
+    assert got == [
+        ({"reasoning_content": "hmm"}, lp),  # vLLM's newer name, as llmd's own
+        ({"content": "a"}, None),
+        ({"tool_calls": [call]}, None),
+    ]
+    assert split_delta({"role": "assistant", "content": ""}, None) == []
+    assert split_delta({"content": ""}, lp) == [({"content": ""}, lp)]  # logprobs kept
+
+
+def test_a_ca_bundle_is_stored_as_an_absolute_path_and_must_be_readable(tmp_path: Path) -> None:
+    record = parse_record(
+        {"name": "m", "url": "https://h", "upstream_model": "m", "ca_bundle": str(tmp_path / "x")}
+    )
+    assert record.ca_bundle == str(tmp_path / "x")
+    with pytest.raises(RemoteError, match="CA bundle"):
+        ssl_context(record)  # never a fall back to no verification
+    plain = parse_record({"name": "m", "url": "https://h", "upstream_model": "m"})
+    assert ssl_context(plain) is True  # the system's CAs
