@@ -423,21 +423,18 @@ def test_an_upstream_refusal_keeps_its_status_and_says_why(
     assert "remote 'far'" in my_err["error"]["message"]
 
 
-def test_other_protocols_say_where_remote_models_are_served(local: LiveServer) -> None:
-    hello = [{"role": "user", "content": "hi"}]
-    status, err, _ = call(
-        local, "POST", "/v1/messages", {"model": "far", "max_tokens": 8, "messages": hello}
-    )
-    assert status == 400 and err["type"] == "error"
-    assert "/v1/chat/completions" in err["error"]["message"]
-    status, err, _ = call(local, "POST", "/api/chat", {"model": "far:latest", "messages": hello})
-    assert status == 400 and "/v1/chat/completions" in err["error"]
-    status, err, _ = call(local, "POST", "/v1/responses", {"model": "far", "input": "hi"})
-    assert status == 400 and "remote model" in err["error"]["message"]
+def test_protocols_without_a_remote_counterpart_say_so(local: LiveServer) -> None:
+    """Generation protocols forward remote models (test_remote_protocols.py); embeddings,
+    reranking and /api/show need the model here: a 400 in each protocol's own shape."""
     status, err, _ = call(local, "POST", "/v1/embeddings", {"model": "far", "input": "hi"})
     assert status == 400 and "remote model" in err["error"]["message"]
-    status, err, _ = call(local, "POST", "/api/embed", {"model": "far", "input": "hi"})
+    assert "/v1/messages" in err["error"]["message"]  # where remote models are served
+    status, err, _ = call(local, "POST", "/api/embed", {"model": "far:latest", "input": "hi"})
     assert status == 400 and "remote model" in err["error"]
+    status, err, _ = call(
+        local, "POST", "/v1/rerank", {"model": "far", "query": "q", "documents": ["d"]}
+    )
+    assert status == 400 and "remote model" in err["error"]["message"]
 
 
 # ---------------------------------------------------------------------- limits and failures
