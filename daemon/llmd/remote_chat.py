@@ -74,8 +74,12 @@ async def start_remote_chat(
     timeout = aiohttp.ClientTimeout(
         total=None, sock_connect=remote.connect_timeout, sock_read=remote.read_timeout
     )
-    slots = await gate.acquire(remote)
     started = time.perf_counter()
+    try:
+        slots = await gate.acquire(remote)
+    except ApiError as err:  # 429: the remote's queue is full
+        gate.failed(remote, err, time.perf_counter() - started)
+        raise
     try:
         try:
             resp = await gate.post(

@@ -187,6 +187,19 @@ def test_responses_answer_and_chain_as_the_upstream_does(
     assert texts[0] == texts[1]
 
 
+def test_responses_custom_tools_with_a_grammar_are_refused_for_a_remote(local: LiveServer) -> None:
+    tool = {
+        "type": "custom",
+        "name": "edit",
+        "format": {"type": "grammar", "syntax": "regex", "definition": "(add|remove) [a-z]+"},
+    }
+    status, err, _ = call(
+        local, "POST", "/v1/responses", {"model": "far", "input": "hi", "tools": [tool]}
+    )
+    assert status == 400 and err["error"]["param"] == "tools"
+    assert "remote model" in err["error"]["message"]
+
+
 # ---------------------------------------------------------------------- Ollama
 
 
@@ -240,6 +253,29 @@ def test_ollama_raw_generate_is_refused_for_a_remote(local: LiveServer) -> None:
     with pytest.raises(ollama.ResponseError) as caught:
         ollama.Client(host=local.base_url).generate(model="far", prompt="Hello", raw=True)
     assert caught.value.status_code == 400 and "remote model" in caught.value.error
+
+
+# ---------------------------------------------------------------------- where requests go
+
+
+def test_no_request_body_can_send_llmd_elsewhere(local: LiveServer) -> None:
+    """A remote's URL comes from its record only: fields that name another server are
+    refused as unknown parameters in every protocol, and a URL as the model is no model."""
+    elsewhere = "http://127.0.0.1:9/v1"
+    hello = [{"role": "user", "content": "hi"}]
+    cases = [
+        ("/v1/chat/completions", {"model": "far", "messages": hello, "base_url": elsewhere}),
+        ("/v1/messages", {"model": "far", "max_tokens": 4, "messages": hello, "url": elsewhere}),
+        ("/v1/responses", {"model": "far", "input": "hi", "api_base": elsewhere}),
+        ("/api/chat", {"model": "far", "messages": hello, "host": elsewhere}),
+    ]
+    for path, body in cases:
+        status, err, _ = call(local, "POST", path, body)
+        assert status == 400, (path, err)
+    status, _, _ = call(
+        local, "POST", "/v1/chat/completions", {"model": elsewhere, "messages": hello}
+    )
+    assert status == 404
 
 
 # ---------------------------------------------------------------------- metrics
@@ -466,6 +502,8 @@ def test_a_slow_upstream_under_32_clients_is_bounded_and_loses_nothing(
     assert server.served == len(ok)  # each 200 is one upstream answer, nothing dropped
     # Four at a time for 1.2 s of queueing: about 4 + 4 * 1.2 / 0.5 answered, the rest busy.
     assert 8 <= len(ok) <= 20, (len(ok), elapsed)
+    counted = _metric(local, "llmd_remote_errors_total", remote="slow", status="429")
+    assert counted == len(busy)  # each refusal counted on /metrics
     for i, _, body, headers in busy:
         assert headers.get("Retry-After")
         if i % 2:
