@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -30,6 +31,7 @@ import aiohttp
 from aiohttp import web
 
 from .errors import ApiError
+from .generation import ContextOverflow
 from .http_common import SSE_KEEPALIVE, relay, sse
 from .openai_schemas import SamplingFields
 from .remotes import RemoteError, RemoteRecord, ssl_context
@@ -213,9 +215,11 @@ def upstream_error(
     for 4xx and 503, 502 for other failures. `in_stream`: an error event that ended a stream
     the upstream had started (no status of its own: 502)."""
     message, etype, code, param = text.strip()[:500], None, None, None
+    sizes: tuple[Any, Any] = (None, None)
     try:
         err = json.loads(text).get("error")
         if isinstance(err, dict):
+            sizes = (err.get("n_prompt_tokens"), err.get("n_ctx"))  # llama-server's
             message = str(err.get("message") or message)
             etype, code, param = err.get("type"), err.get("code"), err.get("param")
         elif isinstance(err, str):
@@ -234,8 +238,38 @@ def upstream_error(
         param=str(param) if isinstance(param, str) else None,
         code=str(code) if isinstance(code, (str, int)) and kept else "upstream_error",
     )
+    if status == 400:
+        out = _as_overflow(out, message, sizes) or out
     if headers.get("Retry-After"):
         out.retry_after = headers["Retry-After"]
+    return out
+
+
+# OpenAI's wording of a prompt beyond the context, as llmd and vLLM (and llama-server, in
+# its own words) answer it: the context, then the prompt's tokens.
+_CONTEXT = re.compile(r"(?:maximum context length is|context size \()\s*(\d+)")
+_PROMPT = re.compile(
+    r"(\d+) in the messages|resulted in (?:at least )?(\d+) tokens|request \((\d+) tokens\)"
+)
+
+
+def _as_overflow(
+    err: ApiError, message: str, sizes: tuple[Any, Any] = (None, None)
+) -> ContextOverflow | None:
+    """An upstream's context-overflow refusal as llmd's own ContextOverflow, so each protocol
+    words it as its clients parse it (Claude Code compacts its history only on Anthropic's
+    `prompt is too long: N tokens > M maximum`); the upstream's message is kept. `sizes`:
+    the (prompt, context) counts an upstream sent as fields (llama-server)."""
+    if all(isinstance(x, int) and not isinstance(x, bool) for x in sizes):
+        tokens, context_length = int(sizes[0]), int(sizes[1])
+    else:
+        context, prompt = _CONTEXT.search(message), _PROMPT.search(message)
+        if context is None or prompt is None:
+            return None
+        tokens = next(int(g) for g in prompt.groups() if g)
+        context_length = int(context.group(1))
+    out = ContextOverflow(tokens, context_length, err.param or "messages")
+    out.message = err.message
     return out
 
 

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from llmd.anthropic_schemas import anthropic_error
+from llmd.generation import ContextOverflow
 from llmd.openai_schemas import ChatCompletionRequest, parse_request
 from llmd.paths import Paths
 from llmd.remote_chat import split_delta
@@ -185,3 +187,51 @@ def test_a_ca_bundle_is_stored_as_an_absolute_path_and_must_be_readable(tmp_path
         ssl_context(record)  # never a fall back to no verification
     plain = parse_record({"name": "m", "url": "https://h", "upstream_model": "m"})
     assert ssl_context(plain) is True  # the system's CAs
+
+
+@pytest.mark.parametrize(
+    ("error", "prompt", "context"),
+    [
+        (  # llmd
+            {
+                "message": "This model's maximum context length is 8192 tokens. However, your "
+                "messages resulted in 20003 tokens (at least one token must be left to "
+                "generate). Please reduce the length of the messages.",
+                "code": "context_length_exceeded",
+            },
+            20003,
+            8192,
+        ),
+        (  # vLLM
+            {
+                "message": "This model's maximum context length is 4096 tokens. However, you "
+                "requested 5000 tokens (4000 in the messages, 1000 in the completion). "
+                "Please reduce the length of the messages or completion."
+            },
+            4000,
+            4096,
+        ),
+        (  # llama-server
+            {
+                "message": "request (3000 tokens) exceeds the available context size (2048 "
+                "tokens), try increasing it",
+                "type": "exceed_context_size_error",
+                "n_prompt_tokens": 3000,
+                "n_ctx": 2048,
+            },
+            3000,
+            2048,
+        ),
+    ],
+)
+def test_an_upstreams_context_overflow_is_llmds_own(
+    error: dict[str, object], prompt: int, context: int
+) -> None:
+    """So each protocol words it as its clients parse it (Anthropic's `prompt is too long`)."""
+    remote = parse_record({"name": "far", "url": "http://h", "upstream_model": "m"})
+    err = upstream_error(remote, 400, json.dumps({"error": error}), {})
+    assert isinstance(err, ContextOverflow) and err.status == 400
+    assert (err.prompt_tokens, err.context_length) == (prompt, context)
+    assert "remote 'far'" in err.message
+    said = anthropic_error(err)["error"]["message"]
+    assert said == f"prompt is too long: {prompt} tokens > {context - 1} maximum"
