@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import shutil
 import ssl
 import subprocess
@@ -143,6 +144,15 @@ def test_anthropic_streams_a_forced_tool_call_event_by_event(
         model="far", max_tokens=24, messages=history, tools=[WEATHER], extra_body=GREEDY
     )
     assert again.content and again.stop_reason in ("end_turn", "max_tokens", "tool_use")
+
+
+def test_anthropic_clients_read_a_remote_overflow_as_their_own(local: LiveServer) -> None:
+    """Claude Code compacts its history on Anthropic's wording only, whoever ran out."""
+    long = [{"role": "user", "content": "hi " * 20000}]
+    with pytest.raises(anthropic.BadRequestError) as caught:
+        claude(local).messages.create(model="far", max_tokens=8, messages=long)  # type: ignore[arg-type]
+    message = caught.value.body["error"]["message"]  # type: ignore[index]
+    assert re.fullmatch(r"prompt is too long: \d+ tokens > \d+ maximum", message), message
 
 
 def test_anthropic_count_tokens_needs_an_upstream_tokenizer(local: LiveServer) -> None:
