@@ -45,7 +45,7 @@ from .ollama_api import (
     template_thinks,
 )
 from .pull_routes import start_pull
-from .remote_routes import ollama_remote_tags
+from .remote_routes import ollama_remote_show, ollama_remote_tags, remote_for
 from .store import ModelRecord, StoreError
 
 # ---------------------------------------------------------------------- facts
@@ -192,7 +192,12 @@ async def tags(request: web.Request) -> web.Response:
 async def show(request: web.Request) -> web.Response:
     req = parse_body(await json_body(request), ShowRequest)
     store = request.app[STORE]
-    name = require_model(store, req.target())
+    target = req.target()
+    for candidate in dict.fromkeys((target, target.removesuffix(":latest"))):
+        remote = await remote_for(request, candidate)
+        if remote is not None:
+            return web.json_response(ollama_remote_show(request.app, remote))
+    name = require_model(store, target)
     record = store.resolve(name)
     assert record is not None
     facts = await asyncio.to_thread(facts_of, record)

@@ -265,6 +265,17 @@ def test_ollama_raw_generate_is_refused_for_a_remote(local: LiveServer) -> None:
     assert caught.value.status_code == 400 and "remote model" in caught.value.error
 
 
+def test_ollama_show_says_where_a_remote_lives_and_its_context(
+    local: LiveServer, upstream: LiveServer
+) -> None:
+    shown = ollama.Client(host=local.base_url).show("far:latest")
+    _, theirs, _ = call(upstream, "GET", f"/v1/models/{LOCAL_MODEL}")
+    assert shown.details.format == "remote"  # type: ignore[union-attr]
+    assert shown.modelinfo["remote.context_length"] == theirs["max_model_len"]  # type: ignore[index]
+    assert "completion" in (shown.capabilities or [])
+    assert f"num_ctx                        {theirs['max_model_len']}" == shown.parameters
+
+
 # ---------------------------------------------------------------------- where requests go
 
 
