@@ -782,14 +782,18 @@ async def generate(request: web.Request) -> web.StreamResponse:
         return await _load_or_unload(request, name, req.model, keep, shape, remote)
     check_generate(req)
     if remote is not None and (req.suffix or req.raw):
-        raise bad_request(
-            f"'{req.model}' is a remote model: {'suffix' if req.suffix else 'raw'} is only "
-            "served for local models (a remote answers templated prompts, through its chat "
-            "endpoint)",
-            param="suffix" if req.suffix else "raw",
-            code="remote_model_unsupported_here",
-        )
-    if req.suffix:  # fill-in-the-middle from the model's FIM tokens (raw or not)
+        # The prompt as given (and the suffix) to the upstream's /v1/completions: it renders
+        # fill-in-the-middle with its own model's tokens, as llmd does for local models.
+        fields = raw_fields(req, name)
+        if req.suffix:
+            fields["suffix"] = req.suffix
+        raw_req = to_internal(fields, CompletionRequest)
+
+        def start(model: ModelSupervisor | RemoteRecord) -> Awaitable[AnyRun]:
+            assert isinstance(model, RemoteRecord)
+            return start_remote(request, model, raw_req)
+
+    elif req.suffix:  # fill-in-the-middle from the model's FIM tokens (raw or not)
         fim_req = to_internal(raw_fields(req, name), CompletionRequest)
 
         def start(model: ModelSupervisor) -> Awaitable[ChatRun]:

@@ -36,7 +36,7 @@ from .chat_output import ChatOutputPlan
 from .chat_pipeline import ChatChoice, ChatEvent, ChatResult, ChatRun, ChoiceDelta, ChoiceEnd
 from .errors import ApiError
 from .generation import Finished
-from .openai_schemas import ChatCompletionRequest
+from .openai_schemas import ChatCompletionRequest, SamplingFields
 from .remote_proxy import (
     SSE,
     RemoteGate,
@@ -49,23 +49,27 @@ from .remote_proxy import (
 from .remotes import RemoteError, RemoteRecord
 
 
-def chat_body(req: ChatCompletionRequest, remote: RemoteRecord) -> dict[str, Any]:
+def chat_body(req: SamplingFields, remote: RemoteRecord) -> dict[str, Any]:
     """The internal request as the upstream gets it: streamed with usage. A reasoning switch
     that the client's protocol only hints at (Anthropic's `thinking`) stays home: an upstream
     would refuse it for a model without one, where a local model ignores the hint."""
     body = upstream_body(req, remote)
     body["stream"] = True
     body["stream_options"] = {"include_usage": True}
-    if req.reasoning_is_hint:
+    if isinstance(req, ChatCompletionRequest) and req.reasoning_is_hint:
         body.pop("reasoning_effort", None)
     return body
 
 
 async def start_remote_chat(
-    gate: RemoteGate, remote: RemoteRecord, req: ChatCompletionRequest
+    gate: RemoteGate, remote: RemoteRecord, req: SamplingFields
 ) -> RemoteRun:
     """The run of `req` on `remote`, once the upstream accepted it (raises its refusal, a
-    429 when the remote's queue is full, 502/504 when it cannot be reached)."""
+    429 when the remote's queue is full, 502/504 when it cannot be reached). A chat request
+    goes to the upstream's `/v1/chat/completions`; a raw prompt (a `CompletionRequest`:
+    Ollama's `raw`, or `suffix` for fill-in-the-middle) to its `/v1/completions`, whose
+    `text` pieces become content deltas."""
+    path = "/v1/chat/completions" if isinstance(req, ChatCompletionRequest) else "/v1/completions"
     try:
         headers = remote.headers()
     except RemoteError as exc:
@@ -82,9 +86,7 @@ async def start_remote_chat(
         raise
     try:
         try:
-            resp = await gate.post(
-                remote, "/v1/chat/completions", json=body, headers=headers, timeout=timeout
-            )
+            resp = await gate.post(remote, path, json=body, headers=headers, timeout=timeout)
         except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
             raise transport_error(remote, exc) from exc
         if resp.status >= 400:
@@ -123,7 +125,7 @@ class RemoteRun:
         self,
         gate: RemoteGate,
         remote: RemoteRecord,
-        req: ChatCompletionRequest,
+        req: SamplingFields,
         resp: aiohttp.ClientResponse,
         slots: Slots,
         started: float,
@@ -163,6 +165,9 @@ class RemoteRun:
                     usage = self._usage = chunk["usage"]
                 for choice in chunk.get("choices") or []:
                     index = int(choice.get("index") or 0)
+                    if isinstance(choice.get("text"), str):  # /v1/completions
+                        choice = {"delta": {"content": choice["text"]}, **choice}
+                        choice.pop("logprobs", None)  # its own shape; never asked for here
                     for delta in split_delta(choice.get("delta") or {}, choice.get("logprobs")):
                         yield ChoiceDelta(index, delta[0], delta[1])
                     if choice.get("finish_reason"):

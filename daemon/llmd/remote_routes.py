@@ -94,7 +94,7 @@ async def remote_for(request: web.Request, name: str) -> RemoteRecord | None:
 
 
 async def start_remote(
-    request: web.Request, remote: RemoteRecord, req: ChatCompletionRequest
+    request: web.Request, remote: RemoteRecord, req: SamplingFields
 ) -> RemoteRun:
     """The pipeline-shaped run of a translated request on its remote (remote_chat.py)."""
     return await start_remote_chat(request.app[GATE], remote, req)

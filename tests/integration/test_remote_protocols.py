@@ -259,10 +259,23 @@ def test_ollama_structured_output_and_logprobs_come_back(
     assert len(mine.logprobs[0].top_logprobs) == 2
 
 
-def test_ollama_raw_generate_is_refused_for_a_remote(local: LiveServer) -> None:
-    with pytest.raises(ollama.ResponseError) as caught:
-        ollama.Client(host=local.base_url).generate(model="far", prompt="Hello", raw=True)
-    assert caught.value.status_code == 400 and "remote model" in caught.value.error
+def test_ollama_raw_and_fill_in_the_middle_answer_as_the_upstream_does(
+    local: LiveServer, upstream: LiveServer
+) -> None:
+    """Raw prompts (and `suffix`) go to the upstream's /v1/completions as given."""
+    options = {"temperature": 0, "num_predict": 16}
+    raw, fim = [], []
+    for server, model in both(local, upstream):
+        client = ollama.Client(host=server.base_url)
+        raw.append(client.generate(model=model, prompt="The sea is", raw=True, options=options))
+        # The test model has no fill-in-the-middle tokens: the upstream's refusal comes back.
+        with pytest.raises(ollama.ResponseError) as caught:
+            client.generate(model=model, prompt="def add(a, b):", suffix="\n", options=options)
+        fim.append(caught.value)
+    assert raw[0].response == raw[1].response and raw[0].response.strip()
+    assert raw[0].eval_count == raw[1].eval_count
+    assert fim[0].status_code == fim[1].status_code == 400
+    assert fim[1].error in fim[0].error and "remote 'far'" in fim[0].error
 
 
 def test_ollama_show_says_where_a_remote_lives_and_its_context(
