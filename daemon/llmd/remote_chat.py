@@ -97,15 +97,6 @@ async def start_remote_chat(
             finally:
                 resp.close()
             raise upstream_error(remote, resp.status, text, resp.headers)
-        if resp.content_type != SSE:
-            resp.close()
-            raise ApiError(
-                502,
-                f"remote '{remote.name}' ({remote.host}) did not stream its answer "
-                f"(Content-Type {resp.content_type})",
-                type="server_error",
-                code="upstream_error",
-            )
     except ApiError as err:
         gate.failed(remote, err, time.perf_counter() - started)
         gate.release(slots)
@@ -243,7 +234,16 @@ class RemoteRun:
     # ------------------------------------------------------------------ reading
 
     async def _data(self) -> AsyncIterator[str]:
-        """Each SSE event's `data` (lines joined), transport failures as 502/504."""
+        """Each SSE event's `data` (lines joined), transport failures as 502/504. An upstream
+        that answered whole despite `stream` (JSON) reads as one chunk holding all of it."""
+        if self._resp.content_type != SSE:
+            try:
+                raw = await self._resp.read()
+            except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+                raise transport_error(self.remote, exc) from exc
+            yield json.dumps(as_chunk(self._parse(raw.decode("utf-8", errors="replace"))))
+            yield "[DONE]"
+            return
         lines: list[str] = []
         try:
             async for raw in read_lines(self._resp.content):
@@ -293,6 +293,25 @@ class RemoteRun:
         )
         self._finished.append(finished)
         return finished
+
+
+def as_chunk(whole: dict[str, Any]) -> dict[str, Any]:
+    """A whole chat completion as one stream chunk: each choice's message as its delta (tool
+    calls numbered), its logprobs and finish reason, and the usage."""
+    choices = []
+    for i, choice in enumerate(whole.get("choices") or []):
+        if not isinstance(choice, dict):
+            continue
+        message = dict(choice.get("message") or {})
+        calls = message.get("tool_calls")
+        if isinstance(calls, list):
+            message["tool_calls"] = [
+                {**c, "index": n} for n, c in enumerate(calls) if isinstance(c, dict)
+            ]
+        entry = {**choice, "index": choice.get("index", i), "delta": message}
+        entry.pop("message", None)
+        choices.append(entry)
+    return {"choices": choices, "usage": whole.get("usage")}
 
 
 def _count(value: Any) -> int:

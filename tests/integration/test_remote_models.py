@@ -134,6 +134,8 @@ class Recorder:
         body = await request.json()
         self.requests.append({"path": request.path, "headers": dict(request.headers), "body": body})
         what = body["messages"][-1]["content"]
+        if isinstance(what, list):  # text parts (as the Anthropic translation sends them)
+            what = "".join(part.get("text", "") for part in what)
         self.in_flight += 1
         self.most_in_flight = max(self.most_in_flight, self.in_flight)
         try:
@@ -524,6 +526,49 @@ def test_a_client_going_away_cancels_the_upstream_request(
     resp = conn.getresponse()
     assert resp.status == 200
     assert resp.readline().startswith(b"data: {")  # the first event
+    conn.sock.close()  # type: ignore[union-attr]
+    conn.close()
+    assert recorder.disconnected.wait(30)
+
+
+def test_an_upstream_that_answers_whole_despite_stream_still_serves_every_protocol(
+    local: LiveServer, recorder: Recorder
+) -> None:
+    """llmd asks the upstream to stream; one that answers a whole JSON completion anyway
+    (the recorder does) is read as one chunk."""
+    hello = [{"role": "user", "content": "hi"}]
+    status, msg, _ = call(
+        local, "POST", "/v1/messages", {"model": "rec", "max_tokens": 4, "messages": hello}
+    )
+    assert status == 200 and msg["content"] == [{"type": "text", "text": "recorded"}]
+    assert msg["usage"]["output_tokens"] == 1 and msg["model"] == "rec"
+    status, chat, _ = call(
+        local, "POST", "/api/chat", {"model": "rec", "messages": hello, "stream": False}
+    )
+    assert status == 200 and chat["message"]["content"] == "recorded"
+    assert recorder.requests[-1]["body"]["stream"] is True
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/v1/messages", {"max_tokens": 4000}),
+        ("/api/chat", {}),
+        ("/v1/responses", {"input": "forever"}),
+    ],
+)
+def test_a_client_leaving_any_protocols_stream_cancels_the_upstream_request(
+    local: LiveServer, recorder: Recorder, path: str, body: dict[str, Any]
+) -> None:
+    recorder.disconnected.clear()
+    conn = http.client.HTTPConnection("127.0.0.1", local.port, timeout=60)
+    sent = {"model": "rec", "stream": True, "messages": [{"role": "user", "content": "forever"}]}
+    if "input" in body:
+        del sent["messages"]
+    conn.request("POST", path, json.dumps({**sent, **body}), {"Content-Type": "application/json"})
+    resp = conn.getresponse()
+    assert resp.status == 200
+    assert resp.readline()  # the stream started
     conn.sock.close()  # type: ignore[union-attr]
     conn.close()
     assert recorder.disconnected.wait(30)
