@@ -342,6 +342,12 @@ def test_metrics_count_each_remotes_requests_tokens_and_errors(local: LiveServer
     assert status == 400
     assert _metric(local, "llmd_remote_errors_total", remote="far", status="400") >= 1
     assert _metric(local, "llmd_remote_errors_total", remote="far") == errors + 1
+    for _ in range(100):  # the first health check runs as the daemon starts
+        if _metric(local, "llmd_remote_up", remote="far") == 1:
+            break
+        time.sleep(0.2)
+    assert _metric(local, "llmd_remote_up", remote="far") == 1
+    assert _metric(local, "llmd_remote_in_flight", remote="far") == 0
 
 
 # ---------------------------------------------------------------------- failures

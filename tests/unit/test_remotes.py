@@ -13,7 +13,7 @@ from llmd.anthropic_schemas import anthropic_error
 from llmd.generation import ContextOverflow
 from llmd.openai_schemas import ChatCompletionRequest, parse_request
 from llmd.paths import Paths
-from llmd.remote_chat import split_delta
+from llmd.remote_chat import as_chunk, split_delta
 from llmd.remote_health import check
 from llmd.remote_proxy import RemoteGate, _event, _Seen, read_lines, upstream_body, upstream_error
 from llmd.remotes import (
@@ -235,3 +235,28 @@ def test_an_upstreams_context_overflow_is_llmds_own(
     assert "remote 'far'" in err.message
     said = anthropic_error(err)["error"]["message"]
     assert said == f"prompt is too long: {prompt} tokens > {context - 1} maximum"
+
+
+def test_a_whole_completion_reads_as_one_chunk() -> None:
+    whole = {
+        "choices": [
+            {
+                "index": 0,
+                "message": {
+                    "role": "assistant",
+                    "content": None,
+                    "tool_calls": [{"id": "c", "function": {"name": "f", "arguments": "{}"}}],
+                },
+                "finish_reason": "tool_calls",
+            }
+        ],
+        "usage": {"prompt_tokens": 3, "completion_tokens": 2},
+    }
+    chunk = as_chunk(whole)
+    [choice] = chunk["choices"]
+    assert choice["finish_reason"] == "tool_calls" and "message" not in choice
+    assert choice["delta"]["tool_calls"][0]["index"] == 0
+    assert split_delta(choice["delta"], None) == [
+        ({"tool_calls": choice["delta"]["tool_calls"]}, None)
+    ]
+    assert chunk["usage"] == whole["usage"]
