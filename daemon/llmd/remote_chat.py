@@ -16,6 +16,9 @@ One reading path serves both, a stalled upstream is caught between chunks by the
 instead of after minutes of silence, and the client's whole answer is assembled exactly as a
 local one is.
 
+A raw prompt (Ollama's `raw` or `suffix` on `/api/generate`) goes to the upstream's
+`/v1/completions` the same way; its `text` pieces become content deltas.
+
 `start_remote_chat` takes a slot of the remote (its bounded queue, 429 beyond), sends the
 request and waits for the status line, so an upstream refusal (400, 429, 503, ...) is raised
 before any byte of the client's stream, as a local 400 is. Closing the run closes the

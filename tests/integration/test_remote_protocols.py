@@ -102,6 +102,16 @@ def test_anthropic_answers_as_the_upstream_does(local: LiveServer, upstream: Liv
     assert total == theirs.usage.input_tokens + (theirs.usage.cache_read_input_tokens or 0)
 
 
+def test_the_upstreams_prefix_cache_shows_as_anthropic_cache_reads(local: LiveServer) -> None:
+    system = "You are a patient assistant who writes short, plain sentences. " * 6
+    ask = dict(model="far", max_tokens=4, system=system, messages=SEA, extra_body=GREEDY)
+    first = claude(local).messages.create(**ask)  # type: ignore[arg-type]
+    again = claude(local).messages.create(**ask)  # type: ignore[arg-type]
+    assert (again.usage.cache_read_input_tokens or 0) > 0
+    whole = [u.input_tokens + (u.cache_read_input_tokens or 0) for u in (first.usage, again.usage)]
+    assert whole[0] == whole[1]
+
+
 def test_anthropic_streams_a_forced_tool_call_event_by_event(
     local: LiveServer, upstream: LiveServer
 ) -> None:
