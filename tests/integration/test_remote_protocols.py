@@ -207,6 +207,47 @@ def test_responses_answer_and_chain_as_the_upstream_does(
     assert texts[0] == texts[1]
 
 
+def test_responses_function_calls_and_json_output_as_the_upstream_gives_them(
+    local: LiveServer, upstream: LiveServer
+) -> None:
+    tool: Any = {
+        "type": "function",
+        "name": "get_weather",
+        "description": WEATHER["description"],
+        "parameters": WEATHER["input_schema"],
+    }
+    fmt: Any = {
+        "format": {
+            "type": "json_schema",
+            "name": "city",
+            "schema": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}},
+                "required": ["city"],
+            },
+        }
+    }
+    calls, texts = [], []
+    for server, model in both(local, upstream):
+        client = responses(server)
+        called = client.responses.create(
+            model=model,
+            input="What is the weather in Paris?",
+            tools=[tool],
+            tool_choice="required",
+            max_output_tokens=40,
+            temperature=0,
+        )
+        [call] = [i for i in called.output if i.type == "function_call"]
+        calls.append((call.name, json.loads(call.arguments)))  # type: ignore[union-attr]
+        shaped = client.responses.create(
+            model=model, input="Name a city.", text=fmt, max_output_tokens=30, temperature=0
+        )
+        texts.append(shaped.output_text)
+    assert calls[0] == calls[1] and calls[0][0] == "get_weather"
+    assert texts[0] == texts[1] and set(json.loads(texts[0])) == {"city"}
+
+
 def test_responses_custom_tools_with_a_grammar_are_refused_for_a_remote(local: LiveServer) -> None:
     tool = {
         "type": "custom",
