@@ -347,7 +347,7 @@ def split_delta(
 def _merge(message: dict[str, Any], delta: dict[str, Any]) -> None:
     """One pipeline delta into an OpenAI assistant message (tool calls by their index)."""
     if "content" in delta:
-        message["content"] += delta["content"] or ""
+        message["content"] = (message["content"] or "") + (delta["content"] or "")
     elif "reasoning_content" in delta:
         message["reasoning_content"] = message.get("reasoning_content", "") + (
             delta["reasoning_content"] or ""
