@@ -71,7 +71,6 @@ def _reply(obj: dict) -> None:
 
 def serve_llmd(repo: str) -> None:
     """Runs llmd's engine on the device path; answers one JSON command per stdin line."""
-    os.environ["LLMD_PROFILE"] = "1"  # read once by the engine: the step graph is recorded
     sys.path.insert(0, str(ROOT / "daemon"))
     from llmd import _engine as native
     from llmd.worker.host import hf_config
@@ -114,7 +113,11 @@ def serve_llmd(repo: str) -> None:
             ev = run(cmd["prompt"], 1)
             _reply({"prompt_tps": len(cmd["prompt"]) / (ev["timings"]["prefill_ms"] / 1e3)})
         elif cmd["op"] == "count":
+            # Recorded only for this request: counting exports each step's graph, a cost the
+            # timed requests must not pay.
+            native.record_step_graphs(True)
             run(cmd["prompt"], 2)  # the last forward is a batch-1 decode step
+            native.record_step_graphs(False)
             _reply({"primitives": native.last_step_graph()})
 
 
