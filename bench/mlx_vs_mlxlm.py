@@ -59,6 +59,9 @@ if TYPE_CHECKING:
 ROOT = Path(__file__).resolve().parents[1]
 
 LAYERS = {"smollm2-135m": 30, "random-1b": 16}
+# A server request's limit: MLX's CPU device decodes the 1B model at ~1 tok/s per stream, so 8
+# streams of 64 tokens behind a slow prefill outlast loadgen's 600 s default.
+CLIENT_TIMEOUT = 3600.0
 
 
 # ---------------------------------------------------------------- children (one per engine)
@@ -344,8 +347,12 @@ def write_random_1b(gguf: Path, out: Path, seed: int = 0) -> None:
     _tokenizer_files(gguf, out)
 
 
-def prepare(name: str, gguf: Path, work: Path, mlx_lm_python: str) -> Path:
-    repo = work / f"{name}-mlx-4bit"
+def prepare(name: str, gguf: Path, work: Path, mlx_lm_python: str, dtype: str = "native") -> Path:
+    """The MLX 4-bit repo of `name`, converted once. `dtype` "float32" saves the float
+    parameters (norms, quantization scales and biases) in float32 (`mlx_lm.convert --dtype`):
+    what the servers stage loads on MLX's CPU device, since `mlx_lm server` has no dtype
+    option and would otherwise run the checkpoint's bf16 on emulated kernels (~10x slower)."""
+    repo = work / (f"{name}-mlx-4bit" + ("" if dtype == "native" else f"-{dtype}"))
     if (repo / "config.json").exists():
         return repo
     hf = work / f"{name}-hf"
@@ -354,24 +361,11 @@ def prepare(name: str, gguf: Path, work: Path, mlx_lm_python: str) -> Path:
     print(f"[prep] {name}: writing {hf}", flush=True)
     (export_gguf_to_hf if name == "smollm2-135m" else write_random_1b)(gguf, hf)
     print(f"[prep] {name}: mlx_lm.convert -q -> {repo}", flush=True)
-    subprocess.run(
-        [
-            mlx_lm_python,
-            "-m",
-            "mlx_lm",
-            "convert",
-            "--hf-path",
-            str(hf),
-            "--mlx-path",
-            str(repo),
-            "-q",
-            "--q-bits",
-            "4",
-            "--q-group-size",
-            "64",
-        ],
-        check=True,
-    )
+    argv = [mlx_lm_python, "-m", "mlx_lm", "convert", "--hf-path", str(hf), "--mlx-path", str(repo)]
+    argv += ["-q", "--q-bits", "4", "--q-group-size", "64"]
+    if dtype != "native":
+        argv += ["--dtype", dtype]
+    subprocess.run(argv, check=True)
     shutil.rmtree(hf)
     return repo
 
@@ -445,7 +439,7 @@ def compare(name: str, repo: Path, args: argparse.Namespace, results: dict) -> N
                 f"mlx-lm {row['mlx-lm_pp_tps']:.1f} tok/s",
                 flush=True,
             )
-        results[name] = res
+        results[name].update(res)
     finally:
         for s in sides.values():
             s.close()
@@ -493,7 +487,7 @@ def compare_servers(name: str, repo: Path, args: argparse.Namespace, results: di
 
     loadgen, servers = _bench_modules()
     rows = results[name].setdefault("servers", [])
-    for r in range(args.rounds):
+    for r in range(args.server_rounds or args.rounds):
         order = ["llmd", "mlx-lm"] if r % 2 == 0 else ["mlx-lm", "llmd"]
         row: dict = {"round": r, "order": order}
         for side in order:
@@ -506,10 +500,20 @@ def compare_servers(name: str, repo: Path, args: argparse.Namespace, results: di
                 server.start(timeout=600)
                 model = servers.LLMD_BENCH_MODEL if side == "llmd" else str(repo)
                 target = loadgen.Target(side, server.base_url, model)
-                asyncio.run(loadgen.run_load(target, 1, 8, requests=1, seed=1000 + r))  # warm-up
+                # warm-up
+                asyncio.run(
+                    loadgen.run_load(
+                        target, 1, 4, requests=1, seed=1000 + r, timeout=CLIENT_TIMEOUT
+                    )
+                )
                 load = asyncio.run(
                     loadgen.run_load(
-                        target, args.streams, 64, duration=args.stream_duration, seed=r
+                        target,
+                        args.streams,
+                        args.stream_tokens,
+                        duration=args.stream_duration,
+                        seed=r,
+                        timeout=CLIENT_TIMEOUT,
                     )
                 )
             m = load.metrics()
@@ -531,10 +535,14 @@ def table(results: dict, args: argparse.Namespace) -> str:
         "|---|---|---|---|---|",
     ]
     for name, res in results.items():
-        rows = res["rounds"]
+        rows = res.get("rounds", [])
         for key, label in (
-            ("decode_tps", "decode tok/s (1 stream)"),
-            ("pp_tps", f"pp{args.prompt_tokens} tok/s"),
+            ()
+            if not rows
+            else (
+                ("decode_tps", "decode tok/s (1 stream)"),
+                ("pp_tps", f"pp{args.prompt_tokens} tok/s"),
+            )
         ):
             ours = statistics.median(r[f"llmd_{key}"] for r in rows)
             theirs = statistics.median(r[f"mlx-lm_{key}"] for r in rows)
@@ -555,6 +563,8 @@ def table(results: dict, args: argparse.Namespace) -> str:
                 out.append(
                     f"| {name} | {label} | {ours:.2f}{unit} | {theirs:.2f}{unit} | {ratio:.2f}x |"
                 )
+        if "primitives" not in res:
+            continue
         p = res["primitives"]
         layers = LAYERS[name]
         out.append(
@@ -584,6 +594,16 @@ def main() -> None:
     ap.add_argument("--out", type=Path, help="write results JSON here")
     ap.add_argument("--streams", type=int, default=8, help="concurrent streams (0: no servers)")
     ap.add_argument("--stream-duration", type=float, default=30.0, help="seconds per round")
+    ap.add_argument("--stream-tokens", type=int, default=64, help="tokens per server request")
+    ap.add_argument(
+        "--server-rounds", type=int, help="rounds of the servers stage (default: --rounds)"
+    )
+    ap.add_argument(
+        "--stages",
+        default="single,servers",
+        help="single (one stream, op counts), servers (--streams concurrent), or both; "
+        "each stage alone fits a short quiet window",
+    )
     ap.add_argument(
         "--mlx-lm-dtype",
         default="float32",
@@ -610,9 +630,14 @@ def main() -> None:
     results: dict = {}
     for name in args.models.split(","):
         repo = prepare(name, args.gguf, args.work_dir, args.mlx_lm_python)
-        compare(name, repo, args, results)
-        if args.streams:
-            compare_servers(name, repo, args, results)
+        results[name] = {}
+        if "single" in args.stages:
+            compare(name, repo, args, results)
+        if "servers" in args.stages and args.streams:
+            # Both servers load one repo whose float parameters are in --mlx-lm-dtype.
+            dtype = "native" if args.mlx_lm_dtype == "native" else args.mlx_lm_dtype
+            server_repo = prepare(name, args.gguf, args.work_dir, args.mlx_lm_python, dtype)
+            compare_servers(name, server_repo, args, results)
     print()
     print(
         f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, MLX CPU device, "
@@ -620,6 +645,8 @@ def main() -> None:
     )
     print(table(results, args))
     for name, res in results.items():
+        if "primitives" not in res:
+            continue
         print(f"\n{name} primitives per decode step: llmd {res['primitives']['llmd']}")
         print(f"{name} primitives per decode step: mlx-lm {res['primitives']['mlx-lm']}")
     if args.out:
