@@ -23,16 +23,19 @@ What it does:
    no stop token; tok/s after the first token) and pp512 (a 512-token prompt, prompt tokens
    over the time to the first token).
 3. MLX primitives per decode step: the graph that one decode step evaluates (batch 1, after a
-   64-token prompt), counted as `mx.export_to_dot` draws it (one node per primitive; weights
-   and cached KV are leaves). mlx-lm: the model's forward to the logits; llmd: its forward to
-   the logits of the sampled row (recorded by the engine under LLMD_PROFILE=1). Neither
-   includes sampling.
+   --count-prompt-tokens prompt, 64 by default), counted as `mx.export_to_dot` draws it (one
+   node per primitive; weights and cached KV are leaves). mlx-lm: the model's forward to the
+   logits; llmd: its forward to the logits of the sampled row, layer by layer as the engine
+   starts evaluating each (recorded for that one request, `_engine.record_step_graphs`, so
+   the timed requests pay no graph export). Neither includes sampling.
 
 4. Servers under load (`--streams`, default 8): `llmd serve` with the repo pulled and
    LLMD_BACKEND=mlx-cpu against `mlx_lm server --decode-concurrency N --prompt-concurrency N`
-   (its continuous batching), N concurrent streaming chat requests (`bench.loadgen`, 64 tokens
-   each) for --stream-duration seconds per round, the first server alternating: aggregate
-   tok/s and TTFT p50. `--streams 0` skips it.
+   (its continuous batching), both loading the repo converted with float32 parameters
+   (`mlx_lm server` has no dtype option), N concurrent streaming chat requests
+   (`bench.loadgen`, --stream-tokens each) for --stream-duration seconds per round, or
+   --stream-requests requests in all, the first server alternating: aggregate tok/s and TTFT
+   p50. `--streams 0` or `--stages single` skips it.
 
 Tables quote medians over rounds and the median of per-round ratios llmd / mlx-lm.
 """
@@ -412,7 +415,7 @@ def compare(name: str, repo: Path, args: argparse.Namespace, results: dict) -> N
     rows: list[dict] = []
     try:
         res: dict = {"rounds": rows, "llmd_paths": sides["llmd"].hello.get("paths")}
-        count_prompt = [rng.randrange(3, vocab) for _ in range(64)]
+        count_prompt = [rng.randrange(3, vocab) for _ in range(args.count_prompt_tokens)]
         res["primitives"] = {
             "llmd": sides["llmd"].ask(op="count", prompt=count_prompt)["primitives"],
             "mlx-lm": sides["mlx-lm"].ask(
@@ -506,14 +509,22 @@ def compare_servers(name: str, repo: Path, args: argparse.Namespace, results: di
                         target, 1, 4, requests=1, seed=1000 + r, timeout=CLIENT_TIMEOUT
                     )
                 )
+                # --stream-requests: that many requests in all (aggregate = their tokens over
+                # the wall time, prefill included), else as many as --stream-duration allows
+                # (aggregate = tokens that arrived within it).
+                budget = (
+                    {"requests": args.stream_requests}
+                    if args.stream_requests
+                    else {"duration": args.stream_duration}
+                )
                 load = asyncio.run(
                     loadgen.run_load(
                         target,
                         args.streams,
                         args.stream_tokens,
-                        duration=args.stream_duration,
                         seed=r,
                         timeout=CLIENT_TIMEOUT,
+                        **budget,
                     )
                 )
             m = load.metrics()
@@ -592,9 +603,23 @@ def main() -> None:
     ap.add_argument("--decode-tokens", type=int, default=64)
     ap.add_argument("--prompt-tokens", type=int, default=512)
     ap.add_argument("--out", type=Path, help="write results JSON here")
+    ap.add_argument(
+        "--count-prompt-tokens",
+        type=int,
+        default=64,
+        help="prompt before the decode step whose primitives are counted (the count does not "
+        "depend on it; the 1B model prefills ~1 tok/s on MLX's CPU device)",
+    )
     ap.add_argument("--streams", type=int, default=8, help="concurrent streams (0: no servers)")
     ap.add_argument("--stream-duration", type=float, default=30.0, help="seconds per round")
     ap.add_argument("--stream-tokens", type=int, default=64, help="tokens per server request")
+    ap.add_argument(
+        "--stream-requests",
+        type=int,
+        default=0,
+        help="requests per server round (e.g. --streams: one each, all at once) instead of "
+        "--stream-duration; on MLX's CPU device a prefill of 8 prompts alone outlasts 20 s",
+    )
     ap.add_argument(
         "--server-rounds", type=int, help="rounds of the servers stage (default: --rounds)"
     )
