@@ -23,16 +23,19 @@ What it does:
    no stop token; tok/s after the first token) and pp512 (a 512-token prompt, prompt tokens
    over the time to the first token).
 3. MLX primitives per decode step: the graph that one decode step evaluates (batch 1, after a
-   64-token prompt), counted as `mx.export_to_dot` draws it (one node per primitive; weights
-   and cached KV are leaves). mlx-lm: the model's forward to the logits; llmd: its forward to
-   the logits of the sampled row (recorded by the engine under LLMD_PROFILE=1). Neither
-   includes sampling.
+   --count-prompt-tokens prompt, 64 by default), counted as `mx.export_to_dot` draws it (one
+   node per primitive; weights and cached KV are leaves). mlx-lm: the model's forward to the
+   logits; llmd: its forward to the logits of the sampled row, layer by layer as the engine
+   starts evaluating each (recorded for that one request, `_engine.record_step_graphs`, so
+   the timed requests pay no graph export). Neither includes sampling.
 
 4. Servers under load (`--streams`, default 8): `llmd serve` with the repo pulled and
    LLMD_BACKEND=mlx-cpu against `mlx_lm server --decode-concurrency N --prompt-concurrency N`
-   (its continuous batching), N concurrent streaming chat requests (`bench.loadgen`, 64 tokens
-   each) for --stream-duration seconds per round, the first server alternating: aggregate
-   tok/s and TTFT p50. `--streams 0` skips it.
+   (its continuous batching), both loading the repo converted with float32 parameters
+   (`mlx_lm server` has no dtype option), N concurrent streaming chat requests
+   (`bench.loadgen`, --stream-tokens each) for --stream-duration seconds per round, or
+   --stream-requests requests in all, the first server alternating: aggregate tok/s and TTFT
+   p50. `--streams 0` or `--stages single` skips it.
 
 Tables quote medians over rounds and the median of per-round ratios llmd / mlx-lm.
 """
@@ -59,6 +62,9 @@ if TYPE_CHECKING:
 ROOT = Path(__file__).resolve().parents[1]
 
 LAYERS = {"smollm2-135m": 30, "random-1b": 16}
+# A server request's limit: MLX's CPU device decodes the 1B model at ~1 tok/s per stream, so 8
+# streams of 64 tokens behind a slow prefill outlast loadgen's 600 s default.
+CLIENT_TIMEOUT = 3600.0
 
 
 # ---------------------------------------------------------------- children (one per engine)
@@ -71,7 +77,6 @@ def _reply(obj: dict) -> None:
 
 def serve_llmd(repo: str) -> None:
     """Runs llmd's engine on the device path; answers one JSON command per stdin line."""
-    os.environ["LLMD_PROFILE"] = "1"  # read once by the engine: the step graph is recorded
     sys.path.insert(0, str(ROOT / "daemon"))
     from llmd import _engine as native
     from llmd.worker.host import hf_config
@@ -114,7 +119,11 @@ def serve_llmd(repo: str) -> None:
             ev = run(cmd["prompt"], 1)
             _reply({"prompt_tps": len(cmd["prompt"]) / (ev["timings"]["prefill_ms"] / 1e3)})
         elif cmd["op"] == "count":
+            # Recorded only for this request: counting exports each step's graph, a cost the
+            # timed requests must not pay.
+            native.record_step_graphs(True)
             run(cmd["prompt"], 2)  # the last forward is a batch-1 decode step
+            native.record_step_graphs(False)
             _reply({"primitives": native.last_step_graph()})
 
 
@@ -341,8 +350,12 @@ def write_random_1b(gguf: Path, out: Path, seed: int = 0) -> None:
     _tokenizer_files(gguf, out)
 
 
-def prepare(name: str, gguf: Path, work: Path, mlx_lm_python: str) -> Path:
-    repo = work / f"{name}-mlx-4bit"
+def prepare(name: str, gguf: Path, work: Path, mlx_lm_python: str, dtype: str = "native") -> Path:
+    """The MLX 4-bit repo of `name`, converted once. `dtype` "float32" saves the float
+    parameters (norms, quantization scales and biases) in float32 (`mlx_lm.convert --dtype`):
+    what the servers stage loads on MLX's CPU device, since `mlx_lm server` has no dtype
+    option and would otherwise run the checkpoint's bf16 on emulated kernels (~10x slower)."""
+    repo = work / (f"{name}-mlx-4bit" + ("" if dtype == "native" else f"-{dtype}"))
     if (repo / "config.json").exists():
         return repo
     hf = work / f"{name}-hf"
@@ -351,24 +364,11 @@ def prepare(name: str, gguf: Path, work: Path, mlx_lm_python: str) -> Path:
     print(f"[prep] {name}: writing {hf}", flush=True)
     (export_gguf_to_hf if name == "smollm2-135m" else write_random_1b)(gguf, hf)
     print(f"[prep] {name}: mlx_lm.convert -q -> {repo}", flush=True)
-    subprocess.run(
-        [
-            mlx_lm_python,
-            "-m",
-            "mlx_lm",
-            "convert",
-            "--hf-path",
-            str(hf),
-            "--mlx-path",
-            str(repo),
-            "-q",
-            "--q-bits",
-            "4",
-            "--q-group-size",
-            "64",
-        ],
-        check=True,
-    )
+    argv = [mlx_lm_python, "-m", "mlx_lm", "convert", "--hf-path", str(hf), "--mlx-path", str(repo)]
+    argv += ["-q", "--q-bits", "4", "--q-group-size", "64"]
+    if dtype != "native":
+        argv += ["--dtype", dtype]
+    subprocess.run(argv, check=True)
     shutil.rmtree(hf)
     return repo
 
@@ -415,7 +415,7 @@ def compare(name: str, repo: Path, args: argparse.Namespace, results: dict) -> N
     rows: list[dict] = []
     try:
         res: dict = {"rounds": rows, "llmd_paths": sides["llmd"].hello.get("paths")}
-        count_prompt = [rng.randrange(3, vocab) for _ in range(64)]
+        count_prompt = [rng.randrange(3, vocab) for _ in range(args.count_prompt_tokens)]
         res["primitives"] = {
             "llmd": sides["llmd"].ask(op="count", prompt=count_prompt)["primitives"],
             "mlx-lm": sides["mlx-lm"].ask(
@@ -442,7 +442,7 @@ def compare(name: str, repo: Path, args: argparse.Namespace, results: dict) -> N
                 f"mlx-lm {row['mlx-lm_pp_tps']:.1f} tok/s",
                 flush=True,
             )
-        results[name] = res
+        results[name].update(res)
     finally:
         for s in sides.values():
             s.close()
@@ -490,7 +490,7 @@ def compare_servers(name: str, repo: Path, args: argparse.Namespace, results: di
 
     loadgen, servers = _bench_modules()
     rows = results[name].setdefault("servers", [])
-    for r in range(args.rounds):
+    for r in range(args.server_rounds or args.rounds):
         order = ["llmd", "mlx-lm"] if r % 2 == 0 else ["mlx-lm", "llmd"]
         row: dict = {"round": r, "order": order}
         for side in order:
@@ -503,10 +503,28 @@ def compare_servers(name: str, repo: Path, args: argparse.Namespace, results: di
                 server.start(timeout=600)
                 model = servers.LLMD_BENCH_MODEL if side == "llmd" else str(repo)
                 target = loadgen.Target(side, server.base_url, model)
-                asyncio.run(loadgen.run_load(target, 1, 8, requests=1, seed=1000 + r))  # warm-up
+                # warm-up
+                asyncio.run(
+                    loadgen.run_load(
+                        target, 1, 4, requests=1, seed=1000 + r, timeout=CLIENT_TIMEOUT
+                    )
+                )
+                # --stream-requests: that many requests in all (aggregate = their tokens over
+                # the wall time, prefill included), else as many as --stream-duration allows
+                # (aggregate = tokens that arrived within it).
+                budget = (
+                    {"requests": args.stream_requests}
+                    if args.stream_requests
+                    else {"duration": args.stream_duration}
+                )
                 load = asyncio.run(
                     loadgen.run_load(
-                        target, args.streams, 64, duration=args.stream_duration, seed=r
+                        target,
+                        args.streams,
+                        args.stream_tokens,
+                        seed=r,
+                        timeout=CLIENT_TIMEOUT,
+                        **budget,
                     )
                 )
             m = load.metrics()
@@ -528,10 +546,14 @@ def table(results: dict, args: argparse.Namespace) -> str:
         "|---|---|---|---|---|",
     ]
     for name, res in results.items():
-        rows = res["rounds"]
+        rows = res.get("rounds", [])
         for key, label in (
-            ("decode_tps", "decode tok/s (1 stream)"),
-            ("pp_tps", f"pp{args.prompt_tokens} tok/s"),
+            ()
+            if not rows
+            else (
+                ("decode_tps", "decode tok/s (1 stream)"),
+                ("pp_tps", f"pp{args.prompt_tokens} tok/s"),
+            )
         ):
             ours = statistics.median(r[f"llmd_{key}"] for r in rows)
             theirs = statistics.median(r[f"mlx-lm_{key}"] for r in rows)
@@ -552,6 +574,8 @@ def table(results: dict, args: argparse.Namespace) -> str:
                 out.append(
                     f"| {name} | {label} | {ours:.2f}{unit} | {theirs:.2f}{unit} | {ratio:.2f}x |"
                 )
+        if "primitives" not in res:
+            continue
         p = res["primitives"]
         layers = LAYERS[name]
         out.append(
@@ -579,8 +603,32 @@ def main() -> None:
     ap.add_argument("--decode-tokens", type=int, default=64)
     ap.add_argument("--prompt-tokens", type=int, default=512)
     ap.add_argument("--out", type=Path, help="write results JSON here")
+    ap.add_argument(
+        "--count-prompt-tokens",
+        type=int,
+        default=64,
+        help="prompt before the decode step whose primitives are counted (the count does not "
+        "depend on it; the 1B model prefills ~1 tok/s on MLX's CPU device)",
+    )
     ap.add_argument("--streams", type=int, default=8, help="concurrent streams (0: no servers)")
     ap.add_argument("--stream-duration", type=float, default=30.0, help="seconds per round")
+    ap.add_argument("--stream-tokens", type=int, default=64, help="tokens per server request")
+    ap.add_argument(
+        "--stream-requests",
+        type=int,
+        default=0,
+        help="requests per server round (e.g. --streams: one each, all at once) instead of "
+        "--stream-duration; on MLX's CPU device a prefill of 8 prompts alone outlasts 20 s",
+    )
+    ap.add_argument(
+        "--server-rounds", type=int, help="rounds of the servers stage (default: --rounds)"
+    )
+    ap.add_argument(
+        "--stages",
+        default="single,servers",
+        help="single (one stream, op counts), servers (--streams concurrent), or both; "
+        "each stage alone fits a short quiet window",
+    )
     ap.add_argument(
         "--mlx-lm-dtype",
         default="float32",
@@ -607,9 +655,14 @@ def main() -> None:
     results: dict = {}
     for name in args.models.split(","):
         repo = prepare(name, args.gguf, args.work_dir, args.mlx_lm_python)
-        compare(name, repo, args, results)
-        if args.streams:
-            compare_servers(name, repo, args, results)
+        results[name] = {}
+        if "single" in args.stages:
+            compare(name, repo, args, results)
+        if "servers" in args.stages and args.streams:
+            # Both servers load one repo whose float parameters are in --mlx-lm-dtype.
+            dtype = "native" if args.mlx_lm_dtype == "native" else args.mlx_lm_dtype
+            server_repo = prepare(name, args.gguf, args.work_dir, args.mlx_lm_python, dtype)
+            compare_servers(name, server_repo, args, results)
     print()
     print(
         f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, MLX CPU device, "
@@ -617,6 +670,8 @@ def main() -> None:
     )
     print(table(results, args))
     for name, res in results.items():
+        if "primitives" not in res:
+            continue
         print(f"\n{name} primitives per decode step: llmd {res['primitives']['llmd']}")
         print(f"{name} primitives per decode step: mlx-lm {res['primitives']['mlx-lm']}")
     if args.out:

@@ -524,6 +524,8 @@ PYBIND11_MODULE(_engine, m) {
   m.def("last_step_graph", [] { return OpProfile::last_step_graph(); },
         "MLX primitives of the last forward's graph by name, plus 'total' (LLMD_PROFILE=1; "
         "device backend and MLX ops of the cpu backend alike).");
+  m.def("record_step_graphs", &OpProfile::set_step_graph_recording, py::arg("on"),
+        "Record each step's graph for last_step_graph() without LLMD_PROFILE's timers.");
   m.def("thread_count", [] { return ThreadPool::global().size(); });
   m.def("active_kernel_path", [] { return std::string(kernels::active_table().isa); });
   m.def("runnable_kernel_paths", [] {

@@ -46,6 +46,17 @@ void OpProfile::record_step_graph(std::map<std::string, int> primitives) {
   g_last_graph = std::move(primitives);
 }
 
+namespace {
+std::atomic<int> g_graph_recording{-1};  // -1: not set, follow LLMD_PROFILE
+}  // namespace
+
+bool OpProfile::step_graph_recording() {
+  const int v = g_graph_recording.load(std::memory_order_relaxed);
+  return v < 0 ? enabled() : v != 0;
+}
+
+void OpProfile::set_step_graph_recording(bool on) { g_graph_recording = on ? 1 : 0; }
+
 std::map<std::string, int> OpProfile::last_step_graph() {
   std::lock_guard lock(g_graph_mutex);
   return g_last_graph;

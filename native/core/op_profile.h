@@ -23,6 +23,10 @@ class OpProfile {
   // the backend before it evaluates the step: what a decode step costs in MLX nodes, the
   // figure bench/mlx_vs_mlxlm.py compares with mlx-lm's.
   static void record_step_graph(std::map<std::string, int> primitives);
+  // Whether steps record their graph: on under LLMD_PROFILE=1 or once switched on (counting
+  // costs a graph export per step, so a benchmark switches it on only for the step it counts).
+  static bool step_graph_recording();
+  static void set_step_graph_recording(bool on);
   static std::map<std::string, int> last_step_graph();
 };
 

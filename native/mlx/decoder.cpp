@@ -349,27 +349,46 @@ mx::array head_rms_norm(const mx::array& x, const mx::array& weight, int heads, 
 }
 
 namespace {
+// The graph of the step being built: a device-backend step is evaluated layer by layer
+// (start_layer), so its primitives are counted part by part and recorded when it ends.
+struct StepGraph {
+  std::map<std::string, int> counts;
+  std::string dot;
+};
+thread_local StepGraph t_step_graph;
+
 // Counts the primitives of the graph that evaluating `outputs` runs, by the same rule as
 // mx.export_to_dot (one node per primitive, multi-output ones once; evaluated arrays such as
-// weights and the KV store are leaves), so llmd's figure and mlx-lm's are comparable.
-void record_step_graph(const std::vector<mx::array>& outputs) {
+// weights, the KV store and the layers start_layer already began are leaves), so llmd's
+// figure and mlx-lm's are comparable.
+void count_step_graph(const std::vector<mx::array>& outputs) {
   std::ostringstream dot;
   mx::export_to_dot(dot, outputs);
-  std::map<std::string, int> counts;
   const std::string text = dot.str();
-  if (const char* path = std::getenv("LLMD_STEP_GRAPH_DOT")) std::ofstream(path) << text;  // to read it
   const std::string label = "[label =\"", rect = "shape=rectangle";
   for (size_t at = text.find(label); at != std::string::npos; at = text.find(label, at + 1)) {
     const size_t end = text.find('"', at + label.size());
     const size_t line_end = text.find('\n', at);
     if (end == std::string::npos || text.find(rect, end) > line_end) continue;
     const std::string name = text.substr(at + label.size(), end - at - label.size());
-    ++counts[name];
-    ++counts["total"];
+    ++t_step_graph.counts[name];
+    ++t_step_graph.counts["total"];
   }
-  OpProfile::record_step_graph(std::move(counts));
+  t_step_graph.dot += text;
+}
+
+void record_step_graph(const std::vector<mx::array>& outputs) {
+  count_step_graph(outputs);
+  if (const char* path = std::getenv("LLMD_STEP_GRAPH_DOT")) std::ofstream(path) << t_step_graph.dot;  // to read it
+  OpProfile::record_step_graph(std::move(t_step_graph.counts));
+  t_step_graph = {};
 }
 }  // namespace
+
+void start_layer(const mx::array& x) {
+  if (OpProfile::step_graph_recording()) count_step_graph({x});
+  mx::async_eval(x);
+}
 
 void compute_logits(const mx::array& x, const std::vector<int32_t>& rows, const Linear& lm_head,
                     const mx::array& norm, float eps, float softcap, std::vector<float>& logits,
@@ -412,13 +431,13 @@ void compute_outputs(const mx::array& x, const StepRows& step_rows, const Linear
   }
   build_timer.reset();
   if (outputs.empty()) {
-    if (OpProfile::enabled()) record_step_graph({x});
+    if (OpProfile::step_graph_recording()) record_step_graph({x});
     mx::eval(x);
     logits.clear();
     hidden.clear();
     return;
   }
-  if (OpProfile::enabled()) record_step_graph(outputs);
+  if (OpProfile::step_graph_recording()) record_step_graph(outputs);
   mx::eval(outputs);
   if (!rows.empty()) {
     const mx::array& out = outputs.front();

@@ -80,10 +80,12 @@ class Gemma3Model : public Model {
     StepRows rows = embed_step(step, pool, embed_, d.hidden_size, std::sqrt(static_cast<float>(d.hidden_size)));
     // Global and sliding layers see the same rows with their own RoPE tables and window.
     std::shared_ptr<AttentionBatch> global = rows.batch;
-    global->build_rope_tables(*global_rope_);
     auto local = std::make_shared<AttentionBatch>(*global);
     local->window = cfg_.sliding_window;
-    local->build_rope_tables(*local_rope_);
+    if (!device_.on_device()) {  // host cos/sin for the CPU backend; the device path uses mx::fast::rope
+      global->build_rope_tables(*global_rope_);
+      local->build_rope_tables(*local_rope_);
+    }
     const AttentionShape ashape{d.n_heads, d.n_kv_heads, d.head_dim, cfg_.query_scale};
     std::optional<DeviceAttentionPlan> global_plan, local_plan;
     DeviceKvStore* device_kv = nullptr;
@@ -112,6 +114,7 @@ class Gemma3Model : public Model {
       x = mx::add(x, mx::fast::rms_norm(L.wo(a), L.post_attn_norm, d.rms_eps));
       mx::array h = gelu_tanh_glu(L.gate_up(x, {.rms_norm_weight = L.ffn_norm, .eps = d.rms_eps}), d.ffn_size);
       x = mx::add(x, mx::fast::rms_norm(L.down(h), L.post_ffn_norm, d.rms_eps));
+      if (device_kv) start_layer(x);
     }
     compute_logits(x, rows.logit_rows, lm_head_, out_norm_, d.rms_eps, cfg_.final_softcap, logits, build_timer);
   }

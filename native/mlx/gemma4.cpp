@@ -168,10 +168,12 @@ class Gemma4Model : public Model {
     StepRows rows = embed_step(step, pool, embed_, H, std::sqrt(static_cast<float>(H)));
     const int T = rows.total;
     std::shared_ptr<AttentionBatch> global = rows.batch;
-    global->build_rope_tables(*global_rope_);
     auto local = std::make_shared<AttentionBatch>(*global);
     local->window = cfg_.sliding_window;
-    local->build_rope_tables(*local_rope_);
+    if (!device_.on_device()) {  // host cos/sin for the CPU backend; the device path uses mx::fast::rope
+      global->build_rope_tables(*global_rope_);
+      local->build_rope_tables(*local_rope_);
+    }
     std::optional<DeviceAttentionPlan> global_plan, local_plan;
     DeviceKvStore* device_kv = nullptr;
     if (device_.on_device()) {
@@ -220,6 +222,7 @@ class Gemma4Model : public Model {
         x = mx::add(x, mx::fast::rms_norm(L.ple_proj(g), L.ple_norm, d.rms_eps));
       }
       x = mx::multiply(x, L.scalar);
+      if (device_kv) start_layer(x);
     }
     compute_logits(x, rows.logit_rows, lm_head_, out_norm_, d.rms_eps, cfg_.final_softcap, logits, build_timer);
   }

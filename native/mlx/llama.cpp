@@ -71,7 +71,9 @@ class LlamaModel : public Model {
   void forward(const Step& step, KvPool& pool, std::vector<float>& logits, std::vector<float>& hidden) override {
     std::optional<ScopedOpTimer> build_timer(std::in_place, OpKind::GraphBuild);
     StepRows rows = embed_step(step, pool, embed_, dims_.hidden_size);
-    rows.batch->build_rope_tables(*rope_);
+    // The CPU backend's attention reads host cos/sin tables; the device path rotates with
+    // mx::fast::rope from the plan's positions and needs none.
+    if (!device_.on_device()) rows.batch->build_rope_tables(*rope_);
     const AttentionShape ashape{dims_.n_heads, dims_.n_kv_heads, dims_.head_dim,
                                 1.f / std::sqrt(static_cast<float>(dims_.head_dim))};
     std::optional<DeviceAttentionPlan> plan;
@@ -98,6 +100,7 @@ class LlamaModel : public Model {
       if (L.wo_bias) x = mx::add(x, *L.wo_bias);
       mx::array h = L.gate_up(x, {.rms_norm_weight = L.ffn_norm, .eps = dims_.rms_eps, .swiglu = true});
       x = L.down(h, {.residual = x});
+      if (device_.on_device()) start_layer(x);
     }
     compute_outputs(x, rows, lm_head_, out_norm_, dims_.rms_eps, 0.f, logits, hidden, build_timer);
   }

@@ -141,6 +141,8 @@ def run(rid, prompt, n):
     e.submit(rid, prompt, n)
     while not any(ev["type"] == "done" for ev in e.poll(100)):
         pass
+if len(sys.argv) > 2:  # switched on for this request only, as bench/mlx_vs_mlxlm.py does
+    native.record_step_graphs(sys.argv[2] == "on")
 run("a", list(range(100, 170)), 3)
 print(json.dumps(native.last_step_graph()))
 """
@@ -169,3 +171,28 @@ def test_decode_step_graph_is_reported_and_reads_kv_in_place(model_path: Path) -
     assert graph["Sin"] == 30
     # The whole step stays below mlx-lm's 116 primitives per layer for this model.
     assert graph["total"] / 30 < 100
+
+
+def test_step_graph_recording_is_switched_on_per_request_without_the_profiler(
+    model_path: Path,
+) -> None:
+    """The benchmark times llmd without LLMD_PROFILE (whose per-step graph export would slow
+    the timed steps) and switches graph recording on for the one step it counts: the whole
+    step is then counted, though the device path hands each layer to MLX as it is built."""
+    pytest.importorskip("llmd._engine")
+    env = {k: v for k, v in os.environ.items() if k != "LLMD_PROFILE"}
+
+    def graph(switch: str) -> dict:
+        out = subprocess.run(
+            [sys.executable, "-c", _STEP_GRAPH, str(model_path), switch],
+            env=env,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        return json.loads(out.stdout.strip().splitlines()[-1])
+
+    assert graph("off") == {}
+    on = graph("on")
+    assert on["QuantizedMatmul"] == 30 * 4 + 1  # every layer's products, not the last part's
+    assert on["Scatter"] == 30 * 2
