@@ -657,7 +657,10 @@ def test_llama_server_as_a_second_upstream(local: LiveServer, llama_server: str)
     assert done.returncode == 0, done.stderr
     try:
         _, listed, _ = call(local, "GET", "/v1/models/llama")
-        assert listed["max_model_len"] == 2048  # as llama-server reports its context
+        with urllib.request.urlopen(llama_server + "/v1/models", timeout=30) as r:
+            [entry] = json.loads(r.read())["data"]
+        # As llama-server reports it: each of its 2 slots gets half of -c 2048.
+        assert listed["max_model_len"] == entry["meta"]["n_ctx"] == 1024
         theirs = OpenAI(base_url=llama_server + "/v1", api_key="unused").chat.completions.create(
             model="smollm",
             messages=SEA,
