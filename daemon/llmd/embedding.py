@@ -117,6 +117,32 @@ async def run_pooled(
     return Pooled(rows, done.prompt_tokens)
 
 
+def truncated(
+    vectors: list[list[float]], dimensions: int | None, kind: ModelKind, model: str
+) -> list[list[float]]:
+    """The vectors cut to their first `dimensions` values and L2-normalised again (Matryoshka
+    truncation, as sentence-transformers' truncate_dim then Normalize), for a model trained for
+    it; `vectors` as they are when no `dimensions` was asked; otherwise a 400 naming why."""
+    if dimensions is None:
+        return vectors
+    if not kind.matryoshka:
+        raise ApiError(
+            400,
+            f"dimensions is not supported for model '{model}': its model card does not say it "
+            "was trained for Matryoshka truncation, and cutting its embeddings would degrade them",
+            param="dimensions",
+            code="unsupported_parameter",
+        )
+    width = len(vectors[0]) if vectors else dimensions
+    if dimensions > width:
+        raise ApiError(
+            400,
+            f"dimensions ({dimensions}) exceeds model '{model}''s embedding width of {width}",
+            param="dimensions",
+        )
+    return [l2_normalized(v[:dimensions]) for v in vectors]
+
+
 def l2_normalized(vector: list[float]) -> list[float]:
     """The vector scaled to unit length (a zero vector stays zero)."""
     norm = math.sqrt(sum(v * v for v in vector))

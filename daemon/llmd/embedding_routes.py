@@ -1,8 +1,8 @@
 """OpenAI's ``POST /v1/embeddings`` and the rerank routes (``POST /v1/rerank``, with
 llama-server's aliases ``/rerank`` and ``/v1/reranking``), answered from embedding.py.
 
-Decisions: ``dimensions`` is refused (400) on every model in this phase: llmd does not yet know
-which models were trained for Matryoshka truncation, and cutting an embedding that was not
+Decisions: ``dimensions`` truncates and renormalises only models trained for it (their model
+card says so: model_kind.py); other models answer 400, as cutting an embedding that was not
 trained for it silently degrades it. Rerank results are sorted by ``relevance_score``
 descending (ties keep input order), cut to ``top_n``, with ``document: {"text"}`` when
 ``return_documents`` is true, as Jina and Cohere answer.
@@ -23,10 +23,12 @@ from .embedding import (
     fit_context,
     require_kind,
     run_pooled,
+    truncated,
 )
 from .embedding_schemas import EmbeddingRequest, RerankRequest
-from .errors import ApiError, bad_request
+from .errors import bad_request
 from .http_common import REGISTRY, STORE, parsed_body
+from .model_kind import record_kind
 from .openai_schemas import parse_request
 from .rerank import relevance, rerank_tokens, yes_no_ids
 from .supervisor import ModelSupervisor
@@ -69,18 +71,13 @@ async def embeddings(request: web.Request) -> web.Response:
     check_kind_before_load(request.app[STORE], req.model, "embed", "/v1/embeddings")
     async with request.app[REGISTRY].use(req.model, req.keep_alive_seconds()) as model:
         require_kind(model, "embed", "/v1/embeddings")
-        if req.dimensions is not None:
-            raise ApiError(
-                400,
-                f"dimensions is not supported for model '{req.model}': llmd does not know it was "
-                "trained for Matryoshka truncation, and cutting its embeddings would degrade them",
-                param="dimensions",
-                code="unsupported_parameter",
-            )
+        kind = record_kind(model.record)
+        truncated([], req.dimensions, kind, req.model)  # refused before any work
         pooled = await run_pooled(model, _prompts(req, model))
+    vectors = truncated(pooled.values, req.dimensions, kind, req.model)
     data = [
         {"object": "embedding", "index": i, "embedding": encode_vector(v, req.encoding_format)}
-        for i, v in enumerate(pooled.values)
+        for i, v in enumerate(vectors)
     ]
     usage = {"prompt_tokens": pooled.prompt_tokens, "total_tokens": pooled.prompt_tokens}
     return web.json_response({"object": "list", "data": data, "model": req.model, "usage": usage})

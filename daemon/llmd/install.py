@@ -140,6 +140,7 @@ def gguf_record(
         kind=kind.kind,
         pooling=kind.pooling,
         normalize=kind.normalize,
+        matryoshka=kind.matryoshka,
     )
 
 
@@ -385,4 +386,5 @@ def tree_record(
         kind=kind.kind,
         pooling=kind.pooling,
         normalize=kind.normalize,
+        matryoshka=kind.matryoshka,
     )

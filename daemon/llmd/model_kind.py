@@ -20,13 +20,23 @@ How the kind is decided (issue 23, phase 1):
   (rerank.py). A GGUF with pooling_type rank is refused for now: llama.cpp's converter
   replaces its lm_head with a two-row ``cls.output`` the engine does not load yet.
 
-Poolings a decoder cannot run yet (CLS) are refused at pull with the reason.
+Encoders (issue 23, phase 2: BERT, XLM-RoBERTa, nomic-bert) only embed: a directory of one
+needs its sentence-transformers Pooling module, and may pool by CLS token, which a decoder
+cannot (its first token has seen nothing). Poolings no engine runs (max, weighted mean) are
+refused at pull with the reason.
+
+**Matryoshka truncation** (``dimensions``) is allowed only for a model that says it was trained
+for it: its model card (README.md) names Matryoshka representation learning ("Matryoshka" or
+"MRL": nomic-embed-text-v1.5, Qwen3-Embedding, EmbeddingGemma do). GGUF files carry no such
+statement, so their ``dimensions`` stay refused. Cutting another model's vectors would
+silently degrade them.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -43,8 +53,8 @@ _ST_POOLING = {
     "pooling_mode_mean_sqrt_len_tokens": "mean_sqrt_len",
     "pooling_mode_weightedmean_tokens": "weightedmean",
 }
-# What the engine pools on a decoder (engine.h, GenerateRequest::Pooling).
-RUNNABLE_POOLING = ("last", "mean")
+# What the engine pools (engine.h, GenerateRequest::Pooling); "cls" on encoders only.
+RUNNABLE_POOLING = ("last", "mean", "cls")
 
 
 class KindError(ValueError):
@@ -56,13 +66,16 @@ class ModelKind:
     kind: Kind = "generate"
     pooling: str = ""  # embed: "last" or "mean"
     normalize: bool = False  # embed: L2-normalise the pooled vector
+    matryoshka: bool = False  # embed: trained for truncation (``dimensions`` allowed)
 
     def describe(self) -> str:
         """`llmd show`'s line: 'embed (last-token pooling, normalized)'."""
         if self.kind != "embed":
             return self.kind
         extra = ", normalized" if self.normalize else ""
-        return f"embed ({self.pooling}-token pooling{extra})".replace("mean-token", "mean")
+        extra += ", Matryoshka" if self.matryoshka else ""
+        pooling = {"mean": "mean", "cls": "CLS-token"}.get(self.pooling, f"{self.pooling}-token")
+        return f"embed ({pooling} pooling{extra})"
 
 
 GENERATE = ModelKind()
@@ -78,15 +91,40 @@ def _read_json(path: Path) -> Any:
 def _embed_kind(pooling: str, normalize: bool, what: str) -> ModelKind:
     if pooling not in RUNNABLE_POOLING:
         raise KindError(
-            f"{what}: {pooling} pooling is not supported yet (llmd pools decoder models by "
-            "last token or mean)"
+            f"{what}: {pooling} pooling is not supported yet (llmd pools by last token, mean "
+            "or CLS token)"
         )
     return ModelKind("embed", pooling, normalize)
+
+
+_MATRYOSHKA = re.compile(r"matryoshka|\bMRL\b", re.IGNORECASE)
+
+
+def declares_matryoshka(directory: Path) -> bool:
+    """Whether the directory's model card says the model was trained for truncation."""
+    try:
+        card = (directory / "README.md").read_text(errors="replace")
+    except OSError:
+        return False
+    return bool(_MATRYOSHKA.search(card))
+
+
+def with_matryoshka(kind: ModelKind, declared: bool) -> ModelKind:
+    """`kind` marked as truncatable when `declared` (an embedding model only)."""
+    if not declared or kind.kind != "embed":
+        return kind
+    return replace(kind, matryoshka=True)
 
 
 def kind_of_hf_dir(directory: Path, name: str, requested: str | None = None) -> ModelKind:
     """The kind of a Hugging Face directory (see the module docstring); `name` is the repo or
     directory name, `requested` a pull's explicit ``kind``. Raises KindError."""
+    return with_matryoshka(
+        _kind_of_hf_dir(directory, name, requested), declares_matryoshka(directory)
+    )
+
+
+def _kind_of_hf_dir(directory: Path, name: str, requested: str | None) -> ModelKind:
     what = str(name)
     if requested == "generate":
         return GENERATE
@@ -139,16 +177,38 @@ def kind_of_gguf(get: Any, arch: str, what: str, requested: str | None = None) -
 
 
 # Decoder architectures whose file (native/mlx/llama.cpp) returns hidden states; an embedding
-# or rerank model of another one (EmbeddingGemma, the encoder families) is refused at pull.
+# or rerank model of another one (EmbeddingGemma) is refused at pull.
 POOLING_ARCHITECTURES = ("llama", "qwen2", "qwen3")
+# Encoders (native/mlx/bert.cpp), by config.json model_type and GGUF general.architecture:
+# they embed, and nothing else yet.
+ENCODER_ARCHITECTURES = ("bert", "xlm-roberta", "nomic_bert", "nomic-bert")
 
 
 def check_architecture(kind: ModelKind, arch: str, what: str) -> ModelKind:
     """`kind` when llmd can serve it on `arch`; KindError naming both otherwise."""
+    if arch in ENCODER_ARCHITECTURES:
+        if kind.kind == "generate":
+            raise KindError(
+                f"{what}: {arch} is an encoder, which only embeds; its directory has no "
+                "sentence-transformers Pooling module (modules.json, 1_Pooling/config.json) "
+                "saying how to pool it, and its GGUF no pooling_type"
+            )
+        if kind.kind == "rerank":
+            raise KindError(
+                f"{what}: reranking with {arch} cross-encoders is not supported yet (llmd "
+                "reranks with Qwen3-Reranker-style decoders)"
+            )
+        return kind
     if kind.kind != "generate" and arch not in POOLING_ARCHITECTURES:
         raise KindError(
             f"{what}: {kind.kind} models of architecture {arch} are not supported yet "
-            f"(llmd embeds and reranks with {', '.join(POOLING_ARCHITECTURES)} decoders)"
+            f"(llmd embeds and reranks with {', '.join(POOLING_ARCHITECTURES)} decoders, "
+            f"and embeds with {', '.join(ENCODER_ARCHITECTURES)} encoders)"
+        )
+    if kind.pooling == "cls":
+        raise KindError(
+            f"{what}: CLS pooling needs an encoder; {arch} is a decoder, whose first token has "
+            "seen nothing of the text"
         )
     return kind
 
@@ -157,5 +217,8 @@ def record_kind(record: Any) -> ModelKind:
     """The kind stored in a manifest (older manifests are generation models)."""
     kind = getattr(record, "kind", "") or "generate"
     return ModelKind(
-        kind, getattr(record, "pooling", ""), bool(getattr(record, "normalize", False))
+        kind,
+        getattr(record, "pooling", ""),
+        bool(getattr(record, "normalize", False)),
+        bool(getattr(record, "matryoshka", False)),
     )

@@ -57,6 +57,16 @@ class Model {
   // beside, KV. The engine then reuses a cached prefix only where a snapshot of the state at
   // exactly that position exists (engine.cpp, admit), and forks copy the state.
   virtual bool has_recurrent_state() const { return false; }
+  // True for encoders (BERT, nomic-bert): every position attends to every other, so a prompt
+  // runs whole in one step (never chunked: an early chunk would miss the later tokens) and
+  // never from the prefix cache (a cached position's state depends on what follows it).
+  virtual bool bidirectional() const { return false; }
+  // Width of a pooled embedding after the model's own projection (sentence-transformers
+  // Dense modules); hidden_size when it has none.
+  virtual int pooled_width() const { return info().hidden_size; }
+  // Applies that projection to one pooled vector of hidden_size values, before any
+  // normalisation; models without one leave it as it is.
+  virtual void project_pooled(std::vector<float>& /*values*/) const {}
 };
 
 struct LoadOptions {

@@ -1,0 +1,121 @@
+"""Encoder embedding models through `llmd serve`, as a user reaches them: tiny random BERT
+(CLS pooling, BGE-style), XLM-RoBERTa (mean) and nomic-bert (rotary, SwiGLU, mean) models
+(tests/native/tiny_encoder_models.py) pulled from local sentence-transformers directories and
+from GGUF files, then asked through the official `openai` and `ollama` clients, on llmd's CPU
+kernels and on the device graph (LLMD_BACKEND=mlx-cpu). Vectors are compared with the reference
+on the same weights (tests/fixtures/encoder_embeddings_reference.json, recorded by
+tests/fixtures/record_encoder_embeddings.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+from openai import OpenAI
+
+from tests.conftest import LiveServer, run_llmd, short_home, start_server, stop_server
+from tests.native.tiny_encoder_models import write_encoder_dir, write_encoder_gguf
+
+pytest.importorskip("llmd._engine", reason="the native engine (llmd._engine) is not built")
+
+FIXTURE = json.loads(
+    (Path(__file__).parents[1] / "fixtures" / "encoder_embeddings_reference.json").read_text()
+)
+ARCHS = ("bert", "xlm-roberta", "nomic_bert")
+
+
+def _cosine(a: list[float], b: list[float]) -> float:
+    x, y = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    return float(x @ y / (np.linalg.norm(x) * np.linalg.norm(y)))
+
+
+@pytest.fixture(scope="module", params=["cpu", "mlx-cpu"])
+def encoders(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[LiveServer]:
+    """A daemon on `backend` with every tiny encoder pulled: `<arch>` from its directory and
+    `<arch>-gguf` from its GGUF."""
+    previous = os.environ.get("LLMD_BACKEND")
+    os.environ["LLMD_BACKEND"] = request.param
+    home = short_home()
+    try:
+        live = start_server(home)
+    finally:
+        if previous is None:
+            del os.environ["LLMD_BACKEND"]
+        else:
+            os.environ["LLMD_BACKEND"] = previous
+    root = tmp_path_factory.mktemp("encoders")
+    for arch in ARCHS:
+        write_encoder_dir(root / arch, arch)
+        write_encoder_gguf(root / f"{arch}.gguf", arch)
+        for path, name in ((root / arch, arch), (root / f"{arch}.gguf", f"{arch}-gguf")):
+            pulled = run_llmd(live.env, "pull", str(path), "--name", name, timeout=300)
+            assert pulled.returncode == 0, pulled.stderr
+    yield live
+    stop_server(live)
+    shutil.rmtree(home, ignore_errors=True)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_openai_client_embeds_texts_like_the_reference(encoders: LiveServer, arch: str) -> None:
+    fx = FIXTURE[arch]
+    texts = [item["text"] for item in fx["items"]]
+    client = OpenAI(base_url=encoders.base_url + "/v1", api_key="unused")
+    out = client.embeddings.create(model=arch, input=texts)
+    for got, item in zip(out.data, fx["items"], strict=True):
+        assert _cosine(got.embedding, item["embedding"]) >= 0.9999, item["text"]
+        assert abs(np.linalg.norm(got.embedding) - 1) < 1e-5
+    assert out.usage.prompt_tokens == sum(len(item["ids"]) for item in fx["items"])
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_gguf_files_embed_like_the_reference(encoders: LiveServer, arch: str) -> None:
+    """The GGUF twin of each model: through /api/embed with the ollama client. BERT's and
+    nomic-bert's texts go through the WordPiece vocabulary llmd rebuilds from the GGUF; the
+    XLM-RoBERTa test file's vocabulary is made up, so it is fed token ids on /v1/embeddings."""
+    import ollama
+
+    fx = FIXTURE[arch]
+    if arch == "xlm-roberta":
+        out = httpx.post(
+            encoders.base_url + "/v1/embeddings",
+            json={"model": f"{arch}-gguf", "input": [item["ids"] for item in fx["items"]]},
+            timeout=120,
+        )
+        assert out.status_code == 200, out.text
+        vectors = [d["embedding"] for d in out.json()["data"]]
+    else:
+        client = ollama.Client(host=encoders.base_url)
+        embedded = client.embed(model=f"{arch}-gguf", input=[item["text"] for item in fx["items"]])
+        vectors = embedded.embeddings
+        assert embedded.prompt_eval_count == sum(len(item["ids"]) for item in fx["items"])
+    for got, item in zip(vectors, fx["items"], strict=True):
+        assert _cosine(got, item["embedding"]) >= 0.9999, item["text"]
+
+
+def test_encoder_kind_is_shown_and_chat_refused(encoders: LiveServer) -> None:
+    shown = run_llmd(encoders.env, "show", "bert")
+    assert shown.returncode == 0 and re.search(
+        r"kind\s+embed \(CLS-token pooling, normalized\)", shown.stdout
+    )
+    chat = httpx.post(
+        encoders.base_url + "/v1/chat/completions",
+        json={"model": "nomic_bert-gguf", "messages": [{"role": "user", "content": "w5"}]},
+    )
+    assert chat.status_code == 400 and chat.json()["error"]["code"] == "wrong_model_kind"
+    too_long = httpx.post(
+        encoders.base_url + "/v1/embeddings",
+        json={"model": "bert", "input": " ".join(["w9"] * 100)},
+    )
+    assert (
+        too_long.status_code == 400
+        and too_long.json()["error"]["code"] == "context_length_exceeded"
+    )
