@@ -35,7 +35,7 @@ from .anthropic_schemas import (
 )
 from .chat_pipeline import ChatEvent, ChoiceDelta, ChoiceEnd, ChoiceStarted, chat_prompt, start_chat
 from .errors import ApiError, bad_request
-from .generation import Finished
+from .generation import Finished, require_generation
 from .http_common import REGISTRY, add_error_shape, parsed_body, relay, sse
 
 SSE = "text/event-stream"
@@ -311,6 +311,7 @@ async def count_tokens(request: web.Request) -> web.Response:
     tools prompt), so it equals that request's input + cache_read tokens."""
     req = await parsed_body(request, translate_count_tokens)
     async with request.app[REGISTRY].use(req.model, req.keep_alive_seconds()) as model:
+        require_generation(model)
         if not model.text.chat_template:
             raise bad_request(f"model '{req.model}' has no chat template", param="model")
         prompt = await asyncio.to_thread(chat_prompt, req, model)

@@ -110,7 +110,8 @@ def test_encoder_kind_is_shown_and_chat_refused(encoders: LiveServer) -> None:
         encoders.base_url + "/v1/chat/completions",
         json={"model": "nomic_bert-gguf", "messages": [{"role": "user", "content": "w5"}]},
     )
-    assert chat.status_code == 400 and chat.json()["error"]["code"] == "wrong_model_kind"
+    assert chat.status_code == 400, chat.text
+    assert chat.json()["error"]["code"] == "wrong_model_kind", chat.text
     too_long = httpx.post(
         encoders.base_url + "/v1/embeddings",
         json={"model": "bert", "input": " ".join(["w9"] * 100)},
