@@ -9,6 +9,9 @@ How the kind is decided (issue 23, phase 1):
   (``pooling_mode_lasttoken``, ``pooling_mode_mean_tokens``, ``pooling_mode_cls_token``) and a
   ``Normalize`` module in ``modules.json`` L2-normalises the result (what
   ``SentenceTransformer.encode`` returns).
+- **Dense modules** (``modules.json`` entries of type Dense, after the Pooling module) project
+  the pooled vector before the Normalize module; the worker applies them (worker/dense.py), so a
+  pull copies their directories.
 - **GGUF:** llama.cpp's converter writes ``{arch}.pooling_type`` for embedding and rerank files
   (1 mean, 2 cls, 3 last, 4 rank); a GGUF embedding is normalised, as llama-server returns it
   by default.
@@ -39,6 +42,8 @@ import re
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
+
+from .worker.dense import dense_problem
 
 Kind = Literal["generate", "embed", "rerank"]
 KINDS: tuple[str, ...] = ("generate", "embed", "rerank")
@@ -143,9 +148,9 @@ def _kind_of_hf_dir(directory: Path, name: str, requested: str | None) -> ModelK
             elif kind.endswith("Normalize"):
                 normalize = True
             elif kind.endswith("Dense"):
-                raise KindError(
-                    f"{what}: sentence-transformers Dense modules are not supported yet"
-                )
+                # Applied by the worker after pooling (worker/dense.py).
+                if problem := dense_problem(directory, str(m.get("path", ""))):
+                    raise KindError(f"{what}: {problem}")
     if pooling_module is None:
         if requested == "embed":
             return _embed_kind("last", True, what)  # Qwen3-Embedding's own setting

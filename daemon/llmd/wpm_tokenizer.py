@@ -5,9 +5,10 @@ llama.cpp's converter wrote.
 The converter rewrites the WordPiece vocabulary into a SentencePiece-looking one: a word-initial
 piece gets a leading U+2581 ("▁"), a continuation piece loses its "##", and bracketed special
 tokens ("[CLS]") stay as they are. Undoing that gives the original vocabulary back. As llama.cpp
-tokenizes WPM, text is lowercased and split on whitespace and punctuation (CJK characters one
-by one), each word is matched longest-piece-first, a word with no match becomes [UNK], and
-every input is wrapped in [CLS] ... [SEP].
+tokenizes WPM, text is lowercased, accents are stripped, it is split on whitespace and
+punctuation (CJK characters one by one), each word is matched longest-piece-first, a word with
+no match becomes [UNK], and every input is wrapped in [CLS] ... [SEP]. Checked id for id
+against llama.cpp's bert-bge test data (tests/unit/test_llamacpp_vocabularies.py).
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ def wpm_tokenizer(meta: Mapping[str, Any]) -> Tokenizer:
     unk = tokens[int(meta.get("tokenizer.ggml.unknown_token_id", vocab.get("[UNK]", 0)))]
     tk = Tokenizer(models.WordPiece(vocab, unk_token=_original_piece(unk)))
     tk.normalizer = normalizers.BertNormalizer(
-        clean_text=True, handle_chinese_chars=True, strip_accents=False, lowercase=True
+        clean_text=True, handle_chinese_chars=True, strip_accents=True, lowercase=True
     )
     tk.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     # llama.cpp's converter writes [CLS] as the BOS token (older files: cls_token_id).

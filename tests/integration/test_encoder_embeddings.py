@@ -59,6 +59,11 @@ def encoders(
         for path, name in ((root / arch, arch), (root / f"{arch}.gguf", f"{arch}-gguf")):
             pulled = run_llmd(live.env, "pull", str(path), "--name", name, timeout=300)
             assert pulled.returncode == 0, pulled.stderr
+    write_encoder_dir(root / "bert_dense", "bert", dense=True)
+    write_encoder_dir(root / "nomic-mrl", "nomic_bert", card="Trained with Matryoshka loss.")
+    for name in ("bert_dense", "nomic-mrl"):
+        pulled = run_llmd(live.env, "pull", str(root / name), "--name", name, timeout=300)
+        assert pulled.returncode == 0, pulled.stderr
     yield live
     stop_server(live)
     shutil.rmtree(home, ignore_errors=True)
@@ -120,3 +125,44 @@ def test_encoder_kind_is_shown_and_chat_refused(encoders: LiveServer) -> None:
         too_long.status_code == 400
         and too_long.json()["error"]["code"] == "context_length_exceeded"
     )
+
+
+def test_dense_modules_project_the_pooled_vector(encoders: LiveServer) -> None:
+    """BERT with a sentence-transformers Dense module (tanh, 64 -> 48) between the pooling and
+    the Normalize module: the vectors are the projected ones, 48 values long."""
+    fx = FIXTURE["bert_dense"]
+    client = OpenAI(base_url=encoders.base_url + "/v1", api_key="unused")
+    out = client.embeddings.create(model="bert_dense", input=[i["text"] for i in fx["items"]])
+    for got, item in zip(out.data, fx["items"], strict=True):
+        assert len(got.embedding) == 48
+        assert _cosine(got.embedding, item["embedding"]) >= 0.9999, item["text"]
+        assert abs(np.linalg.norm(got.embedding) - 1) < 1e-5
+
+
+def test_dimensions_only_for_models_trained_for_truncation(encoders: LiveServer) -> None:
+    """A model whose card names Matryoshka training cuts its vectors to `dimensions` and
+    renormalises them (OpenAI and Ollama routes); any other model refuses with a 400."""
+    import ollama
+
+    fx = FIXTURE["nomic_bert"]
+    texts = [item["text"] for item in fx["items"]]
+    client = OpenAI(base_url=encoders.base_url + "/v1", api_key="unused")
+    out = client.embeddings.create(model="nomic-mrl", input=texts, dimensions=32)
+    short = ollama.Client(host=encoders.base_url).embed(
+        model="nomic-mrl", input=texts, dimensions=32
+    )
+    for got, other, item in zip(out.data, short.embeddings, fx["items"], strict=True):
+        want = np.asarray(item["embedding"][:32])
+        want /= np.linalg.norm(want)
+        assert len(got.embedding) == 32 and len(other) == 32
+        assert _cosine(got.embedding, want) >= 0.9999 and _cosine(other, want) >= 0.9999
+        assert abs(np.linalg.norm(got.embedding) - 1) < 1e-5
+    shown = run_llmd(encoders.env, "show", "nomic-mrl")
+    assert "Matryoshka" in shown.stdout
+    for model, dims, words in (("bert", 32, "Matryoshka"), ("nomic-mrl", 65, "exceeds")):
+        refused = httpx.post(
+            encoders.base_url + "/v1/embeddings",
+            json={"model": model, "input": "w5", "dimensions": dims},
+        )
+        assert refused.status_code == 400 and refused.json()["error"]["param"] == "dimensions"
+        assert words in refused.json()["error"]["message"]

@@ -171,8 +171,22 @@ def write_tokenizer(directory: Path, arch: str) -> None:
     )
 
 
+# A sentence-transformers Dense module after the pooling: hidden -> DENSE_OUT, tanh (Dense's
+# default activation), with a bias.
+DENSE_OUT = 48
+TANH = "torch.nn.modules.activation.Tanh"
+
+
+def dense_weights(hidden: int, seed: int = 5) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return {
+        "linear.weight": (rng.standard_normal((DENSE_OUT, hidden)) * 0.2).astype(np.float32),
+        "linear.bias": (rng.standard_normal(DENSE_OUT) * 0.05).astype(np.float32),
+    }
+
+
 def write_sentence_transformers_modules(
-    directory: Path, hidden: int, pooling: str, normalize: bool
+    directory: Path, hidden: int, pooling: str, normalize: bool, dense: bool = False
 ) -> None:
     modules = [
         {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
@@ -183,6 +197,18 @@ def write_sentence_transformers_modules(
             "type": "sentence_transformers.models.Pooling",
         },
     ]
+    if dense:
+        modules.append(
+            {"idx": 2, "name": "2", "path": "2_Dense", "type": "sentence_transformers.models.Dense"}
+        )
+        (directory / "2_Dense").mkdir(exist_ok=True)
+        config = {"in_features": hidden, "out_features": DENSE_OUT, "bias": True}
+        (directory / "2_Dense" / "config.json").write_text(
+            json.dumps({**config, "activation_function": TANH})
+        )
+        write_safetensors(
+            directory / "2_Dense" / "model.safetensors", dense_weights(hidden), dtype="F32"
+        )
     if normalize:
         modules.append(
             {
@@ -210,17 +236,21 @@ def write_sentence_transformers_modules(
     )
 
 
-def write_encoder_dir(directory: Path, arch: str, seed: int = 11) -> None:
-    """A sentence-transformers directory of `arch` ("bert", "xlm-roberta", "nomic_bert")."""
+def write_encoder_dir(
+    directory: Path, arch: str, seed: int = 11, *, dense: bool = False, card: str = ""
+) -> None:
+    """A sentence-transformers directory of `arch` ("bert", "xlm-roberta", "nomic_bert"); with
+    `dense`, mean pooling then a Dense module (tanh) then Normalize; `card`: its README.md."""
     directory.mkdir(parents=True, exist_ok=True)
     c = CONFIGS[arch]
     write_safetensors(directory / "model.safetensors", weights(arch, seed), dtype="F32")
     (directory / "config.json").write_text(json.dumps(c, indent=1))
-    pooling, normalize = POOLING[arch]
-    write_sentence_transformers_modules(
-        directory, c.get("hidden_size", c.get("n_embd")), pooling, normalize
-    )
+    pooling, normalize = ("mean", True) if dense else POOLING[arch]
+    hidden = c.get("hidden_size", c.get("n_embd"))
+    write_sentence_transformers_modules(directory, hidden, pooling, normalize, dense)
     write_tokenizer(directory, arch)
+    if card:
+        (directory / "README.md").write_text(card)
 
 
 def gguf_tensors(arch: str, seed: int = 11) -> dict[str, np.ndarray]:
