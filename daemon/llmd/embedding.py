@@ -100,19 +100,28 @@ async def run_pooled(
 ) -> Pooled:
     """Runs every prompt as one engine sequence, all queued together (the engine admits them
     into the same steps). A failure of one fails the request and cancels the others, as the
-    client going away (this task cancelled) does."""
+    client going away (this task cancelled) does. A request whose worker dies is sent once
+    more to the restarted worker (an embedding has no partial output a client has seen, so
+    the retry is invisible but for the delay); a second death is reported, as the request
+    itself may be what kills it."""
     kind = record_kind(model.record)
-    worker = await model.ensure_ready()
-    try:
-        done, rows = await worker.embed(
-            list(prompts),
-            output=output,
-            pooling=kind.pooling or "last",
-            normalize=kind.normalize,
-            logit_tokens=logit_tokens,
-        )
-    except WorkerError as exc:
-        raise _api_error(exc) from exc
+    retried = False
+    while True:
+        worker = await model.ensure_ready()
+        try:
+            done, rows = await worker.embed(
+                list(prompts),
+                output=output,
+                pooling=kind.pooling or "last",
+                normalize=kind.normalize,
+                logit_tokens=logit_tokens,
+            )
+            break
+        except WorkerError as exc:
+            if exc.code == "worker_died" and not retried:
+                retried = True
+                continue
+            raise _api_error(exc) from exc
     observe_embedding(model, len(rows), done.prompt_tokens)
     return Pooled(rows, done.prompt_tokens)
 

@@ -16,8 +16,10 @@ from typing import Any
 
 from aiohttp import web
 
+from . import cross_encoder
 from .embedding import (
     MAX_INPUTS,
+    Pooled,
     check_kind_before_load,
     embedding_tokens,
     fit_context,
@@ -92,27 +94,57 @@ def _rerank_body(body: Any) -> RerankRequest:
     return req
 
 
+async def _yes_no(model: ModelSupervisor, req: RerankRequest, documents: list[str]) -> Pooled:
+    """A Qwen3-Reranker-style decoder: the "yes"/"no" logits after each document's prompt."""
+    yes, no = yes_no_ids(model.text)
+    prompts = [
+        rerank_tokens(
+            model.text,
+            req.query,
+            doc,
+            instruction=req.instruction,
+            context_length=model.context_length,
+            truncate=req.truncate,
+            param=f"documents.[{i}]",
+        )
+        for i, doc in enumerate(documents)
+    ]
+    return await run_pooled(model, prompts, output="token_logits", logit_tokens=[yes, no])
+
+
+async def _cross_encode(model: ModelSupervisor, req: RerankRequest, documents: list[str]) -> Pooled:
+    """A cross-encoder: the classifier's logits on each (query, document) pair."""
+    if req.instruction is not None:
+        raise bad_request(
+            f"model '{req.model}' is a cross-encoder: it takes no instruction",
+            param="instruction",
+        )
+    prompts = [
+        cross_encoder.pair_tokens(
+            model.text,
+            req.query,
+            doc,
+            context_length=model.context_length,
+            truncate=req.truncate,
+            param=f"documents.[{i}]",
+        )
+        for i, doc in enumerate(documents)
+    ]
+    return await run_pooled(model, prompts)
+
+
 async def rerank(request: web.Request) -> web.Response:
     req = await parsed_body(request, _rerank_body)
     documents = req.texts()
     check_kind_before_load(request.app[STORE], req.model, "rerank", request.path)
     async with request.app[REGISTRY].use(req.model, req.keep_alive_seconds()) as model:
-        require_kind(model, "rerank", request.path)
-        yes, no = yes_no_ids(model.text)
-        prompts = [
-            rerank_tokens(
-                model.text,
-                req.query,
-                doc,
-                instruction=req.instruction,
-                context_length=model.context_length,
-                truncate=req.truncate,
-                param=f"documents.[{i}]",
-            )
-            for i, doc in enumerate(documents)
-        ]
-        pooled = await run_pooled(model, prompts, output="token_logits", logit_tokens=[yes, no])
-    scores = [relevance(v[0], v[1]) for v in pooled.values]
+        kind = require_kind(model, "rerank", request.path)
+        if kind.pooling == "cls":
+            pooled = await _cross_encode(model, req, documents)
+            scores = [cross_encoder.relevance(v) for v in pooled.values]
+        else:
+            pooled = await _yes_no(model, req, documents)
+            scores = [relevance(v[0], v[1]) for v in pooled.values]
     order = sorted(range(len(scores)), key=lambda i: -scores[i])[: req.top_n or len(scores)]
     results = []
     for i in order:

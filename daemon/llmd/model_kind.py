@@ -15,15 +15,19 @@ How the kind is decided (issue 23, phase 1):
 - **GGUF:** llama.cpp's converter writes ``{arch}.pooling_type`` for embedding and rerank files
   (1 mean, 2 cls, 3 last, 4 rank); a GGUF embedding is normalised, as llama-server returns it
   by default.
+- **Cross-encoders** (bge-reranker, ms-marco MiniLM): a reranker directory whose config names
+  a ``*ForSequenceClassification`` architecture of an encoder family, or an encoder GGUF with
+  pooling_type rank; the kind records pooling "cls" (the classifier reads the CLS row).
 - **Rerankers:** a Qwen3-Reranker is a plain ``Qwen3ForCausalLM`` with no marker in its files,
   so a directory is a reranker when its name (the hub repo or the local directory) contains
   ``reranker`` (case-insensitive), or when the pull asks for it (``llmd pull --kind rerank``,
   ``"kind"`` in the pull API; any kind may be asked for a directory, none for a GGUF). Its score is
   P("yes") over the "yes"/"no" next-token logits after the Qwen3-Reranker prompt
-  (rerank.py). A GGUF with pooling_type rank is refused for now: llama.cpp's converter
-  replaces its lm_head with a two-row ``cls.output`` the engine does not load yet.
+  (rerank.py). A decoder GGUF with pooling_type rank is refused for now: llama.cpp's
+  converter replaces its lm_head with a two-row ``cls.output`` the engine does not load yet.
 
-Encoders (issue 23, phase 2: BERT, XLM-RoBERTa, nomic-bert) only embed: a directory of one
+Encoders (issue 23, phase 2: BERT, XLM-RoBERTa, nomic-bert) embed, or rerank as
+cross-encoders; they never generate. An embedding directory of one
 needs its sentence-transformers Pooling module, and may pool by CLS token, which a decoder
 cannot (its first token has seen nothing). Poolings no engine runs (max, weighted mean) are
 refused at pull with the reason.
@@ -75,6 +79,8 @@ class ModelKind:
 
     def describe(self) -> str:
         """`llmd show`'s line: 'embed (last-token pooling, normalized)'."""
+        if self.kind == "rerank" and self.pooling == "cls":
+            return "rerank (cross-encoder)"
         if self.kind != "embed":
             return self.kind
         extra = ", normalized" if self.normalize else ""
@@ -134,7 +140,12 @@ def _kind_of_hf_dir(directory: Path, name: str, requested: str | None) -> ModelK
     if requested == "generate":
         return GENERATE
     if requested == "rerank" or (requested is None and "reranker" in name.lower()):
-        return ModelKind("rerank")
+        # A sequence-classification checkpoint is a cross-encoder: its classifier scores the
+        # CLS row of the (query, document) pair (pooling "cls").
+        config = _read_json(directory / "config.json")
+        archs = config.get("architectures") if isinstance(config, dict) else None
+        classifier = any(str(a).endswith("ForSequenceClassification") for a in archs or [])
+        return ModelKind("rerank", "cls" if classifier else "")
     modules = _read_json(directory / "modules.json")
     pooling_module = None
     normalize = False
@@ -174,9 +185,11 @@ def kind_of_gguf(get: Any, arch: str, what: str, requested: str | None = None) -
     if requested == "generate" or (not pooling and requested is None):
         return GENERATE
     if pooling == "rank" or requested == "rerank":
+        if arch in ENCODER_ARCHITECTURES:  # llama.cpp's cross-encoders: cls / cls.output head
+            return ModelKind("rerank", "cls")
         raise KindError(
-            f"{what}: reranking GGUF files (pooling_type rank) are not supported yet; pull the "
-            "reranker's Hugging Face directory instead"
+            f"{what}: reranking GGUF files (pooling_type rank) of decoders are not supported "
+            "yet; pull the reranker's Hugging Face directory instead"
         )
     return _embed_kind(pooling or "last", True, what)
 
@@ -185,7 +198,7 @@ def kind_of_gguf(get: Any, arch: str, what: str, requested: str | None = None) -
 # or rerank model of another one (EmbeddingGemma) is refused at pull.
 POOLING_ARCHITECTURES = ("llama", "qwen2", "qwen3")
 # Encoders (native/mlx/bert.cpp), by config.json model_type and GGUF general.architecture:
-# they embed, and nothing else yet.
+# they embed, or rerank as cross-encoders.
 ENCODER_ARCHITECTURES = ("bert", "xlm-roberta", "nomic_bert", "nomic-bert")
 
 
@@ -194,14 +207,14 @@ def check_architecture(kind: ModelKind, arch: str, what: str) -> ModelKind:
     if arch in ENCODER_ARCHITECTURES:
         if kind.kind == "generate":
             raise KindError(
-                f"{what}: {arch} is an encoder, which only embeds; its directory has no "
-                "sentence-transformers Pooling module (modules.json, 1_Pooling/config.json) "
-                "saying how to pool it, and its GGUF no pooling_type"
+                f"{what}: {arch} is an encoder, which embeds or reranks but never generates; its "
+                "directory has no sentence-transformers Pooling module (modules.json, "
+                "1_Pooling/config.json) saying how to pool it, nor its GGUF a pooling_type"
             )
-        if kind.kind == "rerank":
+        if kind.kind == "rerank" and kind.pooling != "cls":
             raise KindError(
-                f"{what}: reranking with {arch} cross-encoders is not supported yet (llmd "
-                "reranks with Qwen3-Reranker-style decoders)"
+                f"{what}: {arch} reranks only as a cross-encoder (a *ForSequenceClassification "
+                "checkpoint, or a GGUF with pooling_type rank); this one has no classifier"
             )
         return kind
     if kind.kind != "generate" and arch not in POOLING_ARCHITECTURES:
@@ -209,6 +222,12 @@ def check_architecture(kind: ModelKind, arch: str, what: str) -> ModelKind:
             f"{what}: {kind.kind} models of architecture {arch} are not supported yet "
             f"(llmd embeds and reranks with {', '.join(POOLING_ARCHITECTURES)} decoders, "
             f"and embeds with {', '.join(ENCODER_ARCHITECTURES)} encoders)"
+        )
+    if kind.kind == "rerank" and kind.pooling == "cls":
+        raise KindError(
+            f"{what}: sequence-classification rerankers of architecture {arch} are not "
+            "supported yet (llmd reranks with Qwen3-Reranker-style decoders and encoder "
+            "cross-encoders)"
         )
     if kind.pooling == "cls":
         raise KindError(

@@ -237,8 +237,9 @@ class ModelSupervisor:
         prompt = self.text.encode(WARMUP_TEXT)
         started = time.perf_counter()
         kind = record_kind(self.record)
-        if kind.kind == "embed":
-            # Embedding models warm up as they serve: an encoder cannot generate at all.
+        if kind.kind == "embed" or kind.pooling == "cls":
+            # Embedding models and cross-encoders warm up as they serve: an encoder cannot
+            # generate at all.
             embedded, _ = await worker.embed(
                 [prompt], pooling=kind.pooling or "last", normalize=kind.normalize
             )

@@ -61,11 +61,9 @@ class Model {
   // runs whole in one step (never chunked: an early chunk would miss the later tokens) and
   // never from the prefix cache (a cached position's state depends on what follows it).
   virtual bool bidirectional() const { return false; }
-  // Width of a pooled embedding after the model's own projection (sentence-transformers
-  // Dense modules); hidden_size when it has none.
-  virtual int pooled_width() const { return info().hidden_size; }
-  // Applies that projection to one pooled vector of hidden_size values, before any
-  // normalisation; models without one leave it as it is.
+  // The model's own head over one pooled vector of hidden_size values, before any
+  // normalisation: a cross-encoder's classifier turns it into its label scores. Models
+  // without one leave it as it is.
   virtual void project_pooled(std::vector<float>& /*values*/) const {}
 };
 

@@ -9,6 +9,12 @@
 // Hugging Face checkpoints; llama.cpp's converter drops those rows, so its `bert` GGUF files
 // start at 0. nomic-bert: rotary positions (NEOX halves), a fused Wqkv, a SwiGLU MLP, and
 // biases only where its config asks for them.
+//
+// Cross-encoder rerankers (bge-reranker: XLM-RoBERTa with a classification head; llama.cpp's
+// `bert` GGUF files with pooling_type rank and cls / cls.output tensors) score a (query,
+// document) pair from the CLS row: out(tanh(dense(h_cls))), applied to the pooled row
+// (project_pooled). Where the model has several token types, the document's tokens (after the
+// first separator) are type 1, as the tokenizer's pair encoding marks them.
 #include <cmath>
 #include <optional>
 #include <stdexcept>
@@ -49,11 +55,48 @@ struct EncoderLayer {
   LayerNorm out_norm;
 };
 
+// A sequence-classification head on the CLS row (cross-encoders): optional dense + tanh, then
+// the output rows (one per label; rerankers have one). Float32, applied on the host.
+struct ClassifierHead {
+  std::vector<float> dense_w, dense_b;  // [hidden, hidden], [hidden]; empty: no dense layer
+  std::vector<float> out_w, out_b;      // [labels, hidden], [labels]
+  int labels = 0;
+
+  void apply(std::vector<float>& v) const {
+    const size_t h = v.size();
+    if (!dense_w.empty()) {
+      std::vector<float> y(h);
+      for (size_t i = 0; i < h; ++i) {
+        double acc = dense_b[i];
+        for (size_t j = 0; j < h; ++j) acc += static_cast<double>(dense_w[i * h + j]) * v[j];
+        y[i] = static_cast<float>(std::tanh(acc));
+      }
+      v = std::move(y);
+    }
+    std::vector<float> out(labels);
+    for (int i = 0; i < labels; ++i) {
+      double acc = out_b[i];
+      for (size_t j = 0; j < h; ++j) acc += static_cast<double>(out_w[i * h + j]) * v[j];
+      out[i] = static_cast<float>(acc);
+    }
+    v = std::move(out);
+  }
+};
+
+std::vector<float> host_floats(const mx::array& a) {
+  mx::array f = mx::contiguous(mx::astype(a, mx::float32));
+  f.eval();
+  return std::vector<float>(f.data<float>(), f.data<float>() + f.size());
+}
+
 // What every encoder keeps besides its layers.
 struct EncoderWeights {
   Embedding tokens;
   std::optional<mx::array> positions;  // [n_positions, hidden] float32 (absolute positions)
   std::optional<mx::array> type0;      // [hidden]: the token-type-0 row
+  std::optional<mx::array> type1;      // [hidden]: type 1, for the second text of a pair (cross-encoders)
+  int sep_token = -1;                  // the separator ending the first text of a pair
+  std::optional<ClassifierHead> head;
   LayerNorm embed_norm;
   std::vector<EncoderLayer> layers;
 };
@@ -96,6 +139,7 @@ class EncoderModel : public Model {
     }
     if (w_.positions) all.push_back(*w_.positions);
     if (w_.type0) all.push_back(*w_.type0);
+    if (w_.type1) all.push_back(*w_.type1);
     mx::eval(all);
   }
 
@@ -106,6 +150,9 @@ class EncoderModel : public Model {
   KvShape kv_shape() const override { return KvShape{.n_layers = 1, .n_kv_heads = 1, .head_dim = 1, .host_storage = false}; }
   bool bidirectional() const override { return true; }
   bool supports_hidden() const override { return true; }
+  void project_pooled(std::vector<float>& values) const override {
+    if (w_.head) w_.head->apply(values);
+  }
 
   std::map<std::string, std::string> matmul_paths() const override {
     std::map<std::string, std::string> paths;
@@ -130,14 +177,18 @@ class EncoderModel : public Model {
     const int H = c_.dims.hidden_size;
     std::vector<int32_t> tokens;
     std::vector<int32_t> positions;
+    std::vector<float> second;  // 1 for the second text of a pair (after the first separator)
     std::vector<std::pair<int, int>> spans;  // (first row, rows) of each segment
     for (const StepSegment& s : step.segments) {
       if (s.want_logits) throw std::runtime_error(info_.architecture + " is an encoder: it has no next-token logits");
       if (s.start_pos != 0) throw std::runtime_error(info_.architecture + " runs whole prompts only");
       spans.emplace_back(static_cast<int>(tokens.size()), static_cast<int>(s.tokens.size()));
+      bool after_sep = false;
       for (size_t i = 0; i < s.tokens.size(); ++i) {
         tokens.push_back(s.tokens[i]);
         positions.push_back(c_.position_offset + static_cast<int>(i));
+        second.push_back(after_sep ? 1.f : 0.f);
+        after_sep = after_sep || s.tokens[i] == w_.sep_token;
       }
     }
     const int T = static_cast<int>(tokens.size());
@@ -145,6 +196,10 @@ class EncoderModel : public Model {
     w_.tokens.lookup(tokens, rows.data());
     mx::array x(rows.begin(), {T, H}, mx::float32);
     if (w_.type0) x = mx::add(x, *w_.type0);
+    if (w_.type1) {  // rows of the second text: type 1 instead of type 0
+      mx::array is_second(second.begin(), {T, 1}, mx::float32);
+      x = mx::add(x, mx::multiply(is_second, mx::subtract(*w_.type1, *w_.type0)));
+    }
     if (w_.positions) {
       x = mx::add(x, mx::take(*w_.positions, mx::array(positions.begin(), {T}, mx::int32), 0));
     }
@@ -292,8 +347,23 @@ std::unique_ptr<Model> load_encoder_gguf(const GgufFile& file, const LoadOptions
     L.down_bias = gguf_opt(file, b + "ffn_down.bias");
     L.out_norm = gguf_norm(file, b + "layer_output_norm");
   }
-  if (file.find("cls.output.weight")) {
-    throw std::runtime_error(arch + " reranking (cross-encoder) GGUF files are not supported yet");
+  if (const TensorView* out = file.find("cls.output.weight")) {
+    ClassifierHead head;
+    if (file.find("cls.weight")) {
+      head.dense_w = host_floats(dequantize_tensor(file.tensor("cls.weight")));
+      head.dense_b = host_floats(dequantize_tensor(file.tensor("cls.bias")));
+    }
+    head.out_w = host_floats(dequantize_tensor(*out));
+    head.out_b = host_floats(dequantize_tensor(file.tensor("cls.output.bias")));
+    head.labels = static_cast<int>(out->shape.size() > 1 ? out->shape[1] : 1);
+    w.head = std::move(head);
+    if (c.type_vocab > 1) {
+      const auto sep = m.get_int("tokenizer.ggml.seperator_token_id");  // llama.cpp's spelling
+      if (!sep) throw std::runtime_error(arch + " reranker without tokenizer.ggml.seperator_token_id");
+      w.sep_token = static_cast<int>(*sep);
+      mx::array types = dequantize_tensor(file.tensor("token_types.weight"));
+      w.type1 = mx::reshape(mx::slice(types, {1, 0}, {2, d.hidden_size}), {d.hidden_size});
+    }
   }
   const std::string format = "gguf:" + type_name(file.tensor("blk.0.ffn_down.weight").type);
   ModelInfo info = encoder_info(c, arch, format, options);
@@ -371,6 +441,29 @@ std::unique_ptr<Model> load_bert_family_safetensors(const std::string& dir, cons
     L.down = w.linear({b + "output.dense"}, dev);
     L.down_bias = w.get(b + "output.dense.bias");
     L.out_norm = hf_norm(w, b + "output.LayerNorm");
+  }
+  // A sequence-classification model (a cross-encoder reranker): RoBERTa's head (dense, tanh,
+  // out_proj) or BERT's (pooler dense, tanh, classifier).
+  const bool roberta_head = w.has("classifier.out_proj.weight");
+  if (roberta_head || w.has("classifier.weight")) {
+    ClassifierHead head;
+    const std::string dense = roberta_head ? "classifier.dense" : r + "pooler.dense";
+    const std::string out = roberta_head ? "classifier.out_proj" : "classifier";
+    head.dense_w = host_floats(w.get(dense + ".weight"));
+    head.dense_b = host_floats(w.get(dense + ".bias"));
+    head.out_w = host_floats(w.get(out + ".weight"));
+    head.out_b = host_floats(w.get(out + ".bias"));
+    head.labels = static_cast<int>(head.out_b.size());
+    e.head = std::move(head);
+    if (c.type_vocab > 1) {
+      const auto sep = hf.get_int("sep_token_id");
+      if (!sep) {
+        throw std::runtime_error(arch + " cross-encoders with token types need sep_token_id in config.json");
+      }
+      e.sep_token = static_cast<int>(*sep);
+      mx::array types = w.get(r + "embeddings.token_type_embeddings.weight");
+      e.type1 = mx::reshape(mx::slice(types, {1, 0}, {2, d.hidden_size}), {d.hidden_size});
+    }
   }
   ModelInfo info = encoder_info(c, arch, w.format(), options);
   info.weight_bytes = w.stored_bytes();

@@ -21,7 +21,12 @@ import pytest
 from openai import OpenAI
 
 from tests.conftest import LiveServer, run_llmd, short_home, start_server, stop_server
-from tests.native.tiny_encoder_models import write_encoder_dir, write_encoder_gguf
+from tests.native.tiny_encoder_models import (
+    write_encoder_dir,
+    write_encoder_gguf,
+    write_reranker_dir,
+    write_reranker_gguf,
+)
 
 pytest.importorskip("llmd._engine", reason="the native engine (llmd._engine) is not built")
 
@@ -52,6 +57,7 @@ def encoders(
             del os.environ["LLMD_BACKEND"]
         else:
             os.environ["LLMD_BACKEND"] = previous
+    live.backend = request.param  # type: ignore[attr-defined]
     root = tmp_path_factory.mktemp("encoders")
     for arch in ARCHS:
         write_encoder_dir(root / arch, arch)
@@ -61,7 +67,9 @@ def encoders(
             assert pulled.returncode == 0, pulled.stderr
     write_encoder_dir(root / "bert_dense", "bert", dense=True)
     write_encoder_dir(root / "nomic-mrl", "nomic_bert", card="Trained with Matryoshka loss.")
-    for name in ("bert_dense", "nomic-mrl"):
+    write_reranker_dir(root / "tiny-xlmr-reranker", "xlm-roberta")
+    write_reranker_gguf(root / "bert-reranker.gguf")
+    for name in ("bert_dense", "nomic-mrl", "tiny-xlmr-reranker", "bert-reranker.gguf"):
         pulled = run_llmd(live.env, "pull", str(root / name), "--name", name, timeout=300)
         assert pulled.returncode == 0, pulled.stderr
     yield live
@@ -166,3 +174,76 @@ def test_dimensions_only_for_models_trained_for_truncation(encoders: LiveServer)
         )
         assert refused.status_code == 400 and refused.json()["error"]["param"] == "dimensions"
         assert words in refused.json()["error"]["message"]
+
+
+@pytest.mark.parametrize(
+    ("model", "arch"), [("tiny-xlmr-reranker", "xlm-roberta"), ("bert-reranker.gguf", "bert")]
+)
+def test_cross_encoders_rerank_like_transformers(
+    encoders: LiveServer, model: str, arch: str
+) -> None:
+    """/v1/rerank with a cross-encoder directory (XLM-RoBERTa, bge-reranker style) and a
+    llama.cpp rank GGUF (BERT): same order and scores as transformers' classifier."""
+    fx = FIXTURE[f"rerank_{arch}"]
+    documents = [item["document"] for item in fx["items"]]
+    out = httpx.post(
+        encoders.base_url + "/v1/rerank",
+        json={
+            "model": model,
+            "query": fx["query"],
+            "documents": documents,
+            "return_documents": True,
+        },
+        timeout=120,
+    )
+    assert out.status_code == 200, out.text
+    results = out.json()["results"]
+    want = sorted(range(len(documents)), key=lambda i: -fx["items"][i]["score"])
+    assert [r["index"] for r in results] == want
+    for r in results:
+        assert abs(r["relevance_score"] - fx["items"][r["index"]]["score"]) < 1e-4
+        assert r["document"]["text"] == documents[r["index"]]
+    assert out.json()["usage"]["prompt_tokens"] == sum(len(i["ids"]) for i in fx["items"])
+    shown = run_llmd(encoders.env, "show", model)
+    assert re.search(r"kind\s+rerank \(cross-encoder\)", shown.stdout)
+
+
+def test_a_worker_dying_mid_request_is_retried_once(encoders: LiveServer) -> None:
+    """The worker is killed while it embeds a large request: the daemon restarts it and sends
+    the request once more, so the client gets every vector, later but right."""
+    if encoders.backend != "cpu":  # type: ignore[attr-defined]
+        pytest.skip("the retry is the daemon's: one backend shows it")
+    import signal
+    import threading
+    import time
+
+    fx = FIXTURE["nomic_bert"]
+    longest = max(fx["items"], key=lambda item: len(item["ids"]))
+    texts = [longest["text"]] * 2000  # 84,000 tokens
+    httpx.post(encoders.base_url + "/v1/embeddings", json={"model": "nomic-mrl", "input": "w5"})
+
+    def pid() -> int:
+        models = httpx.get(encoders.base_url + "/status").json()["models"]
+        return next(m["pid"] for m in models if m["name"] == "nomic-mrl" and m["state"] == "ready")
+
+    first = pid()
+    result: dict = {}
+    sent = threading.Thread(
+        target=lambda: result.update(
+            r=httpx.post(
+                encoders.base_url + "/v1/embeddings",
+                json={"model": "nomic-mrl", "input": texts},
+                timeout=300,
+            )
+        )
+    )
+    sent.start()
+    time.sleep(0.5)
+    assert sent.is_alive()  # killed while the request runs
+    os.kill(first, signal.SIGKILL)
+    sent.join(300)
+    assert result["r"].status_code == 200, result["r"].text
+    data = result["r"].json()["data"]
+    assert len(data) == len(texts) and pid() != first
+    for got in data[:: len(texts) // 10]:
+        assert _cosine(got["embedding"], longest["embedding"]) >= 0.9999

@@ -15,7 +15,12 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tests.native.tiny_encoder_models import write_encoder_dir, write_encoder_gguf
+from tests.native.tiny_encoder_models import (
+    write_encoder_dir,
+    write_encoder_gguf,
+    write_reranker_dir,
+    write_reranker_gguf,
+)
 
 native = pytest.importorskip("llmd._engine")
 
@@ -103,4 +108,26 @@ def test_an_encoder_refuses_to_generate_and_decoders_refuse_cls(tmp_path: Path) 
     ev = _drain(engine, {"g"})["g"]
     assert ev["type"] == "error" and ev["code"] == "unsupported"
     assert "encoder" in ev["message"]
+    engine.shutdown()
+
+
+@pytest.mark.parametrize("backend", ["cpu", "mlx-cpu"])
+@pytest.mark.parametrize("source", ["bert-gguf", "xlm-roberta-dir"])
+def test_cross_encoder_scores_match_transformers(tmp_path: Path, source: str, backend: str) -> None:
+    """A cross-encoder's classifier on the CLS row of each (query, document) pair gives
+    transformers' sequence-classification logit (BERT's pair token types included)."""
+    from llmd.worker.host import hf_config
+
+    arch = source.rsplit("-", 1)[0]
+    fx = FIXTURE[f"rerank_{arch}"]
+    if source.endswith("gguf"):
+        write_reranker_gguf(tmp_path / "r.gguf")
+        engine = native.Engine(str(tmp_path / "r.gguf"), backend=backend, kv_type="f32")
+    else:
+        write_reranker_dir(tmp_path, arch)
+        engine = native.Engine(str(tmp_path), hf_config=hf_config(str(tmp_path)), backend=backend)
+    got = _embed(engine, [i["ids"] for i in fx["items"]], {"pooling": "cls", "normalize": False})
+    for ev, item in zip(got, fx["items"], strict=True):
+        assert ev["type"] == "done" and len(ev["values"]) == 1
+        assert abs(1 / (1 + np.exp(-ev["values"][0])) - item["score"]) < 1e-4, item["document"]
     engine.shutdown()

@@ -86,7 +86,7 @@ CONFIGS: dict[str, dict] = {
 
 # The pooling each test model's sentence-transformers config asks for (and its Normalize).
 POOLING = {"bert": ("cls", True), "xlm-roberta": ("mean", True), "nomic_bert": ("mean", True)}
-GGUF_POOLING_TYPE = {"mean": 1, "cls": 2, "last": 3}
+GGUF_POOLING_TYPE = {"mean": 1, "cls": 2, "last": 3, "rank": 4}
 GGUF_ARCH = {"bert": "bert", "xlm-roberta": "bert", "nomic_bert": "nomic-bert"}
 
 
@@ -162,8 +162,14 @@ def write_tokenizer(directory: Path, arch: str) -> None:
     tk.normalizer = normalizers.BertNormalizer(lowercase=True, strip_accents=False)
     tk.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     tk.add_special_tokens(XLMR_SPECIALS if xlmr else SPECIALS)
+    # Pairs as each family's own tokenizer joins them (cross-encoders read query and document
+    # as one input): BERT "[CLS] A [SEP] B [SEP]" (B of type 1), XLM-R "<s> A </s></s> B </s>"
+    # (one token type).
+    pair = f"{cls} $A {sep} {sep} $B {sep}" if xlmr else f"{cls} $A {sep} $B:1 {sep}:1"
     tk.post_processor = processors.TemplateProcessing(
-        single=f"{cls} $A {sep}", special_tokens=[(cls, vocab[cls]), (sep, vocab[sep])]
+        single=f"{cls} $A {sep}",
+        pair=pair,
+        special_tokens=[(cls, vocab[cls]), (sep, vocab[sep])],
     )
     tk.save(str(directory / "tokenizer.json"))
     (directory / "tokenizer_config.json").write_text(
@@ -299,9 +305,78 @@ def gguf_tensors(arch: str, seed: int = 11) -> dict[str, np.ndarray]:
     return out
 
 
-def write_encoder_gguf(path: Path, arch: str, seed: int = 11, pooling: str | None = None) -> None:
+RERANKERS = {
+    "bert": "BertForSequenceClassification",
+    "xlm-roberta": "XLMRobertaForSequenceClassification",
+}
+
+
+def classifier_weights(arch: str, seed: int = 13) -> dict[str, np.ndarray]:
+    """A one-label sequence-classification head with each family's Hugging Face names:
+    RoBERTa's classifier.dense + classifier.out_proj, BERT's pooler (in weights()) +
+    classifier."""
+    h = CONFIGS[arch]["hidden_size"]
+    rng = np.random.default_rng(seed)
+
+    def mat(*shape: int, scale: float) -> np.ndarray:
+        return (rng.standard_normal(shape) * scale).astype(np.float32)
+
+    if arch == "xlm-roberta":
+        return {
+            "classifier.dense.weight": mat(h, h, scale=0.2),
+            "classifier.dense.bias": mat(h, scale=0.05),
+            "classifier.out_proj.weight": mat(1, h, scale=0.5),
+            "classifier.out_proj.bias": mat(1, scale=0.1),
+        }
+    return {"classifier.weight": mat(1, h, scale=0.5), "classifier.bias": mat(1, scale=0.1)}
+
+
+def reranker_config(arch: str) -> dict:
+    config = {**CONFIGS[arch], "architectures": [RERANKERS[arch]], "num_labels": 1}
+    config["id2label"], config["label2id"] = {"0": "LABEL_0"}, {"LABEL_0": 0}
+    if arch == "bert":
+        config["sep_token_id"] = vocabulary(arch).index("[SEP]")
+    return config
+
+
+def write_reranker_dir(directory: Path, arch: str, seed: int = 11) -> None:
+    """A cross-encoder reranker directory (name it "...reranker..."): `arch`'s encoder under
+    its task model's prefix ("bert." / "roberta.") with a one-label classification head."""
+    directory.mkdir(parents=True, exist_ok=True)
+    prefix = "roberta." if arch == "xlm-roberta" else "bert."
+    w = weights(arch, seed)
+    if arch == "xlm-roberta":  # RoBERTa's head replaces the pooler
+        del w["pooler.dense.weight"], w["pooler.dense.bias"]
+    tensors = {prefix + k: v for k, v in w.items()} | classifier_weights(arch)
+    write_safetensors(directory / "model.safetensors", tensors, dtype="F32")
+    (directory / "config.json").write_text(json.dumps(reranker_config(arch), indent=1))
+    write_tokenizer(directory, arch)
+
+
+def write_reranker_gguf(path: Path, seed: int = 11) -> None:
+    """The BERT reranker as llama.cpp's converter writes one: pooling_type rank, the pooler as
+    ``cls``, the classifier as ``cls.output``."""
+    head = classifier_weights("bert")
+    w = weights("bert", seed)
+    extra = {
+        "cls.weight": w["pooler.dense.weight"],
+        "cls.bias": w["pooler.dense.bias"],
+        "cls.output.weight": head["classifier.weight"],
+        "cls.output.bias": head["classifier.bias"],
+    }
+    write_encoder_gguf(path, "bert", seed, pooling="rank", extra=extra)
+
+
+def write_encoder_gguf(
+    path: Path,
+    arch: str,
+    seed: int = 11,
+    pooling: str | None = None,
+    extra: dict[str, np.ndarray] | None = None,
+) -> None:
     """An F32 GGUF of the directory's weights, with a WordPiece vocabulary in llama.cpp's
-    converted form ("▁" for word starts, no "##") and ``{arch}.pooling_type``."""
+    converted form ("▁" for word starts, no "##") and ``{arch}.pooling_type``; `extra`: more
+    tensors."""
     from gguf import GGUFWriter
 
     c = CONFIGS[arch]
@@ -340,7 +415,7 @@ def write_encoder_gguf(path: Path, arch: str, seed: int = 11, pooling: str | Non
     w.add_unk_token_id(unk)
     w.add_pad_token_id(specials.index("<pad>") if arch == "xlm-roberta" else 0)
     w.add_token_type_count(c["type_vocab_size"])
-    for name, x in gguf_tensors(arch, seed).items():
+    for name, x in (gguf_tensors(arch, seed) | (extra or {})).items():
         w.add_tensor(name, np.ascontiguousarray(x, dtype=np.float32))
     w.write_header_to_file()
     w.write_kv_data_to_file()

@@ -93,10 +93,26 @@ def test_matryoshka_is_read_from_the_model_card(tmp_path: Path) -> None:
 
 
 def test_encoders_only_embed() -> None:
-    with pytest.raises(KindError, match="encoder, which only embeds"):
+    with pytest.raises(KindError, match="encoder, which embeds or reranks but never generates"):
         check_architecture(GENERATE, "nomic-bert", "m")
-    with pytest.raises(KindError, match="cross-encoders is not supported yet"):
+    with pytest.raises(KindError, match="this one has no classifier"):
         check_architecture(ModelKind("rerank"), "bert", "m")
+
+
+def test_cross_encoders_are_rerankers_with_a_classifier(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text(
+        json.dumps({"architectures": ["XLMRobertaForSequenceClassification"]})
+    )
+    kind = kind_of_hf_dir(tmp_path, "bge-reranker-v2-m3")
+    assert kind == ModelKind("rerank", "cls") and kind.describe() == "rerank (cross-encoder)"
+    assert check_architecture(kind, "xlm-roberta", "m") == kind
+    with pytest.raises(KindError, match="sequence-classification rerankers of architecture qwen3"):
+        check_architecture(kind, "qwen3", "m")
+
+    def rank(key, default=None):  # type: ignore[no-untyped-def]
+        return 4 if key.endswith(".pooling_type") else default
+
+    assert kind_of_gguf(rank, "bert", "f.gguf") == ModelKind("rerank", "cls")
 
 
 def test_a_plain_decoder_generates_and_a_reranker_is_known_by_its_name(tmp_path: Path) -> None:
@@ -115,7 +131,7 @@ def test_gguf_pooling_type() -> None:
     cls = kind_of_gguf(meta(2), "qwen3", "f.gguf")
     with pytest.raises(KindError, match="CLS pooling needs an encoder"):
         check_architecture(cls, "qwen3", "f.gguf")
-    with pytest.raises(KindError, match="reranking GGUF files"):
+    with pytest.raises(KindError, match="reranking GGUF files .* of decoders"):
         kind_of_gguf(meta(4), "qwen3", "f.gguf")
 
 
