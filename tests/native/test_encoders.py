@@ -131,3 +131,24 @@ def test_cross_encoder_scores_match_transformers(tmp_path: Path, source: str, ba
         assert ev["type"] == "done" and len(ev["values"]) == 1
         assert abs(1 / (1 + np.exp(-ev["values"][0])) - item["score"]) < 1e-4, item["document"]
     engine.shutdown()
+
+
+@pytest.mark.parametrize("backend", ["cpu", "mlx-cpu"])
+@pytest.mark.parametrize("quant", ["F16", "Q8_0"])
+@pytest.mark.parametrize("arch", ["bert", "nomic_bert"])
+def test_quantized_gguf_files_embed_close_to_the_reference(
+    tmp_path: Path, arch: str, quant: str, backend: str
+) -> None:
+    """Published encoder GGUFs store their matrices in F16 or Q8_0 (Q8_0 runs on llmd's CPU
+    kernels as stored): the vectors stay within the quantization's error of the reference."""
+    fx = FIXTURE[arch]
+    write_encoder_gguf(tmp_path / "q.gguf", arch, quant=quant)
+    engine = native.Engine(str(tmp_path / "q.gguf"), backend=backend, kv_type="f32")
+    got = _embed(engine, [item["ids"] for item in fx["items"]], fx)
+    floor = 0.9999 if quant == "F16" else 0.999
+    for ev, item in zip(got, fx["items"], strict=True):
+        assert ev["type"] == "done", ev
+        assert _cosine(ev["values"], item["embedding"]) >= floor, (item["text"], quant, backend)
+    if backend == "cpu" and quant == "Q8_0":  # llmd's kernels over the Q8_0 blocks
+        assert engine.matmul_paths()["blk.0.ffn_down"].startswith("llmd:q8_0")
+    engine.shutdown()

@@ -373,11 +373,12 @@ def write_encoder_gguf(
     seed: int = 11,
     pooling: str | None = None,
     extra: dict[str, np.ndarray] | None = None,
+    quant: str = "F32",
 ) -> None:
     """An F32 GGUF of the directory's weights, with a WordPiece vocabulary in llama.cpp's
     converted form ("▁" for word starts, no "##") and ``{arch}.pooling_type``; `extra`: more
-    tensors."""
-    from gguf import GGUFWriter
+    tensors; `quant` F16 or Q8_0 stores the layers' matrices so (as published files are)."""
+    from gguf import GGMLQuantizationType, GGUFWriter, quantize
 
     c = CONFIGS[arch]
     g = GGUF_ARCH[arch]
@@ -416,7 +417,14 @@ def write_encoder_gguf(
     w.add_pad_token_id(specials.index("<pad>") if arch == "xlm-roberta" else 0)
     w.add_token_type_count(c["type_vocab_size"])
     for name, x in (gguf_tensors(arch, seed) | (extra or {})).items():
-        w.add_tensor(name, np.ascontiguousarray(x, dtype=np.float32))
+        x = np.ascontiguousarray(x, dtype=np.float32)
+        if quant == "F32" or x.ndim != 2 or not name.startswith("blk."):
+            w.add_tensor(name, x)
+        elif quant == "F16":
+            w.add_tensor(name, x.astype(np.float16))
+        else:
+            q8 = GGMLQuantizationType.Q8_0
+            w.add_tensor(name, quantize(x, q8), raw_dtype=q8)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
