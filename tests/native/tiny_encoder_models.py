@@ -90,15 +90,16 @@ GGUF_POOLING_TYPE = {"mean": 1, "cls": 2, "last": 3, "rank": 4}
 GGUF_ARCH = {"bert": "bert", "xlm-roberta": "bert", "nomic_bert": "nomic-bert"}
 
 
-def vocabulary(arch: str) -> list[str]:
+def vocabulary(arch: str, size: int = VOCAB) -> list[str]:
     specials = XLMR_SPECIALS if arch == "xlm-roberta" else SPECIALS
-    words = [f"w{i}" for i in range(len(specials), VOCAB - 2)]
+    words = [f"w{i}" for i in range(len(specials), size - 2)]
     return [*specials, *words, "##s", "##ing"]
 
 
-def weights(arch: str, seed: int = 0) -> dict[str, np.ndarray]:
-    """The checkpoint's tensors with Hugging Face names (float32)."""
-    c = CONFIGS[arch]
+def weights(arch: str, seed: int = 0, config: dict | None = None) -> dict[str, np.ndarray]:
+    """The checkpoint's tensors with Hugging Face names (float32); `config` replaces
+    CONFIGS[arch] (benchmarks: real models' shapes)."""
+    c = config or CONFIGS[arch]
     rng = np.random.default_rng(seed)
     nomic = arch == "nomic_bert"
     h = c["n_embd"] if nomic else c["hidden_size"]
@@ -259,11 +260,11 @@ def write_encoder_dir(
         (directory / "README.md").write_text(card)
 
 
-def gguf_tensors(arch: str, seed: int = 11) -> dict[str, np.ndarray]:
+def gguf_tensors(arch: str, seed: int = 11, config: dict | None = None) -> dict[str, np.ndarray]:
     """The same weights under llama.cpp's tensor names, as its converter writes them
     (XLM-RoBERTa's position rows before padding_idx + 1 dropped)."""
-    w = weights(arch, seed)
-    c = CONFIGS[arch]
+    w = weights(arch, seed, config)
+    c = config or CONFIGS[arch]
     out = {
         "token_embd.weight": w["embeddings.word_embeddings.weight"],
         "token_types.weight": w["embeddings.token_type_embeddings.weight"],
@@ -374,13 +375,14 @@ def write_encoder_gguf(
     pooling: str | None = None,
     extra: dict[str, np.ndarray] | None = None,
     quant: str = "F32",
+    config: dict | None = None,
 ) -> None:
     """An F32 GGUF of the directory's weights, with a WordPiece vocabulary in llama.cpp's
     converted form ("▁" for word starts, no "##") and ``{arch}.pooling_type``; `extra`: more
     tensors; `quant` F16 or Q8_0 stores the layers' matrices so (as published files are)."""
     from gguf import GGMLQuantizationType, GGUFWriter, quantize
 
-    c = CONFIGS[arch]
+    c = config or CONFIGS[arch]
     g = GGUF_ARCH[arch]
     nomic = arch == "nomic_bert"
     w = GGUFWriter(str(path), g)
@@ -399,7 +401,8 @@ def write_encoder_gguf(
     if nomic:
         w.add_rope_freq_base(float(c["rotary_emb_base"]))
     tokens = []
-    for t in vocabulary(arch):
+    vocab = vocabulary(arch, c["vocab_size"])
+    for t in vocab:
         if t.startswith("##"):
             tokens.append(t[2:])
         elif t.startswith("[") or t.startswith("<"):
@@ -408,7 +411,7 @@ def write_encoder_gguf(
             tokens.append("\u2581" + t)
     w.add_tokenizer_model("bert")
     w.add_token_list(tokens)
-    w.add_token_types([3 if t in SPECIALS or t in XLMR_SPECIALS else 1 for t in vocabulary(arch)])
+    w.add_token_types([3 if t in SPECIALS or t in XLMR_SPECIALS else 1 for t in vocab])
     specials = XLMR_SPECIALS if arch == "xlm-roberta" else SPECIALS
     cls, sep, unk = (0, 2, 3) if arch == "xlm-roberta" else (2, 3, 1)
     w.add_bos_token_id(cls)  # llama.cpp's converter: [CLS] is the BOS token
@@ -416,7 +419,7 @@ def write_encoder_gguf(
     w.add_unk_token_id(unk)
     w.add_pad_token_id(specials.index("<pad>") if arch == "xlm-roberta" else 0)
     w.add_token_type_count(c["type_vocab_size"])
-    for name, x in (gguf_tensors(arch, seed) | (extra or {})).items():
+    for name, x in (gguf_tensors(arch, seed, config) | (extra or {})).items():
         x = np.ascontiguousarray(x, dtype=np.float32)
         if quant == "F32" or x.ndim != 2 or not name.startswith("blk."):
             w.add_tensor(name, x)
