@@ -147,7 +147,9 @@ class EncoderModel : public Model {
   ModelInfo& mutable_info() override { return info_; }
   // No KV is kept: a one-element shape without host storage gives the engine's per-sequence
   // bookkeeping something to count and allocates nothing.
-  KvShape kv_shape() const override { return KvShape{.n_layers = 1, .n_kv_heads = 1, .head_dim = 1, .host_storage = false}; }
+  KvShape kv_shape() const override {
+    return KvShape{.n_layers = 1, .n_kv_heads = 1, .head_dim = 1, .host_storage = false};
+  }
   bool bidirectional() const override { return true; }
   bool supports_hidden() const override { return true; }
   void project_pooled(std::vector<float>& values) const override {
@@ -266,11 +268,6 @@ void check_config(const EncoderConfig& c, const std::string& arch) {
   }
 }
 
-ModelInfo encoder_info(const EncoderConfig& c, const std::string& arch, const std::string& format,
-                       const LoadOptions& options) {
-  return make_info(c.dims, arch, format, options);
-}
-
 // ---- GGUF (llama.cpp's converter: architectures `bert` and `nomic-bert`) ----
 
 std::optional<mx::array> gguf_opt(const GgufFile& file, const std::string& name) {
@@ -366,7 +363,7 @@ std::unique_ptr<Model> load_encoder_gguf(const GgufFile& file, const LoadOptions
     }
   }
   const std::string format = "gguf:" + type_name(file.tensor("blk.0.ffn_down.weight").type);
-  ModelInfo info = encoder_info(c, arch, format, options);
+  ModelInfo info = make_info(c.dims, arch, format, options);
   info.weight_bytes = file.file_size();
   return std::make_unique<EncoderModel>(c, info, std::move(w), dev);
 }
@@ -465,14 +462,13 @@ std::unique_ptr<Model> load_bert_family_safetensors(const std::string& dir, cons
       e.type1 = mx::reshape(mx::slice(types, {1, 0}, {2, d.hidden_size}), {d.hidden_size});
     }
   }
-  ModelInfo info = encoder_info(c, arch, w.format(), options);
+  ModelInfo info = make_info(c.dims, arch, w.format(), options);
   info.weight_bytes = w.stored_bytes();
   return std::make_unique<EncoderModel>(c, info, std::move(e), dev);
 }
 
 // nomic-ai's NomicBertModel (model_type nomic_bert; its config uses GPT-2's key names).
-std::unique_ptr<Model> load_nomic_bert_safetensors_impl(const std::string& dir, const Metadata& hf,
-                                                        const LoadOptions& options) {
+std::unique_ptr<Model> load_nomic_bert(const std::string& dir, const Metadata& hf, const LoadOptions& options) {
   const std::string arch = "nomic_bert";
   const Checkpoint w(dir, &hf);
   EncoderConfig c;
@@ -492,8 +488,9 @@ std::unique_ptr<Model> load_nomic_bert_safetensors_impl(const std::string& dir, 
   c.rope_base = static_cast<float>(hf.get_float("rotary_emb_base").value_or(10000.0));
   const std::string act = hf.get_string("activation_function").value_or("swiglu");
   if (act != "swiglu") throw std::runtime_error("nomic_bert activation_function '" + act + "' is not supported");
-  if (hf.get_float("rotary_emb_fraction").value_or(1.0) != 1.0 || hf.get_bool("rotary_emb_interleaved").value_or(false) ||
-      hf.get_bool("prenorm").value_or(false) || hf.get_int("rotary_scaling_factor").value_or(0) > 1) {
+  if (hf.get_float("rotary_emb_fraction").value_or(1.0) != 1.0 ||
+      hf.get_bool("rotary_emb_interleaved").value_or(false) || hf.get_bool("prenorm").value_or(false) ||
+      hf.get_int("rotary_scaling_factor").value_or(0) > 1) {
     throw std::runtime_error("nomic_bert with partial, interleaved or scaled rotary, or prenorm, is not supported");
   }
   const bool dev = options.on_device();
@@ -523,7 +520,7 @@ std::unique_ptr<Model> load_nomic_bert_safetensors_impl(const std::string& dir, 
       throw std::runtime_error("nomic_bert with mlp_fc1_bias is not supported");
     }
   }
-  ModelInfo info = encoder_info(c, arch, w.format(), options);
+  ModelInfo info = make_info(c.dims, arch, w.format(), options);
   info.weight_bytes = w.stored_bytes();
   return std::make_unique<EncoderModel>(c, info, std::move(e), dev);
 }
@@ -549,7 +546,7 @@ std::unique_ptr<Model> load_xlm_roberta_safetensors(const std::string& dir, cons
 
 std::unique_ptr<Model> load_nomic_bert_safetensors(const std::string& dir, const Metadata& hf,
                                                    const LoadOptions& options) {
-  return load_nomic_bert_safetensors_impl(dir, hf, options);
+  return load_nomic_bert(dir, hf, options);
 }
 
 }  // namespace llmd
