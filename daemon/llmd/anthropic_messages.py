@@ -44,7 +44,7 @@ from .chat_pipeline import (
     start_chat,
 )
 from .errors import ApiError, bad_request
-from .generation import Finished
+from .generation import Finished, require_generation
 from .http_common import REGISTRY, add_error_shape, parsed_body, relay, sse
 from .remote_chat import AnyRun
 from .remote_routes import count_remote, remote_for, start_remote
@@ -336,6 +336,7 @@ async def count_tokens(request: web.Request) -> web.Response:
     if remote is not None:
         return web.json_response({"input_tokens": await count_remote(request, remote, req)})
     async with request.app[REGISTRY].use(req.model, req.keep_alive_seconds()) as model:
+        require_generation(model)
         if not model.text.chat_template:
             raise bad_request(f"model '{req.model}' has no chat template", param="model")
         prompt = await asyncio.to_thread(chat_prompt, req, model)

@@ -31,7 +31,15 @@ from . import protocol as p
 from .chat_output import ChatOutputPlan, ChatStream
 from .chat_template import fold_inner_system_messages, render_chat
 from .errors import ApiError, bad_request
-from .generation import ContextOverflow, Delta, Finished, Started, generate_text, token_budget
+from .generation import (
+    ContextOverflow,
+    Delta,
+    Finished,
+    Started,
+    generate_text,
+    require_generation,
+    token_budget,
+)
 from .http_common import DEFAULT_MAX_TOKENS, SESSION_ID, SESSIONS
 from .openai_schemas import ChatCompletionRequest, SamplingFields
 from .reasoning import (
@@ -533,6 +541,7 @@ async def start_chat(
     `request` supplies the session header and the app's session table. `grammar`: one the
     caller's protocol enforces on the whole answer instead of any tool-call grammar (the
     Responses API's forced custom tool: the answer is that tool's raw input)."""
+    require_generation(model)
     if not model.text.chat_template:
         raise bad_request(
             f"model '{req.model}' has no chat template; use /v1/completions", param="model"

@@ -100,21 +100,56 @@ async def run_pooled(
 ) -> Pooled:
     """Runs every prompt as one engine sequence, all queued together (the engine admits them
     into the same steps). A failure of one fails the request and cancels the others, as the
-    client going away (this task cancelled) does."""
+    client going away (this task cancelled) does. A request whose worker dies is sent once
+    more to the restarted worker (an embedding has no partial output a client has seen, so
+    the retry is invisible but for the delay); a second death is reported, as the request
+    itself may be what kills it."""
     kind = record_kind(model.record)
-    worker = await model.ensure_ready()
-    try:
-        done, rows = await worker.embed(
-            list(prompts),
-            output=output,
-            pooling=kind.pooling or "last",
-            normalize=kind.normalize,
-            logit_tokens=logit_tokens,
-        )
-    except WorkerError as exc:
-        raise _api_error(exc) from exc
+    retried = False
+    while True:
+        worker = await model.ensure_ready()
+        try:
+            done, rows = await worker.embed(
+                list(prompts),
+                output=output,
+                pooling=kind.pooling or "last",
+                normalize=kind.normalize,
+                logit_tokens=logit_tokens,
+            )
+            break
+        except WorkerError as exc:
+            if exc.code == "worker_died" and not retried:
+                retried = True
+                continue
+            raise _api_error(exc) from exc
     observe_embedding(model, len(rows), done.prompt_tokens)
     return Pooled(rows, done.prompt_tokens)
+
+
+def truncated(
+    vectors: list[list[float]], dimensions: int | None, kind: ModelKind, model: str
+) -> list[list[float]]:
+    """The vectors cut to their first `dimensions` values and L2-normalised again (Matryoshka
+    truncation, as sentence-transformers' truncate_dim then Normalize), for a model trained for
+    it; `vectors` as they are when no `dimensions` was asked; otherwise a 400 naming why."""
+    if dimensions is None:
+        return vectors
+    if not kind.matryoshka:
+        raise ApiError(
+            400,
+            f"dimensions is not supported for model '{model}': its model card does not say it "
+            "was trained for Matryoshka truncation, and cutting its embeddings would degrade them",
+            param="dimensions",
+            code="unsupported_parameter",
+        )
+    width = len(vectors[0]) if vectors else dimensions
+    if dimensions > width:
+        raise ApiError(
+            400,
+            f"dimensions ({dimensions}) exceeds model '{model}''s embedding width of {width}",
+            param="dimensions",
+        )
+    return [l2_normalized(v[:dimensions]) for v in vectors]
 
 
 def l2_normalized(vector: list[float]) -> list[float]:

@@ -1,8 +1,8 @@
 """OpenAI's ``POST /v1/embeddings`` and the rerank routes (``POST /v1/rerank``, with
 llama-server's aliases ``/rerank`` and ``/v1/reranking``), answered from embedding.py.
 
-Decisions: ``dimensions`` is refused (400) on every model in this phase: llmd does not yet know
-which models were trained for Matryoshka truncation, and cutting an embedding that was not
+Decisions: ``dimensions`` truncates and renormalises only models trained for it (their model
+card says so: model_kind.py); other models answer 400, as cutting an embedding that was not
 trained for it silently degrades it. Rerank results are sorted by ``relevance_score``
 descending (ties keep input order), cut to ``top_n``, with ``document: {"text"}`` when
 ``return_documents`` is true, as Jina and Cohere answer.
@@ -16,17 +16,21 @@ from typing import Any
 
 from aiohttp import web
 
+from . import cross_encoder
 from .embedding import (
     MAX_INPUTS,
+    Pooled,
     check_kind_before_load,
     embedding_tokens,
     fit_context,
     require_kind,
     run_pooled,
+    truncated,
 )
 from .embedding_schemas import EmbeddingRequest, RerankRequest
-from .errors import ApiError, bad_request
+from .errors import bad_request
 from .http_common import REGISTRY, STORE, parsed_body
+from .model_kind import record_kind
 from .openai_schemas import parse_request
 from .rerank import relevance, rerank_tokens, yes_no_ids
 from .supervisor import ModelSupervisor
@@ -69,18 +73,13 @@ async def embeddings(request: web.Request) -> web.Response:
     check_kind_before_load(request.app[STORE], req.model, "embed", "/v1/embeddings")
     async with request.app[REGISTRY].use(req.model, req.keep_alive_seconds()) as model:
         require_kind(model, "embed", "/v1/embeddings")
-        if req.dimensions is not None:
-            raise ApiError(
-                400,
-                f"dimensions is not supported for model '{req.model}': llmd does not know it was "
-                "trained for Matryoshka truncation, and cutting its embeddings would degrade them",
-                param="dimensions",
-                code="unsupported_parameter",
-            )
+        kind = record_kind(model.record)
+        truncated([], req.dimensions, kind, req.model)  # refused before any work
         pooled = await run_pooled(model, _prompts(req, model))
+    vectors = truncated(pooled.values, req.dimensions, kind, req.model)
     data = [
         {"object": "embedding", "index": i, "embedding": encode_vector(v, req.encoding_format)}
-        for i, v in enumerate(pooled.values)
+        for i, v in enumerate(vectors)
     ]
     usage = {"prompt_tokens": pooled.prompt_tokens, "total_tokens": pooled.prompt_tokens}
     return web.json_response({"object": "list", "data": data, "model": req.model, "usage": usage})
@@ -95,27 +94,57 @@ def _rerank_body(body: Any) -> RerankRequest:
     return req
 
 
+async def _yes_no(model: ModelSupervisor, req: RerankRequest, documents: list[str]) -> Pooled:
+    """A Qwen3-Reranker-style decoder: the "yes"/"no" logits after each document's prompt."""
+    yes, no = yes_no_ids(model.text)
+    prompts = [
+        rerank_tokens(
+            model.text,
+            req.query,
+            doc,
+            instruction=req.instruction,
+            context_length=model.context_length,
+            truncate=req.truncate,
+            param=f"documents.[{i}]",
+        )
+        for i, doc in enumerate(documents)
+    ]
+    return await run_pooled(model, prompts, output="token_logits", logit_tokens=[yes, no])
+
+
+async def _cross_encode(model: ModelSupervisor, req: RerankRequest, documents: list[str]) -> Pooled:
+    """A cross-encoder: the classifier's logits on each (query, document) pair."""
+    if req.instruction is not None:
+        raise bad_request(
+            f"model '{req.model}' is a cross-encoder: it takes no instruction",
+            param="instruction",
+        )
+    prompts = [
+        cross_encoder.pair_tokens(
+            model.text,
+            req.query,
+            doc,
+            context_length=model.context_length,
+            truncate=req.truncate,
+            param=f"documents.[{i}]",
+        )
+        for i, doc in enumerate(documents)
+    ]
+    return await run_pooled(model, prompts)
+
+
 async def rerank(request: web.Request) -> web.Response:
     req = await parsed_body(request, _rerank_body)
     documents = req.texts()
     check_kind_before_load(request.app[STORE], req.model, "rerank", request.path)
     async with request.app[REGISTRY].use(req.model, req.keep_alive_seconds()) as model:
-        require_kind(model, "rerank", request.path)
-        yes, no = yes_no_ids(model.text)
-        prompts = [
-            rerank_tokens(
-                model.text,
-                req.query,
-                doc,
-                instruction=req.instruction,
-                context_length=model.context_length,
-                truncate=req.truncate,
-                param=f"documents.[{i}]",
-            )
-            for i, doc in enumerate(documents)
-        ]
-        pooled = await run_pooled(model, prompts, output="token_logits", logit_tokens=[yes, no])
-    scores = [relevance(v[0], v[1]) for v in pooled.values]
+        kind = require_kind(model, "rerank", request.path)
+        if kind.pooling == "cls":
+            pooled = await _cross_encode(model, req, documents)
+            scores = [cross_encoder.relevance(v) for v in pooled.values]
+        else:
+            pooled = await _yes_no(model, req, documents)
+            scores = [relevance(v[0], v[1]) for v in pooled.values]
     order = sorted(range(len(scores)), key=lambda i: -scores[i])[: req.top_n or len(scores)]
     results = []
     for i in order:

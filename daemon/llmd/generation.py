@@ -97,6 +97,22 @@ def _api_error(exc: WorkerError) -> ApiError:
     return server_error(exc.message, code=exc.code)
 
 
+def require_generation(model: ModelSupervisor) -> None:
+    """A 400 naming the model's kind unless it generates text. generate_text asks it of every
+    protocol; chat routes ask it first, so an embedding model without a chat template (every
+    encoder) hears what it is rather than that it has no template."""
+    kind = record_kind(model.record)
+    if kind.kind != "generate":
+        raise ApiError(
+            400,
+            f"model '{model.name}' is a{'n' if kind.kind == 'embed' else ''} {kind.kind} model: "
+            "it does not generate text (use /v1/embeddings, /api/embed or /v1/rerank); its kind "
+            "was decided when it was pulled (see `llmd show`)",
+            param="model",
+            code="wrong_model_kind",
+        )
+
+
 async def generate_text(
     model: ModelSupervisor,
     prompt: list[int],
@@ -119,17 +135,8 @@ async def generate_text(
     # Control tokens (end of turn, ...) are markup, not answer text (llama-server and vLLM
     # leave them out of the output by default too).
     # `show_tokens`: control tokens that are markup the API parses (tool-call markers).
-    kind = record_kind(model.record)
-    if kind.kind != "generate":
-        # Every protocol's generation comes through here: one place refuses them all.
-        raise ApiError(
-            400,
-            f"model '{model.name}' is a{'n' if kind.kind == 'embed' else ''} {kind.kind} model: "
-            "it does not generate text (use /v1/embeddings, /api/embed or /v1/rerank); its kind "
-            "was decided when it was pulled (see `llmd show`)",
-            param="model",
-            code="wrong_model_kind",
-        )
+    # Every protocol's generation comes through here: one place refuses them all.
+    require_generation(model)
     hidden = (model.text.special_ids | set(model.text.stop_token_ids)) - show_tokens
     detok = IncrementalDetokenizer(model.text.tokenizer, skip_ids=hidden)
     matcher = StopMatcher(stops)

@@ -38,6 +38,7 @@ from .model_support import (
 )
 from .store import InsufficientStorage, ModelRecord, ModelStore, StoreError, UnsupportedModel
 from .tokenizer import gguf_tokenizer_problem
+from .worker.dense import dense_paths
 
 _HF_DIR_SUFFIXES = {".json", ".safetensors", ".jinja", ".txt", ".model"}
 
@@ -140,6 +141,7 @@ def gguf_record(
         kind=kind.kind,
         pooling=kind.pooling,
         normalize=kind.normalize,
+        matryoshka=kind.matryoshka,
     )
 
 
@@ -335,6 +337,9 @@ def _import_dir(
         for p in sorted(src.iterdir())
         if p.suffix in _HF_DIR_SUFFIXES and stat.S_ISREG(_mode(p))  # no FIFO behind a .json
     ]
+    # The Dense modules' files: the worker applies them after pooling (worker/dense.py).
+    for module in dense_paths(src):
+        wanted += [src / module / "config.json", src / module / "model.safetensors"]
     total = sum(p.stat().st_size for p in wanted)
     done = 0
     files: list[tuple[str, str]] = []
@@ -345,10 +350,9 @@ def _import_dir(
             done += p.stat().st_size
             if progress is not None:
                 progress("copying", done, total)
-            files.append((p.name, hexdigest))
-            entries.append(
-                {"name": p.name, "digest": f"sha256:{hexdigest}", "size": p.stat().st_size}
-            )
+            rel = p.relative_to(src).as_posix()
+            files.append((rel, hexdigest))
+            entries.append({"name": rel, "digest": f"sha256:{hexdigest}", "size": p.stat().st_size})
         tree = store.make_tree(files)
         return store.write_manifest(
             tree_record(store, name, tree, entries, f"dir:{src.resolve()}", arch, kind=kind)
@@ -385,4 +389,5 @@ def tree_record(
         kind=kind.kind,
         pooling=kind.pooling,
         normalize=kind.normalize,
+        matryoshka=kind.matryoshka,
     )

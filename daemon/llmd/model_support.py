@@ -37,6 +37,11 @@ SUPPORTED_ARCHITECTURES: tuple[str, ...] = (
     "qwen3_5_moe_text",
     "gemma4",
     "gemma4_text",
+    # encoders (embedding only): BERT / XLM-RoBERTa (GGUF `bert` holds both), nomic-bert
+    "bert",
+    "xlm-roberta",
+    "nomic_bert",
+    "nomic-bert",
 )
 
 # Architectures the engine runs from Hugging Face safetensors directories only: GGUF files of

@@ -22,21 +22,13 @@ from .embedding import (
     l2_normalized,
     require_kind,
     run_pooled,
+    truncated,
 )
 from .embedding_schemas import OllamaEmbeddingsRequest, OllamaEmbedRequest
 from .errors import ApiError
 from .http_common import REGISTRY, STORE, parsed_body
+from .model_kind import record_kind
 from .ollama_api import parse_body, require_model
-
-
-def _no_dimensions(dimensions: int | None, model: str) -> None:
-    if dimensions is not None:
-        raise ApiError(
-            400,
-            f"dimensions is not supported for model '{model}': llmd does not know it was "
-            "trained for Matryoshka truncation",
-            param="dimensions",
-        )
 
 
 async def embed(request: web.Request) -> web.Response:
@@ -50,7 +42,8 @@ async def embed(request: web.Request) -> web.Response:
         texts = list(req.input)
     async with request.app[REGISTRY].use(name, req.keep_alive_seconds()) as model:
         require_kind(model, "embed", "/api/embed")
-        _no_dimensions(req.dimensions, req.model)
+        kind = record_kind(model.record)
+        truncated([], req.dimensions, kind, req.model)  # refused before any work
         await model.ensure_ready()
         loaded = time.perf_counter_ns()
         if "" in texts:
@@ -66,6 +59,7 @@ async def embed(request: web.Request) -> web.Response:
         ]
         pooled = await run_pooled(model, prompts) if prompts else None
     vectors = [l2_normalized(v) for v in pooled.values] if pooled else []
+    vectors = truncated(vectors, req.dimensions, kind, req.model)
     body: dict[str, Any] = {
         "model": req.model,
         "embeddings": vectors,

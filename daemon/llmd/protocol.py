@@ -79,7 +79,7 @@ class Embed(_Message):
     id: str
     prompts: list[list[Int32]] = Field(min_length=1)
     output: Literal["embedding", "token_logits"] = "embedding"
-    pooling: Literal["last", "mean"] = "last"
+    pooling: Literal["last", "mean", "cls"] = "last"
     normalize: bool = False
     logit_tokens: list[Int32] = []
 

@@ -32,6 +32,7 @@ import dataclasses
 import errno
 import json
 import logging
+import re
 import shutil
 import threading
 import time
@@ -86,8 +87,12 @@ log = logging.getLogger("llmd.pulls")
 DISK_RESERVE = 256 << 20  # left free after a pull, for logs and the OS
 _PROGRESS_INTERVAL = 0.1
 _TREE_FILES = (".safetensors", ".json", ".jinja", ".model", ".txt", ".tiktoken")
-# A sentence-transformers pooling config (model_kind.py reads it at pull time).
+# A sentence-transformers pooling config (model_kind.py reads it at pull time), the Dense
+# modules' files (worker/dense.py applies them), and the model card (model_kind.py reads
+# whether it was trained for Matryoshka truncation).
 _POOLING_FILES = ("1_Pooling/config.json",)
+_MODULE_FILES = re.compile(r"^\d+_Dense/(config\.json|model\.safetensors)$")
+_MODEL_CARD = "README.md"
 _SKIP_TREE = ("README", ".gitattributes", "LICENSE", "USE_POLICY", "NOTICE")
 
 
@@ -460,11 +465,16 @@ class PullManager:
         names = sorted(
             n
             for n in info.siblings
-            if ("/" not in n or n in _POOLING_FILES)
-            and n.endswith(_TREE_FILES)
-            and not n.startswith(_SKIP_TREE)
+            if n == _MODEL_CARD
+            or _MODULE_FILES.match(n)
+            or (
+                ("/" not in n or n in _POOLING_FILES)
+                and n.endswith(_TREE_FILES)
+                and not n.startswith(_SKIP_TREE)
+            )
         )
-        if "config.json" not in names or not any(n.endswith(".safetensors") for n in names):
+        top_weights = any("/" not in n and n.endswith(".safetensors") for n in names)
+        if "config.json" not in names or not top_weights:
             raise HubNotFound(
                 f"{info.repo} has neither GGUF files nor a config.json with *.safetensors "
                 "weights: llmd cannot run anything from it"

@@ -99,6 +99,7 @@ class ModelRecord:
     kind: str = "generate"
     pooling: str = ""
     normalize: bool = False
+    matryoshka: bool = False  # trained for truncation: `dimensions` allowed
 
     def to_json(self) -> dict[str, object]:
         return asdict(self)

@@ -25,6 +25,7 @@ from . import protocol as p
 from .errors import ApiError, server_error
 from .keep_alive import DEFAULT_KEEP_ALIVE
 from .limits import process_rss
+from .model_kind import record_kind
 from .store import ModelRecord
 from .text_model import TextModel
 from .worker_client import WorkerClient, WorkerError
@@ -235,6 +236,20 @@ class ModelSupervisor:
         initialisation (kernel selection, allocator growth, page faults on the weights)."""
         prompt = self.text.encode(WARMUP_TEXT)
         started = time.perf_counter()
+        kind = record_kind(self.record)
+        if kind.kind == "embed" or kind.pooling == "cls":
+            # Embedding models and cross-encoders warm up as they serve: an encoder cannot
+            # generate at all.
+            embedded, _ = await worker.embed(
+                [prompt], pooling=kind.pooling or "last", normalize=kind.normalize
+            )
+            return {
+                "ms": round((time.perf_counter() - started) * 1000, 1),
+                "prompt_tokens": embedded.prompt_tokens,
+                "completion_tokens": 0,
+                "prefill_ms": round(embedded.timings.prefill_ms, 1),
+                "decode_ms": 0.0,
+            }
         done: p.Done | None = None
         async for event in worker.generate(
             prompt, max_tokens=4, sampling=p.SamplingParams(), stop_tokens=[], tag="warmup"

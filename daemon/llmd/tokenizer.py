@@ -17,6 +17,7 @@ from typing import Any
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 
 from .spm_tokenizer import gemma4_tokenizer, special_tokens, spm_tokenizer
+from .wpm_tokenizer import wpm_tokenizer
 
 # Pre-tokenizer regexes, as llama.cpp applies them per `tokenizer.ggml.pre` (src/llama-vocab.cpp)
 # and as the models' own tokenizer.json files write them.
@@ -46,7 +47,9 @@ SUPPORTED_PRE_TOKENIZERS = frozenset(_DIGITS_THEN_GPT2 + _GPT2 + _LLAMA3 + _QWEN
 _IGNORE_MERGES = ("llama-bpe", "llama3", "llama-v3")
 # GGUF tokenizer models: byte-level BPE, and the SentencePiece-style ones (spm_tokenizer.py).
 _SENTENCEPIECE_MODELS = ("llama", "gemma4")
-SUPPORTED_TOKENIZER_MODELS = ("gpt2", *_SENTENCEPIECE_MODELS)
+# WordPiece (encoders: BERT, nomic-bert), wpm_tokenizer.py.
+_WORDPIECE_MODELS = ("bert",)
+SUPPORTED_TOKENIZER_MODELS = ("gpt2", *_SENTENCEPIECE_MODELS, *_WORDPIECE_MODELS)
 
 
 class UnsupportedTokenizer(Exception):
@@ -67,7 +70,7 @@ def gguf_tokenizer_problem(model: str | None, pre: str | None) -> str | None:
     """Why llmd cannot rebuild a GGUF's tokenizer from `tokenizer.ggml.model` and
     `tokenizer.ggml.pre`, or None when it can (or the file names no tokenizer model). Pulls ask
     this of the header, before downloading the weights."""
-    if model is None or model in _SENTENCEPIECE_MODELS:
+    if model is None or model in _SENTENCEPIECE_MODELS or model in _WORDPIECE_MODELS:
         return None
     if model != "gpt2":
         return (
@@ -126,6 +129,11 @@ def tokenizer_from_gguf(meta: Mapping[str, Any]) -> Tokenizer:
     if problem := gguf_tokenizer_problem(model, pre):
         raise UnsupportedTokenizer(problem)
     unk_id = meta.get("tokenizer.ggml.unknown_token_id")
+    if model in _WORDPIECE_MODELS:
+        try:
+            return wpm_tokenizer(meta)
+        except ValueError as exc:  # a vocabulary without the special tokens WPM needs
+            raise UnsupportedTokenizer(str(exc)) from exc
     if model == "llama":
         return spm_tokenizer(
             tokens,

@@ -340,8 +340,10 @@ PYBIND11_MODULE(_engine, m) {
             }
             if (pooling == "mean") {
               r.pooling = GenerateRequest::Pooling::Mean;
+            } else if (pooling == "cls") {
+              r.pooling = GenerateRequest::Pooling::Cls;
             } else if (pooling != "last") {
-              throw std::invalid_argument("pooling must be last or mean, not " + pooling);
+              throw std::invalid_argument("pooling must be last, mean or cls, not " + pooling);
             }
             r.normalize = normalize;
             r.logit_tokens = std::move(logit_tokens);
@@ -390,8 +392,10 @@ PYBIND11_MODULE(_engine, m) {
             }
             if (pooling == "mean") {
               base.pooling = GenerateRequest::Pooling::Mean;
+            } else if (pooling == "cls") {
+              base.pooling = GenerateRequest::Pooling::Cls;
             } else if (pooling != "last") {
-              throw std::invalid_argument("pooling must be last or mean, not " + pooling);
+              throw std::invalid_argument("pooling must be last, mean or cls, not " + pooling);
             }
             base.normalize = normalize;
             base.logit_tokens = logit_tokens;

@@ -26,6 +26,7 @@ KvShape kv_shape_for(const Model& model, const EngineOptions& options) {
 Engine::Engine(std::unique_ptr<Model> model, EngineOptions options)
     : model_(std::move(model)),
       recurrent_(model_->has_recurrent_state()),
+      bidirectional_(model_->bidirectional()),
       options_(options),
       // --context-length may go beyond the trained context (as llama-server's -c and Ollama's
       // num_ctx): positions past it are computed the same way, their quality is not guaranteed.
@@ -61,6 +62,14 @@ std::string Engine::validate(const GenerateRequest& r, std::string& code) const 
   if (r.output == GenerateRequest::Output::Embedding && !model_->supports_hidden()) {
     code = "unsupported";
     return model_->info().architecture + " models cannot compute embeddings in llmd yet";
+  }
+  if (bidirectional_ && r.output != GenerateRequest::Output::Embedding) {
+    code = "unsupported";
+    return model_->info().architecture + " is an encoder: it computes embeddings, it does not generate or score tokens";
+  }
+  if (!bidirectional_ && r.pooling == GenerateRequest::Pooling::Cls) {
+    code = "unsupported";
+    return "CLS pooling needs a bidirectional (encoder) model; " + model_->info().architecture + " is a decoder";
   }
   if (r.output != GenerateRequest::Output::Tokens && r.max_tokens != 0) {
     return "embedding and token-logits requests generate nothing: max_tokens must be 0";
@@ -199,6 +208,8 @@ void Engine::admit(Sequence& seq) {
   // token has fresh logits.
   if (seq.fed > 0) return;  // a forked sibling waiting for room: its KV is already there
   // Mean pooling sums the hidden state of every prompt position: none may come from the cache.
+  // An encoder's positions all depend on the whole prompt: nothing is reusable.
+  if (bidirectional_) return;
   if (seq.request.output == GenerateRequest::Output::Embedding &&
       seq.request.pooling == GenerateRequest::Pooling::Mean) {
     return;
@@ -409,7 +420,10 @@ void Engine::step_once() {
   for (auto& seq : active_) {
     if (!seq->prefilling() || budget <= 0) continue;
     const int remaining = static_cast<int>(seq->request.prompt.size()) - seq->fed;
-    const int n = std::min(remaining, budget);
+    // An encoder's prompt runs whole: it waits for a step with room, or runs alone past the
+    // budget when it is the step's first (a prompt longer than the budget still runs).
+    if (bidirectional_ && remaining > budget && !step.segments.empty()) continue;
+    const int n = bidirectional_ ? remaining : std::min(remaining, budget);
     StepSegment s;
     s.kv = seq->kv.get();
     s.tokens.assign(seq->request.prompt.begin() + seq->fed, seq->request.prompt.begin() + seq->fed + n);
@@ -418,6 +432,8 @@ void Engine::step_once() {
       s.want_logits = (n == remaining);
     } else if (seq->request.pooling == GenerateRequest::Pooling::Mean) {
       s.hidden = HiddenOut::Sum;
+    } else if (seq->request.pooling == GenerateRequest::Pooling::Cls) {
+      s.hidden = HiddenOut::First;  // whole prompts only (validate): its first row is the CLS token
     } else if (n == remaining) {
       s.hidden = HiddenOut::Last;
     }
@@ -476,7 +492,7 @@ void Engine::step_once() {
       seq->fed += static_cast<int>(s.tokens.size());
       prompt_tokens += static_cast<int>(s.tokens.size());
     }
-    index_full_blocks(*seq);
+    if (!bidirectional_) index_full_blocks(*seq);
     if (recurrent_) keep_snapshots(*seq);
     const float* hidden_out = nullptr;
     if (s.hidden != HiddenOut::None) hidden_out = hidden.data() + static_cast<size_t>(hidden_row++) * width;
@@ -543,6 +559,7 @@ std::vector<float> Engine::pooled_values(Sequence& seq, const float* hidden, con
   } else {
     out.assign(hidden, hidden + width);
   }
+  model_->project_pooled(out);
   if (r.normalize) {
     double norm = 0.0;
     for (float v : out) norm += static_cast<double>(v) * v;

@@ -47,7 +47,7 @@ struct GenerateRequest {
   // and both end with one Done event carrying `values`.
   enum class Output { Tokens, Embedding, TokenLogits };
   Output output = Output::Tokens;
-  enum class Pooling { Last, Mean };
+  enum class Pooling { Last, Mean, Cls };  // Cls: bidirectional models only
   Pooling pooling = Pooling::Last;
   bool normalize = false;
   std::vector<int32_t> logit_tokens;
@@ -202,6 +202,7 @@ class Engine {
 
   std::unique_ptr<Model> model_;
   bool recurrent_;  // model_->has_recurrent_state()
+  bool bidirectional_;  // model_->bidirectional(): whole prompts per step, no prefix cache
   EngineOptions options_;
   int context_length_;
   KvPool pool_;

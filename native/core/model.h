@@ -57,6 +57,14 @@ class Model {
   // beside, KV. The engine then reuses a cached prefix only where a snapshot of the state at
   // exactly that position exists (engine.cpp, admit), and forks copy the state.
   virtual bool has_recurrent_state() const { return false; }
+  // True for encoders (BERT, nomic-bert): every position attends to every other, so a prompt
+  // runs whole in one step (never chunked: an early chunk would miss the later tokens) and
+  // never from the prefix cache (a cached position's state depends on what follows it).
+  virtual bool bidirectional() const { return false; }
+  // The model's own head over one pooled vector of hidden_size values, before any
+  // normalisation: a cross-encoder's classifier turns it into its label scores. Models
+  // without one leave it as it is.
+  virtual void project_pooled(std::vector<float>& /*values*/) const {}
 };
 
 struct LoadOptions {

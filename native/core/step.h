@@ -11,9 +11,10 @@
 namespace llmd {
 
 // What a segment needs of the final hidden states (after the model's final norm): nothing, the
-// last fed row's (last-token pooling), or the sum of all its fed rows' (mean pooling, which
-// the engine divides once the whole prompt has been summed over its chunks).
-enum class HiddenOut { None, Last, Sum };
+// last fed row's (last-token pooling), the sum of all its fed rows' (mean pooling, which
+// the engine divides once the whole prompt has been summed over its chunks), or the first
+// row's (CLS pooling: only bidirectional models, whose segments are always whole prompts).
+enum class HiddenOut { None, Last, Sum, First };
 
 struct StepSegment {
   SequenceKv* kv = nullptr;      // KV of the sequence; positions [0, start_pos) already filled

@@ -30,4 +30,13 @@ std::unique_ptr<Model> load_qwen3_5_moe_safetensors(const std::string& dir, cons
 std::unique_ptr<Model> load_gemma4_gguf(const GgufFile& file, const LoadOptions& options);
 std::unique_ptr<Model> load_gemma4_safetensors(const std::string& dir, const Metadata& hf, const LoadOptions& options);
 
+// Encoders (bert.cpp): BERT and XLM-RoBERTa (GGUF `bert` holds both), nomic-bert.
+std::unique_ptr<Model> load_bert_gguf(const GgufFile& file, const LoadOptions& options);
+std::unique_ptr<Model> load_nomic_bert_gguf(const GgufFile& file, const LoadOptions& options);
+std::unique_ptr<Model> load_bert_safetensors(const std::string& dir, const Metadata& hf, const LoadOptions& options);
+std::unique_ptr<Model> load_xlm_roberta_safetensors(const std::string& dir, const Metadata& hf,
+                                                    const LoadOptions& options);
+std::unique_ptr<Model> load_nomic_bert_safetensors(const std::string& dir, const Metadata& hf,
+                                                   const LoadOptions& options);
+
 }  // namespace llmd

@@ -29,6 +29,8 @@ const std::map<std::string, GgufLoader>& gguf_loaders() {
       {"gemma3", load_gemma3_gguf},
       {"qwen35moe", load_qwen3_5_moe_gguf},  // refused with a message naming it
       {"gemma4", load_gemma4_gguf},  // refused with a clear message
+      {"bert", load_bert_gguf},
+      {"nomic-bert", load_nomic_bert_gguf},
   };
   return loaders;
 }
@@ -42,6 +44,9 @@ const std::map<std::string, HfLoader>& hf_loaders() {
       {"qwen3_5_moe_text", load_qwen3_5_moe_safetensors},
       {"qwen3_5_moe", load_qwen3_5_moe_safetensors},
       {"gemma4_text", load_gemma4_safetensors},
+      {"bert", load_bert_safetensors},
+      {"xlm-roberta", load_xlm_roberta_safetensors},
+      {"nomic_bert", load_nomic_bert_safetensors},
   };
   return loaders;
 }

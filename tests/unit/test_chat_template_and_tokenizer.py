@@ -83,7 +83,9 @@ def model_head(n_kv: int) -> bytes:
 def test_unknown_pre_tokenizer_is_refused_not_approximated() -> None:
     with pytest.raises(UnsupportedTokenizer, match="'default'"):
         tokenizer_from_gguf({"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.tokens": ["a"]})
-    with pytest.raises(UnsupportedTokenizer, match="'bert'"):
+    with pytest.raises(UnsupportedTokenizer, match="'t5'"):
+        tokenizer_from_gguf({"tokenizer.ggml.model": "t5", "tokenizer.ggml.tokens": ["a"]})
+    with pytest.raises(UnsupportedTokenizer, match=r"no \[CLS\] token"):
         tokenizer_from_gguf({"tokenizer.ggml.model": "bert", "tokenizer.ggml.tokens": ["a"]})
 
 

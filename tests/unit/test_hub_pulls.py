@@ -376,6 +376,7 @@ async def test_safetensors_repo_becomes_a_tree_of_verified_files(
     assert record.context_length == 4096
     tree = Path(record.path)
     assert sorted(p.name for p in tree.iterdir()) == [
+        "README.md",  # the model card: whether it was trained for Matryoshka truncation
         "config.json",
         "model.safetensors",
         "tokenizer.json",

@@ -46,7 +46,9 @@ SUPPORTED = [
     "phi-3",  # SentencePiece without the space prefix quirks of Llama 2
 ]
 # Refused, with the reason naming what is missing.
-REFUSED = {"bert-bge": "'bert'", "deepseek-llm": "'deepseek-llm'", "falcon": "'falcon'"}
+REFUSED = {"deepseek-llm": "'deepseek-llm'", "falcon": "'falcon'"}
+# WordPiece vocabularies (encoders: wpm_tokenizer.py): ids only, embeddings decode nothing.
+WORDPIECE = ["bert-bge"]
 
 
 def _candidates() -> list[Path]:
@@ -78,7 +80,7 @@ def vocab_dir() -> Path:
             pytest.skip(f"llama-cpp-python {VERSION} sdist not downloadable: {got.stderr[-300:]}")
         wanted = {
             f"ggml-vocab-{name}.gguf{ext}"
-            for name in [*SUPPORTED, *REFUSED]
+            for name in [*SUPPORTED, *REFUSED, *WORDPIECE]
             for ext in ("", ".inp", ".out")
         }
         with tarfile.open(next(Path(tmp).glob("*.tar.gz")), "r|gz") as sdist:
@@ -115,6 +117,18 @@ def test_gguf_tokenizer_gives_llamacpps_ids(vocab_dir: Path, name: str) -> None:
     # SentencePiece prefix adds and the decoder removes again.
     for text, ids in cases:
         assert tokenizer.decode(ids, skip_special_tokens=False) == text
+
+
+@pytest.mark.parametrize("name", WORDPIECE)
+def test_wordpiece_tokenizer_gives_llamacpps_ids(vocab_dir: Path, name: str) -> None:
+    tokenizer = tokenizer_from_gguf(read_gguf_metadata(vocab_dir / f"ggml-vocab-{name}.gguf"))
+    cases = _cases(vocab_dir, name)
+    wrong = [
+        (text, ids, got)
+        for text, ids in cases
+        if (got := tokenizer.encode(text, add_special_tokens=False).ids) != ids
+    ]
+    assert not wrong, f"{len(wrong)}/{len(cases)} texts tokenized differently: {wrong[:3]}"
 
 
 @pytest.mark.parametrize(("name", "reason"), REFUSED.items())

@@ -19,6 +19,7 @@ from llmd.model_kind import (
 
 
 def _st_dir(tmp_path: Path, mode: str, *, normalize: bool, dense: bool = False) -> Path:
+    tmp_path.mkdir(parents=True, exist_ok=True)
     modules = [
         {"idx": 0, "path": "", "type": "sentence_transformers.models.Transformer"},
         {"idx": 1, "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
@@ -30,7 +31,7 @@ def _st_dir(tmp_path: Path, mode: str, *, normalize: bool, dense: bool = False) 
             {"idx": 3, "path": "3_Normalize", "type": "sentence_transformers.models.Normalize"}
         )
     (tmp_path / "modules.json").write_text(json.dumps(modules))
-    (tmp_path / "1_Pooling").mkdir()
+    (tmp_path / "1_Pooling").mkdir(parents=True)
     (tmp_path / "1_Pooling" / "config.json").write_text(json.dumps({mode: True}))
     return tmp_path
 
@@ -47,18 +48,71 @@ def test_mean_pooling_without_normalize(tmp_path: Path) -> None:
     assert kind == ModelKind("embed", "mean", False)
 
 
-@pytest.mark.parametrize(
-    ("mode", "dense", "words"),
-    [
-        ("pooling_mode_cls_token", False, "cls pooling is not supported yet"),
-        ("pooling_mode_lasttoken", True, "Dense modules are not supported yet"),
-    ],
-)
-def test_what_a_decoder_cannot_pool_yet_is_refused(
-    tmp_path: Path, mode: str, dense: bool, words: str
-) -> None:
-    with pytest.raises(KindError, match=words):
-        kind_of_hf_dir(_st_dir(tmp_path, mode, normalize=True, dense=dense), "m")
+def test_what_cannot_be_pooled_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(KindError, match="max pooling is not supported yet"):
+        kind_of_hf_dir(_st_dir(tmp_path / "max", "pooling_mode_max_tokens", normalize=True), "m")
+    cls = kind_of_hf_dir(_st_dir(tmp_path / "cls", "pooling_mode_cls_token", normalize=True), "m")
+    assert cls == ModelKind("embed", "cls", True)
+    assert cls.describe() == "embed (CLS-token pooling, normalized)"
+    assert check_architecture(cls, "bert", "m") == cls
+    with pytest.raises(KindError, match="CLS pooling needs an encoder"):
+        check_architecture(cls, "qwen3", "m")
+
+
+def _dense(directory: Path, activation: str, weights: bool = True) -> None:
+    (directory / "2_Dense").mkdir()
+    config = {"in_features": 4, "out_features": 2, "bias": True, "activation_function": activation}
+    (directory / "2_Dense" / "config.json").write_text(json.dumps(config))
+    if weights:
+        (directory / "2_Dense" / "model.safetensors").write_bytes(b"")
+
+
+def test_dense_modules_are_served_unless_they_cannot_run(tmp_path: Path) -> None:
+    ok = _st_dir(tmp_path / "ok", "pooling_mode_mean_tokens", normalize=True, dense=True)
+    _dense(ok, "torch.nn.modules.activation.Tanh")
+    assert kind_of_hf_dir(ok, "m") == ModelKind("embed", "mean", True)
+    gelu = _st_dir(tmp_path / "gelu", "pooling_mode_mean_tokens", normalize=True, dense=True)
+    _dense(gelu, "torch.nn.modules.activation.GELU")
+    with pytest.raises(KindError, match="activation torch.nn.modules.activation.GELU"):
+        kind_of_hf_dir(gelu, "m")
+    pickled = _st_dir(tmp_path / "bin", "pooling_mode_mean_tokens", normalize=True, dense=True)
+    _dense(pickled, "torch.nn.modules.linear.Identity", weights=False)
+    with pytest.raises(KindError, match="no model.safetensors"):
+        kind_of_hf_dir(pickled, "m")
+
+
+def test_matryoshka_is_read_from_the_model_card(tmp_path: Path) -> None:
+    plain = _st_dir(tmp_path / "plain", "pooling_mode_mean_tokens", normalize=True)
+    assert not kind_of_hf_dir(plain, "m").matryoshka
+    (plain / "README.md").write_text("# bge\nA general embedding model.\n")
+    assert not kind_of_hf_dir(plain, "m").matryoshka
+    mrl = _st_dir(tmp_path / "mrl", "pooling_mode_mean_tokens", normalize=True)
+    (mrl / "README.md").write_text("Trained with Matryoshka Representation Learning.")
+    kind = kind_of_hf_dir(mrl, "m")
+    assert kind.matryoshka and kind.describe() == "embed (mean pooling, normalized, Matryoshka)"
+
+
+def test_encoders_only_embed() -> None:
+    with pytest.raises(KindError, match="encoder, which embeds or reranks but never generates"):
+        check_architecture(GENERATE, "nomic-bert", "m")
+    with pytest.raises(KindError, match="this one has no classifier"):
+        check_architecture(ModelKind("rerank"), "bert", "m")
+
+
+def test_cross_encoders_are_rerankers_with_a_classifier(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text(
+        json.dumps({"architectures": ["XLMRobertaForSequenceClassification"]})
+    )
+    kind = kind_of_hf_dir(tmp_path, "bge-reranker-v2-m3")
+    assert kind == ModelKind("rerank", "cls") and kind.describe() == "rerank (cross-encoder)"
+    assert check_architecture(kind, "xlm-roberta", "m") == kind
+    with pytest.raises(KindError, match="sequence-classification rerankers of architecture qwen3"):
+        check_architecture(kind, "qwen3", "m")
+
+    def rank(key, default=None):  # type: ignore[no-untyped-def]
+        return 4 if key.endswith(".pooling_type") else default
+
+    assert kind_of_gguf(rank, "bert", "f.gguf") == ModelKind("rerank", "cls")
 
 
 def test_a_plain_decoder_generates_and_a_reranker_is_known_by_its_name(tmp_path: Path) -> None:
@@ -74,9 +128,10 @@ def test_gguf_pooling_type() -> None:
     assert kind_of_gguf(meta(None), "qwen3", "f.gguf") == GENERATE
     assert kind_of_gguf(meta(3), "qwen3", "f.gguf") == ModelKind("embed", "last", True)
     assert kind_of_gguf(meta(1), "qwen3", "f.gguf") == ModelKind("embed", "mean", True)
-    with pytest.raises(KindError, match="cls pooling"):
-        kind_of_gguf(meta(2), "qwen3", "f.gguf")
-    with pytest.raises(KindError, match="reranking GGUF files"):
+    cls = kind_of_gguf(meta(2), "qwen3", "f.gguf")
+    with pytest.raises(KindError, match="CLS pooling needs an encoder"):
+        check_architecture(cls, "qwen3", "f.gguf")
+    with pytest.raises(KindError, match="reranking GGUF files .* of decoders"):
         kind_of_gguf(meta(4), "qwen3", "f.gguf")
 
 

@@ -22,6 +22,7 @@ from pydantic import ValidationError
 from .. import protocol as p
 from ..limits import available_host_memory, kv_budget_share, process_rss
 from .blas import loaded_blas
+from .dense import DenseHead
 from .grammar import GrammarFactory
 from .pooled import PooledRequests
 
@@ -295,8 +296,13 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # noqa: BLE001 - every load failure is reported, then exit
         writer.send(p.Fatal(code="load_failed", message=str(exc)))
         return 3
-    load_ms = (time.perf_counter() - started) * 1000
     info = engine.info()
+    try:
+        head = DenseHead.load(Path(args.model), info["hidden_size"])
+    except ValueError as exc:
+        writer.send(p.Fatal(code="load_failed", message=str(exc)))
+        return 3
+    load_ms = (time.perf_counter() - started) * 1000
     paths = engine.matmul_paths()
     kv = engine.kv_cache()
     writer.send(
@@ -334,7 +340,7 @@ def main(argv: list[str] | None = None) -> int:
 
     stop = threading.Event()
     grammars = GrammarFactory(args.model, info["vocab_size"])
-    pooled = PooledRequests()
+    pooled = PooledRequests(head)
     reader = threading.Thread(
         target=_read_commands, args=(engine, writer, stop, grammars, pooled), daemon=True
     )

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .. import protocol as p
+from .dense import DenseHead
 
 SEP = "#"
 
@@ -20,6 +21,8 @@ SEP = "#"
 @dataclass
 class _Request:
     n: int
+    normalize: bool = False  # after the Dense head, when the model has one
+    token_logits: bool = False  # rerank scores: no head applies
     ended: set[int] = field(default_factory=set)
     prompt_tokens: int = 0
     cached_tokens: int = 0
@@ -31,21 +34,27 @@ class _Request:
 class PooledRequests:
     """Embed requests in flight, by the daemon's request id."""
 
-    def __init__(self) -> None:
+    def __init__(self, head: DenseHead | None = None) -> None:
+        # The model's Dense modules: the engine pools without normalising, then the head
+        # projects and normalises here (dense.py).
+        self._head = head
         self._lock = threading.Lock()
         self._requests: dict[str, _Request] = {}
         # Failed requests: how many of their prompts' events are still to come (swallowed).
         self._failed: dict[str, int] = {}
 
     def submit(self, engine: Any, msg: p.Embed) -> None:
+        projected = self._head is not None and msg.output == "embedding"
         with self._lock:
-            self._requests[msg.id] = _Request(len(msg.prompts))
+            self._requests[msg.id] = _Request(
+                len(msg.prompts), normalize=msg.normalize, token_logits=msg.output != "embedding"
+            )
         engine.submit_pooled(
             [f"{msg.id}{SEP}{i}" for i in range(len(msg.prompts))],
             msg.prompts,
             output=msg.output,
             pooling=msg.pooling,
-            normalize=msg.normalize,
+            normalize=msg.normalize and not projected,
             logit_tokens=msg.logit_tokens,
         )
 
@@ -88,7 +97,10 @@ class PooledRequests:
                 request.ended.add(int(index))
                 out: list[p.WorkerMessage] = []
                 if ev.get("values") is not None:
-                    out.append(p.Pooled(id=rid, index=int(index), values=ev["values"]))
+                    values = ev["values"]
+                    if self._head is not None and not request.token_logits:
+                        values = self._head.apply(values, request.normalize)
+                    out.append(p.Pooled(id=rid, index=int(index), values=values))
                 request.prompt_tokens += ev["prompt_tokens"]
                 request.cached_tokens += ev["cached_tokens"]
                 request.cancelled |= ev["finish_reason"] == "cancelled"
