@@ -488,6 +488,119 @@ inline void dot8_q45k(const uint8_t* w, size_t stride, const ActBlock* const* a,
   store_tiles(acc, out);
 }
 
+#if defined(LLMD_ISA_VNNI)
+// Q4_K and Q5_K on 512-bit vectors, over the kQword tile (pack8.h). Why: the 256-bit kernel
+// above spends more instructions unpacking weights (Q5_K: merging the fifth bit from the qh
+// slices, 6 more per 32 bytes) and converting per-block sums than on its dot products, and on
+// a core with full-width AVX-512 a 512-bit vpdpbusd costs what a 256-bit one does. Here one
+// 64-byte load is 8 columns x 8 bytes, the activation's 8 bytes are one broadcast qword, and
+// Q5_K's fifth bits are a 64-bit mask applied by one masked byte add per slice.
+//
+// Lanes 2c and 2c + 1 of every vector belong to column c: the dpbusd sums of column c's
+// elements 8s .. 8s+3 and 8s+4 .. 8s+7 land in them, and each keeps its own float
+// accumulator (block sums scaled by d * sc[j] * a.d in both, the mins term in lane 2c only),
+// summed once at the end: out = acc[2c] + acc[2c + 1]. The same operations in the same order
+// for every row count R, so an output does not depend on the tile it fell in.
+inline uint64_t load_u64(const void* p) {
+  uint64_t v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+
+template <int R, bool kFive>
+inline void dot8_q45k_zmm(const uint8_t* w, const ActBlock* const* a, int nb, float* const* out, bool stream) {
+  constexpr int kTile = 8 * (kFive ? kQ5KBytes : kQ4KBytes);
+  const __m512i m4 = _mm512_set1_epi8(0x0f);
+  const __m512i v16 = _mm512_set1_epi8(0x10);
+  const __m256i m4y = _mm256_set1_epi8(0x0f);
+  const __m256i m30y = _mm256_set1_epi8(0x30);
+  const __m128i zero = _mm_setzero_si128();
+  const __m512i pairs = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+  __m512 acc[R];
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+  for (int sb = 0; sb < nb / kSubBlocks; ++sb) {
+    if (stream) prefetch_tiles<1, kTile>(w, 0, sb + kKqPrefetchAhead);
+    const uint8_t* t = w + static_cast<size_t>(sb) * kTile;
+    const __m512 dg = _mm512_permutexvar_ps(
+        pairs, _mm512_castps256_ps512(_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(t)))));
+    const __m512 dmg = _mm512_permutexvar_ps(
+        pairs, _mm512_castps256_ps512(_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(t + 16)))));
+    // The 6-bit scales and mins as bytes 8j + c (j < 4 in [0], j >= 4 in [1]), as dot8_q45k.
+    const __m256i lo0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(t + 32));
+    const __m256i lo1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(t + 64));
+    const __m256i hb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(t + 96));
+    const __m256i sc[2] = {
+        _mm256_or_si256(_mm256_and_si256(lo0, m4y), _mm256_and_si256(_mm256_slli_epi16(hb, 4), m30y)),
+        _mm256_or_si256(_mm256_and_si256(lo1, m4y), _mm256_and_si256(hb, m30y))};
+    const __m256i mn[2] = {_mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(lo0, 4), m4y),
+                                           _mm256_and_si256(_mm256_slli_epi16(hb, 2), m30y)),
+                           _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(lo1, 4), m4y),
+                                           _mm256_and_si256(_mm256_srli_epi16(hb, 2), m30y))};
+#pragma GCC unroll 4
+    for (int p = 0; p < 4; ++p) {
+      const int b0 = sb * kSubBlocks + 2 * p;  // low nibbles: block b0, high: block b0 + 1
+      // Bytes 0-7: sub-block 2p of columns 0-7, bytes 8-15: sub-block 2p + 1.
+      const __m128i s16 = (p & 1) ? _mm256_extracti128_si256(sc[p >> 1], 1) : _mm256_castsi256_si128(sc[p >> 1]);
+      const __m128i m16 = (p & 1) ? _mm256_extracti128_si256(mn[p >> 1], 1) : _mm256_castsi256_si128(mn[p >> 1]);
+      const __m512 dsc[2] = {
+          _mm512_mul_ps(dg, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_unpacklo_epi8(s16, s16)))),
+          _mm512_mul_ps(dg, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_unpackhi_epi8(s16, s16))))};
+      const __m512 dm[2] = {  // lane 2c + 1 zero: the mins count once per column
+          _mm512_mul_ps(dmg, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_unpacklo_epi8(m16, zero)))),
+          _mm512_mul_ps(dmg, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_unpackhi_epi8(m16, zero))))};
+      // A single row keeps a second set of sums for odd slices to hide dpbusd's latency
+      // (integer sums are exact: the result does not change).
+      constexpr int kChains = R == 1 ? 2 : 1;
+      __m512i isum[R][2];
+      __m512i odd[R][2];
+#pragma GCC unroll 4
+      for (int s = 0; s < 4; ++s) {
+        const uint8_t* qs = t + 128 + 256 * p + 64 * s;
+        const __m512i q = _mm512_loadu_si512(qs);
+        __m512i lo = _mm512_and_si512(q, m4);
+        __m512i hi = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4);
+        if constexpr (kFive) {
+          const uint8_t* mk = t + 1152 + 64 * p + 16 * s;
+          lo = _mm512_mask_add_epi8(lo, _cvtu64_mask64(load_u64(mk)), lo, v16);
+          hi = _mm512_mask_add_epi8(hi, _cvtu64_mask64(load_u64(mk + 8)), hi, v16);
+        }
+        const bool second = kChains == 2 && (s & 1);
+        const bool first = kChains == 2 ? s < 2 : s == 0;
+#pragma GCC unroll 8
+        for (int r = 0; r < R; ++r) {
+          const __m512i alo = _mm512_set1_epi64(static_cast<long long>(load_u64(a[r][b0].q + 8 * s)));
+          const __m512i ahi = _mm512_set1_epi64(static_cast<long long>(load_u64(a[r][b0 + 1].q + 8 * s)));
+          __m512i(&dst)[2] = second ? odd[r] : isum[r];
+          const __m512i z = _mm512_setzero_si512();
+          dst[0] = _mm512_dpbusd_epi32(first ? z : dst[0], lo, alo);
+          dst[1] = _mm512_dpbusd_epi32(first ? z : dst[1], hi, ahi);
+        }
+      }
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) {
+        if constexpr (kChains == 2) {
+          isum[r][0] = _mm512_add_epi32(isum[r][0], odd[r][0]);
+          isum[r][1] = _mm512_add_epi32(isum[r][1], odd[r][1]);
+        }
+#pragma GCC unroll 2
+        for (int e = 0; e < 2; ++e) {
+          const ActBlock& ab = a[r][b0 + e];
+          acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[r][e]), _mm512_mul_ps(dsc[e], _mm512_set1_ps(ab.d)), acc[r]);
+          acc[r] = _mm512_fnmadd_ps(dm[e], _mm512_set1_ps(ab.s), acc[r]);
+        }
+      }
+    }
+  }
+  const __m512i evens = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 0, 2, 4, 6, 8, 10, 12, 14);
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) {
+    const __m512 sum = _mm512_add_ps(acc[r], _mm512_permute_ps(acc[r], _MM_SHUFFLE(2, 3, 0, 1)));
+    _mm256_storeu_ps(out[r], _mm512_castps512_ps256(_mm512_permutexvar_ps(evens, sum)));
+  }
+}
+#endif
+
 // Q6_K rows: the blocks plus, per block, the integer sums of its two 16-element halves
 // (weights are stored as q in [0, 63]; dot(q - 32, a) = dot(q, a) - 32 * sum(a)).
 struct Q6Row {
@@ -675,13 +788,27 @@ inline void dot8_q6k(const uint8_t* w, size_t stride, const Q6Row* a, int nb, fl
   store_tiles(acc, out);
 }
 
+// The AVX-512 path runs the 512-bit kernels over the kQword tile (make_table asks the engine
+// to pack that layout), the AVX2 path the 256-bit ones over the kDword tile.
+template <int R, int G, bool kFive>
+inline void dot8_q45k_path(const uint8_t* w, size_t stride, const ActBlock* const* a, int nb, float* const* out,
+                           bool stream) {
+#if defined(LLMD_ISA_VNNI)
+  static_assert(G == 1, "the K-quant kernels take one group at a time");
+  (void)stride;
+  dot8_q45k_zmm<R, kFive>(w, a, nb, out, stream);
+#else
+  dot8_q45k<R, G, kFive>(w, stride, a, nb, out, stream);
+#endif
+}
+
 template <int R, int G>
 struct Dot8Q4K {
   static constexpr int kSingleRowGroups = 1;
   using Rows = PlainRows;
   static void run(const uint8_t* w, size_t stride, const ActBlock* const* a, int nb, float* const* out,
                   bool stream) {
-    dot8_q45k<R, G, false>(w, stride, a, nb, out, stream);
+    dot8_q45k_path<R, G, false>(w, stride, a, nb, out, stream);
   }
 };
 template <int R, int G>
@@ -690,7 +817,7 @@ struct Dot8Q5K {
   using Rows = PlainRows;
   static void run(const uint8_t* w, size_t stride, const ActBlock* const* a, int nb, float* const* out,
                   bool stream) {
-    dot8_q45k<R, G, true>(w, stride, a, nb, out, stream);
+    dot8_q45k_path<R, G, true>(w, stride, a, nb, out, stream);
   }
 };
 template <int R, int G>

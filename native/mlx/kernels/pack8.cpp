@@ -40,8 +40,8 @@ Codec legacy_codec(int bytes) {
 
 // Q4_K: fp16 d, fp16 dmin, 12 bytes of 6-bit scales and mins (ggml's get_scale_min_k4
 // packing), 128 bytes of nibbles. Q5_K has the same fields with qh[32] before the nibbles
-// (kQs = 48 instead of 16) and its tile appends the qh slices.
-template <int kQs>
+// (kQs = 48 instead of 16) and its tile appends the qh slices (kQword: the fifth-bit masks).
+template <int kQs, bool kQword>
 void q45k_to_tile(const uint8_t* block, int c, uint8_t* tile) {
   std::memcpy(tile + 2 * c, block, 2);
   std::memcpy(tile + 16 + 2 * c, block + 2, 2);
@@ -58,6 +58,21 @@ void q45k_to_tile(const uint8_t* block, int c, uint8_t* tile) {
     tile[96 + 8 * j + c] = static_cast<uint8_t>((sc[j] >> 4) | ((mn[j] >> 4) << 2) | ((sc[j + 4] >> 4) << 4) |
                                                 ((mn[j + 4] >> 4) << 6));
   }
+  if constexpr (kQword) {
+    for (int p = 0; p < 4; ++p) {
+      for (int s = 0; s < 4; ++s) {
+        std::memcpy(tile + 128 + 256 * p + 64 * s + 8 * c, block + kQs + 32 * p + 8 * s, 8);
+        if constexpr (kQs == 48) {
+          for (int e = 0; e < 2; ++e) {
+            uint8_t bits = 0;
+            for (int i = 0; i < 8; ++i) bits |= static_cast<uint8_t>(((block[16 + 8 * s + i] >> (2 * p + e)) & 1) << i);
+            tile[1152 + 64 * p + 16 * s + 8 * e + c] = bits;
+          }
+        }
+      }
+    }
+    return;
+  }
   for (int p = 0; p < 4; ++p) {
     for (int h = 0; h < 8; ++h) std::memcpy(tile + 128 + 256 * p + 32 * h + 4 * c, block + kQs + 32 * p + 4 * h, 4);
   }
@@ -66,7 +81,7 @@ void q45k_to_tile(const uint8_t* block, int c, uint8_t* tile) {
   }
 }
 
-template <int kQs>
+template <int kQs, bool kQword>
 void q45k_from_tile(const uint8_t* tile, int c, uint8_t* block) {
   std::memcpy(block, tile + 2 * c, 2);
   std::memcpy(block + 2, tile + 16 + 2 * c, 2);
@@ -82,6 +97,21 @@ void q45k_from_tile(const uint8_t* tile, int c, uint8_t* block) {
     s[j] = static_cast<uint8_t>(sc[j] | ((sc[j + 4] >> 4) << 6));
     s[j + 4] = static_cast<uint8_t>(mn[j] | ((mn[j + 4] >> 4) << 6));
     s[j + 8] = static_cast<uint8_t>((sc[j + 4] & 15) | ((mn[j + 4] & 15) << 4));
+  }
+  if constexpr (kQword) {
+    if constexpr (kQs == 48) std::memset(block + 16, 0, 32);
+    for (int p = 0; p < 4; ++p) {
+      for (int s = 0; s < 4; ++s) {
+        std::memcpy(block + kQs + 32 * p + 8 * s, tile + 128 + 256 * p + 64 * s + 8 * c, 8);
+        if constexpr (kQs == 48) {
+          for (int e = 0; e < 2; ++e) {
+            const uint8_t bits = tile[1152 + 64 * p + 16 * s + 8 * e + c];
+            for (int i = 0; i < 8; ++i) block[16 + 8 * s + i] |= static_cast<uint8_t>(((bits >> i) & 1) << (2 * p + e));
+          }
+        }
+      }
+    }
+    return;
   }
   for (int p = 0; p < 4; ++p) {
     for (int h = 0; h < 8; ++h) std::memcpy(block + kQs + 32 * p + 4 * h, tile + 128 + 256 * p + 32 * h + 4 * c, 4);
@@ -111,13 +141,18 @@ void q6k_from_tile(const uint8_t* tile, int c, uint8_t* block) {
   q6k_pieces(c, [&](int t, int o, int n) { std::memcpy(block + o, tile + t, n); });
 }
 
-Codec codec_of(TensorType type) {
+Codec codec_of(TensorType type, PackLayout layout) {
+  const bool qword = layout == PackLayout::kQword;
   switch (type) {
     case TensorType::Q4_0: return legacy_codec<2, 4>(18);
     case TensorType::Q4_1: return legacy_codec<4, 4>(20);
     case TensorType::Q8_0: return legacy_codec<2, 8>(34);
-    case TensorType::Q4_K: return {256, 144, q45k_to_tile<16>, q45k_from_tile<16>};
-    case TensorType::Q5_K: return {256, 176, q45k_to_tile<48>, q45k_from_tile<48>};
+    case TensorType::Q4_K:
+      return qword ? Codec{256, 144, q45k_to_tile<16, true>, q45k_from_tile<16, true>}
+                   : Codec{256, 144, q45k_to_tile<16, false>, q45k_from_tile<16, false>};
+    case TensorType::Q5_K:
+      return qword ? Codec{256, 176, q45k_to_tile<48, true>, q45k_from_tile<48, true>}
+                   : Codec{256, 176, q45k_to_tile<48, false>, q45k_from_tile<48, false>};
     case TensorType::Q6_K: return {256, 210, q6k_to_tile, q6k_from_tile};
     default: throw std::invalid_argument("no packed layout for " + type_name(type));
   }
@@ -130,9 +165,9 @@ bool has_pack8_layout(TensorType type) {
          type == TensorType::Q4_K || type == TensorType::Q5_K || type == TensorType::Q6_K;
 }
 
-void pack8_in_place(TensorType type, uint8_t* rows, int n_rows, int k) {
+void pack8_in_place(TensorType type, uint8_t* rows, int n_rows, int k, PackLayout layout) {
   if (n_rows % kPackRows != 0) throw std::invalid_argument("pack8: rows must be a multiple of 8");
-  const Codec codec = codec_of(type);
+  const Codec codec = codec_of(type, layout);
   const size_t rb = row_bytes(type, k);
   const int nb = k / codec.elements;
   std::vector<uint8_t> group(rb * kPackRows);
@@ -146,8 +181,8 @@ void pack8_in_place(TensorType type, uint8_t* rows, int n_rows, int k) {
   }
 }
 
-void unpack8_row(TensorType type, const uint8_t* packed, int row, int k, uint8_t* out) {
-  const Codec codec = codec_of(type);
+void unpack8_row(TensorType type, const uint8_t* packed, int row, int k, uint8_t* out, PackLayout layout) {
+  const Codec codec = codec_of(type, layout);
   const size_t rb = row_bytes(type, k);
   const uint8_t* group = packed + static_cast<size_t>(row / kPackRows) * kPackRows * rb;
   for (int b = 0; b < k / codec.elements; ++b) {

@@ -38,6 +38,16 @@
 //                  144 + 512h + 256p + 32i holding row c's ql[64h + 32p + 4i .. +3] at 4c
 //     [1168, 1680) half h, slice i: 32 bytes at 1168 + 256h + 32i holding row c's
 //                  qh[32h + 4i .. +3] at 4c
+// Q4_K and Q5_K have a second layout, PackLayout::kQword, that the AVX-512 path loads (the
+// other types are the same in both). Its 512-bit kernel reads a 64-byte slice as 8 columns x 8
+// bytes, one activation qword broadcast against all of them, so the slices hold 8 bytes per
+// row, and Q5_K's fifth bits become 64-bit masks that one masked byte add applies to a slice:
+//   [0, 128)      the scale header as above
+//   [128, 1152)   chunk p = 0..3, slice s = 0..3: 64 bytes at 128 + 256p + 64s holding row c's
+//                 qs[32p + 8s .. +7] at 8c
+//   Q5_K [1152, 1408) chunk p, slice s: 16 bytes at 1152 + 64p + 16s: two 64-bit masks, bit
+//                 8c + i the fifth bit of row c's element 8s + i of sub-block 2p (first) and
+//                 2p + 1 (second), i.e. bit 2p / 2p + 1 of its GGUF qh[8s + i]
 // A group's bytes occupy exactly the bytes its 8 rows occupied, so the row-major offset of
 // row 8g (8g * row_bytes) is also where its group starts. Matrices whose row count is not a
 // multiple of 8 are not packed (they keep GGUF's layout and the row-major kernels).
@@ -52,13 +62,16 @@ namespace llmd::kernels {
 
 constexpr int kPackRows = 8;
 
+// Which arrangement of the tile a kernel path reads (see above; only Q4_K and Q5_K differ).
+enum class PackLayout : uint8_t { kDword, kQword };
+
 // Whether `type` has a packed layout (Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K).
 bool has_pack8_layout(TensorType type);
 
 // Packs `n_rows` (a multiple of 8) rows of `k` elements, row-major at `rows`, in place.
-void pack8_in_place(TensorType type, uint8_t* rows, int n_rows, int k);
+void pack8_in_place(TensorType type, uint8_t* rows, int n_rows, int k, PackLayout layout);
 
 // Row `row` of a packed matrix back in GGUF's own block layout (row_bytes(type, k) bytes).
-void unpack8_row(TensorType type, const uint8_t* packed, int row, int k, uint8_t* out);
+void unpack8_row(TensorType type, const uint8_t* packed, int row, int k, uint8_t* out, PackLayout layout);
 
 }  // namespace llmd::kernels
