@@ -493,28 +493,69 @@ inline void dot8_q45k(const uint8_t* w, size_t stride, const ActBlock* const* a,
 // above spends more instructions unpacking weights (Q5_K: merging the fifth bit from the qh
 // slices, 6 more per 32 bytes) and converting per-block sums than on its dot products, and on
 // a core with full-width AVX-512 a 512-bit vpdpbusd costs what a 256-bit one does. Here one
-// 64-byte load is 8 columns x 8 bytes, the activation's 8 bytes are one broadcast qword, and
-// Q5_K's fifth bits are a 64-bit mask applied by one masked byte add per slice.
-//
-// Lanes 2c and 2c + 1 of every vector belong to column c: the dpbusd sums of column c's
-// elements 8s .. 8s+3 and 8s+4 .. 8s+7 land in them, and each keeps its own float
-// accumulator (block sums scaled by d * sc[j] * a.d in both, the mins term in lane 2c only),
-// summed once at the end: out = acc[2c] + acc[2c + 1]. The same operations in the same order
-// for every row count R, so an output does not depend on the tile it fell in.
+// 64-byte load is 8 columns x 8 bytes, Q5_K's fifth bits are a 64-bit mask applied by one
+// masked byte add, and the activation qword broadcast against it holds 4 bytes of each of the
+// two blocks the slice covers, so lane 2c sums column c's block 2p and lane 2c + 1 its block
+// 2p + 1: one float conversion and FMA per row serve two blocks.
+
+// One activation row's blocks 2p and 2p + 1 as the kernel reads them: quants interleaved by
+// dwords (dword 2k: block 2p's bytes 4k .. 4k+3, dword 2k + 1: block 2p + 1's), then the
+// pair's scales d and d * sum(q), each broadcast as one qword.
+struct KqPair {
+  int8_t q[2 * kBlock];
+  float d[2];
+  float s[2];
+};
+
+struct KqPairRows {
+  using Row = const KqPair*;
+  const KqPair* pairs;
+  int np;
+  KqPairRows(const ActBlock* a, int rows, int nb) : np(nb / 2) {
+    thread_local std::vector<KqPair> buf;
+    buf.resize(static_cast<size_t>(rows) * np);
+    for (size_t i = 0; i < buf.size(); ++i) {
+      const ActBlock& x = a[2 * i];
+      const ActBlock& y = a[2 * i + 1];
+      const __m256i qx = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.q));
+      const __m256i qy = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y.q));
+      // unpack*_epi32 interleave within 128-bit halves: lo = x0 y0 x1 y1 | x4 y4 x5 y5,
+      // hi = x2 y2 x3 y3 | x6 y6 x7 y7.
+      const __m256i lo = _mm256_unpacklo_epi32(qx, qy);
+      const __m256i hi = _mm256_unpackhi_epi32(qx, qy);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(buf[i].q), _mm256_permute2x128_si256(lo, hi, 0x20));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(buf[i].q + 32), _mm256_permute2x128_si256(lo, hi, 0x31));
+      buf[i].d[0] = x.d;
+      buf[i].d[1] = y.d;
+      buf[i].s[0] = x.s;
+      buf[i].s[1] = y.s;
+    }
+    pairs = buf.data();
+  }
+  Row row(int r) const { return pairs + static_cast<size_t>(r) * np; }
+};
+
 inline uint64_t load_u64(const void* p) {
   uint64_t v;
   std::memcpy(&v, p, sizeof(v));
   return v;
 }
 
+inline __m512 broadcast_pair(const float* p) {
+  return _mm512_castpd_ps(_mm512_set1_pd(std::bit_cast<double>(load_u64(p))));
+}
+
+// Per pair of blocks, lane 2c (2c + 1): column c's exact integer sum over block 2p (2p + 1),
+// then acc = fma(isum, d * sc * a.d, acc), acc = fnma(dmin * m, a.s, acc) in the same lane;
+// out = acc[2c] + acc[2c + 1] at the end. The same operations in the same order for every
+// row count R, so an output does not depend on the tile it fell in.
 template <int R, bool kFive>
-inline void dot8_q45k_zmm(const uint8_t* w, const ActBlock* const* a, int nb, float* const* out, bool stream) {
+inline void dot8_q45k_zmm(const uint8_t* w, const KqPair* const* a, int nb, float* const* out, bool stream) {
   constexpr int kTile = 8 * (kFive ? kQ5KBytes : kQ4KBytes);
   const __m512i m4 = _mm512_set1_epi8(0x0f);
   const __m512i v16 = _mm512_set1_epi8(0x10);
   const __m256i m4y = _mm256_set1_epi8(0x0f);
   const __m256i m30y = _mm256_set1_epi8(0x30);
-  const __m128i zero = _mm_setzero_si128();
   const __m512i pairs = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
   __m512 acc[R];
 #pragma GCC unroll 8
@@ -539,25 +580,21 @@ inline void dot8_q45k_zmm(const uint8_t* w, const ActBlock* const* a, int nb, fl
                                            _mm256_and_si256(_mm256_srli_epi16(hb, 2), m30y))};
 #pragma GCC unroll 4
     for (int p = 0; p < 4; ++p) {
-      const int b0 = sb * kSubBlocks + 2 * p;  // low nibbles: block b0, high: block b0 + 1
-      // Bytes 0-7: sub-block 2p of columns 0-7, bytes 8-15: sub-block 2p + 1.
+      const int pi = sb * (kSubBlocks / 2) + p;
+      // Bytes 0-7: sub-block 2p of columns 0-7, bytes 8-15: sub-block 2p + 1; interleaved so
+      // that byte 2c is column c's scale of block 2p and byte 2c + 1 of block 2p + 1.
       const __m128i s16 = (p & 1) ? _mm256_extracti128_si256(sc[p >> 1], 1) : _mm256_castsi256_si128(sc[p >> 1]);
       const __m128i m16 = (p & 1) ? _mm256_extracti128_si256(mn[p >> 1], 1) : _mm256_castsi256_si128(mn[p >> 1]);
-      const __m512 dsc[2] = {
-          _mm512_mul_ps(dg, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_unpacklo_epi8(s16, s16)))),
-          _mm512_mul_ps(dg, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_unpackhi_epi8(s16, s16))))};
-      const __m512 dm[2] = {  // lane 2c + 1 zero: the mins count once per column
-          _mm512_mul_ps(dmg, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_unpacklo_epi8(m16, zero)))),
-          _mm512_mul_ps(dmg, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_unpackhi_epi8(m16, zero))))};
-      // A single row keeps a second set of sums for odd slices to hide dpbusd's latency
-      // (integer sums are exact: the result does not change).
-      constexpr int kChains = R == 1 ? 2 : 1;
+      const __m128i sp = _mm_unpacklo_epi8(s16, _mm_unpackhi_epi64(s16, s16));
+      const __m128i mp = _mm_unpacklo_epi8(m16, _mm_unpackhi_epi64(m16, m16));
+      const __m512 dsc = _mm512_mul_ps(dg, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(sp)));
+      const __m512 dm = _mm512_mul_ps(dmg, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(mp)));
+      // Two chains per row (low and high nibbles), added once: more independent dpbusd chains
+      // than rows to hide its latency; integer sums are exact, so the result is unchanged.
       __m512i isum[R][2];
-      __m512i odd[R][2];
 #pragma GCC unroll 4
       for (int s = 0; s < 4; ++s) {
-        const uint8_t* qs = t + 128 + 256 * p + 64 * s;
-        const __m512i q = _mm512_loadu_si512(qs);
+        const __m512i q = _mm512_loadu_si512(t + 128 + 256 * p + 64 * s);
         __m512i lo = _mm512_and_si512(q, m4);
         __m512i hi = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4);
         if constexpr (kFive) {
@@ -565,30 +602,22 @@ inline void dot8_q45k_zmm(const uint8_t* w, const ActBlock* const* a, int nb, fl
           lo = _mm512_mask_add_epi8(lo, _cvtu64_mask64(load_u64(mk)), lo, v16);
           hi = _mm512_mask_add_epi8(hi, _cvtu64_mask64(load_u64(mk + 8)), hi, v16);
         }
-        const bool second = kChains == 2 && (s & 1);
-        const bool first = kChains == 2 ? s < 2 : s == 0;
 #pragma GCC unroll 8
         for (int r = 0; r < R; ++r) {
-          const __m512i alo = _mm512_set1_epi64(static_cast<long long>(load_u64(a[r][b0].q + 8 * s)));
-          const __m512i ahi = _mm512_set1_epi64(static_cast<long long>(load_u64(a[r][b0 + 1].q + 8 * s)));
-          __m512i(&dst)[2] = second ? odd[r] : isum[r];
+          const int8_t* aq = a[r][pi].q + 16 * s;
+          const __m512i alo = _mm512_set1_epi64(static_cast<long long>(load_u64(aq)));
+          const __m512i ahi = _mm512_set1_epi64(static_cast<long long>(load_u64(aq + 8)));
           const __m512i z = _mm512_setzero_si512();
-          dst[0] = _mm512_dpbusd_epi32(first ? z : dst[0], lo, alo);
-          dst[1] = _mm512_dpbusd_epi32(first ? z : dst[1], hi, ahi);
+          isum[r][0] = _mm512_dpbusd_epi32(s == 0 ? z : isum[r][0], lo, alo);
+          isum[r][1] = _mm512_dpbusd_epi32(s == 0 ? z : isum[r][1], hi, ahi);
         }
       }
 #pragma GCC unroll 8
       for (int r = 0; r < R; ++r) {
-        if constexpr (kChains == 2) {
-          isum[r][0] = _mm512_add_epi32(isum[r][0], odd[r][0]);
-          isum[r][1] = _mm512_add_epi32(isum[r][1], odd[r][1]);
-        }
-#pragma GCC unroll 2
-        for (int e = 0; e < 2; ++e) {
-          const ActBlock& ab = a[r][b0 + e];
-          acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[r][e]), _mm512_mul_ps(dsc[e], _mm512_set1_ps(ab.d)), acc[r]);
-          acc[r] = _mm512_fnmadd_ps(dm[e], _mm512_set1_ps(ab.s), acc[r]);
-        }
+        const KqPair& ap = a[r][pi];
+        const __m512 sum = _mm512_cvtepi32_ps(_mm512_add_epi32(isum[r][0], isum[r][1]));
+        acc[r] = _mm512_fmadd_ps(sum, _mm512_mul_ps(dsc, broadcast_pair(ap.d)), acc[r]);
+        acc[r] = _mm512_fnmadd_ps(dm, broadcast_pair(ap.s), acc[r]);
       }
     }
   }
@@ -788,10 +817,25 @@ inline void dot8_q6k(const uint8_t* w, size_t stride, const Q6Row* a, int nb, fl
   store_tiles(acc, out);
 }
 
+#if defined(LLMD_ISA_VNNI)
+// Activation rows per Q4_K/Q5_K tile on the 512-bit path: 8 rows (8 accumulators and 16 sum
+// chains in AVX-512's 32 registers) beside 4 and 6 gave a 512 x 2048 x 2048 Q5_K product 258
+// against 236 and 253 GMAC/s on one Zen 5 core.
+constexpr int kKq45RowTile = 8;
+#else
+constexpr int kKq45RowTile = kRowTile;
+#endif
+
 // The AVX-512 path runs the 512-bit kernels over the kQword tile (make_table asks the engine
 // to pack that layout), the AVX2 path the 256-bit ones over the kDword tile.
+#if defined(LLMD_ISA_VNNI)
+using Kq45Rows = KqPairRows;
+#else
+using Kq45Rows = PlainRows;
+#endif
+
 template <int R, int G, bool kFive>
-inline void dot8_q45k_path(const uint8_t* w, size_t stride, const ActBlock* const* a, int nb, float* const* out,
+inline void dot8_q45k_path(const uint8_t* w, size_t stride, const Kq45Rows::Row* a, int nb, float* const* out,
                            bool stream) {
 #if defined(LLMD_ISA_VNNI)
   static_assert(G == 1, "the K-quant kernels take one group at a time");
@@ -805,18 +849,18 @@ inline void dot8_q45k_path(const uint8_t* w, size_t stride, const ActBlock* cons
 template <int R, int G>
 struct Dot8Q4K {
   static constexpr int kSingleRowGroups = 1;
-  using Rows = PlainRows;
-  static void run(const uint8_t* w, size_t stride, const ActBlock* const* a, int nb, float* const* out,
-                  bool stream) {
+  static constexpr int kRowTile = kKq45RowTile;
+  using Rows = Kq45Rows;
+  static void run(const uint8_t* w, size_t stride, const Rows::Row* a, int nb, float* const* out, bool stream) {
     dot8_q45k_path<R, G, false>(w, stride, a, nb, out, stream);
   }
 };
 template <int R, int G>
 struct Dot8Q5K {
   static constexpr int kSingleRowGroups = 1;
-  using Rows = PlainRows;
-  static void run(const uint8_t* w, size_t stride, const ActBlock* const* a, int nb, float* const* out,
-                  bool stream) {
+  static constexpr int kRowTile = kKq45RowTile;
+  using Rows = Kq45Rows;
+  static void run(const uint8_t* w, size_t stride, const Rows::Row* a, int nb, float* const* out, bool stream) {
     dot8_q45k_path<R, G, true>(w, stride, a, nb, out, stream);
   }
 };

@@ -59,15 +59,25 @@ void q45k_to_tile(const uint8_t* block, int c, uint8_t* tile) {
                                                 ((mn[j + 4] >> 4) << 6));
   }
   if constexpr (kQword) {
+    const uint8_t* qs = block + kQs;
     for (int p = 0; p < 4; ++p) {
       for (int s = 0; s < 4; ++s) {
-        std::memcpy(tile + 128 + 256 * p + 64 * s + 8 * c, block + kQs + 32 * p + 8 * s, 8);
-        if constexpr (kQs == 48) {
-          for (int e = 0; e < 2; ++e) {
-            uint8_t bits = 0;
-            for (int i = 0; i < 8; ++i) bits |= static_cast<uint8_t>(((block[16 + 8 * s + i] >> (2 * p + e)) & 1) << i);
-            tile[1152 + 64 * p + 16 * s + 8 * e + c] = bits;
+        uint8_t* dst = tile + 128 + 256 * p + 64 * s + 8 * c;
+        uint8_t mask[2] = {0, 0};  // fifth bits of the low / high nibbles of dst[0..7]
+        for (int j = 0; j < 4; ++j) {
+          for (int e = 0; e < 2; ++e) {  // e: sub-block 2p + e, in bytes 4e .. 4e + 3
+            const int lo = 8 * s + j, hi = 8 * s + 4 + j;
+            dst[4 * e + j] = static_cast<uint8_t>(((qs[32 * p + lo] >> (4 * e)) & 15) |
+                                                  (((qs[32 * p + hi] >> (4 * e)) & 15) << 4));
+            if constexpr (kQs == 48) {
+              mask[0] |= static_cast<uint8_t>(((block[16 + lo] >> (2 * p + e)) & 1) << (4 * e + j));
+              mask[1] |= static_cast<uint8_t>(((block[16 + hi] >> (2 * p + e)) & 1) << (4 * e + j));
+            }
           }
+        }
+        if constexpr (kQs == 48) {
+          tile[1152 + 64 * p + 16 * s + c] = mask[0];
+          tile[1152 + 64 * p + 16 * s + 8 + c] = mask[1];
         }
       }
     }
@@ -99,14 +109,21 @@ void q45k_from_tile(const uint8_t* tile, int c, uint8_t* block) {
     s[j + 8] = static_cast<uint8_t>((sc[j + 4] & 15) | ((mn[j + 4] & 15) << 4));
   }
   if constexpr (kQword) {
+    uint8_t* qs = block + kQs;
     if constexpr (kQs == 48) std::memset(block + 16, 0, 32);
     for (int p = 0; p < 4; ++p) {
       for (int s = 0; s < 4; ++s) {
-        std::memcpy(block + kQs + 32 * p + 8 * s, tile + 128 + 256 * p + 64 * s + 8 * c, 8);
-        if constexpr (kQs == 48) {
-          for (int e = 0; e < 2; ++e) {
-            const uint8_t bits = tile[1152 + 64 * p + 16 * s + 8 * e + c];
-            for (int i = 0; i < 8; ++i) block[16 + 8 * s + i] |= static_cast<uint8_t>(((bits >> i) & 1) << (2 * p + e));
+        const uint8_t* src = tile + 128 + 256 * p + 64 * s + 8 * c;
+        for (int j = 0; j < 4; ++j) {
+          const int lo = 8 * s + j, hi = 8 * s + 4 + j;
+          qs[32 * p + lo] = static_cast<uint8_t>((src[j] & 15) | ((src[4 + j] & 15) << 4));
+          qs[32 * p + hi] = static_cast<uint8_t>((src[j] >> 4) | ((src[4 + j] >> 4) << 4));
+          if constexpr (kQs == 48) {
+            for (int e = 0; e < 2; ++e) {
+              const int bit = 4 * e + j;
+              block[16 + lo] |= static_cast<uint8_t>(((tile[1152 + 64 * p + 16 * s + c] >> bit) & 1) << (2 * p + e));
+              block[16 + hi] |= static_cast<uint8_t>(((tile[1152 + 64 * p + 16 * s + 8 + c] >> bit) & 1) << (2 * p + e));
+            }
           }
         }
       }

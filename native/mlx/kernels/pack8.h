@@ -39,15 +39,18 @@
 //     [1168, 1680) half h, slice i: 32 bytes at 1168 + 256h + 32i holding row c's
 //                  qh[32h + 4i .. +3] at 4c
 // Q4_K and Q5_K have a second layout, PackLayout::kQword, that the AVX-512 path loads (the
-// other types are the same in both). Its 512-bit kernel reads a 64-byte slice as 8 columns x 8
-// bytes, one activation qword broadcast against all of them, so the slices hold 8 bytes per
-// row, and Q5_K's fifth bits become 64-bit masks that one masked byte add applies to a slice:
+// other types are the same in both). Its 512-bit kernel reads a 64-byte slice as 8 columns x
+// (4 bytes of sub-block 2p, 4 bytes of sub-block 2p + 1), so that one vpdpbusd against an
+// activation qword holding both blocks' 4 bytes sums each block in its own 32-bit lane; the
+// nibbles are regrouped so that a byte's two nibbles belong to the same sub-block, and Q5_K's
+// fifth bits become 64-bit masks that one masked byte add applies to a slice:
 //   [0, 128)      the scale header as above
-//   [128, 1152)   chunk p = 0..3, slice s = 0..3: 64 bytes at 128 + 256p + 64s holding row c's
-//                 qs[32p + 8s .. +7] at 8c
+//   [128, 1152)   chunk p = 0..3, slice s = 0..3: 64 bytes at 128 + 256p + 64s; row c's bytes
+//                 8c + 4e + j (e = 0, 1; j = 0..3) hold elements 8s + j (low nibble) and
+//                 8s + 4 + j (high nibble) of sub-block 2p + e
 //   Q5_K [1152, 1408) chunk p, slice s: 16 bytes at 1152 + 64p + 16s: two 64-bit masks, bit
-//                 8c + i the fifth bit of row c's element 8s + i of sub-block 2p (first) and
-//                 2p + 1 (second), i.e. bit 2p / 2p + 1 of its GGUF qh[8s + i]
+//                 8c + 4e + j the fifth bit of the low (first mask) / high (second) nibble of
+//                 that byte
 // A group's bytes occupy exactly the bytes its 8 rows occupied, so the row-major offset of
 // row 8g (8g * row_bytes) is also where its group starts. Matrices whose row count is not a
 // multiple of 8 are not packed (they keep GGUF's layout and the row-major kernels).
