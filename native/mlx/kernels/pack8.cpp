@@ -158,6 +158,65 @@ void q6k_from_tile(const uint8_t* tile, int c, uint8_t* block) {
   q6k_pieces(c, [&](int t, int o, int n) { std::memcpy(block + o, tile + t, n); });
 }
 
+// Q6_K's kQword tile: element E of a block is bits 0-3 of a ql nibble and bits 4-5 from qh
+// (dequantize_row_q6_K's order: E = 128h + 32 quarter + l).
+int q6_ql_index(int e) { return 64 * (e / 128) + 32 * ((e % 128 / 32) & 1) + e % 32; }
+int q6_ql_shift(int e) { return e % 128 / 64 * 4; }
+int q6_qh_index(int e) { return 128 + 32 * (e / 128) + e % 32; }
+int q6_qh_shift(int e) { return 2 * (e % 128 / 32); }
+
+// Tile element of row c, pair p, slice s, block 2p + e, byte j and nibble n (0 low, 1 high):
+// block element 32 (2p + e) + 8s + 4n + j.
+template <class Fn>
+void q6k_qword_elements(Fn fn) {
+  for (int p = 0; p < 4; ++p) {
+    for (int s = 0; s < 4; ++s) {
+      for (int e = 0; e < 2; ++e) {
+        for (int j = 0; j < 4; ++j) {
+          for (int n = 0; n < 2; ++n) {
+            const int ql_byte = 144 + 256 * p + 64 * s + 4 * e + j;  // + 8c
+            const int qh_byte = 1168 + 128 * p + 64 * (s / 2) + 4 * e + j;
+            const int qh_shift = 4 * (s % 2) + 2 * n;
+            fn(32 * (2 * p + e) + 8 * s + 4 * n + j, ql_byte, 4 * n, qh_byte, qh_shift);
+          }
+        }
+      }
+    }
+  }
+}
+
+void q6k_qword_to_tile(const uint8_t* block, int c, uint8_t* tile) {
+  std::memcpy(tile + 2 * c, block + 208, 2);
+  for (int p = 0; p < 4; ++p) {
+    for (int hf = 0; hf < 2; ++hf) {
+      for (int e = 0; e < 2; ++e) tile[16 + 32 * p + 16 * hf + 2 * c + e] = block[192 + 2 * (2 * p + e) + hf];
+    }
+  }
+  for (int b = 144; b < 1680; b += 64) std::memset(tile + b + 8 * c, 0, 8);
+  q6k_qword_elements([&](int el, int ql_byte, int ql_shift, int qh_byte, int qh_shift) {
+    const int lo4 = (block[q6_ql_index(el)] >> q6_ql_shift(el)) & 15;
+    const int hi2 = (block[q6_qh_index(el)] >> q6_qh_shift(el)) & 3;
+    tile[ql_byte + 8 * c] |= static_cast<uint8_t>(lo4 << ql_shift);
+    tile[qh_byte + 8 * c] |= static_cast<uint8_t>(hi2 << qh_shift);
+  });
+}
+
+void q6k_qword_from_tile(const uint8_t* tile, int c, uint8_t* block) {
+  std::memcpy(block + 208, tile + 2 * c, 2);
+  for (int p = 0; p < 4; ++p) {
+    for (int hf = 0; hf < 2; ++hf) {
+      for (int e = 0; e < 2; ++e) block[192 + 2 * (2 * p + e) + hf] = tile[16 + 32 * p + 16 * hf + 2 * c + e];
+    }
+  }
+  std::memset(block, 0, 192);
+  q6k_qword_elements([&](int el, int ql_byte, int ql_shift, int qh_byte, int qh_shift) {
+    const int lo4 = (tile[ql_byte + 8 * c] >> ql_shift) & 15;
+    const int hi2 = (tile[qh_byte + 8 * c] >> qh_shift) & 3;
+    block[q6_ql_index(el)] |= static_cast<uint8_t>(lo4 << q6_ql_shift(el));
+    block[q6_qh_index(el)] |= static_cast<uint8_t>(hi2 << q6_qh_shift(el));
+  });
+}
+
 Codec codec_of(TensorType type, PackLayout layout) {
   const bool qword = layout == PackLayout::kQword;
   switch (type) {
@@ -170,7 +229,8 @@ Codec codec_of(TensorType type, PackLayout layout) {
     case TensorType::Q5_K:
       return qword ? Codec{256, 176, q45k_to_tile<48, true>, q45k_from_tile<48, true>}
                    : Codec{256, 176, q45k_to_tile<48, false>, q45k_from_tile<48, false>};
-    case TensorType::Q6_K: return {256, 210, q6k_to_tile, q6k_from_tile};
+    case TensorType::Q6_K:
+      return qword ? Codec{256, 210, q6k_qword_to_tile, q6k_qword_from_tile} : Codec{256, 210, q6k_to_tile, q6k_from_tile};
     default: throw std::invalid_argument("no packed layout for " + type_name(type));
   }
 }
