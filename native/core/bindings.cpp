@@ -184,25 +184,34 @@ TensorType kernel_type_named(const std::string& type) {
 
 // The engine's load-time packing and its inverse (the embedding lookup of a tied head), for
 // tests: pack8(rows) -> bytes in the 8-row layout; unpack8_row(packed, row) -> GGUF blocks.
-py::array_t<uint8_t> pack8_bytes(const std::string& type, py::array_t<uint8_t, py::array::c_style> w, int n, int k) {
+const kernels::KernelTable& table_for(const std::string& isa) {
+  const kernels::KernelTable* table = isa.empty() ? &kernels::active_table() : kernels::table_named(isa);
+  if (!table) throw std::invalid_argument("kernel path '" + isa + "' is not runnable on this CPU");
+  return *table;
+}
+
+py::array_t<uint8_t> pack8_bytes(const std::string& type, py::array_t<uint8_t, py::array::c_style> w, int n, int k,
+                                 const std::string& isa) {
   const TensorType tt = kernel_type_named(type);
+  const kernels::PackLayout layout = table_for(isa).pack_layout;
   if (!kernels::has_pack8_layout(tt)) throw std::invalid_argument("no packed layout for " + type);
   if (static_cast<size_t>(w.size()) != row_bytes(tt, k) * n) throw std::invalid_argument("weight bytes do not match n x k");
   py::array_t<uint8_t> out(w.size());
   std::memcpy(out.mutable_data(), w.data(), w.size());
-  kernels::pack8_in_place(tt, out.mutable_data(), n, k);
+  kernels::pack8_in_place(tt, out.mutable_data(), n, k, layout);
   return out;
 }
 
 py::array_t<uint8_t> unpack8_bytes(const std::string& type, py::array_t<uint8_t, py::array::c_style> packed, int n,
-                                   int k, int row) {
+                                   int k, int row, const std::string& isa) {
   const TensorType tt = kernel_type_named(type);
+  const kernels::PackLayout layout = table_for(isa).pack_layout;
   const size_t rb = row_bytes(tt, k);
   if (static_cast<size_t>(packed.size()) != rb * n || n % kernels::kPackRows != 0 || row < 0 || row >= n) {
     throw std::invalid_argument("unpack8_row: bad shape or row");
   }
   py::array_t<uint8_t> out(static_cast<py::ssize_t>(rb));
-  kernels::unpack8_row(tt, packed.data(), row, k, out.mutable_data());
+  kernels::unpack8_row(tt, packed.data(), row, k, out.mutable_data(), layout);
   return out;
 }
 
@@ -304,7 +313,7 @@ py::array_t<float> kernel_gemm(const std::string& type, py::array_t<uint8_t, py:
   if (packed) {
     // The layout the engine packs weights into at load time, packed by the same function.
     std::vector<uint8_t> bytes(w.data(), w.data() + w.size());
-    kernels::pack8_in_place(tt, bytes.data(), n, k);
+    kernels::pack8_in_place(tt, bytes.data(), n, k, table->pack_layout);
     table->packed_gemm_for(tt)(bytes.data(), rb, act.data(), k, rows, 0, n, out.mutable_data(), n);
   } else {
     table->gemm_for(tt)(w.data(), rb, act.data(), k, rows, 0, n, out.mutable_data(), n);
@@ -541,10 +550,11 @@ PYBIND11_MODULE(_engine, m) {
         py::arg("x"), py::arg("isa") = "", py::arg("packed") = false,
         "out[r, j] = dot(weight row j, x row r) with llmd's kernel for `type` on path `isa` "
         "(with `packed`, the kernel for the 8-row packed layout the engine loads weights into).");
-  m.def("pack8", &pack8_bytes, py::arg("type"), py::arg("weight"), py::arg("n"), py::arg("k"),
-        "Rows of `type` (n x k, GGUF layout) in the 8-row packed layout the engine loads them into.");
+  m.def("pack8", &pack8_bytes, py::arg("type"), py::arg("weight"), py::arg("n"), py::arg("k"), py::arg("isa") = "",
+        "Rows of `type` (n x k, GGUF layout) in the 8-row packed layout the engine loads them into on "
+        "kernel path `isa` (default: the active one).");
   m.def("unpack8_row", &unpack8_bytes, py::arg("type"), py::arg("packed"), py::arg("n"), py::arg("k"),
-        py::arg("row"), "Row `row` of a pack8 matrix back in GGUF's block layout.");
+        py::arg("row"), py::arg("isa") = "", "Row `row` of a pack8 matrix (packed for path `isa`) back in GGUF's block layout.");
   m.def("kernel_attention", &kernel_attention, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("n_pos"),
         py::arg("first_pos"), py::arg("kv_type") = "f16", py::arg("isa") = "", py::arg("tile_rows") = 1,
         "out[r] = softmax(q[r] . k[first_pos[r]:n_pos[r]]) v[...] with llmd's attention kernel over "

@@ -10,6 +10,7 @@
 
 #include "../core/dequantize.h"
 #include "kernels/pack8.h"
+#include "kernels/qgemm.h"
 #include "mlx/graph_utils.h"
 
 namespace llmd {
@@ -85,7 +86,7 @@ void Embedding::lookup(const std::vector<int32_t>& tokens, float* out, float sca
     float* row = out + i * dim_;
     const uint8_t* blocks = base + static_cast<size_t>(tokens[i]) * rb;
     if (packed_) {
-      kernels::unpack8_row(type_, base, tokens[i], dim_, unpacked.data());
+      kernels::unpack8_row(type_, base, tokens[i], dim_, unpacked.data(), kernels::active_table().pack_layout);
       blocks = unpacked.data();
     }
     dequantize_row(type_, blocks, row, dim_);

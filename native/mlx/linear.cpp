@@ -320,8 +320,9 @@ mx::array Linear::split_forward(const mx::array& x, const Fused& fused) const {
 }
 
 void Linear::pack_for_kernels() {
-  if (n_ % kernels::kPackRows != 0 || !kernels::active_table().packed_gemm_for(type_)) return;
-  kernels::pack8_in_place(type_, weight_.data<uint8_t>(), n_, k_);
+  const kernels::KernelTable& table = kernels::active_table();
+  if (n_ % kernels::kPackRows != 0 || !table.packed_gemm_for(type_)) return;
+  kernels::pack8_in_place(type_, weight_.data<uint8_t>(), n_, k_, table.pack_layout);
   packed_ = true;
 }
 

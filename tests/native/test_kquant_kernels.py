@@ -126,17 +126,20 @@ def test_x86_paths_have_packed_kquant_kernels() -> None:
             )
 
 
+@pytest.mark.parametrize("path", PACKED_PATHS)
 @pytest.mark.parametrize("type_name", list(TYPES))
-def test_pack8_moves_bytes_and_every_row_unpacks_exactly(type_name: str) -> None:
-    """Random bytes reach every scale bit pattern (Q4_K's 6-bit scales are re-encoded)."""
+def test_pack8_moves_bytes_and_every_row_unpacks_exactly(path: str, type_name: str) -> None:
+    """Random bytes reach every scale bit pattern (Q4_K's 6-bit scales are re-encoded) and
+    every fifth-bit pattern (the AVX-512 path's Q5_K tile turns qh into bit masks); each path
+    packs the layout its kernels read, and a tied embedding reads rows back through it."""
     rng = np.random.default_rng(5)
     n, k = 24, 512
     rows = np.ascontiguousarray(_random_blocks(rng, n, k, type_name))
-    packed = engine.pack8(type_name, rows, n, k)
+    packed = engine.pack8(type_name, rows, n, k, path)
     assert packed.shape == (rows.size,)
     assert not np.array_equal(packed, rows.reshape(-1))
     for r in range(n):
-        assert np.array_equal(engine.unpack8_row(type_name, packed, n, k, r), rows[r]), r
+        assert np.array_equal(engine.unpack8_row(type_name, packed, n, k, r, path), rows[r]), r
 
 
 @pytest.mark.parametrize("path", PACKED_PATHS)

@@ -488,6 +488,242 @@ inline void dot8_q45k(const uint8_t* w, size_t stride, const ActBlock* const* a,
   store_tiles(acc, out);
 }
 
+#if defined(LLMD_ISA_VNNI)
+// Q4_K and Q5_K on 512-bit vectors, over the kQword tile (pack8.h). Why: the 256-bit kernel
+// above spends more instructions unpacking weights (Q5_K: merging the fifth bit from the qh
+// slices, 6 more per 32 bytes) and converting per-block sums than on its dot products, and on
+// a core with full-width AVX-512 a 512-bit vpdpbusd costs what a 256-bit one does. Here one
+// 64-byte load is 8 columns x 8 bytes, Q5_K's fifth bits are a 64-bit mask applied by one
+// masked byte add, and the activation qword broadcast against it holds 4 bytes of each of the
+// two blocks the slice covers, so lane 2c sums column c's block 2p and lane 2c + 1 its block
+// 2p + 1: one float conversion and FMA per row serve two blocks.
+
+// One activation row's blocks 2p and 2p + 1 as the kernel reads them: quants interleaved by
+// dwords (dword 2k: block 2p's bytes 4k .. 4k+3, dword 2k + 1: block 2p + 1's), then the
+// pair's scales d and d * sum(q), each broadcast as one qword.
+struct KqPair {
+  int8_t q[2 * kBlock];
+  float d[2];
+  float s[2];
+  int32_t seed[2][2];  // Q6_K only: [half][e]: -32 * sum of block 2p + e's first / second 16 quants
+};
+
+template <bool kSeeds>
+struct KqPairRows {
+  using Row = const KqPair*;
+  const KqPair* pairs;
+  int np;
+  KqPairRows(const ActBlock* a, int rows, int nb) : np(nb / 2) {
+    thread_local std::vector<KqPair> buf;
+    buf.resize(static_cast<size_t>(rows) * np);
+    const __m256i ones8 = _mm256_set1_epi8(1);
+    const __m256i ones16 = _mm256_set1_epi16(1);
+    for (size_t i = 0; i < buf.size(); ++i) {
+      const ActBlock& x = a[2 * i];
+      const ActBlock& y = a[2 * i + 1];
+      const __m256i qx = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.q));
+      const __m256i qy = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y.q));
+      // unpack*_epi32 interleave within 128-bit halves: lo = x0 y0 x1 y1 | x4 y4 x5 y5,
+      // hi = x2 y2 x3 y3 | x6 y6 x7 y7.
+      const __m256i lo = _mm256_unpacklo_epi32(qx, qy);
+      const __m256i hi = _mm256_unpackhi_epi32(qx, qy);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(buf[i].q), _mm256_permute2x128_si256(lo, hi, 0x20));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(buf[i].q + 32), _mm256_permute2x128_si256(lo, hi, 0x31));
+      buf[i].d[0] = x.d;
+      buf[i].d[1] = y.d;
+      buf[i].s[0] = x.s;
+      buf[i].s[1] = y.s;
+      if constexpr (kSeeds) {
+        // Lanes of 4-byte sums; two horizontal adds leave x's and y's first-16 sums in lanes
+        // 0 and 1, their second-16 sums in lanes 4 and 5.
+        const __m256i sx = _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, qx), ones16);
+        const __m256i sy = _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, qy), ones16);
+        const __m256i h = _mm256_hadd_epi32(sx, sy);
+        const __m256i m32 = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(_mm256_hadd_epi32(h, h), 5));
+        _mm_storel_epi64(reinterpret_cast<__m128i*>(buf[i].seed[0]), _mm256_castsi256_si128(m32));
+        _mm_storel_epi64(reinterpret_cast<__m128i*>(buf[i].seed[1]), _mm256_extracti128_si256(m32, 1));
+      }
+    }
+    pairs = buf.data();
+  }
+  Row row(int r) const { return pairs + static_cast<size_t>(r) * np; }
+};
+
+inline uint64_t load_u64(const void* p) {
+  uint64_t v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+
+inline __m512 broadcast_pair(const float* p) {
+  return _mm512_castpd_ps(_mm512_set1_pd(std::bit_cast<double>(load_u64(p))));
+}
+
+// Per pair of blocks, lane 2c (2c + 1): column c's exact integer sum over block 2p (2p + 1),
+// then acc = fma(isum, d * sc * a.d, acc), acc = fnma(dmin * m, a.s, acc) in the same lane;
+// out = acc[2c] + acc[2c + 1] at the end. The same operations in the same order for every
+// row count R, so an output does not depend on the tile it fell in.
+template <int R, bool kFive>
+inline void dot8_q45k_zmm(const uint8_t* w, const KqPair* const* a, int nb, float* const* out, bool stream) {
+  constexpr int kTile = 8 * (kFive ? kQ5KBytes : kQ4KBytes);
+  const __m512i m4 = _mm512_set1_epi8(0x0f);
+  const __m512i v16 = _mm512_set1_epi8(0x10);
+  const __m256i m4y = _mm256_set1_epi8(0x0f);
+  const __m256i m30y = _mm256_set1_epi8(0x30);
+  const __m512i pairs = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+  __m512 acc[R];
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+  for (int sb = 0; sb < nb / kSubBlocks; ++sb) {
+    if (stream) prefetch_tiles<1, kTile>(w, 0, sb + kKqPrefetchAhead);
+    const uint8_t* t = w + static_cast<size_t>(sb) * kTile;
+    const __m512 dg = _mm512_permutexvar_ps(
+        pairs, _mm512_castps256_ps512(_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(t)))));
+    const __m512 dmg = _mm512_permutexvar_ps(
+        pairs, _mm512_castps256_ps512(_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(t + 16)))));
+    // The 6-bit scales and mins as bytes 8j + c (j < 4 in [0], j >= 4 in [1]), as dot8_q45k.
+    const __m256i lo0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(t + 32));
+    const __m256i lo1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(t + 64));
+    const __m256i hb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(t + 96));
+    const __m256i sc[2] = {
+        _mm256_or_si256(_mm256_and_si256(lo0, m4y), _mm256_and_si256(_mm256_slli_epi16(hb, 4), m30y)),
+        _mm256_or_si256(_mm256_and_si256(lo1, m4y), _mm256_and_si256(hb, m30y))};
+    const __m256i mn[2] = {_mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(lo0, 4), m4y),
+                                           _mm256_and_si256(_mm256_slli_epi16(hb, 2), m30y)),
+                           _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(lo1, 4), m4y),
+                                           _mm256_and_si256(_mm256_srli_epi16(hb, 2), m30y))};
+#pragma GCC unroll 4
+    for (int p = 0; p < 4; ++p) {
+      const int pi = sb * (kSubBlocks / 2) + p;
+      // Bytes 0-7: sub-block 2p of columns 0-7, bytes 8-15: sub-block 2p + 1; interleaved so
+      // that byte 2c is column c's scale of block 2p and byte 2c + 1 of block 2p + 1.
+      const __m128i s16 = (p & 1) ? _mm256_extracti128_si256(sc[p >> 1], 1) : _mm256_castsi256_si128(sc[p >> 1]);
+      const __m128i m16 = (p & 1) ? _mm256_extracti128_si256(mn[p >> 1], 1) : _mm256_castsi256_si128(mn[p >> 1]);
+      const __m128i sp = _mm_unpacklo_epi8(s16, _mm_unpackhi_epi64(s16, s16));
+      const __m128i mp = _mm_unpacklo_epi8(m16, _mm_unpackhi_epi64(m16, m16));
+      const __m512 dsc = _mm512_mul_ps(dg, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(sp)));
+      const __m512 dm = _mm512_mul_ps(dmg, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(mp)));
+      // Two chains per row (low and high nibbles), added once: more independent dpbusd chains
+      // than rows to hide its latency; integer sums are exact, so the result is unchanged.
+      __m512i isum[R][2];
+#pragma GCC unroll 4
+      for (int s = 0; s < 4; ++s) {
+        const __m512i q = _mm512_loadu_si512(t + 128 + 256 * p + 64 * s);
+        __m512i lo = _mm512_and_si512(q, m4);
+        __m512i hi = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4);
+        if constexpr (kFive) {
+          const uint8_t* mk = t + 1152 + 64 * p + 16 * s;
+          lo = _mm512_mask_add_epi8(lo, _cvtu64_mask64(load_u64(mk)), lo, v16);
+          hi = _mm512_mask_add_epi8(hi, _cvtu64_mask64(load_u64(mk + 8)), hi, v16);
+        }
+#pragma GCC unroll 8
+        for (int r = 0; r < R; ++r) {
+          const int8_t* aq = a[r][pi].q + 16 * s;
+          const __m512i alo = _mm512_set1_epi64(static_cast<long long>(load_u64(aq)));
+          const __m512i ahi = _mm512_set1_epi64(static_cast<long long>(load_u64(aq + 8)));
+          const __m512i z = _mm512_setzero_si512();
+          isum[r][0] = _mm512_dpbusd_epi32(s == 0 ? z : isum[r][0], lo, alo);
+          isum[r][1] = _mm512_dpbusd_epi32(s == 0 ? z : isum[r][1], hi, ahi);
+        }
+      }
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) {
+        const KqPair& ap = a[r][pi];
+        const __m512 sum = _mm512_cvtepi32_ps(_mm512_add_epi32(isum[r][0], isum[r][1]));
+        acc[r] = _mm512_fmadd_ps(sum, _mm512_mul_ps(dsc, broadcast_pair(ap.d)), acc[r]);
+        acc[r] = _mm512_fnmadd_ps(dm, broadcast_pair(ap.s), acc[r]);
+      }
+    }
+  }
+  const __m512i evens = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 0, 2, 4, 6, 8, 10, 12, 14);
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) {
+    const __m512 sum = _mm512_add_ps(acc[r], _mm512_permute_ps(acc[r], _MM_SHUFFLE(2, 3, 0, 1)));
+    _mm256_storeu_ps(out[r], _mm512_castps512_ps256(_mm512_permutexvar_ps(evens, sum)));
+  }
+}
+
+// Q6_K on 512-bit vectors over its kQword tile (pack8.h), the same lane pairs as Q4_K/Q5_K:
+// a slice's low nibbles take their 2 high bits from a qh byte's bits 0-1 (even slice) or
+// 4-5 (odd), its high nibbles from bits 2-3 or 6-7. Per pair of blocks and 16-element half,
+// lane 2c (2c + 1): the exact integer dot of column c's q - 32 with block 2p (2p + 1), the
+// chain seeded with -32 * sum(a); then acc = fma(s0 * ds0 + s1 * ds1, a.d, acc) with ds the
+// halves' d * scale. The same operations in the same order for every row count R.
+template <int R>
+inline void dot8_q6k_zmm(const uint8_t* w, const KqPair* const* a, int nb, float* const* out, bool stream) {
+  constexpr int kTile = 8 * kQ6KBytes;
+  // A tile of few rows has too few dpbusd chains to hide its latency: lone rows (decode)
+  // split each into low and high nibbles (exact integer sums: the result is unchanged).
+  constexpr bool kSplit = R < 4;
+  const __m512i m4 = _mm512_set1_epi8(0x0f);
+  const __m512i m30 = _mm512_set1_epi8(0x30);
+  const __m512i pairs = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+  __m512 acc[R];
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+  for (int sb = 0; sb < nb / kSubBlocks; ++sb) {
+    if (stream) prefetch_tiles<1, kTile>(w, 0, sb + kKqPrefetchAhead);
+    const uint8_t* t = w + static_cast<size_t>(sb) * kTile;
+    const __m512 dg = _mm512_permutexvar_ps(
+        pairs, _mm512_castps256_ps512(_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(t)))));
+#pragma GCC unroll 4
+    for (int p = 0; p < 4; ++p) {
+      const int pi = sb * (kSubBlocks / 2) + p;
+      __m512 ds[2];
+#pragma GCC unroll 2
+      for (int hf = 0; hf < 2; ++hf) {
+        const __m128i sc = _mm_loadu_si128(reinterpret_cast<const __m128i*>(t + 16 + 32 * p + 16 * hf));
+        ds[hf] = _mm512_mul_ps(dg, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(sc)));
+      }
+      __m512i isum[R][2][2];  // [row][half][low / high nibbles, kSplit only]
+#pragma GCC unroll 2
+      for (int u = 0; u < 2; ++u) {
+#pragma GCC unroll 8
+        for (int r = 0; r < R; ++r) {
+          isum[r][u][0] = _mm512_set1_epi64(static_cast<long long>(load_u64(a[r][pi].seed[u])));
+          if constexpr (kSplit) isum[r][u][1] = _mm512_setzero_si512();
+        }
+        const __m512i qh = _mm512_loadu_si512(t + 1168 + 128 * p + 64 * u);
+#pragma GCC unroll 2
+        for (int v = 0; v < 2; ++v) {
+          const int sl = 2 * u + v;
+          const __m512i ql = _mm512_loadu_si512(t + 144 + 256 * p + 64 * sl);
+          const __m512i hlo = v == 0 ? _mm512_slli_epi16(qh, 4) : qh;
+          const __m512i hhi = v == 0 ? _mm512_slli_epi16(qh, 2) : _mm512_srli_epi16(qh, 2);
+          const __m512i lo = _mm512_or_si512(_mm512_and_si512(ql, m4), _mm512_and_si512(hlo, m30));
+          const __m512i hi =
+              _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ql, 4), m4), _mm512_and_si512(hhi, m30));
+#pragma GCC unroll 8
+          for (int r = 0; r < R; ++r) {
+            const int8_t* aq = a[r][pi].q + 16 * sl;
+            const __m512i alo = _mm512_set1_epi64(static_cast<long long>(load_u64(aq)));
+            const __m512i ahi = _mm512_set1_epi64(static_cast<long long>(load_u64(aq + 8)));
+            isum[r][u][0] = _mm512_dpbusd_epi32(isum[r][u][0], lo, alo);
+            isum[r][u][kSplit ? 1 : 0] = _mm512_dpbusd_epi32(isum[r][u][kSplit ? 1 : 0], hi, ahi);
+          }
+        }
+      }
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) {
+        __m512i h0 = isum[r][0][0], h1 = isum[r][1][0];
+        if constexpr (kSplit) {
+          h0 = _mm512_add_epi32(h0, isum[r][0][1]);
+          h1 = _mm512_add_epi32(h1, isum[r][1][1]);
+        }
+        const __m512 x = _mm512_fmadd_ps(_mm512_cvtepi32_ps(h1), ds[1], _mm512_mul_ps(_mm512_cvtepi32_ps(h0), ds[0]));
+        acc[r] = _mm512_fmadd_ps(x, broadcast_pair(a[r][pi].d), acc[r]);
+      }
+    }
+  }
+  const __m512i evens = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 0, 2, 4, 6, 8, 10, 12, 14);
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) {
+    const __m512 sum = _mm512_add_ps(acc[r], _mm512_permute_ps(acc[r], _MM_SHUFFLE(2, 3, 0, 1)));
+    _mm256_storeu_ps(out[r], _mm512_castps512_ps256(_mm512_permutexvar_ps(evens, sum)));
+  }
+}
+#endif
+
 // Q6_K rows: the blocks plus, per block, the integer sums of its two 16-element halves
 // (weights are stored as q in [0, 63]; dot(q - 32, a) = dot(q, a) - 32 * sum(a)).
 struct Q6Row {
@@ -675,31 +911,70 @@ inline void dot8_q6k(const uint8_t* w, size_t stride, const Q6Row* a, int nb, fl
   store_tiles(acc, out);
 }
 
+#if defined(LLMD_ISA_VNNI)
+// Activation rows per Q4_K/Q5_K tile on the 512-bit path: 8 rows (8 accumulators and 16 sum
+// chains in AVX-512's 32 registers) beside 4 and 6 gave a 512 x 2048 x 2048 Q5_K product 258
+// against 236 and 253 GMAC/s on one Zen 5 core.
+constexpr int kKq45RowTile = 8;
+#else
+constexpr int kKq45RowTile = kRowTile;
+#endif
+
+// The AVX-512 path runs the 512-bit kernels over the kQword tile (make_table asks the engine
+// to pack that layout), the AVX2 path the 256-bit ones over the kDword tile.
+#if defined(LLMD_ISA_VNNI)
+using Kq45Rows = KqPairRows<false>;
+#else
+using Kq45Rows = PlainRows;
+#endif
+
+template <int R, int G, bool kFive>
+inline void dot8_q45k_path(const uint8_t* w, size_t stride, const Kq45Rows::Row* a, int nb, float* const* out,
+                           bool stream) {
+#if defined(LLMD_ISA_VNNI)
+  static_assert(G == 1, "the K-quant kernels take one group at a time");
+  (void)stride;
+  dot8_q45k_zmm<R, kFive>(w, a, nb, out, stream);
+#else
+  dot8_q45k<R, G, kFive>(w, stride, a, nb, out, stream);
+#endif
+}
+
 template <int R, int G>
 struct Dot8Q4K {
   static constexpr int kSingleRowGroups = 1;
-  using Rows = PlainRows;
-  static void run(const uint8_t* w, size_t stride, const ActBlock* const* a, int nb, float* const* out,
-                  bool stream) {
-    dot8_q45k<R, G, false>(w, stride, a, nb, out, stream);
+  static constexpr int kRowTile = kKq45RowTile;
+  using Rows = Kq45Rows;
+  static void run(const uint8_t* w, size_t stride, const Rows::Row* a, int nb, float* const* out, bool stream) {
+    dot8_q45k_path<R, G, false>(w, stride, a, nb, out, stream);
   }
 };
 template <int R, int G>
 struct Dot8Q5K {
   static constexpr int kSingleRowGroups = 1;
-  using Rows = PlainRows;
-  static void run(const uint8_t* w, size_t stride, const ActBlock* const* a, int nb, float* const* out,
-                  bool stream) {
-    dot8_q45k<R, G, true>(w, stride, a, nb, out, stream);
+  static constexpr int kRowTile = kKq45RowTile;
+  using Rows = Kq45Rows;
+  static void run(const uint8_t* w, size_t stride, const Rows::Row* a, int nb, float* const* out, bool stream) {
+    dot8_q45k_path<R, G, true>(w, stride, a, nb, out, stream);
   }
 };
 template <int R, int G>
 struct Dot8Q6K {
   static constexpr int kSingleRowGroups = 1;
+#if defined(LLMD_ISA_VNNI)
+  static constexpr int kRowTile = kKq45RowTile;
+  using Rows = KqPairRows<true>;
+  static void run(const uint8_t* w, size_t /*stride*/, const KqPair* const* a, int nb, float* const* out,
+                  bool stream) {
+    static_assert(G == 1, "the K-quant kernels take one group at a time");
+    dot8_q6k_zmm<R>(w, a, nb, out, stream);
+  }
+#else
   using Rows = Q6Rows;
   static void run(const uint8_t* w, size_t stride, const Q6Row* a, int nb, float* const* out, bool stream) {
     dot8_q6k<R, G>(w, stride, a, nb, out, stream);
   }
+#endif
 };
 
 inline void gemm_q4_k_x8(const uint8_t* w, size_t rb, const ActBlock* a, int k, int rows, int n0, int n1, float* out,

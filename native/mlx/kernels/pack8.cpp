@@ -40,8 +40,8 @@ Codec legacy_codec(int bytes) {
 
 // Q4_K: fp16 d, fp16 dmin, 12 bytes of 6-bit scales and mins (ggml's get_scale_min_k4
 // packing), 128 bytes of nibbles. Q5_K has the same fields with qh[32] before the nibbles
-// (kQs = 48 instead of 16) and its tile appends the qh slices.
-template <int kQs>
+// (kQs = 48 instead of 16) and its tile appends the qh slices (kQword: the fifth-bit masks).
+template <int kQs, bool kQword>
 void q45k_to_tile(const uint8_t* block, int c, uint8_t* tile) {
   std::memcpy(tile + 2 * c, block, 2);
   std::memcpy(tile + 16 + 2 * c, block + 2, 2);
@@ -58,6 +58,31 @@ void q45k_to_tile(const uint8_t* block, int c, uint8_t* tile) {
     tile[96 + 8 * j + c] = static_cast<uint8_t>((sc[j] >> 4) | ((mn[j] >> 4) << 2) | ((sc[j + 4] >> 4) << 4) |
                                                 ((mn[j + 4] >> 4) << 6));
   }
+  if constexpr (kQword) {
+    const uint8_t* qs = block + kQs;
+    for (int p = 0; p < 4; ++p) {
+      for (int s = 0; s < 4; ++s) {
+        uint8_t* dst = tile + 128 + 256 * p + 64 * s + 8 * c;
+        uint8_t mask[2] = {0, 0};  // fifth bits of the low / high nibbles of dst[0..7]
+        for (int j = 0; j < 4; ++j) {
+          for (int e = 0; e < 2; ++e) {  // e: sub-block 2p + e, in bytes 4e .. 4e + 3
+            const int lo = 8 * s + j, hi = 8 * s + 4 + j;
+            dst[4 * e + j] = static_cast<uint8_t>(((qs[32 * p + lo] >> (4 * e)) & 15) |
+                                                  (((qs[32 * p + hi] >> (4 * e)) & 15) << 4));
+            if constexpr (kQs == 48) {
+              mask[0] |= static_cast<uint8_t>(((block[16 + lo] >> (2 * p + e)) & 1) << (4 * e + j));
+              mask[1] |= static_cast<uint8_t>(((block[16 + hi] >> (2 * p + e)) & 1) << (4 * e + j));
+            }
+          }
+        }
+        if constexpr (kQs == 48) {
+          tile[1152 + 64 * p + 16 * s + c] = mask[0];
+          tile[1152 + 64 * p + 16 * s + 8 + c] = mask[1];
+        }
+      }
+    }
+    return;
+  }
   for (int p = 0; p < 4; ++p) {
     for (int h = 0; h < 8; ++h) std::memcpy(tile + 128 + 256 * p + 32 * h + 4 * c, block + kQs + 32 * p + 4 * h, 4);
   }
@@ -66,7 +91,7 @@ void q45k_to_tile(const uint8_t* block, int c, uint8_t* tile) {
   }
 }
 
-template <int kQs>
+template <int kQs, bool kQword>
 void q45k_from_tile(const uint8_t* tile, int c, uint8_t* block) {
   std::memcpy(block, tile + 2 * c, 2);
   std::memcpy(block + 2, tile + 16 + 2 * c, 2);
@@ -82,6 +107,28 @@ void q45k_from_tile(const uint8_t* tile, int c, uint8_t* block) {
     s[j] = static_cast<uint8_t>(sc[j] | ((sc[j + 4] >> 4) << 6));
     s[j + 4] = static_cast<uint8_t>(mn[j] | ((mn[j + 4] >> 4) << 6));
     s[j + 8] = static_cast<uint8_t>((sc[j + 4] & 15) | ((mn[j + 4] & 15) << 4));
+  }
+  if constexpr (kQword) {
+    uint8_t* qs = block + kQs;
+    if constexpr (kQs == 48) std::memset(block + 16, 0, 32);
+    for (int p = 0; p < 4; ++p) {
+      for (int s = 0; s < 4; ++s) {
+        const uint8_t* src = tile + 128 + 256 * p + 64 * s + 8 * c;
+        for (int j = 0; j < 4; ++j) {
+          const int lo = 8 * s + j, hi = 8 * s + 4 + j;
+          qs[32 * p + lo] = static_cast<uint8_t>((src[j] & 15) | ((src[4 + j] & 15) << 4));
+          qs[32 * p + hi] = static_cast<uint8_t>((src[j] >> 4) | ((src[4 + j] >> 4) << 4));
+          if constexpr (kQs == 48) {
+            for (int e = 0; e < 2; ++e) {
+              const int bit = 4 * e + j;
+              block[16 + lo] |= static_cast<uint8_t>(((tile[1152 + 64 * p + 16 * s + c] >> bit) & 1) << (2 * p + e));
+              block[16 + hi] |= static_cast<uint8_t>(((tile[1152 + 64 * p + 16 * s + 8 + c] >> bit) & 1) << (2 * p + e));
+            }
+          }
+        }
+      }
+    }
+    return;
   }
   for (int p = 0; p < 4; ++p) {
     for (int h = 0; h < 8; ++h) std::memcpy(block + kQs + 32 * p + 4 * h, tile + 128 + 256 * p + 32 * h + 4 * c, 4);
@@ -111,14 +158,79 @@ void q6k_from_tile(const uint8_t* tile, int c, uint8_t* block) {
   q6k_pieces(c, [&](int t, int o, int n) { std::memcpy(block + o, tile + t, n); });
 }
 
-Codec codec_of(TensorType type) {
+// Q6_K's kQword tile: element E of a block is bits 0-3 of a ql nibble and bits 4-5 from qh
+// (dequantize_row_q6_K's order: E = 128h + 32 quarter + l).
+int q6_ql_index(int e) { return 64 * (e / 128) + 32 * ((e % 128 / 32) & 1) + e % 32; }
+int q6_ql_shift(int e) { return e % 128 / 64 * 4; }
+int q6_qh_index(int e) { return 128 + 32 * (e / 128) + e % 32; }
+int q6_qh_shift(int e) { return 2 * (e % 128 / 32); }
+
+// Tile element of row c, pair p, slice s, block 2p + e, byte j and nibble n (0 low, 1 high):
+// block element 32 (2p + e) + 8s + 4n + j.
+template <class Fn>
+void q6k_qword_elements(Fn fn) {
+  for (int p = 0; p < 4; ++p) {
+    for (int s = 0; s < 4; ++s) {
+      for (int e = 0; e < 2; ++e) {
+        for (int j = 0; j < 4; ++j) {
+          for (int n = 0; n < 2; ++n) {
+            const int ql_byte = 144 + 256 * p + 64 * s + 4 * e + j;  // + 8c
+            const int qh_byte = 1168 + 128 * p + 64 * (s / 2) + 4 * e + j;
+            const int qh_shift = 4 * (s % 2) + 2 * n;
+            fn(32 * (2 * p + e) + 8 * s + 4 * n + j, ql_byte, 4 * n, qh_byte, qh_shift);
+          }
+        }
+      }
+    }
+  }
+}
+
+void q6k_qword_to_tile(const uint8_t* block, int c, uint8_t* tile) {
+  std::memcpy(tile + 2 * c, block + 208, 2);
+  for (int p = 0; p < 4; ++p) {
+    for (int hf = 0; hf < 2; ++hf) {
+      for (int e = 0; e < 2; ++e) tile[16 + 32 * p + 16 * hf + 2 * c + e] = block[192 + 2 * (2 * p + e) + hf];
+    }
+  }
+  for (int b = 144; b < 1680; b += 64) std::memset(tile + b + 8 * c, 0, 8);
+  q6k_qword_elements([&](int el, int ql_byte, int ql_shift, int qh_byte, int qh_shift) {
+    const int lo4 = (block[q6_ql_index(el)] >> q6_ql_shift(el)) & 15;
+    const int hi2 = (block[q6_qh_index(el)] >> q6_qh_shift(el)) & 3;
+    tile[ql_byte + 8 * c] |= static_cast<uint8_t>(lo4 << ql_shift);
+    tile[qh_byte + 8 * c] |= static_cast<uint8_t>(hi2 << qh_shift);
+  });
+}
+
+void q6k_qword_from_tile(const uint8_t* tile, int c, uint8_t* block) {
+  std::memcpy(block + 208, tile + 2 * c, 2);
+  for (int p = 0; p < 4; ++p) {
+    for (int hf = 0; hf < 2; ++hf) {
+      for (int e = 0; e < 2; ++e) block[192 + 2 * (2 * p + e) + hf] = tile[16 + 32 * p + 16 * hf + 2 * c + e];
+    }
+  }
+  std::memset(block, 0, 192);
+  q6k_qword_elements([&](int el, int ql_byte, int ql_shift, int qh_byte, int qh_shift) {
+    const int lo4 = (tile[ql_byte + 8 * c] >> ql_shift) & 15;
+    const int hi2 = (tile[qh_byte + 8 * c] >> qh_shift) & 3;
+    block[q6_ql_index(el)] |= static_cast<uint8_t>(lo4 << q6_ql_shift(el));
+    block[q6_qh_index(el)] |= static_cast<uint8_t>(hi2 << q6_qh_shift(el));
+  });
+}
+
+Codec codec_of(TensorType type, PackLayout layout) {
+  const bool qword = layout == PackLayout::kQword;
   switch (type) {
     case TensorType::Q4_0: return legacy_codec<2, 4>(18);
     case TensorType::Q4_1: return legacy_codec<4, 4>(20);
     case TensorType::Q8_0: return legacy_codec<2, 8>(34);
-    case TensorType::Q4_K: return {256, 144, q45k_to_tile<16>, q45k_from_tile<16>};
-    case TensorType::Q5_K: return {256, 176, q45k_to_tile<48>, q45k_from_tile<48>};
-    case TensorType::Q6_K: return {256, 210, q6k_to_tile, q6k_from_tile};
+    case TensorType::Q4_K:
+      return qword ? Codec{256, 144, q45k_to_tile<16, true>, q45k_from_tile<16, true>}
+                   : Codec{256, 144, q45k_to_tile<16, false>, q45k_from_tile<16, false>};
+    case TensorType::Q5_K:
+      return qword ? Codec{256, 176, q45k_to_tile<48, true>, q45k_from_tile<48, true>}
+                   : Codec{256, 176, q45k_to_tile<48, false>, q45k_from_tile<48, false>};
+    case TensorType::Q6_K:
+      return qword ? Codec{256, 210, q6k_qword_to_tile, q6k_qword_from_tile} : Codec{256, 210, q6k_to_tile, q6k_from_tile};
     default: throw std::invalid_argument("no packed layout for " + type_name(type));
   }
 }
@@ -130,9 +242,9 @@ bool has_pack8_layout(TensorType type) {
          type == TensorType::Q4_K || type == TensorType::Q5_K || type == TensorType::Q6_K;
 }
 
-void pack8_in_place(TensorType type, uint8_t* rows, int n_rows, int k) {
+void pack8_in_place(TensorType type, uint8_t* rows, int n_rows, int k, PackLayout layout) {
   if (n_rows % kPackRows != 0) throw std::invalid_argument("pack8: rows must be a multiple of 8");
-  const Codec codec = codec_of(type);
+  const Codec codec = codec_of(type, layout);
   const size_t rb = row_bytes(type, k);
   const int nb = k / codec.elements;
   std::vector<uint8_t> group(rb * kPackRows);
@@ -146,8 +258,8 @@ void pack8_in_place(TensorType type, uint8_t* rows, int n_rows, int k) {
   }
 }
 
-void unpack8_row(TensorType type, const uint8_t* packed, int row, int k, uint8_t* out) {
-  const Codec codec = codec_of(type);
+void unpack8_row(TensorType type, const uint8_t* packed, int row, int k, uint8_t* out, PackLayout layout) {
+  const Codec codec = codec_of(type, layout);
   const size_t rb = row_bytes(type, k);
   const uint8_t* group = packed + static_cast<size_t>(row / kPackRows) * kPackRows * rb;
   for (int b = 0; b < k / codec.elements; ++b) {

@@ -38,6 +38,28 @@
 //                  144 + 512h + 256p + 32i holding row c's ql[64h + 32p + 4i .. +3] at 4c
 //     [1168, 1680) half h, slice i: 32 bytes at 1168 + 256h + 32i holding row c's
 //                  qh[32h + 4i .. +3] at 4c
+// Q4_K, Q5_K and Q6_K have a second layout, PackLayout::kQword, that the AVX-512 path loads
+// (the other types are the same in both). Its 512-bit kernel reads a 64-byte slice as 8 columns x
+// (4 bytes of sub-block 2p, 4 bytes of sub-block 2p + 1), so that one vpdpbusd against an
+// activation qword holding both blocks' 4 bytes sums each block in its own 32-bit lane; the
+// nibbles are regrouped so that a byte's two nibbles belong to the same sub-block, and Q5_K's
+// fifth bits become 64-bit masks that one masked byte add applies to a slice:
+//   [0, 128)      the scale header as above
+//   [128, 1152)   chunk p = 0..3, slice s = 0..3: 64 bytes at 128 + 256p + 64s; row c's bytes
+//                 8c + 4e + j (e = 0, 1; j = 0..3) hold elements 8s + j (low nibble) and
+//                 8s + 4 + j (high nibble) of sub-block 2p + e
+//   Q5_K [1152, 1408) chunk p, slice s: 16 bytes at 1152 + 64p + 16s: two 64-bit masks, bit
+//                 8c + 4e + j the fifth bit of the low (first mask) / high (second) nibble of
+//                 that byte
+//   Q6_K (kQword), 1680 bytes, the same pairing (byte 8c + 4e + j of slice s: elements 8s + j
+//   and 8s + 4 + j of sub-block 2p + e in its low / high nibble):
+//     [0, 16)      d[8] fp16
+//     [16, 144)    pair p = 0..3, half hf = 0..1: 16 bytes at 16 + 32p + 16hf, byte 2c + e:
+//                  scales[2 (2p + e) + hf] of row c (one sign-extension: lane 2c + e's scale)
+//     [144, 1168)  pair p, slice s: 64 bytes at 144 + 256p + 64s: the low 4 bits of the quants
+//     [1168, 1680) pair p, slices 2u and 2u + 1: 64 bytes at 1168 + 128p + 64u: the quants' 2
+//                  high bits, bits 0-1 (2-3) for slice 2u's low (high) nibbles, bits 4-5 (6-7)
+//                  for slice 2u + 1's
 // A group's bytes occupy exactly the bytes its 8 rows occupied, so the row-major offset of
 // row 8g (8g * row_bytes) is also where its group starts. Matrices whose row count is not a
 // multiple of 8 are not packed (they keep GGUF's layout and the row-major kernels).
@@ -52,13 +74,16 @@ namespace llmd::kernels {
 
 constexpr int kPackRows = 8;
 
+// Which arrangement of the tile a kernel path reads (see above; only the K-quants differ).
+enum class PackLayout : uint8_t { kDword, kQword };
+
 // Whether `type` has a packed layout (Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K).
 bool has_pack8_layout(TensorType type);
 
 // Packs `n_rows` (a multiple of 8) rows of `k` elements, row-major at `rows`, in place.
-void pack8_in_place(TensorType type, uint8_t* rows, int n_rows, int k);
+void pack8_in_place(TensorType type, uint8_t* rows, int n_rows, int k, PackLayout layout);
 
 // Row `row` of a packed matrix back in GGUF's own block layout (row_bytes(type, k) bytes).
-void unpack8_row(TensorType type, const uint8_t* packed, int row, int k, uint8_t* out);
+void unpack8_row(TensorType type, const uint8_t* packed, int row, int k, uint8_t* out, PackLayout layout);
 
 }  // namespace llmd::kernels

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "../../core/tensor_types.h"
+#include "pack8.h"
 
 namespace llmd::kernels {
 
@@ -54,6 +55,8 @@ struct KernelTable {
   GemmFn q4_k_x8 = nullptr;
   GemmFn q5_k_x8 = nullptr;
   GemmFn q6_k_x8 = nullptr;
+  // How this path's packed kernels want the tile arranged (pack8.h): the engine packs with it.
+  PackLayout pack_layout = PackLayout::kDword;
 
   GemmFn gemm_for(TensorType type) const;         // nullptr if this table has no kernel for it
   GemmFn packed_gemm_for(TensorType type) const;  // nullptr if it has no packed kernel

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstring>
 
@@ -670,7 +671,12 @@ inline const KernelTable* make_table(const char* isa) {
                                  .q8_0_x8 = gemm_q8_0_x8,
                                  .q4_k_x8 = gemm_q4_k_x8,
                                  .q5_k_x8 = gemm_q5_k_x8,
-                                 .q6_k_x8 = gemm_q6_k_x8};
+                                 .q6_k_x8 = gemm_q6_k_x8,
+#if defined(LLMD_ISA_VNNI)
+                                 .pack_layout = PackLayout::kQword};
+#else
+                                 .pack_layout = PackLayout::kDword};
+#endif
 #else
   static const KernelTable table{.isa = isa,
                                  .quantize_row = quantize_row,
