@@ -169,3 +169,18 @@ def test_decode_step_graph_is_reported_and_reads_kv_in_place(model_path: Path) -
     assert graph["Sin"] == 30
     # The whole step stays below mlx-lm's 116 primitives per layer for this model.
     assert graph["total"] / 30 < 100
+
+
+def test_speculative_drafts_verify_on_the_device_path(device_engine, text_model) -> None:  # type: ignore[no-untyped-def]
+    """The device graph returns logits for every drafted row of a segment, and rejected
+    drafts' KV (past the sequence's length in MLX's arrays) never leaks into later steps:
+    greedy output with prompt-lookup drafts is the same as without."""
+    line = "alpha beta gamma delta epsilon zeta eta theta"
+    user = f"Repeat this line four times:\n{line}\n{line}\n{line}"
+    prompt = text_model.encode_rendered_chat(
+        f"<|im_start|>user\n{user}<|im_end|>\n<|im_start|>assistant\n"
+    )
+    plain = run_all(device_engine, {"p": {"prompt": prompt, "max_tokens": 24}})["p"]
+    spec = run_all(device_engine, {"s": {"prompt": prompt, "max_tokens": 24, "max_draft": 6}})["s"]
+    assert spec["tokens"] == plain["tokens"]
+    assert spec["done"]["accepted_tokens"] > 0
