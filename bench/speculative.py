@@ -199,6 +199,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     configs: list[tuple[str, Any, dict[str, Any]]] = []  # (name, server, extra body)
     llama_servers = []
+    if not args.no_llama and not args.llama_server.exists():
+        print(
+            f"{args.llama_server} is missing (bench/build_llamacpp.sh): llmd only", file=sys.stderr
+        )
+        args.no_llama = True
     if not args.no_llama:
         modes = {"llama.cpp": []} | llama_spec_modes(args.llama_server)
         for item in args.llama_spec:
