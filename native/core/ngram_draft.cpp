@@ -12,18 +12,26 @@ std::vector<int32_t> ngram_draft(const std::function<int32_t(int)>& token_at, in
   std::vector<int32_t> t(length - from);
   for (int i = from; i < length; ++i) t[i - from] = token_at(i);
   const int n_tokens = static_cast<int>(t.size());
-  for (int n = std::min(kMaxNgram, n_tokens - 1); n >= kMinNgram; --n) {
-    const int32_t* tail = t.data() + n_tokens - n;
-    // The latest start s < n_tokens - n whose n tokens equal the tail: its continuation begins
-    // at s + n, which is then < n_tokens.
-    for (int s = n_tokens - n - 1; s >= 0; --s) {
-      if (!std::equal(tail, tail + n, t.data() + s)) continue;
-      const int first = s + n;
-      const int take = std::min(max_tokens, n_tokens - first);
-      out.assign(t.begin() + first, t.begin() + first + take);
-      return out;
+  const int32_t last = t.back();
+  // Every earlier position e whose token equals the last one is a candidate: the match is how
+  // many tokens up to e agree with the tokens up to the end. The longest match wins (a common
+  // short n-gram such as "self." recurs everywhere; a long one pins down where the text being
+  // repeated is), the latest among equals.
+  int best_end = -1, best_len = 0;
+  for (int e = n_tokens - 2; e >= 0; --e) {
+    if (t[e] != last) continue;
+    int len = 1;
+    while (len < kMaxNgram && e - len >= 0 && t[e - len] == t[n_tokens - 1 - len]) ++len;
+    if (len > best_len) {
+      best_len = len;
+      best_end = e;
+      if (len == kMaxNgram) break;
     }
   }
+  if (best_len < kMinNgram || best_end < 0) return out;
+  const int first = best_end + 1;
+  const int take = std::min(max_tokens, n_tokens - first);
+  out.assign(t.begin() + first, t.begin() + first + take);
   return out;
 }
 

@@ -16,12 +16,12 @@
 namespace llmd {
 
 // Up to `max_tokens` tokens proposed to follow the sequence whose token i is token_at(i),
-// 0 <= i < length: for n from kMaxNgram down to kMinNgram, the latest earlier occurrence of
-// its last n tokens that has a continuation, and that continuation (it may run into the
-// sequence's own end). Empty when nothing matches.
+// 0 <= i < length: the continuation of the earlier occurrence of its tail that matches the
+// most tokens (at least kMinNgram, counted up to kMaxNgram; the latest among equals). The
+// continuation may run into the sequence's own end. Empty when nothing matches.
 std::vector<int32_t> ngram_draft(const std::function<int32_t(int)>& token_at, int length, int max_tokens);
 
-inline constexpr int kMaxNgram = 3;
+inline constexpr int kMaxNgram = 32;
 inline constexpr int kMinNgram = 1;
 // How far back the lookup searches (positions): bounds a step's drafting cost on long contexts.
 inline constexpr int kNgramSearchWindow = 1 << 15;
