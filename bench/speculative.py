@@ -253,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
     results["summary"] = summary
     out = HERE / "results" / f"speculative-{dt.datetime.now():%Y%m%d-%H%M%S}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(results, indent=2))
+    out.write_text(json.dumps(results, indent=2, default=str))
     print(markdown(summary, names, workloads, streams))
     print(f"results: {out}")
     return 0
