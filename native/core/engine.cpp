@@ -408,7 +408,6 @@ void Engine::step_once() {
   // Drafted tokens only take budget left after every decoding sequence's own row.
   int draft_room = budget;
   for (auto& seq : active_) draft_room -= seq->prefilling() ? 0 : 1;
-  int drafting = 0;
   // Decode rows first: running streams never wait behind a prefill. A sequence that
   // speculates feeds its drafts after its last token, as extra rows of its segment, and gets
   // the logits of every one of them: all drafts are verified in this one forward.
@@ -419,7 +418,6 @@ void Engine::step_once() {
     s.tokens = {seq->generated.back()};
     seq->draft = draft_for(*seq, std::min(draft_room, budget - 1));
     draft_room -= static_cast<int>(seq->draft.size());
-    drafting += seq->draft.empty() ? 0 : 1;
     s.tokens.insert(s.tokens.end(), seq->draft.begin(), seq->draft.end());
     s.start_pos = seq->kv->length();
     s.want_logits = true;
@@ -452,6 +450,12 @@ void Engine::step_once() {
   // Reserve KV; a sequence that cannot get memory fails alone.
   for (size_t i = 0; i < step.segments.size();) {
     StepSegment& s = step.segments[i];
+    if (!in_step[i]->draft.empty() && !s.kv->reserve(s.start_pos + static_cast<int>(s.tokens.size()))) {
+      // No room for the drafts' KV: this step decodes the one token without them.
+      in_step[i]->draft.clear();
+      s.tokens.resize(1);
+      s.logits_tail = 1;
+    }
     if (!s.kv->reserve(s.start_pos + static_cast<int>(s.tokens.size()))) {
       Sequence* seq = in_step[i];
       EngineEvent e;
@@ -469,6 +473,8 @@ void Engine::step_once() {
     }
   }
   if (step.segments.empty()) return;
+  int drafting = 0;  // sequences whose drafts this one forward verifies
+  for (Sequence* seq : in_step) drafting += seq->draft.empty() ? 0 : 1;
 
   std::vector<float> logits;
   std::vector<float> hidden;
