@@ -198,12 +198,13 @@ def main(argv: list[str] | None = None) -> int:
         extra=["--speculative", "ngram", "--speculative-max-draft", str(args.max_draft)],
     )
     configs: list[tuple[str, Any, dict[str, Any]]] = []  # (name, server, extra body)
-    llama_servers = []
     if not args.no_llama and not args.llama_server.exists():
         print(
             f"{args.llama_server} is missing (bench/build_llamacpp.sh): llmd only", file=sys.stderr
         )
         args.no_llama = True
+    configs.append(("llmd", llmd, {"speculative": False}))
+    configs.append(("llmd ngram", llmd, {"speculative": {"type": "ngram"}}))
     if not args.no_llama:
         modes = {"llama.cpp": []} | llama_spec_modes(args.llama_server)
         for item in args.llama_spec:
@@ -219,35 +220,43 @@ def main(argv: list[str] | None = None) -> int:
                 extra=flags,
                 name=name,
             )
-            llama_servers.append((name, srv))
-    results: dict[str, Any] = {"rounds": [], "config": vars(args) | {"llama_spec": None}}
+            configs.append((name, srv, {}))
+    results: dict[str, Any] = {"rounds": [], "config": vars(args)}
+    refused: set[str] = set()
     try:
         llmd.start()
-        configs.append(("llmd", llmd, {"speculative": False}))
-        configs.append(("llmd ngram", llmd, {"speculative": {"type": "ngram"}}))
-        for name, srv in llama_servers:
-            try:
-                srv.start()
-            except RuntimeError as exc:  # a flag this build refuses: say so, go on
-                print(f"{name}: did not start ({str(exc).splitlines()[0]})", file=sys.stderr)
-                results.setdefault("refused", {})[name] = srv.log_tail(5)
-                continue
-            configs.append((name, srv, {}))
         for rnd in range(args.rounds):
             order = configs if rnd % 2 == 0 else list(reversed(configs))
             row: dict[str, Any] = {}
             for name, srv, extra in order:
-                target = loadgen.Target(name, srv.base_url, "smollm2-135m")
-                asyncio.run(one_case(target, "edit", 1, extra))  # warm: prompt cached
-                for w in workloads:
-                    for n in streams:
-                        row[f"{name}|{w}|{n}"] = asyncio.run(one_case(target, w, n, extra))
-                        print(name, w, n, row[f"{name}|{w}|{n}"], flush=True)
+                if name in refused:
+                    continue
+                # One llama-server at a time: ggml's threads spin while waiting, so two on
+                # the same cores starve each other (ENVIRONMENT.md).
+                if srv is not llmd:
+                    try:
+                        srv.start()
+                    except RuntimeError as exc:  # a mode this build refuses: say so, go on
+                        print(f"{name}: did not start: {exc}", file=sys.stderr)
+                        results.setdefault("refused", {})[name] = str(exc)[-600:]
+                        refused.add(name)
+                        continue
+                try:
+                    target = loadgen.Target(name, srv.base_url, "smollm2-135m")
+                    asyncio.run(one_case(target, "edit", 1, extra))  # warm: prompt cached
+                    for w in workloads:
+                        for n in streams:
+                            row[f"{name}|{w}|{n}"] = asyncio.run(one_case(target, w, n, extra))
+                            print(name, w, n, row[f"{name}|{w}|{n}"], flush=True)
+                finally:
+                    if srv is not llmd:
+                        srv.stop()
             results["rounds"].append(row)
     finally:
         llmd.stop()
-        for _, srv in llama_servers:
+        for _, srv, _ in configs:
             srv.stop()
+    configs = [c for c in configs if c[0] not in refused]
     names = [c[0] for c in configs]
     summary = summarize(results["rounds"], names, workloads, streams)
     results["summary"] = summary
