@@ -249,14 +249,16 @@ async def stream_chat(
     max_tokens: int,
     *,
     headers: dict[str, str] | None = None,
+    extra_body: dict[str, Any] | None = None,
 ) -> RequestResult:
     """One streaming chat completion at temperature 0, timed; never raises for a failed
     request (HTTP error, broken stream, an `error` event): the result says `ok=False`.
-    `session` should come from `client_session()`."""
+    `session` should come from `client_session()`; `extra_body`: fields added to the request
+    (a server's own extensions, e.g. llmd's `speculative`)."""
     result = RequestResult(ok=True, t_start=time.perf_counter())
     parts: list[str] = []
     url = f"{target.base_url.rstrip('/')}/v1/chat/completions"
-    body = _chat_body(target, messages, max_tokens)
+    body = {**_chat_body(target, messages, max_tokens), **(extra_body or {})}
     try:
         async with session.post(url, json=body, headers={**target.headers, **(headers or {})}) as r:
             if r.status != 200:

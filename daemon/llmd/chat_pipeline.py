@@ -50,6 +50,7 @@ from .reasoning import (
     thinking_switch,
 )
 from .sessions import Session, SessionTable
+from .speculative import usage_extension
 from .structured import response_format_grammar
 from .supervisor import ModelSupervisor
 from .text_model import TextModel
@@ -132,12 +133,16 @@ def usage_of(finished: list[Finished]) -> dict[str, Any]:
     OpenAI bills it)."""
     first = finished[0]
     completion = sum(f.completion_tokens for f in finished)
-    return {
+    usage: dict[str, Any] = {
         "prompt_tokens": first.prompt_tokens,
         "completion_tokens": completion,
         "total_tokens": first.prompt_tokens + completion,
         "prompt_tokens_details": {"cached_tokens": first.cached_tokens},
     }
+    drafts = [f.speculative for f in finished if f.speculative is not None]
+    if drafts:  # llmd extension: what speculative decoding drafted and kept, all choices
+        usage["speculative"] = usage_extension(sum(d for d, _ in drafts), sum(a for _, a in drafts))
+    return usage
 
 
 # ---------------------------------------------------------------------- choices
@@ -273,6 +278,7 @@ def choice_maker(
             grammar=grammar,
             show_tokens=show_tokens,
             prefill_of=prefill_of,
+            speculative=req.speculative,
         )
         return pieces if session is None else _in_session(pieces, table, session)
 

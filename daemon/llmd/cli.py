@@ -33,6 +33,7 @@ from .remote_cli import remote
 from .security import SecurityConfig
 from .service import service
 from .sessions import DEFAULT_MAX_SESSIONS, DEFAULT_SESSION_TTL
+from .speculative import server_default
 from .store import ModelStore, StoreError
 
 
@@ -198,6 +199,23 @@ def serve_options(command: Callable[..., Any]) -> Callable[..., Any]:
             help="Require `Authorization: Bearer KEY` (or x-api-key) over TCP "
             "[env LLMD_API_KEY]. The Unix socket never needs it.",
         ),
+        click.option(
+            "--speculative",
+            type=click.Choice(["off", "ngram"]),
+            default="off",
+            show_default=True,
+            help="Speculative decoding every request gets unless it says otherwise (its "
+            "`speculative` field): ngram drafts from the request's own prompt and output and "
+            "verifies the drafts of every running sequence in one batched step. Output is the "
+            "same with or without; edits of given text run several times faster.",
+        ),
+        click.option(
+            "--speculative-max-draft",
+            type=click.IntRange(min=1, max=32),
+            default=None,
+            help="Most tokens drafted per sequence and step (default 8; each sequence adapts "
+            "below it to how many of its drafts were accepted).",
+        ),
         click.option("-v", "--verbose", is_flag=True, help="Log worker output and debug details."),
     ]
     for option in reversed(options):
@@ -260,6 +278,8 @@ def serve(
     allow_host: tuple[str, ...],
     cors_origin: tuple[str, ...],
     api_key: str | None,
+    speculative: str,
+    speculative_max_draft: int | None,
     verbose: bool,
 ) -> None:
     """Run the daemon in the foreground (TCP and a Unix socket); `llmd start` detaches it.
@@ -307,6 +327,7 @@ def serve(
                 memory_budget=_size_option(memory_budget, "--memory-budget"),
                 preload=preload,
                 security=security,
+                speculative_max_draft=server_default(speculative, speculative_max_draft),
             )
         )
     except KeyboardInterrupt:

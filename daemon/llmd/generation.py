@@ -11,6 +11,7 @@ from .detokenizer import IncrementalDetokenizer
 from .errors import ApiError, bad_request, server_error
 from .metrics import observe_generation
 from .model_kind import record_kind
+from .speculative import SpeculativeField, max_draft_for
 from .stop_strings import StopMatcher
 from .supervisor import ModelSupervisor
 from .worker_client import Accepted, WorkerError
@@ -44,6 +45,9 @@ class Finished:
     completion_tokens: int
     cached_tokens: int = 0
     stop_sequence: str | None = None  # the request's stop string that ended it, if one did
+    # Speculative decoding: None when the request did not speculate, else (drafted tokens
+    # verified, of which accepted): `usage.speculative`.
+    speculative: tuple[int, int] | None = None
 
 
 class ContextOverflow(ApiError):
@@ -124,6 +128,7 @@ async def generate_text(
     grammar: str | None = None,
     show_tokens: frozenset[int] = frozenset(),
     prefill_of: str = "",
+    speculative: SpeculativeField = None,
 ) -> AsyncIterator[Accepted | Started | Delta | Finished]:
     """Yields Accepted once the worker has the request (a 429 or other ApiError comes before
     it), Started when the engine admits it (its prefix-cache split), then text deltas (never half a character, never a stop string or what follows it),
@@ -145,8 +150,15 @@ async def generate_text(
     accepted = False
     started: Started | None = None  # the engine's admission: the prefix-cache split
     retried = False
+    spec: tuple[int, int] | None = None  # (drafted, accepted) so far, when it speculates
     while True:
         worker = await model.ensure_ready()
+        assert worker.ready is not None
+        max_draft = max_draft_for(
+            speculative, model.speculative_max_draft, worker.ready.features, model.name
+        )
+        if max_draft:
+            spec = (0, 0)
         events = worker.generate(
             prompt,
             max_tokens=max_tokens,
@@ -155,6 +167,7 @@ async def generate_text(
             session=session,
             grammar=grammar,
             prefill_of=prefill_of,
+            max_draft=max_draft,
         )
         try:
             async for event in events:
@@ -168,6 +181,8 @@ async def generate_text(
                         yield started
                 elif isinstance(event, p.Tokens):
                     produced += len(event.tokens)
+                    if event.speculative is not None:
+                        spec = event.speculative
                     observed.tokens(len(event.tokens))
                     piece = matcher.feed(detok.add(event.tokens))
                     if piece or event.logprobs:
@@ -176,7 +191,12 @@ async def generate_text(
                         cached = started.cached_tokens if started else 0
                         yield observed.finished(
                             Finished(
-                                "stop", len(prompt), produced, cached, stop_sequence=matcher.matched
+                                "stop",
+                                len(prompt),
+                                produced,
+                                cached,
+                                stop_sequence=matcher.matched,
+                                speculative=spec,
                             )
                         )
                         return  # closing `events` cancels the sequence in the worker
@@ -194,6 +214,11 @@ async def generate_text(
                             event.completion_tokens,
                             event.cached_tokens,
                             stop_sequence=matcher.matched,
+                            speculative=(
+                                None
+                                if spec is None
+                                else (event.drafted_tokens, event.accepted_tokens)
+                            ),
                         )
                     )
                     return

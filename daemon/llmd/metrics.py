@@ -109,6 +109,18 @@ class Metrics:
             ["model"],
             registry=r,
         )
+        self.draft_tokens = Counter(
+            "llmd_speculative_draft_tokens",
+            "Tokens drafted by speculative decoding and verified, in finished generations.",
+            ["model"],
+            registry=r,
+        )
+        self.accepted_draft_tokens = Counter(
+            "llmd_speculative_accepted_tokens",
+            "Drafted tokens that verification accepted (each saved one decode step).",
+            ["model"],
+            registry=r,
+        )
         self.ttft = Histogram(
             "llmd_time_to_first_token_seconds",
             "Time from the start of a generation (model load and queueing included) to its "
@@ -238,6 +250,9 @@ class GenerationObserver:
         m.prompt_tokens.labels(model).inc(result.prompt_tokens)
         m.generated_tokens.labels(model).inc(result.completion_tokens)
         m.cached_prompt_tokens.labels(model).inc(result.cached_tokens)
+        if result.speculative is not None:
+            m.draft_tokens.labels(model).inc(result.speculative[0])
+            m.accepted_draft_tokens.labels(model).inc(result.speculative[1])
         m.duration.labels(model).observe(time.perf_counter() - self.started)
         return result
 

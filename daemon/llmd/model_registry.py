@@ -63,8 +63,10 @@ class ModelRegistry:
         keep_alive: float = DEFAULT_KEEP_ALIVE,
         max_loaded: int = DEFAULT_MAX_LOADED,
         memory_budget: int | None = None,
+        speculative_max_draft: int = 0,
     ) -> None:
         self.store = store
+        self.speculative_max_draft = speculative_max_draft
         self.context_length = context_length
         self.threads = threads
         self.launcher = launcher
@@ -112,6 +114,7 @@ class ModelRegistry:
                         keep_alive=self.keep_alive,
                     )
                     current.metrics = self.metrics
+                    current.speculative_max_draft = self.speculative_max_draft
                     self._models[name] = current
                     current.touch(keep_alive)
                     await current.ensure_ready()

@@ -29,6 +29,7 @@ from .chunked_validation import prevalidated
 from .errors import ApiError, bad_request
 from .keep_alive import CheckedKeepAlive
 from .protocol import INT32_MAX
+from .speculative import SpeculativeField
 
 
 class _Strict(BaseModel):
@@ -143,6 +144,9 @@ class SamplingFields(_Strict, CheckedKeepAlive):
         default=None, min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:@-]+$"
     )
     session_ttl: float | None = Field(default=None, gt=0, le=7 * 24 * 3600)
+    # llmd extension: speculative decoding for this request ({"type": "ngram", "max_draft": k},
+    # true, or false to turn `llmd serve --speculative` off); see speculative.py.
+    speculative: SpeculativeField = None
     # Ollama's extension (`keep_alive`, from CheckedKeepAlive): how long the model stays loaded
     # after this request ("5m", 0, -1).
 

@@ -64,6 +64,9 @@ class Generate(_Message):
     # A sibling choice: the id of an earlier request with the same prompt whose prefill (KV
     # and last logits) this one starts from, so an `n > 1` prompt is prefilled once.
     prefill_of: str = ""
+    # Speculative decoding with prompt-lookup (n-gram) drafts: at most this many drafted
+    # tokens verified per step (0: off). Lossless: output is the same with or without.
+    max_draft: Annotated[int, Field(ge=0, le=32)] = 0
 
 
 class Embed(_Message):
@@ -188,6 +191,9 @@ class Tokens(_Message):
     id: str
     tokens: list[int]
     logprobs: list[TokenLogprob] | None = None  # one per token, when the request asked
+    # Speculative decoding so far (drafted tokens, of which accepted), when the request drafts:
+    # a request ended by a stop string is cancelled before its `done`, yet reports them.
+    speculative: tuple[int, int] | None = None
 
 
 class Scored(_Message):
@@ -213,6 +219,9 @@ class Done(_Message):
     completion_tokens: int
     cached_tokens: int = 0
     timings: Timings = Timings()
+    # Speculative decoding: tokens drafted and verified, and how many of them were kept.
+    drafted_tokens: int = 0
+    accepted_tokens: int = 0
 
 
 class Pooled(_Message):

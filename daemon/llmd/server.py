@@ -239,6 +239,7 @@ def create_app(
     keep_alive: float = DEFAULT_KEEP_ALIVE,
     max_loaded: int = DEFAULT_MAX_LOADED,
     memory_budget: int | None = None,
+    speculative_max_draft: int = 0,
     restart_policy: RestartPolicy | None = None,
     preload: tuple[str, ...] = (),
     security: SecurityConfig | None = None,
@@ -274,6 +275,7 @@ def create_app(
         keep_alive=keep_alive,
         max_loaded=max_loaded,
         memory_budget=memory_budget,
+        speculative_max_draft=speculative_max_draft,
     )
     app[REGISTRY] = registry
     registry.metrics = Metrics()

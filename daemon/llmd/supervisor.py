@@ -26,6 +26,7 @@ from .errors import ApiError, server_error
 from .keep_alive import DEFAULT_KEEP_ALIVE
 from .limits import process_rss
 from .model_kind import record_kind
+from .speculative import speculative_status
 from .store import ModelRecord
 from .text_model import TextModel
 from .worker_client import WorkerClient, WorkerError
@@ -117,6 +118,8 @@ class ModelSupervisor:
         self._deaths_seen: weakref.WeakSet[WorkerClient] = weakref.WeakSet()
         self._stopped = False
         self.metrics: Metrics | None = None  # the app's (set by the registry): GET /metrics
+        # `llmd serve --speculative`: the max_draft requests get by default (0: off).
+        self.speculative_max_draft = 0
 
     # ------------------------------------------------------------------ facts
 
@@ -386,6 +389,7 @@ class ModelSupervisor:
                 kv_bytes_per_token=ready.kv_bytes_per_token,
                 kv_capacity_tokens=ready.kv_capacity_tokens,
                 memory=ready.memory,
+                speculative=speculative_status(self.speculative_max_draft, ready.features),
             )
             warning = context_warning(ready)
             if warning:

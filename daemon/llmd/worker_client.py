@@ -240,6 +240,7 @@ class WorkerClient:
         tag: str = "r",
         grammar: str | None = None,
         prefill_of: str = "",
+        max_draft: int = 0,
     ) -> AsyncIterator[Accepted | p.Started | p.Tokens | p.Done]:
         """Yields ACCEPTED, Started once the engine admits it (the prefix-cache split), token
         events, then one Done; raises WorkerError on error (code
@@ -262,6 +263,7 @@ class WorkerClient:
                     session=session,
                     grammar=grammar,
                     prefill_of=prefill_of,
+                    max_draft=max_draft,
                 )
             )
             yield Accepted(rid)

@@ -104,6 +104,7 @@ py::dict event_to_dict(const EngineEvent& e) {
       d["type"] = "tokens";
       d["tokens"] = e.tokens;
       if (!e.logprobs.empty()) d["logprobs"] = logprobs_to_list(e.logprobs);
+      if (e.speculative) d["speculative"] = py::make_tuple(e.drafted_tokens, e.accepted_tokens);
       break;
     case EngineEvent::Kind::Done:
       d["type"] = "done";
@@ -114,6 +115,8 @@ py::dict event_to_dict(const EngineEvent& e) {
       if (!e.values.empty()) d["values"] = e.values;
       d["timings"] = py::dict(py::arg("queued_ms") = e.queued_ms, py::arg("prefill_ms") = e.prefill_ms,
                               py::arg("decode_ms") = e.decode_ms);
+      d["drafted_tokens"] = e.drafted_tokens;
+      d["accepted_tokens"] = e.accepted_tokens;
       break;
     case EngineEvent::Kind::Error:
       d["type"] = "error";
@@ -338,8 +341,9 @@ PYBIND11_MODULE(_engine, m) {
              std::string session, float frequency_penalty, float presence_penalty, float repetition_penalty,
              std::vector<std::pair<int32_t, float>> logit_bias, int top_logprobs, py::object constraint,
              std::string prefill_of, int repetition_window, const std::string& output, const std::string& pooling,
-             bool normalize, std::vector<int32_t> logit_tokens) {
+             bool normalize, std::vector<int32_t> logit_tokens, int max_draft) {
             GenerateRequest r;
+            r.max_draft = max_draft;
             if (output == "embedding") {
               r.output = GenerateRequest::Output::Embedding;
             } else if (output == "token_logits") {
@@ -384,7 +388,8 @@ PYBIND11_MODULE(_engine, m) {
           py::arg("logit_bias") = std::vector<std::pair<int32_t, float>>{}, py::arg("top_logprobs") = -1,
           py::arg("constraint") = py::none(), py::arg("prefill_of") = "",
           py::arg("repetition_window") = 0, py::arg("output") = "tokens", py::arg("pooling") = "last",
-          py::arg("normalize") = false, py::arg("logit_tokens") = std::vector<int32_t>{})
+          py::arg("normalize") = false, py::arg("logit_tokens") = std::vector<int32_t>{},
+          py::arg("max_draft") = 0)
       .def(
           "submit_pooled",
           [](Engine& e, const std::vector<std::string>& ids, std::vector<std::vector<int32_t>> prompts,
@@ -475,6 +480,12 @@ PYBIND11_MODULE(_engine, m) {
              py::dict pooled;
              for (const auto& [k, v] : s.pooled_rows_histogram) pooled[py::str(std::to_string(k))] = v;
              d["pooled_rows_histogram"] = pooled;
+             d["draft_tokens"] = s.draft_tokens;
+             d["draft_accepted_tokens"] = s.draft_accepted_tokens;
+             d["speculative_steps"] = s.speculative_steps;
+             py::dict drafting;
+             for (const auto& [k, v] : s.drafting_rows_histogram) drafting[py::str(std::to_string(k))] = v;
+             d["drafting_rows_histogram"] = drafting;
              return d;
            })
       .def("info",
@@ -511,6 +522,8 @@ PYBIND11_MODULE(_engine, m) {
           "The KV cache's element type, bytes per position (all layers), how many positions the "
           "budget holds, and the attention path that reads it.")
       .def_property_readonly("context_length", &Engine::context_length)
+      .def_property_readonly("supports_speculation", [](Engine& e) { return e.supports_speculation(); },
+                             "Whether requests may set max_draft (not on models with recurrent layers).")
       .def_property_readonly("max_sequences", [](Engine& e) { return e.options().max_sequences; })
       .def("matmul_paths", &Engine::matmul_paths)
       .def("score", [](Engine& e, const std::vector<int32_t>& tokens, int first_scored) {
@@ -525,6 +538,32 @@ PYBIND11_MODULE(_engine, m) {
         return out;
       }, py::arg("tokens"), py::arg("first_scored") = 1);
 
+  m.def(
+      "sample_counts",
+      [](std::vector<float> logits, int draft, int draws, float temperature, int top_k, float top_p, float min_p,
+         uint64_t seed) {
+        SamplingParams p;
+        p.temperature = temperature;
+        p.top_k = top_k;
+        p.top_p = top_p;
+        p.min_p = min_p;
+        p.seed = seed;
+        Sampler sampler(p);
+        const int vocab = static_cast<int>(logits.size());
+        std::vector<int64_t> counts(vocab, 0);
+        py::gil_scoped_release release;
+        for (int i = 0; i < draws; ++i) {
+          ++counts[draft >= 0 ? sampler.sample_draft(logits.data(), vocab, draft) : sampler.sample(logits.data(), vocab)];
+        }
+        return counts;
+      },
+      py::arg("logits"), py::arg("draft"), py::arg("draws"), py::arg("temperature") = 1.f, py::arg("top_k") = 0,
+      py::arg("top_p") = 1.f, py::arg("min_p") = 0.f, py::arg("seed") = 0,
+      "How often each token comes out of `draws` draws of the sampler on one row of logits: "
+      "speculatively against drafted token `draft` (Sampler::sample_draft), or plainly (draft < 0).");
+  m.def("ngram_draft", [](const std::vector<int32_t>& tokens, int max_tokens) {
+    return ngram_draft([&tokens](int i) { return tokens[i]; }, static_cast<int>(tokens.size()), max_tokens);
+  }, py::arg("tokens"), py::arg("max_tokens"), "The prompt-lookup drafter's proposal after `tokens`.");
   m.def("check_model", &check_model, py::arg("model_path"), py::arg("hf_config") = py::dict(),
         py::arg("backend") = "auto",
         "Runs every check a load makes without reading weights; raises RuntimeError naming what "

@@ -16,6 +16,8 @@ double ms_between(std::chrono::steady_clock::time_point a, std::chrono::steady_c
 }  // namespace
 
 namespace {
+constexpr int kMaxDraft = 32;  // drafted tokens per sequence and step, at most
+
 KvShape kv_shape_for(const Model& model, const EngineOptions& options) {
   KvShape shape = model.kv_shape();
   if (shape.host_storage) shape.type = options.kv_type;
@@ -58,6 +60,14 @@ std::string Engine::validate(const GenerateRequest& r, std::string& code) const 
   if (r.id.empty()) return "request id is empty";
   if (r.prompt.empty()) return "prompt has no tokens";
   if (r.max_tokens < 0) return "max_tokens must be >= 0";
+  if (r.max_draft < 0 || r.max_draft > kMaxDraft) return "max_draft must be 0.." + std::to_string(kMaxDraft);
+  if (r.max_draft > 0 && recurrent_) {
+    // Rejected drafts would have advanced the recurrent state, which cannot be rolled back
+    // the way KV is (by its length).
+    code = "unsupported";
+    return "speculative decoding is not implemented yet for " + model_->info().architecture +
+           " (recurrent layers)";
+  }
   const int vocab = model_->info().vocab_size;
   if (r.output == GenerateRequest::Output::Embedding && !model_->supports_hidden()) {
     code = "unsupported";
@@ -185,6 +195,8 @@ void Engine::finish(Sequence& seq, const std::string& reason, std::vector<float>
   e.prompt_tokens = static_cast<int>(seq.request.prompt.size());
   e.completion_tokens = static_cast<int>(seq.generated.size());
   e.cached_tokens = seq.cached;
+  e.drafted_tokens = seq.drafted;
+  e.accepted_tokens = seq.accepted;
   const auto now = Clock::now();
   const auto admitted = seq.admitted.time_since_epoch().count() ? seq.admitted : now;
   e.queued_ms = ms_between(seq.submitted, admitted);
@@ -404,18 +416,27 @@ void Engine::step_once() {
   Step step;
   std::vector<Sequence*> in_step;
   int budget = options_.step_token_budget;
-  // Decode rows first: running streams never wait behind a prefill.
+  // Drafted tokens only take budget left after every decoding sequence's own row.
+  int draft_room = budget;
+  for (auto& seq : active_) draft_room -= seq->prefilling() ? 0 : 1;
+  // Decode rows first: running streams never wait behind a prefill. A sequence that
+  // speculates feeds its drafts after its last token, as extra rows of its segment, and gets
+  // the logits of every one of them: all drafts are verified in this one forward.
   for (auto& seq : active_) {
     if (seq->prefilling() || budget <= 0) continue;
     StepSegment s;
     s.kv = seq->kv.get();
     s.tokens = {seq->generated.back()};
+    seq->draft = draft_for(*seq, std::min(draft_room, budget - 1));
+    draft_room -= static_cast<int>(seq->draft.size());
+    s.tokens.insert(s.tokens.end(), seq->draft.begin(), seq->draft.end());
     s.start_pos = seq->kv->length();
     s.want_logits = true;
+    s.logits_tail = static_cast<int>(s.tokens.size());
     if (recurrent_) s.snapshot_at = snapshot_positions(*seq, s.start_pos, 1);
+    budget -= static_cast<int>(s.tokens.size());
     step.segments.push_back(std::move(s));
     in_step.push_back(seq.get());
-    --budget;
   }
   for (auto& seq : active_) {
     if (!seq->prefilling() || budget <= 0) continue;
@@ -445,6 +466,12 @@ void Engine::step_once() {
   // Reserve KV; a sequence that cannot get memory fails alone.
   for (size_t i = 0; i < step.segments.size();) {
     StepSegment& s = step.segments[i];
+    if (!in_step[i]->draft.empty() && !s.kv->reserve(s.start_pos + static_cast<int>(s.tokens.size()))) {
+      // No room for the drafts' KV: this step decodes the one token without them.
+      in_step[i]->draft.clear();
+      s.tokens.resize(1);
+      s.logits_tail = 1;
+    }
     if (!s.kv->reserve(s.start_pos + static_cast<int>(s.tokens.size()))) {
       Sequence* seq = in_step[i];
       EngineEvent e;
@@ -462,6 +489,8 @@ void Engine::step_once() {
     }
   }
   if (step.segments.empty()) return;
+  int drafting = 0;  // sequences whose drafts this one forward verifies
+  for (Sequence* seq : in_step) drafting += seq->draft.empty() ? 0 : 1;
 
   std::vector<float> logits;
   std::vector<float> hidden;
@@ -479,6 +508,8 @@ void Engine::step_once() {
   int row = 0;
   int hidden_row = 0;
   int sampled = 0;
+  int taken = 0;
+  uint64_t drafted = 0, accepted = 0;
   int pooled = 0;
   int prompt_tokens = 0;
   std::vector<Sequence*> finished;
@@ -487,6 +518,39 @@ void Engine::step_once() {
   for (size_t i = 0; i < step.segments.size(); ++i) {
     Sequence* seq = in_step[i];
     const StepSegment& s = step.segments[i];
+    if (!seq->draft.empty()) {
+      // Verify the drafts left to right: position j's logits give the token after the last
+      // token and drafts [0, j); a draft is kept while the token taken there equals it. The
+      // KV then holds the last token and the kept drafts; a rejected draft's KV lies past the
+      // sequence's length (overwritten by later steps, never indexed by the prefix cache).
+      const int k = static_cast<int>(seq->draft.size());
+      seq->drafted += k;  // before the tokens' events, which report the running totals
+      std::string reason;
+      int kept = 0;
+      for (int j = 0; j <= k; ++j) {
+        float* row_logits = logits.data() + static_cast<size_t>(row + j) * vocab;
+        int token = -1;
+        reason = take_token(*seq, row_logits, vocab, j < k ? seq->draft[j] : -1, &token);
+        if (token >= 0) ++taken;
+        if (j == k || token != seq->draft[j]) break;
+        ++kept;
+        if (!reason.empty()) break;
+      }
+      row += k + 1;
+      ++sampled;
+      seq->kv->set_length(s.start_pos + 1 + kept);
+      index_full_blocks(*seq);
+      seq->draft_length.record(k, kept);
+      drafted += k;
+      accepted += kept;
+      seq->draft.clear();
+      if (!reason.empty()) {
+        finished.push_back(seq);
+        reasons.push_back(reason);
+        results.emplace_back();
+      }
+      continue;
+    }
     seq->kv->set_length(s.start_pos + static_cast<int>(s.tokens.size()));
     if (seq->prefilling()) {
       seq->fed += static_cast<int>(s.tokens.size());
@@ -520,7 +584,9 @@ void Engine::step_once() {
     std::vector<std::unique_ptr<Sequence>> forks;
     if (seq->generated.empty()) forks = take_forks(seq->request.id);
     for (auto& child : forks) start_fork(*seq, std::move(child), row_logits, vocab);
-    const std::string reason = take_token(*seq, row_logits, vocab);
+    int token = -1;
+    const std::string reason = take_token(*seq, row_logits, vocab, -1, &token);
+    if (token >= 0) ++taken;
     if (!reason.empty()) {
       finished.push_back(seq);
       reasons.push_back(reason);
@@ -530,7 +596,13 @@ void Engine::step_once() {
   {
     std::lock_guard<std::mutex> lock(stats_mutex_);
     stats_.steps += 1;
-    stats_.tokens_generated += sampled;
+    stats_.tokens_generated += taken;
+    stats_.draft_tokens += drafted;
+    stats_.draft_accepted_tokens += accepted;
+    if (drafting > 0) {
+      stats_.speculative_steps += 1;
+      stats_.drafting_rows_histogram[drafting] += 1;
+    }
     stats_.prompt_tokens_processed += prompt_tokens;
     if (sampled > 0) stats_.sampled_rows_histogram[sampled] += 1;
     stats_.max_rows_sampled_in_a_step = std::max(stats_.max_rows_sampled_in_a_step, sampled);
@@ -570,12 +642,25 @@ std::vector<float> Engine::pooled_values(Sequence& seq, const float* hidden, con
   return out;
 }
 
-std::string Engine::take_token(Sequence& seq, float* logits, int vocab) {
+std::vector<int32_t> Engine::draft_for(Sequence& seq, int room) {
+  if (seq.request.max_draft <= 0) return {};
+  // The row after the last draft yields one more token: never draft past max_tokens.
+  const int left = seq.request.max_tokens - static_cast<int>(seq.generated.size()) - 1;
+  const int want = std::min({seq.draft_length.next(), room, left});
+  if (want <= 0) return {};
+  const int length = static_cast<int>(seq.request.prompt.size() + seq.generated.size());
+  return ngram_draft([&seq](int i) { return seq.token_at(i); }, length, want);
+}
+
+std::string Engine::take_token(Sequence& seq, float* logits, int vocab, int draft, int* taken) {
   TokenLogprob lp;
-  const int token = sample_row(seq, logits, vocab, lp);
+  const int token = sample_row(seq, logits, vocab, lp, draft);
+  if (taken) *taken = -1;
   if (seq.generated.empty()) seq.first_token = Clock::now();
   if (token < 0) return "stop";  // the constraint is complete: nothing may follow
   if (seq.request.max_tokens == 0) return "length";
+  if (taken) *taken = token;
+  if (draft >= 0 && token == draft) ++seq.accepted;
   const bool is_stop = std::find(seq.request.stop_tokens.begin(), seq.request.stop_tokens.end(), token) !=
                        seq.request.stop_tokens.end();
   seq.generated.push_back(token);
@@ -586,6 +671,11 @@ std::string Engine::take_token(Sequence& seq, float* logits, int vocab) {
   e.id = seq.request.id;
   e.tokens = {token};
   if (seq.request.sampling.top_logprobs >= 0) e.logprobs.push_back(std::move(lp));
+  if (seq.request.max_draft > 0) {
+    e.speculative = true;
+    e.drafted_tokens = seq.drafted;
+    e.accepted_tokens = seq.accepted;
+  }
   emit(std::move(e));
   if (static_cast<int>(seq.generated.size()) >= seq.request.max_tokens) return "length";
   return "";
@@ -658,7 +748,7 @@ void Engine::settle_forks(std::unique_lock<std::mutex>& lock) {
   (void)lock;
 }
 
-int Engine::sample_row(Sequence& seq, float* logits, int vocab, TokenLogprob& lp) {
+int Engine::sample_row(Sequence& seq, float* logits, int vocab, TokenLogprob& lp, int draft) {
   const SamplingParams& p = seq.request.sampling;
   float log_z = 0.f;
   std::vector<float> raw;
@@ -681,7 +771,7 @@ int Engine::sample_row(Sequence& seq, float* logits, int vocab, TokenLogprob& lp
     }
     if (!any) return -1;
   }
-  const int token = seq.sampler.sample(logits, vocab);
+  const int token = draft >= 0 ? seq.sampler.sample_draft(logits, vocab, draft) : seq.sampler.sample(logits, vocab);
   if (seq.request.constraint) seq.request.constraint->accept(token);
   if (p.top_logprobs >= 0) lp.logprob = raw[token] - log_z;
   return token;

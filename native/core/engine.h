@@ -20,6 +20,7 @@
 
 #include "kv_cache.h"
 #include "model.h"
+#include "ngram_draft.h"
 #include "prefix_cache.h"
 #include "session_pins.h"
 #include "sampler.h"
@@ -51,6 +52,10 @@ struct GenerateRequest {
   Pooling pooling = Pooling::Last;
   bool normalize = false;
   std::vector<int32_t> logit_tokens;
+  // Speculative decoding with prompt-lookup drafts (ngram_draft.h): at most this many drafted
+  // tokens verified per step (0: off). Lossless: greedy output is the same token for token,
+  // sampled output follows the same distribution (Sampler::sample_draft).
+  int max_draft = 0;
 };
 
 struct EngineEvent {
@@ -68,6 +73,10 @@ struct EngineEvent {
   int completion_tokens = 0;
   int cached_tokens = 0;
   double queued_ms = 0, prefill_ms = 0, decode_ms = 0;
+  // Speculative decoding: tokens drafted and how many were kept, in Done; in Tokens too (the
+  // running totals, `speculative` set) when the request drafts.
+  bool speculative = false;
+  int drafted_tokens = 0, accepted_tokens = 0;
   std::vector<float> values;  // Done of an Embedding or TokenLogits request (GenerateRequest::Output)
   // Error
   std::string code;
@@ -107,6 +116,13 @@ struct EngineStats {
   uint64_t embedding_requests = 0;   // Embedding and TokenLogits requests that completed
   // How many steps finished k such requests at once (k -> steps): proves embeddings batch.
   std::map<int, uint64_t> pooled_rows_histogram;
+  // Speculative decoding: drafted tokens verified and accepted, steps that verified drafts,
+  // and how many steps verified the drafts of k sequences in their one forward (k -> steps):
+  // proves drafts are verified batched, not looped per sequence.
+  uint64_t draft_tokens = 0;
+  uint64_t draft_accepted_tokens = 0;
+  uint64_t speculative_steps = 0;
+  std::map<int, uint64_t> drafting_rows_histogram;
 };
 
 class Engine {
@@ -131,6 +147,7 @@ class Engine {
   EngineStats stats();
   const ModelInfo& info() const { return model_->info(); }
   int context_length() const { return context_length_; }
+  bool supports_speculation() const { return !recurrent_; }
   const EngineOptions& options() const { return options_; }
   std::map<std::string, std::string> matmul_paths() const { return model_->matmul_paths(); }
   // The KV pool's fixed facts (element type, bytes per position, capacity of the budget).
@@ -154,12 +171,16 @@ class Engine {
     std::vector<int32_t> generated;
     std::vector<double> hidden_sum;  // mean pooling: sum of the final-norm hidden rows so far
     TokenCounts counts;  // only filled when a penalty needs it
+    DraftLength draft_length;       // speculative decoding: tokens to draft next
+    std::vector<int32_t> draft;     // the tokens drafted for the step being run
+    int drafted = 0, accepted = 0;  // totals, for the Done event
     Clock::time_point submitted, admitted, first_token;
     explicit Sequence(GenerateRequest r, KvPool& pool)
         : request(std::move(r)),
           kv(std::make_unique<SequenceKv>(pool)),
           sampler(request.sampling),
-          counts(request.sampling.repetition_window) {}
+          counts(request.sampling.repetition_window),
+          draft_length(request.max_draft) {}
     bool prefilling() const { return fed < static_cast<int>(request.prompt.size()); }
     int32_t token_at(int pos) const {
       const int n = static_cast<int>(request.prompt.size());
@@ -183,8 +204,11 @@ class Engine {
   std::vector<int> snapshot_positions(const Sequence& seq, int start, int n) const;
   void keep_snapshots(Sequence& seq);
   // Samples seq's next token from `logits` (modified) and emits it; the finish reason when
-  // the sequence ends with it, else "".
-  std::string take_token(Sequence& seq, float* logits, int vocab);
+  // the sequence ends with it, else "". With a `draft` (>= 0) the token is sampled
+  // speculatively (Sampler::sample_draft); `token` gets what was taken (-1: nothing).
+  std::string take_token(Sequence& seq, float* logits, int vocab, int draft = -1, int* token = nullptr);
+  // Drafts for a decoding sequence's next step, at most `room` tokens.
+  std::vector<int32_t> draft_for(Sequence& seq, int room);
   // Siblings waiting for `parent`'s prefill (mutex_ taken inside).
   std::vector<std::unique_ptr<Sequence>> take_forks(const std::string& parent);
   // Starts a sibling from parent's just-prefilled prompt: shared full blocks, a copy of the
@@ -197,7 +221,7 @@ class Engine {
   void emit(EngineEvent event);
   // Processors, constraint and sampler on one row of logits (modified in place); -1 when the
   // constraint admits no token. Fills `lp` when the request asked for logprobs.
-  int sample_row(Sequence& seq, float* logits, int vocab, TokenLogprob& lp);
+  int sample_row(Sequence& seq, float* logits, int vocab, TokenLogprob& lp, int draft = -1);
   std::string validate(const GenerateRequest& r, std::string& code) const;
 
   std::unique_ptr<Model> model_;

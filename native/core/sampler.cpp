@@ -76,8 +76,7 @@ std::vector<std::pair<int32_t, float>> top_logprobs(const float* logits, int voc
   return out;
 }
 
-int Sampler::sample(const float* logits, int vocab) {
-  if (params_.temperature <= 0.f || params_.top_k == 1) return argmax(logits, vocab);
+double Sampler::distribution(const float* logits, int vocab, size_t& n) {
   candidates_.clear();
   candidates_.reserve(vocab);
   for (int i = 0; i < vocab; ++i) candidates_.emplace_back(logits[i] / params_.temperature, i);
@@ -93,37 +92,70 @@ int Sampler::sample(const float* logits, int vocab) {
   // Softmax over the survivors (sorted, largest first).
   const float max_logit = candidates_.front().first;
   double total = 0.0;
-  std::vector<double> probs(candidates_.size());
+  probs_.resize(candidates_.size());
   for (size_t i = 0; i < candidates_.size(); ++i) {
-    probs[i] = std::exp(static_cast<double>(candidates_[i].first - max_logit));
-    total += probs[i];
+    probs_[i] = std::exp(static_cast<double>(candidates_[i].first - max_logit));
+    total += probs_[i];
   }
-  for (double& p : probs) p /= total;
-  size_t n = probs.size();
+  for (double& p : probs_) p /= total;
+  n = probs_.size();
   if (params_.min_p > 0.f) {
-    const double floor = params_.min_p * probs[0];
+    const double floor = params_.min_p * probs_[0];
     size_t m = 1;
-    while (m < n && probs[m] >= floor) ++m;
+    while (m < n && probs_[m] >= floor) ++m;
     n = m;
   }
   if (params_.top_p < 1.f) {
     double cum = 0.0;
     size_t m = 0;
     while (m < n) {
-      cum += probs[m++];
+      cum += probs_[m++];
       if (cum >= params_.top_p) break;
     }
     n = std::max<size_t>(1, m);
   }
   double mass = 0.0;
-  for (size_t i = 0; i < n; ++i) mass += probs[i];
+  for (size_t i = 0; i < n; ++i) mass += probs_[i];
+  return mass;
+}
+
+int Sampler::sample(const float* logits, int vocab) {
+  if (params_.temperature <= 0.f || params_.top_k == 1) return argmax(logits, vocab);
+  size_t n = 0;
+  const double mass = distribution(logits, vocab, n);
   std::uniform_real_distribution<double> uniform(0.0, mass);
   double r = uniform(rng_);
   for (size_t i = 0; i < n; ++i) {
-    r -= probs[i];
+    r -= probs_[i];
     if (r <= 0.0) return candidates_[i].second;
   }
   return candidates_[n - 1].second;
+}
+
+int Sampler::sample_draft(const float* logits, int vocab, int draft) {
+  if (params_.temperature <= 0.f || params_.top_k == 1) return argmax(logits, vocab);
+  size_t n = 0;
+  const double mass = distribution(logits, vocab, n);
+  size_t d = n;
+  for (size_t i = 0; i < n; ++i) {
+    if (candidates_[i].second == draft) d = i;
+  }
+  const double p_draft = d < n ? probs_[d] : 0.0;
+  std::uniform_real_distribution<double> unit(0.0, 1.0);
+  if (p_draft > 0.0 && unit(rng_) * mass < p_draft) return draft;
+  // Rejected: sample from the rest, renormalised.
+  const double rest = mass - p_draft;
+  if (rest <= 0.0) return draft;  // the draft held all the mass (rounding)
+  std::uniform_real_distribution<double> uniform(0.0, rest);
+  double r = uniform(rng_);
+  size_t last = n;
+  for (size_t i = 0; i < n; ++i) {
+    if (i == d) continue;
+    last = i;
+    r -= probs_[i];
+    if (r <= 0.0) return candidates_[i].second;
+  }
+  return candidates_[last].second;
 }
 
 }  // namespace llmd

@@ -63,11 +63,23 @@ class Sampler {
  public:
   explicit Sampler(const SamplingParams& params) : params_(params), rng_(params.seed) {}
   int sample(const float* logits, int vocab);
+  // Speculative sampling of a position whose drafted token is `draft` (a deterministic
+  // draft, e.g. prompt lookup): keeps the draft with probability p(draft) under the same
+  // distribution sample() draws from (temperature, top-k, min-p, top-p applied), otherwise
+  // draws from p with the draft removed and renormalised. The token returned is distributed
+  // exactly as sample()'s: P(draft) = p(draft), P(x) = (1 - p(draft)) p(x) / (1 - p(draft)).
+  // Greedy: the argmax, as sample(). The caller compares the result with `draft`.
+  int sample_draft(const float* logits, int vocab, int draft);
 
  private:
+  // The candidates sample() draws from: candidates_[0, n) with probabilities probs_[0, n)
+  // (unnormalised; they sum to the returned mass).
+  double distribution(const float* logits, int vocab, size_t& n);
+
   SamplingParams params_;
   std::mt19937_64 rng_;
   std::vector<std::pair<float, int>> candidates_;
+  std::vector<double> probs_;
 };
 
 int argmax(const float* logits, int vocab);

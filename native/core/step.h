@@ -21,6 +21,9 @@ struct StepSegment {
   std::vector<int32_t> tokens;   // tokens fed this step, at positions start_pos...
   int start_pos = 0;
   bool want_logits = false;      // sample a token after the last fed token
+  // With want_logits: how many of the last fed rows return logits (speculative decoding
+  // verifies drafted tokens: the rows after the sequence's last token and each draft).
+  int logits_tail = 1;
   HiddenOut hidden = HiddenOut::None;  // embeddings: see HiddenOut
   // Models with recurrent state: positions p in (start_pos, start_pos + tokens] (block
   // boundaries) after which the model records a copy of the state into kv->snapshots.
@@ -37,7 +40,7 @@ struct Step {
   }
   int logits_rows() const {
     int n = 0;
-    for (const auto& s : segments) n += s.want_logits ? 1 : 0;
+    for (const auto& s : segments) n += s.want_logits ? s.logits_tail : 0;
     return n;
   }
   int hidden_rows() const {

@@ -306,7 +306,9 @@ StepRows embed_step(const Step& step, KvPool& pool, const Embedding& embed, int 
     embed.lookup(seg.tokens, rows.x.data() + static_cast<size_t>(row) * hidden, embed_scale);
     rows.batch->segments.push_back({seg.kv, row, n, seg.start_pos});
     row += n;
-    if (seg.want_logits) rows.logit_rows.push_back(row - 1);
+    if (seg.want_logits) {
+      for (int r = row - std::clamp(seg.logits_tail, 1, n); r < row; ++r) rows.logit_rows.push_back(r);
+    }
     if (seg.hidden != HiddenOut::None) rows.hidden_spans.push_back({row - n, n, seg.hidden});
   }
   return rows;

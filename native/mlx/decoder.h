@@ -143,7 +143,7 @@ void require_gelu_tanh(const Metadata& hf, const std::string& arch);
 struct StepRows {
   std::vector<float> x;                  // [T, hidden] embeddings
   std::shared_ptr<AttentionBatch> batch;
-  std::vector<int32_t> logit_rows;       // last row of each segment that wants logits
+  std::vector<int32_t> logit_rows;       // rows whose logits are returned (segment order)
   struct HiddenSpan {
     int first, n;
     HiddenOut mode;

@@ -131,6 +131,7 @@ def _submit(engine: Any, msg: p.Generate, seed: int, constraint: Any) -> None:
         top_logprobs=s.top_logprobs,
         constraint=constraint,
         prefill_of=msg.prefill_of,
+        max_draft=msg.max_draft,
     )
 
 
@@ -323,7 +324,12 @@ def main(argv: list[str] | None = None) -> int:
             max_sequences=engine.max_sequences,
             kernels={"isa": _engine.active_kernel_path(), "attention": kv["attention"], **paths},
             blas=loaded_blas(),
-            features=["continuous_batching", "cancel", "embed"],
+            features=[
+                "continuous_batching",
+                "cancel",
+                "embed",
+                *(["speculative_ngram"] if engine.supports_speculation else []),
+            ],
             load_ms=load_ms,
             kv_budget_bytes=kv_budget,
             kv_type=kv["type"],
@@ -364,7 +370,10 @@ def main(argv: list[str] | None = None) -> int:
             elif kind == "tokens":
                 writer.send(
                     p.Tokens(
-                        id=ev["id"], tokens=ev["tokens"], logprobs=_logprobs(ev.get("logprobs"))
+                        id=ev["id"],
+                        tokens=ev["tokens"],
+                        logprobs=_logprobs(ev.get("logprobs")),
+                        speculative=ev.get("speculative"),
                     )
                 )
             elif kind == "done":
@@ -376,6 +385,8 @@ def main(argv: list[str] | None = None) -> int:
                         completion_tokens=ev["completion_tokens"],
                         cached_tokens=ev["cached_tokens"],
                         timings=p.Timings(**ev["timings"]),
+                        drafted_tokens=ev.get("drafted_tokens", 0),
+                        accepted_tokens=ev.get("accepted_tokens", 0),
                     )
                 )
             else:
