@@ -207,7 +207,8 @@ def main() -> None:
     )
     ap.add_argument("--bin", type=Path, default=DEFAULT_BIN)
     ap.add_argument("--no-llamacpp", action="store_true", help="llmd's figures only")
-    ap.add_argument("--no-speed", action="store_true")
+    ap.add_argument("--no-speed", action="store_true", help="skip the speed columns")
+    ap.add_argument("--no-kl", action="store_true", help="skip the quality columns")
     args = ap.parse_args()
     model = args.model or default_model()
     text = corpus_text()
@@ -217,7 +218,7 @@ def main() -> None:
 
     started = time.time()
     chunks = llmd_chunks(model, text, args.ctx, args.chunks)
-    base = llmd_log_probs(model, "f16", chunks)
+    base = None if args.no_kl else llmd_log_probs(model, "f16", chunks)
     rows: dict[str, dict] = {}
     for t in TYPES:
         kv = native.Engine(
@@ -229,7 +230,7 @@ def main() -> None:
         )
         info = kv.kv_cache()
         row = {"bytes_per_token": info["bytes_per_token"], "capacity": info["capacity_tokens"]}
-        if t != "f16":
+        if t != "f16" and base is not None:
             row["kl"], row["top1"] = kl_and_top1(base, llmd_log_probs(model, t, chunks))
         if not args.no_speed:
             row["speed"] = llmd_speed(model, t, args.prompt, args.threads)
@@ -237,10 +238,11 @@ def main() -> None:
     ref_kl: dict = {}
     ref_speed: dict = {}
     if have_llamacpp:
-        with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as f:
-            f.write(text)
-        ref_kl = llamacpp_kl(args.bin, model, Path(f.name), args.ctx, args.chunks, args.threads)
-        Path(f.name).unlink()
+        if not args.no_kl:
+            with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as f:
+                f.write(text)
+            ref_kl = llamacpp_kl(args.bin, model, Path(f.name), args.ctx, args.chunks, args.threads)
+            Path(f.name).unlink()
         if not args.no_speed:
             ref_speed = {
                 t: llamacpp_speed(args.bin, model, t, args.prompt, args.threads) for t in TYPES
