@@ -967,6 +967,7 @@ def show(name: str, as_json: bool, template_only: bool) -> None:
             ", ".join(f"{k} {v}" for k, v in (facts.get("tensor_types") or {}).items()),
         ),
         ("engine", facts.get("engine")),
+        ("kv type", facts.get("kv_type")),
         ("license", facts.get("license")),
         ("source", facts.get("source")),
         ("digest", facts.get("digest")),

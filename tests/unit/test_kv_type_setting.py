@@ -38,6 +38,8 @@ async def test_model_setting_wins_and_a_change_reloads_the_model(llmd_home: Path
     assert result.exit_code == 0, result.output
     assert "kv_type q4_0" in result.output
     assert ModelStore(get_paths()).resolve(MODEL).kv_type == "q4_0"
+    shown = CliRunner().invoke(main, ["show", MODEL]).output
+    assert "kv type           q4_0" in shown
     async with api(llmd_home, app_options={"kv_type": "q8_0"}) as client:
         assert (await complete(client, prompt="hello"))[0] == 200
         [first] = client.server.app[REGISTRY].loaded()
