@@ -128,7 +128,7 @@ def serve_options(command: Callable[..., Any]) -> Callable[..., Any]:
             default=DEFAULT_KV_TYPE,
             show_default=True,
             help="KV cache element type: f16, or GGML's q8_0 / q4_0 blocks (about 1.9x / 3.6x "
-            "the context in the same --kv-budget, at some quality cost; llmd's CPU kernels only). "
+            "the context in the same --kv-budget, at some quality cost). "
             "A model's own setting (`llmd set NAME --kv-type`) wins.",
         ),
         click.option(

@@ -11,7 +11,7 @@ import sys
 DEFAULT_QUEUE_LIMIT = 64
 DEFAULT_MAX_LOADED = 3  # models loaded at once, as Ollama on a CPU box
 # KV cache element types (--kv-type, per model with `llmd set`): float16, or GGML's q8_0 /
-# q4_0 blocks (~1.9x / ~3.6x the tokens of f16 in the same budget; llmd's CPU kernels only).
+# q4_0 blocks (~1.9x / ~3.6x the tokens of f16 in the same budget).
 KV_TYPES = ("f16", "q8_0", "q4_0")
 DEFAULT_KV_TYPE = "f16"
 

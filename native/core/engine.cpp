@@ -18,17 +18,10 @@ double ms_between(std::chrono::steady_clock::time_point a, std::chrono::steady_c
 namespace {
 KvShape kv_shape_for(const Model& model, const EngineOptions& options) {
   KvShape shape = model.kv_shape();
-  if (shape.host_storage) {
-    shape.type = options.kv_type;
-  } else if (kv_type_quantized(options.kv_type)) {
-    // Refused rather than served as float: a user who asked for q8_0 to fit a longer context
-    // would silently get half of it.
-    throw std::invalid_argument(std::string("KV type ") + kv_type_name(options.kv_type) +
-                                " is not supported on the " + model.info().backend +
-                                " backend: its KV lives in MLX arrays that MLX's attention reads as "
-                                "float, and quantized KV blocks exist only on llmd's CPU kernels "
-                                "(use --kv-type f16 there, or the CPU backend)");
-  }
+  // The CPU backend stores any type in the pool's blocks; a device backend keeps float KV in
+  // its own compute dtype (f16 is the default, not a demand) or GGML's blocks in MLX arrays
+  // (device_attention.h), whose bytes the pool then budgets.
+  if (shape.host_storage || kv_type_quantized(options.kv_type)) shape.type = options.kv_type;
   return shape;
 }
 }  // namespace

@@ -5,7 +5,7 @@ dequantizes them tile by tile.
 What a user notices: the same KV budget holds ~1.9x (q8_0) or ~3.6x (q4_0) the context of
 f16, the output stays close to f16's (q8_0: the same greedy tokens on most positions), the
 prefix cache and sessions give the same output as recomputing, and a KV type the backend
-cannot store is refused at load with a reason. The kernel checks build KV in the pool's own
+cannot hold (a head smaller than a block) is refused at load with a reason. The kernel checks build KV in the pool's own
 layout through the engine's write path and compare every attention variant this CPU runs with
 a float64 reference over the numbers the pool reads back; the quantizer itself is checked bit
 for bit against gguf's (llama.cpp's reference rounding).
@@ -211,12 +211,41 @@ def test_unknown_kv_type_is_refused_by_name(model_path: Path) -> None:
 
 
 @pytest.mark.parametrize("kv_type", QUANT_TYPES)
-def test_device_backend_refuses_quantized_kv_at_load(model_path: Path, kv_type: str) -> None:
-    """MLX's device path keeps KV in float arrays: asking it for q8_0 is a load error that
-    says so, never a silent float16 cache (on MLX's CPU device here; a GPU runs the same
-    code)."""
-    with pytest.raises(ValueError, match=f"KV type {kv_type} is not supported on the mlx-cpu"):
-        native.Engine(str(model_path), context_length=512, backend="mlx-cpu", kv_type=kv_type)
+def test_device_backend_stores_quantized_kv(
+    model_path: Path, text_tokens: list[int], kv_type: str
+) -> None:
+    """MLX's device path (on MLX's CPU device here; a GPU runs the same graph) keeps GGML's
+    codes and scales in its arrays: it reports the type and its real bytes per token, its
+    next-token distributions sit as close to its own f16 KV's as the CPU kernels' do, and a
+    reused prefix gives the tokens a fresh engine computes."""
+    from .conftest import run_all
+
+    def device(kv: str):  # type: ignore[no-untyped-def]
+        return native.Engine(str(model_path), context_length=1024, backend="mlx-cpu", kv_type=kv)
+
+    engine = device(kv_type)
+    kv = engine.kv_cache()
+    assert kv["type"] == kv_type and kv["attention"] == f"mlx:sdpa:{kv_type}"
+    assert kv["bytes_per_token"] == SMOLLM2_KV_ELEMENTS_PER_TOKEN // 32 * BYTES_PER_32[kv_type]
+    # Short cases: MLX's CPU kernels are slow (test_device_backend.py).
+    tokens = text_tokens[:60]
+    base = device("f16").score(tokens, 31).astype(np.float64)
+    other = engine.score(tokens, 31).astype(np.float64)
+
+    def log_probs(x: np.ndarray) -> np.ndarray:
+        m = x.max(axis=-1, keepdims=True)
+        return x - m - np.log(np.exp(x - m).sum(axis=-1, keepdims=True))
+
+    lb, lo = log_probs(base), log_probs(other)
+    kl = (np.exp(lb) * (lb - lo)).sum(-1).mean()
+    assert kl <= (0.02 if kv_type == "q8_0" else 0.5), kl
+    assert (lb.argmax(-1) == lo.argmax(-1)).mean() >= (0.85 if kv_type == "q8_0" else 0.6)
+    prompt = text_tokens[:100]
+    run_all(engine, {"a": {"prompt": prompt[:70], "max_tokens": 1}})
+    reused = run_all(engine, {"b": {"prompt": prompt, "max_tokens": 6}})["b"]
+    assert reused["done"]["cached_tokens"] >= 64
+    fresh = run_all(device(kv_type), {"c": {"prompt": prompt, "max_tokens": 6}})["c"]
+    assert reused["tokens"] == fresh["tokens"]
 
 
 @pytest.mark.parametrize("path", [p for p in PATHS if p in ("avx2", "scalar")])

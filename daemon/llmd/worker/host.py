@@ -260,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
         "--kv-type",
         default="f16",
         choices=KV_TYPES,
-        help="element type of the KV cache: f16, or GGML's q8_0 / q4_0 blocks (CPU backend)",
+        help="element type of the KV cache: f16, or GGML's q8_0 / q4_0 blocks",
     )
     parser.add_argument(
         "--backend",
