@@ -176,7 +176,7 @@ def llamacpp_speed(
 ) -> dict[str, float]:
     """llama-bench: pp of `prompt_len` tokens, and tg64 after `prompt_len` tokens of depth."""
     args = [str(binary / "llama-bench"), "-m", model, "-t", str(threads), "-r", "2", "-o", "json"]
-    args += ["-ctk", kv_type, "-ctv", kv_type, "-fa", "1"]
+    args += ["-ctk", kv_type, "-ctv", kv_type, "-fa", "on"]
     pp = json.loads(
         subprocess.run(
             [*args, "-p", str(prompt_len), "-n", "0"], capture_output=True, text=True, check=True
@@ -212,7 +212,7 @@ def main() -> None:
     args = ap.parse_args()
     model = args.model or default_model()
     text = corpus_text()
-    have_llamacpp = not args.no_llamacpp and (args.bin / "llama-perplexity").exists()
+    have_llamacpp = not args.no_llamacpp and (args.bin / "llama-bench").exists()
 
     import llmd._engine as native
 
@@ -238,7 +238,7 @@ def main() -> None:
     ref_kl: dict = {}
     ref_speed: dict = {}
     if have_llamacpp:
-        if not args.no_kl:
+        if not args.no_kl and (args.bin / "llama-perplexity").exists():
             with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as f:
                 f.write(text)
             ref_kl = llamacpp_kl(args.bin, model, Path(f.name), args.ctx, args.chunks, args.threads)
