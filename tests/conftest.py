@@ -73,6 +73,7 @@ def fake_launcher(**settings: str | int | float) -> FakeLauncher:
         threads: int | None = None,
         kv_budget_bytes: int | None = None,
         max_sequences: int | None = None,
+        kv_type: str | None = None,
     ) -> tuple[list[str], dict[str, str]]:
         argv = [sys.executable, str(FAKE_WORKER), "--model", model_path]
         if context_length:
@@ -81,6 +82,8 @@ def fake_launcher(**settings: str | int | float) -> FakeLauncher:
             argv += ["--kv-budget", str(kv_budget_bytes)]
         if max_sequences:
             argv += ["--max-sequences", str(max_sequences)]
+        if kv_type:
+            argv += ["--kv-type", kv_type]
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [source_root, env.get("PYTHONPATH")]))
         for key, value in settings.items():

@@ -27,7 +27,7 @@ from . import __version__
 from .catalog import DEFAULT_MODEL, load_catalog
 from .instance import AlreadyRunning, running_pid
 from .keep_alive import parse_keep_alive
-from .limits import DEFAULT_MAX_LOADED, DEFAULT_QUEUE_LIMIT, parse_size
+from .limits import DEFAULT_KV_TYPE, DEFAULT_MAX_LOADED, DEFAULT_QUEUE_LIMIT, KV_TYPES, parse_size
 from .paths import DEFAULT_HOST, DEFAULT_PORT, get_paths
 from .remote_cli import remote
 from .security import SecurityConfig
@@ -122,6 +122,15 @@ def serve_options(command: Callable[..., Any]) -> Callable[..., Any]:
             default="auto",
             show_default=True,
             help="KV cache memory per model (e.g. 2GiB, 512MiB); auto: a quarter of free memory.",
+        ),
+        click.option(
+            "--kv-type",
+            type=click.Choice(KV_TYPES),
+            default=DEFAULT_KV_TYPE,
+            show_default=True,
+            help="KV cache element type: f16, or GGML's q8_0 / q4_0 blocks (about 1.9x / 3.6x "
+            "the context in the same --kv-budget, at some quality cost). "
+            "A model's own setting (`llmd set NAME --kv-type`) wins.",
         ),
         click.option(
             "--session-ttl",
@@ -267,6 +276,7 @@ def serve(
     max_sequences: int,
     queue_limit: int,
     kv_budget: str,
+    kv_type: str,
     session_ttl: float,
     max_sessions: int,
     keep_alive: str,
@@ -320,6 +330,7 @@ def serve(
                 max_sequences=max_sequences,
                 queue_limit=queue_limit,
                 kv_budget_bytes=_size_option(kv_budget, "--kv-budget"),
+                kv_type=kv_type,
                 session_ttl=session_ttl,
                 max_sessions=max_sessions,
                 keep_alive=keep_alive_s,
@@ -675,19 +686,21 @@ def status(as_json: bool) -> None:
 @main.command()
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def ps(as_json: bool) -> None:
-    """List the loaded models (as `ollama ps`): state, backend, memory, sequences, and when
-    each unloads."""
+    """List the loaded models (as `ollama ps`): state, backend, KV cache type, memory,
+    sequences, and when each unloads."""
     info = _daemon_status(str(get_paths().socket))
     if as_json:
         click.echo(json.dumps(info["models"], indent=2))
         return
-    click.echo(f"{'NAME':24} {'STATE':10} {'BACKEND':10} {'MEMORY':>10} {'SEQS':>5}  UNTIL")
+    click.echo(
+        f"{'NAME':24} {'STATE':10} {'BACKEND':10} {'KV':5} {'MEMORY':>10} {'SEQS':>5}  UNTIL"
+    )
     for m in info["models"]:
         e = m.get("engine", {})
         click.echo(
             f"{m['name']:24} {m.get('state', '?'):10} {m.get('backend', '-'):10} "
-            f"{_mib(m.get('rss_bytes')):>10} {e.get('active_sequences', 0):>5}  "
-            f"{_until(m.get('expires_at'))}"
+            f"{m.get('kv_type') or '-':5} {_mib(m.get('rss_bytes')):>10} "
+            f"{e.get('active_sequences', 0):>5}  {_until(m.get('expires_at'))}"
         )
 
 
@@ -975,6 +988,7 @@ def show(name: str, as_json: bool, template_only: bool) -> None:
             ", ".join(f"{k} {v}" for k, v in (facts.get("tensor_types") or {}).items()),
         ),
         ("engine", facts.get("engine")),
+        ("kv type", facts.get("kv_type")),
         ("license", facts.get("license")),
         ("source", facts.get("source")),
         ("digest", facts.get("digest")),
@@ -1043,6 +1057,27 @@ def rm(name: str, force: bool) -> None:
     except StoreError as exc:
         raise click.ClickException(str(exc)) from exc
     click.echo(f"removed {name}")
+
+
+@main.command(name="set")
+@click.argument("name")
+@click.option(
+    "--kv-type",
+    type=click.Choice((*KV_TYPES, "default")),
+    required=True,
+    help="This model's KV cache element type; default: follow the daemon's --kv-type.",
+)
+def set_model(name: str, kv_type: str) -> None:
+    """Change NAME's own load settings (kept in its manifest; `llmd cp` first to keep the
+    original as it is). A loaded model reloads with them on its next request."""
+    try:
+        record = ModelStore(get_paths()).configure(
+            name, kv_type="" if kv_type == "default" else kv_type
+        )
+    except StoreError as exc:
+        raise click.ClickException(str(exc)) from exc
+    setting = record.kv_type or "default (the daemon's --kv-type)"
+    click.echo(f"{record.name}: kv_type {setting}")
 
 
 @main.command()

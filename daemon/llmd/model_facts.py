@@ -29,6 +29,7 @@ def describe(record: ModelRecord) -> dict[str, Any]:
         "modified": record.modified,
         "note": record.note,
         "path": record.path,
+        "kv_type": record.kv_type,  # the model's own --kv-type ("": the daemon's)
     }
     path = Path(record.path)
     if record.format == "gguf":

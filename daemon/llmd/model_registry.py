@@ -64,6 +64,7 @@ class ModelRegistry:
         max_loaded: int = DEFAULT_MAX_LOADED,
         memory_budget: int | None = None,
         speculative_max_draft: int = 0,
+        kv_type: str | None = None,
     ) -> None:
         self.store = store
         self.speculative_max_draft = speculative_max_draft
@@ -73,6 +74,7 @@ class ModelRegistry:
         self.queue_limit = queue_limit
         self.kv_budget_bytes = kv_budget_bytes
         self.max_sequences = max_sequences
+        self.kv_type = kv_type  # --kv-type; a model's own setting (ModelRecord.kv_type) wins
         self.policy = policy or RestartPolicy()
         self.keep_alive = keep_alive
         self.max_loaded = max_loaded
@@ -97,6 +99,9 @@ class ModelRegistry:
             current = self._models.get(name)
             if current is not None and (record is None or record.path != current.record.path):
                 await self.unload(name, why="its files changed")
+                current = None
+            elif current is not None and record.kv_type != current.record.kv_type:
+                await self.unload(name, why="its KV type setting changed")
                 current = None
             if record is None:
                 raise model_not_found(name, install_hint(name))
@@ -132,6 +137,7 @@ class ModelRegistry:
             queue_limit=self.queue_limit,
             kv_budget_bytes=self.kv_budget_bytes,
             max_sequences=self.max_sequences,
+            kv_type=record.kv_type or self.kv_type,
         )
 
     def _estimate(self, record: ModelRecord) -> int:

@@ -245,6 +245,7 @@ def create_app(
     security: SecurityConfig | None = None,
     stream_keepalive: float = DEFAULT_STREAM_KEEPALIVE,
     default_max_tokens: int | None = None,
+    kv_type: str | None = None,
 ) -> web.Application:
     """The aiohttp app; `worker_launcher` replaces the real worker (tests use a fake one)."""
     security = security or SecurityConfig()
@@ -276,6 +277,7 @@ def create_app(
         max_loaded=max_loaded,
         memory_budget=memory_budget,
         speculative_max_draft=speculative_max_draft,
+        kv_type=kv_type,
     )
     app[REGISTRY] = registry
     registry.metrics = Metrics()

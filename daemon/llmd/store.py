@@ -100,6 +100,8 @@ class ModelRecord:
     pooling: str = ""
     normalize: bool = False
     matryoshka: bool = False  # trained for truncation: `dimensions` allowed
+    # The model's own KV cache type (`llmd set NAME --kv-type`); "": the daemon's --kv-type.
+    kv_type: str = ""
 
     def to_json(self) -> dict[str, object]:
         return asdict(self)
@@ -375,6 +377,16 @@ class ModelStore:
         return self.write_manifest(
             dataclasses.replace(record, name=dst, modified=time.time(), source=record.source)
         )
+
+    def configure(self, name: str, *, kv_type: str) -> ModelRecord:
+        """`llmd set`: the model's own load settings, written into its manifest. A model served
+        from a Python package is pinned into the store first (as `copy` does)."""
+        record = self.resolve(name)
+        if record is None:
+            raise StoreError(f"model '{name}' is not installed", code="model_not_found", status=404)
+        if record.source.startswith("package:"):
+            record = self.pull(name, name)
+        return self.write_manifest(dataclasses.replace(record, kv_type=kv_type))
 
     def remove(self, name: str) -> ModelRecord:
         """Delete the manifest; the weights go once no other manifest refers to them."""

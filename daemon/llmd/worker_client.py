@@ -33,6 +33,7 @@ class WorkerLauncher(Protocol):
         threads: int | None = None,
         kv_budget_bytes: int | None = None,
         max_sequences: int | None = None,
+        kv_type: str | None = None,
     ) -> tuple[list[str], dict[str, str]]: ...
 
 
@@ -78,6 +79,7 @@ class WorkerClient:
         queue_limit: int | None = None,
         kv_budget_bytes: int | None = None,
         max_sequences: int | None = None,
+        kv_type: str | None = None,
     ) -> None:
         self.model_path = model_path
         self.context_length = context_length
@@ -86,6 +88,7 @@ class WorkerClient:
         self.queue_limit = queue_limit
         self.kv_budget_bytes = kv_budget_bytes
         self.max_sequences = max_sequences
+        self.kv_type = kv_type  # None: the worker's default (f16)
         self.launcher = launcher or default_launcher()
         self.name = name or model_path
         self.ready: p.Ready | None = None
@@ -103,7 +106,11 @@ class WorkerClient:
         self.exited: asyncio.Future[int] = asyncio.get_running_loop().create_future()
 
     async def start(self, timeout: float = 300.0) -> p.Ready:
-        given = {"kv_budget_bytes": self.kv_budget_bytes, "max_sequences": self.max_sequences}
+        given = {
+            "kv_budget_bytes": self.kv_budget_bytes,
+            "max_sequences": self.max_sequences,
+            "kv_type": self.kv_type,
+        }
         options = {k: v for k, v in given.items() if v}
         argv, env = self.launcher(
             self.model_path, context_length=self.context_length, threads=self.threads, **options

@@ -12,6 +12,7 @@
 #include "../mlx/kernels/pack8.h"
 #include "../mlx/kernels/qgemm.h"
 #include "engine.h"
+#include "kv_quant.h"
 #include "op_profile.h"
 #include "thread_pool.h"
 
@@ -136,7 +137,7 @@ std::string attention_report(const KvShape& kv) {
 std::unique_ptr<Engine> make_engine(const std::string& path, int context_length, int max_sequences,
                                     int step_token_budget, size_t kv_budget_bytes, const py::dict& hf_config,
                                     const std::string& backend, const std::string& kv_type) {
-  if (kv_type != "f16" && kv_type != "f32") throw std::invalid_argument("kv_type must be f16 or f32");
+  const KvType type = kv_type_named(kv_type);
   Metadata hf = metadata_from_dict(hf_config);
   py::gil_scoped_release release;
   LoadOptions load;
@@ -148,7 +149,7 @@ std::unique_ptr<Engine> make_engine(const std::string& path, int context_length,
   opts.step_token_budget = step_token_budget;
   opts.kv_budget_bytes = kv_budget_bytes;
   opts.context_length = context_length;
-  opts.kv_type = kv_type == "f32" ? KvType::F32 : KvType::F16;
+  opts.kv_type = type;
   return std::make_unique<Engine>(std::move(model), opts);
 }
 
@@ -230,14 +231,14 @@ py::array_t<float> kernel_attention(py::array_t<float, py::array::c_style> q, py
     throw std::invalid_argument("kernel path '" + isa + "' is not runnable on this CPU");
   }
   const AttentionKernels& ak = isa.empty() ? attention_kernels() : attention_kernels_for(isa);
-  if (kv_type != "f16" && kv_type != "f32") throw std::invalid_argument("kv_type must be f16 or f32");
-  const bool f16 = kv_type == "f16";
+  const KvType type = kv_type_named(kv_type);
   if (q.ndim() != 2 || k.ndim() != 2 || v.ndim() != 2) throw std::invalid_argument("q, k, v must be 2-D");
   const int rows = static_cast<int>(q.shape(0));
   const int hd = static_cast<int>(q.shape(1));
   const int n = static_cast<int>(k.shape(0));
-  if (hd % 16 != 0 || k.shape(1) != hd || v.shape(0) != n || v.shape(1) != hd) {
-    throw std::invalid_argument("q [rows, d], k and v [n, d] with d a multiple of 16");
+  const int multiple = kv_type_quantized(type) ? 32 : 16;
+  if (hd % multiple != 0 || k.shape(1) != hd || v.shape(0) != n || v.shape(1) != hd) {
+    throw std::invalid_argument("q [rows, d], k and v [n, d] with d a multiple of " + std::to_string(multiple));
   }
   if (static_cast<int>(n_pos.size()) != rows || static_cast<int>(first_pos.size()) != rows) {
     throw std::invalid_argument("n_pos and first_pos need one entry per row");
@@ -248,33 +249,41 @@ py::array_t<float> kernel_attention(py::array_t<float, py::array::c_style> q, py
     }
   }
   if (tile_rows < 1 || tile_rows > kMaxTileRows) throw std::invalid_argument("tile_rows must be 1.." + std::to_string(kMaxTileRows));
+  // One KV head's parts of `nb` pool blocks, written by the engine's own write path.
   constexpr int BT = KvPool::kBlockTokens;
   const int nb = (n + BT - 1) / BT;
   const size_t elems = static_cast<size_t>(BT) * hd;
-  std::vector<float> kf(nb * elems, 0.f), vf(nb * elems, 0.f);
-  std::vector<uint16_t> kh(nb * elems, 0), vh(nb * elems, 0);
+  KvShape shape;
+  shape.type = type;
+  const size_t part = shape.bytes_of(elems);
+  std::vector<std::byte> kbytes(nb * part), vbytes(nb * part);
   std::vector<uint16_t> row(hd);
   for (int j = 0; j < n; ++j) {
-    const size_t blk = static_cast<size_t>(j / BT) * elems;
+    std::byte* kp = kbytes.data() + static_cast<size_t>(j / BT) * part;
+    std::byte* vp = vbytes.data() + static_cast<size_t>(j / BT) * part;
     const int off = j % BT;
     const float* kj = k.data() + static_cast<size_t>(j) * hd;
     const float* vj = v.data() + static_cast<size_t>(j) * hd;
-    ak.floats_to_halves(kj, row.data(), hd);
-    for (int d = 0; d < hd; ++d) {
-      kf[blk + static_cast<size_t>(d) * BT + off] = kj[d];
-      kh[blk + static_cast<size_t>(d) * BT + off] = row[d];
+    if (kv_type_quantized(type)) {
+      kv_quant::write_key(type, kp, off, kj, hd, BT);
+      kv_quant::write_value(type, vp, off, vj, hd, BT);
+    } else if (type == KvType::F16) {
+      ak.floats_to_halves(kj, row.data(), hd);
+      for (int d = 0; d < hd; ++d) reinterpret_cast<uint16_t*>(kp)[static_cast<size_t>(d) * BT + off] = row[d];
+      ak.floats_to_halves(vj, reinterpret_cast<uint16_t*>(vp) + static_cast<size_t>(off) * hd, hd);
+    } else {
+      for (int d = 0; d < hd; ++d) reinterpret_cast<float*>(kp)[static_cast<size_t>(d) * BT + off] = kj[d];
+      std::memcpy(reinterpret_cast<float*>(vp) + static_cast<size_t>(off) * hd, vj, hd * sizeof(float));
     }
-    std::memcpy(vf.data() + blk + static_cast<size_t>(off) * hd, vj, hd * sizeof(float));
-    ak.floats_to_halves(vj, vh.data() + blk + static_cast<size_t>(off) * hd, hd);
   }
   std::vector<const void*> kb(nb), vb(nb);
   for (int b = 0; b < nb; ++b) {
-    kb[b] = f16 ? static_cast<const void*>(kh.data() + b * elems) : static_cast<const void*>(kf.data() + b * elems);
-    vb[b] = f16 ? static_cast<const void*>(vh.data() + b * elems) : static_cast<const void*>(vf.data() + b * elems);
+    kb[b] = kbytes.data() + b * part;
+    vb[b] = vbytes.data() + b * part;
   }
   py::array_t<float> out({rows, hd});
   std::vector<float> scratch(attention_scratch_floats(hd));
-  const AttendTileFn attend = ak.attend(f16 ? KvType::F16 : KvType::F32);
+  const AttendTileFn attend = ak.attend(type);
   for (int r0 = 0; r0 < rows; r0 += tile_rows) {
     AttentionTile tile;
     tile.rows = std::min(tile_rows, rows - r0);
@@ -287,6 +296,32 @@ py::array_t<float> kernel_attention(py::array_t<float, py::array::c_style> q, py
     attend(tile, kb.data(), vb.data(), hd, BT, scratch.data());
   }
   return out;
+}
+
+// Keys and values [n, d] as a pool of `kv_type` stores them and attention reads them back
+// (the write path's rounding, then exact dequantization): what tests compare attention with.
+std::pair<py::array_t<float>, py::array_t<float>> kv_roundtrip(py::array_t<float, py::array::c_style> k,
+                                                               py::array_t<float, py::array::c_style> v,
+                                                               const std::string& kv_type) {
+  const KvType type = kv_type_named(kv_type);
+  if (!kv_type_quantized(type)) throw std::invalid_argument("kv_roundtrip is for quantized KV types");
+  if (k.ndim() != 2 || v.ndim() != 2 || k.shape(0) != v.shape(0) || k.shape(1) != v.shape(1) || k.shape(1) % 32 != 0) {
+    throw std::invalid_argument("k and v must both be [n, d] with d a multiple of 32");
+  }
+  const int n = static_cast<int>(k.shape(0));
+  const int hd = static_cast<int>(k.shape(1));
+  constexpr int BT = KvPool::kBlockTokens;
+  KvShape shape;
+  shape.type = type;
+  std::vector<std::byte> kp(shape.bytes_of(static_cast<size_t>(BT) * hd)), vp(kp.size());
+  py::array_t<float> ko({n, hd}), vo({n, hd});
+  for (int j = 0; j < n; ++j) {
+    const size_t at = static_cast<size_t>(j) * hd;
+    kv_quant::write_key(type, kp.data(), j % BT, k.data() + at, hd, BT);
+    kv_quant::write_value(type, vp.data(), j % BT, v.data() + at, hd, BT);
+    kv_quant::read_position(type, kp.data(), vp.data(), j % BT, hd, BT, ko.mutable_data() + at, vo.mutable_data() + at);
+  }
+  return {ko, vo};
 }
 
 py::array_t<float> kernel_gemm(const std::string& type, py::array_t<uint8_t, py::array::c_style> w, int n, int k,
@@ -597,7 +632,10 @@ PYBIND11_MODULE(_engine, m) {
   m.def("kernel_attention", &kernel_attention, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("n_pos"),
         py::arg("first_pos"), py::arg("kv_type") = "f16", py::arg("isa") = "", py::arg("tile_rows") = 1,
         "out[r] = softmax(q[r] . k[first_pos[r]:n_pos[r]]) v[...] with llmd's attention kernel over "
-        "pool-layout KV stored as kv_type (q pre-scaled), on the variant of kernel path `isa`.");
+        "pool-layout KV stored as kv_type (f32, f16, q8_0, q4_0; q pre-scaled), on the variant of kernel "
+        "path `isa`.");
+  m.def("kv_roundtrip", &kv_roundtrip, py::arg("k"), py::arg("v"), py::arg("kv_type"),
+        "(k, v) [n, d] as a KV pool of quantized kv_type stores and reads them back.");
   m.def("attention_kernel_path", [](const std::string& isa) {
     if (!isa.empty() && !kernels::table_named(isa)) {
       throw std::invalid_argument("kernel path '" + isa + "' is not runnable on this CPU");

@@ -20,7 +20,10 @@ constexpr int kMaxDraft = 32;  // drafted tokens per sequence and step, at most
 
 KvShape kv_shape_for(const Model& model, const EngineOptions& options) {
   KvShape shape = model.kv_shape();
-  if (shape.host_storage) shape.type = options.kv_type;
+  // The CPU backend stores any type in the pool's blocks; a device backend keeps float KV in
+  // its own compute dtype (f16 is the default, not a demand) or GGML's blocks in MLX arrays
+  // (device_attention.h), whose bytes the pool then budgets.
+  if (shape.host_storage || kv_type_quantized(options.kv_type)) shape.type = options.kv_type;
   return shape;
 }
 }  // namespace

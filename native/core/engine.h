@@ -88,8 +88,8 @@ struct EngineOptions {
   int step_token_budget = 512;  // tokens per forward pass (decode rows + prefill chunk)
   size_t kv_budget_bytes = size_t{1} << 30;
   int context_length = 0;       // 0: the model's trained context; may exceed it (positions computed alike)
-  // Element type of the CPU backend's KV blocks (a device backend keeps its own dtype). F32 is
-  // for checks against float32 references; the later --kv-type option will set this.
+  // Element type of the KV blocks (--kv-type; a device backend keeps its own float dtype
+  // unless Q8_0/Q4_0 is asked for). F32 is for checks against float32 references.
   KvType kv_type = KvType::F16;
 };
 

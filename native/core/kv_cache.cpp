@@ -5,6 +5,7 @@
 #include <cstring>
 #include <new>
 #include <stdexcept>
+#include <string>
 #include <utility>
 
 namespace llmd {
@@ -19,6 +20,13 @@ std::byte* aligned_bytes(size_t bytes) {
 }
 }  // namespace
 
+KvType kv_type_named(const std::string& name) {
+  for (KvType t : {KvType::F16, KvType::Q8_0, KvType::Q4_0, KvType::F32}) {
+    if (name == kv_type_name(t)) return t;
+  }
+  throw std::invalid_argument("unknown KV type '" + name + "': choose f16, q8_0 or q4_0");
+}
+
 int KvShape::windowed_layers() const {
   int n = 0;
   for (int l = 0; l < n_layers; ++l) n += is_windowed(l) ? 1 : 0;
@@ -32,6 +40,12 @@ KvPool::KvPool(KvShape shape, size_t budget_bytes)
     throw std::invalid_argument("KvShape: per-layer KV shapes must name every layer");
   }
   for (int l = 0; l < shape_.n_layers; ++l) {
+    // A quantization block is 32 numbers of one position along head_dim.
+    if (kv_type_quantized(shape_.type) && shape_.kv_heads_of(l) > 0 && shape_.head_dim_of(l) % 32 != 0) {
+      throw std::invalid_argument(std::string("KV type ") + kv_type_name(shape_.type) + " needs a head size that is a " +
+                                  "multiple of 32; layer " + std::to_string(l) + " has " +
+                                  std::to_string(shape_.head_dim_of(l)) + " (use --kv-type f16)");
+    }
     size_t& part = shape_.is_windowed(l) ? window_elements_ : block_elements_;
     layer_offset_.push_back(part);
     part += shape_.layer_elements(l) * kBlockTokens;

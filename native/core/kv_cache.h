@@ -11,6 +11,7 @@
 #include <functional>
 #include <list>
 #include <memory>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -31,13 +32,44 @@ class SequenceState {
 
 // The element type of stored keys and values. A property of the pool, not of a layer: every
 // byte count (block_bytes, the budget's capacity) and every reader follows it. The CPU backend
-// stores F16 (llama.cpp's default KV type too: half the memory of F32 per token, and attention
-// reads half the bytes); F32 stays for tests and for the device backend's bookkeeping of its
-// float32 arrays on MLX's CPU device. Quantized types (q8_0, q4_0) are meant to join this enum.
-enum class KvType { F32, F16 };
+// stores F16 by default (llama.cpp's default KV type too: half the memory of F32 per token, and
+// attention reads half the bytes); F32 stays for tests and for the device backend's bookkeeping
+// of its float32 arrays on MLX's CPU device. Q8_0 and Q4_0 (--kv-type) are GGML's blocks: 32
+// numbers along head_dim share one float16 scale, 8 or 4 bits each, so a position costs what
+// llama.cpp's -ctk/-ctv q8_0 / q4_0 cost (34 and 18 bytes per 32 numbers: kv_quant.h has the
+// layout inside a block and the rounding).
+enum class KvType { F32, F16, Q8_0, Q4_0 };
 
-inline int kv_type_bytes(KvType t) { return t == KvType::F16 ? 2 : 4; }
-inline const char* kv_type_name(KvType t) { return t == KvType::F16 ? "f16" : "f32"; }
+// Bytes that 32 stored numbers take (a quantization block of Q8_0/Q4_0, its scale included).
+inline int kv_type_bytes_per_32(KvType t) {
+  switch (t) {
+    case KvType::F32:
+      return 128;
+    case KvType::F16:
+      return 64;
+    case KvType::Q8_0:
+      return 34;
+    case KvType::Q4_0:
+      return 18;
+  }
+  return 0;
+}
+inline bool kv_type_quantized(KvType t) { return t == KvType::Q8_0 || t == KvType::Q4_0; }
+inline const char* kv_type_name(KvType t) {
+  switch (t) {
+    case KvType::F32:
+      return "f32";
+    case KvType::F16:
+      return "f16";
+    case KvType::Q8_0:
+      return "q8_0";
+    case KvType::Q4_0:
+      return "q4_0";
+  }
+  return "?";
+}
+// "f32", "f16", "q8_0", "q4_0"; throws std::invalid_argument naming the choices otherwise.
+KvType kv_type_named(const std::string& name);
 
 struct KvShape {
   int n_layers = 0;
@@ -49,7 +81,8 @@ struct KvShape {
   // allocation, sharing, budget and LRU eviction.
   bool host_storage = true;
   KvType type = KvType::F16;
-  int element_bytes() const { return kv_type_bytes(type); }
+  // Bytes of n stored numbers (n a multiple of 32; every head's part of a block is).
+  size_t bytes_of(size_t n) const { return n / 32 * kv_type_bytes_per_32(type); }
   // Layers of different shapes (Gemma 4: full-attention layers have their own head size and
   // KV-head count): one entry per layer, or empty when every layer has n_kv_heads x head_dim.
   // A layer with 0 KV heads stores nothing (it reads an earlier layer's KV: KV sharing).
@@ -87,8 +120,8 @@ class KvPool {
 
   const KvShape& shape() const { return shape_; }
   // Bytes of a block's full-attention layers, and of its window part (0 without windows).
-  size_t block_bytes() const { return block_elements_ * shape_.element_bytes(); }
-  size_t window_part_bytes() const { return window_elements_ * shape_.element_bytes(); }
+  size_t block_bytes() const { return shape_.bytes_of(block_elements_); }
+  size_t window_part_bytes() const { return shape_.bytes_of(window_elements_); }
   // Bytes one more position of context costs (every layer, windowed ones included), and the
   // positions the budget holds in full blocks: what the KV type buys a user.
   size_t bytes_per_token() const { return (block_bytes() + window_part_bytes()) / kBlockTokens; }
@@ -134,11 +167,11 @@ class KvPool {
   bool referenced(int block) const { return refs_[block] > 0; }
   void set_evict_callback(std::function<void(int)> on_evict) { on_evict_ = std::move(on_evict); }
 
-  // One head of one layer in a block (the layer's own head_dim: KvShape::head_dim_of), as
-  // elements of shape().type (uint16_t bits for F16, float for F32). Keys are stored
-  // transposed, [head_dim][kBlockTokens], so attention scores 8 or 16 positions per vector op
-  // without horizontal sums; values are [kBlockTokens][head_dim]. Blocks are 64-byte aligned.
-  // Host storage only (shape().host_storage).
+  // One head of one layer in a block (the layer's own head_dim: KvShape::head_dim_of), in
+  // shape().type (uint16_t bits for F16, float for F32; kv_quant.h's planes for Q8_0/Q4_0).
+  // Keys are stored transposed, [head_dim][kBlockTokens], so attention scores 8 or 16
+  // positions per vector op without horizontal sums; values are [kBlockTokens][head_dim].
+  // Blocks and every head's part are 64-byte aligned. Host storage only (shape().host_storage).
   void* keys(int block, int layer, int head) { return at(block, layer, 0, head); }
   void* values(int block, int layer, int head) { return at(block, layer, 1, head); }
 
@@ -147,7 +180,7 @@ class KvPool {
     const size_t off = layer_offset_[layer] + (static_cast<size_t>(kv) * shape_.kv_heads_of(layer) + head) *
                                                    kBlockTokens * shape_.head_dim_of(layer);
     std::byte* base = shape_.is_windowed(layer) ? window_storage_[window_slot_[block]].get() : storage_[block].get();
-    return base + off * shape_.element_bytes();
+    return base + shape_.bytes_of(off);
   }
   bool evict_one();       // the least recently used idle block back to free_; false if none
   int take_window_slot();  // -1 when the budget has no room even after evictions

@@ -5,7 +5,8 @@
 // kernels: the variant follows kernels::active_table(), so LLMD_CPU_PATH forces attention down
 // too and every variant is testable on a CPU that runs it. Keys and values are read in the KV
 // pool's element type (KvType), float16 converted in registers as it is loaded (or once per KV
-// tile when many queries share it).
+// tile when many queries share it), q8_0 / q4_0 blocks dequantized once per KV tile into a
+// float32 tile buffer.
 #pragma once
 
 #include <cstdint>
@@ -40,7 +41,8 @@ constexpr size_t attention_scratch_floats(int head_dim) {
 
 // k_blocks[b]: [head_dim][block_tokens] transposed keys of block b; v_blocks[b]:
 // [block_tokens][head_dim] values, both of the kernel's element type (float, or uint16_t
-// halves). `scratch` holds attention_scratch_floats(head_dim) floats. Query r attends to
+// halves; a quantized kernel takes one head's key and value parts in kv_quant.h's layout, and
+// head_dim a multiple of 32). `scratch` holds attention_scratch_floats(head_dim) floats. Query r attends to
 // positions first_pos[r] .. n_pos[r] - 1; blocks wholly before every query's window are not
 // read. head_dim is a multiple of 16.
 using AttendTileFn = void (*)(const AttentionTile& tile, const void* const* k_blocks, const void* const* v_blocks,
@@ -50,10 +52,24 @@ struct AttentionKernels {
   const char* isa;  // "avx512", "avx2" or "generic" (portable vectors: SSE2 on x86, NEON on arm64)
   AttendTileFn attend_f32;
   AttendTileFn attend_f16;
+  AttendTileFn attend_q8_0;
+  AttendTileFn attend_q4_0;
   // IEEE halves of x[0..n), rounded to nearest even (the KV write path).
   void (*floats_to_halves)(const float* x, uint16_t* out, int n);
 
-  AttendTileFn attend(KvType type) const { return type == KvType::F16 ? attend_f16 : attend_f32; }
+  AttendTileFn attend(KvType type) const {
+    switch (type) {
+      case KvType::F16:
+        return attend_f16;
+      case KvType::Q8_0:
+        return attend_q8_0;
+      case KvType::Q4_0:
+        return attend_q4_0;
+      case KvType::F32:
+        break;
+    }
+    return attend_f32;
+  }
 };
 
 // The variant for a matmul kernel path ("avx512vnni", "avx2", "scalar", "neon", ...), and the

@@ -47,6 +47,51 @@ mx::array attend(const mx::array& q, const mx::array& k, const mx::array& v, flo
   return mx::reshape(o, {b, h, lq, hd});
 }
 
+// GGML's q8_0 / q4_0 rounding (kv_quant.h) of rows x [rows, width] in MLX ops: the codes
+// ([rows, width] int8, or [rows, width / 2] uint8 in GGML's nibble order) and the float16
+// scales [rows, width / 32].
+std::pair<mx::array, mx::array> quantize_rows(const mx::array& x, KvType type) {
+  const int rows = x.shape(0), width = x.shape(1), blocks = width / 32;
+  const mx::array b = mx::reshape(mx::astype(x, mx::float32), {rows, blocks, 32});
+  const mx::array zero(0.f);
+  if (type == KvType::Q8_0) {
+    const mx::array d = mx::divide(mx::max(mx::abs(b), -1, true), mx::array(127.f));
+    const mx::array id = mx::where(mx::equal(d, zero), zero, mx::reciprocal(d));
+    // roundf: halves away from zero (mx::round rounds them to even).
+    const mx::array y = mx::multiply(b, id);
+    const mx::array q = mx::multiply(mx::sign(y), mx::floor(mx::add(mx::abs(y), mx::array(0.5f))));
+    return {mx::reshape(mx::astype(q, mx::int8), {rows, width}), mx::reshape(mx::astype(d, mx::float16), {rows, blocks})};
+  }
+  // q4_0: d = (the number of largest magnitude) / -8; code = min(15, trunc(x / d + 8.5)).
+  const mx::array m = mx::take_along_axis(b, mx::argmax(mx::abs(b), -1, true), -1);
+  const mx::array d = mx::divide(m, mx::array(-8.f));
+  const mx::array id = mx::where(mx::equal(d, zero), zero, mx::reciprocal(d));
+  const mx::array q = mx::astype(mx::minimum(mx::floor(mx::add(mx::multiply(b, id), mx::array(8.5f))), mx::array(15.f)),
+                                 mx::uint8);
+  const mx::array lo = mx::slice(q, {0, 0, 0}, {rows, blocks, 16});
+  const mx::array hi = mx::slice(q, {0, 0, 16}, {rows, blocks, 32});
+  const mx::array packed = mx::bitwise_or(lo, mx::left_shift(hi, mx::array(4, mx::uint8)));
+  return {mx::reshape(packed, {rows, width / 2}), mx::reshape(mx::astype(d, mx::float16), {rows, blocks})};
+}
+
+// Rows of codes and their scales back to numbers [rows, width] in dtype `dt` (the product is
+// exact in float32, then rounded once to dt).
+mx::array dequantize_rows(const mx::array& codes, const mx::array& scales, KvType type, mx::Dtype dt) {
+  const int rows = codes.shape(0), blocks = scales.shape(1);
+  mx::array q = type == KvType::Q8_0 ? mx::reshape(codes, {rows, blocks, 32}) : mx::array(0);
+  if (type == KvType::Q4_0) {
+    const mx::array b = mx::reshape(codes, {rows, blocks, 16});
+    const mx::array lo = mx::bitwise_and(b, mx::array(15, mx::uint8));
+    const mx::array hi = mx::right_shift(b, mx::array(4, mx::uint8));
+    q = mx::subtract(mx::astype(mx::concatenate({lo, hi}, -1), mx::float32), mx::array(8.f));
+  }
+  const mx::array x = mx::multiply(mx::astype(q, mx::float32), mx::expand_dims(mx::astype(scales, mx::float32), -1));
+  return mx::astype(mx::reshape(x, {rows, blocks * 32}), dt);
+}
+
+// Width in elements of a layer's code array for `type` (two 4-bit codes a byte).
+int code_width(KvType type, int width) { return type == KvType::Q4_0 ? width / 2 : width; }
+
 }  // namespace
 
 void DeviceKvStore::copy_block(const KvPool& pool, int src, int dst) {
@@ -58,9 +103,12 @@ void DeviceKvStore::copy_block(const KvPool& pool, int src, int dst) {
     const bool windowed = shape_.is_windowed(l);
     const int from = windowed ? pool.window_slot(src) : src;
     const int to = windowed ? pool.window_slot(dst) : dst;
-    for (mx::array* a : {&keys_[l], &values_[l]}) {
-      mx::array block = mx::slice(*a, mx::Shape{from * BT, 0}, mx::Shape{(from + 1) * BT, width});
-      *a = mx::slice_update(*a, block, mx::Shape{to * BT, 0}, mx::Shape{(to + 1) * BT, width});
+    std::vector<mx::array*> arrays{&keys_[l], &values_[l]};
+    if (kv_type_quantized(shape_.type)) arrays.insert(arrays.end(), {&key_scales_[l], &value_scales_[l]});
+    for (mx::array* a : arrays) {
+      const int w = a->shape(1);
+      mx::array block = mx::slice(*a, mx::Shape{from * BT, 0}, mx::Shape{(from + 1) * BT, w});
+      *a = mx::slice_update(*a, block, mx::Shape{to * BT, 0}, mx::Shape{(to + 1) * BT, w});
       all.push_back(*a);
     }
   }
@@ -69,8 +117,13 @@ void DeviceKvStore::copy_block(const KvPool& pool, int src, int dst) {
 
 void DeviceKvStore::ensure(const KvPool& pool) {
   if (keys_.empty()) {
+    // The pool's type is the engine's --kv-type (the model's own shape only names its float
+    // dtype).
+    shape_.type = pool.shape().type;
     keys_.assign(shape_.n_layers, mx::array(0.f));
     values_.assign(shape_.n_layers, mx::array(0.f));
+    key_scales_.assign(shape_.n_layers, mx::array(0.f));
+    value_scales_.assign(shape_.n_layers, mx::array(0.f));
   }
   grow(false, blocks_, pool.created_blocks(), pool.capacity_blocks());
   if (shape_.windowed_layers() > 0) {
@@ -87,8 +140,18 @@ void DeviceKvStore::grow(bool windowed, size_t& have, size_t need, size_t max) {
     if (shape_.is_windowed(l) != windowed) continue;
     const int width = shape_.kv_heads_of(l) * shape_.head_dim_of(l);
     if (width == 0) continue;
-    for (mx::array* a : {&keys_[l], &values_[l]}) {
-      mx::array more = mx::zeros({extra, width}, device_compute_dtype());
+    const KvType t = shape_.type;
+    std::vector<std::pair<mx::array*, mx::array>> arrays;
+    if (kv_type_quantized(t)) {
+      const mx::Dtype codes = t == KvType::Q8_0 ? mx::int8 : mx::uint8;
+      for (mx::array* a : {&keys_[l], &values_[l]}) arrays.emplace_back(a, mx::zeros({extra, code_width(t, width)}, codes));
+      for (mx::array* a : {&key_scales_[l], &value_scales_[l]}) {
+        arrays.emplace_back(a, mx::zeros({extra, width / 32}, mx::float16));
+      }
+    } else {
+      for (mx::array* a : {&keys_[l], &values_[l]}) arrays.emplace_back(a, mx::zeros({extra, width}, device_compute_dtype()));
+    }
+    for (auto& [a, more] : arrays) {
       *a = have == 0 ? more : mx::concatenate({*a, more}, 0);
       all.push_back(*a);
     }
@@ -203,12 +266,33 @@ mx::array device_attention(const mx::array& qkv, const DeviceAttentionPlan& plan
   // The store's arrays are replaced by the scattered ones, so MLX updates them in place.
   mx::array& keys = kv.keys(layer);
   mx::array& values = kv.values(layer);
+  const KvType type = kv.type();
+  const bool quantized = kv_type_quantized(type);
   if (write_kv) {
-    mx::array k = mx::reshape(mx::slice(qk, {0, H, 0, 0}, {rows, H + KVH, 1, hd}), {rows, 1, kw});
-    mx::array v = mx::reshape(mx::slice(x, {0, qw + kw}, {rows, qw + 2 * kw}), {rows, 1, kw});
-    keys = mx::scatter(keys, {plan.write_slots}, k, {0});
-    values = mx::scatter(values, {plan.write_slots}, v, {0});
+    mx::array k = mx::reshape(mx::slice(qk, {0, H, 0, 0}, {rows, H + KVH, 1, hd}), {rows, kw});
+    mx::array v = mx::slice(x, {0, qw + kw}, {rows, qw + 2 * kw});
+    auto put = [&](mx::array& store, const mx::array& r) {
+      store = mx::scatter(store, {plan.write_slots}, mx::expand_dims(r, 1), {0});
+    };
+    if (quantized) {
+      auto [kq, ks] = quantize_rows(k, type);
+      auto [vq, vs] = quantize_rows(v, type);
+      put(keys, kq);
+      put(values, vq);
+      put(kv.key_scales(layer), ks);
+      put(kv.value_scales(layer), vs);
+    } else {
+      put(keys, k);
+      put(values, v);
+    }
   }
+  // Rows of a layer's keys or values picked by `pick` (a slice or a gather of the store),
+  // [n, kw] in the compute dtype: quantized rows are dequantized here, only those read.
+  auto kv_rows = [&](bool of_keys, const auto& pick) {
+    mx::array& store = of_keys ? keys : values;
+    if (!quantized) return pick(store);
+    return dequantize_rows(pick(store), pick(of_keys ? kv.key_scales(layer) : kv.value_scales(layer)), type, dt);
+  };
 
   std::vector<mx::array> outs;
   outs.reserve(plan.groups.size());
@@ -216,22 +300,26 @@ mx::array device_attention(const mx::array& qkv, const DeviceAttentionPlan& plan
     mx::array qg = plan.groups.size() == 1 ? q : mx::slice(q, {g.row0, 0, 0, 0}, {g.row0 + g.n_rows, H, 1, hd});
     if (g.batched_decode) {
       const int b = g.n_rows, lmax = g.gather.shape(1);
-      auto gathered = [&](const mx::array& store) {
-        return mx::transpose(mx::reshape(mx::take(store, g.gather, 0), {b, lmax, KVH, hd}), {0, 2, 1, 3});
+      auto gathered = [&](bool of_keys) {
+        const mx::array flat = mx::reshape(g.gather, {b * lmax});
+        mx::array r = kv_rows(of_keys, [&](const mx::array& a) { return mx::take(a, flat, 0); });
+        return mx::transpose(mx::reshape(r, {b, lmax, KVH, hd}), {0, 2, 1, 3});
       };
-      mx::array o = attend(qg, gathered(keys), gathered(values), shape.scale, g.mask, false);
+      mx::array o = attend(qg, gathered(true), gathered(false), shape.scale, g.mask, false);
       outs.push_back(mx::reshape(o, {b, qw}));
     } else {
       const int len = g.gather.shape(0);
       // [1, KVH, len, hd]: a view of the store when the slots are consecutive, else a gather.
-      auto read = [&](const mx::array& store) {
-        mx::array r = g.first_slot >= 0 ? mx::slice(store, {g.first_slot, 0}, {g.first_slot + len, kw})
-                                        : mx::take(store, g.gather, 0);
+      auto read = [&](bool of_keys) {
+        mx::array r = kv_rows(of_keys, [&](const mx::array& a) {
+          return g.first_slot >= 0 ? mx::slice(a, {g.first_slot, 0}, {g.first_slot + len, a.shape(1)})
+                                   : mx::take(a, g.gather, 0);
+        });
         return mx::expand_dims(mx::transpose(mx::reshape(r, {len, KVH, hd}), {1, 0, 2}), 0);
       };
       // [n_rows, H, 1, hd] -> [1, H, n_rows, hd]
       mx::array qt = mx::transpose(qg, {2, 1, 0, 3});
-      mx::array o = attend(qt, read(keys), read(values), shape.scale, g.mask, g.n_rows > 1 && !g.mask);
+      mx::array o = attend(qt, read(true), read(false), shape.scale, g.mask, g.n_rows > 1 && !g.mask);
       outs.push_back(mx::reshape(mx::transpose(o, {2, 1, 0, 3}), {g.n_rows, qw}));
     }
   }

@@ -29,7 +29,11 @@ namespace mx = mlx::core;
 // own KvShape entry; layers that store no KV have none) in the compute dtype (float16 on a
 // GPU), slot = block * kBlockTokens + position in block. A sliding-window layer's arrays are
 // indexed by the block's window slot instead (KvPool::window_slot), so they only grow with the
-// window parts alive at once.
+// window parts alive at once. With a quantized pool (KvType Q8_0 / Q4_0, --kv-type) keys and
+// values hold GGML's codes instead (int8 [slots, width], or uint8 [slots, width / 2] with two
+// 4-bit codes a byte in GGML's order) and the scales arrays the float16 scale of each 32
+// numbers, [slots, width / 32]: the bytes llama.cpp's q8_0 / q4_0 KV takes. Attention
+// dequantizes the rows it reads (kv_rows in device_attention.cpp).
 class DeviceKvStore {
  public:
   explicit DeviceKvStore(KvShape shape) : shape_(std::move(shape)) {}
@@ -40,6 +44,9 @@ class DeviceKvStore {
   void copy_block(const KvPool& pool, int src, int dst);
   mx::array& keys(int layer) { return keys_[layer]; }
   mx::array& values(int layer) { return values_[layer]; }
+  mx::array& key_scales(int layer) { return key_scales_[layer]; }
+  mx::array& value_scales(int layer) { return value_scales_[layer]; }
+  KvType type() const { return shape_.type; }
 
  private:
   void grow(bool windowed, size_t& have, size_t need, size_t max);
@@ -49,6 +56,8 @@ class DeviceKvStore {
   size_t window_slots_ = 0;
   std::vector<mx::array> keys_;
   std::vector<mx::array> values_;
+  std::vector<mx::array> key_scales_;    // quantized types only
+  std::vector<mx::array> value_scales_;
 };
 
 // Index arrays of one step, built once on the host and shared by every layer.

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <stdexcept>
 
+#include "../core/kv_quant.h"
 #include "../core/op_profile.h"
 #include "../core/thread_pool.h"
 #include "attention_kernels.h"
@@ -99,8 +100,9 @@ void PagedAttention::eval_cpu(const std::vector<mx::array>& inputs, mx::array& o
     const AttentionKernels& kernels = attention_kernels();
 
     // Phase 1: rotate keys into the (transposed) KV blocks, values as they are (unless the
-    // layer only reads another's KV), converted to the pool's element type; rotate and
-    // pre-scale queries into a scratch copy.
+    // layer only reads another's KV), converted to the pool's element type (q8_0 / q4_0: per
+    // 32-number block of one position, kv_quant.h); rotate and pre-scale queries into a
+    // scratch copy.
     thread_local std::vector<float> queries;
     queries.resize(static_cast<size_t>(rows) * H * hd);
     std::vector<std::pair<const AttentionBatch::Segment*, int>> row_seg(rows);
@@ -122,7 +124,10 @@ void PagedAttention::eval_cpu(const std::vector<mx::array>& inputs, mx::array& o
           std::memcpy(k.data(), src + (H + g) * hd, hd * sizeof(float));
           rope->rotate(k.data(), ct, st);
           const float* v = src + (H + G + g) * hd;
-          if (kv_type == KvType::F16) {
+          if (kv_type_quantized(kv_type)) {
+            kv_quant::write_key(kv_type, pool.keys(block, layer, g), off, k.data(), hd, BT);
+            kv_quant::write_value(kv_type, pool.values(block, layer, g), off, v, hd, BT);
+          } else if (kv_type == KvType::F16) {
             auto* kt = static_cast<uint16_t*>(pool.keys(block, layer, g));
             kernels.floats_to_halves(k.data(), k_half.data(), hd);
             for (int d = 0; d < hd; ++d) kt[static_cast<size_t>(d) * BT + off] = k_half[d];

@@ -27,8 +27,9 @@ Environment: ``FAKE_WORKER_CONTEXT`` (context length, default 256), ``FAKE_WORKE
 ``FAKE_WORKER_FATAL`` (a message: send ``fatal`` instead of ``ready`` and exit 3),
 ``FAKE_WORKER_BATCH``, ``FAKE_WORKER_TOKEN_DELAY``.
 
-Run as ``python fake_worker.py --model PATH [--context-length N] [--threads N] [--kv-budget B]``
-(the real worker's arguments; the KV budget is only reported back in ``ready``).
+Run as ``python fake_worker.py --model PATH [--context-length N] [--threads N] [--kv-budget B]
+[--kv-type T]`` (the real worker's arguments; the KV budget and type are only reported back in
+``ready``).
 """
 
 from __future__ import annotations
@@ -152,6 +153,7 @@ async def main() -> int:
     parser.add_argument("--threads", type=int, default=0)
     parser.add_argument("--kv-budget", type=int, default=0)
     parser.add_argument("--max-sequences", type=int, default=8)
+    parser.add_argument("--kv-type", default="")
     args = parser.parse_args()
 
     fatal = os.environ.get("FAKE_WORKER_FATAL")
@@ -182,6 +184,7 @@ async def main() -> int:
             context_length=context,
             max_sequences=args.max_sequences,
             kv_budget_bytes=args.kv_budget,
+            kv_type=args.kv_type,
         )
     )
     print(f"fake worker ready for {args.model}", file=sys.stderr, flush=True)

@@ -202,6 +202,23 @@ def test_start_status_stop_round_trip(home: Path, model_path: Path) -> None:
     assert (home / "logs" / "llmd.log").read_text().count("loaded smollm2-135m") == 1
 
 
+def test_kv_type_flag_loads_quantized_kv_and_status_shows_it(home: Path, model_path: Path) -> None:
+    """`llmd start --kv-type q8_0`: the model's worker stores q8_0 KV (its real bytes per
+    token: 34 per 32 numbers), `status` and `ps` say so, and it answers a request."""
+    started = llmd(home, "start", "--port", "0", "--kv-type", "q8_0", "--preload", MODEL)
+    try:
+        assert started.returncode == 0, started.stderr
+        [model] = json.loads(llmd(home, "status", "--json").stdout)["models"]
+        ps = llmd(home, "ps").stdout
+        run = llmd(home, "run", MODEL, "--max-tokens", "8", "Say hi.")
+    finally:
+        llmd(home, "stop")
+    assert model["kv_type"] == "q8_0"
+    assert model["kv_bytes_per_token"] == 30 * 3 * 64 * 2 // 32 * 34
+    assert any(MODEL in line and "q8_0" in line for line in ps.splitlines()), ps
+    assert run.returncode == 0 and run.stdout.strip(), run.stderr
+
+
 async def test_stop_during_a_stream_lets_the_stream_finish(home: Path, model_path: Path) -> None:
     assert llmd(home, "start", "--port", "0").returncode == 0
     sock = str(home / "run" / "llmd.sock")

@@ -67,14 +67,17 @@ def run_all(engine, requests: dict[str, dict]) -> dict[str, dict]:  # type: igno
 
 
 @contextmanager
-def worker_process(model: Path, backend: str) -> Iterator[tuple[subprocess.Popen[bytes], dict]]:
+def worker_process(
+    model: Path, backend: str, **launch: Any
+) -> Iterator[tuple[subprocess.Popen[bytes], dict]]:
     """`python -m llmd.worker` with the argv and environment the daemon gives it (its BLAS
     preload included: a preloaded library that cannot run on this CPU once killed every
     float-weight worker), yielded once it is ready with its ready message. Leaving the block
-    shuts it down and checks it exited cleanly (its command loop was alive to read that)."""
+    shuts it down and checks it exited cleanly (its command loop was alive to read that).
+    `launch`: more worker_command options (kv_type, ...)."""
     from llmd.worker.launch import worker_command
 
-    cmd, env = worker_command(str(model), kv_budget_bytes=16 << 20)
+    cmd, env = worker_command(str(model), kv_budget_bytes=16 << 20, **launch)
     env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
     with subprocess.Popen(
         [*cmd, "--backend", backend],
@@ -104,12 +107,12 @@ def read_event(proc: subprocess.Popen[bytes]) -> dict:
 
 
 def generate_in_worker(
-    model: Path, backend: str, prompt: list[int], max_tokens: int
+    model: Path, backend: str, prompt: list[int], max_tokens: int, **launch: Any
 ) -> tuple[dict, list[int]]:
     """One greedy generation in a real worker process (worker_process). Returns the ready
     message and the generated tokens."""
     request = {"type": "generate", "id": "g", "prompt": prompt, "max_tokens": max_tokens}
-    with worker_process(model, backend) as (proc, ready):
+    with worker_process(model, backend, **launch) as (proc, ready):
         send(proc, request)
         tokens: list[int] = []
         started = read_event(proc)  # admission: the prefix-cache split

@@ -20,7 +20,7 @@ from typing import Any, BinaryIO
 from pydantic import ValidationError
 
 from .. import protocol as p
-from ..limits import available_host_memory, kv_budget_share, process_rss
+from ..limits import KV_TYPES, available_host_memory, kv_budget_share, process_rss
 from .blas import loaded_blas
 from .dense import DenseHead
 from .grammar import GrammarFactory
@@ -259,6 +259,12 @@ def main(argv: list[str] | None = None) -> int:
         "--kv-budget", type=int, default=0, help="KV cache bytes (0: a quarter of free memory)"
     )
     parser.add_argument(
+        "--kv-type",
+        default="f16",
+        choices=KV_TYPES,
+        help="element type of the KV cache: f16, or GGML's q8_0 / q4_0 blocks",
+    )
+    parser.add_argument(
         "--backend",
         default=os.environ.get("LLMD_BACKEND", "auto"),
         choices=["auto", "cpu", "gpu", "mlx-cpu"],
@@ -293,6 +299,7 @@ def main(argv: list[str] | None = None) -> int:
             kv_budget_bytes=kv_budget,
             hf_config=hf_config(args.model),
             backend=args.backend,
+            kv_type=args.kv_type,
         )
     except Exception as exc:  # noqa: BLE001 - every load failure is reported, then exit
         writer.send(p.Fatal(code="load_failed", message=str(exc)))

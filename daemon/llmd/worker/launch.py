@@ -23,6 +23,7 @@ def worker_command(
     threads: int | None = None,
     max_sequences: int | None = None,
     kv_budget_bytes: int | None = None,
+    kv_type: str | None = None,
 ) -> tuple[list[str], dict[str, str]]:
     """argv and env (a full copy of os.environ plus BLAS settings) for one worker process."""
     argv = [sys.executable, "-m", "llmd.worker", "--model", str(model_path)]
@@ -34,6 +35,8 @@ def worker_command(
         argv += ["--max-sequences", str(max_sequences)]
     if kv_budget_bytes:
         argv += ["--kv-budget", str(kv_budget_bytes)]
+    if kv_type:
+        argv += ["--kv-type", kv_type]
     env = dict(os.environ)
     env.update(blas_environment(_shim_dir()))
     n = threads or int(env.get("LLMD_THREADS", "0") or 0) or (os.cpu_count() or 1)

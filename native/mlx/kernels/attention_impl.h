@@ -11,7 +11,8 @@
 //
 // Keys and values are read in the pool's element type (float32, or float16 converted 8 lanes
 // at a time where they are loaded, or once per KV tile into a float32 copy when many queries
-// share it: the conversion is exact, so the two give the same bits). Each query's arithmetic
+// share it: the conversion is exact, so the two give the same bits; q8_0 / q4_0 blocks are
+// dequantized once per KV tile into that copy, never for the whole cache). Each query's arithmetic
 // depends only on its own range and the KV: the tiles it visits (fixed by absolute positions),
 // the score sum over head_dim, the max, the per-tile exp and sums, the value accumulation over
 // positions in order. Queries sharing a micro-tile only widen the range of positions a query
@@ -25,6 +26,7 @@
 #include <type_traits>
 
 #include "../../core/fp16.h"
+#include "../../core/kv_quant.h"
 #include "../attention_kernels.h"
 #include "../simd.h"
 
@@ -92,6 +94,100 @@ template <class E>
 [[gnu::always_inline]] inline void prefetch_span(const E* p, int bytes) {
   const char* c = reinterpret_cast<const char*>(p);
   for (int b = 0; b < bytes; b += 64) __builtin_prefetch(c + b);
+}
+
+// Quantized KV (kv_quant.h's layout): attend_tile<Q8> / <Q4> dequantize each KV tile into the
+// float32 tile buffer (keys [head_dim][kT], values [kT][head_dim]) once, then every micro-tile
+// reads floats from L1/L2 as for a converted float16 tile. Dequantization is exact (q * d fits
+// a float), so the scores are those of float32 attention over the dequantized numbers.
+struct Q8 {};
+struct Q4 {};
+template <class E>
+constexpr bool kQuantized = std::is_same_v<E, Q8> || std::is_same_v<E, Q4>;
+
+using vb8 = int8_t __attribute__((vector_size(8)));
+using vu8 = uint8_t __attribute__((vector_size(8)));
+
+[[gnu::always_inline]] inline vf bytes_to_floats(vb8 b) { return __builtin_convertvector(b, vf); }
+
+// Keys of positions off .. off + kT - 1 of one head's key part, times their scales, into
+// k32[d * kT + j]; `next` (or null): the following tile's part, requested meanwhile.
+template <class E>
+void dequantize_keys(const uint8_t* part, int off, int head_dim, int block_tokens, const uint8_t* next, float* k32) {
+  constexpr KvType type = std::is_same_v<E, Q8> ? KvType::Q8_0 : KvType::Q4_0;
+  const size_t plane = kv_quant::plane_bytes(type, head_dim, block_tokens);
+  const auto* scales = reinterpret_cast<const uint16_t*>(part + plane);
+  for (int b = 0; b < head_dim / kv_quant::kBlock; ++b) {
+    alignas(32) float sc[kT];
+    for (int j = 0; j < kT; j += kLanes) store(sc + j, load_kv(scales + static_cast<size_t>(b) * block_tokens + off + j));
+    if constexpr (std::is_same_v<E, Q8>) {
+      for (int d = b * kv_quant::kBlock; d < (b + 1) * kv_quant::kBlock; ++d) {
+        const uint8_t* row = part + static_cast<size_t>(d) * block_tokens + off;
+        if (next) __builtin_prefetch(next + static_cast<size_t>(d) * block_tokens + off);
+        for (int j = 0; j < kT; j += kLanes) {
+          vb8 q;
+          std::memcpy(&q, row + j, sizeof(q));
+          store(k32 + static_cast<size_t>(d) * kT + j, bytes_to_floats(q) * load(sc + j));
+        }
+      }
+    } else {
+      for (int i = 0; i < kv_quant::kBlock / 2; ++i) {
+        const int r = b * kv_quant::kBlock / 2 + i;
+        const int d = b * kv_quant::kBlock + i;
+        const uint8_t* row = part + static_cast<size_t>(r) * block_tokens + off;
+        if (next) __builtin_prefetch(next + static_cast<size_t>(r) * block_tokens + off);
+        for (int j = 0; j < kT; j += kLanes) {
+          vu8 q;
+          std::memcpy(&q, row + j, sizeof(q));
+          const vb8 lo = (vb8)(q & 15) - 8;
+          const vb8 hi = (vb8)(q >> 4) - 8;
+          store(k32 + static_cast<size_t>(d) * kT + j, bytes_to_floats(lo) * load(sc + j));
+          store(k32 + static_cast<size_t>(d + kv_quant::kBlock / 2) * kT + j, bytes_to_floats(hi) * load(sc + j));
+        }
+      }
+    }
+  }
+  if (next) {
+    const auto* ns = next + plane;
+    for (int b = 0; b < head_dim / kv_quant::kBlock; ++b) prefetch_span(ns + (static_cast<size_t>(b) * block_tokens + off) * 2, kT * 2);
+  }
+}
+
+// Values of positions off .. off + kT - 1 of one head's value part into v32[j * head_dim + d].
+template <class E>
+void dequantize_values(const uint8_t* part, int off, int head_dim, int block_tokens, const uint8_t* next,
+                       float* v32) {
+  constexpr KvType type = std::is_same_v<E, Q8> ? KvType::Q8_0 : KvType::Q4_0;
+  constexpr int kB = kv_quant::kBlock;
+  const size_t plane = kv_quant::plane_bytes(type, head_dim, block_tokens);
+  const int row_bytes = std::is_same_v<E, Q8> ? head_dim : head_dim / 2;
+  const int blocks = head_dim / kB;
+  const auto* scales = reinterpret_cast<const uint16_t*>(part + plane) + static_cast<size_t>(off) * blocks;
+  if (next) {
+    prefetch_span(next + static_cast<size_t>(off) * row_bytes, kT * row_bytes);
+    prefetch_span(next + plane + static_cast<size_t>(off) * blocks * 2, kT * blocks * 2);
+  }
+  for (int j = 0; j < kT; ++j) {
+    const uint8_t* row = part + static_cast<size_t>(off + j) * row_bytes;
+    float* out = v32 + static_cast<size_t>(j) * head_dim;
+    for (int b = 0; b < blocks; ++b) {
+      const vf d = splat(half_to_float(scales[static_cast<size_t>(j) * blocks + b]));
+      if constexpr (std::is_same_v<E, Q8>) {
+        for (int c = 0; c < kB; c += kLanes) {
+          vb8 q;
+          std::memcpy(&q, row + b * kB + c, sizeof(q));
+          store(out + b * kB + c, bytes_to_floats(q) * d);
+        }
+      } else {
+        for (int c = 0; c < kB / 2; c += kLanes) {
+          vu8 q;
+          std::memcpy(&q, row + b * kB / 2 + c, sizeof(q));
+          store(out + b * kB + c, bytes_to_floats((vb8)(q & 15) - 8) * d);
+          store(out + b * kB + kB / 2 + c, bytes_to_floats((vb8)(q >> 4) - 8) * d);
+        }
+      }
+    }
+  }
 }
 
 // One KV tile as a micro-tile reads it: keys [head_dim][kstride] (positions along a row),
@@ -223,8 +319,10 @@ template <class E>
 void attend_tile(const AttentionTile& tile, const void* const* k_blocks, const void* const* v_blocks, int head_dim,
                  int block_tokens, float* scratch) {
   static_assert(kMicro == 4);
-  const auto* kb = reinterpret_cast<const E* const*>(k_blocks);
-  const auto* vb = reinterpret_cast<const E* const*>(v_blocks);
+  // Element pointers of each block (float, float16 bits; quantized: the parts' bytes).
+  using P = std::conditional_t<kQuantized<E>, uint8_t, E>;
+  const auto* kb = reinterpret_cast<const P* const*>(k_blocks);
+  const auto* vb = reinterpret_cast<const P* const*>(v_blocks);
   const int rows = tile.rows;
   float* run_max = scratch;
   float* run_sum = run_max + kMaxTileRows;
@@ -240,15 +338,11 @@ void attend_tile(const AttentionTile& tile, const void* const* k_blocks, const v
     n_max = std::max(n_max, tile.n_pos[r]);
   }
   // A float16 tile read by more than one micro-tile is converted once (exactly, so the scores
-  // and sums are the same bits as when they read the halves).
-  const bool convert = std::is_same_v<E, uint16_t> && rows > kMicro;
+  // and sums are the same bits as when they read the halves); a quantized tile always is.
+  const bool convert = kQuantized<E> || (std::is_same_v<E, uint16_t> && rows > kMicro);
   const int t_end = (n_max + kT - 1) / kT;
-  auto tile_at = [&](int t) {
-    const int t0 = t * kT;
-    const int b = t0 / block_tokens;
-    const int off = t0 % block_tokens;
-    return std::pair{kb[b] + off, vb[b] + static_cast<size_t>(off) * head_dim};
-  };
+  // Block index and offset in it of tile t.
+  auto tile_at = [&](int t) { return std::pair{t * kT / block_tokens, t * kT % block_tokens}; };
   for (int t = first / kT; t < t_end; ++t) {
     const int t0 = t * kT;
     int active[kMaxTileRows];
@@ -257,9 +351,9 @@ void attend_tile(const AttentionTile& tile, const void* const* k_blocks, const v
       if (tile.first_pos[r] < t0 + kT && tile.n_pos[r] > t0) active[n_active++] = r;
     }
     if (n_active == 0) continue;
-    const auto [k, v] = tile_at(t);
+    const auto [b, off] = tile_at(t);
     bool has_next = t + 1 < t_end;
-    const auto [nk, nv] = has_next ? tile_at(t + 1) : std::pair{k, v};
+    const auto [nb, noff] = has_next ? tile_at(t + 1) : std::pair{b, off};
     auto run = [&](const auto& kv) {
       int i = 0;
       for (; i + 4 <= n_active; i += 4) {
@@ -276,28 +370,39 @@ void attend_tile(const AttentionTile& tile, const void* const* k_blocks, const v
           return;
       }
     };
-    if (convert) {
-      // Converted tiles are read from L1/L2 by many micro-tiles: the next tile is requested
-      // here, as this one is converted, rather than by the first micro-tile.
-      float* k32 = kv32;
-      float* v32 = kv32 + static_cast<size_t>(kT) * head_dim;
-      for (int d = 0; d < head_dim; ++d) {
-        if (has_next) prefetch_span(nk + static_cast<size_t>(d) * block_tokens, kT * sizeof(E));
-        for (int j = 0; j < kT; j += kLanes) {
-          store(k32 + static_cast<size_t>(d) * kT + j, load_kv(k + static_cast<size_t>(d) * block_tokens + j));
-        }
-      }
-      for (int j = 0; j < kT; ++j) {
-        if (has_next) prefetch_span(nv + static_cast<size_t>(j) * head_dim, head_dim * sizeof(E));
-        for (int c = 0; c < head_dim; c += kLanes) {
-          const size_t e = static_cast<size_t>(j) * head_dim + c;
-          store(v32 + e, load_kv(v + e));
-        }
-      }
-      has_next = false;
+    float* k32 = kv32;
+    float* v32 = kv32 + static_cast<size_t>(kT) * head_dim;
+    if constexpr (kQuantized<E>) {
+      dequantize_keys<E>(kb[b], off, head_dim, block_tokens, has_next ? kb[nb] : nullptr, k32);
+      dequantize_values<E>(vb[b], off, head_dim, block_tokens, has_next ? vb[nb] : nullptr, v32);
+      has_next = false;  // requested above
       run(KvTile<float>{k32, kT, v32, nullptr, 0, nullptr});
     } else {
-      run(KvTile<E>{k, block_tokens, v, nk, block_tokens, nv});
+      const E* k = kb[b] + off;
+      const E* v = vb[b] + static_cast<size_t>(off) * head_dim;
+      const E* nk = kb[nb] + noff;
+      const E* nv = vb[nb] + static_cast<size_t>(noff) * head_dim;
+      if (convert) {
+        // Converted tiles are read from L1/L2 by many micro-tiles: the next tile is requested
+        // here, as this one is converted, rather than by the first micro-tile.
+        for (int d = 0; d < head_dim; ++d) {
+          if (has_next) prefetch_span(nk + static_cast<size_t>(d) * block_tokens, kT * sizeof(E));
+          for (int j = 0; j < kT; j += kLanes) {
+            store(k32 + static_cast<size_t>(d) * kT + j, load_kv(k + static_cast<size_t>(d) * block_tokens + j));
+          }
+        }
+        for (int j = 0; j < kT; ++j) {
+          if (has_next) prefetch_span(nv + static_cast<size_t>(j) * head_dim, head_dim * sizeof(E));
+          for (int c = 0; c < head_dim; c += kLanes) {
+            const size_t e = static_cast<size_t>(j) * head_dim + c;
+            store(v32 + e, load_kv(v + e));
+          }
+        }
+        has_next = false;
+        run(KvTile<float>{k32, kT, v32, nullptr, 0, nullptr});
+      } else {
+        run(KvTile<E>{k, block_tokens, v, nk, block_tokens, nv});
+      }
     }
   }
   for (int r = 0; r < rows; ++r) {
@@ -320,7 +425,8 @@ void floats_to_halves(const float* x, uint16_t* out, int n) {
 }  // namespace
 
 const AttentionKernels* kernels() {
-  static const AttentionKernels table{LLMD_ATTN_NAME, &attend_tile<float>, &attend_tile<uint16_t>, &floats_to_halves};
+  static const AttentionKernels table{LLMD_ATTN_NAME,     &attend_tile<float>, &attend_tile<uint16_t>,
+                                      &attend_tile<Q8>,   &attend_tile<Q4>,    &floats_to_halves};
   return &table;
 }
 
