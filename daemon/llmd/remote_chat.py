@@ -45,11 +45,12 @@ from .remote_proxy import (
     RemoteGate,
     Slots,
     read_lines,
+    request_options,
     transport_error,
     upstream_body,
     upstream_error,
 )
-from .remotes import RemoteError, RemoteRecord
+from .remotes import RemoteRecord
 
 
 def chat_body(req: SamplingFields, remote: RemoteRecord) -> dict[str, Any]:
@@ -73,14 +74,8 @@ async def start_remote_chat(
     Ollama's `raw`, or `suffix` for fill-in-the-middle) to its `/v1/completions`, whose
     `text` pieces become content deltas."""
     path = "/v1/chat/completions" if isinstance(req, ChatCompletionRequest) else "/v1/completions"
-    try:
-        headers = remote.headers()
-    except RemoteError as exc:
-        raise ApiError(exc.status, exc.message, type="server_error", code=exc.code) from exc
+    options = request_options(remote)
     body = chat_body(req, remote)
-    timeout = aiohttp.ClientTimeout(
-        total=None, sock_connect=remote.connect_timeout, sock_read=remote.read_timeout
-    )
     started = time.perf_counter()
     try:
         slots = await gate.acquire(remote)
@@ -89,7 +84,7 @@ async def start_remote_chat(
         raise
     try:
         try:
-            resp = await gate.post(remote, path, json=body, headers=headers, timeout=timeout)
+            resp = await gate.post(remote, path, json=body, **options)
         except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
             raise transport_error(remote, exc) from exc
         if resp.status >= 400:
@@ -422,18 +417,10 @@ async def _ask(
 ) -> dict[str, Any] | None:
     """The upstream's JSON answer to a small request, None when it has no such endpoint or
     does not understand the body (any 4xx); 502/504 when it cannot be reached."""
-    try:
-        headers = remote.headers()
-    except RemoteError as exc:
-        raise ApiError(exc.status, exc.message, type="server_error", code=exc.code) from exc
-    timeout = aiohttp.ClientTimeout(
-        total=None, sock_connect=remote.connect_timeout, sock_read=remote.read_timeout
-    )
+    options = request_options(remote)
     slots = await gate.acquire(remote)
     try:
-        async with await gate.post(
-            remote, path, json=body, headers=headers, timeout=timeout
-        ) as resp:
+        async with await gate.post(remote, path, json=body, **options) as resp:
             text = await resp.text(errors="replace")
             if 400 <= resp.status < 500:
                 return None

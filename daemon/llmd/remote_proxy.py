@@ -194,6 +194,21 @@ class RemoteGate:
         }
 
 
+def request_options(remote: RemoteRecord) -> dict[str, Any]:
+    """`headers` and `timeout` of one upstream request: llmd's own headers (the key read from
+    its environment variable now) and the remote's connect/read timeouts, with no total, since a
+    long answer may stream for minutes. A missing key is the remote's error as an ApiError,
+    raised before the request takes a slot."""
+    try:
+        headers = remote.headers()
+    except RemoteError as exc:
+        raise ApiError(exc.status, exc.message, type="server_error", code=exc.code) from exc
+    timeout = aiohttp.ClientTimeout(
+        total=None, sock_connect=remote.connect_timeout, sock_read=remote.read_timeout
+    )
+    return {"headers": headers, "timeout": timeout}
+
+
 def upstream_body(req: SamplingFields, remote: RemoteRecord) -> dict[str, Any]:
     """The validated request as the upstream gets it: what the client set, under the
     upstream's model id, without llmd's local-only fields."""
@@ -316,18 +331,12 @@ async def _forward(
     path: str,
     started: float,
 ) -> web.StreamResponse:
-    try:
-        headers = remote.headers()
-    except RemoteError as exc:
-        raise ApiError(exc.status, exc.message, type="server_error", code=exc.code) from exc
+    options = request_options(remote)
     body = upstream_body(req, remote)
-    timeout = aiohttp.ClientTimeout(
-        total=None, sock_connect=remote.connect_timeout, sock_read=remote.read_timeout
-    )
     slots = await gate.acquire(remote)
     try:
         try:
-            resp = await gate.post(remote, path, json=body, headers=headers, timeout=timeout)
+            resp = await gate.post(remote, path, json=body, **options)
         except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
             raise transport_error(remote, exc) from exc
         try:
