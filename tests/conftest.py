@@ -4,6 +4,7 @@ the real worker (integration tests only)."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import shutil
@@ -167,12 +168,22 @@ def stop_server(server: LiveServer) -> None:
         server.proc.kill()
 
 
+@contextlib.contextmanager
+def serving(*extra: str) -> Iterator[LiveServer]:
+    """`llmd serve` (with `extra` options) in a fresh short home; stopped and its home removed
+    when the block ends, however it ends."""
+    home = short_home()
+    live = start_server(home, *extra)
+    try:
+        yield live
+    finally:
+        stop_server(live)
+        shutil.rmtree(home, ignore_errors=True)
+
+
 @pytest.fixture(scope="session")
 def server(model_path: Path) -> Iterator[LiveServer]:
     """`llmd serve` with the real worker and model; skipped until the native engine builds."""
     pytest.importorskip("llmd._engine", reason="the native engine (llmd._engine) is not built")
-    home = short_home()
-    live = start_server(home)
-    yield live
-    stop_server(live)
-    shutil.rmtree(home, ignore_errors=True)
+    with serving() as live:
+        yield live

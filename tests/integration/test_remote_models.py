@@ -28,7 +28,15 @@ import pytest
 from aiohttp import web
 from openai import APIError, OpenAI
 
-from tests.conftest import LiveServer, free_port, run_llmd, short_home, start_server, stop_server
+from tests.conftest import (
+    LiveServer,
+    free_port,
+    run_llmd,
+    serving,
+    short_home,
+    start_server,
+    stop_server,
+)
 
 pytest.importorskip("llmd._engine", reason="the native engine (llmd._engine) is not built")
 
@@ -206,11 +214,8 @@ class Recorder:
 
 @pytest.fixture(scope="module")
 def upstream(model_path: Path) -> Iterator[LiveServer]:
-    home = short_home()
-    live = start_server(home)
-    yield live
-    stop_server(live)
-    shutil.rmtree(home, ignore_errors=True)
+    with serving() as live:
+        yield live
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,6 @@ that do not exist yet are a 400, and what it drafted and kept shows in `usage`, 
 from __future__ import annotations
 
 import json
-import shutil
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -14,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from ..conftest import LiveServer, short_home, start_server, stop_server
+from ..conftest import LiveServer, serving
 from .test_metrics import scrape, value
 
 pytest.importorskip("llmd._engine", reason="the native engine (llmd._engine) is not built")
@@ -50,11 +49,8 @@ EDIT = [
 
 @pytest.fixture(scope="module")
 def spec_server(model_path) -> Iterator[LiveServer]:  # type: ignore[no-untyped-def]
-    home = short_home()
-    live = start_server(home, "--speculative", "ngram", "--speculative-max-draft", "8")
-    yield live
-    stop_server(live)
-    shutil.rmtree(home, ignore_errors=True)
+    with serving("--speculative", "ngram", "--speculative-max-draft", "8") as live:
+        yield live
 
 
 def post(server: LiveServer, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
