@@ -64,6 +64,19 @@ def check_rows_batch_invariant(
         assert np.array_equal(small, batched[:m]), f"{path} {type_name} batch of {m}"
 
 
+def attention_case(seed: int, n: int, head_dim: int):  # type: ignore[no-untyped-def]
+    """Six queries against n random keys/values and the positions each may see: the whole
+    context, one position, a block edge, and sliding windows inside and across blocks (the
+    cases every KV storage type's attention is checked on)."""
+    rng = np.random.default_rng(seed)
+    q = (rng.standard_normal((6, head_dim)) / np.sqrt(head_dim) * 2).astype(np.float32)
+    k = rng.standard_normal((n, head_dim)).astype(np.float32)
+    v = (rng.standard_normal((n, head_dim)) * 3).astype(np.float32)
+    n_pos = [n, 1, 64, min(n, 65), n, max(2, n - 7)]
+    first_pos = [0, 0, 0, 1, max(0, n - 100), max(0, n - 70)]
+    return q, k, v, n_pos, first_pos
+
+
 def attention_reference(q, k, v, n_pos, first_pos) -> np.ndarray:  # type: ignore[no-untyped-def]
     """Row r of softmax(q[r] . k[first_pos[r]:n_pos[r]]) v[...], in float64: what every
     attention kernel (q pre-scaled) is compared with."""

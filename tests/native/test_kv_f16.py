@@ -18,7 +18,8 @@ import numpy as np
 import pytest
 
 from .conftest import on_kernel_path, run_all
-from .kernel_checks import attention_reference
+from .kernel_checks import attention_case, attention_reference
+from .tiny_models import tiny_cpu_engine
 
 native = pytest.importorskip("llmd._engine")
 PATHS = native.runnable_kernel_paths()
@@ -28,23 +29,12 @@ SMOLLM2_KV_ELEMENTS_PER_TOKEN = 30 * 3 * 64 * 2
 HALF_EPS = 2.0**-11  # float16's relative rounding error (round to nearest)
 
 
-def _case(seed: int, n: int, head_dim: int):  # type: ignore[no-untyped-def]
-    rng = np.random.default_rng(seed)
-    q = (rng.standard_normal((6, head_dim)) / np.sqrt(head_dim) * 2).astype(np.float32)
-    k = rng.standard_normal((n, head_dim)).astype(np.float32)
-    v = (rng.standard_normal((n, head_dim)) * 3).astype(np.float32)
-    # Whole context, one position, a block edge, sliding windows inside and across blocks.
-    n_pos = [n, 1, 64, min(n, 65), n, max(2, n - 7)]
-    first_pos = [0, 0, 0, 1, max(0, n - 100), max(0, n - 70)]
-    return q, k, v, n_pos, first_pos
-
-
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("n,head_dim", [(65, 64), (300, 64), (1100, 128)])
 def test_attention_over_f16_kv_matches_float64attention_reference(
     path: str, n: int, head_dim: int
 ) -> None:
-    q, k, v, n_pos, first_pos = _case(n + head_dim, n, head_dim)
+    q, k, v, n_pos, first_pos = attention_case(n + head_dim, n, head_dim)
     out = native.kernel_attention(q, k, v, n_pos, first_pos, "f16", path)
     # The kernel against the same float16 keys and values in float64: only float32
     # accumulation and the polynomial exp differ (relative 1e-6 of the largest value, x4).
@@ -64,7 +54,7 @@ def test_attention_over_f16_kv_matches_float64attention_reference(
 def test_f16_attention_rows_do_not_depend_on_their_tile(path: str) -> None:
     """Isolation: a query gives the same bits alone or tiled with others (decode heads of a
     KV group and prefill rows share tiles)."""
-    q, k, v, n_pos, first_pos = _case(5, 200, 64)
+    q, k, v, n_pos, first_pos = attention_case(5, 200, 64)
     tiled = native.kernel_attention(q, k, v, n_pos, first_pos, "f16", path, 4)
     alone = native.kernel_attention(q, k, v, n_pos, first_pos, "f16", path, 1)
     assert np.array_equal(tiled, alone), path
@@ -143,20 +133,6 @@ def tiny_checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path
     return {arch: root / arch for arch in F16_ARCHS}
 
 
-def _tiny_engine(path: Path, kv_type: str):  # type: ignore[no-untyped-def]
-    from llmd.worker.host import hf_config
-
-    return native.Engine(
-        str(path),
-        context_length=1024,
-        max_sequences=8,
-        kv_budget_bytes=16 << 20,
-        backend="cpu",
-        hf_config=hf_config(str(path)),
-        kv_type=kv_type,
-    )
-
-
 @pytest.mark.parametrize("arch", F16_ARCHS)
 def test_f16_kv_on_sliding_window_and_hybrid_models(tiny_checkpoints, arch: str) -> None:  # type: ignore[no-untyped-def]
     """Sliding-window parts, KV groups of different shapes and hybrid recurrent models run on
@@ -165,8 +141,8 @@ def test_f16_kv_on_sliding_window_and_hybrid_models(tiny_checkpoints, arch: str)
     and interleaved sequences stay bit-identical to the same sequences run alone (no bleed)."""
     from .tiny_models import LONG_TOKENS, TOKENS
 
-    f16 = _tiny_engine(tiny_checkpoints[arch], "f16")
-    f32 = _tiny_engine(tiny_checkpoints[arch], "f32")
+    f16 = tiny_cpu_engine(tiny_checkpoints[arch], "f16")
+    f32 = tiny_cpu_engine(tiny_checkpoints[arch], "f32")
     assert f16.kv_cache()["type"] == "f16" and f32.kv_cache()["type"] == "f32"
     assert f16.kv_cache()["bytes_per_token"] * 2 == f32.kv_cache()["bytes_per_token"]
     a, b = f16.score(TOKENS, 1), f32.score(TOKENS, 1)
@@ -178,5 +154,5 @@ def test_f16_kv_on_sliding_window_and_hybrid_models(tiny_checkpoints, arch: str)
     }
     together = run_all(f16, requests)
     for rid, r in requests.items():
-        alone = run_all(_tiny_engine(tiny_checkpoints[arch], "f16"), {rid: r})
+        alone = run_all(tiny_cpu_engine(tiny_checkpoints[arch], "f16"), {rid: r})
         assert alone[rid]["tokens"] == together[rid]["tokens"], (arch, rid)

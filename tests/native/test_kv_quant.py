@@ -19,7 +19,8 @@ import numpy as np
 import pytest
 
 from .conftest import run_all
-from .kernel_checks import attention_reference
+from .kernel_checks import attention_case, attention_reference
+from .tiny_models import tiny_cpu_engine
 
 native = pytest.importorskip("llmd._engine")
 PATHS = native.runnable_kernel_paths()
@@ -28,17 +29,6 @@ QUANT_TYPES = ["q8_0", "q4_0"]
 # SmolLM2-135M: 30 layers x 3 KV heads x 64 dims, keys and values.
 SMOLLM2_KV_ELEMENTS_PER_TOKEN = 30 * 3 * 64 * 2
 BYTES_PER_32 = {"f16": 64, "q8_0": 34, "q4_0": 18}
-
-
-def _case(seed: int, n: int, head_dim: int):  # type: ignore[no-untyped-def]
-    rng = np.random.default_rng(seed)
-    q = (rng.standard_normal((6, head_dim)) / np.sqrt(head_dim) * 2).astype(np.float32)
-    k = rng.standard_normal((n, head_dim)).astype(np.float32)
-    v = (rng.standard_normal((n, head_dim)) * 3).astype(np.float32)
-    # Whole context, one position, a block edge, sliding windows inside and across blocks.
-    n_pos = [n, 1, 64, min(n, 65), n, max(2, n - 7)]
-    first_pos = [0, 0, 0, 1, max(0, n - 100), max(0, n - 70)]
-    return q, k, v, n_pos, first_pos
 
 
 @pytest.mark.parametrize("kv_type", QUANT_TYPES)
@@ -64,7 +54,7 @@ def test_kv_quantization_is_ggml_rounding_bit_for_bit(kv_type: str) -> None:
 def test_attention_over_quantized_kv_matches_float64_reference(
     path: str, kv_type: str, n: int, head_dim: int
 ) -> None:
-    q, k, v, n_pos, first_pos = _case(n + head_dim, n, head_dim)
+    q, k, v, n_pos, first_pos = attention_case(n + head_dim, n, head_dim)
     out = native.kernel_attention(q, k, v, n_pos, first_pos, kv_type, path)
     # Dequantization is exact, so against the numbers the pool reads back only float32
     # accumulation and the polynomial exp differ (relative 1e-6 of the largest value, x4).
@@ -82,7 +72,7 @@ def test_attention_over_quantized_kv_matches_float64_reference(
 @pytest.mark.parametrize("kv_type", QUANT_TYPES)
 def test_quantized_attention_rows_do_not_depend_on_their_tile(path: str, kv_type: str) -> None:
     """Isolation: a query gives the same bits alone or tiled with others."""
-    q, k, v, n_pos, first_pos = _case(5, 200, 64)
+    q, k, v, n_pos, first_pos = attention_case(5, 200, 64)
     tiled = native.kernel_attention(q, k, v, n_pos, first_pos, kv_type, path, 4)
     alone = native.kernel_attention(q, k, v, n_pos, first_pos, kv_type, path, 1)
     assert np.array_equal(tiled, alone), (path, kv_type)
@@ -276,20 +266,6 @@ def tiny_checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path
     return {arch: root / arch for arch in [*QUANT_ARCHS, "gemma4_text"]}
 
 
-def _tiny_engine(path: Path, kv_type: str):  # type: ignore[no-untyped-def]
-    from llmd.worker.host import hf_config
-
-    return native.Engine(
-        str(path),
-        context_length=1024,
-        max_sequences=8,
-        kv_budget_bytes=16 << 20,
-        backend="cpu",
-        hf_config=hf_config(str(path)),
-        kv_type=kv_type,
-    )
-
-
 @pytest.mark.parametrize("arch", QUANT_ARCHS)
 def test_q8_0_kv_on_sliding_window_and_hybrid_models(tiny_checkpoints, arch: str) -> None:  # type: ignore[no-untyped-def]
     """Window parts and hybrid models run on q8_0 KV: logits near f16 KV's (the tiny random
@@ -297,8 +273,8 @@ def test_q8_0_kv_on_sliding_window_and_hybrid_models(tiny_checkpoints, arch: str
     interleaved sequences stay bit-identical to the same sequences run alone (no bleed)."""
     from .tiny_models import LONG_TOKENS, TOKENS
 
-    q8 = _tiny_engine(tiny_checkpoints[arch], "q8_0")
-    f16 = _tiny_engine(tiny_checkpoints[arch], "f16")
+    q8 = tiny_cpu_engine(tiny_checkpoints[arch], "q8_0")
+    f16 = tiny_cpu_engine(tiny_checkpoints[arch], "f16")
     assert q8.kv_cache()["type"] == "q8_0"
     a, b = q8.score(TOKENS, 1), f16.score(TOKENS, 1)
     assert np.abs(a - b).max() <= 2e-1 * np.abs(b).max()
@@ -309,7 +285,7 @@ def test_q8_0_kv_on_sliding_window_and_hybrid_models(tiny_checkpoints, arch: str
     }
     together = run_all(q8, requests)
     for rid, r in requests.items():
-        alone = run_all(_tiny_engine(tiny_checkpoints[arch], "q8_0"), {rid: r})
+        alone = run_all(tiny_cpu_engine(tiny_checkpoints[arch], "q8_0"), {rid: r})
         assert alone[rid]["tokens"] == together[rid]["tokens"], (arch, rid)
 
 
@@ -319,4 +295,4 @@ def test_quantized_kv_on_heads_smaller_than_a_block_is_refused(tiny_checkpoints)
     with pytest.raises(
         ValueError, match="needs a head size that is a multiple of 32.*--kv-type f16"
     ):
-        _tiny_engine(tiny_checkpoints["gemma4_text"], "q8_0")
+        tiny_cpu_engine(tiny_checkpoints["gemma4_text"], "q8_0")

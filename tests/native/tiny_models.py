@@ -879,3 +879,20 @@ def write_stub_gguf(path: Path, arch: str) -> None:
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
+
+
+def tiny_cpu_engine(path: Path, kv_type: str):  # type: ignore[no-untyped-def]
+    """A CPU-backend engine over a tiny checkpoint with KV stored as `kv_type`: the small
+    context and budget the KV storage tests compare types on."""
+    from llmd import _engine as native
+    from llmd.worker.host import hf_config
+
+    return native.Engine(
+        str(path),
+        context_length=1024,
+        max_sequences=8,
+        kv_budget_bytes=16 << 20,
+        backend="cpu",
+        hf_config=hf_config(str(path)),
+        kv_type=kv_type,
+    )
