@@ -92,6 +92,13 @@ py::list logprobs_to_list(const std::vector<TokenLogprob>& lps) {
   return out;
 }
 
+// A histogram of the engine's stats (rows per step -> steps) with string keys, as JSON has them.
+py::dict histogram_dict(const std::map<int, uint64_t>& histogram) {
+  py::dict out;
+  for (const auto& [rows, steps] : histogram) out[py::str(std::to_string(rows))] = steps;
+  return out;
+}
+
 py::dict event_to_dict(const EngineEvent& e) {
   py::dict d;
   d["id"] = e.id;
@@ -508,19 +515,13 @@ PYBIND11_MODULE(_engine, m) {
              d["kv_idle_cached_blocks"] = s.kv_idle_cached_blocks;
              d["pinned_sessions"] = s.pinned_sessions;
              d["pinned_blocks"] = s.pinned_blocks;
-             py::dict hist;
-             for (const auto& [k, v] : s.sampled_rows_histogram) hist[py::str(std::to_string(k))] = v;
-             d["sampled_rows_histogram"] = hist;
+             d["sampled_rows_histogram"] = histogram_dict(s.sampled_rows_histogram);
              d["embedding_requests"] = s.embedding_requests;
-             py::dict pooled;
-             for (const auto& [k, v] : s.pooled_rows_histogram) pooled[py::str(std::to_string(k))] = v;
-             d["pooled_rows_histogram"] = pooled;
+             d["pooled_rows_histogram"] = histogram_dict(s.pooled_rows_histogram);
              d["draft_tokens"] = s.draft_tokens;
              d["draft_accepted_tokens"] = s.draft_accepted_tokens;
              d["speculative_steps"] = s.speculative_steps;
-             py::dict drafting;
-             for (const auto& [k, v] : s.drafting_rows_histogram) drafting[py::str(std::to_string(k))] = v;
-             d["drafting_rows_histogram"] = drafting;
+             d["drafting_rows_histogram"] = histogram_dict(s.drafting_rows_histogram);
              return d;
            })
       .def("info",
