@@ -18,8 +18,8 @@ from typing import Any
 
 import llguidance
 
-from llmd.text_model import load_text_model
-from llmd.tools import lazy_tool_call_grammar
+from llmd.text.text_model import load_text_model
+from llmd.text.tools import lazy_tool_call_grammar
 
 TOOLS = [
     {

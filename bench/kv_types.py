@@ -54,7 +54,7 @@ def _log_softmax(x: np.ndarray) -> np.ndarray:
 def llmd_chunks(model: str, text: str, ctx: int, chunks: int) -> list[list[int]]:
     """The text's tokens cut as llama-perplexity cuts them: `chunks` runs of `ctx` tokens,
     each starting with BOS."""
-    from llmd.text_model import load_text_model
+    from llmd.text.text_model import load_text_model
 
     tm = load_text_model(Path(model))
     ids = tm.encode(text, add_bos=True)

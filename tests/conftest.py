@@ -46,7 +46,7 @@ def model_path() -> Path:
 @pytest.fixture(scope="session")
 def text_model(model_path: Path):  # type: ignore[no-untyped-def]
     """The default model's text side (tokenizer, template, stop ids) from its GGUF."""
-    from llmd.text_model import load_text_model
+    from llmd.text.text_model import load_text_model
 
     return load_text_model(model_path)
 

@@ -1,3 +1,3 @@
-from .cli import main
+from llmd.cli.main import main
 
 main(prog_name="llmd")

@@ -63,3 +63,25 @@ def model_not_found(name: str, hint: str) -> ApiError:
 
 def server_error(message: str, code: str = "internal_error", status: int = 500) -> ApiError:
     return ApiError(status, message, type="server_error", code=code)
+
+
+class ContextOverflow(ApiError):
+    """A prompt that leaves no room to generate in the served context. Each protocol words it
+    as its clients parse it (agents compact their history on it): OpenAI's sentence here,
+    Anthropic's `prompt is too long: N tokens > M maximum` in anthropic_schemas."""
+
+    def __init__(
+        self, prompt_tokens: int, context_length: int, param: str, *, at_least: bool = False
+    ) -> None:
+        # at_least: a lower bound counted from the prompt's length (TextModel.fewest_tokens).
+        counted = f"at least {prompt_tokens}" if at_least else str(prompt_tokens)
+        super().__init__(
+            400,
+            f"This model's maximum context length is {context_length} tokens. However, your "
+            f"messages resulted in {counted} tokens (at least one token must be left to "
+            "generate). Please reduce the length of the messages.",
+            param=param,
+            code="context_length_exceeded",
+        )
+        self.prompt_tokens = prompt_tokens
+        self.context_length = context_length

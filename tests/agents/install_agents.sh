@@ -3,12 +3,12 @@
 # (default: $LLMD_AGENTS_DIR, else ~/.cache/llmd/agents/<versions>), once: a second run with
 # the same versions only checks they are there. Prints DIR/node_modules/.bin on success.
 # Exit 3 when node/npm are missing, 4 when the install fails (e.g. no network).
-# The versions are the ones in daemon/llmd/agent_config.py (PACKAGES).
+# The versions are the ones in daemon/llmd/cli/agent_config.py (PACKAGES).
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
 py="${PYTHON:-python3}"
-specs="$(PYTHONPATH="$root/daemon" "$py" -c 'from llmd.agent_config import PACKAGES; print(" ".join(f"{p}@{v}" for p, v in PACKAGES.values()))')"
+specs="$(PYTHONPATH="$root/daemon" "$py" -c 'from llmd.cli.agent_config import PACKAGES; print(" ".join(f"{p}@{v}" for p, v in PACKAGES.values()))')"
 if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
   echo "node/npm not found (Debian: apt-get install nodejs npm)" >&2
   exit 3

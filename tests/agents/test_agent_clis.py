@@ -1,6 +1,6 @@
 """The real coding-agent CLIs against `llmd serve`: Claude Code (Anthropic Messages), Codex
 (OpenAI Responses), opencode and Qwen Code (OpenAI chat completions), at the versions pinned in
-llmd/agent_config.py, configured exactly as `llmd agents NAME` and docs/agents.md say.
+llmd/cli/agent_config.py, configured exactly as `llmd agents NAME` and docs/agents.md say.
 
 Each agent runs twice, non-interactively, in a temp dir holding notes.txt, asked to read it
 and tell the number in it, through a logging proxy (capture_proxy.py) that keeps every request
@@ -239,7 +239,7 @@ def _errors(records: list[dict]) -> list[str]:
 
 
 def _setup(agent: str, base: Path, proxy_url: str, agents_bin: Path) -> tuple[dict, Path]:
-    from llmd.agent_config import settings
+    from llmd.cli.agent_config import settings
 
     home = base / "home"
     work = base / "work"
@@ -270,7 +270,7 @@ def _setup(agent: str, base: Path, proxy_url: str, agents_bin: Path) -> tuple[di
 
 
 def _command(agent: str, work: Path) -> list[str]:
-    from llmd.agent_config import settings
+    from llmd.cli.agent_config import settings
 
     cmd = settings(agent, "http://x", MODEL).command
     prompt = _prompt(agent, work)

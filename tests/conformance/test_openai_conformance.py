@@ -124,7 +124,7 @@ def test_completions_take_token_ids_as_the_prompt(client: OpenAI, model_path) ->
     """A prompt of token ids (OpenAI's and vLLM's form, used by evaluation harnesses) runs as
     given and continues exactly like the same text; ids outside the vocabulary are a 400, and
     a long badly typed array gets a short error, not one line per element."""
-    from llmd.text_model import load_gguf_text_model
+    from llmd.text.text_model import load_gguf_text_model
 
     text = "The capital of France is"
     ids = load_gguf_text_model(model_path).encode(text)

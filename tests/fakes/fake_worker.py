@@ -40,7 +40,7 @@ import os
 import sys
 import time
 
-from llmd import protocol as p
+from llmd.runtime import protocol as p
 
 _out_lock = asyncio.Lock()
 

@@ -26,8 +26,8 @@ import pytest
 from gguf import GGMLQuantizationType as T
 from openai import OpenAI
 
-from llmd.convert import convert_gguf, plan_with
-from llmd.gguf_layout import read_layout
+from llmd.store.convert import convert_gguf, plan_with
+from llmd.store.gguf_layout import read_layout
 from tests.conftest import LiveServer, free_port, run_llmd, short_home, stop_server
 from tests.fakes.fake_hub import FakeHub
 
@@ -121,7 +121,7 @@ def cli(daemon: LiveServer, *args: str, **env: str) -> Any:
     """`llmd ARGS` in this process (no interpreter start-up per call)."""
     from click.testing import CliRunner
 
-    from llmd.cli import main
+    from llmd.cli.main import main
 
     return CliRunner().invoke(main, list(args), env={"LLMD_HOME": str(daemon.home), **env})
 

@@ -75,7 +75,7 @@ def worker_process(
     float-weight worker), yielded once it is ready with its ready message. Leaving the block
     shuts it down and checks it exited cleanly (its command loop was alive to read that).
     `launch`: more worker_command options (kv_type, ...)."""
-    from llmd.worker.launch import worker_command
+    from llmd.runtime.worker_launch import worker_command
 
     cmd, env = worker_command(str(model), kv_budget_bytes=16 << 20, **launch)
     env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)

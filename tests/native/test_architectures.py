@@ -309,7 +309,7 @@ def test_worker_serves_a_hugging_face_directory(tmp_path: Path, arch: str) -> No
     """The worker process (as the daemon starts it) loads the directory, reports the
     architecture, and generates transformers' greedy tokens; the daemon's text side (tokenizer,
     template, stop tokens) loads from the same directory."""
-    from llmd.text_model import load_text_model
+    from llmd.text.text_model import load_text_model
 
     fx = _fixture(arch)
     write_checkpoint(tmp_path, arch)
@@ -345,7 +345,7 @@ def test_gemma3_text_inside_a_multimodal_checkpoint(tmp_path: Path, layout: str)
     engine = _engine(tmp_path, "cpu")
     assert engine.info()["architecture"] == "gemma3"
     assert _max_rel(engine.score(TOKENS, 1)[: len(TOKENS)], ref) < TIGHT
-    from llmd.text_model import load_text_model
+    from llmd.text.text_model import load_text_model
 
     _tiny_tokenizer(tmp_path, text["vocab_size"])
     assert load_text_model(tmp_path).context_length == text["max_position_embeddings"]

@@ -225,8 +225,8 @@ def test_unsupported_quantization_is_refused_naming_it(
     checkpoints, tmp_path: Path, quant: dict, message: str
 ) -> None:
     """At pull time (the config alone) and at load time."""
-    from llmd.install import check_hf_config
-    from llmd.store import UnsupportedModel
+    from llmd.store.install import check_hf_config
+    from llmd.store.manifests import UnsupportedModel
 
     q, _ = checkpoints["qwen3", 4, 64]
     config = {**json.loads((q / "config.json").read_text()), "quantization": quant}
@@ -242,7 +242,7 @@ def test_unsupported_quantization_is_refused_naming_it(
 
 
 def test_mlx_quantized_configs_of_every_architecture_pass_the_pull_check() -> None:
-    from llmd.install import check_hf_config
+    from llmd.store.install import check_hf_config
 
     quant = {
         "group_size": 64,
@@ -330,9 +330,10 @@ def test_gemma4_as_mlx_lm_saves_it(tmp_path: Path, arch: str, bits: int, backend
 def test_llmd_pull_of_a_local_mlx_quantized_directory(llmd_home: Path, tmp_path: Path) -> None:
     """`llmd pull ./dir` publishes it (labelled by its bits) and the engine loads the
     published tree; an unsupported setting is refused before anything is copied."""
-    from llmd.install import import_local
     from llmd.paths import get_paths
-    from llmd.store import ModelStore, UnsupportedModel
+    from llmd.store.install import import_local
+    from llmd.store.manifests import UnsupportedModel
+    from llmd.store.model_store import ModelStore
 
     q = tmp_path / "q"
     write_mlx_quantized_checkpoint(q, tmp_path / "dq", "qwen3", 4, 32)

@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from llmd.chat_template import render_chat
-from llmd.text_model import load_text_model
+from llmd.text.chat_template import render_chat
+from llmd.text.text_model import load_text_model
 
 from .conftest import on_kernel_path, run_all
 

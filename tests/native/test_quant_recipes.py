@@ -35,7 +35,7 @@ from gguf import GGMLQuantizationType as T
 from gguf import GGUFReader
 from gguf.quants import dequantize, quantize
 
-from llmd.model_support import NATIVE_GGUF_TYPES
+from llmd.store.model_support import NATIVE_GGUF_TYPES
 
 from .kquants import quantize_q4_k, quantize_q5_k, quantize_q6_k
 from .tiny_models import CONFIGS, write_gguf, write_with_exact_twin
@@ -132,7 +132,7 @@ def _pull(path: Path, name: str) -> Path:
     """The file a user's `llmd pull ./file.gguf` installs (converted where it must be), in the
     test's LLMD_HOME (the llmd_home fixture)."""
     from llmd.paths import get_paths
-    from llmd.store import ModelStore
+    from llmd.store.model_store import ModelStore
 
     return Path(ModelStore(get_paths()).pull(str(path), name).path)
 

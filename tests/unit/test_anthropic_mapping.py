@@ -11,11 +11,11 @@ from typing import Any
 
 import pytest
 
-from llmd.anthropic_messages import BlockAssembler, stop_reason, usage
-from llmd.anthropic_schemas import anthropic_error, translate_count_tokens, translate_messages
+from llmd.api.anthropic_messages import BlockAssembler, stop_reason, usage
+from llmd.api.anthropic_schemas import anthropic_error, translate_count_tokens, translate_messages
+from llmd.api.security import SecurityConfig
 from llmd.errors import ApiError
-from llmd.generation import Finished
-from llmd.security import SecurityConfig
+from llmd.text.generation import Finished
 from tests.unit.fake_api import MODEL, api
 
 USER = [{"role": "user", "content": "hi"}]
@@ -303,7 +303,7 @@ def test_a_deferred_tool_is_shown_once_a_tool_search_referenced_it() -> None:
 
 
 def test_a_prompt_that_does_not_fit_is_worded_as_claude_code_parses_it() -> None:
-    from llmd.generation import ContextOverflow
+    from llmd.errors import ContextOverflow
 
     body = anthropic_error(ContextOverflow(9000, 8192, "messages"))
     assert body["error"]["message"] == "prompt is too long: 9000 tokens > 8191 maximum"

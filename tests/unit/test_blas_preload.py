@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from llmd.worker.blas import (
+from llmd.runtime.blas import (
     blas_environment,
     cpu_flags,
     find_openblas,

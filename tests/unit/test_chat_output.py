@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from llmd.chat_output import ChatOutputPlan
-from llmd.tools import plan_tools
+from llmd.text.chat_output import ChatOutputPlan
+from llmd.text.tools import plan_tools
 
 HERMES = plan_tools(None, None).parser
 ANSWER = (

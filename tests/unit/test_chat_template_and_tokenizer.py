@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from llmd.chat_template import render_chat
 from llmd.errors import ApiError
-from llmd.gguf_metadata import GGUFMetadataError, read_gguf_metadata
-from llmd.text_model import TextModel
-from llmd.tokenizer import UnsupportedTokenizer, tokenizer_from_gguf
+from llmd.store.gguf_metadata import GGUFMetadataError, read_gguf_metadata
+from llmd.text.chat_template import render_chat
+from llmd.text.text_model import TextModel
+from llmd.text.tokenizer import UnsupportedTokenizer, tokenizer_from_gguf
 
 REFERENCE = Path(__file__).parents[1] / "fixtures" / "llamacpp_reference.json"
 
@@ -146,7 +146,7 @@ def test_hf_directory_brings_its_tokenizer_template_and_stops(
             }
         )
     )
-    from llmd.text_model import load_text_model
+    from llmd.text.text_model import load_text_model
 
     hf = load_text_model(tmp_path)
     assert hf.chat_template == template and hf.context_length == 2048

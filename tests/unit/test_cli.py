@@ -9,7 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 from llmd import __version__
-from llmd.cli import main
+from llmd.cli.main import main
 from tests.unit.test_store_catalog_paths import fake_gguf
 
 
@@ -57,7 +57,7 @@ def test_failures_exit_nonzero_with_a_message(
     llmd_home: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Every catalog family runs now: pretend Qwen3 does not, to see the refusal's message.
-    monkeypatch.setattr("llmd.model_support.SUPPORTED_ARCHITECTURES", ("llama",))
+    monkeypatch.setattr("llmd.store.model_support.SUPPORTED_ARCHITECTURES", ("llama",))
     code, out = invoke("pull", "qwen3-4b")
     assert code == 1 and "'qwen3' model; llmd's engine runs llama" in out
     code, out = invoke("rm", "ghost")

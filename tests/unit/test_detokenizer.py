@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from llmd.detokenizer import IncrementalDetokenizer
-from llmd.text_model import TextModel
+from llmd.text.detokenizer import IncrementalDetokenizer
+from llmd.text.text_model import TextModel
 
 TEXTS = [
     "请用中文介绍一下长城。",

@@ -11,8 +11,10 @@ from types import SimpleNamespace
 
 import pytest
 
+from llmd.api.infill_api import EditorLimits, parse_infill, pick_fields
 from llmd.errors import ApiError
-from llmd.fim import (
+from llmd.store.gguf_metadata import _Cursor, _value
+from llmd.text.fim import (
     ExtraFile,
     FimTokens,
     build_fim_prompt,
@@ -21,9 +23,7 @@ from llmd.fim import (
     require_fim,
     with_fim_stops,
 )
-from llmd.gguf_metadata import _Cursor, _value
-from llmd.infill_api import EditorLimits, parse_infill, pick_fields
-from llmd.openai_schemas import CompletionRequest, parse_request
+from llmd.text.openai_schemas import CompletionRequest, parse_request
 from tests.unit.fake_api import api
 
 
@@ -337,9 +337,9 @@ async def test_a_fim_end_token_ends_the_middle(llmd_home: Path, model_path: Path
     """The fake worker answers with the prompt's own tokens: /infill's repo-level prompt
     starts with <repo_name>, a FIM end token, so the middle ends at once with nothing shown
     (without the stop, the hidden control tokens would let the echoed files through)."""
-    from llmd.install import import_local
     from llmd.paths import get_paths
-    from llmd.store import ModelStore
+    from llmd.store.install import import_local
+    from llmd.store.model_store import ModelStore
 
     fim_file = llmd_home / "fim.gguf"
     with_fim_metadata(model_path, fim_file)

@@ -11,12 +11,12 @@ from typing import Any
 
 import pytest
 
-from llmd.chat_output import ChatOutputPlan
-from llmd.chat_pipeline import chat_prompt
-from llmd.chat_template import render_chat
 from llmd.errors import ApiError
-from llmd.openai_schemas import ChatCompletionRequest
-from llmd.reasoning import (
+from llmd.text.chat_output import ChatOutputPlan
+from llmd.text.chat_pipeline import chat_prompt
+from llmd.text.chat_template import render_chat
+from llmd.text.openai_schemas import ChatCompletionRequest
+from llmd.text.reasoning import (
     GEMMA4_THOUGHT,
     THINK,
     ReasoningSplitter,
@@ -26,7 +26,7 @@ from llmd.reasoning import (
     split_reasoning,
     thinking_switch,
 )
-from llmd.tools import tool_call_grammar
+from llmd.text.tools import tool_call_grammar
 
 # A minimal Gemma 4-style template (written for these tests): `<|think|>` in the system turn
 # when thinking is on; otherwise the generation prompt closes an empty thought channel.
@@ -177,7 +177,7 @@ GEMMA4_VOCAB = (
 def gemma4_text() -> Any:
     if not GEMMA4_VOCAB.exists():
         pytest.skip("llama.cpp's Gemma 4 vocabulary is not on disk")
-    from llmd.text_model import load_gguf_text_model
+    from llmd.text.text_model import load_gguf_text_model
 
     text = load_gguf_text_model(GEMMA4_VOCAB)
     # Hugging Face's tokenizer.json marks the channel markers special: hide them as a

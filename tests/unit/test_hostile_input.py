@@ -16,14 +16,15 @@ from typing import Any
 
 import pytest
 
+from llmd.api.http_common import check_json_value
 from llmd.errors import ApiError
-from llmd.gguf_layout import GGUFFormatError, parse_layout
-from llmd.gguf_metadata import GGUFMetadataError, read_gguf_metadata
-from llmd.http_common import check_json_value
-from llmd.keep_alive import parse_keep_alive
 from llmd.paths import get_paths
-from llmd.store import InsufficientStorage, ModelStore, StoreError
-from llmd.structured import _closed, json_schema_grammar
+from llmd.runtime.keep_alive import parse_keep_alive
+from llmd.store.gguf_layout import GGUFFormatError, parse_layout
+from llmd.store.gguf_metadata import GGUFMetadataError, read_gguf_metadata
+from llmd.store.manifests import InsufficientStorage, StoreError
+from llmd.store.model_store import ModelStore
+from llmd.text.structured import _closed, json_schema_grammar
 from tests.unit.fake_api import MODEL, api
 
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
@@ -332,7 +333,7 @@ def test_a_full_disk_during_an_import_names_the_space_needed(
 async def test_requests_the_http_parser_refuses_are_answered_in_json() -> None:
     from aiohttp import web
 
-    from llmd.security import SecurityConfig, make_runner
+    from llmd.api.security import SecurityConfig, make_runner
 
     app = web.Application()
     runner = make_runner(app, SecurityConfig())
@@ -364,7 +365,7 @@ async def test_requests_the_http_parser_refuses_are_answered_in_json() -> None:
 async def test_a_disk_that_fills_up_mid_pull_is_a_507_naming_the_space(
     llmd_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from llmd.pulls import PullManager
+    from llmd.store.pulls import PullManager
     from tests.unit.test_store_catalog_paths import fake_gguf
 
     src = fake_gguf(tmp_path / "m.gguf")

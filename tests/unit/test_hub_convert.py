@@ -13,10 +13,10 @@ from gguf import GGMLQuantizationType as T
 from gguf import GGUFReader, GGUFValueType, GGUFWriter
 from gguf.quants import dequantize, quantize
 
-from llmd.convert import ConversionError, convert_gguf, plan_conversion
-from llmd.gguf_layout import Truncated, parse_layout, read_layout
-from llmd.install import check_gguf, check_hf_config
-from llmd.store import UnsupportedModel
+from llmd.store.convert import ConversionError, convert_gguf, plan_conversion
+from llmd.store.gguf_layout import Truncated, parse_layout, read_layout
+from llmd.store.install import check_gguf, check_hf_config
+from llmd.store.manifests import UnsupportedModel
 
 RNG = np.random.default_rng(7)
 

@@ -19,10 +19,11 @@ from gguf import GGMLQuantizationType as T
 from gguf import GGUFWriter
 from gguf.quants import quantize
 
-from llmd.downloader import DownloadOptions
 from llmd.paths import get_paths
-from llmd.pulls import PullManager
-from llmd.store import ModelStore, StoreError, UnsupportedModel
+from llmd.store.downloader import DownloadOptions
+from llmd.store.manifests import StoreError, UnsupportedModel
+from llmd.store.model_store import ModelStore
+from llmd.store.pulls import PullManager
 from tests.fakes.fake_hub import TOKEN, FakeHub
 from tests.native.tiny_models import loadable_llama_config, write_loadable_gguf
 
@@ -315,7 +316,7 @@ async def test_unsupported_architecture_is_refused_before_the_download(
         assert "'mamba' model; llmd's engine runs llama" in final["error"]["message"]
         assert hub.served["mamba-Q8_0.gguf"] <= 1 << 20  # the header only, of 24 MB
         # Every catalog family runs now: pretend Qwen3 does not, to see the catalog refuse it.
-        monkeypatch.setattr("llmd.model_support.SUPPORTED_ARCHITECTURES", ("llama",))
+        monkeypatch.setattr("llmd.store.model_support.SUPPORTED_ARCHITECTURES", ("llama",))
         with pytest.raises(UnsupportedModel, match="'qwen3' model"):
             m.start("qwen3-0.6b")  # the catalog knows: refused before any request
         with pytest.raises(StoreError, match="neither a catalog name"):
@@ -424,8 +425,8 @@ async def test_cp_rm_and_gc(hub: FakeHub, llmd_home: Path) -> None:
 async def test_a_gguf_the_engine_cannot_run_natively_is_converted_once(
     hub: FakeHub, llmd_home: Path, tmp_path: Path
 ) -> None:
-    from llmd.gguf_layout import read_layout
-    from llmd.model_support import NATIVE_GGUF_TYPES
+    from llmd.store.gguf_layout import read_layout
+    from llmd.store.model_support import NATIVE_GGUF_TYPES
     from tests.unit.test_hub_convert import q5k_blocks
 
     def kquant_mix(name: str, x: np.ndarray) -> tuple[np.ndarray, Any] | None:
@@ -450,7 +451,7 @@ async def test_a_gguf_the_engine_cannot_run_natively_is_converted_once(
         await m.close()
     assert "Q5_1 -> Q8_0 (1 tensors)" in final["note"] and "Q5_K" not in final["note"]
     assert final["quantization"] == "Q8_0"
-    from llmd.model_facts import describe
+    from llmd.store.model_facts import describe
 
     engine = describe(ModelStore(get_paths()).get("hf.co/test-org/kquant-GGUF:Q5_K_M"))["engine"]
     assert engine.startswith("native kernels: ") and "not runnable" not in engine

@@ -8,10 +8,10 @@ from pathlib import Path
 
 from click.testing import CliRunner
 
-from llmd.cli import main
+from llmd.api.server import REGISTRY
+from llmd.cli.main import main
 from llmd.paths import get_paths
-from llmd.server import REGISTRY
-from llmd.store import ModelStore
+from llmd.store.model_store import ModelStore
 from tests.unit.fake_api import MODEL, api, complete
 
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from llmd.tools import grammar_error, lazy_tool_call_grammar, marker_token_ids
+from llmd.text.tools import grammar_error, lazy_tool_call_grammar, marker_token_ids
 
 from .grammar_checks import accepts, accepts_a_prefix, accepts_ids, matcher
 

@@ -16,11 +16,11 @@ from typing import Any
 import pytest
 from aiohttp.test_utils import TestClient
 
-from llmd.keep_alive import FOREVER, parse_keep_alive
+from llmd.api.server import drain
 from llmd.paths import get_paths
-from llmd.server import drain
-from llmd.store import ModelStore
-from llmd.supervisor import RestartPolicy
+from llmd.runtime.keep_alive import FOREVER, parse_keep_alive
+from llmd.runtime.supervisor import RestartPolicy
+from llmd.store.model_store import ModelStore
 from tests.unit.fake_api import MODEL, api, complete, sent_to_worker, sse_events
 
 FAST = RestartPolicy(first_backoff=0.01, max_backoff=0.05, max_failures=3, health_interval=0.2)

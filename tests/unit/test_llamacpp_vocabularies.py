@@ -22,10 +22,11 @@ from pathlib import Path
 
 import pytest
 
-from llmd.chat_template import render_chat
-from llmd.gguf_metadata import read_gguf_metadata
-from llmd.text_model import load_gguf_text_model
-from llmd.tokenizer import UnsupportedTokenizer, gguf_tokenizer_problem, tokenizer_from_gguf
+from llmd.store.gguf_metadata import read_gguf_metadata
+from llmd.store.model_support import gguf_tokenizer_problem
+from llmd.text.chat_template import render_chat
+from llmd.text.text_model import load_gguf_text_model
+from llmd.text.tokenizer import UnsupportedTokenizer, tokenizer_from_gguf
 
 VERSION = os.environ.get("LLAMA_CPP_PYTHON_VERSION", "0.3.36")
 ROOT = Path(__file__).parents[2]

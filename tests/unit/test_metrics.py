@@ -9,7 +9,7 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from llmd.security import SecurityConfig
+from llmd.api.security import SecurityConfig
 from tests.unit.fake_api import MODEL, api
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from llmd.model_kind import (
+from llmd.store.model_kind import (
     GENERATE,
     KindError,
     ModelKind,
@@ -147,7 +147,8 @@ def test_a_pull_may_say_the_kind_of_a_directory_but_not_of_a_gguf(
     llmd_home: Path, tmp_path: Path
 ) -> None:
     from llmd.paths import get_paths
-    from llmd.store import ModelStore, StoreError
+    from llmd.store.manifests import StoreError
+    from llmd.store.model_store import ModelStore
     from tests.native.tiny_embedding_models import write_reranker_dir
     from tests.native.tiny_models import write_loadable_gguf
 

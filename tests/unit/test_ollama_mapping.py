@@ -8,8 +8,7 @@ from typing import Any
 
 import pytest
 
-from llmd.errors import ApiError
-from llmd.ollama_api import (
+from llmd.api.ollama_api import (
     ChatRequest,
     GenerateRequest,
     ToolCallBuffer,
@@ -26,7 +25,8 @@ from llmd.ollama_api import (
     thinking_mode,
     to_internal,
 )
-from llmd.ollama_models import human_number, progress_line
+from llmd.api.ollama_models import human_number, progress_line
+from llmd.errors import ApiError
 
 
 def _chat(**body: Any) -> ChatRequest:

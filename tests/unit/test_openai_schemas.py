@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from llmd.errors import ApiError
-from llmd.openai_schemas import ChatCompletionRequest, parse_request
+from llmd.text.openai_schemas import ChatCompletionRequest, parse_request
 
 USER = [{"role": "user", "content": "hi"}]
 
@@ -138,7 +138,7 @@ def test_message_content_is_flattened_for_the_template() -> None:
 
 
 def test_repeat_last_n_sets_the_repetition_window() -> None:
-    from llmd.chat_pipeline import sampling_params
+    from llmd.text.chat_pipeline import sampling_params
 
     def sampling(**extra: object):  # type: ignore[no-untyped-def]
         body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], **extra}

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from llmd import protocol as p
+from llmd.runtime import protocol as p
 from llmd.worker.pooled import PooledRequests
 
 

@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
-from llmd.chat_output import ChatOutputPlan
-from llmd.chat_template import render_chat
-from llmd.reasoning import THINK
-from llmd.tools import (
+from llmd.text.chat_output import ChatOutputPlan
+from llmd.text.chat_template import render_chat
+from llmd.text.reasoning import THINK
+from llmd.text.tools import (
     ContentDelta,
     ToolCallArguments,
     ToolCallStart,
@@ -25,7 +25,7 @@ from llmd.tools import (
     template_messages,
     tool_call_grammar,
 )
-from llmd.tools.qwen_xml import parameter_value
+from llmd.text.tools.qwen_xml import parameter_value
 
 from .grammar_checks import accepts as _accepts
 from .grammar_checks import accepts_a_prefix as _accepts_a_prefix

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from llmd.reasoning import (
+from llmd.text.reasoning import (
     ReasoningSplitter,
     prompt_opens_reasoning,
     reasoning_support,

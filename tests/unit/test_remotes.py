@@ -1,4 +1,4 @@
-"""Remote model records and forwarding rules (remotes.py, remote_proxy.py) without a network:
+"""Remote model records and forwarding rules (remotes.py, remote_upstream.py, remote_forward.py) without a network:
 URLs, stored records, what the upstream is sent, how its errors and events come back. The
 end-to-end behaviour is tests/integration/test_remote_models.py."""
 
@@ -9,14 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from llmd.anthropic_schemas import anthropic_error
-from llmd.generation import ContextOverflow
-from llmd.openai_schemas import ChatCompletionRequest, parse_request
+from llmd.api.anthropic_schemas import anthropic_error
+from llmd.api.remote_forward import _event, _Seen
+from llmd.errors import ContextOverflow
 from llmd.paths import Paths
-from llmd.remote_chat import as_chunk, split_delta
-from llmd.remote_health import check
-from llmd.remote_proxy import RemoteGate, _event, _Seen, read_lines, upstream_body, upstream_error
-from llmd.remotes import (
+from llmd.runtime.remote_health import check
+from llmd.runtime.remote_upstream import RemoteGate, read_lines, upstream_body, upstream_error
+from llmd.store.model_store import ModelStore
+from llmd.store.remotes import (
     RemoteError,
     RemoteRecord,
     RemoteStore,
@@ -25,7 +25,8 @@ from llmd.remotes import (
     parse_record,
     ssl_context,
 )
-from llmd.store import ModelStore
+from llmd.text.openai_schemas import ChatCompletionRequest, parse_request
+from llmd.text.remote_chat import as_chunk, split_delta
 
 
 def _paths(root: Path) -> Paths:

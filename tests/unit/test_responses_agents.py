@@ -14,9 +14,8 @@ from typing import Any
 import pytest
 from openai.types.responses import Response
 
-from llmd.errors import ApiError
-from llmd.response_store import open_reasoning, seal_reasoning
-from llmd.responses_api import (
+from llmd.api.response_store import open_reasoning, seal_reasoning
+from llmd.api.responses_api import (
     assistant_message,
     chat_request,
     items_to_messages,
@@ -24,7 +23,8 @@ from llmd.responses_api import (
     output_items,
     parse_responses_request,
 )
-from llmd.responses_tools import custom_format, input_matches, read_tool_choice, read_tools
+from llmd.api.responses_tools import custom_format, input_matches, read_tool_choice, read_tools
+from llmd.errors import ApiError
 from tests.unit.fake_api import MODEL, api, sent_to_worker
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "agents"

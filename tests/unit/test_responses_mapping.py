@@ -13,10 +13,8 @@ import pytest
 from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import TypeAdapter
 
-from llmd.errors import ApiError
-from llmd.openai_schemas import ChatMessage
-from llmd.response_store import ResponseStore, StoredResponse
-from llmd.responses_api import (
+from llmd.api.response_store import ResponseStore, StoredResponse
+from llmd.api.responses_api import (
     ResponseEvents,
     ResponseShell,
     assistant_message,
@@ -28,7 +26,9 @@ from llmd.responses_api import (
     parse_responses_request,
     responses_usage,
 )
-from llmd.responses_tools import read_tool_choice, read_tools
+from llmd.api.responses_tools import read_tool_choice, read_tools
+from llmd.errors import ApiError
+from llmd.text.openai_schemas import ChatMessage
 from tests.unit.fake_api import MODEL, api, sent_to_worker
 
 EVENT = TypeAdapter(ResponseStreamEvent)
@@ -145,7 +145,7 @@ def test_harmless_parameters_are_accepted() -> None:
 
 
 def test_chat_limits_are_reported_in_responses_names() -> None:
-    from llmd.responses_api import renamed
+    from llmd.api.responses_api import renamed
 
     err = renamed(
         ApiError(

@@ -21,7 +21,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
-from llmd.security import (
+from llmd.api.security import (
     SecurityConfig,
     host_name,
     install_cors,
@@ -29,7 +29,7 @@ from llmd.security import (
     make_runner,
     security_middlewares,
 )
-from llmd.server import error_middleware
+from llmd.api.server import error_middleware
 
 ORIGIN = "http://localhost:3000"
 KEY = "sk-local-secret"

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
+from llmd.api.server import REGISTRY
 from llmd.paths import get_paths
-from llmd.server import REGISTRY
 from tests.unit.fake_api import MODEL, api, complete, sent_to_worker, sse_events
 
 
@@ -326,7 +326,7 @@ async def test_models_and_health(llmd_home: Path) -> None:
 
 
 async def test_removed_model_stops_being_served(llmd_home: Path, model_path: Path) -> None:
-    from llmd.store import ModelStore
+    from llmd.store.model_store import ModelStore
 
     store = ModelStore(get_paths())
     store.pull(str(model_path), "mine")

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from llmd import service as service_mod
-from llmd.service import LABEL, render, service
+from llmd.cli import service as service_mod
+from llmd.cli.service import LABEL, render, service
 
 Calls = list[list[str]]
 
@@ -124,7 +124,7 @@ def test_without_llmd_home_the_service_uses_the_default_home(
 def test_a_source_checkout_passes_its_pythonpath_on(monkeypatch: pytest.MonkeyPatch) -> None:
     """Run from the source tree (PYTHONPATH=daemon), `python -m llmd` under the manager finds
     llmd only through PYTHONPATH; an installed llmd needs none."""
-    source_root = str(Path(service_mod.__file__).resolve().parents[1])
+    source_root = str(Path(service_mod.__file__).resolve().parents[2])  # daemon/, above llmd/
     monkeypatch.setenv("PYTHONPATH", source_root)
     assert service_mod.service_env()["PYTHONPATH"] == source_root
     monkeypatch.setenv("PYTHONPATH", "/elsewhere")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from llmd.errors import ApiError
-from llmd.speculative import (
+from llmd.runtime.speculative import (
     DEFAULT_MAX_DRAFT,
     FEATURE,
     SpeculativeOptions,

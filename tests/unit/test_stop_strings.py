@@ -3,7 +3,7 @@ merely looked like a stop's beginning is released, not lost."""
 
 from __future__ import annotations
 
-from llmd.stop_strings import StopMatcher
+from llmd.text.stop_strings import StopMatcher
 
 
 def feed_all(matcher: StopMatcher, pieces: list[str]) -> list[str]:

@@ -11,10 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from llmd.catalog import DEFAULT_MODEL, builtin_file, install_hint, load_catalog
+from llmd.api.server import AlreadyRunning, prepare_socket
 from llmd.paths import DEFAULT_PORT, Paths, get_paths
-from llmd.server import AlreadyRunning, prepare_socket
-from llmd.store import ModelStore, StoreError
+from llmd.store.catalog import DEFAULT_MODEL, builtin_file, install_hint, load_catalog
+from llmd.store.manifests import StoreError
+from llmd.store.model_store import ModelStore
 from tests.native.tiny_models import write_loadable_gguf
 
 
@@ -185,7 +186,7 @@ def test_a_file_the_engine_would_refuse_is_not_installed(llmd_home: Path, tmp_pa
         store.pull(str(src), "yarn")
     assert store.list() == [] and blobs(llmd_home) == []
     # the same model without it installs, and `llmd show` says what runs natively
-    from llmd.model_facts import describe
+    from llmd.store.model_facts import describe
 
     record = store.pull(str(write_loadable_gguf(tmp_path / "plain.gguf")), "plain")
     assert describe(record)["engine"] == "native kernels: Q8_0 9, F32 3"

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 
-from llmd.http_common import with_keepalive
+from llmd.api.http_common import with_keepalive
 
 BEAT = b": beat\n\n"
 

@@ -13,11 +13,11 @@ from typing import Any
 
 import pytest
 
-from llmd.anthropic_messages import BlockAssembler, stop_reason
-from llmd.chat_output import ChatOutputPlan
-from llmd.ollama_api import ToolCallBuffer, done_reason
-from llmd.responses_api import status_of
-from llmd.tools import ToolParserFactory
+from llmd.api.anthropic_messages import BlockAssembler, stop_reason
+from llmd.api.ollama_api import ToolCallBuffer, done_reason
+from llmd.api.responses_api import status_of
+from llmd.text.chat_output import ChatOutputPlan
+from llmd.text.tools import ToolParserFactory
 
 NAMES = ("get_weather", "now")
 SCHEMAS = {
@@ -151,7 +151,7 @@ def test_the_issue_30_cut_right_after_the_name_key(stream_arguments: bool) -> No
     assert blocks.content[0]["input"] == FIRST_ARGS
     assert stop_reason(streamed_reason, None) == ("max_tokens", None)
     # Responses: incomplete, for max_output_tokens; no output_text item.
-    from llmd.responses_api import output_items
+    from llmd.api.responses_api import output_items
 
     items = output_items(message, reason)
     assert [i["type"] for i in items] == ["function_call"]
@@ -183,7 +183,7 @@ def test_a_cut_opening_marker_alone_is_dropped_and_says_length() -> None:
 
 
 def test_responses_marks_the_cut_call_incomplete_streamed_or_not() -> None:
-    from llmd.responses_api import output_items
+    from llmd.api.responses_api import output_items
     from tests.unit.test_responses_mapping import _run
 
     text = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Pa'

@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from llmd.anthropic_messages import BlockAssembler
-from llmd.chat_output import ChatOutputPlan
-from llmd.tools import (
+from llmd.api.anthropic_messages import BlockAssembler
+from llmd.text.chat_output import ChatOutputPlan
+from llmd.text.tools import (
     ContentDelta,
     ToolCallArguments,
     ToolCallStart,

@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from llmd.chat_template import render_chat
-from llmd.reasoning import ReasoningSplitter
-from llmd.tools import (
+from llmd.text.chat_template import render_chat
+from llmd.text.reasoning import ReasoningSplitter
+from llmd.text.tools import (
     ContentDelta,
     ToolCall,
     ToolCallArguments,

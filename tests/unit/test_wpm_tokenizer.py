@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from tokenizers import Tokenizer
 
-from llmd.gguf_metadata import read_gguf_metadata
-from llmd.tokenizer import tokenizer_from_gguf
+from llmd.store.gguf_metadata import read_gguf_metadata
+from llmd.text.tokenizer import tokenizer_from_gguf
 from tests.native.tiny_encoder_models import write_encoder_dir, write_encoder_gguf
 
 pytest.importorskip("gguf")

@@ -1,4 +1,4 @@
-from .host import main
+from llmd.worker.host import main
 
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -53,7 +53,7 @@ class GrammarFactory:
 
                 import llguidance
 
-                from ..text_model import load_text_model
+                from llmd.text.text_model import load_text_model
 
                 text = load_text_model(Path(self._model_path))
                 self._tokenizer = llguidance.LLTokenizer(

@@ -19,12 +19,12 @@ from typing import Any, BinaryIO
 
 from pydantic import ValidationError
 
-from .. import protocol as p
-from ..limits import KV_TYPES, available_host_memory, kv_budget_share, process_rss
-from .blas import loaded_blas
-from .dense import DenseHead
-from .grammar import GrammarFactory
-from .pooled import PooledRequests
+from llmd.limits import KV_TYPES, available_host_memory, kv_budget_share, process_rss
+from llmd.runtime import protocol as p
+from llmd.runtime.blas import loaded_blas
+from llmd.store.dense_modules import DenseHead
+from llmd.worker.grammar import GrammarFactory
+from llmd.worker.pooled import PooledRequests
 
 
 def _flatten(prefix: str, value: Any, out: dict[str, Any]) -> None:
@@ -274,7 +274,7 @@ def main(argv: list[str] | None = None) -> int:
 
     writer = Writer(sys.stdout.buffer)
     try:
-        from .. import _engine  # the native extension; imported only in workers
+        from llmd import _engine  # the native extension; imported only in workers
     except ImportError as exc:
         hint = (
             " (no MLX backend is installed: pip install 'llmd[cpu]', or 'llmd[cuda]' on NVIDIA)"

@@ -12,8 +12,8 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-from .. import protocol as p
-from .dense import DenseHead
+from llmd.runtime import protocol as p
+from llmd.store.dense_modules import DenseHead
 
 SEP = "#"
 
@@ -36,7 +36,7 @@ class PooledRequests:
 
     def __init__(self, head: DenseHead | None = None) -> None:
         # The model's Dense modules: the engine pools without normalising, then the head
-        # projects and normalises here (dense.py).
+        # projects and normalises here (store/dense_modules.py).
         self._head = head
         self._lock = threading.Lock()
         self._requests: dict[str, _Request] = {}

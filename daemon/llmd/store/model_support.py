@@ -1,0 +1,190 @@
+"""What the engine can run, in one place: model architectures and GGUF tensor types.
+
+Pulls consult this before downloading anything, so a model the engine cannot run is refused
+with a message naming the reason instead of failing at its first request. When the engine
+learns a new architecture or a new kernel, extend the constants here and nothing else. (A GGUF's
+tokenizer is checked at pull time as well: ``gguf_tokenizer_problem`` below.)
+
+Conversion decision (measured, see ``CONVERSION_TARGET``): GGUF tensors of a type the engine
+has no kernel for are dequantized and re-quantized to **Q8_0** at pull time. On heavy-tailed
+weight-like rows (Student-t, 1024x4096) the relative RMS error of a Q5_0 source is 5.38 %;
+re-quantized to Q8_0 it becomes 5.43 % (+1 %), to Q4_1 10.6 % (2x), to Q4_0 14.2 %. Q5_1:
+4.35 % -> 4.40 % (Q8_0) vs 9.6 % (Q4_1). Q8_0's own error (0.7 %) adds in quadrature, so it
+keeps the quality the user chose for every source type, Q2_K/Q3_K/IQ* included, where a 4-bit
+target would add an error as large as the source's own. The price is memory (8.5 bits per
+weight instead of 2-6); the pull says so and names the ratio. gguf-py cannot quantize Q4_K or
+Q6_K, which would be the smaller targets for K-quant sources. Q5_K, the bulk of Q5_K_M/Q5_K_S
+files (and part of Q3_K_L's), has kernels of its own: converting it cost 8.5 bits per weight
+instead of 5.5 and made decode on such files memory-bound at ~1.5x llama.cpp's time.
+"""
+
+from __future__ import annotations
+
+from gguf import GGMLQuantizationType as T
+
+# `general.architecture` values (GGUF) / `model_type` values (config.json) the engine runs
+# (native/mlx/model_registry.cpp). Gemma 3 is `gemma3` in GGUF and in multimodal configs (whose
+# text_config is a `gemma3_text`), `gemma3_text` in text-only configs; Gemma 4 likewise;
+# Qwen3.5-MoE is `qwen3_5_moe` (multimodal, safetensors only: its GGUF `qwen35moe` is
+# refused) and `qwen3_5_moe_text`.
+SUPPORTED_ARCHITECTURES: tuple[str, ...] = (
+    "llama",
+    "qwen2",
+    "qwen3",
+    "gemma3",
+    "gemma3_text",
+    "qwen3_5_moe",
+    "qwen3_5_moe_text",
+    "gemma4",
+    "gemma4_text",
+    # encoders (embedding only): BERT / XLM-RoBERTa (GGUF `bert` holds both), nomic-bert
+    "bert",
+    "xlm-roberta",
+    "nomic_bert",
+    "nomic-bert",
+)
+
+# Architectures the engine runs from Hugging Face safetensors directories only: GGUF files of
+# them are refused at pull time (llmd has no loader for llama.cpp's layout of them yet).
+SAFETENSORS_ONLY_ARCHITECTURES: frozenset[str] = frozenset({"gemma4"})
+
+# GGUF tensor types with a native kernel (native/mlx/kernels) or a float path.
+NATIVE_GGUF_TYPES: frozenset[int] = frozenset(
+    {T.F32, T.F16, T.BF16, T.Q8_0, T.Q4_0, T.Q4_1, T.Q4_K, T.Q5_K, T.Q6_K}
+)
+
+# Types converted at pull time -> the type they become. gguf-py dequantizes all of these
+# (names an older gguf-py lacks are skipped: it could not read such files anyway).
+_CONVERTED = (
+    "Q5_0 Q5_1 Q3_K Q2_K IQ1_S IQ1_M IQ2_XXS IQ2_XS IQ2_S IQ3_XXS IQ3_S IQ4_NL IQ4_XS "
+    "TQ1_0 TQ2_0 MXFP4 NVFP4"
+).split()
+CONVERSION_TARGET: dict[int, int] = {T[n]: T.Q8_0 for n in _CONVERTED if n in T.__members__}
+
+# Type ids llama.cpp used once and removed (ARM-repacked Q4_0); gguf-py no longer knows them.
+RETIRED_GGUF_TYPES: dict[int, str] = {31: "Q4_0_4_4", 32: "Q4_0_4_8", 33: "Q4_0_8_8"}
+
+
+def type_name(type_id: int) -> str:
+    """``Q4_K`` for 12; retired and unknown ids are named as well as can be."""
+    try:
+        return T(type_id).name
+    except ValueError:
+        return RETIRED_GGUF_TYPES.get(type_id, f"type {type_id}")
+
+
+# MLX-quantized safetensors (mlx-lm's `quantization` block: affine groups, weights packed in
+# uint32 with per-group scales and biases) the engine runs without expanding them to float
+# (native/mlx/decoder.h Checkpoint): every architecture it runs from safetensors, with these
+# bits and group sizes.
+MLX_QUANTIZED_ARCHITECTURES: frozenset[str] = frozenset(SUPPORTED_ARCHITECTURES)
+MLX_QUANT_BITS: tuple[int, ...] = (4, 8)
+MLX_QUANT_GROUP_SIZES: tuple[int, ...] = (32, 64, 128)
+
+
+def quantization_problem(config: dict, arch: str) -> str | None:
+    """Why the engine cannot run a config's quantization (None when it can, or there is none).
+    mlx-lm writes `quantization` (and the same dict as `quantization_config`); a
+    `quant_method` there is another tool's format."""
+    outer = [config]
+    if isinstance(config.get("text_config"), dict):
+        outer.append(config["text_config"])
+    for c in outer:
+        for key in ("quantization", "quantization_config"):
+            q = c.get(key)
+            if not isinstance(q, dict) or not q:
+                continue
+            if "quant_method" in q:
+                return (
+                    f"its weights are quantized with '{q['quant_method']}', which llmd cannot run "
+                    "(it runs MLX affine 4/8-bit safetensors, GGUF, and float safetensors)"
+                )
+            mode = q.get("mode", "affine")
+            if mode != "affine":
+                return f"its MLX quantization mode '{mode}' is not supported (affine only)"
+            # The default, then mlx-lm's per-module settings ({"model.layers.0.mlp.gate": {...}}).
+            settings = [("", q)] + [(f" ({k})", v) for k, v in q.items() if isinstance(v, dict)]
+            for where, setting in settings:
+                bits, group = setting.get("bits"), setting.get("group_size")
+                if bits not in MLX_QUANT_BITS:
+                    return f"its MLX quantization has {bits} bits{where}; llmd runs {MLX_QUANT_BITS} bits"
+                if group not in MLX_QUANT_GROUP_SIZES:
+                    return (
+                        f"its MLX quantization has group_size {group}{where}; llmd runs group "
+                        f"sizes {MLX_QUANT_GROUP_SIZES}"
+                    )
+            if arch not in MLX_QUANTIZED_ARCHITECTURES:
+                return (
+                    f"MLX-quantized '{arch}' checkpoints are not supported yet (llmd runs them "
+                    f"for {', '.join(sorted(MLX_QUANTIZED_ARCHITECTURES))}); pull the original "
+                    "bf16 repository or a GGUF"
+                )
+    return None
+
+
+def architecture_supported(arch: str) -> bool:
+    return arch in SUPPORTED_ARCHITECTURES
+
+
+def gguf_architecture_supported(arch: str) -> bool:
+    return architecture_supported(arch) and arch not in SAFETENSORS_ONLY_ARCHITECTURES
+
+
+def unsupported_architecture_message(arch: str, what: str) -> str:
+    return (
+        f"{what} is a '{arch or 'unknown'}' model; llmd's engine runs "
+        f"{', '.join(SUPPORTED_ARCHITECTURES)} models only so far."
+    )
+
+
+def unsupported_gguf_message(arch: str, what: str) -> str:
+    if arch in SAFETENSORS_ONLY_ARCHITECTURES:
+        return (
+            f"{what} is a '{arch}' GGUF; llmd runs {arch} models from Hugging Face safetensors "
+            "directories only so far (pull the original repository instead)."
+        )
+    return unsupported_architecture_message(arch, what)
+
+
+# ---------------------------------------------------------------------- tokenizers
+# The GGUF tokenizers text/tokenizer.py rebuilds exactly (checked id for id against llama.cpp),
+# by `tokenizer.ggml.model` and `tokenizer.ggml.pre`; anything else is refused at pull time.
+# Digits split one by one, then GPT-2's byte-level regex.
+DIGITS_THEN_GPT2_PRE = ("smollm", "starcoder", "refact", "command-r")
+GPT2_PRE = ("gpt2", "gpt-2", "mpt", "olmo", "jais")
+LLAMA3_PRE = ("llama-bpe", "llama3", "llama-v3", "dbrx", "smaug-bpe")
+QWEN2_PRE = ("qwen2", "deepseek-r1-qwen", "stablelm2", "hunyuan")
+QWEN35_PRE = ("qwen35",)
+SUPPORTED_PRE_TOKENIZERS = frozenset(
+    DIGITS_THEN_GPT2_PRE + GPT2_PRE + LLAMA3_PRE + QWEN2_PRE + QWEN35_PRE
+)
+# Pre-tokenizers whose words are taken whole when the vocabulary has them, before any merge
+# (Llama 3's tokenizer.json `ignore_merges`; llama.cpp sets it for these names).
+IGNORE_MERGES_PRE = ("llama-bpe", "llama3", "llama-v3")
+# GGUF tokenizer models: byte-level BPE, and the SentencePiece-style ones (spm_tokenizer.py).
+SENTENCEPIECE_MODELS = ("llama", "gemma4")
+# WordPiece (encoders: BERT, nomic-bert), wpm_tokenizer.py.
+WORDPIECE_MODELS = ("bert",)
+SUPPORTED_TOKENIZER_MODELS = ("gpt2", *SENTENCEPIECE_MODELS, *WORDPIECE_MODELS)
+
+
+def gguf_tokenizer_problem(model: str | None, pre: str | None) -> str | None:
+    """Why llmd cannot rebuild a GGUF's tokenizer from `tokenizer.ggml.model` and
+    `tokenizer.ggml.pre`, or None when it can (or the file names no tokenizer model). Pulls ask
+    this of the header, before downloading the weights."""
+    if model is None or model in SENTENCEPIECE_MODELS or model in WORDPIECE_MODELS:
+        return None
+    if model != "gpt2":
+        return (
+            f"GGUF tokenizer model '{model}' is not supported yet (supported: "
+            f"{', '.join(SUPPORTED_TOKENIZER_MODELS)}); the model's Hugging Face repository "
+            "(safetensors with tokenizer.json) can be pulled instead"
+        )
+    if (pre or "") not in SUPPORTED_PRE_TOKENIZERS:
+        # llama.cpp's "default" (a GGUF without `tokenizer.ggml.pre`) uses its own regex set;
+        # better to refuse than to tokenize differently from the model's training.
+        return (
+            f"GGUF pre-tokenizer '{pre or 'default'}' is not supported yet "
+            f"(supported: {', '.join(sorted(SUPPORTED_PRE_TOKENIZERS))})"
+        )
+    return None
