@@ -431,16 +431,13 @@ def test_an_upstream_refusal_keeps_its_status_and_says_why(
 
 
 def test_protocols_without_a_remote_counterpart_say_so(local: LiveServer) -> None:
-    """Generation protocols forward remote models (test_remote_protocols.py); embeddings,
-    reranking and /api/show need the model here: a 400 in each protocol's own shape."""
-    status, err, _ = call(local, "POST", "/v1/embeddings", {"model": "far", "input": "hi"})
-    assert status == 400 and "remote model" in err["error"]["message"]
-    assert "/v1/messages" in err["error"]["message"]  # where remote models are served
+    """Generation protocols forward remote models (test_remote_protocols.py), and so do
+    OpenAI's embeddings and rerank (test_remote_embeddings.py); Ollama's embed routes and
+    /infill need the model here: a 400 in each protocol's own shape, saying where it works."""
     status, err, _ = call(local, "POST", "/api/embed", {"model": "far:latest", "input": "hi"})
     assert status == 400 and "remote model" in err["error"]
-    status, err, _ = call(
-        local, "POST", "/v1/rerank", {"model": "far", "query": "q", "documents": ["d"]}
-    )
+    assert "/v1/embeddings" in err["error"]  # where remote embeddings are served
+    status, err, _ = call(local, "POST", "/infill", {"model": "far", "input_prefix": "x"})
     assert status == 400 and "remote model" in err["error"]["message"]
 
 

@@ -1,5 +1,6 @@
 """OpenAI's ``POST /v1/embeddings`` and the rerank routes (``POST /v1/rerank``, with
-llama-server's aliases ``/rerank`` and ``/v1/reranking``), answered from embedding.py.
+llama-server's aliases ``/rerank`` and ``/v1/reranking``), answered from embedding.py, or by
+the upstream of a remote model (the request as validated here, the upstream's answer as given).
 
 Decisions: ``dimensions`` truncates and renormalises only models trained for it (their model
 card says so: model_kind.py); other models answer 400, as cutting an embedding that was not
@@ -18,6 +19,7 @@ from aiohttp import web
 
 from llmd.api.embedding_schemas import EmbeddingRequest, RerankRequest
 from llmd.api.http_common import REGISTRY, STORE, parsed_body
+from llmd.api.remote_routes import forward_if_remote
 from llmd.errors import bad_request
 from llmd.runtime.supervisor import ModelSupervisor
 from llmd.store.model_kind import record_kind
@@ -68,8 +70,10 @@ def encode_vector(values: list[float], encoding: str) -> list[float] | str:
     return values
 
 
-async def embeddings(request: web.Request) -> web.Response:
+async def embeddings(request: web.Request) -> web.StreamResponse:
     req = await parsed_body(request, parse_request, EmbeddingRequest)
+    if (answer := await forward_if_remote(request, req, "/v1/embeddings")) is not None:
+        return answer
     check_kind_before_load(request.app[STORE], req.model, "embed", "/v1/embeddings")
     async with request.app[REGISTRY].use(req.model, req.keep_alive_seconds()) as model:
         require_kind(model, "embed", "/v1/embeddings")
@@ -133,8 +137,12 @@ async def _cross_encode(model: ModelSupervisor, req: RerankRequest, documents: l
     return await run_pooled(model, prompts)
 
 
-async def rerank(request: web.Request) -> web.Response:
+async def rerank(request: web.Request) -> web.StreamResponse:
     req = await parsed_body(request, _rerank_body)
+    # One upstream path whichever alias the client used: vLLM, llama-server and llmd all
+    # serve /v1/rerank.
+    if (answer := await forward_if_remote(request, req, "/v1/rerank")) is not None:
+        return answer
     documents = req.texts()
     check_kind_before_load(request.app[STORE], req.model, "rerank", request.path)
     async with request.app[REGISTRY].use(req.model, req.keep_alive_seconds()) as model:

@@ -1,4 +1,6 @@
-"""Answering an OpenAI request for a remote model with the upstream's own answer, as it came:
+"""Answering an OpenAI request for a remote model with the upstream's own answer, as it came
+(chat and completions, and the embedding and rerank routes, which vLLM, SGLang, llama-server
+and llmd all serve under the same paths):
 its JSON, or its SSE events one by one, with `model` rewritten to the local name. A client that
 goes away closes the upstream connection, which cancels the generation there (vLLM, SGLang,
 llama-server and llmd all stop on disconnect). Slots, health, bodies and errors are the
@@ -17,6 +19,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
+from llmd.api.embedding_schemas import EmbeddingRequest, RerankRequest
 from llmd.api.http_common import SSE_KEEPALIVE, relay, sse
 from llmd.errors import ApiError
 from llmd.runtime.remote_upstream import (
@@ -31,12 +34,15 @@ from llmd.runtime.remote_upstream import (
 from llmd.store.remotes import RemoteRecord
 from llmd.text.openai_schemas import SamplingFields
 
+# The validated requests that travel to an upstream as they are (with the upstream's model id).
+Forwarded = SamplingFields | EmbeddingRequest | RerankRequest
+
 
 async def forward(
     request: web.Request,
     gate: RemoteGate,
     remote: RemoteRecord,
-    req: SamplingFields,
+    req: Forwarded,
     path: str,
 ) -> web.StreamResponse:
     """Answer `request` (already validated as `req`) from the remote's `path`. An error that
@@ -53,7 +59,7 @@ async def _forward(
     request: web.Request,
     gate: RemoteGate,
     remote: RemoteRecord,
-    req: SamplingFields,
+    req: Forwarded,
     path: str,
     started: float,
 ) -> web.StreamResponse:
@@ -72,7 +78,7 @@ async def _forward(
                 except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
                     raise transport_error(remote, exc) from exc
                 raise upstream_error(remote, resp.status, text, resp.headers)
-            if req.stream and resp.content_type == SSE:
+            if getattr(req, "stream", False) and resp.content_type == SSE:
                 seen = _Seen()
                 answer = await relay(
                     request,

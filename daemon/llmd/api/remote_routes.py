@@ -29,7 +29,7 @@ from typing import Any
 from aiohttp import web
 
 from llmd.api.http_common import METRICS, STORE, json_body
-from llmd.api.remote_forward import forward
+from llmd.api.remote_forward import Forwarded, forward
 from llmd.api.security import is_unix_socket_request
 from llmd.errors import ApiError, bad_request
 from llmd.runtime.remote_health import add_health_checks
@@ -47,10 +47,6 @@ GATE = web.AppKey("remote_gate", RemoteGate)
 # never a local "model not found".
 NOT_FORWARDED = frozenset(
     {
-        "/v1/embeddings",
-        "/v1/rerank",
-        "/rerank",
-        "/v1/reranking",
         "/api/embed",
         "/api/embeddings",
         "/infill",
@@ -73,7 +69,7 @@ def find_remote(app: web.Application, name: str) -> RemoteRecord | None:
 
 
 async def forward_if_remote(
-    request: web.Request, req: SamplingFields, path: str
+    request: web.Request, req: Forwarded, path: str
 ) -> web.StreamResponse | None:
     """The answer for a validated OpenAI request when its model is remote, else None (the
     caller serves it locally)."""
@@ -309,7 +305,7 @@ async def refuse_unforwarded(request: web.Request, handler: Handler) -> web.Stre
                     f"'{name}' is a remote model; {request.path} is served for local "
                     "models only (remote models answer generation requests: "
                     "/v1/chat/completions, /v1/completions, /v1/responses, /v1/messages, "
-                    "/api/chat, /api/generate)",
+                    "/api/chat, /api/generate, and /v1/embeddings and /v1/rerank)",
                     param="model",
                     code="remote_model_unsupported_here",
                 )
