@@ -269,6 +269,12 @@ def test_remote_is_listed_with_its_owner_and_the_upstreams_context(
     far = next(m for m in listed["data"] if m["id"] == "far")
     assert far["owned_by"] == f"127.0.0.1:{upstream.port}"
     assert far["max_model_len"] == theirs["max_model_len"] and far["max_model_len"] > 0
+    # Capabilities as the upstream reports them; none where it does not (the recorder, like
+    # vLLM, lists bare ids).
+    assert far["capabilities"] == theirs["capabilities"] and far["capabilities"]["tools"]
+    assert next(m for m in listed["data"] if m["id"] == "rec")["capabilities"] is None
+    _, show, _ = call(local, "POST", "/api/show", {"model": "far"})
+    assert "completion" in show["capabilities"] and "embedding" not in show["capabilities"]
     assert any(m["id"] == LOCAL_MODEL for m in listed["data"])  # local models stay listed
     _, one, _ = call(local, "GET", "/v1/models/far")
     assert one["id"] == "far"

@@ -20,6 +20,7 @@ from llmd.store.remotes import (
     RemoteError,
     RemoteRecord,
     RemoteStore,
+    capabilities_of,
     context_of,
     normalize_url,
     parse_record,
@@ -261,3 +262,13 @@ def test_a_whole_completion_reads_as_one_chunk() -> None:
         ({"tool_calls": choice["delta"]["tool_calls"]}, None)
     ]
     assert chunk["usage"] == whole["usage"]
+
+
+def test_capabilities_are_read_in_llmds_words_from_either_shape() -> None:
+    """Another llmd's dict, an Ollama-style list, or nothing (vLLM): unknown names dropped."""
+    llmd_entry = {"id": "m", "capabilities": {"tools": True, "vision": False, "odd": True}}
+    assert capabilities_of(llmd_entry) == {"tools": True, "vision": False}
+    listed = {"id": "m", "capabilities": ["completion", "thinking", "embedding", "flying"]}
+    assert capabilities_of(listed) == {"completion": True, "reasoning": True, "embeddings": True}
+    assert capabilities_of({"id": "m", "max_model_len": 4096}) is None
+    assert capabilities_of({"id": "m", "capabilities": ["flying"]}) is None

@@ -106,9 +106,14 @@ async def count_remote(
 # ---------------------------------------------------------------------- listings
 
 
-def openai_entry(remote: RemoteRecord, context: int | None = None) -> dict[str, Any]:
-    """A `/v1/models` entry for a remote: owner is the upstream's host, context its own (the
-    last health check's, else what it said when the remote was added)."""
+def openai_entry(
+    remote: RemoteRecord,
+    context: int | None = None,
+    capabilities: dict[str, bool] | None = None,
+) -> dict[str, Any]:
+    """A `/v1/models` entry for a remote: owner is the upstream's host, context and
+    capabilities its own (the last health check's, else what it said when the remote was
+    added; capabilities null when the upstream does not say, as vLLM's and SGLang's lists)."""
     context = context or remote.context_length
     return {
         "id": remote.name,
@@ -117,6 +122,7 @@ def openai_entry(remote: RemoteRecord, context: int | None = None) -> dict[str, 
         "owned_by": remote.host,
         "context_length": context,
         "max_model_len": context,
+        "capabilities": capabilities or remote.capabilities,
         "remote": {"url": remote.url, "upstream_model": remote.upstream_model},
     }
 
@@ -128,11 +134,36 @@ def served_remotes(app: web.Application) -> list[RemoteRecord]:
 
 
 def remote_model_entry(app: web.Application, remote: RemoteRecord) -> dict[str, Any]:
-    return openai_entry(remote, _context(app, remote))
+    return openai_entry(remote, _context(app, remote), _capabilities(app, remote))
 
 
 def _context(app: web.Application, remote: RemoteRecord) -> int | None:
     return app[GATE].health(remote.name).context_length or remote.context_length
+
+
+def _capabilities(app: web.Application, remote: RemoteRecord) -> dict[str, bool] | None:
+    """The upstream's latest word (health checks), else what it said when the remote was
+    added; None when it never said."""
+    return app[GATE].health(remote.name).capabilities or remote.capabilities
+
+
+# llmd's capability names -> Ollama's (`/api/show`'s list).
+_OLLAMA_NAMES = {
+    "completion": "completion",
+    "tools": "tools",
+    "reasoning": "thinking",
+    "vision": "vision",
+    "embeddings": "embedding",
+    "rerank": "rerank",
+}
+
+
+def ollama_capabilities(capabilities: dict[str, bool] | None) -> list[str]:
+    """`/api/show`'s list: the upstream's capabilities in Ollama's words; without any, what
+    every forwarded generation request may use (completion and tools)."""
+    if capabilities is None:
+        return ["completion", "tools"]
+    return [_OLLAMA_NAMES[k] for k, v in capabilities.items() if v and k in _OLLAMA_NAMES]
 
 
 async def openai_remote_models(app: web.Application) -> list[dict[str, Any]]:
@@ -174,7 +205,7 @@ def ollama_remote_show(app: web.Application, remote: RemoteRecord) -> dict[str, 
         "license": "",
         "details": {"format": "remote", "family": "", "context_length": context},
         "model_info": {"general.architecture": "remote", "remote.context_length": context},
-        "capabilities": ["completion", "tools"],
+        "capabilities": ollama_capabilities(_capabilities(app, remote)),
         "remote_model": remote.upstream_model,
         "remote_host": remote.url,
         "modified_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(remote.added)),

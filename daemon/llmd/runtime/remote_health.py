@@ -50,6 +50,7 @@ async def check(
             log.info("remote %s is healthy again", remote.name)
         health.healthy, health.last_error, health.failures = True, None, 0
         health.context_length = checked.context_length
+        health.capabilities = checked.capabilities
         delay = interval
     health.checked_at = time.time()
     health.next_check = health.checked_at + delay

@@ -66,6 +66,7 @@ class Health:
     failures: int = 0  # in a row: the backoff grows with them
     next_check: float = 0.0
     context_length: int | None = None  # as the upstream reports it now
+    capabilities: dict[str, bool] | None = None  # likewise
 
 
 @dataclass

@@ -87,6 +87,9 @@ class RemoteRecord(BaseModel):
     connect_timeout: float = Field(default=DEFAULT_CONNECT_TIMEOUT, gt=0, le=600)
     read_timeout: float = Field(default=DEFAULT_READ_TIMEOUT, gt=0, le=86400)
     context_length: int | None = None
+    # What the upstream says the model can do, in llmd's words (`capabilities_of`); None when
+    # its `/v1/models` does not say (vLLM, SGLang and llama-server do not).
+    capabilities: dict[str, bool] | None = None
     # A PEM file of CA certificates the upstream's TLS certificate is verified against,
     # instead of the system's (a cluster's own CA). Never "no verification".
     ca_bundle: str | None = None
@@ -291,8 +294,41 @@ def context_of(entry: dict[str, Any]) -> int | None:
     return None
 
 
+# Capability names as Ollama and LM Studio list them -> llmd's (`/v1/models` of llmd says
+# `capabilities: {"completion": true, ...}`; Ollama's `/api/show` a list of names).
+_CAPABILITY_NAMES = {
+    "completion": "completion",
+    "chat": "chat",
+    "tools": "tools",
+    "tool_use": "tools",
+    "thinking": "reasoning",
+    "reasoning": "reasoning",
+    "vision": "vision",
+    "embedding": "embeddings",
+    "embeddings": "embeddings",
+    "rerank": "rerank",
+}
+
+
+def capabilities_of(entry: dict[str, Any]) -> dict[str, bool] | None:
+    """The capabilities an upstream's `/v1/models` entry reports, in llmd's words: another
+    llmd's `{"tools": true, ...}`, or a list of names (Ollama-style); None when it reports
+    none. Unknown names are dropped: a client must not be told of a capability llmd cannot
+    name."""
+    raw = entry.get("capabilities")
+    if isinstance(raw, dict):
+        pairs = [(k, v) for k, v in raw.items() if isinstance(v, bool)]
+    elif isinstance(raw, list):
+        pairs = [(k, True) for k in raw if isinstance(k, str)]
+    else:
+        return None
+    known = {_CAPABILITY_NAMES[k]: v for k, v in pairs if k in _CAPABILITY_NAMES}
+    return known or None
+
+
 async def probe(record: RemoteRecord) -> RemoteRecord:
-    """Ask the upstream's `/v1/models` whether it serves the model, and its context length:
+    """Ask the upstream's `/v1/models` whether it serves the model, its context length and
+    capabilities:
     a remote is only added once it answers. The upstream id defaults to the remote's name,
     else to the one model the upstream lists. Returns the record completed."""
     timeout = aiohttp.ClientTimeout(
@@ -339,7 +375,9 @@ async def probe(record: RemoteRecord) -> RemoteRecord:
             code="model_not_found",
         )
     entry = listed[ids.index(wanted)]
-    return record.model_copy(update={"context_length": context_of(entry)})
+    return record.model_copy(
+        update={"context_length": context_of(entry), "capabilities": capabilities_of(entry)}
+    )
 
 
 async def probe_new(fields: dict[str, Any]) -> RemoteRecord:
