@@ -132,6 +132,9 @@ class EncoderModel : public Model {
     convert(w_.embed_norm.w);
     convert(w_.embed_norm.b);
     for (EncoderLayer& L : w_.layers) {
+      if (!on_device_) {
+        for (Linear* lin : {&L.qkv, &L.wo, &L.up, &L.down}) lin->use_host_float_gemm();
+      }
       for (auto* v : {&L.qkv_bias, &L.wo_bias, &L.up_bias, &L.down_bias}) convert_opt(*v);
       for (auto* n : {&L.attn_norm, &L.out_norm}) {
         convert(n->w);
