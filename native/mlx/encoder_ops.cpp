@@ -51,17 +51,35 @@ using namespace simd;
   return x / (1.f + vexp(-2.f * u));
 }
 
+// A row's vectors: whole ones loaded and stored directly, the tail through a zero-padded
+// copy that goes through the same arithmetic (a variable-length memcpy per vector cost more
+// than the maths).
+template <typename F>
+[[gnu::always_inline]] inline void each_vector(int n, F&& f) {
+  int i = 0;
+  for (; i + kLanes <= n; i += kLanes) f(i, kLanes);
+  if (i < n) f(i, n - i);
+}
+
+[[gnu::always_inline]] inline vf load_part(const float* p, int m) {
+  if (m == kLanes) return load(p);
+  vf v{};
+  for (int l = 0; l < m; ++l) v[l] = p[l];
+  return v;
+}
+
+[[gnu::always_inline]] inline void store_part(float* p, vf v, int m) {
+  if (m == kLanes) return store(p, v);
+  for (int l = 0; l < m; ++l) p[l] = v[l];
+}
+
 LLMD_CLONES
 void gelu_row(const float* x, const float* bias, float* out, int n, bool tanh_approx) {
-  for (int i = 0; i < n; i += kLanes) {
-    const int m = std::min(kLanes, n - i);  // the tail goes through the same arithmetic, zero-padded
-    vf v{}, b{};
-    std::memcpy(&v, x + i, m * sizeof(float));
-    if (bias) std::memcpy(&b, bias + i, m * sizeof(float));
-    v += b;
-    const vf y = tanh_approx ? gelu_tanh(v) : gelu_erf(v);
-    std::memcpy(out + i, &y, m * sizeof(float));
-  }
+  each_vector(n, [&](int i, int m) __attribute__((always_inline)) {
+    vf v = load_part(x + i, m);
+    if (bias) v += load_part(bias + i, m);
+    store_part(out + i, tanh_approx ? gelu_tanh(v) : gelu_erf(v), m);
+  });
 }
 
 [[gnu::always_inline]] inline float hsum(vf v) {
@@ -75,40 +93,25 @@ LLMD_CLONES
 void add_layer_norm_row(const float* x, const float* bias, const float* residual, const float* w, const float* shift,
                         float eps, float* out, int n) {
   vf acc{};
-  for (int i = 0; i < n; i += kLanes) {
-    const int m = std::min(kLanes, n - i);
-    vf v{}, t{};
-    std::memcpy(&v, x + i, m * sizeof(float));
-    if (bias) {
-      std::memcpy(&t, bias + i, m * sizeof(float));
-      v += t;
-    }
-    if (residual) {
-      std::memcpy(&t, residual + i, m * sizeof(float));
-      v += t;
-    }
+  each_vector(n, [&](int i, int m) __attribute__((always_inline)) {
+    vf v = load_part(x + i, m);
+    if (bias) v += load_part(bias + i, m);
+    if (residual) v += load_part(residual + i, m);
     acc += v;
-    std::memcpy(out + i, &v, m * sizeof(float));
-  }
+    store_part(out + i, v, m);
+  });
   const float mean = hsum(acc) / static_cast<float>(n);
   vf sq{};
-  for (int i = 0; i < n; i += kLanes) {
-    const int m = std::min(kLanes, n - i);
-    vf v = splat(mean);  // padding lanes contribute 0
-    std::memcpy(&v, out + i, m * sizeof(float));
-    v -= mean;
+  each_vector(n, [&](int i, int m) __attribute__((always_inline)) {
+    vf v = load_part(out + i, m) - mean;
+    for (int l = m; l < kLanes; ++l) v[l] = 0.f;  // padding lanes add nothing
     sq += v * v;
-  }
+  });
   const float inv = 1.f / std::sqrt(hsum(sq) / static_cast<float>(n) + eps);
-  for (int i = 0; i < n; i += kLanes) {
-    const int m = std::min(kLanes, n - i);
-    vf v{}, g{}, s{};
-    std::memcpy(&v, out + i, m * sizeof(float));
-    std::memcpy(&g, w + i, m * sizeof(float));
-    std::memcpy(&s, shift + i, m * sizeof(float));
-    const vf y = (v - mean) * inv * g + s;
-    std::memcpy(out + i, &y, m * sizeof(float));
-  }
+  each_vector(n, [&](int i, int m) __attribute__((always_inline)) {
+    const vf v = load_part(out + i, m);
+    store_part(out + i, (v - mean) * inv * load_part(w + i, m) + load_part(shift + i, m), m);
+  });
 }
 
 }  // namespace encoder_rows
