@@ -22,6 +22,7 @@
 #include "../core/op_profile.h"
 #include "architectures.h"
 #include "decoder.h"
+#include "encoder_ops.h"
 
 namespace llmd {
 
@@ -131,6 +132,9 @@ class EncoderModel : public Model {
     convert(w_.embed_norm.w);
     convert(w_.embed_norm.b);
     for (EncoderLayer& L : w_.layers) {
+      if (!on_device_) {
+        for (Linear* lin : {&L.qkv, &L.wo, &L.up, &L.down}) lin->use_host_float_gemm();
+      }
       for (auto* v : {&L.qkv_bias, &L.wo_bias, &L.up_bias, &L.down_bias}) convert_opt(*v);
       for (auto* n : {&L.attn_norm, &L.out_norm}) {
         convert(n->w);
@@ -141,6 +145,13 @@ class EncoderModel : public Model {
     if (w_.type0) all.push_back(*w_.type0);
     if (w_.type1) all.push_back(*w_.type1);
     mx::eval(all);
+    if (c_.rotary) {
+      auto rope = std::make_shared<Rope>();
+      rope->dims = c_.dims.head_dim;
+      rope->interleaved = false;  // NEOX halves, as mx::fast::rope(traditional = false)
+      rope->inv_freq = rope_inv_freq(rope->dims, c_.rope_base);
+      rope_ = std::move(rope);
+    }
   }
 
   const ModelInfo& info() const override { return info_; }
@@ -207,13 +218,19 @@ class EncoderModel : public Model {
     }
     if (on_device_) x = mx::astype(x, device_compute_dtype());
     const float eps = c_.dims.rms_eps;
-    x = w_.embed_norm(x, eps);
-    for (const EncoderLayer& L : w_.layers) {
-      mx::array qkv = add_bias(L.qkv(x), L.qkv_bias);
-      mx::array a = attention(qkv, spans);
-      x = L.attn_norm(add_bias(L.wo(a, {.residual = x}), L.wo_bias), eps);
-      mx::array h = c_.swiglu ? L.up(x, {.swiglu = true}) : gelu(add_bias(L.up(x), L.up_bias), c_.gelu_tanh);
-      x = L.out_norm(add_bias(L.down(h, {.residual = x}), L.down_bias), eps);
+    if (!on_device_ && supports_encoder_attention(c_.dims.head_dim)) {
+      // The host backend: llmd's threaded, vectorized primitives between the matmuls
+      // (encoder_ops.h), attention over all inputs in one op.
+      const auto packed = std::make_shared<const EncoderSpans>(spans);
+      x = add_layer_norm(x, std::nullopt, std::nullopt, w_.embed_norm.w, w_.embed_norm.b, eps);
+      for (const EncoderLayer& L : w_.layers) {
+        mx::array a = encoder_attention(L.qkv(x), L.qkv_bias, packed, c_.dims.n_heads, c_.dims.head_dim, rope_);
+        x = add_layer_norm(L.wo(a), L.wo_bias, x, L.attn_norm.w, L.attn_norm.b, eps);
+        mx::array h = c_.swiglu ? L.up(x, {.swiglu = true}) : bias_gelu(L.up(x), L.up_bias, c_.gelu_tanh);
+        x = add_layer_norm(L.down(h), L.down_bias, x, L.out_norm.w, L.out_norm.b, eps);
+      }
+    } else {
+      x = device_layers(x, spans, eps);
     }
     // The pooled rows, float32 (as sentence-transformers pools), one per segment that asked.
     std::vector<mx::array> pooled;
@@ -236,6 +253,19 @@ class EncoderModel : public Model {
   }
 
  private:
+  // The layers as MLX ops (the device backend, or head sizes the host kernels do not take).
+  mx::array device_layers(mx::array x, const std::vector<std::pair<int, int>>& spans, float eps) const {
+    x = w_.embed_norm(x, eps);
+    for (const EncoderLayer& L : w_.layers) {
+      mx::array qkv = add_bias(L.qkv(x), L.qkv_bias);
+      mx::array a = attention(qkv, spans);
+      x = L.attn_norm(add_bias(L.wo(a, {.residual = x}), L.wo_bias), eps);
+      mx::array h = c_.swiglu ? L.up(x, {.swiglu = true}) : gelu(add_bias(L.up(x), L.up_bias), c_.gelu_tanh);
+      x = L.out_norm(add_bias(L.down(h, {.residual = x}), L.down_bias), eps);
+    }
+    return x;
+  }
+
   // Full (unmasked) attention within each segment; segments never see one another.
   mx::array attention(const mx::array& qkv, const std::vector<std::pair<int, int>>& spans) const {
     const int heads = c_.dims.n_heads, hd = c_.dims.head_dim, width = heads * hd;
@@ -258,6 +288,7 @@ class EncoderModel : public Model {
   ModelInfo info_;
   EncoderWeights w_;
   bool on_device_;
+  std::shared_ptr<const Rope> rope_;  // nomic-bert on the host backend
 };
 
 void check_config(const EncoderConfig& c, const std::string& arch) {

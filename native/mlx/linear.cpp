@@ -5,6 +5,7 @@
 #include <stdexcept>
 
 #include "../core/dequantize.h"
+#include "float_gemm.h"
 #include "kernels/pack8.h"
 #include "quantized_matmul.h"
 
@@ -343,7 +344,7 @@ mx::array Linear::operator()(const mx::array& x, const Fused& fused) const {
   }
   // Float weights: the same maths as separate MLX ops.
   mx::array h = fused.rms_norm_weight ? mx::fast::rms_norm(x, *fused.rms_norm_weight, fused.eps) : x;
-  mx::array y = mx::matmul(h, mx::transpose(weight_));
+  mx::array y = float_panels_ ? float_gemm(h, weight_, n_, k_) : mx::matmul(h, mx::transpose(weight_));
   if (fused.swiglu) y = swiglu(y, false);
   if (fused.residual) y = mx::add(*fused.residual, y);
   return y;
@@ -374,7 +375,13 @@ std::string Linear::path() const {
   if (quantized_) {
     return std::string("llmd:") + t + ":" + kernels::active_table().isa + (packed_ ? ":x8" : "");
   }
-  return "mlx:matmul:f32";
+  return float_panels_ ? "llmd:f32:gemm" : "mlx:matmul:f32";
+}
+
+void Linear::use_host_float_gemm() {
+  if (!pieces_.empty() || device_ || quantized_ || float_panels_ || SkipWeightBytes::active()) return;
+  weight_ = pack_float_panels(weight_);
+  float_panels_ = true;
 }
 
 mx::array dequantize_tensor(const TensorView& t) {

@@ -59,6 +59,11 @@ class Linear {
   mx::array operator()(const mx::array& x, const Fused& fused) const;
   mx::array operator()(const mx::array& x) const { return (*this)(x, Fused{}); }
 
+  // Float weights on the host backend: run llmd's own GEMM (float_gemm.h, on llmd's threads)
+  // instead of MLX's matmul (the linked BLAS, whose threads contend with llmd's), its panels
+  // replacing the [n, k] copy. Nothing changes for quantized, device or split weights.
+  void use_host_float_gemm();
+
   int out_features() const { return n_; }
   bool quantized() const { return quantized_; }
   TensorType type() const { return type_; }
@@ -91,6 +96,7 @@ class Linear {
   std::string device_name_;
   std::string mlx_format_;  // "affine4g64": MLX-quantized source kept in MLX's format
   bool host_mlx_ = false;   // MLX's quantized_matmul on the CPU backend (not the device backend)
+  bool float_panels_ = false;  // weight_ holds float_gemm.h's packed panels (use_host_float_gemm)
   // Runs of same-typed parts when the parts' types differ (then nothing above but n_, k_,
   // type_ (the first run's) and quantized_ is set): their outputs are concatenated.
   std::vector<Linear> pieces_;

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from tests.native.tiny_encoder_models import (
+    CONFIGS,
     write_encoder_dir,
     write_encoder_gguf,
     write_reranker_dir,
@@ -152,3 +153,40 @@ def test_quantized_gguf_files_embed_close_to_the_reference(
     if backend == "cpu" and quant == "Q8_0":  # llmd's kernels over the Q8_0 blocks
         assert engine.matmul_paths()["blk.0.ffn_down"].startswith("llmd:q8_0")
     engine.shutdown()
+
+
+@pytest.mark.parametrize(
+    ("arch", "hidden", "heads", "ffn"),
+    [
+        ("bert", 80, 5, 100),  # head_dim 16; 100 and 240 outputs: a part-filled GEMM panel
+        ("bert", 72, 6, 90),  # head_dim 12: attention as MLX ops, the float GEMM still llmd's
+        ("nomic_bert", 96, 3, 72),  # head_dim 32 with rotary positions in the attention op
+    ],
+)
+def test_host_kernels_agree_with_mlx_ops_on_odd_shapes(
+    tmp_path: Path, arch: str, hidden: int, heads: int, ffn: int
+) -> None:
+    """The host backend runs an encoder's float matmuls, attention (all inputs in one op),
+    GELU and LayerNorms on llmd's own kernels (encoder_ops.h, float_gemm.h); the device graph
+    runs MLX's ops. On shapes that leave partial vector tiles, heads the attention kernel
+    does not take, and inputs of many lengths in one step, both give the same vectors."""
+    c = dict(CONFIGS[arch])
+    if arch == "nomic_bert":
+        c.update(n_embd=hidden, n_head=heads, n_inner=ffn)
+    else:
+        c.update(hidden_size=hidden, num_attention_heads=heads, intermediate_size=ffn)
+    write_encoder_gguf(tmp_path / "odd.gguf", arch, config=c)
+    rng = np.random.default_rng(3)
+    prompts = [[2, *rng.integers(5, 90, size=n).tolist(), 3] for n in (1, 5, 7, 13, 30, 61)]
+    vectors = {}
+    for backend in ("cpu", "mlx-cpu"):
+        engine = native.Engine(str(tmp_path / "odd.gguf"), backend=backend, kv_type="f32")
+        if backend == "cpu":
+            assert engine.matmul_paths()["blk.0.ffn_down"] == "llmd:f32:gemm"
+        got = _embed(engine, prompts, {"pooling": "mean", "normalize": False})
+        assert all(ev["type"] == "done" for ev in got), got
+        vectors[backend] = [ev["values"] for ev in got]
+        engine.shutdown()
+    for a, b in zip(vectors["cpu"], vectors["mlx-cpu"], strict=True):
+        assert _cosine(a, b) >= 0.99999
+        assert np.allclose(a, b, rtol=1e-3, atol=1e-4)
