@@ -41,9 +41,29 @@ namespace {
 using namespace simd;
 
 constexpr int kT = kKvTile;
-constexpr int kChunks = kT / kLanes;  // 8-position chunks of a KV tile
-constexpr int kMicro = 4;             // queries whose scores and accumulators are held together
+constexpr int kMicro = 4;  // queries whose scores and accumulators are held together
 static_assert(kT % kLanes == 0);
+
+// The sweeps' vector: 16 floats (one zmm register) in the AVX-512 variant, which halves the
+// FMA instructions on cores with full-width AVX-512 units; 8 elsewhere. Each lane's arithmetic
+// (a score's sum over head_dim, an output's sum over positions) is the same whatever the width,
+// and the softmax steps stay on 8-lane vectors, so every variant gives the same bits.
+#if defined(LLMD_ATTN_WIDE)
+constexpr int kW = 16;
+using wf = float __attribute__((vector_size(64)));
+#else
+constexpr int kW = kLanes;
+using wf = vf;
+#endif
+constexpr int kChunks = kT / kW;  // kW-position chunks of a KV tile
+static_assert(kT % kW == 0);
+
+[[gnu::always_inline]] inline wf wload(const float* p) {
+  wf v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+[[gnu::always_inline]] inline void wstore(float* p, wf v) { std::memcpy(p, &v, sizeof(v)); }
 
 [[gnu::always_inline]] inline vf load_kv(const float* p) { return load(p); }
 
@@ -74,6 +94,20 @@ static_assert(kT % kLanes == 0);
   vf out;
   std::memcpy(&out, &out_bits, sizeof(out));
   return out;
+#endif
+}
+
+// kW keys or values from p, as floats.
+[[gnu::always_inline]] inline wf wload_kv(const float* p) { return wload(p); }
+
+[[gnu::always_inline]] inline wf wload_kv(const uint16_t* p) {
+#if defined(LLMD_ATTN_WIDE)
+  const __m512 v = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  wf out;
+  std::memcpy(&out, &v, sizeof(out));
+  return out;
+#else
+  return load_kv(p);
 #endif
 }
 
@@ -209,18 +243,18 @@ struct KvTile {
 template <int R, int C, class E>
 [[gnu::always_inline]] inline void score_sweep(const float* const* q, const KvTile<E>& kv, int head_dim, int c0,
                                                bool prefetch, float (*s)[kT]) {
-  vf acc[R][C] = {};
-  const E* k = kv.k + kLanes * c0;
+  wf acc[R][C] = {};
+  const E* k = kv.k + kW * c0;
   for (int d = 0; d < head_dim; ++d) {
     if (prefetch) prefetch_span(kv.next_k + static_cast<size_t>(d) * kv.next_kstride, kT * sizeof(E));
     const E* kd = k + static_cast<size_t>(d) * kv.kstride;
     for (int c = 0; c < C; ++c) {
-      const vf kk = load_kv(kd + kLanes * c);
+      const wf kk = wload_kv(kd + kW * c);
       for (int r = 0; r < R; ++r) acc[r][c] += q[r][d] * kk;
     }
   }
   for (int r = 0; r < R; ++r) {
-    for (int c = 0; c < C; ++c) store(s[r] + kLanes * (c0 + c), acc[r][c]);
+    for (int c = 0; c < C; ++c) wstore(s[r] + kW * (c0 + c), acc[r][c]);
   }
 }
 
@@ -229,53 +263,81 @@ template <int R, int C, class E>
 template <int R, int C, class E>
 [[gnu::always_inline]] inline void value_sweep(float* const* out, const float* alpha, const KvTile<E>& kv, int head_dim,
                                                int j0, int j1, int c0, bool prefetch, const float (*p)[kT]) {
-  vf acc[R][C];
+  wf acc[R][C];
   for (int r = 0; r < R; ++r) {
-    for (int c = 0; c < C; ++c) acc[r][c] = load(out[r] + c0 + kLanes * c) * alpha[r];
+    for (int c = 0; c < C; ++c) acc[r][c] = wload(out[r] + c0 + kW * c) * alpha[r];
   }
   for (int j = j0; j < j1; ++j) {
     if (prefetch) prefetch_span(kv.next_v + static_cast<size_t>(j) * head_dim, head_dim * sizeof(E));
     const E* v = kv.v + static_cast<size_t>(j) * head_dim + c0;
     for (int c = 0; c < C; ++c) {
-      const vf vv = load_kv(v + kLanes * c);
+      const wf vv = wload_kv(v + kW * c);
       for (int r = 0; r < R; ++r) acc[r][c] += p[r][j] * vv;
     }
   }
   for (int r = 0; r < R; ++r) {
-    for (int c = 0; c < C; ++c) store(out[r] + c0 + kLanes * c, acc[r][c]);
+    for (int c = 0; c < C; ++c) wstore(out[r] + c0 + kW * c, acc[r][c]);
   }
 }
 
-// Online-softmax step of one query over its scores s[lo .. hi) of a tile (chunks c_lo .. c_hi
-// were computed; the rest of them lies outside the query's range): turns s into weights (0
-// outside [lo, hi)), updates the running max and sum, returns the accumulator's rescale factor.
-// Not inlined: one copy of this arithmetic serves every tile shape.
-[[gnu::noinline]] float softmax_step(float* s, int lo, int hi, int c_lo, int c_hi, float& run_max, float& run_sum) {
-  for (int j = kLanes * c_lo; j < lo; ++j) s[j] = -INFINITY;
-  for (int j = hi; j < kLanes * c_hi; ++j) s[j] = -INFINITY;
-  vf vmax = splat(-INFINITY);  // a max is exact in any order
-  for (int c = c_lo; c < c_hi; ++c) {
-    const vf x = load(s + kLanes * c);
-    vmax = x > vmax ? x : vmax;
+// Online-softmax step of R queries over their scores of one KV tile, the queries' chains
+// interleaved (alone, each is a long chain of dependent steps: the max, the rescale's exp, the
+// exps, the sums). Query r's scores s[r][lo[r] .. hi[r]) become weights, -inf and then 0 elsewhere
+// in the kW-position chunks w_lo .. w_hi that were computed; alpha[r] is the rescale factor of its
+// accumulator. Lane i of an 8-lane sum adds the weights of the positions = i mod 8 in order, then
+// the lanes add in order: the same bits whatever kW, and whatever chunks the micro-tile's other
+// queries widen the range to (those add exact zeros).
+template <int R>
+[[gnu::always_inline]] inline void softmax_step(float (*s)[kT], const int* lo, const int* hi, int w_lo, int w_hi,
+                                                const int* idx, float* run_max, float* run_sum, float* alpha) {
+  using wfi = int __attribute__((vector_size(sizeof(wf))));
+  wfi iota;
+  for (int i = 0; i < kW; ++i) iota[i] = i;
+  const wf neg_inf = wf{} - INFINITY;
+  wf vmax[R];
+  for (int r = 0; r < R; ++r) vmax[r] = neg_inf;
+  for (int c = w_lo; c < w_hi; ++c) {
+    const wfi pos = iota + c * kW;
+    for (int r = 0; r < R; ++r) {
+      wf x = wload(s[r] + kW * c);
+      x = (pos < lo[r]) | (pos >= hi[r]) ? neg_inf : x;
+      wstore(s[r] + kW * c, x);
+      vmax[r] = x > vmax[r] ? x : vmax[r];  // a max is exact in any order
+    }
   }
-  float mx = vmax[0];
-  for (int i = 1; i < kLanes; ++i) mx = std::max(mx, vmax[i]);
-  const float new_max = std::max(run_max, mx);
-  const float alpha = run_max == -INFINITY ? 0.f : vexp(splat(run_max - new_max))[0];
-  // Lane i sums the positions = i mod 8 of the tile in order; chunks outside the query's range
-  // add exact zeros.
-  vf sum = {};
-  for (int c = c_lo; c < c_hi; ++c) {
-    const vf raw = load(s + kLanes * c);
-    const vf e = (raw == -INFINITY) ? splat(0.f) : vexp(raw - new_max);
-    store(s + kLanes * c, e);
-    sum += e;
+  float new_max[R];
+  vf old_v = {}, new_v = {};
+  for (int r = 0; r < R; ++r) {
+    float mx = vmax[r][0];
+    for (int i = 1; i < kW; ++i) mx = std::max(mx, vmax[r][i]);
+    new_max[r] = std::max(run_max[idx[r]], mx);
+    old_v[r] = run_max[idx[r]];
+    new_v[r] = new_max[r];
   }
-  float total = 0.f;
-  for (int i = 0; i < kLanes; ++i) total += sum[i];
-  run_sum = run_sum * alpha + total;
-  run_max = new_max;
-  return alpha;
+  const vf rescale = vexp(old_v - new_v);
+  vf sum[R] = {};
+  for (int c = w_lo; c < w_hi; ++c) {
+    for (int r = 0; r < R; ++r) {
+      const wf raw = wload(s[r] + kW * c);
+      const wf e = (raw == neg_inf) ? wf{} : vexp_n<wf, wfi>(raw - new_max[r]);
+      wstore(s[r] + kW * c, e);
+#if defined(LLMD_ATTN_WIDE)
+      sum[r] += __builtin_shufflevector(e, e, 0, 1, 2, 3, 4, 5, 6, 7);
+      sum[r] += __builtin_shufflevector(e, e, 8, 9, 10, 11, 12, 13, 14, 15);
+#else
+      sum[r] += e;
+#endif
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    float total = 0.f;
+    for (int i = 0; i < kLanes; ++i) total += sum[r][i];
+    float& m = run_max[idx[r]];
+    float& l = run_sum[idx[r]];
+    alpha[r] = m == -INFINITY ? 0.f : rescale[r];
+    l = l * alpha[r] + total;
+    m = new_max[r];
+  }
 }
 
 // R active queries (indices idx[]) of the tile over one KV tile starting at absolute position t0.
@@ -296,23 +358,23 @@ template <int R, class E>
     j0 = std::min(j0, lo[r]);
     j1 = std::max(j1, hi[r]);
   }
-  const int c_lo = j0 / kLanes;
-  const int c_hi = (j1 + kLanes - 1) / kLanes;
+  // Scores of the kW-position chunks that hold [j0, j1) (positions outside a query's range get
+  // weight 0).
+  const int w_lo = j0 / kW;
+  const int w_hi = (j1 + kW - 1) / kW;
   constexpr int C = sweep_chunks(R);
-  int c = c_lo;
-  for (; c + C <= c_hi; c += C) score_sweep<R, C>(q, kv, head_dim, c, prefetch && c == c_lo, s);
-  for (; c < c_hi; ++c) score_sweep<R, 1>(q, kv, head_dim, c, prefetch && c == c_lo, s);
+  int c = w_lo;
+  for (; c + C <= w_hi; c += C) score_sweep<R, C>(q, kv, head_dim, c, prefetch && c == w_lo, s);
+  for (; c < w_hi; ++c) score_sweep<R, 1>(q, kv, head_dim, c, prefetch && c == w_lo, s);
 
   float alpha[R];
-  for (int r = 0; r < R; ++r) {
-    alpha[r] = softmax_step(s[r], lo[r], hi[r], c_lo, c_hi, run_max[idx[r]], run_sum[idx[r]]);
-  }
+  softmax_step<R>(s, lo, hi, w_lo, w_hi, idx, run_max, run_sum, alpha);
 
   int c0 = 0;
-  for (; c0 + kLanes * C <= head_dim; c0 += kLanes * C) {
+  for (; c0 + kW * C <= head_dim; c0 += kW * C) {
     value_sweep<R, C>(out, alpha, kv, head_dim, j0, j1, c0, prefetch && c0 == 0, s);
   }
-  for (; c0 < head_dim; c0 += kLanes) value_sweep<R, 1>(out, alpha, kv, head_dim, j0, j1, c0, false, s);
+  for (; c0 < head_dim; c0 += kW) value_sweep<R, 1>(out, alpha, kv, head_dim, j0, j1, c0, false, s);
 }
 
 template <class E>
