@@ -86,14 +86,16 @@ def test_tiled_attention_matches_float64attention_reference(
 
 
 @pytest.mark.parametrize("path", PATHS)
-@pytest.mark.parametrize("kv_type", ["f16", "f32"])
+@pytest.mark.parametrize("kv_type", ["f16", "f32", "q8_0", "q4_0"])
 @pytest.mark.parametrize("head_dim", [64, 128])
 def test_a_query_gives_the_same_bits_alone_and_in_any_tile(
     path: str, kv_type: str, head_dim: int
 ) -> None:
     """No bleed at kernel level: a query's result depends on its own range only, not on the
     queries it shares a tile with (decode: one row's heads; prefill: up to 64 queries of one
-    sequence; a prompt split into chunks differently puts a query with other neighbours)."""
+    sequence; a prompt split into chunks differently puts a query with other neighbours).
+    Tiles of up to 4 queries read float16 and quantized KV in registers, larger ones from a
+    float32 copy of each KV tile: both must give the same bits."""
     rng = np.random.default_rng(head_dim)
     n = 600
     # Ranges of every kind side by side: long, short, windowed, single position, block edges.
