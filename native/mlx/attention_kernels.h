@@ -4,9 +4,9 @@
 // set's flags (kernels/attention_<isa>.cpp) and chosen at run time together with the matmul
 // kernels: the variant follows kernels::active_table(), so LLMD_CPU_PATH forces attention down
 // too and every variant is testable on a CPU that runs it. Keys and values are read in the KV
-// pool's element type (KvType), float16 converted in registers as it is loaded (or once per KV
-// tile when many queries share it), q8_0 / q4_0 blocks dequantized once per KV tile into a
-// float32 tile buffer.
+// pool's element type (KvType), float16 and q8_0 / q4_0 blocks converted in registers as they
+// are loaded (decode), or once per KV tile into a float32 tile buffer when many queries share
+// it (prefill).
 #pragma once
 
 #include <cstdint>

@@ -30,25 +30,31 @@ using vfi = int __attribute__((vector_size(32)));
 [[gnu::always_inline]] inline vf splat(float x) { return vf{} + x; }
 
 // exp(x): Cody-Waite range reduction + degree-6 polynomial; relative error ~2e-7, 0 below
-// -87, clamped to exp(88) above (softmax only ever passes x <= 0).
-[[gnu::always_inline]] inline vf vexp(vf x) {
-  x = x < -87.f ? splat(-87.f) : x;
-  x = x > 88.f ? splat(88.f) : x;
-  const vf y = x * 1.44269504088896341f + 0.5f;
-  const vf t = __builtin_convertvector(__builtin_convertvector(y, vfi), vf);
-  const vf fx = t - ((t > y) ? splat(1.f) : splat(0.f));  // floor(y)
-  vf r = x - fx * 0.693359375f + fx * 2.12194440e-4f;
-  vf p = splat(1.9875691500e-4f);
+// -87, clamped to exp(88) above (softmax only ever passes x <= 0). Any width of float vector V
+// with its int vector VI (the attention kernels' AVX-512 variant runs 16 lanes): the same
+// arithmetic lane for lane, so every width gives the same bits.
+template <class V, class VI>
+[[gnu::always_inline]] inline V vexp_n(V x) {
+  const V zero{};
+  x = x < -87.f ? zero - 87.f : x;
+  x = x > 88.f ? zero + 88.f : x;
+  const V y = x * 1.44269504088896341f + 0.5f;
+  const V t = __builtin_convertvector(__builtin_convertvector(y, VI), V);
+  const V fx = t - ((t > y) ? zero + 1.f : zero);  // floor(y)
+  V r = x - fx * 0.693359375f + fx * 2.12194440e-4f;
+  V p = zero + 1.9875691500e-4f;
   p = p * r + 1.3981999507e-3f;
   p = p * r + 8.3334519073e-3f;
   p = p * r + 4.1665795894e-2f;
   p = p * r + 1.6666665459e-1f;
   p = p * r + 5.0000001201e-1f;
   p = p * r * r + r + 1.f;
-  const vfi bits = (__builtin_convertvector(fx, vfi) + 127) << 23;
-  vf scale;
+  const VI bits = (__builtin_convertvector(fx, VI) + 127) << 23;
+  V scale;
   std::memcpy(&scale, &bits, sizeof(scale));
   return p * scale;
 }
+
+[[gnu::always_inline]] inline vf vexp(vf x) { return vexp_n<vf, vfi>(x); }
 
 }  // namespace llmd::simd

@@ -86,14 +86,16 @@ def test_tiled_attention_matches_float64attention_reference(
 
 
 @pytest.mark.parametrize("path", PATHS)
-@pytest.mark.parametrize("kv_type", ["f16", "f32"])
+@pytest.mark.parametrize("kv_type", ["f16", "f32", "q8_0", "q4_0"])
 @pytest.mark.parametrize("head_dim", [64, 128])
 def test_a_query_gives_the_same_bits_alone_and_in_any_tile(
     path: str, kv_type: str, head_dim: int
 ) -> None:
     """No bleed at kernel level: a query's result depends on its own range only, not on the
     queries it shares a tile with (decode: one row's heads; prefill: up to 64 queries of one
-    sequence; a prompt split into chunks differently puts a query with other neighbours)."""
+    sequence; a prompt split into chunks differently puts a query with other neighbours).
+    Tiles of up to 4 queries read float16 and quantized KV in registers, larger ones from a
+    float32 copy of each KV tile: both must give the same bits."""
     rng = np.random.default_rng(head_dim)
     n = 600
     # Ranges of every kind side by side: long, short, windowed, single position, block edges.
@@ -127,3 +129,26 @@ def test_tiles_hold_up_to_64_queries() -> None:
     kv = np.zeros((8, 64), np.float32)
     with pytest.raises(ValueError, match="1..64"):
         native.kernel_attention(q, kv, kv, [8] * 65, [0] * 65, "f16", "", 65)
+
+
+X86_SIMD = [p for p in PATHS if p in ("avx2", "avx512vnni")]
+
+
+@pytest.mark.skipif(len(X86_SIMD) < 2, reason="needs both the AVX2 and the AVX-512 variant")
+@pytest.mark.parametrize("kv_type", ["f16", "f32", "q8_0", "q4_0"])
+def test_avx2_and_avx512_variants_give_the_same_bits(kv_type: str) -> None:
+    """The AVX-512 variant sweeps 16 lanes, the AVX2 one 8: each lane's arithmetic and the
+    softmax sums' order are the same, so a machine's choice of variant never changes a token
+    (decode-sized tiles read the KV in registers, prefill-sized ones from a float32 copy)."""
+    rng = np.random.default_rng(11)
+    n, head_dim = 700, 64
+    q = (rng.standard_normal((96, head_dim)) / 4).astype(np.float32)
+    k, v = _kv(rng, n, head_dim, q, 4.0)
+    n_pos = [int(p) for p in rng.integers(1, n + 1, size=96)]
+    first_pos = [int(rng.integers(0, p)) if i % 3 == 0 else 0 for i, p in enumerate(n_pos)]
+    for tile_rows in (4, MAX_TILE):
+        outs = [
+            native.kernel_attention(q, k, v, n_pos, first_pos, kv_type, path, tile_rows)
+            for path in X86_SIMD
+        ]
+        assert np.array_equal(outs[0], outs[1]), (kv_type, tile_rows)

@@ -9,10 +9,11 @@
 // sequence x heads of one KV group) uses a KV tile while it sits in L1/L2, so a long prompt
 // reads its keys and values once per tile of queries instead of once per 4 queries.
 //
-// Keys and values are read in the pool's element type (float32, or float16 converted 8 lanes
-// at a time where they are loaded, or once per KV tile into a float32 copy when many queries
-// share it: the conversion is exact, so the two give the same bits; q8_0 / q4_0 blocks are
-// dequantized once per KV tile into that copy, never for the whole cache). Each query's arithmetic
+// Keys and values are read in the pool's element type: float32; float16 or q8_0 / q4_0 blocks
+// converted in registers where they are loaded (decode: up to 4 queries read a KV tile), or
+// once per KV tile into a float32 copy when more queries share it (prefill). Both conversions
+// are exact (a code times its block's float16 scale fits a float), so the two give the same
+// bits, and the whole cache is never converted. Each query's arithmetic
 // depends only on its own range and the KV: the tiles it visits (fixed by absolute positions),
 // the score sum over head_dim, the max, the per-tile exp and sums, the value accumulation over
 // positions in order. Queries sharing a micro-tile only widen the range of positions a query
@@ -41,9 +42,35 @@ namespace {
 using namespace simd;
 
 constexpr int kT = kKvTile;
-constexpr int kChunks = kT / kLanes;  // 8-position chunks of a KV tile
-constexpr int kMicro = 4;             // queries whose scores and accumulators are held together
+constexpr int kMicro = 4;  // queries whose scores and accumulators are held together
 static_assert(kT % kLanes == 0);
+
+// The sweeps' vector, one register wide: 16 floats (zmm) in the AVX-512 variant, which halves
+// the FMA instructions on cores with full-width AVX-512 units; 8 (ymm) in the AVX2 one; 4 in
+// the generic one (SSE2 / NEON: GCC keeps a two-register vector on the stack, and there the
+// sweeps ran ~30x slower than AVX2). Each lane's arithmetic (a score's sum over head_dim, an
+// output's sum over positions, an exp) is the same whatever the width, and the softmax sums
+// keep the 8-lane order, so every variant gives the same bits.
+#if defined(LLMD_ATTN_WIDE)
+constexpr int kW = 16;
+using wf = float __attribute__((vector_size(64)));
+#elif defined(LLMD_ATTN_F16C)
+constexpr int kW = kLanes;
+using wf = vf;
+#else
+constexpr int kW = 4;
+using wf = float __attribute__((vector_size(16)));
+#endif
+using wfi = int __attribute__((vector_size(sizeof(wf))));
+constexpr int kChunks = kT / kW;  // kW-position chunks of a KV tile
+static_assert(kT % kW == 0);
+
+[[gnu::always_inline]] inline wf wload(const float* p) {
+  wf v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+[[gnu::always_inline]] inline void wstore(float* p, wf v) { std::memcpy(p, &v, sizeof(v)); }
 
 [[gnu::always_inline]] inline vf load_kv(const float* p) { return load(p); }
 
@@ -77,6 +104,39 @@ static_assert(kT % kLanes == 0);
 #endif
 }
 
+// kW keys or values from p, as floats.
+[[gnu::always_inline]] inline wf wload_kv(const float* p) { return wload(p); }
+
+[[gnu::always_inline]] inline wf wload_kv(const uint16_t* p) {
+#if defined(LLMD_ATTN_WIDE)
+  const __m512 v = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  wf out;
+  std::memcpy(&out, &v, sizeof(out));
+  return out;
+#elif defined(LLMD_ATTN_F16C)
+  return load_kv(p);
+#else
+  // load_kv's exact conversion, 4 lanes.
+  uint16_t h[kW];
+  std::memcpy(h, p, sizeof(h));
+  wfi bits;
+  for (int i = 0; i < kW; ++i) bits[i] = h[i];
+  const wfi sign = (bits & 0x8000) << 16;
+  const wfi em = bits & 0x7fff;
+  const wfi shifted = em << 13;
+  wf mag;
+  std::memcpy(&mag, &shifted, sizeof(mag));
+  mag *= 0x1p112f;
+  wfi out_bits;
+  std::memcpy(&out_bits, &mag, sizeof(out_bits));
+  out_bits = em >= 0x7c00 ? (shifted | 0x7f800000) : out_bits;
+  out_bits |= sign;
+  wf out;
+  std::memcpy(&out, &out_bits, sizeof(out));
+  return out;
+#endif
+}
+
 // Chunks per sweep for R queries: R * C accumulators fill most of the vector registers (16 on
 // AVX2 and SSE, 32 with AVX-512's EVEX encodings) with the most independent chains.
 constexpr int sweep_chunks(int r) {
@@ -96,10 +156,11 @@ template <class E>
   for (int b = 0; b < bytes; b += 64) __builtin_prefetch(c + b);
 }
 
-// Quantized KV (kv_quant.h's layout): attend_tile<Q8> / <Q4> dequantize each KV tile into the
-// float32 tile buffer (keys [head_dim][kT], values [kT][head_dim]) once, then every micro-tile
-// reads floats from L1/L2 as for a converted float16 tile. Dequantization is exact (q * d fits
-// a float), so the scores are those of float32 attention over the dequantized numbers.
+// Quantized KV (kv_quant.h's layout): for a tile of many queries, attend_tile<Q8> / <Q4>
+// dequantize each KV tile into the float32 tile buffer (keys [head_dim][kT], values
+// [kT][head_dim]) once, then every micro-tile reads floats from L1/L2 as for a converted float16
+// tile; a small tile reads the codes in registers (QuantKvTile). Dequantization is exact (q * d
+// fits a float), so the scores are those of float32 attention over the dequantized numbers.
 struct Q8 {};
 struct Q4 {};
 template <class E>
@@ -201,86 +262,217 @@ struct KvTile {
   const E* next_k;
   int next_kstride;
   const E* next_v;
+  int head_dim;
+
+  // Keys of positions p .. p + kW - 1 along dim d; values of dims c .. c + kW - 1 of position j.
+  [[gnu::always_inline]] wf key(int d, int p) const { return wload_kv(k + static_cast<size_t>(d) * kstride + p); }
+  [[gnu::always_inline]] wf value(int j, int c) const { return wload_kv(v + static_cast<size_t>(j) * head_dim + c); }
+  [[gnu::always_inline]] void prefetch_key(int d) const {
+    prefetch_span(next_k + static_cast<size_t>(d) * next_kstride, kT * sizeof(E));
+  }
+  [[gnu::always_inline]] void prefetch_value(int j) const {
+    prefetch_span(next_v + static_cast<size_t>(j) * head_dim, head_dim * sizeof(E));
+  }
+};
+
+// kW signed bytes as floats; kW 4-bit codes (bits `shift` .. shift + 3 of kW bytes) minus 8.
+[[gnu::always_inline]] inline wf s8_to_floats(const uint8_t* p) {
+#if defined(LLMD_ATTN_WIDE)
+  const __m512 v = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+#elif defined(LLMD_ATTN_F16C)
+  const __m256 v = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+#else
+  using vb = int8_t __attribute__((vector_size(kW)));
+  vb b;
+  std::memcpy(&b, p, sizeof(b));
+  const wf v = __builtin_convertvector(b, wf);
+#endif
+  wf out;
+  std::memcpy(&out, &v, sizeof(out));
+  return out;
+}
+
+[[gnu::always_inline]] inline wf u4_to_floats(const uint8_t* p, int shift) {
+#if defined(LLMD_ATTN_WIDE)
+  const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  const __m512i q = _mm512_sub_epi32(_mm512_and_si512(_mm512_srli_epi32(b, shift), _mm512_set1_epi32(15)),
+                                     _mm512_set1_epi32(8));
+  const __m512 v = _mm512_cvtepi32_ps(q);
+#elif defined(LLMD_ATTN_F16C)
+  const __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+  const __m256i q = _mm256_sub_epi32(_mm256_and_si256(_mm256_srli_epi32(b, shift), _mm256_set1_epi32(15)),
+                                     _mm256_set1_epi32(8));
+  const __m256 v = _mm256_cvtepi32_ps(q);
+#else
+  using vb = int8_t __attribute__((vector_size(kW)));
+  using vu = uint8_t __attribute__((vector_size(kW)));
+  vu b;
+  std::memcpy(&b, p, sizeof(b));
+  const wf v = __builtin_convertvector((vb)((b >> shift) & 15) - 8, wf);
+#endif
+  wf out;
+  std::memcpy(&out, &v, sizeof(out));
+  return out;
+}
+
+// A q8_0 / q4_0 tile read in registers (decode: one row's queries read each number once, so a
+// float32 copy of the tile would cost more than it saves). A key or value is its code times its
+// block's scale, a product float32 holds exactly: the same floats, hence the same scores and
+// sums, as a dequantized copy gives (dequantize_keys / dequantize_values). The scales of the
+// tile's positions are converted once per tile: kscale [head_dim / 32][kT], vscale [kT][head_dim / 32].
+template <class E>
+struct QuantKvTile {
+  static constexpr bool kQ8 = std::is_same_v<E, Q8>;
+  const uint8_t* k;  // the key plane at the tile's first position (row stride kstride)
+  int kstride;
+  const float* kscale;
+  const uint8_t* v;  // the value codes of the tile's first position
+  const float* vscale;
+  const uint8_t* next_k;  // the following tile's key part and value codes (or null)
+  const uint8_t* next_v;
+  int head_dim;
+
+  [[gnu::always_inline]] wf key(int d, int p) const {
+    const int b = d / kv_quant::kBlock;
+    const wf sc = wload(kscale + b * kT + p);
+    if constexpr (kQ8) return s8_to_floats(k + static_cast<size_t>(d) * kstride + p) * sc;
+    const int i = d % kv_quant::kBlock;
+    const int row = b * kv_quant::kBlock / 2 + i % (kv_quant::kBlock / 2);
+    return u4_to_floats(k + static_cast<size_t>(row) * kstride + p, i < kv_quant::kBlock / 2 ? 0 : 4) * sc;
+  }
+  [[gnu::always_inline]] wf value(int j, int c) const {
+    const int blocks = head_dim / kv_quant::kBlock;
+    const int b = c / kv_quant::kBlock;
+    const float sc = vscale[j * blocks + b];
+    if constexpr (kQ8) return s8_to_floats(v + static_cast<size_t>(j) * head_dim + c) * sc;
+    const int i = c % kv_quant::kBlock;
+    const uint8_t* row = v + static_cast<size_t>(j) * (head_dim / 2) + b * kv_quant::kBlock / 2;
+    return u4_to_floats(row + i % (kv_quant::kBlock / 2), i < kv_quant::kBlock / 2 ? 0 : 4) * sc;
+  }
+  [[gnu::always_inline]] void prefetch_key(int d) const {
+    if (kQ8 || d % kv_quant::kBlock < kv_quant::kBlock / 2) {
+      const int b = d / kv_quant::kBlock, i = d % kv_quant::kBlock;
+      const int row = kQ8 ? d : b * kv_quant::kBlock / 2 + i;
+      prefetch_span(next_k + static_cast<size_t>(row) * kstride, kT);
+    }
+  }
+  [[gnu::always_inline]] void prefetch_value(int j) const {
+    prefetch_span(next_v + static_cast<size_t>(j) * head_dim / (kQ8 ? 1 : 2), head_dim / (kQ8 ? 1 : 2));
+  }
 };
 
 // Scores of R queries over C consecutive chunks starting at chunk c0 of the tile. Each score is
 // the same sum over head_dim in the same order whatever R and C (their accumulators are
 // independent; more chunks per sweep only shortens the FMA chains of small tiles).
-template <int R, int C, class E>
-[[gnu::always_inline]] inline void score_sweep(const float* const* q, const KvTile<E>& kv, int head_dim, int c0,
+template <int R, int C, class Tile>
+[[gnu::always_inline]] inline void score_sweep(const float* const* q, const Tile& kv, int head_dim, int c0,
                                                bool prefetch, float (*s)[kT]) {
-  vf acc[R][C] = {};
-  const E* k = kv.k + kLanes * c0;
+  wf acc[R][C] = {};
   for (int d = 0; d < head_dim; ++d) {
-    if (prefetch) prefetch_span(kv.next_k + static_cast<size_t>(d) * kv.next_kstride, kT * sizeof(E));
-    const E* kd = k + static_cast<size_t>(d) * kv.kstride;
+    if (prefetch) kv.prefetch_key(d);
     for (int c = 0; c < C; ++c) {
-      const vf kk = load_kv(kd + kLanes * c);
+      const wf kk = kv.key(d, kW * (c0 + c));
       for (int r = 0; r < R; ++r) acc[r][c] += q[r][d] * kk;
     }
   }
   for (int r = 0; r < R; ++r) {
-    for (int c = 0; c < C; ++c) store(s[r] + kLanes * (c0 + c), acc[r][c]);
+    for (int c = 0; c < C; ++c) wstore(s[r] + kW * (c0 + c), acc[r][c]);
   }
 }
 
 // acc[c0 ..] = acc * alpha + sum_j p_j * V[j][c0 ..] for R queries, positions j0 .. j1 - 1 in
 // order (a query's weights outside its own range are exactly 0).
-template <int R, int C, class E>
-[[gnu::always_inline]] inline void value_sweep(float* const* out, const float* alpha, const KvTile<E>& kv, int head_dim,
-                                               int j0, int j1, int c0, bool prefetch, const float (*p)[kT]) {
-  vf acc[R][C];
+template <int R, int C, class Tile>
+[[gnu::always_inline]] inline void value_sweep(float* const* out, const float* alpha, const Tile& kv, int j0, int j1,
+                                               int c0, bool prefetch, const float (*p)[kT]) {
+  wf acc[R][C];
   for (int r = 0; r < R; ++r) {
-    for (int c = 0; c < C; ++c) acc[r][c] = load(out[r] + c0 + kLanes * c) * alpha[r];
+    for (int c = 0; c < C; ++c) acc[r][c] = wload(out[r] + c0 + kW * c) * alpha[r];
   }
   for (int j = j0; j < j1; ++j) {
-    if (prefetch) prefetch_span(kv.next_v + static_cast<size_t>(j) * head_dim, head_dim * sizeof(E));
-    const E* v = kv.v + static_cast<size_t>(j) * head_dim + c0;
+    if (prefetch) kv.prefetch_value(j);
     for (int c = 0; c < C; ++c) {
-      const vf vv = load_kv(v + kLanes * c);
+      const wf vv = kv.value(j, c0 + kW * c);
       for (int r = 0; r < R; ++r) acc[r][c] += p[r][j] * vv;
     }
   }
   for (int r = 0; r < R; ++r) {
-    for (int c = 0; c < C; ++c) store(out[r] + c0 + kLanes * c, acc[r][c]);
+    for (int c = 0; c < C; ++c) wstore(out[r] + c0 + kW * c, acc[r][c]);
   }
 }
 
-// Online-softmax step of one query over its scores s[lo .. hi) of a tile (chunks c_lo .. c_hi
-// were computed; the rest of them lies outside the query's range): turns s into weights (0
-// outside [lo, hi)), updates the running max and sum, returns the accumulator's rescale factor.
-// Not inlined: one copy of this arithmetic serves every tile shape.
-[[gnu::noinline]] float softmax_step(float* s, int lo, int hi, int c_lo, int c_hi, float& run_max, float& run_sum) {
-  for (int j = kLanes * c_lo; j < lo; ++j) s[j] = -INFINITY;
-  for (int j = hi; j < kLanes * c_hi; ++j) s[j] = -INFINITY;
-  vf vmax = splat(-INFINITY);  // a max is exact in any order
-  for (int c = c_lo; c < c_hi; ++c) {
-    const vf x = load(s + kLanes * c);
-    vmax = x > vmax ? x : vmax;
+// Online-softmax step of R queries over their scores of one KV tile, the queries' chains
+// interleaved (alone, each is a long chain of dependent steps: the max, the rescale's exp, the
+// exps, the sums). Query r's scores s[r][lo[r] .. hi[r]) become weights, -inf and then 0 elsewhere
+// in the kW-position chunks w_lo .. w_hi that were computed; alpha[r] is the rescale factor of its
+// accumulator. Lane i of an 8-lane sum adds the weights of the positions = i mod 8 in order, then
+// the lanes add in order: the same bits whatever kW, and whatever chunks the micro-tile's other
+// queries widen the range to (those add exact zeros).
+template <int R>
+[[gnu::always_inline]] inline void softmax_step(float (*s)[kT], const int* lo, const int* hi, int w_lo, int w_hi,
+                                                const int* idx, float* run_max, float* run_sum, float* alpha) {
+  wfi iota;
+  for (int i = 0; i < kW; ++i) iota[i] = i;
+  const wf neg_inf = wf{} - INFINITY;
+  wf vmax[R];
+  for (int r = 0; r < R; ++r) vmax[r] = neg_inf;
+  for (int c = w_lo; c < w_hi; ++c) {
+    const wfi pos = iota + c * kW;
+    for (int r = 0; r < R; ++r) {
+      wf x = wload(s[r] + kW * c);
+      x = (pos < lo[r]) | (pos >= hi[r]) ? neg_inf : x;
+      wstore(s[r] + kW * c, x);
+      vmax[r] = x > vmax[r] ? x : vmax[r];  // a max is exact in any order
+    }
   }
-  float mx = vmax[0];
-  for (int i = 1; i < kLanes; ++i) mx = std::max(mx, vmax[i]);
-  const float new_max = std::max(run_max, mx);
-  const float alpha = run_max == -INFINITY ? 0.f : vexp(splat(run_max - new_max))[0];
-  // Lane i sums the positions = i mod 8 of the tile in order; chunks outside the query's range
-  // add exact zeros.
-  vf sum = {};
-  for (int c = c_lo; c < c_hi; ++c) {
-    const vf raw = load(s + kLanes * c);
-    const vf e = (raw == -INFINITY) ? splat(0.f) : vexp(raw - new_max);
-    store(s + kLanes * c, e);
-    sum += e;
+  float new_max[R];
+  vf old_v = {}, new_v = {};
+  for (int r = 0; r < R; ++r) {
+    float mx = vmax[r][0];
+    for (int i = 1; i < kW; ++i) mx = std::max(mx, vmax[r][i]);
+    new_max[r] = std::max(run_max[idx[r]], mx);
+    old_v[r] = run_max[idx[r]];
+    new_v[r] = new_max[r];
   }
-  float total = 0.f;
-  for (int i = 0; i < kLanes; ++i) total += sum[i];
-  run_sum = run_sum * alpha + total;
-  run_max = new_max;
-  return alpha;
+  const vf rescale = vexp(old_v - new_v);
+#if defined(LLMD_ATTN_WIDE) || defined(LLMD_ATTN_F16C)
+  vf sum[R] = {};
+#else
+  wf sum[R][2] = {};  // lanes 0-3 and 4-7 of the 8-lane sum: positions = 0-3 and 4-7 mod 8
+#endif
+  for (int c = w_lo; c < w_hi; ++c) {
+    for (int r = 0; r < R; ++r) {
+      const wf raw = wload(s[r] + kW * c);
+      const wf e = (raw == neg_inf) ? wf{} : vexp_n<wf, wfi>(raw - new_max[r]);
+      wstore(s[r] + kW * c, e);
+#if defined(LLMD_ATTN_WIDE)
+      sum[r] += __builtin_shufflevector(e, e, 0, 1, 2, 3, 4, 5, 6, 7);
+      sum[r] += __builtin_shufflevector(e, e, 8, 9, 10, 11, 12, 13, 14, 15);
+#elif defined(LLMD_ATTN_F16C)
+      sum[r] += e;
+#else
+      sum[r][c & 1] += e;
+#endif
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    float total = 0.f;
+#if defined(LLMD_ATTN_WIDE) || defined(LLMD_ATTN_F16C)
+    for (int i = 0; i < kLanes; ++i) total += sum[r][i];
+#else
+    for (int i = 0; i < kLanes; ++i) total += sum[r][i / kW][i % kW];
+#endif
+    float& m = run_max[idx[r]];
+    float& l = run_sum[idx[r]];
+    alpha[r] = m == -INFINITY ? 0.f : rescale[r];
+    l = l * alpha[r] + total;
+    m = new_max[r];
+  }
 }
 
 // R active queries (indices idx[]) of the tile over one KV tile starting at absolute position t0.
-template <int R, class E>
-[[gnu::always_inline]] inline void micro_tile(const AttentionTile& tile, const int* idx, int t0, const KvTile<E>& kv,
+template <int R, class Tile>
+[[gnu::always_inline]] inline void micro_tile(const AttentionTile& tile, const int* idx, int t0, const Tile& kv,
                                               int head_dim, bool prefetch, float* run_max, float* run_sum,
                                               float (*s)[kT]) {
   const float* q[R];
@@ -296,23 +488,23 @@ template <int R, class E>
     j0 = std::min(j0, lo[r]);
     j1 = std::max(j1, hi[r]);
   }
-  const int c_lo = j0 / kLanes;
-  const int c_hi = (j1 + kLanes - 1) / kLanes;
+  // Scores of the kW-position chunks that hold [j0, j1) (positions outside a query's range get
+  // weight 0).
+  const int w_lo = j0 / kW;
+  const int w_hi = (j1 + kW - 1) / kW;
   constexpr int C = sweep_chunks(R);
-  int c = c_lo;
-  for (; c + C <= c_hi; c += C) score_sweep<R, C>(q, kv, head_dim, c, prefetch && c == c_lo, s);
-  for (; c < c_hi; ++c) score_sweep<R, 1>(q, kv, head_dim, c, prefetch && c == c_lo, s);
+  int c = w_lo;
+  for (; c + C <= w_hi; c += C) score_sweep<R, C>(q, kv, head_dim, c, prefetch && c == w_lo, s);
+  for (; c < w_hi; ++c) score_sweep<R, 1>(q, kv, head_dim, c, prefetch && c == w_lo, s);
 
   float alpha[R];
-  for (int r = 0; r < R; ++r) {
-    alpha[r] = softmax_step(s[r], lo[r], hi[r], c_lo, c_hi, run_max[idx[r]], run_sum[idx[r]]);
-  }
+  softmax_step<R>(s, lo, hi, w_lo, w_hi, idx, run_max, run_sum, alpha);
 
   int c0 = 0;
-  for (; c0 + kLanes * C <= head_dim; c0 += kLanes * C) {
-    value_sweep<R, C>(out, alpha, kv, head_dim, j0, j1, c0, prefetch && c0 == 0, s);
+  for (; c0 + kW * C <= head_dim; c0 += kW * C) {
+    value_sweep<R, C>(out, alpha, kv, j0, j1, c0, prefetch && c0 == 0, s);
   }
-  for (; c0 < head_dim; c0 += kLanes) value_sweep<R, 1>(out, alpha, kv, head_dim, j0, j1, c0, false, s);
+  for (; c0 < head_dim; c0 += kW) value_sweep<R, 1>(out, alpha, kv, j0, j1, c0, false, s);
 }
 
 template <class E>
@@ -337,9 +529,9 @@ void attend_tile(const AttentionTile& tile, const void* const* k_blocks, const v
     first = std::min(first, tile.first_pos[r]);
     n_max = std::max(n_max, tile.n_pos[r]);
   }
-  // A float16 tile read by more than one micro-tile is converted once (exactly, so the scores
-  // and sums are the same bits as when they read the halves); a quantized tile always is.
-  const bool convert = kQuantized<E> || (std::is_same_v<E, uint16_t> && rows > kMicro);
+  // A float16 or quantized tile read by more than one micro-tile is converted once (exactly, so
+  // the scores and sums are the same bits as when they read the halves or codes in registers).
+  const bool convert = !std::is_same_v<E, float> && rows > kMicro;
   const int t_end = (n_max + kT - 1) / kT;
   // Block index and offset in it of tile t.
   auto tile_at = [&](int t) { return std::pair{t * kT / block_tokens, t * kT % block_tokens}; };
@@ -373,10 +565,38 @@ void attend_tile(const AttentionTile& tile, const void* const* k_blocks, const v
     float* k32 = kv32;
     float* v32 = kv32 + static_cast<size_t>(kT) * head_dim;
     if constexpr (kQuantized<E>) {
-      dequantize_keys<E>(kb[b], off, head_dim, block_tokens, has_next ? kb[nb] : nullptr, k32);
-      dequantize_values<E>(vb[b], off, head_dim, block_tokens, has_next ? vb[nb] : nullptr, v32);
-      has_next = false;  // requested above
-      run(KvTile<float>{k32, kT, v32, nullptr, 0, nullptr});
+      if (convert) {
+        dequantize_keys<E>(kb[b], off, head_dim, block_tokens, has_next ? kb[nb] : nullptr, k32);
+        dequantize_values<E>(vb[b], off, head_dim, block_tokens, has_next ? vb[nb] : nullptr, v32);
+        has_next = false;  // requested above
+        run(KvTile<float>{k32, kT, v32, nullptr, 0, nullptr, head_dim});
+      } else {
+        constexpr KvType type = std::is_same_v<E, Q8> ? KvType::Q8_0 : KvType::Q4_0;
+        const size_t plane = kv_quant::plane_bytes(type, head_dim, block_tokens);
+        const int blocks = head_dim / kv_quant::kBlock;
+        const int row_bytes = std::is_same_v<E, Q8> ? head_dim : head_dim / 2;
+        // The scales of this tile's positions as floats (k32 is free: nothing is converted).
+        float* kscale = k32;
+        float* vscale = k32 + blocks * kT;
+        const auto* ks = reinterpret_cast<const uint16_t*>(kb[b] + plane);
+        for (int i = 0; i < blocks; ++i) {
+          for (int j = 0; j < kT; j += kLanes) {
+            store(kscale + i * kT + j, load_kv(ks + static_cast<size_t>(i) * block_tokens + off + j));
+          }
+        }
+        const auto* vs = reinterpret_cast<const uint16_t*>(vb[b] + plane) + static_cast<size_t>(off) * blocks;
+        for (int e = 0; e < kT * blocks; e += kLanes) store(vscale + e, load_kv(vs + e));
+        if (has_next) {
+          // The following tile's scales (its codes are requested row by row as this one is read).
+          const auto* nks = kb[nb] + plane;
+          for (int i = 0; i < blocks; ++i) {
+            prefetch_span(nks + (static_cast<size_t>(i) * block_tokens + noff) * 2, kT * 2);
+          }
+          prefetch_span(vb[nb] + plane + static_cast<size_t>(noff) * blocks * 2, kT * blocks * 2);
+        }
+        run(QuantKvTile<E>{kb[b] + off, block_tokens, kscale, vb[b] + static_cast<size_t>(off) * row_bytes, vscale,
+                           kb[nb] + noff, vb[nb] + static_cast<size_t>(noff) * row_bytes, head_dim});
+      }
     } else {
       const E* k = kb[b] + off;
       const E* v = vb[b] + static_cast<size_t>(off) * head_dim;
@@ -399,9 +619,9 @@ void attend_tile(const AttentionTile& tile, const void* const* k_blocks, const v
           }
         }
         has_next = false;
-        run(KvTile<float>{k32, kT, v32, nullptr, 0, nullptr});
+        run(KvTile<float>{k32, kT, v32, nullptr, 0, nullptr, head_dim});
       } else {
-        run(KvTile<E>{k, block_tokens, v, nk, block_tokens, nv});
+        run(KvTile<E>{k, block_tokens, v, nk, block_tokens, nv, head_dim});
       }
     }
   }
