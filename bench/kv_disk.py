@@ -9,7 +9,7 @@ disk), and once more (from RAM, for reference). Models are preloaded and ready b
 request is timed, so load time is in none of the figures. The block files were just written,
 so they are read from the OS page cache: a restart after a reboot reads them from the SSD.
 
-    python -m bench.kv_disk [--rounds 3] [--tokens 8000]
+    python -m bench.kv_disk [--rounds 3] [--words 7600] [--seed 0]
 """
 
 from __future__ import annotations
@@ -70,12 +70,25 @@ def engine_stats(base: str) -> dict:
     return model.get("engine", {})
 
 
-async def timed(target: loadgen.Target, messages: list[dict[str, str]]) -> loadgen.RequestResult:
+async def timed(target: loadgen.Target, messages: list[dict[str, str]]) -> dict:
+    """One greedy request for a single token, timed end to end: its time to first token
+    (prefill, or loading the prefix, plus one decode step). Not streamed: with this prompt
+    the model's first tokens can be whitespace that a stream sends no content delta for."""
+    body = {"model": target.model, "messages": messages, "max_tokens": 1, "temperature": 0}
     async with loadgen.client_session() as s:
-        result = await loadgen.stream_chat(s, target, messages, 4)
-    if not result.ok:
-        raise RuntimeError(f"request failed: {result.error}")
-    return result
+        start = time.perf_counter()
+        async with s.post(target.base_url + "/v1/chat/completions", json=body) as r:
+            answer = await r.json()
+            if r.status != 200:
+                raise RuntimeError(f"request failed: {answer}")
+        ttft = time.perf_counter() - start
+    usage = answer["usage"]
+    return {
+        "ttft": ttft,
+        "text": answer["choices"][0]["message"]["content"],
+        "prompt_tokens": usage["prompt_tokens"],
+        "cached_tokens": usage["prompt_tokens_details"]["cached_tokens"],
+    }
 
 
 def server(home: Path, threads: int | None) -> servers.ManagedServer:
@@ -96,7 +109,7 @@ def one_round(seed: int, words: int, threads: int | None) -> dict:
             target = loadgen.Target("llmd", first.base_url, MODEL)
             cold = asyncio.run(timed(target, messages))
             deadline = time.monotonic() + 60  # every block on disk before the restart
-            blocks = (cold.prompt_tokens or 0) // 64
+            blocks = cold["prompt_tokens"] // 64
             while engine_stats(first.base_url)["kv_disk"]["written_blocks"] < blocks:
                 if time.monotonic() > deadline:
                     raise RuntimeError("the disk tier did not write the prompt's blocks")
@@ -110,16 +123,16 @@ def one_round(seed: int, words: int, threads: int | None) -> dict:
             disk = engine_stats(second.base_url)["kv_disk"]
     finally:
         shutil.rmtree(home, ignore_errors=True)
-    if restarted.text != cold.text:
-        raise RuntimeError(f"the answer changed: {cold.text!r} vs {restarted.text!r}")
+    if restarted["text"] != cold["text"]:
+        raise RuntimeError(f"the answer changed: {cold['text']!r} vs {restarted['text']!r}")
     return {
-        "prompt_tokens": cold.prompt_tokens,
-        "cold_ttft_s": cold.ttft,
-        "restart_ttft_s": restarted.ttft,
-        "restart_cached_tokens": restarted.cached_tokens,
-        "ram_ttft_s": in_ram.ttft,
+        "prompt_tokens": cold["prompt_tokens"],
+        "cold_ttft_s": cold["ttft"],
+        "restart_ttft_s": restarted["ttft"],
+        "restart_cached_tokens": restarted["cached_tokens"],
+        "ram_ttft_s": in_ram["ttft"],
         "disk_read_mb": disk["read_bytes"] / 1e6,
-        "ratio": (restarted.ttft or 0) / (cold.ttft or 1),
+        "ratio": restarted["ttft"] / cold["ttft"],
     }
 
 
@@ -128,10 +141,12 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--words", type=int, default=7600, help="system prompt words (~tokens)")
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--seed", type=int, default=0, help="first round's prompt seed")
     args = parser.parse_args()
-    rows = [one_round(seed, args.words, args.threads) for seed in range(args.rounds)]
-    for r in rows:
-        print(json.dumps(r))
+    rows = []
+    for seed in range(args.seed, args.seed + args.rounds):
+        rows.append(one_round(seed, args.words, args.threads))
+        print(json.dumps(rows[-1]), flush=True)
     med = {k: statistics.median(r[k] for r in rows) for k in rows[0]}
     print(
         f"prompt {med['prompt_tokens']:.0f} tokens: cold TTFT {med['cold_ttft_s']:.2f} s, "
