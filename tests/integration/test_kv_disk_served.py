@@ -133,3 +133,5 @@ async def test_a_session_survives_llmd_stop_and_start(home: Path, model_path) ->
     assert model["engine"]["pinned_sessions"] == 1  # pinned again in the new worker
     listed = json.loads(llmd(home, "status", "--json").stdout)
     assert [s["id"] for s in listed["sessions"]] == ["agent-1"]
+    human = llmd(home, "status").stdout
+    assert f"1 hit(s), {_cached(second)} tokens loaded" in human, human
