@@ -303,12 +303,16 @@ void Engine::admit(Sequence& seq) {
   const auto& prompt = seq.request.prompt;
   PrefixCache::Match m = prefix_cache_.match(prompt.data(), static_cast<int>(prompt.size()) - 1);
   // The blocks on disk that continue the match (a prefix evicted from RAM, or computed by an
-  // earlier worker). The matched RAM blocks are held meanwhile, so allocating blocks to load
-  // into cannot evict them; adopt() below takes the sequence's own references.
+  // earlier worker). The matched RAM blocks (and the partial candidate) are held meanwhile, so
+  // allocating blocks to load into cannot evict them; adopt() below takes the sequence's own
+  // references.
   int from_disk = 0;
   if (disk_) {
     for (int b : m.blocks) pool_.retain(b);
+    const int partial = m.partial_block;
+    if (partial >= 0) pool_.retain(partial);
     from_disk = load_from_disk(m, prompt);  // each loaded block comes with one reference too
+    if (partial >= 0) pool_.release(partial);
   }
   // Recurrent state exists only at block boundaries (snapshots): no partial block.
   if (recurrent_) m.drop_partial();
