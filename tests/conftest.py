@@ -75,6 +75,9 @@ def fake_launcher(**settings: str | int | float) -> FakeLauncher:
         kv_budget_bytes: int | None = None,
         max_sequences: int | None = None,
         kv_type: str | None = None,
+        kv_disk_bytes: int | None = None,  # the fake worker keeps no KV, on disk or not
+        kv_disk_dir: str | None = None,
+        model_digest: str | None = None,
     ) -> tuple[list[str], dict[str, str]]:
         argv = [sys.executable, str(FAKE_WORKER), "--model", model_path]
         if context_length:

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 # Requests that may wait per model beyond its running sequences before new ones get HTTP 429.
 DEFAULT_QUEUE_LIMIT = 64
@@ -29,6 +31,23 @@ def parse_size(text: str) -> int:
     if value <= 0:
         raise ValueError(f"'{text}' must be more than 0 bytes")
     return value
+
+
+# The disk tier of the KV cache (--kv-disk): by default at most 20 GiB and at most a tenth of
+# the space free where it lives when the daemon starts, so it never fills a small disk.
+KV_DISK_DEFAULT_MAX = 20 << 30
+
+
+def default_kv_disk(where: Path) -> int:
+    """--kv-disk auto: min(20 GiB, a tenth of the free space of the filesystem of `where`)."""
+    probe = where
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    try:
+        free = shutil.disk_usage(probe).free
+    except OSError:
+        return 0
+    return min(KV_DISK_DEFAULT_MAX, free // 10)
 
 
 KV_BUDGET_MIN = 256 << 20

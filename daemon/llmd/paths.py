@@ -44,6 +44,12 @@ class Paths:
         return self.models / "blobs"
 
     @property
+    def kv_disk(self) -> Path:
+        """The disk tier of the models' KV caches (blocks by model digest, KV type and prefix):
+        a cache, safe to delete while no daemon runs."""
+        return self.cache / "kv"
+
+    @property
     def socket(self) -> Path:
         """``<runtime>/llmd.sock``; where that passes the 107-byte limit of a socket path, a
         short one in a private per-user temp dir, derived from the long one (so every llmd

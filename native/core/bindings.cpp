@@ -143,7 +143,9 @@ std::string attention_report(const KvShape& kv) {
 
 std::unique_ptr<Engine> make_engine(const std::string& path, int context_length, int max_sequences,
                                     int step_token_budget, size_t kv_budget_bytes, const py::dict& hf_config,
-                                    const std::string& backend, const std::string& kv_type) {
+                                    const std::string& backend, const std::string& kv_type,
+                                    const std::string& kv_disk_dir, size_t kv_disk_bytes,
+                                    const std::string& model_digest) {
   const KvType type = kv_type_named(kv_type);
   Metadata hf = metadata_from_dict(hf_config);
   py::gil_scoped_release release;
@@ -157,6 +159,9 @@ std::unique_ptr<Engine> make_engine(const std::string& path, int context_length,
   opts.kv_budget_bytes = kv_budget_bytes;
   opts.context_length = context_length;
   opts.kv_type = type;
+  opts.kv_disk_dir = kv_disk_dir;
+  opts.kv_disk_bytes = kv_disk_bytes;
+  opts.model_digest = model_digest;
   return std::make_unique<Engine>(std::move(model), opts);
 }
 
@@ -375,7 +380,8 @@ PYBIND11_MODULE(_engine, m) {
       .def(py::init(&make_engine), py::arg("model_path"), py::arg("context_length") = 0,
            py::arg("max_sequences") = 8, py::arg("step_token_budget") = 512,
            py::arg("kv_budget_bytes") = size_t{1} << 30, py::arg("hf_config") = py::dict(),
-           py::arg("backend") = "auto", py::arg("kv_type") = "f16")
+           py::arg("backend") = "auto", py::arg("kv_type") = "f16", py::arg("kv_disk_dir") = "",
+           py::arg("kv_disk_bytes") = 0, py::arg("model_digest") = "")
       .def(
           "submit",
           [](Engine& e, const std::string& id, std::vector<int32_t> prompt, int max_tokens, float temperature,
@@ -522,6 +528,22 @@ PYBIND11_MODULE(_engine, m) {
              d["draft_accepted_tokens"] = s.draft_accepted_tokens;
              d["speculative_steps"] = s.speculative_steps;
              d["drafting_rows_histogram"] = histogram_dict(s.drafting_rows_histogram);
+             py::dict disk;
+             disk["enabled"] = s.kv_disk_enabled;
+             if (!s.kv_disk_enabled) disk["off_reason"] = s.kv_disk_off_reason;
+             if (s.kv_disk_enabled) disk["dir"] = s.kv_disk_dir;
+             disk["hits"] = s.kv_disk_hits;
+             disk["hit_tokens"] = s.kv_disk_hit_tokens;
+             disk["read_blocks"] = s.kv_disk.read_blocks;
+             disk["read_bytes"] = s.kv_disk.read_bytes;
+             disk["written_blocks"] = s.kv_disk.written_blocks;
+             disk["written_bytes"] = s.kv_disk.written_bytes;
+             disk["dropped_blocks"] = s.kv_disk.dropped_blocks;
+             disk["corrupt_files"] = s.kv_disk.corrupt_files;
+             disk["evicted_files"] = s.kv_disk.evicted_files;
+             disk["bytes"] = s.kv_disk.bytes;
+             disk["files"] = s.kv_disk.files;
+             d["kv_disk"] = disk;
              return d;
            })
       .def("info",
@@ -557,6 +579,9 @@ PYBIND11_MODULE(_engine, m) {
           },
           "The KV cache's element type, bytes per position (all layers), how many positions the "
           "budget holds, and the attention path that reads it.")
+      .def(
+          "flush_kv_disk", [](Engine& e) { e.flush_kv_disk(); }, py::call_guard<py::gil_scoped_release>(),
+          "Waits until every KV block queued for the disk tier is written.")
       .def_property_readonly("context_length", &Engine::context_length)
       .def_property_readonly("supports_speculation", [](Engine& e) { return e.supports_speculation(); },
                              "Whether requests may set max_draft (not on models with recurrent layers).")

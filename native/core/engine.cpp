@@ -44,7 +44,77 @@ Engine::Engine(std::unique_ptr<Model> model, EngineOptions options)
   // Recurrent-state snapshots (one whole state each) may hold a quarter of the KV budget
   // beyond the KV itself; snapshots of running sequences and sessions are never dropped.
   prefix_cache_.set_state_budget(options_.kv_budget_bytes / 4);
+  disk_off_reason_ = disk_tier_off_reason();
+  if (disk_off_reason_.empty()) {
+    // Everything a block's bytes depend on besides its tokens: the model file, how KV is
+    // stored, and the layout of a block (a format change bumps the version).
+    const KvShape& shape = pool_.shape();
+    std::string identity = "llmd-kv-disk-1|" + options_.model_digest + "|" + kv_type_name(shape.type) +
+                           "|layers=" + std::to_string(shape.n_layers);
+    for (int l = 0; l < shape.n_layers; ++l) {
+      identity += "," + std::to_string(shape.kv_heads_of(l)) + "x" + std::to_string(shape.head_dim_of(l));
+    }
+    try {
+      disk_ = std::make_unique<DiskKvTier>(options_.kv_disk_dir, identity, pool_.block_bytes(),
+                                           options_.kv_disk_bytes);
+      prefix_cache_.set_evict_hook([this](uint64_t key, uint64_t parent, const int32_t* tokens, int block) {
+        save_to_disk(key, parent, tokens, block);
+      });
+    } catch (const std::exception& ex) {
+      disk_off_reason_ = std::string("cannot use ") + options_.kv_disk_dir + ": " + ex.what();
+    }
+  }
+  {
+    std::lock_guard<std::mutex> lock(stats_mutex_);
+    stats_.kv_disk_enabled = disk_ != nullptr;
+    stats_.kv_disk_off_reason = disk_off_reason_;
+    if (disk_) stats_.kv_disk_dir = disk_->dir();
+  }
   thread_ = std::thread([this] { loop(); });
+}
+
+std::string Engine::disk_tier_off_reason() const {
+  if (options_.kv_disk_bytes == 0 || options_.kv_disk_dir.empty()) return "off (--kv-disk 0)";
+  if (options_.model_digest.empty()) return "no digest of the model file was given";
+  const std::string& arch = model_->info().architecture;
+  if (bidirectional_) return arch + " is an encoder: it has no prefix cache";
+  if (recurrent_) return "not implemented yet for models with recurrent state (" + arch + ")";
+  if (!pool_.shape().host_storage) return "not implemented yet for KV kept on the device (" + model_->info().backend + ")";
+  if (pool_.shape().window > 0) return "not implemented yet for sliding-window layers (" + arch + ")";
+  return "";
+}
+
+void Engine::save_to_disk(uint64_t key, uint64_t parent, const int32_t* tokens, int block) {
+  if (!disk_ || disk_->contains(key)) return;
+  // A copy, so the writer thread never reads a block the engine may reuse; ~1.5 MB for the
+  // test model, a memcpy, while the write itself happens off this thread.
+  const std::byte* data = pool_.block_data(block);
+  disk_->put(key, parent, tokens, std::vector<std::byte>(data, data + pool_.block_bytes()));
+}
+
+int Engine::load_from_disk(PrefixCache::Match& m, const std::vector<int32_t>& prompt) {
+  constexpr int BT = KvPool::kBlockTokens;
+  const int limit = static_cast<int>(prompt.size()) - 1;  // one token always runs
+  uint64_t parent = m.keys.empty() ? 0 : m.keys.back();
+  int loaded = 0;
+  for (int start = m.full_tokens(); start + BT <= limit; start += BT) {
+    const int32_t* tokens = prompt.data() + start;
+    const uint64_t key = PrefixCache::chain(parent, tokens);
+    if (!disk_->contains(key)) break;
+    const int block = pool_.allocate();
+    if (block < 0) break;
+    if (!disk_->get(key, parent, tokens, pool_.block_data(block))) {
+      pool_.release(block);
+      break;
+    }
+    prefix_cache_.insert(key, parent, tokens, block);
+    m.blocks.push_back(block);
+    m.keys.push_back(key);
+    parent = key;
+    ++loaded;
+  }
+  if (loaded > 0) m.drop_partial();  // the partial candidate followed the RAM part only
+  return loaded;
 }
 
 Engine::~Engine() { shutdown(); }
@@ -186,6 +256,7 @@ EngineStats Engine::stats() {
     std::lock_guard<std::mutex> lock(mutex_);
     s.queued_requests = static_cast<int>(waiting_.size());
   }
+  if (disk_) s.kv_disk = disk_->stats();
   return s;
 }
 
@@ -231,6 +302,18 @@ void Engine::admit(Sequence& seq) {
   }
   const auto& prompt = seq.request.prompt;
   PrefixCache::Match m = prefix_cache_.match(prompt.data(), static_cast<int>(prompt.size()) - 1);
+  // The blocks on disk that continue the match (a prefix evicted from RAM, or computed by an
+  // earlier worker). The matched RAM blocks (and the partial candidate) are held meanwhile, so
+  // allocating blocks to load into cannot evict them; adopt() below takes the sequence's own
+  // references.
+  int from_disk = 0;
+  if (disk_) {
+    for (int b : m.blocks) pool_.retain(b);
+    const int partial = m.partial_block;
+    if (partial >= 0) pool_.retain(partial);
+    from_disk = load_from_disk(m, prompt);  // each loaded block comes with one reference too
+    if (partial >= 0) pool_.release(partial);
+  }
   // Recurrent state exists only at block boundaries (snapshots): no partial block.
   if (recurrent_) m.drop_partial();
   // Sliding-window layers need the window before the reuse point: shorten the match to a
@@ -255,6 +338,9 @@ void Engine::admit(Sequence& seq) {
     }
   }
   seq.kv->adopt(m.blocks, m.full_tokens());
+  if (disk_) {
+    for (int b : m.blocks) pool_.release(b);
+  }
   if (m.partial_block >= 0 && !copy_into_next_block(*seq.kv, m.partial_block, m.tokens())) m.drop_partial();
   if (m.tokens() == 0) return;
   if (state) seq.kv->state = state->clone();
@@ -264,6 +350,10 @@ void Engine::admit(Sequence& seq) {
   stats_.prefix_cache_hits += 1;
   stats_.prefix_cached_tokens += seq.cached;
   if (m.partial_block >= 0) stats_.prefix_partial_tokens += m.partial_tokens;
+  if (from_disk > 0) {
+    stats_.kv_disk_hits += 1;
+    stats_.kv_disk_hit_tokens += static_cast<uint64_t>(from_disk) * KvPool::kBlockTokens;
+  }
 }
 
 bool Engine::copy_into_next_block(SequenceKv& kv, int src, int length) {
@@ -288,6 +378,8 @@ void Engine::index_full_blocks(Sequence& seq) {
     const uint64_t parent = index == 0 ? 0 : seq.block_keys.back();
     const uint64_t key = PrefixCache::chain(parent, tokens.data());
     prefix_cache_.insert(key, parent, tokens.data(), seq.kv->blocks()[index]);
+    // Written through at once: a worker crash or a daemon restart loses only the queue.
+    save_to_disk(key, parent, tokens.data(), seq.kv->blocks()[index]);
     seq.block_keys.push_back(key);
   }
 }

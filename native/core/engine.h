@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "kv_cache.h"
+#include "kv_disk.h"
 #include "model.h"
 #include "ngram_draft.h"
 #include "prefix_cache.h"
@@ -91,6 +92,12 @@ struct EngineOptions {
   // Element type of the KV blocks (--kv-type; a device backend keeps its own float dtype
   // unless Q8_0/Q4_0 is asked for). F32 is for checks against float32 references.
   KvType kv_type = KvType::F16;
+  // The disk tier of the prefix cache (kv_disk.h): full blocks written under kv_disk_dir, at
+  // most kv_disk_bytes there (0: off). model_digest names the model file's bytes (the store's
+  // sha256); without it blocks could not be told apart from another model's, so the tier is off.
+  std::string kv_disk_dir;
+  size_t kv_disk_bytes = 0;
+  std::string model_digest;
 };
 
 struct EngineStats {
@@ -123,6 +130,14 @@ struct EngineStats {
   uint64_t draft_accepted_tokens = 0;
   uint64_t speculative_steps = 0;
   std::map<int, uint64_t> drafting_rows_histogram;
+  // The disk tier: whether it runs (else why not: kv_disk_off_reason), requests that loaded
+  // blocks from it and the prompt tokens those blocks held, and its own counters.
+  bool kv_disk_enabled = false;
+  std::string kv_disk_off_reason;
+  std::string kv_disk_dir;  // this model's directory of block files
+  uint64_t kv_disk_hits = 0;
+  uint64_t kv_disk_hit_tokens = 0;
+  DiskTierStats kv_disk;
 };
 
 class Engine {
@@ -152,6 +167,10 @@ class Engine {
   std::map<std::string, std::string> matmul_paths() const { return model_->matmul_paths(); }
   // The KV pool's fixed facts (element type, bytes per position, capacity of the budget).
   const KvPool& kv_pool() const { return pool_; }
+  // Waits until every block queued for the disk tier is written (tests, benchmarks).
+  void flush_kv_disk() {
+    if (disk_) disk_->flush();
+  }
 
   // Synchronous helper for tests and parity scripts (teacher forcing): runs `tokens` as one
   // fresh sequence and returns the logits after each position p >= first_scored - 1, i.e. the
@@ -199,6 +218,12 @@ class Engine {
   // parent's partly filled last block. False when the KV budget has no room for it.
   bool copy_into_next_block(SequenceKv& kv, int src, int length);
   void index_full_blocks(Sequence& seq);
+  // The disk tier (kv_disk.h): why it cannot run for this model and options ("" when it can);
+  // queueing a copy of a cached block; extending a match with the blocks on disk that follow it
+  // (each loaded into a newly allocated block with one reference, which the caller releases).
+  std::string disk_tier_off_reason() const;
+  void save_to_disk(uint64_t key, uint64_t parent, const int32_t* tokens, int block);
+  int load_from_disk(PrefixCache::Match& m, const std::vector<int32_t>& prompt);
   // Recurrent models: the block boundaries of this segment where a state snapshot is kept,
   // and publishing the snapshots the model recorded there into the prefix cache.
   std::vector<int> snapshot_positions(const Sequence& seq, int start, int n) const;
@@ -232,6 +257,8 @@ class Engine {
   KvPool pool_;
   PrefixCache prefix_cache_;
   SessionPins session_pins_;  // after pool_: released before it
+  std::unique_ptr<DiskKvTier> disk_;  // null when off (disk_off_reason_ says why)
+  std::string disk_off_reason_;
 
   std::mutex mutex_;  // guards waiting_, cancels_, stop_, events_
   std::condition_variable work_cv_;

@@ -174,6 +174,9 @@ class KvPool {
   // Blocks and every head's part are 64-byte aligned. Host storage only (shape().host_storage).
   void* keys(int block, int layer, int head) { return at(block, layer, 0, head); }
   void* values(int block, int layer, int head) { return at(block, layer, 1, head); }
+  // Every byte of a block's full-attention layers (block_bytes() of them), as the disk tier
+  // writes and reads them back. Host storage only.
+  std::byte* block_data(int block) { return storage_[block].get(); }
 
  private:
   void* at(int block, int layer, int kv, int head) {

@@ -79,6 +79,7 @@ void PrefixCache::forget(int block) {
   if (it == key_of_block_.end()) return;
   auto e = by_key_.find(it->second);
   if (e != by_key_.end()) {
+    if (evict_hook_) evict_hook_(it->second, e->second.parent, e->second.tokens.data(), block);
     drop_state(e->second);
     auto [first, last] = children_.equal_range(child_slot(e->second.parent, e->second.tokens.data()));
     for (auto c = first; c != last; ++c) {

@@ -25,6 +25,7 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <unordered_map>
 #include <vector>
@@ -75,6 +76,10 @@ class PrefixCache {
   size_t states() const { return states_; }
 
   size_t entries() const { return by_key_.size(); }
+  // Told about each entry just before its block is evicted (its KV still intact): the disk
+  // tier writes what it does not hold yet.
+  using EvictHook = std::function<void(uint64_t key, uint64_t parent, const int32_t* tokens, int block)>;
+  void set_evict_hook(EvictHook hook) { evict_hook_ = std::move(hook); }
 
  private:
   struct Entry {
@@ -99,6 +104,7 @@ class PrefixCache {
   size_t state_bytes_ = 0;
   size_t states_ = 0;
   uint64_t state_clock_ = 0;
+  EvictHook evict_hook_;
 };
 
 }  // namespace llmd

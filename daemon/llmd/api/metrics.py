@@ -77,6 +77,14 @@ async def _engine_stats(model: ModelSupervisor) -> dict[str, Any] | None:
     return {**stats.model_dump(exclude={"type", "extra"}), **stats.extra}
 
 
+def _field(stats: dict[str, Any] | None, path: str) -> Any:
+    """stats["a"]["b"] for "a.b" (the engine nests the disk tier's counters); None if absent."""
+    value: Any = stats
+    for part in path.split("."):
+        value = value.get(part) if isinstance(value, dict) else None
+    return value
+
+
 def _gauge(name: str, doc: str, labels: list[str] | None = None) -> GaugeMetricFamily:
     return GaugeMetricFamily(name, doc, labels=labels)
 
@@ -117,13 +125,21 @@ async def scrape(app: web.Application) -> list[Metric]:
         ("prefix_cache_hits", "counter", "llmd_prefix_cache_hits", "Requests that reused cached KV since the worker started."),
         ("prefix_cached_tokens", "counter", "llmd_prefix_cache_hit_tokens", "Prompt tokens served from the prefix cache since the worker started."),
         ("embedding_requests", "counter", "llmd_engine_embedding_sequences", "Embedding and rerank sequences the engine completed since its worker started."),
+        ("kv_disk.hits", "counter", "llmd_kv_disk_hits", "Requests that loaded KV blocks from the disk tier since the worker started."),
+        ("kv_disk.hit_tokens", "counter", "llmd_kv_disk_hit_tokens", "Prompt tokens whose KV was loaded from the disk tier since the worker started."),
+        ("kv_disk.read_bytes", "counter", "llmd_kv_disk_read_bytes", "KV bytes read from the disk tier since the worker started."),
+        ("kv_disk.written_bytes", "counter", "llmd_kv_disk_written_bytes", "Bytes the worker wrote to the KV disk tier since it started."),
+        ("kv_disk.dropped_blocks", "counter", "llmd_kv_disk_dropped_blocks", "KV blocks not written to disk (write queue full or disk failing) since the worker started."),
+        ("kv_disk.corrupt_files", "counter", "llmd_kv_disk_corrupt_files", "KV disk files that failed their checksum (deleted, never served) since the worker started."),
+        ("kv_disk.bytes", "gauge", "llmd_kv_disk_bytes", "Bytes in the KV disk tier (all models), as the worker last counted."),
     ]  # fmt: skip
     for field, kind, name, doc in engine_fields:
         family_type = CounterMetricFamily if kind == "counter" else GaugeMetricFamily
         family = family_type(name, doc, labels=["model"])
         for m, st in zip(models, stats, strict=True):
-            if st is not None and isinstance(st.get(field), (int, float)):
-                family.add_metric([m.name], st[field])
+            value = _field(st, field)
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                family.add_metric([m.name], value)
         families.append(family)
     ratio = _gauge(
         "llmd_prefix_cache_hit_ratio",

@@ -248,6 +248,7 @@ def create_app(
     stream_keepalive: float = DEFAULT_STREAM_KEEPALIVE,
     default_max_tokens: int | None = None,
     kv_type: str | None = None,
+    kv_disk_bytes: int = 0,
 ) -> web.Application:
     """The aiohttp app; `worker_launcher` replaces the real worker (tests use a fake one)."""
     security = security or SecurityConfig()
@@ -281,6 +282,8 @@ def create_app(
         memory_budget=memory_budget,
         speculative_max_draft=speculative_max_draft,
         kv_type=kv_type,
+        kv_disk_bytes=kv_disk_bytes,
+        kv_disk_dir=str(paths.kv_disk),
     )
     app[REGISTRY] = registry
     registry.metrics = Metrics()
@@ -305,7 +308,11 @@ def create_app(
     app.router.add_get("/v1/models/{model_id:.+}", get_model)
     app.router.add_get("/v1/sessions", list_sessions)
     app.router.add_delete("/v1/sessions/{session_id}", delete_session)
-    sessions = SessionTable(default_ttl=session_ttl, max_sessions=max_sessions)
+    sessions = SessionTable(
+        default_ttl=session_ttl, max_sessions=max_sessions, saved=paths.data / "sessions.json"
+    )
+    if restored := sessions.restore():
+        log.info("%d named session(s) restored; their KV loads from the disk tier", restored)
     app[SESSIONS] = sessions
     registry.pinned_until = sessions.pinned_until
 
@@ -319,6 +326,7 @@ def create_app(
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        sessions.save()
 
     app.cleanup_ctx.append(background)
 

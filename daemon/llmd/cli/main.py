@@ -354,6 +354,13 @@ def status(as_json: bool) -> None:
             f"{_mib(m.get('kv_budget_bytes', 0))}{_kv_kind(m)}, "
             f"{e.get('prefix_cache_blocks', 0)} cached blocks"
         )
+        if disk := e.get("kv_disk"):
+            click.echo(
+                f"  KV on disk {_mib(disk.get('bytes', 0))} of {_mib(m.get('kv_disk_bytes', 0))}, "
+                f"{disk.get('hits', 0)} hit(s), {disk.get('hit_tokens', 0)} tokens loaded"
+                if disk.get("enabled")
+                else f"  KV on disk: {disk.get('off_reason', 'off')}"
+            )
         if dm := e.get("device_memory"):
             # MLX's allocator on the device (Metal's unified memory, CUDA): not in the RSS above.
             click.echo(

@@ -20,6 +20,7 @@ from llmd.limits import (
     DEFAULT_MAX_LOADED,
     DEFAULT_QUEUE_LIMIT,
     KV_TYPES,
+    default_kv_disk,
     parse_size,
 )
 from llmd.paths import DEFAULT_HOST, DEFAULT_PORT, get_paths
@@ -36,6 +37,16 @@ def _size_option(value: str, name: str) -> int | None:
         return parse_size(value)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint=name) from exc
+
+
+def _kv_disk_option(value: str) -> int:
+    """--kv-disk: 'auto' -> the default bound, '0' -> off, else a size."""
+    if value == "auto":
+        return default_kv_disk(get_paths().kv_disk)
+    if value.strip() == "0":
+        return 0
+    size = _size_option(value, "--kv-disk")
+    return size or 0
 
 
 def serve_options(command: Callable[..., Any]) -> Callable[..., Any]:
@@ -102,6 +113,16 @@ def serve_options(command: Callable[..., Any]) -> Callable[..., Any]:
             help="KV cache element type: f16, or GGML's q8_0 / q4_0 blocks (about 1.9x / 3.6x "
             "the context in the same --kv-budget, at some quality cost). "
             "A model's own setting (`llmd set NAME --kv-type`) wins.",
+        ),
+        click.option(
+            "--kv-disk",
+            default="auto",
+            show_default=True,
+            help="Disk tier of the KV cache, in the llmd cache dir: prompt KV blocks are written "
+            "there, so a repeated prefix (an agent's system prompt) loads from disk after "
+            "eviction, an unload, a worker crash or a restart instead of being prefilled again. "
+            "A bound shared by all models (e.g. 20GiB), least recently used files go first; "
+            "0: off; auto: 20GiB or a tenth of the free disk, whichever is less.",
         ),
         click.option(
             "--session-ttl",
@@ -248,6 +269,7 @@ def serve(
     queue_limit: int,
     kv_budget: str,
     kv_type: str,
+    kv_disk: str,
     session_ttl: float,
     max_sessions: int,
     keep_alive: str,
@@ -302,6 +324,7 @@ def serve(
                 queue_limit=queue_limit,
                 kv_budget_bytes=_size_option(kv_budget, "--kv-budget"),
                 kv_type=kv_type,
+                kv_disk_bytes=_kv_disk_option(kv_disk),
                 session_ttl=session_ttl,
                 max_sessions=max_sessions,
                 keep_alive=keep_alive_s,

@@ -64,6 +64,8 @@ class ModelRegistry:
         memory_budget: int | None = None,
         speculative_max_draft: int = 0,
         kv_type: str | None = None,
+        kv_disk_bytes: int = 0,
+        kv_disk_dir: str | None = None,
     ) -> None:
         self.store = store
         # The model's text side (tokenizer, template) is the text layer's business: it hands
@@ -77,6 +79,8 @@ class ModelRegistry:
         self.kv_budget_bytes = kv_budget_bytes
         self.max_sequences = max_sequences
         self.kv_type = kv_type  # --kv-type; a model's own setting (ModelRecord.kv_type) wins
+        self.kv_disk_bytes = kv_disk_bytes  # --kv-disk (0: off), shared by every model
+        self.kv_disk_dir = kv_disk_dir
         self.policy = policy or RestartPolicy()
         self.keep_alive = keep_alive
         self.max_loaded = max_loaded
@@ -138,6 +142,9 @@ class ModelRegistry:
             kv_budget_bytes=self.kv_budget_bytes,
             max_sequences=self.max_sequences,
             kv_type=record.kv_type or self.kv_type,
+            kv_disk_bytes=self.kv_disk_bytes or None,
+            kv_disk_dir=self.kv_disk_dir,
+            model_digest=record.digest or None,
         )
 
     def _estimate(self, record: ModelRecord) -> int:

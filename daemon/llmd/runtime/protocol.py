@@ -152,6 +152,8 @@ class Ready(_Message):
     kv_type: str = ""
     kv_bytes_per_token: int = 0
     kv_capacity_tokens: int = 0
+    # The disk tier's bound (0: off for this model; the stats' kv_disk.off_reason says why).
+    kv_disk_bytes: int = 0
     threads: int = 0
     # Resident memory of the worker before and after the weights were loaded (bytes).
     memory: dict[str, int] = {}

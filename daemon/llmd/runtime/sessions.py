@@ -10,17 +10,25 @@ A session never fails a request: when `max_sessions` are open, a new one unpins 
 recently used idle session (its KV stays in the prefix cache, evictable); when every open
 session is running a request, the new request runs unpinned. Only the header named for llmd
 pins (`X-Llmd-Session-Id`): opencode sends `x-session-id` on every request, and reading that
-as llmd's extension pinned 64 of its sessions and refused the 65th."""
+as llmd's extension pinned 64 of its sessions and refused the 65th.
+
+Sessions outlive the daemon: the table is saved (`sessions.json` in the data dir) at every
+change and at shutdown, and read back at start. Their KV is then in no worker, but the KV
+cache's disk tier holds it (native/core/kv_disk.h): the next turn loads the history's blocks
+from disk instead of prefilling them, and pins them again."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import math
+import os
 import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
 log = logging.getLogger("llmd.sessions")
@@ -34,6 +42,17 @@ class Pinner(Protocol):
 
     async def unpin(self, session: str) -> None: ...
 
+
+class _NotLoaded:
+    """The worker of a session read back after a restart: none holds its KV yet, so there
+    is nothing to unpin until its next request pins it in a real worker."""
+
+    async def unpin(self, session: str) -> None:
+        return None
+
+
+NOT_LOADED = _NotLoaded()
+_SAVED_FIELDS = ("id", "model", "ttl", "created", "last_used", "requests")
 
 DEFAULT_SESSION_TTL = 600.0  # seconds idle before a session's KV is released
 DEFAULT_MAX_SESSIONS = 64
@@ -75,7 +94,10 @@ class SessionTable:
         default_ttl: float = DEFAULT_SESSION_TTL,
         max_sessions: int = DEFAULT_MAX_SESSIONS,
         clock: Callable[[], float] = time.time,
+        saved: Path | None = None,
     ) -> None:
+        self.saved = saved  # where the table outlives the daemon (None: it does not)
+        self._saved_text = ""
         self.default_ttl = default_ttl
         self.max_sessions = max_sessions
         self.clock = clock
@@ -96,7 +118,8 @@ class SessionTable:
             s = Session(sid, model, worker, ttl or self.default_ttl, now, now)
             self._sessions[sid] = s
         elif s.worker is not worker:
-            s.previous_workers.append(s.worker)
+            if s.worker is not NOT_LOADED:
+                s.previous_workers.append(s.worker)
             s.model, s.worker = model, worker
         if ttl:
             s.ttl = ttl
@@ -157,3 +180,54 @@ class SessionTable:
         while True:
             await asyncio.sleep(interval)
             await self.expire()
+            self.save()
+
+    def save(self) -> None:
+        """Writes the table to `saved` when it changed (atomically: a crash mid-write leaves
+        the previous copy). Best effort: a read-only disk costs persistence, not service."""
+        if self.saved is None:
+            return
+        rows = [{k: getattr(s, k) for k in _SAVED_FIELDS} for s in self._sessions.values()]
+        text = json.dumps(rows, sort_keys=True)
+        if text == self._saved_text:
+            return
+        tmp = self.saved.with_suffix(".tmp")
+        try:
+            self.saved.parent.mkdir(parents=True, exist_ok=True)
+            tmp.write_text(text)
+            os.replace(tmp, self.saved)
+            self._saved_text = text
+        except OSError as exc:
+            log.warning("cannot save the sessions to %s: %s", self.saved, exc)
+
+    def restore(self) -> int:
+        """Reads back the sessions a previous daemon saved that have not expired since; their
+        KV waits in the disk tier for their next request. Returns how many."""
+        if self.saved is None:
+            return 0
+        try:
+            rows = json.loads(self.saved.read_text())
+        except (OSError, ValueError):
+            return 0  # none saved yet, or an unreadable file: start empty
+        now = self.clock()
+        for row in rows if isinstance(rows, list) else []:
+            try:
+                s = Session(
+                    id=str(row["id"]),
+                    model=str(row["model"]),
+                    worker=NOT_LOADED,
+                    ttl=float(row["ttl"]),
+                    created=float(row["created"]),
+                    last_used=float(row["last_used"]),
+                    requests=int(row["requests"]),
+                )
+            except (KeyError, TypeError, ValueError):
+                continue
+            if (
+                SESSION_ID.match(s.id)
+                and s.expires_at() > now
+                and len(self._sessions) < self.max_sessions
+            ):
+                self._sessions[s.id] = s
+        self._saved_text = ""
+        return len(self._sessions)

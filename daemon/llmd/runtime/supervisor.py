@@ -395,6 +395,7 @@ class ModelSupervisor:
                 kv_type=ready.kv_type,
                 kv_bytes_per_token=ready.kv_bytes_per_token,
                 kv_capacity_tokens=ready.kv_capacity_tokens,
+                kv_disk_bytes=ready.kv_disk_bytes,
                 memory=ready.memory,
                 speculative=speculative_status(self.speculative_max_draft, ready.features),
             )

@@ -34,6 +34,9 @@ class WorkerLauncher(Protocol):
         kv_budget_bytes: int | None = None,
         max_sequences: int | None = None,
         kv_type: str | None = None,
+        kv_disk_bytes: int | None = None,
+        kv_disk_dir: str | None = None,
+        model_digest: str | None = None,
     ) -> tuple[list[str], dict[str, str]]: ...
 
 
@@ -80,6 +83,9 @@ class WorkerClient:
         kv_budget_bytes: int | None = None,
         max_sequences: int | None = None,
         kv_type: str | None = None,
+        kv_disk_bytes: int | None = None,
+        kv_disk_dir: str | None = None,
+        model_digest: str | None = None,
     ) -> None:
         self.model_path = model_path
         self.context_length = context_length
@@ -89,6 +95,11 @@ class WorkerClient:
         self.kv_budget_bytes = kv_budget_bytes
         self.max_sequences = max_sequences
         self.kv_type = kv_type  # None: the worker's default (f16)
+        # The disk tier (native/core/kv_disk.h): its bound and directory, and the digest of
+        # the model file that keys its blocks.
+        self.kv_disk_bytes = kv_disk_bytes
+        self.kv_disk_dir = kv_disk_dir
+        self.model_digest = model_digest
         self.launcher = launcher or default_launcher()
         self.name = name or model_path
         self.ready: p.Ready | None = None
@@ -110,6 +121,9 @@ class WorkerClient:
             "kv_budget_bytes": self.kv_budget_bytes,
             "max_sequences": self.max_sequences,
             "kv_type": self.kv_type,
+            "kv_disk_bytes": self.kv_disk_bytes,
+            "kv_disk_dir": self.kv_disk_dir,
+            "model_digest": self.model_digest,
         }
         options = {k: v for k, v in given.items() if v}
         argv, env = self.launcher(

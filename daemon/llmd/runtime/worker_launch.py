@@ -24,6 +24,9 @@ def worker_command(
     max_sequences: int | None = None,
     kv_budget_bytes: int | None = None,
     kv_type: str | None = None,
+    kv_disk_bytes: int | None = None,
+    kv_disk_dir: str | None = None,
+    model_digest: str | None = None,
 ) -> tuple[list[str], dict[str, str]]:
     """argv and env (a full copy of os.environ plus BLAS settings) for one worker process."""
     argv = [sys.executable, "-m", "llmd.worker", "--model", str(model_path)]
@@ -37,6 +40,10 @@ def worker_command(
         argv += ["--kv-budget", str(kv_budget_bytes)]
     if kv_type:
         argv += ["--kv-type", kv_type]
+    if kv_disk_bytes and kv_disk_dir:
+        argv += ["--kv-disk", str(kv_disk_bytes), "--kv-disk-dir", str(kv_disk_dir)]
+    if model_digest:
+        argv += ["--model-digest", model_digest]
     env = dict(os.environ)
     env.update(blas_environment(_shim_dir()))
     n = threads or int(env.get("LLMD_THREADS", "0") or 0) or (os.cpu_count() or 1)

@@ -24,6 +24,7 @@ from llmd.runtime import protocol as p
 from llmd.runtime.blas import loaded_blas
 from llmd.store.dense_modules import DenseHead
 from llmd.worker.grammar import GrammarFactory
+from llmd.worker.model_digest import model_digest
 from llmd.worker.pooled import PooledRequests
 
 
@@ -265,6 +266,18 @@ def main(argv: list[str] | None = None) -> int:
         help="element type of the KV cache: f16, or GGML's q8_0 / q4_0 blocks",
     )
     parser.add_argument(
+        "--kv-disk",
+        type=int,
+        default=0,
+        help="bytes of the KV cache's disk tier under --kv-disk-dir, shared by all models (0: off)",
+    )
+    parser.add_argument("--kv-disk-dir", default="", help="directory of the KV disk tier")
+    parser.add_argument(
+        "--model-digest",
+        default="",
+        help="sha256:<hex> of the model (the store's); computed from the file when absent",
+    )
+    parser.add_argument(
         "--backend",
         default=os.environ.get("LLMD_BACKEND", "auto"),
         choices=["auto", "cpu", "gpu", "mlx-cpu"],
@@ -290,6 +303,10 @@ def main(argv: list[str] | None = None) -> int:
     rss_before = process_rss() or 0
     started = time.perf_counter()
     kv_budget = args.kv_budget or auto_kv_budget(args.backend)
+    kv_disk = args.kv_disk if args.kv_disk_dir else 0
+    digest = args.model_digest
+    if kv_disk and not digest:
+        digest = model_digest(args.model)
     try:
         engine = _engine.Engine(
             args.model,
@@ -300,6 +317,9 @@ def main(argv: list[str] | None = None) -> int:
             hf_config=hf_config(args.model),
             backend=args.backend,
             kv_type=args.kv_type,
+            kv_disk_dir=args.kv_disk_dir,
+            kv_disk_bytes=kv_disk,
+            model_digest=digest,
         )
     except Exception as exc:  # noqa: BLE001 - every load failure is reported, then exit
         writer.send(p.Fatal(code="load_failed", message=str(exc)))
@@ -313,6 +333,9 @@ def main(argv: list[str] | None = None) -> int:
     load_ms = (time.perf_counter() - started) * 1000
     paths = engine.matmul_paths()
     kv = engine.kv_cache()
+    disk = engine.stats()["kv_disk"]
+    if kv_disk and not disk["enabled"]:
+        print(f"llmd worker: KV disk tier off: {disk['off_reason']}", file=sys.stderr, flush=True)
     writer.send(
         p.Ready(
             backend=_backend_name(info["backend"]),
@@ -342,6 +365,7 @@ def main(argv: list[str] | None = None) -> int:
             kv_type=kv["type"],
             kv_bytes_per_token=kv["bytes_per_token"],
             kv_capacity_tokens=kv["capacity_tokens"],
+            kv_disk_bytes=kv_disk if disk["enabled"] else 0,
             threads=_engine.thread_count(),
             memory={
                 "rss_before_load": rss_before,
