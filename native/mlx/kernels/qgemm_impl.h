@@ -653,6 +653,7 @@ inline void gemm_q8_0(const uint8_t* w, size_t rb, const ActBlock* a, int k, int
 }  // namespace llmd::kernels::LLMD_ISA_NAMESPACE
 
 #include "kquant_impl.h"
+#include "legacy_zmm_impl.h"
 
 namespace llmd::kernels::LLMD_ISA_NAMESPACE {
 
@@ -666,9 +667,15 @@ inline const KernelTable* make_table(const char* isa) {
                                  .q4_k = gemm_q4_k,
                                  .q5_k = gemm_q5_k,
                                  .q6_k = gemm_q6_k,
+#if defined(LLMD_ISA_VNNI)
+                                 .q4_0_x8 = gemm_q4_0_x8_zmm,
+                                 .q4_1_x8 = gemm_q4_1_x8,
+                                 .q8_0_x8 = gemm_q8_0_x8_zmm,
+#else
                                  .q4_0_x8 = gemm_q4_0_x8,
                                  .q4_1_x8 = gemm_q4_1_x8,
                                  .q8_0_x8 = gemm_q8_0_x8,
+#endif
                                  .q4_k_x8 = gemm_q4_k_x8,
                                  .q5_k_x8 = gemm_q5_k_x8,
                                  .q6_k_x8 = gemm_q6_k_x8,
