@@ -18,15 +18,30 @@ namespace {
 // Output columns are handed out in multiples of 16 (even, so SwiGLU pairs never straddle
 // tasks; a multiple of 8, so packed groups never do either).
 constexpr int kColumnQuantum = 16;
-// Tasks per thread: threads take tasks from a shared counter, so a core slowed by something
-// else (a noisy neighbour, a late wake-up) takes fewer instead of holding up the op; a few
-// per thread keep that counter's traffic negligible. Each column is computed the same way
-// whichever thread takes it.
-constexpr int kTasksPerThread = 6;
+// Activation rows a SwiGLU task multiplies at a time (the packed kernels' largest row chunk,
+// qgemm_impl.h's packed_row_chunk).
+constexpr int kSwigluRows = 128;
 
-int columns_per_task(int n, int threads) {
-  const int per = (n + threads * kTasksPerThread - 1) / (threads * kTasksPerThread);
-  return std::max(kColumnQuantum, (per + kColumnQuantum - 1) / kColumnQuantum * kColumnQuantum);
+// Column tasks, as boundaries: threads take them from a shared counter, so a core slowed by
+// something else (a noisy neighbour, a late wake-up) takes fewer instead of holding up the op.
+// Guided sizes: each task is 1 / (2 x threads) of the columns still unassigned, so the first
+// are large and the last few are one quantum: when one thread runs out of work the other is at
+// most a small task from done. With equal sixths per thread, a 512-token prefill spent ~12% of
+// its time in one thread waiting at the end of an op for the other's last task. Each column is
+// computed the same way whichever task or thread takes it.
+const std::vector<int>& column_tasks(int n, int threads) {
+  thread_local std::vector<int> starts;
+  thread_local int for_n = -1, for_threads = -1;
+  if (n == for_n && threads == for_threads) return starts;
+  starts.assign(1, 0);
+  for (int at = 0; at < n;) {
+    const int share = (n - at + 2 * threads - 1) / (2 * threads);
+    at = std::min(n, at + std::max(kColumnQuantum, (share + kColumnQuantum - 1) / kColumnQuantum * kColumnQuantum));
+    starts.push_back(at);
+  }
+  for_n = n;
+  for_threads = threads;
+  return starts;
 }
 
 // RMS-normalise one row into `dst` (float accumulation in a fixed order: batch-invariant).
@@ -114,11 +129,10 @@ void QuantizedMatmul::eval_cpu(const std::vector<mx::array>& inputs, mx::array& 
     const uint8_t* wp = w.data<uint8_t>();
     float* op = out.data<float>();
     const int out_n = spec.out_features();
-    const int per_task = columns_per_task(n, pool.size());
-    const int tasks = (n + per_task - 1) / per_task;
-    pool.parallel_for_dynamic(tasks, [&](int t0, int t1) {
-      const int n0 = t0 * per_task;
-      const int n1 = std::min(n, t1 * per_task);
+    const std::vector<int>& starts = column_tasks(n, pool.size());
+    pool.parallel_for_dynamic(static_cast<int>(starts.size()) - 1, [&](int t0, int t1) {
+      const int n0 = starts[t0];
+      const int n1 = starts[t1];
       if (spec.epilogue != Epilogue::SwiGLU) {
         gemm(wp, row_bytes, ap, k, rows, n0, n1, op, n);
         if (residual) {
@@ -130,14 +144,22 @@ void QuantizedMatmul::eval_cpu(const std::vector<mx::array>& inputs, mx::array& 
         }
         return;
       }
-      // SwiGLU: columns (2i, 2i+1) are (gate_i, up_i); out[i] = silu(gate) * up.
+      // SwiGLU: columns (2i, 2i+1) are (gate_i, up_i); out[i] = silu(gate) * up. A chunk of
+      // rows at a time, into a buffer the thread keeps (a whole task's gate/up products went to
+      // a fresh vector, several MB of new pages every layer of a long prefill). Each output is
+      // the same bits whichever chunk computes it (qgemm.h's isolation).
       const int width = n1 - n0;
-      std::vector<float> tmp(static_cast<size_t>(rows) * width);
-      gemm(wp + static_cast<size_t>(n0) * row_bytes, row_bytes, ap, k, rows, 0, width, tmp.data(), width);
-      for (int r = 0; r < rows; ++r) {
-        const float* t = tmp.data() + static_cast<size_t>(r) * width;
-        float* o = op + static_cast<size_t>(r) * out_n + n0 / 2;
-        swiglu_pairs(t, o, width / 2);
+      thread_local std::vector<float> tmp;
+      tmp.resize(static_cast<size_t>(kSwigluRows) * width);
+      for (int r0 = 0; r0 < rows; r0 += kSwigluRows) {
+        const int rc = std::min(kSwigluRows, rows - r0);
+        gemm(wp + static_cast<size_t>(n0) * row_bytes, row_bytes, ap + static_cast<size_t>(r0) * nb, k, rc, 0, width,
+             tmp.data(), width);
+        for (int r = 0; r < rc; ++r) {
+          const float* t = tmp.data() + static_cast<size_t>(r) * width;
+          float* o = op + static_cast<size_t>(r0 + r) * out_n + n0 / 2;
+          swiglu_pairs(t, o, width / 2);
+        }
       }
     });
   });

@@ -81,6 +81,24 @@ def test_packed_rows_are_bit_identical_whatever_the_batch(path: str, type_name: 
     check_rows_batch_invariant(_packed_kernel, type_name, packed, n, k, path, rng)
 
 
+@pytest.mark.parametrize("path", sorted({p for p, _ in PACKED}))
+@pytest.mark.parametrize("type_name", ["Q4_0", "Q8_0"])
+@pytest.mark.parametrize("k", [576, 608])
+def test_pack8_moves_bytes_and_every_row_unpacks_exactly(path: str, type_name: str, k: int) -> None:
+    """The AVX-512 path pairs blocks in its Q4_0 / Q8_0 tile (Q8_0's quants stored offset by
+    128) where a row has an even number of blocks (k = 576) and keeps the 4-byte tile where it
+    has not (k = 608); either way packing is a byte-exact bijection, as a tied embedding that
+    reads rows back through it needs."""
+    rng = np.random.default_rng(k)
+    n = 24
+    row_bytes = k // 32 * (18 if type_name == "Q4_0" else 34)
+    rows = rng.integers(0, 256, (n, row_bytes), dtype=np.uint8)
+    packed = engine.pack8(type_name, rows, n, k, path)
+    assert not np.array_equal(packed, rows.reshape(-1))
+    for r in range(n):
+        assert np.array_equal(engine.unpack8_row(type_name, packed, n, k, r, path), rows[r]), r
+
+
 def test_packed_kernels_exist_on_x86_paths() -> None:
     """The AVX2 and AVX-512 paths run Q4_0 / Q4_1 / Q8_0 / Q4_K / Q5_K / Q6_K in the packed layout;
     the others (scalar, NEON) keep GGUF's row-major one and say so."""

@@ -505,10 +505,17 @@ struct KqPair {
   int8_t q[2 * kBlock];
   float d[2];
   float s[2];
-  int32_t seed[2][2];  // Q6_K only: [half][e]: -32 * sum of block 2p + e's first / second 16 quants
+  // Integer start of a pair's dot product chains, where a kernel's weights are stored offset
+  // (PairSeeds): [half][e] for Q6_K, [0][e] for the whole block otherwise.
+  int32_t seed[2][2];
 };
 
-template <bool kSeeds>
+// Which seeds KqPairRows computes: none (Q4_K, Q5_K), -32 * the sum of each 16-element half
+// (Q6_K: q - 32), or -8 / -128 * the sum of the whole block (Q4_0's q - 8; Q8_0, whose packed
+// weights are stored as q + 128 so that they are the unsigned operand of vpdpbusd).
+enum class PairSeeds { kNone, kHalves32, kWhole8, kWhole128 };
+
+template <PairSeeds kSeeds>
 struct KqPairRows {
   using Row = const KqPair*;
   const KqPair* pairs;
@@ -533,15 +540,24 @@ struct KqPairRows {
       buf[i].d[1] = y.d;
       buf[i].s[0] = x.s;
       buf[i].s[1] = y.s;
-      if constexpr (kSeeds) {
-        // Lanes of 4-byte sums; two horizontal adds leave x's and y's first-16 sums in lanes
-        // 0 and 1, their second-16 sums in lanes 4 and 5.
+      if constexpr (kSeeds != PairSeeds::kNone) {
+        // Lanes of 4-byte sums (maddubs sees the activations as the signed operand); two
+        // horizontal adds leave x's and y's first-16 sums in lanes 0 and 1, their second-16
+        // sums in lanes 4 and 5.
         const __m256i sx = _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, qx), ones16);
         const __m256i sy = _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, qy), ones16);
         const __m256i h = _mm256_hadd_epi32(sx, sy);
-        const __m256i m32 = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(_mm256_hadd_epi32(h, h), 5));
-        _mm_storel_epi64(reinterpret_cast<__m128i*>(buf[i].seed[0]), _mm256_castsi256_si128(m32));
-        _mm_storel_epi64(reinterpret_cast<__m128i*>(buf[i].seed[1]), _mm256_extracti128_si256(m32, 1));
+        const __m256i hh = _mm256_hadd_epi32(h, h);
+        const __m128i lo = _mm256_castsi256_si128(hh), hi = _mm256_extracti128_si256(hh, 1);
+        const __m128i z = _mm_setzero_si128();
+        if constexpr (kSeeds == PairSeeds::kHalves32) {
+          _mm_storel_epi64(reinterpret_cast<__m128i*>(buf[i].seed[0]), _mm_sub_epi32(z, _mm_slli_epi32(lo, 5)));
+          _mm_storel_epi64(reinterpret_cast<__m128i*>(buf[i].seed[1]), _mm_sub_epi32(z, _mm_slli_epi32(hi, 5)));
+        } else {
+          constexpr int kShift = kSeeds == PairSeeds::kWhole8 ? 3 : 7;
+          const __m128i whole = _mm_add_epi32(lo, hi);
+          _mm_storel_epi64(reinterpret_cast<__m128i*>(buf[i].seed[0]), _mm_sub_epi32(z, _mm_slli_epi32(whole, kShift)));
+        }
       }
     }
     pairs = buf.data();
@@ -923,7 +939,7 @@ constexpr int kKq45RowTile = kRowTile;
 // The AVX-512 path runs the 512-bit kernels over the kQword tile (make_table asks the engine
 // to pack that layout), the AVX2 path the 256-bit ones over the kDword tile.
 #if defined(LLMD_ISA_VNNI)
-using Kq45Rows = KqPairRows<false>;
+using Kq45Rows = KqPairRows<PairSeeds::kNone>;
 #else
 using Kq45Rows = PlainRows;
 #endif
@@ -963,7 +979,7 @@ struct Dot8Q6K {
   static constexpr int kSingleRowGroups = 1;
 #if defined(LLMD_ISA_VNNI)
   static constexpr int kRowTile = kKq45RowTile;
-  using Rows = KqPairRows<true>;
+  using Rows = KqPairRows<PairSeeds::kHalves32>;
   static void run(const uint8_t* w, size_t /*stride*/, const KqPair* const* a, int nb, float* const* out,
                   bool stream) {
     static_assert(G == 1, "the K-quant kernels take one group at a time");

@@ -38,6 +38,60 @@ Codec legacy_codec(int bytes) {
           [](const uint8_t* tile, int c, uint8_t* block) { copy_pieces<kScaleBytes, kSlices>(tile, block, c, false); }};
 }
 
+// Q4_0 / Q8_0 kQword tile (pack8.h): two GGUF blocks (x = block 2p, y = 2p + 1) of row c.
+// Element i of a Q4_0 block is the low nibble of qs[i] (i < 16) or the high nibble of qs[i - 16].
+int q4_0_element(const uint8_t* block, int i) { return i < 16 ? block[2 + i] & 15 : block[2 + i - 16] >> 4; }
+
+void q4_0_pair_to_tile(const uint8_t* blocks, int c, uint8_t* tile) {
+  for (int e = 0; e < 2; ++e) {
+    const uint8_t* b = blocks + 18 * e;
+    std::memcpy(tile + 2 * (2 * c + e), b, 2);
+    for (int s = 0; s < 4; ++s) {
+      for (int j = 0; j < 4; ++j) {
+        tile[32 + 64 * s + 8 * c + 4 * e + j] =
+            static_cast<uint8_t>(q4_0_element(b, 8 * s + j) | (q4_0_element(b, 8 * s + 4 + j) << 4));
+      }
+    }
+  }
+}
+
+void q4_0_pair_from_tile(const uint8_t* tile, int c, uint8_t* blocks) {
+  for (int e = 0; e < 2; ++e) {
+    uint8_t* b = blocks + 18 * e;
+    std::memcpy(b, tile + 2 * (2 * c + e), 2);
+    uint8_t q[32];
+    for (int s = 0; s < 4; ++s) {
+      for (int j = 0; j < 4; ++j) {
+        const uint8_t v = tile[32 + 64 * s + 8 * c + 4 * e + j];
+        q[8 * s + j] = v & 15;
+        q[8 * s + 4 + j] = v >> 4;
+      }
+    }
+    for (int i = 0; i < 16; ++i) b[2 + i] = static_cast<uint8_t>(q[i] | (q[i + 16] << 4));
+  }
+}
+
+// Q8_0's quants are stored as q + 128 (q ^ 0x80), the unsigned operand of vpdpbusd.
+void q8_0_pair_to_tile(const uint8_t* blocks, int c, uint8_t* tile) {
+  for (int e = 0; e < 2; ++e) {
+    const uint8_t* b = blocks + 34 * e;
+    std::memcpy(tile + 2 * (2 * c + e), b, 2);
+    for (int s = 0; s < 8; ++s) {
+      for (int j = 0; j < 4; ++j) tile[32 + 64 * s + 8 * c + 4 * e + j] = b[2 + 4 * s + j] ^ 0x80;
+    }
+  }
+}
+
+void q8_0_pair_from_tile(const uint8_t* tile, int c, uint8_t* blocks) {
+  for (int e = 0; e < 2; ++e) {
+    uint8_t* b = blocks + 34 * e;
+    std::memcpy(b, tile + 2 * (2 * c + e), 2);
+    for (int s = 0; s < 8; ++s) {
+      for (int j = 0; j < 4; ++j) b[2 + 4 * s + j] = tile[32 + 64 * s + 8 * c + 4 * e + j] ^ 0x80;
+    }
+  }
+}
+
 // Q4_K: fp16 d, fp16 dmin, 12 bytes of 6-bit scales and mins (ggml's get_scale_min_k4
 // packing), 128 bytes of nibbles. Q5_K has the same fields with qh[32] before the nibbles
 // (kQs = 48 instead of 16) and its tile appends the qh slices (kQword: the fifth-bit masks).
@@ -217,12 +271,16 @@ void q6k_qword_from_tile(const uint8_t* tile, int c, uint8_t* block) {
   });
 }
 
-Codec codec_of(TensorType type, PackLayout layout) {
+Codec codec_of(TensorType type, PackLayout layout, int k) {
   const bool qword = layout == PackLayout::kQword;
+  // Q4_0 / Q8_0 pair blocks in the kQword tile, so it needs an even number of them per row.
+  const bool pairs = qword && k % 64 == 0;
   switch (type) {
-    case TensorType::Q4_0: return legacy_codec<2, 4>(18);
+    case TensorType::Q4_0:
+      return pairs ? Codec{64, 36, q4_0_pair_to_tile, q4_0_pair_from_tile} : legacy_codec<2, 4>(18);
     case TensorType::Q4_1: return legacy_codec<4, 4>(20);
-    case TensorType::Q8_0: return legacy_codec<2, 8>(34);
+    case TensorType::Q8_0:
+      return pairs ? Codec{64, 68, q8_0_pair_to_tile, q8_0_pair_from_tile} : legacy_codec<2, 8>(34);
     case TensorType::Q4_K:
       return qword ? Codec{256, 144, q45k_to_tile<16, true>, q45k_from_tile<16, true>}
                    : Codec{256, 144, q45k_to_tile<16, false>, q45k_from_tile<16, false>};
@@ -244,7 +302,7 @@ bool has_pack8_layout(TensorType type) {
 
 void pack8_in_place(TensorType type, uint8_t* rows, int n_rows, int k, PackLayout layout) {
   if (n_rows % kPackRows != 0) throw std::invalid_argument("pack8: rows must be a multiple of 8");
-  const Codec codec = codec_of(type, layout);
+  const Codec codec = codec_of(type, layout, k);
   const size_t rb = row_bytes(type, k);
   const int nb = k / codec.elements;
   std::vector<uint8_t> group(rb * kPackRows);
@@ -259,7 +317,7 @@ void pack8_in_place(TensorType type, uint8_t* rows, int n_rows, int k, PackLayou
 }
 
 void unpack8_row(TensorType type, const uint8_t* packed, int row, int k, uint8_t* out, PackLayout layout) {
-  const Codec codec = codec_of(type, layout);
+  const Codec codec = codec_of(type, layout, k);
   const size_t rb = row_bytes(type, k);
   const uint8_t* group = packed + static_cast<size_t>(row / kPackRows) * kPackRows * rb;
   for (int b = 0; b < k / codec.elements; ++b) {

@@ -1,0 +1,122 @@
+// Q4_0 and Q8_0 on 512-bit vectors (AVX-512 VNNI path), over their kQword tiles (pack8.h).
+// Included by qgemm_impl.h after kquant_impl.h, whose pair machinery (KqPair, KqPairRows,
+// broadcast_pair) these kernels share.
+//
+// Why: the 256-bit packed kernels spend, per 32-element block and row, one int->float
+// conversion, two multiplies and two FMAs (Q4_0's -8 offset is a float term) on 8 dpbusd of
+// 32 lanes. Here a 64-byte slice holds 8 columns x (4 bytes of block 2p, 4 of block 2p + 1),
+// one vpdpbusd against a broadcast activation qword sums both blocks in separate lanes, and the
+// offsets (Q4_0: q - 8; Q8_0: weights stored as q + 128, the unsigned operand) are integer seeds
+// of the chains (-8 / -128 * sum(a), computed once per call): one conversion, multiply and FMA
+// per row serve two blocks. One Zen 5 core, 256 x 2048 x 2048, weights packed once (a throwaway
+// harness over KernelTable::packed_gemm_for): Q4_0 183 -> 319 GMAC/s, Q8_0 149 -> 303.
+#pragma once
+
+#if defined(LLMD_ISA_VNNI)
+
+namespace llmd::kernels::LLMD_ISA_NAMESPACE {
+
+// Tiles of a pair of blocks ahead that a streaming call (decode, the first row tile of a chunk)
+// asks for: about 1 KiB, as the row-major and 256-bit kernels' 8 blocks ahead.
+template <bool kQ8>
+constexpr int kLegacyPrefetchPairs = kQ8 ? 2 : 4;
+
+// Lane 2c (2c + 1): column c's exact integer dot with block 2p (2p + 1), the chain seeded with
+// the offset term; then acc = fma(float(isum), d_w * d_a, acc) in that lane, and
+// out = acc[2c] + acc[2c + 1] at the end. The same operations in the same order for every row
+// count R, so an output does not depend on the tile it fell in.
+template <int R, bool kQ8>
+inline void dot8_legacy_zmm(const uint8_t* w, const KqPair* const* a, int nb, float* const* out, bool stream) {
+  constexpr int kTile = kQ8 ? 8 * 68 : 8 * 36;  // two GGUF blocks of 8 rows
+  constexpr int kSlices = kQ8 ? 8 : 4;
+  const __m512i m4 = _mm512_set1_epi8(0x0f);
+  __m512 acc[R];
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+  for (int p = 0; p < nb / 2; ++p) {
+    if (stream) prefetch_tiles<1, kTile>(w, 0, p + kLegacyPrefetchPairs<kQ8>);
+    const uint8_t* t = w + static_cast<size_t>(p) * kTile;
+    const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(t)));
+    // Two chains per row (even and odd slices, or low and high nibbles), added once: more
+    // independent dpbusd chains to hide its latency; integer sums are exact.
+    __m512i isum[R][2];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      isum[r][0] = _mm512_set1_epi64(static_cast<long long>(load_u64(a[r][p].seed[0])));
+      isum[r][1] = _mm512_setzero_si512();
+    }
+#pragma GCC unroll 8
+    for (int s = 0; s < kSlices; ++s) {
+      const __m512i q = _mm512_loadu_si512(t + 32 + 64 * s);
+      if constexpr (kQ8) {
+#pragma GCC unroll 8
+        for (int r = 0; r < R; ++r) {
+          const __m512i av = _mm512_set1_epi64(static_cast<long long>(load_u64(a[r][p].q + 8 * s)));
+          isum[r][s & 1] = _mm512_dpbusd_epi32(isum[r][s & 1], q, av);
+        }
+      } else {
+        const __m512i lo = _mm512_and_si512(q, m4);
+        const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4);
+#pragma GCC unroll 8
+        for (int r = 0; r < R; ++r) {
+          const int8_t* aq = a[r][p].q + 16 * s;
+          isum[r][0] = _mm512_dpbusd_epi32(isum[r][0], lo, _mm512_set1_epi64(static_cast<long long>(load_u64(aq))));
+          isum[r][1] = _mm512_dpbusd_epi32(isum[r][1], hi, _mm512_set1_epi64(static_cast<long long>(load_u64(aq + 8))));
+        }
+      }
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      const __m512 sum = _mm512_cvtepi32_ps(_mm512_add_epi32(isum[r][0], isum[r][1]));
+      acc[r] = _mm512_fmadd_ps(sum, _mm512_mul_ps(dw, broadcast_pair(a[r][p].d)), acc[r]);
+    }
+  }
+  const __m512i evens = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 0, 2, 4, 6, 8, 10, 12, 14);
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) {
+    const __m512 sum = _mm512_add_ps(acc[r], _mm512_permute_ps(acc[r], _MM_SHUFFLE(2, 3, 0, 1)));
+    _mm256_storeu_ps(out[r], _mm512_castps512_ps256(_mm512_permutexvar_ps(evens, sum)));
+  }
+}
+
+// 8 rows a tile, as the K-quants' 512-bit kernels (8 accumulators and 16 chains fit AVX-512's
+// 32 registers beside the weights).
+template <int R, int G>
+struct Dot8Q4_0Zmm {
+  static constexpr int kSingleRowGroups = 1;
+  static constexpr int kRowTile = 8;
+  using Rows = KqPairRows<PairSeeds::kWhole8>;
+  static void run(const uint8_t* w, size_t /*stride*/, const KqPair* const* a, int nb, float* const* out,
+                  bool stream) {
+    static_assert(G == 1, "the 512-bit kernels take one group at a time");
+    dot8_legacy_zmm<R, false>(w, a, nb, out, stream);
+  }
+};
+template <int R, int G>
+struct Dot8Q8_0Zmm {
+  static constexpr int kSingleRowGroups = 1;
+  static constexpr int kRowTile = 8;
+  using Rows = KqPairRows<PairSeeds::kWhole128>;
+  static void run(const uint8_t* w, size_t /*stride*/, const KqPair* const* a, int nb, float* const* out,
+                  bool stream) {
+    static_assert(G == 1, "the 512-bit kernels take one group at a time");
+    dot8_legacy_zmm<R, true>(w, a, nb, out, stream);
+  }
+};
+
+// The tile a matrix was packed in follows k (pack8.h's packed_layout): pairs of blocks where k
+// is a multiple of 64, the 256-bit tile otherwise.
+inline void gemm_q4_0_x8_zmm(const uint8_t* w, size_t rb, const ActBlock* a, int k, int rows, int n0, int n1,
+                             float* out, int ldo) {
+  if (k % (2 * kBlock) != 0) return gemm_q4_0_x8(w, rb, a, k, rows, n0, n1, out, ldo);
+  gemm_packed<Dot8Q4_0Zmm>(w, rb, a, k, rows, n0, n1, out, ldo);
+}
+inline void gemm_q8_0_x8_zmm(const uint8_t* w, size_t rb, const ActBlock* a, int k, int rows, int n0, int n1,
+                             float* out, int ldo) {
+  if (k % (2 * kBlock) != 0) return gemm_q8_0_x8(w, rb, a, k, rows, n0, n1, out, ldo);
+  gemm_packed<Dot8Q8_0Zmm>(w, rb, a, k, rows, n0, n1, out, ldo);
+}
+
+}  // namespace llmd::kernels::LLMD_ISA_NAMESPACE
+
+#endif
