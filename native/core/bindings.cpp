@@ -522,6 +522,7 @@ PYBIND11_MODULE(_engine, m) {
              d["draft_accepted_tokens"] = s.draft_accepted_tokens;
              d["speculative_steps"] = s.speculative_steps;
              d["drafting_rows_histogram"] = histogram_dict(s.drafting_rows_histogram);
+             d["attention_paths"] = s.attention_paths;
              return d;
            })
       .def("info",

@@ -186,6 +186,7 @@ EngineStats Engine::stats() {
     std::lock_guard<std::mutex> lock(mutex_);
     s.queued_requests = static_cast<int>(waiting_.size());
   }
+  s.attention_paths = model_->attention_paths();  // atomic counters: no lock needed
   return s;
 }
 

@@ -123,6 +123,8 @@ struct EngineStats {
   uint64_t draft_accepted_tokens = 0;
   uint64_t speculative_steps = 0;
   std::map<int, uint64_t> drafting_rows_histogram;
+  // Attention calls by the path that read KV (Model::attention_paths).
+  std::map<std::string, uint64_t> attention_paths;
 };
 
 class Engine {

@@ -323,7 +323,7 @@ DeviceKvStore& DeviceState::prepare(KvPool& pool, const KvShape& shape) {
     mx::set_default_stream(mx::new_stream(device_));
     has_stream = true;
   }
-  if (!kv_) kv_ = std::make_unique<DeviceKvStore>(shape);
+  if (!kv_) kv_ = std::make_unique<DeviceKvStore>(shape, &paths_);
   kv_->ensure(pool);
   return *kv_;
 }
@@ -334,7 +334,7 @@ void DeviceState::copy_kv_block(KvPool& pool, const KvShape& shape, int src, int
     return;
   }
   // The source block was written by an earlier step, so the store exists.
-  if (!kv_) kv_ = std::make_unique<DeviceKvStore>(shape);
+  if (!kv_) kv_ = std::make_unique<DeviceKvStore>(shape, &paths_);
   kv_->copy_block(pool, src, dst);
 }
 

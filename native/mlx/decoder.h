@@ -162,10 +162,13 @@ class DeviceState {
   // store cover every block the pool has handed out.
   DeviceKvStore& prepare(KvPool& pool, const KvShape& shape);
   void copy_kv_block(KvPool& pool, const KvShape& shape, int src, int dst);
+  // Model::attention_paths: how the steps' attention read KV (decode_lanes.h).
+  std::map<std::string, uint64_t> attention_paths() const { return paths_.snapshot(); }
 
  private:
   bool on_device_;
   mx::Device device_;
+  AttentionPathCounts paths_;
   std::unique_ptr<DeviceKvStore> kv_;
 };
 
