@@ -201,6 +201,9 @@ class Engine {
   // parent's partly filled last block. False when the KV budget has no room for it.
   bool copy_into_next_block(SequenceKv& kv, int src, int length);
   void index_full_blocks(Sequence& seq);
+  // A finished sequence's partly filled last block, into the prefix cache as a reusable head
+  // (PrefixCache::insert_partial).
+  void index_partial_tail(const Sequence& seq);
   // Recurrent models: the block boundaries of this segment where a state snapshot is kept,
   // and publishing the snapshots the model recorded there into the prefix cache.
   std::vector<int> snapshot_positions(const Sequence& seq, int start, int n) const;
