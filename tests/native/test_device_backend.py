@@ -88,7 +88,9 @@ def test_decode_lanes_follow_sequences_that_finish_and_join(device_engine, refer
     attends over lanes out of row order) and a late one joins mid-decode from a cached prefix
     (copied into the free lane once): every sequence still gets its solo greedy tokens, and
     the steps read lanes, never a gather."""
-    prompts = {n: _case(reference, n)["prompt_ids"] for n in ["capital_france", "python_code", "emoji"]}
+    prompts = {
+        n: _case(reference, n)["prompt_ids"] for n in ["capital_france", "python_code", "emoji"]
+    }
     lengths = {"capital_france": 2, "python_code": 9, "emoji": 5}
     solo = {
         n: run_all(device_engine, {n: {"prompt": prompts[n], "max_tokens": k}})[n]["tokens"]
