@@ -393,6 +393,11 @@ void start_layer(const mx::array& x) {
   mx::async_eval(x);
 }
 
+void start_writes(const std::vector<mx::array>& arrays) {
+  if (OpProfile::step_graph_recording()) count_step_graph(arrays);
+  mx::async_eval(arrays);
+}
+
 void compute_logits(const mx::array& x, const std::vector<int32_t>& rows, const Linear& lm_head,
                     const mx::array& norm, float eps, float softcap, std::vector<float>& logits,
                     std::optional<ScopedOpTimer>& build_timer) {

@@ -212,6 +212,10 @@ mx::array head_rms_norm(const mx::array& x, const mx::array& weight, int heads, 
 // building step n+1 while step n runs (mx.async_eval), which llmd's engine cannot, since it
 // samples on the host before the next step exists.
 void start_layer(const mx::array& x);
+// Device backend: starts evaluating KV-store writes that nothing else in the step reads (a
+// batched decode reads its lanes, decode_lanes.h), so they run with the step instead of
+// piling up as a lazy chain of scatters until some later step reads the store.
+void start_writes(const std::vector<mx::array>& arrays);
 
 // Logits of the sampled rows: final norm, lm_head, optional soft-capping
 // (cap * tanh(logits / cap)), evaluated and copied into `logits`. With no sampled rows, only

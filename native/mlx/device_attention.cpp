@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <limits>
 
+#include "decoder.h"
 #include "device_weight.h"
 
 namespace llmd {
@@ -381,6 +382,13 @@ mx::array device_attention(const mx::array& qkv, const DeviceAttentionPlan& plan
       mx::array o = attend(qt, read(true), read(false), shape.scale, g.mask, g.n_rows > 1 && !g.mask);
       outs.push_back(mx::reshape(mx::transpose(o, {2, 1, 0, 3}), {g.n_rows, qw}));
     }
+  }
+  // The block store's copy of this step's keys and values: read by no group when every one
+  // read lanes, yet what the prefix cache, sessions and later prefills read.
+  if (write_kv && !plan.lane_groups.empty()) {
+    std::vector<mx::array> writes{keys, values};
+    if (quantized) writes.insert(writes.end(), {kv.key_scales(layer), kv.value_scales(layer)});
+    start_writes(writes);
   }
   mx::array out = outs.size() == 1 ? outs[0] : mx::concatenate(outs, 0);
   return qkv.dtype() == dt ? out : mx::astype(out, qkv.dtype());  // back to the caller's stream dtype
