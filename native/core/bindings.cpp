@@ -544,6 +544,7 @@ PYBIND11_MODULE(_engine, m) {
              disk["bytes"] = s.kv_disk.bytes;
              disk["files"] = s.kv_disk.files;
              d["kv_disk"] = disk;
+             d["attention_paths"] = s.attention_paths;
              return d;
            })
       .def("info",

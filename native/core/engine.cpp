@@ -257,6 +257,7 @@ EngineStats Engine::stats() {
     s.queued_requests = static_cast<int>(waiting_.size());
   }
   if (disk_) s.kv_disk = disk_->stats();
+  s.attention_paths = model_->attention_paths();  // atomic counters: no lock needed
   return s;
 }
 
@@ -283,6 +284,7 @@ void Engine::finish(Sequence& seq, const std::string& reason, std::vector<float>
     const size_t n = std::min(seq.block_keys.size(), blocks.size());
     session_pins_.pin(seq.request.session, std::vector<int>(blocks.begin(), blocks.begin() + n));
   }
+  index_partial_tail(seq);
   seq.kv->clear();
   publish_gauges();  // a client that saw `done` sees the KV it left behind in stats
   emit(std::move(e));
@@ -382,6 +384,21 @@ void Engine::index_full_blocks(Sequence& seq) {
     save_to_disk(key, parent, tokens.data(), seq.kv->blocks()[index]);
     seq.block_keys.push_back(key);
   }
+}
+
+void Engine::index_partial_tail(const Sequence& seq) {
+  // Recurrent state exists only at block boundaries, and an encoder's positions depend on what
+  // follows them: neither can reuse a partial block.
+  if (recurrent_ || bidirectional_) return;
+  constexpr int BT = KvPool::kBlockTokens;
+  const int length = seq.kv->length();
+  const int full = length / BT;
+  // The parent chain must be indexed up to the tail (it is, unless the sequence never ran).
+  if (static_cast<int>(seq.block_keys.size()) != full || static_cast<int>(seq.kv->blocks().size()) <= full) return;
+  std::vector<int32_t> tokens(length - full * BT);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = seq.token_at(full * BT + static_cast<int>(i));
+  prefix_cache_.insert_partial(full == 0 ? 0 : seq.block_keys.back(), tokens.data(), static_cast<int>(tokens.size()),
+                               seq.kv->blocks()[full]);
 }
 
 std::vector<int> Engine::snapshot_positions(const Sequence& seq, int start, int n) const {

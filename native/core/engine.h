@@ -138,6 +138,8 @@ struct EngineStats {
   uint64_t kv_disk_hits = 0;
   uint64_t kv_disk_hit_tokens = 0;
   DiskTierStats kv_disk;
+  // Attention calls by the path that read KV (Model::attention_paths).
+  std::map<std::string, uint64_t> attention_paths;
 };
 
 class Engine {
@@ -224,6 +226,9 @@ class Engine {
   std::string disk_tier_off_reason() const;
   void save_to_disk(uint64_t key, uint64_t parent, const int32_t* tokens, int block);
   int load_from_disk(PrefixCache::Match& m, const std::vector<int32_t>& prompt);
+  // A finished sequence's partly filled last block, into the prefix cache as a reusable head
+  // (PrefixCache::insert_partial).
+  void index_partial_tail(const Sequence& seq);
   // Recurrent models: the block boundaries of this segment where a state snapshot is kept,
   // and publishing the snapshots the model recorded there into the prefix cache.
   std::vector<int> snapshot_positions(const Sequence& seq, int start, int n) const;

@@ -38,6 +38,9 @@ class Model {
   virtual KvShape kv_shape() const = 0;
   // Which matmul path each weight runs, e.g. {"blk.attn_qkv": "llmd:q4_1:avx512vnni"}.
   virtual std::map<std::string, std::string> matmul_paths() const = 0;
+  // How many attention calls read KV by each path (the device backend's, e.g. "decode_lanes"
+  // vs "decode_gather": native/mlx/decode_lanes.h); empty where there is one path.
+  virtual std::map<std::string, uint64_t> attention_paths() const { return {}; }
   // Runs the step, writing new KV into `pool` and the logits of every segment with
   // want_logits (in segment order) into `logits` as [rows, vocab].
   virtual void forward(const Step& step, KvPool& pool, std::vector<float>& logits) = 0;

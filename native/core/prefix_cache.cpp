@@ -39,7 +39,7 @@ PrefixCache::Match PrefixCache::match(const int32_t* tokens, int max_tokens) con
   for (; start + KvPool::kBlockTokens <= max_tokens; start += KvPool::kBlockTokens) {
     const uint64_t key = chain(parent, tokens + start);
     auto it = by_key_.find(key);
-    if (it == by_key_.end() || it->second.parent != parent ||
+    if (it == by_key_.end() || it->second.parent != parent || it->second.n_tokens != KvPool::kBlockTokens ||
         !std::equal(it->second.tokens.begin(), it->second.tokens.end(), tokens + start)) {
       break;
     }
@@ -54,8 +54,9 @@ PrefixCache::Match PrefixCache::match(const int32_t* tokens, int max_tokens) con
     const auto e = by_key_.find(it->second);
     if (e == by_key_.end() || e->second.parent != parent) continue;
     const auto& cached = e->second.tokens;
+    const int n = std::min(rest, e->second.n_tokens);
     const int shared = static_cast<int>(
-        std::mismatch(cached.begin(), cached.begin() + rest, tokens + start).first - cached.begin());
+        std::mismatch(cached.begin(), cached.begin() + n, tokens + start).first - cached.begin());
     if (shared >= kMinPartialTokens && shared > m.partial_tokens) {
       m.partial_block = e->second.block;
       m.partial_tokens = shared;
@@ -68,6 +69,20 @@ void PrefixCache::insert(uint64_t key, uint64_t parent, const int32_t* tokens, i
   if (by_key_.count(key) || key_of_block_.count(block)) return;  // already cached elsewhere
   Entry e{parent, {}, block};
   std::copy(tokens, tokens + KvPool::kBlockTokens, e.tokens.begin());
+  by_key_.emplace(key, e);
+  key_of_block_[block] = key;
+  children_.emplace(child_slot(parent, tokens), key);
+  pool_.mark_cacheable(block);
+}
+
+void PrefixCache::insert_partial(uint64_t parent, const int32_t* tokens, int n_tokens, int block) {
+  if (n_tokens < kMinPartialTokens || n_tokens >= KvPool::kBlockTokens || key_of_block_.count(block)) return;
+  // A key of its own (salted, with the count), never one a full block's chain can produce.
+  uint64_t key = mix(parent ^ 0x2545f4914f6cdd1dULL ^ static_cast<uint64_t>(n_tokens));
+  for (int i = 0; i < n_tokens; ++i) key = mix(key ^ static_cast<uint32_t>(tokens[i]));
+  if (by_key_.count(key)) return;  // the same head is cached already
+  Entry e{parent, {}, block, n_tokens};
+  std::copy(tokens, tokens + n_tokens, e.tokens.begin());
   by_key_.emplace(key, e);
   key_of_block_[block] = key;
   children_.emplace(child_slot(parent, tokens), key);

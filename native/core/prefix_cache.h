@@ -65,6 +65,13 @@ class PrefixCache {
   Match match(const int32_t* tokens, int max_tokens) const;
   // Records that `block` holds the tokens of one full block whose chain key is `key`.
   void insert(uint64_t key, uint64_t parent, const int32_t* tokens, int block);
+  // Records the head of a block that a finished sequence left partly filled: its first
+  // n_tokens tokens (kMinPartialTokens or more, fewer than a block) after the block of key
+  // `parent` (0: none). Such a block is only ever a partial match (copied, never shared), and
+  // its owner is gone, so those positions never change. Why: a chat template's preamble and
+  // system prompt are often shorter than a block; without this, requests that share only that
+  // much prefill it every time (mlx-lm's and llama-server's caches reuse any common prefix).
+  void insert_partial(uint64_t parent, const int32_t* tokens, int n_tokens, int block);
 
   // Recurrent-state snapshots of cached blocks (ignored for a key not cached).
   void attach_state(uint64_t key, std::shared_ptr<const SequenceState> state);
@@ -86,6 +93,7 @@ class PrefixCache {
     uint64_t parent;
     std::array<int32_t, KvPool::kBlockTokens> tokens;
     int block;
+    int n_tokens = KvPool::kBlockTokens;  // fewer: a partly filled block (insert_partial)
     std::shared_ptr<const SequenceState> state;
     uint64_t state_used = 0;  // recency stamp of the snapshot
   };

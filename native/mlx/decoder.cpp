@@ -323,7 +323,7 @@ DeviceKvStore& DeviceState::prepare(KvPool& pool, const KvShape& shape) {
     mx::set_default_stream(mx::new_stream(device_));
     has_stream = true;
   }
-  if (!kv_) kv_ = std::make_unique<DeviceKvStore>(shape);
+  if (!kv_) kv_ = std::make_unique<DeviceKvStore>(shape, &paths_);
   kv_->ensure(pool);
   return *kv_;
 }
@@ -334,7 +334,7 @@ void DeviceState::copy_kv_block(KvPool& pool, const KvShape& shape, int src, int
     return;
   }
   // The source block was written by an earlier step, so the store exists.
-  if (!kv_) kv_ = std::make_unique<DeviceKvStore>(shape);
+  if (!kv_) kv_ = std::make_unique<DeviceKvStore>(shape, &paths_);
   kv_->copy_block(pool, src, dst);
 }
 
@@ -391,6 +391,11 @@ void record_step_graph(const std::vector<mx::array>& outputs) {
 void start_layer(const mx::array& x) {
   if (OpProfile::step_graph_recording()) count_step_graph({x});
   mx::async_eval(x);
+}
+
+void start_writes(const std::vector<mx::array>& arrays) {
+  if (OpProfile::step_graph_recording()) count_step_graph(arrays);
+  mx::async_eval(arrays);
 }
 
 void compute_logits(const mx::array& x, const std::vector<int32_t>& rows, const Linear& lm_head,

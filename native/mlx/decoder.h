@@ -162,10 +162,13 @@ class DeviceState {
   // store cover every block the pool has handed out.
   DeviceKvStore& prepare(KvPool& pool, const KvShape& shape);
   void copy_kv_block(KvPool& pool, const KvShape& shape, int src, int dst);
+  // Model::attention_paths: how the steps' attention read KV (decode_lanes.h).
+  std::map<std::string, uint64_t> attention_paths() const { return paths_.snapshot(); }
 
  private:
   bool on_device_;
   mx::Device device_;
+  AttentionPathCounts paths_;
   std::unique_ptr<DeviceKvStore> kv_;
 };
 
@@ -209,6 +212,10 @@ mx::array head_rms_norm(const mx::array& x, const mx::array& weight, int heads, 
 // building step n+1 while step n runs (mx.async_eval), which llmd's engine cannot, since it
 // samples on the host before the next step exists.
 void start_layer(const mx::array& x);
+// Device backend: starts evaluating KV-store writes that nothing else in the step reads (a
+// batched decode reads its lanes, decode_lanes.h), so they run with the step instead of
+// piling up as a lazy chain of scatters until some later step reads the store.
+void start_writes(const std::vector<mx::array>& arrays);
 
 // Logits of the sampled rows: final norm, lm_head, optional soft-capping
 // (cap * tanh(logits / cap)), evaluated and copied into `logits`. With no sampled rows, only

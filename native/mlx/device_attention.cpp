@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <limits>
 
+#include "decoder.h"
 #include "device_weight.h"
 
 namespace llmd {
@@ -115,6 +116,12 @@ void DeviceKvStore::copy_block(const KvPool& pool, int src, int dst) {
   mx::eval(all);
 }
 
+DecodeLanes* DeviceKvStore::lanes() {
+  if (kv_type_quantized(shape_.type) || keys_.empty()) return nullptr;
+  if (!lanes_) lanes_ = std::make_unique<DecodeLanes>(shape_, device_compute_dtype());
+  return lanes_.get();
+}
+
 void DeviceKvStore::ensure(const KvPool& pool) {
   if (keys_.empty()) {
     // The pool's type is the engine's --kv-type (the model's own shape only names its float
@@ -160,7 +167,7 @@ void DeviceKvStore::grow(bool windowed, size_t& have, size_t need, size_t max) {
   have = grown;
 }
 
-DeviceAttentionPlan DeviceAttentionPlan::build(const AttentionBatch& batch, const Rope& rope) {
+DeviceAttentionPlan DeviceAttentionPlan::build(const AttentionBatch& batch, const Rope& rope, DeviceKvStore* kv) {
   DeviceAttentionPlan plan;
   int rows = 0;
   for (const auto& seg : batch.segments) rows += seg.n_rows;
@@ -186,13 +193,47 @@ DeviceAttentionPlan DeviceAttentionPlan::build(const AttentionBatch& batch, cons
   auto first_seen = [w = batch.window](int pos) { return w > 0 ? std::max(0, pos - w + 1) : 0; };
 
   const auto& segs = batch.segments;
-  size_t i = 0;
-  while (i < segs.size()) {
-    // A run of single-token segments in consecutive rows: one batched decode call.
+  // Runs of single-token segments in consecutive rows, [first, end): one batched decode call
+  // each.
+  std::vector<std::pair<size_t, size_t>> runs;
+  for (size_t i = 0; i < segs.size();) {
     size_t j = i;
     while (j < segs.size() && segs[j].n_rows == 1 && (j == i || segs[j].row0 == segs[j - 1].row0 + 1)) ++j;
-    if (j - i >= 2) {
+    if (j - i >= 2) runs.emplace_back(i, j);
+    i = std::max(j, i + 1);
+  }
+  // Lanes hold whole sequences in float: none for sliding-window layers or quantized KV.
+  DecodeLanes* lanes = kv && batch.window == 0 ? kv->lanes() : nullptr;
+  AttentionPathCounts* counts = kv ? kv->counts() : nullptr;
+  if (lanes) {
+    std::vector<DecodeLanes::Run> seqs(runs.size());
+    std::vector<std::vector<int>> starts(runs.size());
+    for (size_t r = 0; r < runs.size(); ++r) {
+      for (size_t s = runs[r].first; s < runs[r].second; ++s) {
+        seqs[r].push_back(segs[s].kv);
+        starts[r].push_back(segs[s].start_pos);
+      }
+    }
+    plan.lane_groups = lanes->plan(seqs, starts, slot_of, counts);
+  }
+  size_t i = 0;
+  size_t next_run = 0;
+  while (i < segs.size()) {
+    if (next_run < runs.size() && runs[next_run].first == i) {
+      const size_t j = runs[next_run].second;
       const int b = static_cast<int>(j - i);
+      if (lanes) {
+        Group g;
+        g.row0 = segs[i].row0;
+        g.n_rows = b;
+        g.batched_decode = true;
+        g.lanes = static_cast<int>(next_run);
+        plan.groups.push_back(std::move(g));
+        i = j;
+        ++next_run;
+        continue;
+      }
+      if (counts) ++counts->decode_gather;
       int lmax = 0, lmin = 1 << 30;
       for (size_t s = i; s < j; ++s) {
         const int n = segs[s].start_pos + 1 - first_seen(segs[s].start_pos);
@@ -219,6 +260,7 @@ DeviceAttentionPlan DeviceAttentionPlan::build(const AttentionBatch& batch, cons
       }
       plan.groups.push_back(std::move(g));
       i = j;
+      ++next_run;
       continue;
     }
     const auto& seg = segs[i];
@@ -230,6 +272,7 @@ DeviceAttentionPlan DeviceAttentionPlan::build(const AttentionBatch& batch, cons
     bool consecutive = true;
     for (int p = 1; p < len && consecutive; ++p) consecutive = gather[p] == gather[0] + p;
     if (consecutive) g.first_slot = gather[0];
+    if (counts) ++(consecutive ? counts->sequence_in_place : counts->sequence_gather);
     g.row0 = seg.row0;
     g.n_rows = seg.n_rows;
     g.gather = int_array(gather, {len});
@@ -268,9 +311,13 @@ mx::array device_attention(const mx::array& qkv, const DeviceAttentionPlan& plan
   mx::array& values = kv.values(layer);
   const KvType type = kv.type();
   const bool quantized = kv_type_quantized(type);
+  // This step's keys and values, [rows, kw] (written to the store, and to lanes).
+  mx::array new_k(0.f), new_v(0.f);
   if (write_kv) {
-    mx::array k = mx::reshape(mx::slice(qk, {0, H, 0, 0}, {rows, H + KVH, 1, hd}), {rows, kw});
-    mx::array v = mx::slice(x, {0, qw + kw}, {rows, qw + 2 * kw});
+    new_k = mx::reshape(mx::slice(qk, {0, H, 0, 0}, {rows, H + KVH, 1, hd}), {rows, kw});
+    new_v = mx::slice(x, {0, qw + kw}, {rows, qw + 2 * kw});
+    const mx::array& k = new_k;
+    const mx::array& v = new_v;
     auto put = [&](mx::array& store, const mx::array& r) {
       store = mx::scatter(store, {plan.write_slots}, mx::expand_dims(r, 1), {0});
     };
@@ -298,7 +345,20 @@ mx::array device_attention(const mx::array& qkv, const DeviceAttentionPlan& plan
   outs.reserve(plan.groups.size());
   for (const auto& g : plan.groups) {
     mx::array qg = plan.groups.size() == 1 ? q : mx::slice(q, {g.row0, 0, 0, 0}, {g.row0 + g.n_rows, H, 1, hd});
-    if (g.batched_decode) {
+    if (g.lanes >= 0) {
+      // Every sequence's KV read in place from its lane: [lanes, KVH, length, hd] views.
+      const DecodeLanes::Group& lg = plan.lane_groups[g.lanes];
+      DecodeLanes& lanes = *kv.lanes();
+      auto group_rows = [&](const mx::array& a) { return mx::slice(a, {g.row0, 0}, {g.row0 + g.n_rows, kw}); };
+      auto [k, v] = write_kv ? lanes.write_and_read(layer, lg, group_rows(new_k), group_rows(new_v), keys, values)
+                             : lanes.read(layer, lg);
+      // Queries by lane and outputs back by row (small takes of the rows, not of KV), when
+      // the lanes are not the rows in order.
+      mx::array ql = lg.row_of_lane ? mx::take(qg, *lg.row_of_lane, 0) : qg;
+      mx::array o = attend(ql, k, v, shape.scale, lg.mask, false);
+      if (lg.lane_of_row) o = mx::take(o, *lg.lane_of_row, 0);
+      outs.push_back(mx::reshape(o, {g.n_rows, qw}));
+    } else if (g.batched_decode) {
       const int b = g.n_rows, lmax = g.gather.shape(1);
       auto gathered = [&](bool of_keys) {
         const mx::array flat = mx::reshape(g.gather, {b * lmax});
@@ -322,6 +382,13 @@ mx::array device_attention(const mx::array& qkv, const DeviceAttentionPlan& plan
       mx::array o = attend(qt, read(true), read(false), shape.scale, g.mask, g.n_rows > 1 && !g.mask);
       outs.push_back(mx::reshape(mx::transpose(o, {2, 1, 0, 3}), {g.n_rows, qw}));
     }
+  }
+  // The block store's copy of this step's keys and values: read by no group when every one
+  // read lanes, yet what the prefix cache, sessions and later prefills read.
+  if (write_kv && !plan.lane_groups.empty()) {
+    std::vector<mx::array> writes{keys, values};
+    if (quantized) writes.insert(writes.end(), {kv.key_scales(layer), kv.value_scales(layer)});
+    start_writes(writes);
   }
   mx::array out = outs.size() == 1 ? outs[0] : mx::concatenate(outs, 0);
   return qkv.dtype() == dt ? out : mx::astype(out, qkv.dtype());  // back to the caller's stream dtype

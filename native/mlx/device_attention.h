@@ -4,20 +4,24 @@
 //
 // Why this shape: the engine's block pool, prefix cache and sessions stay exactly as on the
 // CPU backend (block ids are the currency); only the storage moves to the device. Decode rows
-// of many sequences share one padded attention call (masked when lengths differ); a prefill
-// chunk gets its own causal call. A sequence whose slots are consecutive in the store (a lone
-// sequence in a fresh pool, the common batch-1 case) is read in place through a slice, a view
-// with no copy; otherwise its keys are gathered, a copy of its KV per layer (a paged attention
-// kernel of our own, native/cuda, removes that later). RoPE is mx::fast::rope over the queries
-// and keys together, one op per layer with each row's own position.
+// of many sequences share one padded attention call (masked when lengths differ) over their
+// decode lanes (decode_lanes.h: each sequence's KV contiguous, written beside the block store
+// and read in place); a prefill chunk gets its own causal call. A sequence whose slots are
+// consecutive in the store (a lone sequence in a fresh pool, the common batch-1 case) is read
+// in place through a slice, a view with no copy; otherwise its keys are gathered, a copy of its
+// KV per layer (as are batched decode rows with a quantized KV type or a sliding window, which
+// have no lanes). RoPE is mx::fast::rope over the queries and keys together, one op per layer
+// with each row's own position.
 #pragma once
 
+#include <memory>
 #include <optional>
 #include <vector>
 
 #include <mlx/mlx.h>
 
 #include "../core/kv_cache.h"
+#include "decode_lanes.h"
 #include "paged_attention.h"
 #include "rope.h"
 
@@ -36,7 +40,9 @@ namespace mx = mlx::core;
 // dequantizes the rows it reads (kv_rows in device_attention.cpp).
 class DeviceKvStore {
  public:
-  explicit DeviceKvStore(KvShape shape) : shape_(std::move(shape)) {}
+  // `counts` (owned by the caller, may be null) tallies the attention paths steps take.
+  explicit DeviceKvStore(KvShape shape, AttentionPathCounts* counts = nullptr)
+      : shape_(std::move(shape)), counts_(counts) {}
   // Grows storage (at least doubling) to cover every block id and window slot the pool has
   // handed out.
   void ensure(const KvPool& pool);
@@ -47,6 +53,10 @@ class DeviceKvStore {
   mx::array& key_scales(int layer) { return key_scales_[layer]; }
   mx::array& value_scales(int layer) { return value_scales_[layer]; }
   KvType type() const { return shape_.type; }
+  AttentionPathCounts* counts() const { return counts_; }
+  // The decode lanes (created on first use), or null where batched decode gathers instead:
+  // quantized KV types (lanes would need the dequantized rows).
+  DecodeLanes* lanes();
 
  private:
   void grow(bool windowed, size_t& have, size_t need, size_t max);
@@ -58,6 +68,8 @@ class DeviceKvStore {
   std::vector<mx::array> values_;
   std::vector<mx::array> key_scales_;    // quantized types only
   std::vector<mx::array> value_scales_;
+  AttentionPathCounts* counts_;
+  std::unique_ptr<DecodeLanes> lanes_;
 };
 
 // Index arrays of one step, built once on the host and shared by every layer.
@@ -69,6 +81,7 @@ struct DeviceAttentionPlan {
     int row0 = 0;
     int n_rows = 0;
     bool batched_decode = false;     // n_rows sequences of one token each
+    int lanes = -1;                  // >= 0: read from decode lanes, lane_groups[lanes]
     mx::array gather{0};             // [L] (one sequence) or [n_rows, Lmax] (decode batch)
     int first_slot = -1;             // >= 0: one sequence's L slots are first_slot.. (read in place)
     // Bool, broadcast over the scores [batch, kv_heads, group, queries, keys]: [n_rows, 1, 1, 1,
@@ -76,9 +89,13 @@ struct DeviceAttentionPlan {
     std::optional<mx::array> mask;
   };
   std::vector<Group> groups;  // in row order, covering every row
+  std::vector<DecodeLanes::Group> lane_groups;
 
-  // Honours batch.window: sliding-window layers gather only each query's window.
-  static DeviceAttentionPlan build(const AttentionBatch& batch, const Rope& rope);
+  // Honours batch.window: sliding-window layers gather only each query's window. With `kv`,
+  // batched decode reads its lanes where it has them (they are kept up to date here, so every
+  // layer of the step must then run device_attention with this plan) and the paths taken are
+  // counted; without, it gathers.
+  static DeviceAttentionPlan build(const AttentionBatch& batch, const Rope& rope, DeviceKvStore* kv = nullptr);
 };
 
 // qkv: [rows, (n_heads + 2 * n_kv_heads) * head_dim] -> [rows, n_heads * head_dim], in

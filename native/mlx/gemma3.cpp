@@ -70,6 +70,8 @@ class Gemma3Model : public Model {
     return shape;
   }
 
+  std::map<std::string, uint64_t> attention_paths() const override { return device_.attention_paths(); }
+
   std::map<std::string, std::string> matmul_paths() const override {
     return decoder_matmul_paths(layers_, lm_head_);
   }
@@ -91,8 +93,8 @@ class Gemma3Model : public Model {
     DeviceKvStore* device_kv = nullptr;
     if (device_.on_device()) {
       device_kv = &device_.prepare(pool, kv_shape());
-      global_plan = DeviceAttentionPlan::build(*global, *global_rope_);
-      local_plan = DeviceAttentionPlan::build(*local, *local_rope_);
+      global_plan = DeviceAttentionPlan::build(*global, *global_rope_, device_kv);
+      local_plan = DeviceAttentionPlan::build(*local, *local_rope_, device_kv);
     }
     const int hd = d.head_dim, qw = d.n_heads * hd, kw = d.n_kv_heads * hd;
     mx::array x(rows.x.begin(), {rows.total, d.hidden_size}, mx::float32);

@@ -139,6 +139,8 @@ class Gemma4Model : public Model {
     return s;
   }
 
+  std::map<std::string, uint64_t> attention_paths() const override { return device_.attention_paths(); }
+
   std::map<std::string, std::string> matmul_paths() const override {
     std::map<std::string, std::string> paths = decoder_matmul_paths(layers_, lm_head_);
     if (cfg_.ple_dim > 0) paths["per_layer_model_proj"] = ple_model_proj_.path();
@@ -178,8 +180,8 @@ class Gemma4Model : public Model {
     DeviceKvStore* device_kv = nullptr;
     if (device_.on_device()) {
       device_kv = &device_.prepare(pool, kv_shape());
-      global_plan = DeviceAttentionPlan::build(*global, *global_rope_);
-      local_plan = DeviceAttentionPlan::build(*local, *local_rope_);
+      global_plan = DeviceAttentionPlan::build(*global, *global_rope_, device_kv);
+      local_plan = DeviceAttentionPlan::build(*local, *local_rope_, device_kv);
     }
     mx::array x(rows.x.begin(), {T, H}, mx::float32);
     std::optional<mx::array> ple = per_layer_inputs(step, x);

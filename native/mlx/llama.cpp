@@ -57,6 +57,8 @@ class LlamaModel : public Model {
   ModelInfo& mutable_info() override { return info_; }
   KvShape kv_shape() const override { return decoder_kv_shape(dims_, device_.on_device()); }
 
+  std::map<std::string, uint64_t> attention_paths() const override { return device_.attention_paths(); }
+
   std::map<std::string, std::string> matmul_paths() const override {
     return decoder_matmul_paths(layers_, lm_head_);
   }
@@ -80,7 +82,7 @@ class LlamaModel : public Model {
     DeviceKvStore* device_kv = nullptr;
     if (device_.on_device()) {
       device_kv = &device_.prepare(pool, kv_shape());
-      plan = DeviceAttentionPlan::build(*rows.batch, *rope_);
+      plan = DeviceAttentionPlan::build(*rows.batch, *rope_, device_kv);
     }
     mx::array x(rows.x.begin(), {rows.total, dims_.hidden_size}, mx::float32);
     // Cast: the host's embedding rows are float32. On the device backend the residual stream

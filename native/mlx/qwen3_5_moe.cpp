@@ -156,6 +156,8 @@ class Qwen35MoeModel : public Model {
     return decoder_kv_shape(kv, device_.on_device());
   }
 
+  std::map<std::string, uint64_t> attention_paths() const override { return device_.attention_paths(); }
+
   std::map<std::string, std::string> matmul_paths() const override {
     std::map<std::string, std::string> paths;
     std::string experts = std::string("mlx:gather_mm:") + (expert_dtype_ == mx::float32 ? "f32" : "f16") +
@@ -196,7 +198,7 @@ class Qwen35MoeModel : public Model {
     DeviceKvStore* device_kv = nullptr;
     if (device_.on_device()) {
       device_kv = &device_.prepare(pool, kv_shape());
-      plan = DeviceAttentionPlan::build(*rows.batch, *rope_);
+      plan = DeviceAttentionPlan::build(*rows.batch, *rope_, device_kv);
     }
     const int S = static_cast<int>(step.segments.size());
     std::vector<const DeltaState*> before(S, nullptr);

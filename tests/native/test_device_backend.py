@@ -64,16 +64,60 @@ def test_teacher_forced_argmax_matches_llamacpp(device_engine, reference: dict) 
 def test_batched_decode_of_unequal_lengths_matches_solo_runs(
     device_engine, reference: dict
 ) -> None:  # type: ignore[no-untyped-def]
-    """Three sequences of different lengths decode in one masked attention call per layer and
+    """Three sequences of different lengths decode in one masked attention call per layer,
+    reading each sequence's KV in place from its decode lane (no per-step gather of KV), and
     give exactly their solo greedy tokens."""
     names = ["capital_france", "python_code", "emoji"]
     reqs = {n: {"prompt": _case(reference, n)["prompt_ids"], "max_tokens": 6} for n in names}
     solo = {n: run_all(device_engine, {n: r})[n]["tokens"] for n, r in reqs.items()}
+    before = device_engine.stats()["attention_paths"]
     together = run_all(device_engine, reqs)
     for n in names:
         assert together[n]["tokens"] == solo[n], n
     assert solo["capital_france"] == _case(reference, "capital_france")["generated_ids"][:6]
     assert device_engine.stats()["max_rows_sampled_in_a_step"] >= 3
+    after = device_engine.stats()["attention_paths"]
+    # 5 batched decode steps (the first token comes from each prefill), none gathered.
+    assert after["decode_lanes"] - before["decode_lanes"] >= 5
+    assert after["decode_gather"] == before["decode_gather"]
+    assert after["lane_fills"] - before["lane_fills"] == 3  # each sequence copied in once
+
+
+def test_decode_lanes_follow_sequences_that_finish_and_join(device_engine, reference: dict) -> None:  # type: ignore[no-untyped-def]
+    """Sequences leave the batch (their lane is freed while others keep theirs: the batch then
+    attends over lanes out of row order) and a late one joins mid-decode from a cached prefix
+    (copied into the free lane once): every sequence still gets its solo greedy tokens, and
+    the steps read lanes, never a gather."""
+    prompts = {
+        n: _case(reference, n)["prompt_ids"] for n in ["capital_france", "python_code", "emoji"]
+    }
+    lengths = {"capital_france": 2, "python_code": 9, "emoji": 5}
+    solo = {
+        n: run_all(device_engine, {n: {"prompt": prompts[n], "max_tokens": k}})[n]["tokens"]
+        for n, k in lengths.items()
+    }
+    late = {"prompt": prompts["capital_france"], "max_tokens": 4}
+    late_solo = run_all(device_engine, {"late": late})["late"]["tokens"]
+    before = device_engine.stats()["attention_paths"]
+    for n, k in lengths.items():
+        device_engine.submit(n, prompts[n], k)
+    got: dict[str, list[int]] = {n: [] for n in [*lengths, "late"]}
+    pending = set(got)
+    submitted_late = False
+    while pending:
+        for ev in device_engine.poll(1000):
+            if ev["type"] == "tokens":
+                got[ev["id"]] += ev["tokens"]
+            else:
+                pending.discard(ev["id"])
+        if not submitted_late and "capital_france" not in pending:
+            device_engine.submit("late", **late)  # python_code and emoji are mid-decode
+            submitted_late = True
+    assert {n: got[n] for n in lengths} == solo
+    assert got["late"] == late_solo
+    after = device_engine.stats()["attention_paths"]
+    assert after["decode_gather"] == before["decode_gather"]
+    assert after["lane_fills"] - before["lane_fills"] >= 4
 
 
 def test_random_q4_0_model_gives_the_same_tokens_on_both_backends(tmp_path: Path) -> None:

@@ -16,14 +16,14 @@ def _long_prompt(reference: dict) -> list[int]:
 
 
 def test_repeated_prompt_reuses_kv_and_gives_the_same_tokens(engine, reference: dict) -> None:  # type: ignore[no-untyped-def]
-    prompt = _long_prompt(reference)
+    prompt = _long_prompt(reference)[:1000]  # its last block holds 40 tokens (>= 8 reused)
     first = run_all(engine, {"p1": {"prompt": prompt, "max_tokens": 12}})["p1"]
     again = run_all(engine, {"p2": {"prompt": prompt, "max_tokens": 12}})["p2"]
     assert again["tokens"] == first["tokens"]
     cached = again["done"]["cached_tokens"]
-    # Whole prompt cached but the last token, rounded down to a block: the first sampled
-    # token still gets fresh logits.
-    assert cached == (len(prompt) - 1) // BLOCK * BLOCK
+    # Whole prompt cached but the last token (the whole blocks, then the head of the first
+    # run's partly filled last block): the first sampled token still gets fresh logits.
+    assert cached == len(prompt) - 1
     assert again["done"]["timings"]["prefill_ms"] < first["done"]["timings"]["prefill_ms"] / 3
 
 
@@ -100,6 +100,26 @@ def test_partly_shared_block_is_reused_token_by_token_with_the_same_output(
     assert (
         run_all(warm, {"s": {"prompt": short, "max_tokens": 2}})["s"]["done"]["cached_tokens"] == 0
     )
+
+
+def test_preamble_shorter_than_a_block_is_reused_from_a_finished_request(
+    engine, model_path, reference: dict
+) -> None:  # type: ignore[no-untyped-def]
+    """Requests that share only a preamble shorter than a block (a chat template and system
+    prompt, as an app's requests do) reuse it from a finished request's partly filled last
+    block, as mlx-lm's and llama-server's prompt caches do, and give a fresh engine's tokens."""
+    import llmd._engine as native
+
+    long = _long_prompt(reference)
+    preamble = long[:30]
+    run_all(engine, {"a": {"prompt": preamble + long[100:115], "max_tokens": 4}})
+    second = preamble + long[200:218]
+    b = run_all(engine, {"b": {"prompt": second, "max_tokens": 8}})["b"]
+    assert b["done"]["cached_tokens"] == 30
+    fresh = native.Engine(str(model_path), context_length=2048)
+    plain = run_all(fresh, {"c": {"prompt": second, "max_tokens": 8}})["c"]
+    assert plain["done"]["cached_tokens"] == 0
+    assert b["tokens"] == plain["tokens"]
 
 
 def test_tight_kv_budget_evicts_old_prefixes_and_keeps_serving(model_path, reference: dict) -> None:  # type: ignore[no-untyped-def]

@@ -1,0 +1,202 @@
+#include "decode_lanes.h"
+
+#include <algorithm>
+#include <unordered_map>
+
+namespace llmd {
+
+namespace {
+
+constexpr int BT = KvPool::kBlockTokens;
+
+mx::array int_array(const std::vector<int32_t>& v) {
+  return mx::array(v.begin(), {static_cast<int>(v.size())}, mx::int32);
+}
+
+// Blocks that hold positions [0, length).
+int blocks_for(int length) { return (length + BT - 1) / BT; }
+
+// Layers with lanes: those that store KV and do not slide.
+bool has_lane(const KvShape& shape, int layer) {
+  return shape.kv_heads_of(layer) * shape.head_dim_of(layer) > 0 && !shape.is_windowed(layer);
+}
+
+}  // namespace
+
+std::map<std::string, uint64_t> AttentionPathCounts::snapshot() const {
+  return {{"decode_lanes", decode_lanes.load()},
+          {"decode_gather", decode_gather.load()},
+          {"sequence_in_place", sequence_in_place.load()},
+          {"sequence_gather", sequence_gather.load()},
+          {"lane_fills", lane_fills.load()}};
+}
+
+DecodeLanes::DecodeLanes(const KvShape& shape, mx::Dtype dt) : shape_(shape), dt_(dt) { drop_arrays(); }
+
+void DecodeLanes::drop_arrays() {
+  keys_.assign(shape_.n_layers, mx::array(0.f));
+  values_.assign(shape_.n_layers, mx::array(0.f));
+  capacity_ = 0;
+  array_lanes_ = 0;
+}
+
+void DecodeLanes::ensure(int lanes, int length) {
+  if (lanes <= array_lanes_ && length <= capacity_) return;
+  // Room for more lanes in powers of two and 1.5x the positions (multiples of a block), so a
+  // batch that grows by one sequence or one block at a time copies the lanes rarely.
+  int new_lanes = std::max(array_lanes_, 1);
+  while (new_lanes < lanes) new_lanes *= 2;
+  int new_capacity = capacity_;
+  if (length > capacity_) new_capacity = blocks_for(std::max({length, capacity_ * 3 / 2, 2 * BT})) * BT;
+  std::vector<mx::array> all;
+  for (int l = 0; l < shape_.n_layers; ++l) {
+    if (!has_lane(shape_, l)) continue;
+    const int kvh = shape_.kv_heads_of(l), hd = shape_.head_dim_of(l);
+    for (mx::array* a : {&keys_[l], &values_[l]}) {
+      mx::array grown = mx::zeros({new_lanes, kvh, new_capacity, hd}, dt_);
+      if (capacity_ > 0) grown = mx::slice_update(grown, *a, {0, 0, 0, 0}, a->shape());
+      *a = grown;
+      all.push_back(*a);
+    }
+  }
+  mx::eval(all);
+  capacity_ = new_capacity;
+  array_lanes_ = new_lanes;
+}
+
+std::vector<DecodeLanes::Group> DecodeLanes::plan(const std::vector<Run>& runs,
+                                                  const std::vector<std::vector<int>>& starts,
+                                                  const SlotOf& slot_of, AttentionPathCounts* counts) {
+  std::unordered_map<const SequenceKv*, int> start_of;
+  for (size_t i = 0; i < runs.size(); ++i) {
+    for (size_t r = 0; r < runs[i].size(); ++r) start_of[runs[i][r]] = starts[i][r];
+  }
+  // A lane keeps its sequence only if the sequence writes right after the lane's last position
+  // on the blocks the lane was filled from: a sequence rolled back, rewritten (a draft
+  // verified, a copied block) or a new sequence at a freed one's address refills instead.
+  std::unordered_map<const SequenceKv*, int> lane_of;
+  for (size_t i = 0; i < lanes_.size(); ++i) {
+    Lane& lane = lanes_[i];
+    if (!lane.kv) continue;
+    const auto it = start_of.find(lane.kv);
+    const auto& blocks = lane.kv->blocks();
+    const bool same = it != start_of.end() && it->second == lane.length &&
+                      blocks.size() >= lane.blocks.size() &&
+                      std::equal(lane.blocks.begin(), lane.blocks.end(), blocks.begin());
+    if (same) {
+      lane_of[lane.kv] = static_cast<int>(i);
+    } else {
+      lane = Lane{};
+      --used_;
+    }
+  }
+  if (runs.empty()) {
+    if (used_ == 0 && capacity_ > 0) drop_arrays();  // no batched decode now: give the memory back
+    return {};
+  }
+
+  struct Fill {
+    std::vector<int32_t> lane, pos, slots;
+  };
+  std::vector<std::vector<int32_t>> run_lanes(runs.size());
+  std::vector<Fill> fills(runs.size());
+  int max_lanes = 0, max_length = 0;
+  for (size_t i = 0; i < runs.size(); ++i) {
+    for (size_t r = 0; r < runs[i].size(); ++r) {
+      const SequenceKv* kv = runs[i][r];
+      const int start = starts[i][r];
+      int lane;
+      if (const auto it = lane_of.find(kv); it != lane_of.end()) {
+        lane = it->second;
+      } else {
+        // The lowest free lane, so the lanes attended stay few.
+        lane = 0;
+        while (lane < static_cast<int>(lanes_.size()) && lanes_[lane].kv) ++lane;
+        if (lane == static_cast<int>(lanes_.size())) lanes_.emplace_back();
+        lanes_[lane].kv = kv;
+        lane_of[kv] = lane;
+        ++used_;
+        for (int p = 0; p < start; ++p) {
+          fills[i].lane.push_back(lane);
+          fills[i].pos.push_back(p);
+          fills[i].slots.push_back(slot_of(*kv, p));
+        }
+        if (counts) ++counts->lane_fills;
+      }
+      Lane& l = lanes_[lane];
+      l.length = start + 1;
+      l.blocks.assign(kv->blocks().begin(), kv->blocks().begin() + blocks_for(l.length));
+      run_lanes[i].push_back(lane);
+      max_lanes = std::max(max_lanes, lane + 1);
+      max_length = std::max(max_length, start + 1);
+    }
+  }
+  ensure(max_lanes, max_length);
+
+  std::vector<Group> groups;
+  for (size_t i = 0; i < runs.size(); ++i) {
+    const int b = static_cast<int>(runs[i].size());
+    const std::vector<int32_t>& lanes = run_lanes[i];
+    Group g;
+    g.lane = int_array(lanes);
+    g.pos = int_array(std::vector<int32_t>(starts[i].begin(), starts[i].end()));
+    g.n_lanes = *std::max_element(lanes.begin(), lanes.end()) + 1;
+    // Positions each attended lane reads: its row's, or 1 for a lane no row of this group
+    // uses (its output is dropped; one unmasked position keeps its softmax finite).
+    std::vector<int> seen(g.n_lanes, 1);
+    std::vector<int32_t> row_of_lane(g.n_lanes, 0);
+    bool in_order = g.n_lanes == b;
+    for (int r = 0; r < b; ++r) {
+      seen[lanes[r]] = starts[i][r] + 1;
+      row_of_lane[lanes[r]] = r;
+      in_order = in_order && lanes[r] == r;
+    }
+    g.length = *std::max_element(seen.begin(), seen.end());
+    if (!in_order) {
+      g.row_of_lane = int_array(row_of_lane);
+      g.lane_of_row = g.lane;
+    }
+    if (*std::min_element(seen.begin(), seen.end()) != g.length) {
+      std::vector<uint8_t> mask(static_cast<size_t>(g.n_lanes) * g.length, 0);
+      for (int l = 0; l < g.n_lanes; ++l) std::fill_n(mask.begin() + static_cast<size_t>(l) * g.length, seen[l], 1);
+      g.mask = mx::astype(mx::array(mask.begin(), {g.n_lanes, 1, 1, 1, g.length}, mx::uint8), mx::bool_);
+    }
+    if (!fills[i].lane.empty()) {
+      g.fill_lane = int_array(fills[i].lane);
+      g.fill_pos = int_array(fills[i].pos);
+      g.fill_slots = int_array(fills[i].slots);
+    }
+    if (counts) ++counts->decode_lanes;
+    groups.push_back(std::move(g));
+  }
+  return groups;
+}
+
+std::pair<mx::array, mx::array> DecodeLanes::write_and_read(int layer, const Group& g, const mx::array& k,
+                                                            const mx::array& v, const mx::array& key_store,
+                                                            const mx::array& value_store) {
+  const int kvh = shape_.kv_heads_of(layer), hd = shape_.head_dim_of(layer);
+  // Rows [n, kv_heads * head_dim] to (lane, position) of the lanes [lanes, kv_heads, capacity,
+  // head_dim]: MLX updates the lane array in place (this store holds its only reference).
+  auto put = [&](mx::array& lanes, const mx::array& lane, const mx::array& pos, const mx::array& rows) {
+    const int n = rows.shape(0);
+    lanes = mx::scatter(lanes, {lane, pos}, mx::reshape(rows, {n, 1, kvh, 1, hd}), {0, 2});
+  };
+  if (g.fill_lane) {  // the one copy of a joining sequence's KV
+    put(keys_[layer], *g.fill_lane, *g.fill_pos, mx::take(key_store, *g.fill_slots, 0));
+    put(values_[layer], *g.fill_lane, *g.fill_pos, mx::take(value_store, *g.fill_slots, 0));
+  }
+  put(keys_[layer], g.lane, g.pos, k);
+  put(values_[layer], g.lane, g.pos, v);
+  return read(layer, g);
+}
+
+std::pair<mx::array, mx::array> DecodeLanes::read(int layer, const Group& g) const {
+  const int kvh = shape_.kv_heads_of(layer), hd = shape_.head_dim_of(layer);
+  // A slice: a view of the lanes, each lane's [length, head_dim] rows contiguous, which MLX's
+  // matmul and SDPA read without a copy.
+  auto view = [&](const mx::array& a) { return mx::slice(a, {0, 0, 0, 0}, {g.n_lanes, kvh, g.length, hd}); };
+  return {view(keys_[layer]), view(values_[layer])};
+}
+
+}  // namespace llmd

@@ -1,0 +1,113 @@
+// Decode lanes: each decoding sequence's keys and values laid out contiguously, one lane per
+// sequence, so a batched decode step's attention reads every sequence's KV in place.
+//
+// Why: the device KV store is indexed by the engine's block ids (device_attention.h), and a
+// sequence's blocks lie wherever the pool handed them out. Reading many sequences in one
+// attention call from there needs a gather, a copy of every sequence's KV per layer per step
+// (8.6 ms of a 20.8 ms step at batch 32 on an H100). mlx-lm's batch cache instead keeps one
+// [batch, kv_heads, length, head_dim] array per layer that each step writes one column of and
+// attention reads through a mask. Lanes are that array beside the block store: a decode row
+// writes its key and value to both (the block store stays the truth the prefix cache, sessions
+// and forks use), and the batched attention reads a slice of the lanes, a view. A sequence is
+// copied into a lane once, when it joins a batched decode (as mlx-lm copies a prompt's cache
+// into its batch cache), and keeps its lane while it decodes in every step; a step without it
+// (it finished, or ran a prefill chunk, single decode or draft verification instead) frees the
+// lane, and a lane is reused only after a check that its content is the sequence's KV.
+//
+// The cost is memory: lanes hold a second copy of the decoding sequences' KV (not counted in
+// the KV budget; freed when no batched decode runs). Quantized KV types and sliding-window
+// layers keep the gather (their lanes would need the dequantized or windowed rows).
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <mlx/mlx.h>
+
+#include "../core/kv_cache.h"
+
+namespace llmd {
+
+namespace mx = mlx::core;
+
+// How a step's attention read its KV: one count per attention call of a plan (a group of rows
+// read together, see DeviceAttentionPlan), not per layer. The engine reports them in its stats
+// (`attention_paths`), which is how tests see that batched decode took the lanes.
+struct AttentionPathCounts {
+  std::atomic<uint64_t> decode_lanes{0};       // batched decode reading lanes in place
+  std::atomic<uint64_t> decode_gather{0};      // batched decode gathering each sequence's KV
+  std::atomic<uint64_t> sequence_in_place{0};  // one sequence's consecutive slots, a slice
+  std::atomic<uint64_t> sequence_gather{0};    // one sequence's scattered slots, gathered
+  std::atomic<uint64_t> lane_fills{0};         // sequences copied into a lane when they joined
+
+  std::map<std::string, uint64_t> snapshot() const;
+};
+
+class DecodeLanes {
+ public:
+  // Lanes for every layer of `shape` that stores KV and does not slide, in dtype `dt`.
+  DecodeLanes(const KvShape& shape, mx::Dtype dt);
+
+  // One batched decode group's reads and writes, shared by every layer of the step.
+  struct Group {
+    mx::array lane{0};  // [b] int32: the lane of each row
+    mx::array pos{0};   // [b] int32: the position each row writes
+    int n_lanes = 0;    // lanes attended, 0 .. n_lanes - 1 (a lane not in the group is masked)
+    int length = 0;     // positions attended (the longest lane's, this step's row included)
+    // Queries of each lane (lane -> row, a free lane any row) and outputs of each row
+    // (row -> lane), when the lanes are not rows 0 .. b-1 in order.
+    std::optional<mx::array> row_of_lane;
+    std::optional<mx::array> lane_of_row;
+    // Bool [n_lanes, 1, 1, 1, length], broadcast over the scores [lanes, kv_heads, group,
+    // queries, keys]: when lengths differ or lanes are free.
+    std::optional<mx::array> mask;
+    // Positions copied from the block store into the lanes of sequences that joined this step:
+    // lane, position and store slot of each ([n] int32 each).
+    std::optional<mx::array> fill_lane, fill_pos, fill_slots;
+  };
+
+  // A run of single-token decode segments read together; slot_of(kv, pos) is the block-store
+  // row of a position.
+  using Run = std::vector<const SequenceKv*>;
+  using SlotOf = std::function<int(const SequenceKv&, int)>;
+  // Host bookkeeping of one step: `starts[i][r]` is the position run i's row r writes. Frees
+  // the lanes of sequences not in `runs`, keeps the lanes whose content still is their
+  // sequence's KV, gives the others a free lane (filled from the store), grows the arrays.
+  std::vector<Group> plan(const std::vector<Run>& runs, const std::vector<std::vector<int>>& starts,
+                          const SlotOf& slot_of, AttentionPathCounts* counts);
+
+  // One layer: copies the joiners' rows from the block store (keys/values [slots, width]),
+  // writes the group's new rows k, v ([b, width]) at their positions, and returns the keys and
+  // values attention reads, [n_lanes, kv_heads, length, head_dim] views of the lanes.
+  std::pair<mx::array, mx::array> write_and_read(int layer, const Group& g, const mx::array& k, const mx::array& v,
+                                                 const mx::array& key_store, const mx::array& value_store);
+  // The same views without writing (a layer reading an earlier layer's KV: KV sharing).
+  std::pair<mx::array, mx::array> read(int layer, const Group& g) const;
+
+  bool empty() const { return used_ == 0; }
+
+ private:
+  struct Lane {
+    const SequenceKv* kv = nullptr;  // null: free
+    int length = 0;                  // positions written
+    std::vector<int> blocks;         // the sequence's blocks holding them, when written
+  };
+  void ensure(int lanes, int length);
+  void drop_arrays();
+
+  KvShape shape_;
+  mx::Dtype dt_;
+  std::vector<Lane> lanes_;
+  int used_ = 0;      // lanes holding a sequence
+  int capacity_ = 0;     // positions each lane array holds
+  int array_lanes_ = 0;  // lanes each array holds (free ones included)
+  std::vector<mx::array> keys_;  // per layer [lanes, kv_heads, capacity, head_dim], or empty
+  std::vector<mx::array> values_;
+};
+
+}  // namespace llmd
