@@ -276,7 +276,7 @@ def test_unknown_previous_response_id_is_404(client: OpenAI) -> None:
         ({"include": ["file_search_call.results"]}, "include"),
         (
             {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
-            "input[0].content[0].type",
+            "input[0].content[0]",  # neither a data: URL nor http(s)
         ),
     ],
 )

@@ -175,8 +175,20 @@ def test_harmless_parameters_are_accepted() -> None:
         ({"tool_choice": {"type": "any"}}, "tool_choice", "needs tools"),
         (
             {"messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]},
+            "messages.0.content.0.source",
+            "image source of type 'None'",
+        ),
+        (
+            {
+                "messages": [
+                    {
+                        "role": "user",
+                        "content": [{"type": "document", "source": {"type": "text", "data": "x"}}],
+                    }
+                ]
+            },
             "messages.0.content.0",
-            "'image'",
+            "'document'",
         ),
         (
             {
@@ -187,14 +199,14 @@ def test_harmless_parameters_are_accepted() -> None:
                             {
                                 "type": "tool_result",
                                 "tool_use_id": "t",
-                                "content": [{"type": "image", "source": {}}],
+                                "content": [{"type": "image", "source": {"type": "file"}}],
                             }
                         ],
                     }
                 ]
             },
-            "messages.0.content.0.content.0",
-            "'image'",
+            "messages.0.content.0.content.0.source",
+            "image source of type 'file'",
         ),
         (
             {"messages": [*USER, {"role": "assistant", "content": "The answer is"}]},

@@ -16,6 +16,7 @@ from llmd.api.ollama_api import (
     check_generate,
     done_reason,
     generate_fields,
+    image_places,
     map_format,
     map_messages,
     map_options,
@@ -27,6 +28,7 @@ from llmd.api.ollama_api import (
 )
 from llmd.api.ollama_models import human_number, progress_line
 from llmd.errors import ApiError
+from llmd.text.openai_schemas import image_refs
 
 
 def _chat(**body: Any) -> ChatRequest:
@@ -203,10 +205,29 @@ def test_tool_results_without_a_name_answer_the_calls_in_order() -> None:
     assert [out[1]["tool_call_id"], out[2]["tool_call_id"]] == ["a", "b"]
 
 
-def test_images_are_refused() -> None:
-    req = _chat(messages=[{"role": "user", "content": "what is this?", "images": ["aGk="]}])
-    err = _error(map_messages, req.messages)
-    assert err.status == 400 and "images" in err.message
+def test_images_become_image_parts_before_the_text_named_as_sent() -> None:
+    req = _chat(
+        messages=[
+            {"role": "user", "content": "hi"},
+            {"role": "user", "content": "what is this?", "images": ["aGk=", "aGk="]},
+        ]
+    )
+    internal = to_internal(chat_fields(req, "m"), images=image_places(req))
+    assert image_refs(internal.messages) == [
+        ("data:image/*;base64,aGk=", "messages[1].images[0]"),
+        ("data:image/*;base64,aGk=", "messages[1].images[1]"),
+    ]
+    assert internal.messages[1].for_template()["content"] == [
+        {"type": "image"},
+        {"type": "image"},
+        {"type": "text", "text": "what is this?"},
+    ]
+
+
+def test_generate_images_join_the_prompt_turn() -> None:
+    req = parse_body({"model": "m", "prompt": "describe", "images": ["aGk="]}, GenerateRequest)
+    internal = to_internal(generate_fields(req, "m"), images=image_places(req))
+    assert image_refs(internal.messages) == [("data:image/*;base64,aGk=", "images[0]")]
 
 
 def test_unknown_fields_are_refused_by_name() -> None:
@@ -236,7 +257,8 @@ def test_generate_prompt_becomes_a_user_turn_after_the_system_message() -> None:
         {"suffix": "return x", "system": "s"},  # FIM has no system prompt
         {"template": "{{ .Prompt }}"},
         {"context": [1, 2, 3]},
-        {"images": ["aGk="]},
+        {"images": ["aGk="], "raw": True},  # only the chat template places images
+        {"images": ["aGk="], "suffix": "x"},
         {"raw": True, "system": "s"},
     ],
 )

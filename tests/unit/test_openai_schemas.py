@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from llmd.errors import ApiError
-from llmd.text.openai_schemas import ChatCompletionRequest, parse_request
+from llmd.text.openai_schemas import ChatCompletionRequest, image_refs, parse_request
 
 USER = [{"role": "user", "content": "hi"}]
 
@@ -100,7 +100,7 @@ def test_conflicting_token_limits_are_refused_equal_ones_accepted() -> None:
     assert chat(max_tokens=7).token_limit() == 7 and chat().token_limit() is None
 
 
-def test_tool_turns_are_accepted_and_images_are_not_supported_yet() -> None:
+def test_tool_turns_and_images_are_accepted_and_audio_is_not_supported_yet() -> None:
     call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
     req = chat(
         messages=[
@@ -114,9 +114,16 @@ def test_tool_turns_are_accepted_and_images_are_not_supported_yet() -> None:
     assert turns[2] == {"role": "tool", "content": "42", "tool_call_id": "c1"}
     err = rejected(messages=[{"role": "tool", "content": "42"}])
     assert err.param == "messages.[0]"
-    image = {"type": "image_url", "image_url": {"url": "data:,"}}
-    err = rejected(messages=[{"role": "user", "content": [image]}])
-    assert err.param == "messages.[0].content.[0].type" and "image_url" in err.message
+    image = {"type": "image_url", "image_url": {"url": "data:,", "detail": "low"}}
+    req = chat(messages=[{"role": "user", "content": [{"type": "text", "text": "see"}, image]}])
+    assert req.messages[0].for_template()["content"] == [
+        {"type": "text", "text": "see"},
+        {"type": "image"},
+    ]
+    assert image_refs(req.messages) == [("data:,", "messages.[0].content.[1]")]
+    audio = {"type": "input_audio", "input_audio": {"data": "", "format": "wav"}}
+    err = rejected(messages=[{"role": "user", "content": [audio]}])
+    assert err.param == "messages.[0].content.[0].type" and "input_audio" in err.message
 
 
 def test_message_content_is_flattened_for_the_template() -> None:

@@ -116,6 +116,14 @@ def test_full_request_maps_onto_the_chat_request() -> None:
         ({"input": [{"role": "robot", "content": "x"}]}, "input[0].role"),
         (
             {"input": [{"role": "user", "content": [{"type": "input_image"}]}]},
+            "input[0].content[0].image_url",
+        ),
+        (
+            {"input": [{"role": "user", "content": [{"type": "input_image", "file_id": "f"}]}]},
+            "input[0].content[0].file_id",
+        ),
+        (
+            {"input": [{"role": "user", "content": [{"type": "input_file", "file_id": "f"}]}]},
             "input[0].content[0].type",
         ),
         ({"input": [{"type": "function_call_output", "output": "x"}]}, "input[0].call_id"),

@@ -51,6 +51,7 @@ from llmd.text.chat_pipeline import (
     ChoiceEnd,
     ChoiceStarted,
     chat_prompt,
+    request_images,
     start_chat,
 )
 from llmd.text.generation import Finished, require_generation
@@ -346,7 +347,8 @@ async def count_tokens(request: web.Request) -> web.Response:
         require_generation(model)
         if not model.text.chat_template:
             raise bad_request(f"model '{req.model}' has no chat template", param="model")
-        prompt = await asyncio.to_thread(chat_prompt, req, model)
+        images = await request_images(pipeline_context(request), req, model)
+        prompt = await asyncio.to_thread(chat_prompt, req, model, images)
     return web.json_response({"input_tokens": len(prompt.ids)})
 
 

@@ -5,7 +5,9 @@ pydantic models, and their translation into the one internal request, a validate
 Policy (as for OpenAI's routes): parameters that cannot change the generated text
 (`metadata`, `service_tier`, `cache_control`, any `anthropic-beta` header, ...) are accepted
 and ignored; ones that would and are not implemented (server tools, `container`,
-`mcp_servers`, images, prefill, ...) are a 400 naming them. Anthropic's own rules are kept
+`mcp_servers`, documents, prefill, ...) are a 400 naming them. `image` blocks (base64, or a
+`url` source when the daemon allows remote images) become the internal request's image parts,
+in messages and in tool results. Anthropic's own rules are kept
 where a client relies on them: `max_tokens` is required, `temperature` is 0-1,
 `budget_tokens` is at least 1024 and below `max_tokens`.
 
@@ -38,7 +40,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from llmd.errors import ApiError, ContextOverflow, bad_request
 from llmd.runtime.keep_alive import KeepAlive
 from llmd.text.chunked_validation import prevalidated
-from llmd.text.openai_schemas import ChatCompletionRequest, parse_request
+from llmd.text.openai_schemas import ChatCompletionRequest, name_image_parts, parse_request
 from llmd.text.prompt_hygiene import is_request_metadata
 
 # ---------------------------------------------------------------------- content blocks
@@ -53,6 +55,31 @@ class _Block(BaseModel):
 class TextBlock(_Block):
     type: Literal["text"]
     text: str
+
+
+class Base64ImageSource(_Block):
+    type: Literal["base64"]
+    media_type: str
+    data: str = Field(min_length=1)
+
+
+class UrlImageSource(_Block):
+    type: Literal["url"]
+    url: str = Field(min_length=1)
+
+
+class ImageBlock(_Block):
+    type: Literal["image"]
+    source: Annotated[Base64ImageSource | UrlImageSource, Field(discriminator="type")]
+
+    def url(self) -> str:
+        """As the internal request's `image_url` reads it (images.py decodes it)."""
+        if isinstance(self.source, UrlImageSource):
+            return self.source.url
+        return f"data:{self.source.media_type};base64,{self.source.data}"
+
+    def part(self) -> dict[str, Any]:
+        return {"type": "image_url", "image_url": {"url": self.url()}}
 
 
 class ToolUseBlock(_Block):
@@ -73,9 +100,16 @@ class ToolResultBlock(_Block):
     type: Literal["tool_result"]
     tool_use_id: str = Field(min_length=1)
     content: (
-        str | list[Annotated[TextBlock | ToolReferenceBlock, Field(discriminator="type")]] | None
+        str
+        | list[Annotated[TextBlock | ToolReferenceBlock | ImageBlock, Field(discriminator="type")]]
+        | None
     ) = None
     is_error: bool = False
+
+    def images(self) -> list[ImageBlock]:
+        if not isinstance(self.content, list):
+            return []
+        return [b for b in self.content if isinstance(b, ImageBlock)]
 
     def text(self) -> str:
         """What the model reads as the tool's answer. An error is marked as one: the chat
@@ -88,6 +122,7 @@ class ToolResultBlock(_Block):
             body = "\n".join(
                 b.text if isinstance(b, TextBlock) else f"Tool loaded: {b.tool_name}"
                 for b in self.content
+                if not isinstance(b, ImageBlock)
             )
         return f"Error: {body}" if self.is_error else body
 
@@ -111,11 +146,11 @@ class RedactedThinkingBlock(_Block):
 
 
 InputBlock = Annotated[
-    TextBlock | ToolUseBlock | ToolResultBlock | ThinkingBlock | RedactedThinkingBlock,
+    TextBlock | ImageBlock | ToolUseBlock | ToolResultBlock | ThinkingBlock | RedactedThinkingBlock,
     Field(discriminator="type"),
 ]
-_BLOCK_TYPES = ("text", "tool_use", "tool_result", "thinking", "redacted_thinking")
-_TOOL_RESULT_PARTS = ("text", "tool_reference")
+_BLOCK_TYPES = ("text", "image", "tool_use", "tool_result", "thinking", "redacted_thinking")
+_TOOL_RESULT_PARTS = ("text", "image", "tool_reference")
 
 
 class InputMessage(BaseModel):
@@ -371,10 +406,37 @@ def _screen_blocks(messages: Any, system: Any) -> None:
             where = f"messages.{i}.content.{j}"
             if block.get("type") not in _BLOCK_TYPES:
                 raise _unsupported_block(block.get("type"), where)
+            _screen_image(block, where)
             inner = block.get("content") if block.get("type") == "tool_result" else None
             for k, part in enumerate(inner if isinstance(inner, list) else []):
                 if isinstance(part, dict) and part.get("type") not in _TOOL_RESULT_PARTS:
                     raise _unsupported_block(part.get("type"), f"{where}.content.{k}")
+                if isinstance(part, dict):
+                    _screen_image(part, f"{where}.content.{k}")
+
+
+_MEDIA_TYPES = ("image/jpeg", "image/png", "image/gif", "image/webp")
+
+
+def _screen_image(block: dict[str, Any], where: str) -> None:
+    """An image's source in words a client can act on (not a pydantic discriminator error):
+    base64 with one of Anthropic's four media types, or a URL; a file id is not served."""
+    if block.get("type") != "image":
+        return
+    source = block.get("source")
+    kind = source.get("type") if isinstance(source, dict) else None
+    if kind not in ("base64", "url"):
+        raise bad_request(
+            f"image source of type '{kind}' is not supported by llmd: send "
+            '{"type": "base64", "media_type": ..., "data": ...} or {"type": "url", "url": ...}',
+            param=f"{where}.source",
+        )
+    assert isinstance(source, dict)
+    if kind == "base64" and source.get("media_type") not in _MEDIA_TYPES:
+        raise bad_request(
+            f"image media_type must be one of {', '.join(_MEDIA_TYPES)}",
+            param=f"{where}.source.media_type",
+        )
 
 
 _LOC_TAG = re.compile(r"^(str|int|float|bool|none|list\[.*|dict\[.*|function-.*|.*\[.*\].*)$")
@@ -403,30 +465,63 @@ def _text_parts(blocks: list[TextBlock]) -> list[dict[str, str]]:
     return [{"type": "text", "text": b.text} for b in blocks if not is_request_metadata(b.text)]
 
 
+def _user_parts(blocks: list[Any], where: str, wheres: list[str]) -> list[dict[str, Any]]:
+    """A user turn's text and image blocks as content parts, in order; each image's place
+    (`where`.j) is appended to `wheres`, in the order the parts come."""
+    parts: list[dict[str, Any]] = []
+    for j, b in enumerate(blocks):
+        if isinstance(b, TextBlock) and not is_request_metadata(b.text):
+            parts.append({"type": "text", "text": b.text})
+        elif isinstance(b, ImageBlock):
+            parts.append(b.part())
+            wheres.append(f"{where}.{j}")
+    return parts
+
+
+def _tool_message(block: ToolResultBlock, where: str, wheres: list[str]) -> dict[str, Any]:
+    """A tool result as a `tool` message: its text, and its images as image parts after it
+    (a screenshot tool's answer)."""
+    content: Any = block.text()
+    if block.images():
+        content = [{"type": "text", "text": content}] if content else []
+        for k, b in enumerate(block.content or []):
+            if isinstance(b, ImageBlock):
+                content.append(b.part())
+                wheres.append(f"{where}.{k}")
+    return {"role": "tool", "tool_call_id": block.tool_use_id, "content": content}
+
+
 def to_chat_messages(
-    system: str | list[TextBlock] | None, messages: list[InputMessage]
+    system: str | list[TextBlock] | None,
+    messages: list[InputMessage],
+    wheres: list[str] | None = None,
 ) -> list[dict[str, Any]]:
     """Anthropic turns -> OpenAI chat messages: `system` becomes the first message, a user
     turn's `tool_result` blocks become `tool` messages (before its text, the order templates
-    expect), an assistant turn's `tool_use` blocks become `tool_calls`, a `system` message
-    stays one where it is; thinking is dropped, and so is per-request metadata text."""
+    expect; a result's images become image parts of that message), an assistant turn's
+    `tool_use` blocks become `tool_calls`, a `system` message stays one where it is; thinking
+    is dropped, and so is per-request metadata text. `wheres` receives every image's place in
+    the Anthropic request, in the order the image parts come out."""
+    wheres = [] if wheres is None else wheres
     out: list[dict[str, Any]] = []
     if isinstance(system, str) and system and not is_request_metadata(system):
         out.append({"role": "system", "content": system})
     elif isinstance(system, list) and (parts := _text_parts(system)):
         out.append({"role": "system", "content": parts})
-    for msg in messages:
+    for i, msg in enumerate(messages):
         blocks = msg.blocks()
         texts = [b for b in blocks if isinstance(b, TextBlock)]
         if msg.role == "system":
             out.append({"role": "system", "content": _text_parts(texts)})
             continue
         if msg.role == "user":
-            for b in blocks:
+            where = f"messages.{i}.content"
+            for j, b in enumerate(blocks):
                 if isinstance(b, ToolResultBlock):
-                    out.append({"role": "tool", "tool_call_id": b.tool_use_id, "content": b.text()})
-            if texts or not any(isinstance(b, ToolResultBlock) for b in blocks):
-                out.append({"role": "user", "content": _text_parts(texts)})
+                    out.append(_tool_message(b, f"{where}.{j}.content", wheres))
+            user = _user_parts(blocks, where, wheres)
+            if texts or user or not any(isinstance(b, ToolResultBlock) for b in blocks):
+                out.append({"role": "user", "content": user})
             continue
         calls = [
             {
@@ -454,7 +549,7 @@ def _check_blocks_in_place(messages: list[InputMessage]) -> None:
                     "system messages hold text blocks only", param=f"messages.{i}.content.{j}"
                 )
             wrong = (msg.role == "user" and isinstance(b, ToolUseBlock | ThinkingBlock)) or (
-                msg.role == "assistant" and isinstance(b, ToolResultBlock)
+                msg.role == "assistant" and isinstance(b, ToolResultBlock | ImageBlock)
             )
             if wrong:
                 raise bad_request(
@@ -483,11 +578,12 @@ def visible_tools(tools: list[Tool], messages: list[InputMessage]) -> list[Tool]
     return [t for t in tools if not t.defer_loading or t.name in loaded]
 
 
-def _chat_fields(req: CountTokensRequest) -> dict[str, Any]:
+def _chat_fields(req: CountTokensRequest, wheres: list[str]) -> dict[str, Any]:
+    """The internal request's fields; `wheres` receives the images' places (to_chat_messages)."""
     _check_blocks_in_place(req.messages)
     fields: dict[str, Any] = {
         "model": req.model,
-        "messages": to_chat_messages(req.system, req.messages),
+        "messages": to_chat_messages(req.system, req.messages, wheres),
     }
     tools = visible_tools(req.tools or [], req.messages)
     if tools:
@@ -515,11 +611,14 @@ def _chat_fields(req: CountTokensRequest) -> dict[str, Any]:
 _PARAM_NAMES = {"stop": "stop_sequences", "response_format": "output_config.format"}
 
 
-def _internal(fields: dict[str, Any]) -> ChatCompletionRequest:
-    """The pipeline's request. Anthropic's thinking and effort are hints (see the module's
-    docstring): a model without a reasoning switch ignores them rather than answering 400."""
+def _internal(fields: dict[str, Any], wheres: list[str]) -> ChatCompletionRequest:
+    """The pipeline's request, its image parts named as the client sent them. Anthropic's
+    thinking and effort are hints (see the module's docstring): a model without a reasoning
+    switch ignores them rather than answering 400."""
     try:
-        return parse_request(fields, ChatCompletionRequest).with_reasoning_as_hint()
+        req = parse_request(fields, ChatCompletionRequest).with_reasoning_as_hint()
+        name_image_parts(req.messages, wheres)
+        return req
     except ApiError as err:
         err.message = err.message.removeprefix("invalid request: ").replace("Value error, ", "")
         for ours, theirs in _PARAM_NAMES.items():
@@ -533,7 +632,8 @@ def translate_messages(body: Any) -> Translated:
     """A `/v1/messages` body -> the pipeline's request (400 naming the parameter if not)."""
     req = _validate(_screen(body, MessagesRequest), MessagesRequest)
     assert isinstance(req, MessagesRequest)
-    fields = _chat_fields(req)
+    wheres: list[str] = []
+    fields = _chat_fields(req, wheres)
     fields["max_tokens"] = req.max_tokens
     fields["stream"] = req.stream
     optional = {
@@ -547,13 +647,14 @@ def translate_messages(body: Any) -> Translated:
         "keep_alive": req.keep_alive,
     }
     fields.update({k: v for k, v in optional.items() if v is not None})
-    return Translated(_internal(fields), req.show_thinking())
+    return Translated(_internal(fields, wheres), req.show_thinking())
 
 
 def translate_count_tokens(body: Any) -> ChatCompletionRequest:
     """A `/v1/messages/count_tokens` body -> the request whose prompt is counted."""
     req = _validate(_screen(body, CountTokensRequest), CountTokensRequest)
-    return _internal(_chat_fields(req))
+    wheres: list[str] = []
+    return _internal(_chat_fields(req, wheres), wheres)
 
 
 # ---------------------------------------------------------------------- errors

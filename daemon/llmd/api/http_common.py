@@ -21,6 +21,7 @@ from llmd.runtime.model_registry import ModelRegistry
 from llmd.runtime.sessions import SessionTable
 from llmd.store.model_store import ModelStore
 from llmd.text.chat_pipeline import SESSION_HEADER, RequestContext
+from llmd.text.images import ImagePolicy
 
 T = TypeVar("T")
 
@@ -42,6 +43,7 @@ DEFAULT_STREAM_KEEPALIVE = 10.0
 # `--default-max-tokens`: the output limit of a chat request that names none (None: the rest
 # of the context). Codex sends no limit; a model that never ends its turn would fill the context.
 DEFAULT_MAX_TOKENS = web.AppKey("default_max_tokens", object)
+IMAGE_POLICY = web.AppKey("image_policy", ImagePolicy)
 
 log = logging.getLogger("llmd.http")
 
@@ -282,10 +284,11 @@ async def stream_ndjson(request: web.Request, lines: AsyncIterator[Any]) -> web.
 
 def pipeline_context(request: web.Request) -> RequestContext:
     """The generation pipeline's view of `request`: its session header, the app's session
-    table and default output limit."""
+    table, default output limit and image policy."""
     limit = request.app.get(DEFAULT_MAX_TOKENS)
     return RequestContext(
         sessions=request.app[SESSIONS],
         session_header=request.headers.get(SESSION_HEADER),
         default_max_tokens=limit if isinstance(limit, int) else None,
+        images=request.app.get(IMAGE_POLICY) or ImagePolicy(),
     )

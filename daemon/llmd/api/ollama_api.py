@@ -29,9 +29,13 @@ Request mapping (decisions, also in README):
 - ``suffix``: fill-in-the-middle from the model's own FIM tokens (fim.py; Ollama fills its
   template's ``.Suffix``), raw or not; the answer is the middle. A model without FIM tokens,
   ``system`` or ``logprobs`` with it are a 400.
-- ``images``, ``template`` or ``context`` are a 400: llmd serves
-  text-only models with their own chat template, and the deprecated token ``context`` is not
-  kept (use ``/api/chat`` with ``messages``; answers never carry a ``context``).
+- ``images`` (base64, on a message or on ``/api/generate``) become image parts before the
+  message's text, as Ollama places them; the pipeline decodes them (images.py) and a bad one
+  is a 400 naming ``messages[i].images[k]`` (or ``images[k]``). With ``raw`` or ``suffix``
+  they are a 400: only the chat template places images.
+- ``template`` or ``context`` are a 400: llmd serves models with their own chat template, and
+  the deprecated token ``context`` is not kept (use ``/api/chat`` with ``messages``; answers
+  never carry a ``context``).
 - Empty ``messages`` / ``prompt``: the model is loaded (``done_reason: "load"``), or with
   ``keep_alive: 0`` unloaded (``"unload"``), as Ollama does.
 
@@ -65,7 +69,12 @@ from llmd.store.remotes import RemoteRecord
 from llmd.text.chat_pipeline import ChatRun, ChoiceDelta, ChoiceEnd, start_chat, start_text
 from llmd.text.fim import start_fim_text
 from llmd.text.generation import Finished
-from llmd.text.openai_schemas import ChatCompletionRequest, CompletionRequest, parse_request
+from llmd.text.openai_schemas import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    name_image_parts,
+    parse_request,
+)
 from llmd.text.reasoning import reasoning_support
 from llmd.text.remote_chat import AnyRun
 
@@ -336,6 +345,21 @@ def _arguments_json(arguments: dict[str, Any] | str) -> str:
     return arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
 
 
+def image_content(images: list[str], text: str) -> list[dict[str, Any]]:
+    """Ollama's base64 images, then the text, as chat content parts (a data URL passes as
+    it is)."""
+    parts: list[dict[str, Any]] = [
+        {
+            "type": "image_url",
+            "image_url": {"url": b64 if b64.startswith("data:") else f"data:image/*;base64,{b64}"},
+        }
+        for b64 in images
+    ]
+    if text:
+        parts.append({"type": "text", "text": text})
+    return parts
+
+
 def map_messages(messages: list[Message]) -> list[dict[str, Any]]:
     """Ollama messages -> OpenAI chat messages. Calls without an id get one; a tool message
     is matched to its call by ``tool_call_id``, else by ``tool_name`` (the earliest
@@ -343,12 +367,11 @@ def map_messages(messages: list[Message]) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     pending: list[tuple[str, str]] = []  # (id, name) of unanswered calls, oldest first
     for i, m in enumerate(messages):
-        if m.images:
-            raise bad_request(
-                "images are not supported: llmd serves text-only models",
-                param=f"messages[{i}].images",
-            )
         msg: dict[str, Any] = {"role": m.role, "content": m.content or ""}
+        if m.images:
+            if m.role not in ("user", "tool"):
+                raise bad_request("images belong in user messages", param=f"messages[{i}].images")
+            msg["content"] = image_content(m.images, m.content or "")
         if m.tool_calls:
             if m.role != "assistant":
                 raise bad_request(
@@ -405,6 +428,17 @@ def _common_fields(req: _Request, name: str) -> dict[str, Any]:
     return fields
 
 
+def image_places(req: ChatRequest | GenerateRequest) -> list[str]:
+    """Where each image of the request is, in the order map_messages puts them."""
+    if isinstance(req, GenerateRequest):
+        return [f"images[{k}]" for k in range(len(req.images or []))]
+    return [
+        f"messages[{i}].images[{k}]"
+        for i, m in enumerate(req.messages)
+        for k in range(len(m.images or []))
+    ]
+
+
 def chat_fields(req: ChatRequest, name: str) -> dict[str, Any]:
     """The internal (OpenAI chat) request body for an Ollama chat request."""
     fields = _common_fields(req, name)
@@ -416,8 +450,11 @@ def chat_fields(req: ChatRequest, name: str) -> dict[str, Any]:
 
 def check_generate(req: GenerateRequest) -> None:
     """What /api/generate refuses, in Ollama's order and words where Ollama has them."""
-    if req.images:
-        raise bad_request("images are not supported: llmd serves text-only models", "images")
+    if req.images and (req.raw or req.suffix):
+        raise bad_request(
+            "images cannot be used with raw or suffix: only the chat template places images",
+            param="images",
+        )
     if req.suffix and req.system:
         raise bad_request(
             "system cannot be used with suffix: fill-in-the-middle has no system prompt",
@@ -448,7 +485,9 @@ def generate_fields(req: GenerateRequest, name: str) -> dict[str, Any]:
     messages = []
     if req.system:
         messages.append({"role": "system", "content": req.system})
-    messages.append({"role": "user", "content": req.prompt or ""})
+    prompt = req.prompt or ""
+    content = image_content(req.images, prompt) if req.images else prompt
+    messages.append({"role": "user", "content": content})
     fields["messages"] = messages
     return fields
 
@@ -462,12 +501,20 @@ def raw_fields(req: GenerateRequest, name: str) -> dict[str, Any]:
     return fields
 
 
-def to_internal(fields: dict[str, Any], schema: type[Any] = ChatCompletionRequest) -> Any:
-    """Validate the mapped body with the pipeline's own schema (its 400s renamed)."""
+def to_internal(
+    fields: dict[str, Any],
+    schema: type[Any] = ChatCompletionRequest,
+    images: list[str] | None = None,
+) -> Any:
+    """Validate the mapped body with the pipeline's own schema (its 400s renamed); `images`
+    names the image parts as the client sent them (image_places)."""
     try:
-        return parse_request(fields, schema)
+        internal = parse_request(fields, schema)
     except ApiError as err:
         raise ApiError(err.status, ollama_message(err.message), param=err.param) from err
+    if images:
+        name_image_parts(internal.messages, images)
+    return internal
 
 
 @lru_cache(maxsize=32)
@@ -765,7 +812,7 @@ async def chat(request: web.Request) -> web.StreamResponse:
     keep = keep_alive_seconds(req.keep_alive)
     if not req.messages:
         return await _load_or_unload(request, name, req.model, keep, shape, remote)
-    internal = to_internal(chat_fields(req, name))
+    internal = to_internal(chat_fields(req, name), images=image_places(req))
     return await _run(
         request, req, name, keep, _start_chat(request, internal), clock, shape, remote
     )
@@ -778,7 +825,7 @@ async def generate(request: web.Request) -> web.StreamResponse:
     remote = await _remote(request, req.model)
     name = remote.name if remote else require_model(request.app[STORE], req.model)
     keep = keep_alive_seconds(req.keep_alive)
-    if not req.prompt:
+    if not req.prompt and not req.images:
         return await _load_or_unload(request, name, req.model, keep, shape, remote)
     check_generate(req)
     if remote is not None and (req.suffix or req.raw):
@@ -809,7 +856,8 @@ async def generate(request: web.Request) -> web.StreamResponse:
             return start_text(pipeline_context(request), text_req, model, req.prompt or "")
 
     else:
-        start = _start_chat(request, to_internal(generate_fields(req, name)))
+        internal = to_internal(generate_fields(req, name), images=image_places(req))
+        start = _start_chat(request, internal)
 
     return await _run(request, req, name, keep, start, clock, shape, remote)
 

@@ -83,7 +83,12 @@ from llmd.runtime.sessions import SESSION_ID
 from llmd.runtime.supervisor import ModelSupervisor
 from llmd.store.remotes import RemoteRecord
 from llmd.text.chat_pipeline import ChoiceDelta, ChoiceEnd, start_chat, usage_of
-from llmd.text.openai_schemas import ChatCompletionRequest, ChatMessage
+from llmd.text.openai_schemas import (
+    ChatCompletionRequest,
+    ChatMessage,
+    image_refs,
+    name_image_parts,
+)
 from llmd.text.remote_chat import AnyRun, RemoteRun
 from llmd.text.tools import new_call_id
 
@@ -290,21 +295,77 @@ def _text_parts(content: Any, where: str, allowed: tuple[str, ...]) -> list[str]
         return [content]
     if not isinstance(content, list):
         raise bad_request(f"{where}.content must be a string or a list of parts", param=where)
-    texts = []
-    for j, part in enumerate(content):
-        kind = part.get("type") if isinstance(part, dict) else None
-        if kind == "refusal" and isinstance(part.get("refusal"), str):
-            texts.append(part["refusal"])
-            continue
-        if kind not in allowed:
-            raise _unsupported(
-                f"content parts of type '{kind}' are not supported by llmd (text only)",
-                f"{where}.content[{j}].type",
-            )
-        if not isinstance(part.get("text"), str):
-            raise bad_request(f"{where}.content[{j}].text must be a string", param=where)
-        texts.append(part["text"])
-    return texts
+    return [_part_text(part, where, j, allowed) for j, part in enumerate(content)]
+
+
+def _part_text(part: Any, where: str, j: int, allowed: tuple[str, ...]) -> str:
+    kind = part.get("type") if isinstance(part, dict) else None
+    if kind == "refusal" and isinstance(part.get("refusal"), str):
+        return str(part["refusal"])
+    if kind not in allowed:
+        raise _unsupported(
+            f"content parts of type '{kind}' are not supported by llmd here (text"
+            + (" and input_image" if "input_image" in allowed else "")
+            + ")",
+            f"{where}.content[{j}].type",
+        )
+    if not isinstance(part.get("text"), str):
+        raise bad_request(f"{where}.content[{j}].text must be a string", param=where)
+    return str(part["text"])
+
+
+def _image_part(part: dict[str, Any], where: str) -> dict[str, Any]:
+    """An `input_image` part as `input_items` lists it back; its URL (a data URL, or http(s)
+    under `--allow-remote-images`) is decoded by the pipeline, which names `where` if bad."""
+    if part.get("file_id") is not None:
+        raise _unsupported(
+            "input_image with file_id is not supported by llmd (no Files API); send image_url "
+            "as a base64 data URL",
+            f"{where}.file_id",
+        )
+    url = part.get("image_url")
+    if not isinstance(url, str) or not url:
+        raise bad_request(f"{where}.image_url must be a non-empty string", f"{where}.image_url")
+    detail = part.get("detail", "auto")
+    if detail not in ("auto", "low", "high"):
+        raise bad_request(f"{where}.detail must be auto, low or high", f"{where}.detail")
+    return {"type": "input_image", "image_url": url, "detail": detail, "file_id": None}
+
+
+def _message_parts(raw: dict[str, Any], role: str, where: str) -> list[dict[str, Any]]:
+    """A message's content as normalized parts: its texts, and (not from the assistant) its
+    images in place."""
+    content = raw.get("content")
+    texts_only = ("input_text", "output_text", "text")
+    if role != "assistant" and isinstance(content, list):
+        if any(isinstance(p, dict) and p.get("type") == "input_image" for p in content):
+            parts = []
+            for j, part in enumerate(content):
+                if isinstance(part, dict) and part.get("type") == "input_image":
+                    parts.append(_image_part(part, f"{where}.content[{j}]"))
+                else:
+                    text = _part_text(part, where, j, (*texts_only, "input_image"))
+                    parts.append({"type": "input_text", "text": text})
+            return parts
+    allowed = texts_only if role == "assistant" else (*texts_only, "input_image")
+    texts = _text_parts(content, where, allowed)
+    part_type = "output_text" if role == "assistant" else "input_text"
+    parts = [{"type": part_type, "text": t} for t in texts]
+    if role == "assistant":
+        parts = [{**p, "annotations": []} for p in parts]
+    return parts
+
+
+def image_places(items: list[dict[str, Any]]) -> list[str]:
+    """Where each image of normalized `items` is in the request (`input[i].content[j]`), in
+    the order items_to_messages puts them into the conversation."""
+    return [
+        f"input[{i}].content[{j}]"
+        for i, item in enumerate(items)
+        if item["type"] == "message"
+        for j, part in enumerate(item["content"])
+        if part["type"] == "input_image"
+    ]
 
 
 def _string_field(raw: dict[str, Any], key: str, where: str) -> str:
@@ -331,12 +392,7 @@ def normalize_input(value: str | list[Any]) -> list[dict[str, Any]]:
                     f"{where}.role must be user, system, developer or assistant",
                     param=f"{where}.role",
                 )
-            allowed = ("input_text", "output_text", "text")
-            texts = _text_parts(raw.get("content"), where, allowed)
-            part_type = "output_text" if role == "assistant" else "input_text"
-            parts: list[dict[str, Any]] = [{"type": part_type, "text": t} for t in texts]
-            if role == "assistant":
-                parts = [{**p, "annotations": []} for p in parts]
+            parts = _message_parts(raw, role, where)
             items.append(
                 {
                     "type": "message",
@@ -417,6 +473,16 @@ def _reasoning_input(raw: dict[str, Any]) -> dict[str, Any]:
     return item
 
 
+def _chat_parts(parts: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A message's normalized parts as chat content parts (text and image_url)."""
+    return [
+        {"type": "image_url", "image_url": {"url": p["image_url"], "detail": p["detail"]}}
+        if p["type"] == "input_image"
+        else {"type": "text", "text": p["text"]}
+        for p in parts
+    ]
+
+
 def items_to_messages(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Normalized input items -> chat messages (the internal form). Calls join the assistant
     message right before them, as one assistant turn with `tool_calls`: a namespaced function
@@ -429,8 +495,11 @@ def items_to_messages(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for item in items:
         kind = item["type"]
         if kind == "message":
-            text = "".join(p["text"] for p in item["content"])
-            messages.append({"role": item["role"], "content": text})
+            if any(p["type"] == "input_image" for p in item["content"]):
+                messages.append({"role": item["role"], "content": _chat_parts(item["content"])})
+            else:
+                text = "".join(p["text"] for p in item["content"])
+                messages.append({"role": item["role"], "content": text})
         elif kind in ("function_call", "custom_tool_call"):
             name = model_name(item["name"], item.get("namespace"))
             arguments = (
@@ -1148,6 +1217,10 @@ async def create_response(request: web.Request) -> web.StreamResponse:
         run_sid = _cache_session(request, req.prompt_cache_key) if req.prompt_cache_key else None
     system = [{"role": "system", "content": req.instructions}] if req.instructions else []
     chat = chat_request(req, system + history + new_messages, run_sid, tools)
+    # Images of earlier turns were checked when they were sent; a failure now (a remote one
+    # that cannot be fetched any more) is the chain's.
+    earlier = len(image_refs(chat.messages)) - len(image_places(items))
+    name_image_parts(chat.messages, ["previous_response_id"] * earlier + image_places(items))
     forced_grammar = forced.format.grammar() if forced and forced.format else None
 
     def remember(output: list[dict[str, Any]], response: dict[str, Any]) -> None:

@@ -30,6 +30,7 @@ from llmd.api.http_common import (
     DEFAULT_MAX_TOKENS,
     DEFAULT_STREAM_KEEPALIVE,
     DRAINING,
+    IMAGE_POLICY,
     REGISTRY,
     SECURITY,
     SESSIONS,
@@ -68,6 +69,7 @@ from llmd.runtime.sessions import DEFAULT_MAX_SESSIONS, DEFAULT_SESSION_TTL, Ses
 from llmd.runtime.supervisor import ModelSupervisor, RestartPolicy
 from llmd.runtime.worker_client import WorkerError, WorkerLauncher
 from llmd.store.model_store import ModelStore
+from llmd.text.images import ImagePolicy
 from llmd.text.text_model import load_served_text_model
 
 log = logging.getLogger("llmd.server")
@@ -249,6 +251,7 @@ def create_app(
     default_max_tokens: int | None = None,
     kv_type: str | None = None,
     kv_disk_bytes: int = 0,
+    allow_remote_images: bool = False,
 ) -> web.Application:
     """The aiohttp app; `worker_launcher` replaces the real worker (tests use a fake one)."""
     security = security or SecurityConfig()
@@ -291,6 +294,7 @@ def create_app(
     app[STARTED] = time.time()
     app[STREAM_KEEPALIVE] = stream_keepalive
     app[DEFAULT_MAX_TOKENS] = default_max_tokens
+    app[IMAGE_POLICY] = ImagePolicy(allow_remote=allow_remote_images)
     app[DRAINING] = asyncio.Event()
     app[ADDRESSES] = []
     app.router.add_get("/health", health)

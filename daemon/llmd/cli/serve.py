@@ -217,6 +217,14 @@ def serve_options(command: Callable[..., Any]) -> Callable[..., Any]:
             help="Most tokens drafted per sequence and step (default 8; each sequence adapts "
             "below it to how many of its drafts were accepted).",
         ),
+        click.option(
+            "--allow-remote-images",
+            is_flag=True,
+            default=False,
+            help="Fetch images that requests give as http(s) URLs (within 20 MiB and 15 s). "
+            "Off by default: requests send images inline (base64), and the daemon fetches "
+            "nothing on a client's behalf.",
+        ),
         click.option("-v", "--verbose", is_flag=True, help="Log worker output and debug details."),
     ]
     for option in reversed(options):
@@ -283,6 +291,7 @@ def serve(
     api_key: str | None,
     speculative: str,
     speculative_max_draft: int | None,
+    allow_remote_images: bool,
     verbose: bool,
 ) -> None:
     """Run the daemon in the foreground (TCP and a Unix socket); `llmd start` detaches it.
@@ -333,6 +342,7 @@ def serve(
                 preload=preload,
                 security=security,
                 speculative_max_draft=server_default(speculative, speculative_max_draft),
+                allow_remote_images=allow_remote_images,
             )
         )
     except KeyboardInterrupt:

@@ -42,7 +42,8 @@ from llmd.text.generation import (
     require_generation,
     token_budget,
 )
-from llmd.text.openai_schemas import ChatCompletionRequest, SamplingFields
+from llmd.text.images import VISION_FEATURE, ChatImage, ImagePolicy, load_images
+from llmd.text.openai_schemas import ChatCompletionRequest, SamplingFields, image_refs
 from llmd.text.reasoning import (
     ReasoningSupport,
     prompt_closes_reasoning,
@@ -236,11 +237,13 @@ SESSION_HEADER = "X-Llmd-Session-Id"
 class RequestContext:
     """What a generation needs from the HTTP request and the daemon around it, so the pipeline
     never reads HTTP itself (``api/http_common.pipeline_context`` builds one per request):
-    llmd's session header, the daemon's session table and `--default-max-tokens`."""
+    llmd's session header, the daemon's session table, `--default-max-tokens` and what images
+    may do (`--allow-remote-images`)."""
 
     sessions: SessionTable
     session_header: str | None = None
     default_max_tokens: int | None = None
+    images: ImagePolicy = field(default_factory=ImagePolicy)
 
 
 def request_session_id(ctx: RequestContext, req: SamplingFields) -> str:
@@ -375,11 +378,34 @@ class ChatPrompt:
     output: ChatOutputPlan
     grammar: str | None
     show_tokens: frozenset[int]
+    # The conversation's images in prompt order, decoded (images.py), for the model's vision
+    # encoder; the template placed one image marker per image in `ids`.
+    images: list[ChatImage] = field(default_factory=list)
 
 
-def chat_prompt(req: ChatCompletionRequest, model: ModelSupervisor) -> ChatPrompt:
+def model_sees_images(model: ModelSupervisor) -> bool:
+    ready = model.worker.ready if model.worker is not None else None
+    return ready is not None and VISION_FEATURE in ready.features
+
+
+async def request_images(
+    ctx: RequestContext, req: ChatCompletionRequest, model: ModelSupervisor
+) -> list[ChatImage]:
+    """The request's images, decoded; a 400 naming the part for a bad one, and a 400 saying
+    the model cannot see for any image sent to a text-only model (never dropped)."""
+    return await load_images(
+        image_refs(req.messages), ctx.images, model_sees_images(model), req.model
+    )
+
+
+def chat_prompt(
+    req: ChatCompletionRequest, model: ModelSupervisor, images: list[ChatImage] | None = None
+) -> ChatPrompt:
     """Render the conversation (with tools, natively or through llmd's fallback prompt),
-    and decide how the answer is parsed and what, if anything, constrains it."""
+    and decide how the answer is parsed and what, if anything, constrains it. `images`: the
+    request's decoded images (request_images), which travel with the prompt."""
+    if images is None and image_refs(req.messages):
+        raise RuntimeError("a conversation with images needs them decoded (request_images)")
     text = model.text
     template = text.chat_template
     assert template is not None
@@ -452,7 +478,7 @@ def chat_prompt(req: ChatCompletionRequest, model: ModelSupervisor) -> ChatPromp
         schemas={s.name: s.parameters for s in specs},
         stream_arguments=grammar is not None,
     )
-    return ChatPrompt(ids, output, grammar, frozenset(show))
+    return ChatPrompt(ids, output, grammar, frozenset(show), list(images or []))
 
 
 # ---------------------------------------------------------------------- runs
@@ -561,8 +587,9 @@ async def start_chat(
             f"model '{req.model}' has no chat template; use /v1/completions", param="model"
         )
     check_logit_bias(req, model)
+    images = await request_images(ctx, req, model)
     # Off the event loop: a long prompt must not stall other clients' streams.
-    chat = await asyncio.to_thread(chat_prompt, req, model)
+    chat = await asyncio.to_thread(chat_prompt, req, model, images)
     requested = req.token_limit() or ctx.default_max_tokens
     max_tokens = token_budget(
         len(chat.ids), requested, model.context_length, prompt_param="messages"

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from typing import Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import (
     BaseModel,
@@ -48,6 +48,26 @@ class TextPart(_Strict):
     text: str
 
 
+class ImageUrl(_Strict):
+    url: str = Field(min_length=1)
+    # How finely OpenAI's models look; llmd's preprocessing is the model's own, whatever the
+    # value (accepted so that clients sending it work).
+    detail: Literal["auto", "low", "high"] | None = None
+
+
+class ImagePart(_Strict):
+    """An image: a `data:` URL, or `http(s)` when the daemon allows remote images (images.py).
+    Every protocol's image parts arrive here; `where` names the part in the client's own
+    protocol for errors (set by the protocol that translated it)."""
+
+    type: Literal["image_url"]
+    image_url: ImageUrl
+    _where: str | None = PrivateAttr(default=None)
+
+
+ContentPart = Annotated[TextPart | ImagePart, Field(discriminator="type")]
+
+
 class FunctionCall(_Strict):
     name: str
     arguments: str
@@ -61,7 +81,7 @@ class ToolCallEntry(_Strict):
 
 class ChatMessage(_Strict):
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[TextPart] | None = None
+    content: str | list[ContentPart] | None = None
     name: str | None = None
     # Echoed back by clients that resend an assistant message as they received it.
     refusal: None = None
@@ -83,14 +103,31 @@ class ChatMessage(_Strict):
             return ""
         if isinstance(self.content, str):
             return self.content
-        return "".join(part.text for part in self.content)
+        return "".join(part.text for part in self.content if isinstance(part, TextPart))
+
+    def images(self) -> list[ImagePart]:
+        if not isinstance(self.content, list):
+            return []
+        return [part for part in self.content if isinstance(part, ImagePart)]
+
+    def template_content(self) -> str | list[dict[str, str]]:
+        """The content as a chat template reads it: text, or with images the list of
+        `{"type": "text"}` and `{"type": "image"}` items that multimodal templates place
+        their image markers from."""
+        if not self.images():
+            return self.text()
+        assert isinstance(self.content, list)
+        return [
+            {"type": "text", "text": part.text} if isinstance(part, TextPart) else {"type": "image"}
+            for part in self.content
+        ]
 
     def for_template(self) -> dict[str, Any]:
         """The message as a chat template sees it (``developer`` is the system role for
         models that predate it)."""
         out: dict[str, Any] = {
             "role": "system" if self.role == "developer" else self.role,
-            "content": self.text(),
+            "content": self.template_content(),
         }
         if self.name is not None:
             out["name"] = self.name
@@ -185,6 +222,28 @@ class SamplingFields(_Strict, CheckedKeepAlive):
 
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
+
+
+def image_refs(messages: list[ChatMessage]) -> list[tuple[str, str]]:
+    """Every image part of a conversation, `(url, where)` in prompt order; `where` is the
+    part's name in the client's protocol when its translation set one."""
+    refs = []
+    for i, msg in enumerate(messages):
+        if not isinstance(msg.content, list):
+            continue
+        for j, part in enumerate(msg.content):
+            if isinstance(part, ImagePart):
+                where = part._where or f"messages.[{i}].content.[{j}]"
+                refs.append((part.image_url.url, where))
+    return refs
+
+
+def name_image_parts(messages: list[ChatMessage], wheres: list[str]) -> None:
+    """Names a translated conversation's image parts in the client's protocol (`wheres`, in
+    prompt order), so an error about one points at what the client sent."""
+    parts = [part for msg in messages for part in msg.images()]
+    for part, where in zip(parts, wheres, strict=False):
+        part._where = where
 
 
 class ChatCompletionRequest(SamplingFields):
@@ -377,9 +436,10 @@ def _screen_messages(messages: Any) -> None:
         if isinstance(content, list):
             for j, part in enumerate(content):
                 kind = part.get("type") if isinstance(part, dict) else None
-                if kind is not None and kind != "text":
+                if kind is not None and kind not in ("text", "image_url"):
                     raise bad_request(
-                        f"content parts of type '{kind}' are not supported yet (text only)",
+                        f"content parts of type '{kind}' are not supported yet (text and "
+                        "image_url are)",
                         param=f"messages.[{i}].content.[{j}].type",
                         code="unsupported_parameter",
                     )

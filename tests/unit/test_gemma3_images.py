@@ -1,0 +1,84 @@
+"""Gemma 3's image preprocessing and prompt layout (text/gemma3_images.py) against what
+transformers' Gemma3ImageProcessor (PIL backend) and Gemma3Processor made of the same images
+and configs (tests/fixtures/record_gemma3_images.py recorded them)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from tokenizers import Regex, Tokenizer, models, pre_tokenizers
+
+from llmd.text.gemma3_images import (
+    BOI_TOKEN,
+    Gemma3ImageConfig,
+    crop_count,
+    expand_image_markers,
+    pan_and_scan_boxes,
+    preprocess,
+)
+from llmd.text.images import decode_image
+
+FIXTURE = Path(__file__).parents[1] / "fixtures" / "gemma3_images_transformers.npz"
+REF = np.load(FIXTURE)
+CASES: list[dict[str, Any]] = json.loads(REF["cases"].tobytes())
+
+
+def _case(name: str) -> tuple[Any, Gemma3ImageConfig]:
+    case = next(c for c in CASES if c["name"] == name)
+    image = decode_image(REF[f"{name}.png"].tobytes(), "p").pixels  # the daemon's own decoding
+    return image, Gemma3ImageConfig.from_hf(case["config"])
+
+
+@pytest.mark.parametrize("name", [c["name"] for c in CASES])
+def test_pixel_values_match_transformers(name: str) -> None:
+    image, cfg = _case(name)
+    ours = preprocess(image, cfg)
+    want_u8 = REF[f"{name}.pixels_u8"]
+    want = ((want_u8.astype(np.float64) / 255 - 0.5) / 0.5).astype(np.float32)
+    assert ours.shape == want.shape and ours.dtype == np.float32
+    # The same 8-bit pixels out of Pillow's resize, rescaled and normalized alike: the only
+    # difference allowed is float32 rounding.
+    assert np.abs(ours - want).max() <= 1e-6
+    assert crop_count(image.size, cfg) == int(REF[f"{name}.num_crops"][0])
+
+
+@pytest.mark.parametrize("name", [c["name"] for c in CASES])
+def test_prompt_layout_matches_the_processor(name: str) -> None:
+    image, cfg = _case(name)
+    # The recording's tokenizer: words, each space and newline a token (so the layout's blank
+    # lines count), special tokens whole.
+    tok = Tokenizer(models.WordLevel(json.loads(REF["vocab"].tobytes()), unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"\s"), behavior="isolated")
+    tok.add_special_tokens(json.loads(REF["special"].tobytes()))
+    prompt = REF["prompt"].tobytes().decode()
+    expanded = expand_image_markers(prompt, [crop_count(image.size, cfg)], cfg)
+    assert tok.encode(expanded).ids == REF[f"{name}.input_ids"].tolist()
+
+
+def test_released_config_gives_256_soft_tokens_between_the_markers() -> None:
+    cfg = Gemma3ImageConfig.from_hf({"size": {"height": 896, "width": 896}}, {})
+    text = expand_image_markers(f"look {BOI_TOKEN} here", [0], cfg)
+    assert text.count("<image_soft_token>") == 256
+    assert "\n\n<start_of_image><image_soft_token>" in text
+    assert text.endswith("<end_of_image>\n\n here")
+    with pytest.raises(ValueError, match="2 <start_of_image> markers for 1 images"):
+        expand_image_markers(BOI_TOKEN * 2, [0], cfg)
+
+
+def test_pan_and_scan_crops_tile_the_long_side() -> None:
+    cfg = Gemma3ImageConfig(do_pan_and_scan=True)
+    # 2:1 landscape of 1200 px: two 600 px crops side by side, covering the whole image.
+    assert pan_and_scan_boxes(1200, 600, cfg) == [(0, 0, 600, 600), (600, 0, 1200, 600)]
+    # a 5:1 strip: capped at 4 crops; the last one stops at the edge
+    assert pan_and_scan_boxes(1001, 200, Gemma3ImageConfig(pan_and_scan_min_crop_size=100)) == [
+        (0, 0, 251, 200),
+        (251, 0, 502, 200),
+        (502, 0, 753, 200),
+        (753, 0, 1001, 200),
+    ]
+    assert pan_and_scan_boxes(896, 896, cfg) == []  # square: the image alone
+    assert crop_count((1200, 600), Gemma3ImageConfig()) == 0  # off unless the config says
