@@ -242,6 +242,8 @@ def create_app(
     max_loaded: int = DEFAULT_MAX_LOADED,
     memory_budget: int | None = None,
     speculative_max_draft: int = 0,
+    speculative_drafter: str = "ngram",
+    draft_model: str | None = None,
     restart_policy: RestartPolicy | None = None,
     preload: tuple[str, ...] = (),
     security: SecurityConfig | None = None,
@@ -280,6 +282,8 @@ def create_app(
         max_loaded=max_loaded,
         memory_budget=memory_budget,
         speculative_max_draft=speculative_max_draft,
+        speculative_drafter=speculative_drafter,
+        draft_model=draft_model,
         kv_type=kv_type,
     )
     app[REGISTRY] = registry

@@ -34,6 +34,7 @@ class WorkerLauncher(Protocol):
         kv_budget_bytes: int | None = None,
         max_sequences: int | None = None,
         kv_type: str | None = None,
+        draft_model: str | None = None,
     ) -> tuple[list[str], dict[str, str]]: ...
 
 
@@ -80,6 +81,7 @@ class WorkerClient:
         kv_budget_bytes: int | None = None,
         max_sequences: int | None = None,
         kv_type: str | None = None,
+        draft_model: str | None = None,
     ) -> None:
         self.model_path = model_path
         self.context_length = context_length
@@ -89,6 +91,7 @@ class WorkerClient:
         self.kv_budget_bytes = kv_budget_bytes
         self.max_sequences = max_sequences
         self.kv_type = kv_type  # None: the worker's default (f16)
+        self.draft_model = draft_model  # file of a draft model loaded beside it, if any
         self.launcher = launcher or default_launcher()
         self.name = name or model_path
         self.ready: p.Ready | None = None
@@ -110,6 +113,7 @@ class WorkerClient:
             "kv_budget_bytes": self.kv_budget_bytes,
             "max_sequences": self.max_sequences,
             "kv_type": self.kv_type,
+            "draft_model": self.draft_model,
         }
         options = {k: v for k, v in given.items() if v}
         argv, env = self.launcher(
@@ -248,6 +252,7 @@ class WorkerClient:
         grammar: str | None = None,
         prefill_of: str = "",
         max_draft: int = 0,
+        draft_model: bool = False,
     ) -> AsyncIterator[Accepted | p.Started | p.Tokens | p.Done]:
         """Yields ACCEPTED, Started once the engine admits it (the prefix-cache split), token
         events, then one Done; raises WorkerError on error (code
@@ -271,6 +276,7 @@ class WorkerClient:
                     grammar=grammar,
                     prefill_of=prefill_of,
                     max_draft=max_draft,
+                    draft_model=draft_model,
                 )
             )
             yield Accepted(rid)

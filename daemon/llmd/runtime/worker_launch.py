@@ -24,6 +24,7 @@ def worker_command(
     max_sequences: int | None = None,
     kv_budget_bytes: int | None = None,
     kv_type: str | None = None,
+    draft_model: str | None = None,
 ) -> tuple[list[str], dict[str, str]]:
     """argv and env (a full copy of os.environ plus BLAS settings) for one worker process."""
     argv = [sys.executable, "-m", "llmd.worker", "--model", str(model_path)]
@@ -37,6 +38,8 @@ def worker_command(
         argv += ["--kv-budget", str(kv_budget_bytes)]
     if kv_type:
         argv += ["--kv-type", kv_type]
+    if draft_model:
+        argv += ["--draft-model", str(draft_model)]
     env = dict(os.environ)
     env.update(blas_environment(_shim_dir()))
     n = threads or int(env.get("LLMD_THREADS", "0") or 0) or (os.cpu_count() or 1)

@@ -23,6 +23,7 @@ from llmd.limits import KV_TYPES, available_host_memory, kv_budget_share, proces
 from llmd.runtime import protocol as p
 from llmd.runtime.blas import loaded_blas
 from llmd.store.dense_modules import DenseHead
+from llmd.store.vocabulary import vocabulary_mismatch
 from llmd.worker.grammar import GrammarFactory
 from llmd.worker.pooled import PooledRequests
 
@@ -132,6 +133,7 @@ def _submit(engine: Any, msg: p.Generate, seed: int, constraint: Any) -> None:
         constraint=constraint,
         prefill_of=msg.prefill_of,
         max_draft=msg.max_draft,
+        draft_model=msg.draft_model,
     )
 
 
@@ -270,6 +272,12 @@ def main(argv: list[str] | None = None) -> int:
         choices=["auto", "cpu", "gpu", "mlx-cpu"],
         help="auto: the GPU when MLX has one, else llmd's CPU kernels",
     )
+    parser.add_argument(
+        "--draft-model",
+        default="",
+        help="a model with the same vocabulary, loaded beside the model to draft tokens for "
+        "speculative decoding (requests with draft_model)",
+    )
     args = parser.parse_args(argv)
 
     writer = Writer(sys.stdout.buffer)
@@ -290,6 +298,21 @@ def main(argv: list[str] | None = None) -> int:
     rss_before = process_rss() or 0
     started = time.perf_counter()
     kv_budget = args.kv_budget or auto_kv_budget(args.backend)
+    if args.draft_model:
+        # Token ids pass between the two models: the same count of tokens (the engine's own
+        # check) is not enough, every id must be the same token.
+        try:
+            problem = vocabulary_mismatch(args.model, args.draft_model)
+        except (OSError, ValueError) as exc:
+            problem = f"its vocabulary could not be read: {exc}"
+        if problem:
+            writer.send(
+                p.Fatal(
+                    code="load_failed",
+                    message=f"draft model {args.draft_model} cannot draft for {args.model}: {problem}",
+                )
+            )
+            return 3
     try:
         engine = _engine.Engine(
             args.model,
@@ -300,6 +323,8 @@ def main(argv: list[str] | None = None) -> int:
             hf_config=hf_config(args.model),
             backend=args.backend,
             kv_type=args.kv_type,
+            draft_model_path=args.draft_model,
+            draft_hf_config=hf_config(args.draft_model) if args.draft_model else {},
         )
     except Exception as exc:  # noqa: BLE001 - every load failure is reported, then exit
         writer.send(p.Fatal(code="load_failed", message=str(exc)))
@@ -336,7 +361,13 @@ def main(argv: list[str] | None = None) -> int:
                 "cancel",
                 "embed",
                 *(["speculative_ngram"] if engine.supports_speculation else []),
+                *(
+                    ["speculative_draft_model"]
+                    if engine.supports_speculation and engine.draft_model is not None
+                    else []
+                ),
             ],
+            draft_model=args.draft_model,
             load_ms=load_ms,
             kv_budget_bytes=kv_budget,
             kv_type=kv["type"],
