@@ -166,7 +166,7 @@ def test_seeded_sampling_with_a_draft_model_repeats_and_accepts(
 # ------------------------------------------------------------------ sampled output, statistically
 
 
-def _chi_square_z(a: Counter, b: Counter) -> float:
+def _chi_square_z(a: Counter, b: Counter) -> float | None:
     """Two-sample chi-square homogeneity test of two token histograms (tokens seen fewer than
     10 times in both pooled into one bin), as a Wilson-Hilferty z score: ~N(0, 1) when both
     come from the same distribution."""
@@ -182,7 +182,8 @@ def _chi_square_z(a: Counter, b: Counter) -> float:
             expected = total * n / (na + nb)
             stat += (observed - expected) ** 2 / expected
     k = len(rows) - 1
-    assert k >= 3, "too few distinct tokens to test"
+    if k < 2:
+        return None  # (nearly) one token: nothing to compare
     return ((stat / k) ** (1 / 3) - (1 - 2 / (9 * k))) / math.sqrt(2 / (9 * k))
 
 
@@ -211,12 +212,13 @@ def _positions(engine, prompt: list[int], spec: dict, draws: int) -> list[Counte
 def test_sampled_positions_follow_the_same_distribution_with_and_without_speculation(
     cut_engine, text_model, drafter: str
 ) -> None:  # type: ignore[no-untyped-def]
-    """1,200 seeded draws each way at temperature 1 on a prompt whose continuation repeats
-    (so the n-gram drafter drafts too); the seeds differ between the two runs, so the test
-    compares distributions, not draws."""
+    """500 seeded draws each way at temperature 1 on a prompt whose continuation repeats (so
+    the n-gram drafter drafts too); the seeds differ between the two runs, so the test
+    compares distributions, not draws. (The exact rule is checked over 200k draws above; this
+    checks the engine applies it at drafted positions of a real model.)"""
     prompt = chat(text_model, "Repeat after me exactly: the cat sat on the mat. the cat sat on the")
     spec = {"max_draft": 4, "draft_model": drafter == "draft_model"}
-    draws = 1200
+    draws = 500
     before = cut_engine.stats()
     with_spec = _positions(cut_engine, prompt, spec, draws)
     after = cut_engine.stats()
@@ -235,9 +237,14 @@ def test_sampled_positions_follow_the_same_distribution_with_and_without_specula
         for res in run_all(cut_engine, reqs).values():
             for i, token in enumerate(res["tokens"][1:4]):
                 plain[i][token] += 1
+    tested = 0
     for i in range(3):
         z = _chi_square_z(with_spec[i], plain[i])
+        if z is None:
+            continue
+        tested += 1
         assert z < 4.0, (drafter, i, z, with_spec[i].most_common(5), plain[i].most_common(5))
+    assert tested >= 2  # at least two positions spread over several tokens
 
 
 @pytest.mark.parametrize(
