@@ -22,9 +22,27 @@ _LAYER = re.compile(r"^blk\.(\d+)\.")
 def write_truncated(src: Path | str, dst: Path | str, n_layers: int) -> Path:
     """Writes `dst`: `src` with only its layers [0, n_layers) and block_count set to match.
     Every other tensor and metadata field (tokenizer, template) is copied as it is."""
+    return _rewrite(src, dst, n_layers=n_layers)
+
+
+def write_requantized(src: Path | str, dst: Path | str, quant: str = "Q4_0") -> Path:
+    """Writes `dst`: `src` with every quantized tensor dequantized and quantized again as
+    `quant` (Q8_0, Q4_0, ...: what gguf can write). A draft whose numbers differ a little from
+    its target's: it agrees with it on most tokens, not all (a test's draft that differs)."""
+    return _rewrite(src, dst, quant=gguf.GGMLQuantizationType[quant])
+
+
+def _rewrite(
+    src: Path | str,
+    dst: Path | str,
+    *,
+    n_layers: int | None = None,
+    quant: gguf.GGMLQuantizationType | None = None,
+) -> Path:
     reader = gguf.GGUFReader(str(src))
     arch = str(reader.fields["general.architecture"].contents())
     total = int(reader.fields[f"{arch}.block_count"].contents())
+    n_layers = total if n_layers is None else n_layers
     if not 1 <= n_layers <= total:
         raise ValueError(f"n_layers must be 1..{total}")
     writer = gguf.GGUFWriter(str(dst), arch)
@@ -46,7 +64,12 @@ def write_truncated(src: Path | str, dst: Path | str, n_layers: int) -> Path:
             continue
         # Quantized tensors come back as their bytes, [rows, bytes per row]: the writer turns
         # that back into the logical shape from the type.
-        writer.add_tensor(tensor.name, np.asarray(tensor.data), raw_dtype=tensor.tensor_type)
+        data, kind = np.asarray(tensor.data), tensor.tensor_type
+        floats = (gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16)
+        if quant is not None and kind not in floats:
+            data = gguf.quants.quantize(gguf.quants.dequantize(data, kind), quant)
+            kind = quant
+        writer.add_tensor(tensor.name, data, raw_dtype=kind)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

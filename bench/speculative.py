@@ -20,6 +20,7 @@ found from its --help (`--spec-type ngram-*`, or `--lookup-*`), one configuratio
 
   python -m bench.speculative --draft self     # + the test model drafting for itself
   python -m bench.speculative --draft 10       # + a draft of its first 10 layers (bench/draft_gguf.py)
+  python -m bench.speculative --draft q4_0     # + the model requantized as Q4_0
 
 With --draft, llmd loads the draft in the model's worker (`--draft-model`) and requests pick
 the drafter; llama-server gets `-md DRAFT` at its default draft length and at --max-draft.
@@ -134,15 +135,19 @@ DRAFT_NAME = "bench-draft"
 
 
 def draft_file(gguf: Path, spec: str) -> Path:
-    """The draft GGUF for --draft: the model itself, or a copy of its first N layers."""
+    """The draft GGUF for --draft: the model itself, a copy of its first N layers, or a copy
+    requantized as Q4_0 / Q8_0 (bench/draft_gguf.py)."""
     if spec == "self":
         return gguf
-    from bench.draft_gguf import write_truncated
+    from bench.draft_gguf import write_requantized, write_truncated
 
-    out = HERE / "results" / f"draft-{gguf.stem}-{int(spec)}l.gguf"
+    out = HERE / "results" / f"draft-{gguf.stem}-{spec}.gguf"
     out.parent.mkdir(parents=True, exist_ok=True)
     if not out.exists():
-        write_truncated(gguf, out, int(spec))
+        if spec.isdigit():
+            write_truncated(gguf, out, int(spec))
+        else:
+            write_requantized(gguf, out, spec.upper())
     return out
 
 
@@ -207,8 +212,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument(
         "--draft",
         default="",
-        help="also measure draft-model drafting: 'self' (the model drafts for itself) or N "
-        "(a draft cut from the model's first N layers)",
+        help="also measure draft-model drafting: 'self' (the model drafts for itself), N (a "
+        "draft cut from the model's first N layers) or Q4_0 / Q8_0 (the model requantized)",
     )
     ap.add_argument("--draft-only", action="store_true", help="leave out the n-gram modes")
     ap.add_argument("--streams", default="1,4")

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from bench.draft_gguf import write_truncated
+from bench.draft_gguf import write_requantized
 
 from ..conftest import LiveServer, run_llmd, serving
 from ..native.tiny_models import write_loadable_gguf
@@ -82,7 +82,7 @@ def test_a_model_own_draft_model_and_vocabulary_refusals(
     start = run_llmd(env, "serve", "--port", "0", "--draft-model", "tiny-vocab", "--preload", MODEL)
     assert start.returncode != 0 and "vocabularies differ" in start.stderr
 
-    cut = write_truncated(model_path, tmp_path / "cut.gguf", 10)
+    cut = write_requantized(model_path, tmp_path / "cut.gguf")
     assert run_llmd(env, "pull", str(cut), "--name", "smol-cut").returncode == 0
     done = run_llmd(env, "set", MODEL, "--draft-model", "smol-cut")
     assert done.returncode == 0, done.stderr
