@@ -158,14 +158,19 @@ def llmd_server(
     extra: list[str] | None = None,
     gguf: Path | None = None,
     name: str = "llmd",
+    installs: dict[str, Path] | None = None,
 ) -> ManagedServer:
     """`llmd serve` on a free port with a throwaway LLMD_HOME (short: it holds a socket).
     With `gguf`, that file is first installed there as model `LLMD_BENCH_MODEL` (`llmd
-    pull`); without it, requests name the default model, served from its package."""
+    pull`); without it, requests name the default model, served from its package.
+    `installs`: more files installed there first, by name (a draft model)."""
     home = Path(tempfile.mkdtemp(prefix="llmd-b-"))
+    pulls = dict(installs or {})
     if gguf is not None:
+        pulls[LLMD_BENCH_MODEL] = gguf
+    for model, path in pulls.items():
         subprocess.run(
-            [sys.executable, "-m", "llmd", "pull", str(gguf), "--name", LLMD_BENCH_MODEL],
+            [sys.executable, "-m", "llmd", "pull", str(path), "--name", model],
             env=llmd_env(home),
             check=True,
         )

@@ -1,5 +1,6 @@
-"""Speculative decoding: llmd with and without its n-gram (prompt-lookup) drafter, and
-llama-server with its own n-gram speculative modes, on the same GGUF, in the same run.
+"""Speculative decoding: llmd with and without its n-gram (prompt-lookup) drafter and, with
+--draft, its draft-model drafter; llama-server with its own n-gram speculative modes and, with
+--draft, its draft model (`-md`), on the same GGUFs, in the same run.
 
 Workloads (greedy, so every configuration produces the same kind of text):
 - edit: the model rewrites a ~500-token Python file it was given, with a one-line change
@@ -16,6 +17,13 @@ as medians of per-round ratios.
 llama-server's speculative flags differ between versions: the ones this binary accepts are
 found from its --help (`--spec-type ngram-*`, or `--lookup-*`), one configuration per mode;
 --llama-spec NAME='FLAGS' adds or replaces them.
+
+  python -m bench.speculative --draft self     # + the test model drafting for itself
+  python -m bench.speculative --draft 10       # + a draft of its first 10 layers (bench/draft_gguf.py)
+  python -m bench.speculative --draft q4_0     # + the model requantized as Q4_0
+
+With --draft, llmd loads the draft in the model's worker (`--draft-model`) and requests pick
+the drafter; llama-server gets `-md DRAFT` at its default draft length and at --max-draft.
 """
 
 from __future__ import annotations
@@ -123,6 +131,26 @@ FREE_PROMPT = [
 WORKLOADS = {"edit": (EDIT_PROMPT, 600), "free": (FREE_PROMPT, 300)}
 
 
+DRAFT_NAME = "bench-draft"
+
+
+def draft_file(gguf: Path, spec: str) -> Path:
+    """The draft GGUF for --draft: the model itself, a copy of its first N layers, or a copy
+    requantized as Q4_0 / Q8_0 (bench/draft_gguf.py)."""
+    if spec == "self":
+        return gguf
+    from bench.draft_gguf import write_requantized, write_truncated
+
+    out = HERE / "results" / f"draft-{gguf.stem}-{spec}.gguf"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if not out.exists():
+        if spec.isdigit():
+            write_truncated(gguf, out, int(spec))
+        else:
+            write_requantized(gguf, out, spec.upper())
+    return out
+
+
 def llama_spec_modes(binary: Path) -> dict[str, list[str]]:
     """The n-gram speculative configurations this llama-server has, from its --help."""
     try:
@@ -181,6 +209,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         metavar="NAME=FLAGS",
         help="a llama-server configuration (added to, or replacing, the detected ones)",
     )
+    ap.add_argument(
+        "--draft",
+        default="",
+        help="also measure draft-model drafting: 'self' (the model drafts for itself), N (a "
+        "draft cut from the model's first N layers) or Q4_0 / Q8_0 (the model requantized)",
+    )
+    ap.add_argument("--draft-only", action="store_true", help="leave out the n-gram modes")
     ap.add_argument("--streams", default="1,4")
     ap.add_argument("--workloads", default="edit,free")
     return ap.parse_args(argv)
@@ -191,11 +226,16 @@ def main(argv: list[str] | None = None) -> int:
     gguf = servers.default_gguf()
     streams = [int(s) for s in args.streams.split(",")]
     workloads = args.workloads.split(",")
+    draft = draft_file(gguf, args.draft) if args.draft else None
+    extra = ["--speculative", "ngram", "--speculative-max-draft", str(args.max_draft)]
+    if draft is not None:
+        extra += ["--draft-model", DRAFT_NAME]
     llmd = servers.llmd_server(
         threads=args.threads,
         max_sequences=4,
         context_length=4096,
-        extra=["--speculative", "ngram", "--speculative-max-draft", str(args.max_draft)],
+        extra=extra,
+        installs={DRAFT_NAME: draft} if draft is not None else None,
     )
     configs: list[tuple[str, Any, dict[str, Any]]] = []  # (name, server, extra body)
     if not args.no_llama and not args.llama_server.exists():
@@ -204,9 +244,21 @@ def main(argv: list[str] | None = None) -> int:
         )
         args.no_llama = True
     configs.append(("llmd", llmd, {"speculative": False}))
-    configs.append(("llmd ngram", llmd, {"speculative": {"type": "ngram"}}))
+    if not args.draft_only:
+        configs.append(("llmd ngram", llmd, {"speculative": {"type": "ngram"}}))
+    if draft is not None:
+        configs.append(("llmd draft", llmd, {"speculative": {"type": "draft_model"}}))
     if not args.no_llama:
-        modes = {"llama.cpp": []} | llama_spec_modes(args.llama_server)
+        modes = {"llama.cpp": []}
+        if not args.draft_only:
+            modes |= llama_spec_modes(args.llama_server)
+        if draft is not None:
+            md = ["-md", str(draft), "-td", str(args.threads), "-tbd", str(args.threads)]
+            modes["llama.cpp -md"] = md
+            modes[f"llama.cpp -md n{args.max_draft}"] = md + [
+                "--spec-draft-n-max",
+                str(args.max_draft),
+            ]
         for item in args.llama_spec:
             name, _, flags = item.partition("=")
             modes[name] = flags.split()
@@ -271,8 +323,8 @@ def main(argv: list[str] | None = None) -> int:
 def summarize(
     rounds: list[dict[str, Any]], names: list[str], workloads: list[str], streams: list[int]
 ) -> dict[str, Any]:
-    """Medians over rounds per configuration, and per-round ratio medians: llmd ngram over
-    llmd without, and over each llama-server configuration."""
+    """Medians over rounds per configuration, and per-round ratio medians: each llmd drafter
+    (ngram, draft) over llmd without, and over each llama-server configuration."""
     out: dict[str, Any] = {}
     for w in workloads:
         for n in streams:
@@ -284,13 +336,15 @@ def summarize(
                 cell: dict[str, Any] = {
                     name: statistics.median(v) for name, v in per.items() if v and None not in v
                 }
-                spec = per.get("llmd ngram", [])
-                for name in names:
-                    if name == "llmd ngram" or not per.get(name) or not spec:
-                        continue
-                    ratios = [a / b for a, b in zip(spec, per[name], strict=True) if a and b]
-                    if ratios:
-                        cell[f"llmd ngram / {name}"] = statistics.median(ratios)
+                for mine in ("llmd ngram", "llmd draft"):
+                    spec = per.get(mine, [])
+                    for name in names:
+                        if name in ("llmd ngram", "llmd draft") or not per.get(name) or not spec:
+                            continue
+                        pairs = zip(spec, per[name], strict=True)
+                        ratios = [a / b for a, b in pairs if a and b]
+                        if ratios:
+                            cell[f"{mine} / {name}"] = statistics.median(ratios)
                 out[f"{w}|{n}|{key}"] = cell
     return out
 
@@ -298,7 +352,7 @@ def summarize(
 def markdown(
     summary: dict[str, Any], names: list[str], workloads: list[str], streams: list[int]
 ) -> str:
-    lines = ["| workload | streams | measure | " + " | ".join(names) + " | llmd ngram vs |", ""]
+    lines = ["| workload | streams | measure | " + " | ".join(names) + " | llmd drafter vs |", ""]
     lines[1] = "|" + "---|" * (len(names) + 4)
     for w in workloads:
         for n in streams:
@@ -306,7 +360,9 @@ def markdown(
                 cell = summary[f"{w}|{n}|{key}"]
                 vals = " | ".join(f"{cell[name]:.1f}" if name in cell else "-" for name in names)
                 ratios = ", ".join(
-                    f"{k.split(' / ')[1]} {v:.2f}x" for k, v in cell.items() if " / " in k
+                    f"{k.split(' / ')[0][5:]}/{k.split(' / ')[1]} {v:.2f}x"
+                    for k, v in cell.items()
+                    if " / " in k
                 )
                 lines.append(f"| {w} | {n} | {key} | {vals} | {ratios} |")
     return "\n".join(lines)

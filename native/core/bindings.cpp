@@ -145,14 +145,24 @@ std::unique_ptr<Engine> make_engine(const std::string& path, int context_length,
                                     int step_token_budget, size_t kv_budget_bytes, const py::dict& hf_config,
                                     const std::string& backend, const std::string& kv_type,
                                     const std::string& kv_disk_dir, size_t kv_disk_bytes,
-                                    const std::string& model_digest) {
+                                    const std::string& model_digest, const std::string& draft_model_path,
+                                    const py::dict& draft_hf_config) {
   const KvType type = kv_type_named(kv_type);
   Metadata hf = metadata_from_dict(hf_config);
+  Metadata draft_hf = metadata_from_dict(draft_hf_config);
   py::gil_scoped_release release;
   LoadOptions load;
   load.context_length = context_length;
   load.backend = backend;
   auto model = load_model(path, load, hf);
+  // The draft runs on the same backend, with the target's context length (it drafts for the
+  // same sequences).
+  std::unique_ptr<Model> draft;
+  if (!draft_model_path.empty()) {
+    LoadOptions draft_load = load;
+    if (draft_load.context_length == 0) draft_load.context_length = model->info().context_length;
+    draft = load_model(draft_model_path, draft_load, draft_hf);
+  }
   EngineOptions opts;
   opts.max_sequences = max_sequences;
   opts.step_token_budget = step_token_budget;
@@ -162,7 +172,7 @@ std::unique_ptr<Engine> make_engine(const std::string& path, int context_length,
   opts.kv_disk_dir = kv_disk_dir;
   opts.kv_disk_bytes = kv_disk_bytes;
   opts.model_digest = model_digest;
-  return std::make_unique<Engine>(std::move(model), opts);
+  return std::make_unique<Engine>(std::move(model), opts, std::move(draft));
 }
 
 // The pull-time support check (LoadOptions::validate_only): throws what a load would throw.
@@ -381,7 +391,8 @@ PYBIND11_MODULE(_engine, m) {
            py::arg("max_sequences") = 8, py::arg("step_token_budget") = 512,
            py::arg("kv_budget_bytes") = size_t{1} << 30, py::arg("hf_config") = py::dict(),
            py::arg("backend") = "auto", py::arg("kv_type") = "f16", py::arg("kv_disk_dir") = "",
-           py::arg("kv_disk_bytes") = 0, py::arg("model_digest") = "")
+           py::arg("kv_disk_bytes") = 0, py::arg("model_digest") = "", py::arg("draft_model_path") = "",
+           py::arg("draft_hf_config") = py::dict())
       .def(
           "submit",
           [](Engine& e, const std::string& id, std::vector<int32_t> prompt, int max_tokens, float temperature,
@@ -389,9 +400,10 @@ PYBIND11_MODULE(_engine, m) {
              std::string session, float frequency_penalty, float presence_penalty, float repetition_penalty,
              std::vector<std::pair<int32_t, float>> logit_bias, int top_logprobs, py::object constraint,
              std::string prefill_of, int repetition_window, const std::string& output, const std::string& pooling,
-             bool normalize, std::vector<int32_t> logit_tokens, int max_draft) {
+             bool normalize, std::vector<int32_t> logit_tokens, int max_draft, bool draft_model) {
             GenerateRequest r;
             r.max_draft = max_draft;
+            r.draft_model = draft_model;
             if (output == "embedding") {
               r.output = GenerateRequest::Output::Embedding;
             } else if (output == "token_logits") {
@@ -437,7 +449,7 @@ PYBIND11_MODULE(_engine, m) {
           py::arg("constraint") = py::none(), py::arg("prefill_of") = "",
           py::arg("repetition_window") = 0, py::arg("output") = "tokens", py::arg("pooling") = "last",
           py::arg("normalize") = false, py::arg("logit_tokens") = std::vector<int32_t>{},
-          py::arg("max_draft") = 0)
+          py::arg("max_draft") = 0, py::arg("draft_model") = false)
       .def(
           "submit_pooled",
           [](Engine& e, const std::vector<std::string>& ids, std::vector<std::vector<int32_t>> prompts,
@@ -587,6 +599,20 @@ PYBIND11_MODULE(_engine, m) {
       .def_property_readonly("supports_speculation", [](Engine& e) { return e.supports_speculation(); },
                              "Whether requests may set max_draft (not on models with recurrent layers).")
       .def_property_readonly("max_sequences", [](Engine& e) { return e.options().max_sequences; })
+      .def_property_readonly(
+          "draft_model",
+          [](Engine& e) -> py::object {
+            const ModelInfo* d = e.draft_info();
+            if (!d) return py::none();
+            py::dict out;
+            out["architecture"] = d->architecture;
+            out["vocab_size"] = d->vocab_size;
+            out["n_layers"] = d->n_layers;
+            out["hidden_size"] = d->hidden_size;
+            out["weight_bytes"] = d->weight_bytes;
+            return out;
+          },
+          "The draft model's facts (speculative decoding with draft_model requests), or None.")
       .def("matmul_paths", &Engine::matmul_paths)
       .def("score", [](Engine& e, const std::vector<int32_t>& tokens, int first_scored) {
         std::vector<float> logits;
@@ -623,6 +649,39 @@ PYBIND11_MODULE(_engine, m) {
       py::arg("top_p") = 1.f, py::arg("min_p") = 0.f, py::arg("seed") = 0,
       "How often each token comes out of `draws` draws of the sampler on one row of logits: "
       "speculatively against drafted token `draft` (Sampler::sample_draft), or plainly (draft < 0).");
+  m.def(
+      "sample_counts_q",
+      [](std::vector<float> logits, std::vector<float> draft_logits, int draws, float temperature, int top_k,
+         float top_p, float min_p, uint64_t seed) {
+        SamplingParams p;
+        p.temperature = temperature;
+        p.top_k = top_k;
+        p.top_p = top_p;
+        p.min_p = min_p;
+        p.seed = seed;
+        Sampler target(p);
+        p.seed = seed + 1;
+        Sampler drafter(p);
+        const int vocab = static_cast<int>(logits.size());
+        if (static_cast<int>(draft_logits.size()) != vocab) throw std::invalid_argument("one draft logit per token");
+        std::vector<int64_t> counts(vocab, 0);
+        int64_t accepted = 0;
+        std::vector<float> q;
+        py::gil_scoped_release release;
+        for (int i = 0; i < draws; ++i) {
+          const int draft = drafter.propose(draft_logits.data(), vocab, q);
+          const int token = target.sample_draft(logits.data(), vocab, draft, q);
+          ++counts[token];
+          accepted += token == draft ? 1 : 0;
+        }
+        return std::make_pair(counts, accepted);
+      },
+      py::arg("logits"), py::arg("draft_logits"), py::arg("draws"), py::arg("temperature") = 1.f, py::arg("top_k") = 0,
+      py::arg("top_p") = 1.f, py::arg("min_p") = 0.f, py::arg("seed") = 0,
+      "`draws` rounds of draft-model speculative sampling on one position: a draft drawn from "
+      "the draft logits' distribution q (Sampler::propose), then verified against the target "
+      "logits with q (Sampler::sample_draft). Returns how often each token came out and how "
+      "many drafts were kept.");
   m.def("ngram_draft", [](const std::vector<int32_t>& tokens, int max_tokens) {
     return ngram_draft([&tokens](int i) { return tokens[i]; }, static_cast<int>(tokens.size()), max_tokens);
   }, py::arg("tokens"), py::arg("max_tokens"), "The prompt-lookup drafter's proposal after `tokens`.");

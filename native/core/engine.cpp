@@ -28,7 +28,28 @@ KvShape kv_shape_for(const Model& model, const EngineOptions& options) {
 }
 }  // namespace
 
-Engine::Engine(std::unique_ptr<Model> model, EngineOptions options)
+namespace {
+std::unique_ptr<ModelDrafter> make_drafter(const Model& target, std::unique_ptr<Model> draft,
+                                           const EngineOptions& options) {
+  if (!draft) return nullptr;
+  const ModelInfo& t = target.info();
+  const ModelInfo& d = draft->info();
+  // Token ids are what the two models exchange: the same vocabulary is what makes a draft
+  // meaningful (the worker compares the tokenizers' tokens too; this is the engine's floor).
+  if (d.vocab_size != t.vocab_size) {
+    throw std::invalid_argument("the draft model's vocabulary (" + std::to_string(d.vocab_size) +
+                                " tokens) differs from the model's (" + std::to_string(t.vocab_size) + ")");
+  }
+  if (draft->has_recurrent_state() || draft->bidirectional()) {
+    throw std::invalid_argument("a " + d.architecture + " model cannot draft (recurrent or bidirectional layers)");
+  }
+  // The draft KV gets a budget of its own, as large as the target's: blocks are allocated as
+  // used, and a draft model is smaller per position than its target.
+  return std::make_unique<ModelDrafter>(std::move(draft), options.kv_budget_bytes, options.kv_type);
+}
+}  // namespace
+
+Engine::Engine(std::unique_ptr<Model> model, EngineOptions options, std::unique_ptr<Model> draft)
     : model_(std::move(model)),
       recurrent_(model_->has_recurrent_state()),
       bidirectional_(model_->bidirectional()),
@@ -36,6 +57,7 @@ Engine::Engine(std::unique_ptr<Model> model, EngineOptions options)
       // --context-length may go beyond the trained context (as llama-server's -c and Ollama's
       // num_ctx): positions past it are computed the same way, their quality is not guaranteed.
       context_length_(options.context_length > 0 ? options.context_length : model_->info().context_length),
+      drafter_(make_drafter(*model_, std::move(draft), options)),
       pool_(kv_shape_for(*model_, options), options.kv_budget_bytes),
       prefix_cache_(pool_),
       session_pins_(pool_) {
@@ -140,6 +162,10 @@ std::string Engine::validate(const GenerateRequest& r, std::string& code) const 
     code = "unsupported";
     return "speculative decoding is not implemented yet for " + model_->info().architecture +
            " (recurrent layers)";
+  }
+  if (r.max_draft > 0 && r.draft_model && !drafter_) {
+    code = "unsupported";
+    return "no draft model is loaded (llmd serve --draft-model NAME)";
   }
   const int vocab = model_->info().vocab_size;
   if (r.output == GenerateRequest::Output::Embedding && !model_->supports_hidden()) {
@@ -286,6 +312,7 @@ void Engine::finish(Sequence& seq, const std::string& reason, std::vector<float>
   }
   index_partial_tail(seq);
   seq.kv->clear();
+  if (seq.drafting) seq.drafting->kv.clear();
   publish_gauges();  // a client that saw `done` sees the KV it left behind in stats
   emit(std::move(e));
 }
@@ -533,14 +560,27 @@ void Engine::step_once() {
   for (auto& seq : active_) draft_room -= seq->prefilling() ? 0 : 1;
   // Decode rows first: running streams never wait behind a prefill. A sequence that
   // speculates feeds its drafts after its last token, as extra rows of its segment, and gets
-  // the logits of every one of them: all drafts are verified in this one forward.
-  for (auto& seq : active_) {
-    if (seq->prefilling() || budget <= 0) continue;
+  // the logits of every one of them: all drafts are verified in this one forward. Drafts are
+  // made first for all of them (a draft model drafts every sequence in one batched forward
+  // per position), within the room each was given.
+  std::vector<Sequence*> decoding;
+  std::vector<int> wants;
+  {
+    int left = budget;
+    for (auto& seq : active_) {
+      if (seq->prefilling() || left <= 0) continue;
+      const int want = draft_want(*seq, std::min(draft_room, left - 1));
+      draft_room -= want;
+      left -= 1 + want;
+      decoding.push_back(seq.get());
+      wants.push_back(want);
+    }
+  }
+  draft_all(decoding, wants);
+  for (Sequence* seq : decoding) {
     StepSegment s;
     s.kv = seq->kv.get();
     s.tokens = {seq->generated.back()};
-    seq->draft = draft_for(*seq, std::min(draft_room, budget - 1));
-    draft_room -= static_cast<int>(seq->draft.size());
     s.tokens.insert(s.tokens.end(), seq->draft.begin(), seq->draft.end());
     s.start_pos = seq->kv->length();
     s.want_logits = true;
@@ -548,7 +588,7 @@ void Engine::step_once() {
     if (recurrent_) s.snapshot_at = snapshot_positions(*seq, s.start_pos, 1);
     budget -= static_cast<int>(s.tokens.size());
     step.segments.push_back(std::move(s));
-    in_step.push_back(seq.get());
+    in_step.push_back(seq);
   }
   for (auto& seq : active_) {
     if (!seq->prefilling() || budget <= 0) continue;
@@ -639,10 +679,12 @@ void Engine::step_once() {
       seq->drafted += k;  // before the tokens' events, which report the running totals
       std::string reason;
       int kept = 0;
+      const bool with_q = seq->drafting && seq->drafting->q.size() == static_cast<size_t>(k);
       for (int j = 0; j <= k; ++j) {
         float* row_logits = logits.data() + static_cast<size_t>(row + j) * vocab;
         int token = -1;
-        reason = take_token(*seq, row_logits, vocab, j < k ? seq->draft[j] : -1, &token);
+        const std::vector<float>* q = with_q && j < k ? &seq->drafting->q[j] : nullptr;
+        reason = take_token(*seq, row_logits, vocab, j < k ? seq->draft[j] : -1, &token, q);
         if (token >= 0) ++taken;
         if (j == k || token != seq->draft[j]) break;
         ++kept;
@@ -651,6 +693,7 @@ void Engine::step_once() {
       row += k + 1;
       ++sampled;
       seq->kv->set_length(s.start_pos + 1 + kept);
+      if (seq->drafting) ModelDrafter::keep(*seq->drafting, seq->kv->length());
       index_full_blocks(*seq);
       seq->draft_length.record(k, kept);
       drafted += k;
@@ -664,6 +707,8 @@ void Engine::step_once() {
       continue;
     }
     seq->kv->set_length(s.start_pos + static_cast<int>(s.tokens.size()));
+    // Drafts dropped for want of KV room were still fed to the draft model: forget them.
+    if (seq->drafting) ModelDrafter::keep(*seq->drafting, seq->kv->length());
     if (seq->prefilling()) {
       seq->fed += static_cast<int>(s.tokens.size());
       prompt_tokens += static_cast<int>(s.tokens.size());
@@ -754,19 +799,48 @@ std::vector<float> Engine::pooled_values(Sequence& seq, const float* hidden, con
   return out;
 }
 
-std::vector<int32_t> Engine::draft_for(Sequence& seq, int room) {
-  if (seq.request.max_draft <= 0) return {};
+int Engine::draft_want(Sequence& seq, int room) {
+  if (seq.request.max_draft <= 0) return 0;
   // The row after the last draft yields one more token: never draft past max_tokens.
   const int left = seq.request.max_tokens - static_cast<int>(seq.generated.size()) - 1;
-  const int want = std::min({seq.draft_length.next(), room, left});
-  if (want <= 0) return {};
-  const int length = static_cast<int>(seq.request.prompt.size() + seq.generated.size());
-  return ngram_draft([&seq](int i) { return seq.token_at(i); }, length, want);
+  return std::max(0, std::min({seq.draft_length.next(), room, left}));
 }
 
-std::string Engine::take_token(Sequence& seq, float* logits, int vocab, int draft, int* taken) {
+void Engine::draft_all(const std::vector<Sequence*>& decoding, const std::vector<int>& wants) {
+  std::vector<ModelDrafter::Job> jobs;
+  for (size_t i = 0; i < decoding.size(); ++i) {
+    Sequence& seq = *decoding[i];
+    seq.draft.clear();
+    if (wants[i] <= 0) continue;
+    const int length = static_cast<int>(seq.request.prompt.size() + seq.generated.size());
+    const auto token_at = [&seq](int p) { return seq.token_at(p); };
+    if (!seq.request.draft_model) {
+      seq.draft = ngram_draft(token_at, length, wants[i]);
+      continue;
+    }
+    if (!seq.drafting) seq.drafting = drafter_->open(seq.request.sampling);
+    ModelDrafter::Job job;
+    job.state = seq.drafting.get();
+    job.token_at = token_at;
+    job.length = length;
+    job.want = wants[i];
+    jobs.push_back(std::move(job));
+  }
+  if (jobs.empty()) return;
+  // The draft model's catch-up (a prompt it has not seen) takes at most one step's budget.
+  drafter_->propose(jobs, options_.step_token_budget);
+  size_t j = 0;
+  for (size_t i = 0; i < decoding.size(); ++i) {
+    Sequence& seq = *decoding[i];
+    if (wants[i] <= 0 || !seq.request.draft_model) continue;
+    seq.draft = std::move(jobs[j++].tokens);
+  }
+}
+
+std::string Engine::take_token(Sequence& seq, float* logits, int vocab, int draft, int* taken,
+                               const std::vector<float>* draft_q) {
   TokenLogprob lp;
-  const int token = sample_row(seq, logits, vocab, lp, draft);
+  const int token = sample_row(seq, logits, vocab, lp, draft, draft_q);
   if (taken) *taken = -1;
   if (seq.generated.empty()) seq.first_token = Clock::now();
   if (token < 0) return "stop";  // the constraint is complete: nothing may follow
@@ -860,7 +934,8 @@ void Engine::settle_forks(std::unique_lock<std::mutex>& lock) {
   (void)lock;
 }
 
-int Engine::sample_row(Sequence& seq, float* logits, int vocab, TokenLogprob& lp, int draft) {
+int Engine::sample_row(Sequence& seq, float* logits, int vocab, TokenLogprob& lp, int draft,
+                       const std::vector<float>* draft_q) {
   const SamplingParams& p = seq.request.sampling;
   float log_z = 0.f;
   std::vector<float> raw;
@@ -883,7 +958,14 @@ int Engine::sample_row(Sequence& seq, float* logits, int vocab, TokenLogprob& lp
     }
     if (!any) return -1;
   }
-  const int token = draft >= 0 ? seq.sampler.sample_draft(logits, vocab, draft) : seq.sampler.sample(logits, vocab);
+  int token;
+  if (draft < 0) {
+    token = seq.sampler.sample(logits, vocab);
+  } else if (draft_q) {
+    token = seq.sampler.sample_draft(logits, vocab, draft, *draft_q);
+  } else {
+    token = seq.sampler.sample_draft(logits, vocab, draft);
+  }
   if (seq.request.constraint) seq.request.constraint->accept(token);
   if (p.top_logprobs >= 0) lp.logprob = raw[token] - log_z;
   return token;

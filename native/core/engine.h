@@ -21,6 +21,7 @@
 #include "kv_cache.h"
 #include "kv_disk.h"
 #include "model.h"
+#include "model_drafter.h"
 #include "ngram_draft.h"
 #include "prefix_cache.h"
 #include "session_pins.h"
@@ -57,6 +58,9 @@ struct GenerateRequest {
   // tokens verified per step (0: off). Lossless: greedy output is the same token for token,
   // sampled output follows the same distribution (Sampler::sample_draft).
   int max_draft = 0;
+  // With max_draft: the drafts come from the engine's draft model (model_drafter.h) rather
+  // than from prompt lookup. Sampled drafts are then verified with the draft's probabilities.
+  bool draft_model = false;
 };
 
 struct EngineEvent {
@@ -144,7 +148,9 @@ struct EngineStats {
 
 class Engine {
  public:
-  Engine(std::unique_ptr<Model> model, EngineOptions options);
+  // `draft`: a draft model for speculative decoding (requests with draft_model), loaded
+  // beside the target; it must have the target's vocabulary (std::invalid_argument if not).
+  Engine(std::unique_ptr<Model> model, EngineOptions options, std::unique_ptr<Model> draft = nullptr);
   ~Engine();
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
@@ -165,6 +171,8 @@ class Engine {
   const ModelInfo& info() const { return model_->info(); }
   int context_length() const { return context_length_; }
   bool supports_speculation() const { return !recurrent_; }
+  // The draft model's facts, or null when none is loaded.
+  const ModelInfo* draft_info() const { return drafter_ ? &drafter_->info() : nullptr; }
   const EngineOptions& options() const { return options_; }
   std::map<std::string, std::string> matmul_paths() const { return model_->matmul_paths(); }
   // The KV pool's fixed facts (element type, bytes per position, capacity of the budget).
@@ -194,6 +202,7 @@ class Engine {
     TokenCounts counts;  // only filled when a penalty needs it
     DraftLength draft_length;       // speculative decoding: tokens to draft next
     std::vector<int32_t> draft;     // the tokens drafted for the step being run
+    std::unique_ptr<DraftSequence> drafting;  // draft-model requests: its draft KV and q rows
     int drafted = 0, accepted = 0;  // totals, for the Done event
     Clock::time_point submitted, admitted, first_token;
     explicit Sequence(GenerateRequest r, KvPool& pool)
@@ -236,9 +245,14 @@ class Engine {
   // Samples seq's next token from `logits` (modified) and emits it; the finish reason when
   // the sequence ends with it, else "". With a `draft` (>= 0) the token is sampled
   // speculatively (Sampler::sample_draft); `token` gets what was taken (-1: nothing).
-  std::string take_token(Sequence& seq, float* logits, int vocab, int draft = -1, int* token = nullptr);
-  // Drafts for a decoding sequence's next step, at most `room` tokens.
-  std::vector<int32_t> draft_for(Sequence& seq, int room);
+  // `draft_q`: the draft model's distribution the draft was drawn from (empty: deterministic).
+  std::string take_token(Sequence& seq, float* logits, int vocab, int draft = -1, int* token = nullptr,
+                         const std::vector<float>* draft_q = nullptr);
+  // How many tokens a decoding sequence drafts this step, at most `room`.
+  int draft_want(Sequence& seq, int room);
+  // Fills the drafts of this step's decoding sequences (`wants`: draft_want's), the n-gram
+  // ones by prompt lookup, the draft-model ones in the draft model's batched forwards.
+  void draft_all(const std::vector<Sequence*>& decoding, const std::vector<int>& wants);
   // Siblings waiting for `parent`'s prefill (mutex_ taken inside).
   std::vector<std::unique_ptr<Sequence>> take_forks(const std::string& parent);
   // Starts a sibling from parent's just-prefilled prompt: shared full blocks, a copy of the
@@ -251,7 +265,8 @@ class Engine {
   void emit(EngineEvent event);
   // Processors, constraint and sampler on one row of logits (modified in place); -1 when the
   // constraint admits no token. Fills `lp` when the request asked for logprobs.
-  int sample_row(Sequence& seq, float* logits, int vocab, TokenLogprob& lp, int draft = -1);
+  int sample_row(Sequence& seq, float* logits, int vocab, TokenLogprob& lp, int draft = -1,
+                 const std::vector<float>* draft_q = nullptr);
   std::string validate(const GenerateRequest& r, std::string& code) const;
 
   std::unique_ptr<Model> model_;
@@ -259,6 +274,8 @@ class Engine {
   bool bidirectional_;  // model_->bidirectional(): whole prompts per step, no prefix cache
   EngineOptions options_;
   int context_length_;
+  // Before every member that holds sequences: their draft KV lives in its pool.
+  std::unique_ptr<ModelDrafter> drafter_;
   KvPool pool_;
   PrefixCache prefix_cache_;
   SessionPins session_pins_;  // after pool_: released before it

@@ -158,4 +158,53 @@ int Sampler::sample_draft(const float* logits, int vocab, int draft) {
   return candidates_[last].second;
 }
 
+int Sampler::propose(const float* logits, int vocab, std::vector<float>& q) {
+  q.clear();
+  if (params_.temperature <= 0.f || params_.top_k == 1) return argmax(logits, vocab);
+  size_t n = 0;
+  const double mass = distribution(logits, vocab, n);
+  q.assign(vocab, 0.f);
+  for (size_t i = 0; i < n; ++i) q[candidates_[i].second] = static_cast<float>(probs_[i] / mass);
+  std::uniform_real_distribution<double> uniform(0.0, mass);
+  double r = uniform(rng_);
+  for (size_t i = 0; i < n; ++i) {
+    r -= probs_[i];
+    if (r <= 0.0) return candidates_[i].second;
+  }
+  return candidates_[n - 1].second;
+}
+
+int Sampler::sample_draft(const float* logits, int vocab, int draft, const std::vector<float>& q) {
+  if (params_.temperature <= 0.f || params_.top_k == 1 || q.empty()) return sample_draft(logits, vocab, draft);
+  size_t n = 0;
+  const double mass = distribution(logits, vocab, n);
+  double p_draft = 0.0;
+  for (size_t i = 0; i < n; ++i) {
+    if (candidates_[i].second == draft) p_draft = probs_[i] / mass;
+  }
+  const double q_draft = draft >= 0 && draft < vocab ? q[draft] : 0.0;
+  std::uniform_real_distribution<double> unit(0.0, 1.0);
+  // Accept with probability min(1, p / q); a draft q gave no mass to cannot have been drawn.
+  if (q_draft > 0.0 && unit(rng_) * q_draft < p_draft) return draft;
+  // Rejected: draw from max(0, p - q), which only tokens of the target's kept set can have.
+  double rest = 0.0;
+  for (size_t i = 0; i < n; ++i) rest += std::max(0.0, probs_[i] / mass - q[candidates_[i].second]);
+  if (rest <= 0.0) {
+    // p <= q everywhere only when p == q up to rounding, where the draft is always accepted:
+    // fall back to p itself.
+    return sample(logits, vocab);
+  }
+  std::uniform_real_distribution<double> uniform(0.0, rest);
+  double r = uniform(rng_);
+  size_t last = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const double w = std::max(0.0, probs_[i] / mass - q[candidates_[i].second]);
+    if (w <= 0.0) continue;
+    last = i;
+    r -= w;
+    if (r <= 0.0) return candidates_[i].second;
+  }
+  return candidates_[last].second;
+}
+
 }  // namespace llmd

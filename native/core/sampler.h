@@ -70,6 +70,17 @@ class Sampler {
   // exactly as sample()'s: P(draft) = p(draft), P(x) = (1 - p(draft)) p(x) / (1 - p(draft)).
   // Greedy: the argmax, as sample(). The caller compares the result with `draft`.
   int sample_draft(const float* logits, int vocab, int draft);
+  // Speculative sampling of a position whose drafted token `draft` was drawn from a draft
+  // model's distribution q (one probability per vocabulary entry, propose() below): keeps the
+  // draft with probability min(1, p(draft) / q(draft)), otherwise draws from the residual
+  // max(0, p - q) renormalised (Leviathan et al. 2023; Chen et al. 2023). The token returned
+  // is distributed exactly as sample()'s, whatever q is. Greedy: the argmax, as sample().
+  int sample_draft(const float* logits, int vocab, int draft, const std::vector<float>& q);
+  // The draft side of that rule: draws a token from the distribution sample() would draw
+  // from on these (draft-model) logits and writes that distribution into q (vocab entries,
+  // zero outside the kept set). Greedy: the argmax, and q is left empty (the verifier keeps a
+  // greedy draft exactly when it is the target's argmax, with no probabilities needed).
+  int propose(const float* logits, int vocab, std::vector<float>& q);
 
  private:
   // The candidates sample() draws from: candidates_[0, n) with probabilities probs_[0, n)

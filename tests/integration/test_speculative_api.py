@@ -125,7 +125,7 @@ def test_stop_strings_logprobs_and_n_are_the_same(spec_server: LiveServer) -> No
 @pytest.mark.parametrize(
     ("speculative", "code", "words"),
     [
-        ({"type": "draft_model"}, "not_implemented", "not implemented yet"),
+        ({"type": "draft_model"}, "not_implemented", "no draft model"),
         ({"type": "mtp"}, "not_implemented", "not implemented yet"),
         ({"type": "lookahead"}, None, "unknown speculative type"),
         ({"type": "ngram", "max_draft": 0}, None, "max_draft"),

@@ -1,5 +1,6 @@
 """The speculative-decoding switches without a worker: how a request's `speculative` field and
-`llmd serve --speculative` combine into the max_draft the worker gets, and what is refused."""
+`llmd serve --speculative` / `--draft-model` combine into what the worker gets (max_draft, and
+whether the draft model drafts), and what is refused."""
 
 from __future__ import annotations
 
@@ -8,9 +9,12 @@ import pytest
 from llmd.errors import ApiError
 from llmd.runtime.speculative import (
     DEFAULT_MAX_DRAFT,
+    DRAFT_FEATURE,
     FEATURE,
+    Speculation,
     SpeculativeOptions,
     max_draft_for,
+    plan_for,
     server_default,
     speculative_status,
 )
@@ -33,7 +37,7 @@ def test_a_model_that_cannot_speculate_refuses_a_request_but_not_the_default() -
     assert err.value.status == 400 and err.value.code == "not_implemented"
 
 
-@pytest.mark.parametrize("kind", ["draft_model", "mtp", "eagle3"])
+@pytest.mark.parametrize("kind", ["mtp", "eagle3"])
 def test_drafters_not_built_yet_are_named_in_a_400(kind: str) -> None:
     with pytest.raises(ApiError) as err:
         SpeculativeOptions(type=kind)
@@ -52,3 +56,47 @@ def test_server_switch_and_status() -> None:
         "available": ["ngram"],
     }
     assert speculative_status(8, [])["drafter"] == "off"
+
+
+DRAFTS = [FEATURE, DRAFT_FEATURE]
+
+
+def test_a_draft_model_request_drafts_with_it_where_one_is_loaded() -> None:
+    ask = SpeculativeOptions(type="draft_model", max_draft=5)
+    assert plan_for(ask, 0, DRAFTS, "m") == Speculation(5, True)
+    assert plan_for(SpeculativeOptions(type="draft"), 0, DRAFTS, "m") == Speculation(
+        DEFAULT_MAX_DRAFT, True
+    )
+    # `true` takes the server's drafter; an n-gram request stays n-gram beside a draft model.
+    assert plan_for(True, 6, DRAFTS, "m", drafter="draft_model") == Speculation(6, True)
+    assert plan_for(SpeculativeOptions(type="ngram"), 6, DRAFTS, "m", drafter="draft_model") == (
+        Speculation(6, False)
+    )
+    assert plan_for(None, 6, DRAFTS, "m", drafter="draft_model") == Speculation(6, True)
+
+
+def test_a_draft_model_request_without_one_is_a_400_naming_why() -> None:
+    with pytest.raises(ApiError) as err:
+        plan_for(
+            SpeculativeOptions(type="draft_model"),
+            0,
+            CAN,
+            "m",
+            draft_problem="the vocabularies differ: 32000 tokens in the draft, 49152 in the model",
+        )
+    assert err.value.status == 400 and err.value.param == "speculative"
+    assert "no draft model" in err.value.message and "vocabularies differ" in err.value.message
+    # The server's draft-model default where this model has none: plain decode, not n-gram.
+    assert plan_for(None, 8, CAN, "m", drafter="draft_model") == Speculation(0, False)
+
+
+def test_status_names_the_draft_model_or_why_it_is_not_loaded() -> None:
+    assert speculative_status(8, DRAFTS, drafter="draft_model", draft_model="small") == {
+        "drafter": "draft_model",
+        "max_draft": 8,
+        "available": ["ngram", "draft_model"],
+        "draft_model": "small",
+    }
+    off = speculative_status(8, CAN, drafter="draft_model", draft_model="small", draft_problem="x")
+    assert off["drafter"] == "off" and off["draft_model"] is None
+    assert off["draft_model_problem"] == "x"

@@ -775,20 +775,38 @@ def rm(name: str, force: bool) -> None:
 @click.option(
     "--kv-type",
     type=click.Choice((*KV_TYPES, "default")),
-    required=True,
+    default=None,
     help="This model's KV cache element type; default: follow the daemon's --kv-type.",
 )
-def set_model(name: str, kv_type: str) -> None:
+@click.option(
+    "--draft-model",
+    default=None,
+    metavar="D",
+    help="An installed model with the same vocabulary, loaded beside NAME to draft tokens "
+    "for speculative decoding (requests then draft with it by default); default: the "
+    "daemon's --draft-model.",
+)
+def set_model(name: str, kv_type: str | None, draft_model: str | None) -> None:
     """Change NAME's own load settings (kept in its manifest; `llmd cp` first to keep the
     original as it is). A loaded model reloads with them on its next request."""
+    if kv_type is None and draft_model is None:
+        raise click.UsageError("nothing to set: give --kv-type and/or --draft-model")
     try:
         record = ModelStore(get_paths()).configure(
-            name, kv_type="" if kv_type == "default" else kv_type
+            name,
+            kv_type=None if kv_type is None else ("" if kv_type == "default" else kv_type),
+            draft_model=None
+            if draft_model is None
+            else ("" if draft_model == "default" else draft_model),
         )
     except StoreError as exc:
         raise click.ClickException(str(exc)) from exc
-    setting = record.kv_type or "default (the daemon's --kv-type)"
-    click.echo(f"{record.name}: kv_type {setting}")
+    if kv_type is not None:
+        setting = record.kv_type or "default (the daemon's --kv-type)"
+        click.echo(f"{record.name}: kv_type {setting}")
+    if draft_model is not None:
+        setting = record.draft_model or "default (the daemon's --draft-model)"
+        click.echo(f"{record.name}: draft_model {setting}")
 
 
 @main.command()

@@ -27,6 +27,8 @@ from llmd.paths import DEFAULT_HOST, DEFAULT_PORT, get_paths
 from llmd.runtime.keep_alive import parse_keep_alive
 from llmd.runtime.sessions import DEFAULT_MAX_SESSIONS, DEFAULT_SESSION_TTL
 from llmd.runtime.speculative import server_default
+from llmd.store.model_store import ModelStore
+from llmd.store.vocabulary import vocabulary_mismatch
 
 
 def _size_option(value: str, name: str) -> int | None:
@@ -202,13 +204,22 @@ def serve_options(command: Callable[..., Any]) -> Callable[..., Any]:
         ),
         click.option(
             "--speculative",
-            type=click.Choice(["off", "ngram"]),
-            default="off",
-            show_default=True,
+            type=click.Choice(["off", "ngram", "draft_model"]),
+            default=None,
             help="Speculative decoding every request gets unless it says otherwise (its "
-            "`speculative` field): ngram drafts from the request's own prompt and output and "
-            "verifies the drafts of every running sequence in one batched step. Output is the "
-            "same with or without; edits of given text run several times faster.",
+            "`speculative` field): ngram drafts from the request's own prompt and output, "
+            "draft_model with --draft-model; the drafts of every running sequence are verified "
+            "in one batched step. Output is the same with or without; edits of given text run "
+            "several times faster. Default: draft_model with --draft-model, else off.",
+        ),
+        click.option(
+            "--draft-model",
+            default=None,
+            metavar="NAME",
+            help="An installed model loaded beside each model (in its worker) to draft tokens "
+            "for speculative decoding; it must have the model's vocabulary (a model of another "
+            "vocabulary loads without it, and says so in /status). `llmd set NAME "
+            "--draft-model D` sets one per model.",
         ),
         click.option(
             "--speculative-max-draft",
@@ -250,6 +261,22 @@ def _allowed_hosts(host: str, extra: tuple[str, ...], api_key: str | None) -> tu
     return extra
 
 
+def _check_draft_model(draft_model: str, preload: tuple[str, ...]) -> None:
+    """A startup error for a --draft-model that is not installed, or whose vocabulary differs
+    from a --preload model's (other models find out at load, and say so in /status)."""
+    store = ModelStore(get_paths())
+    draft = store.resolve(draft_model)
+    if draft is None:
+        raise click.ClickException(f"--draft-model: '{draft_model}' is not installed (llmd pull)")
+    for name in preload:
+        record = store.resolve(name)
+        problem = record and vocabulary_mismatch(record.path, draft.path)
+        if problem:
+            raise click.ClickException(
+                f"--draft-model: '{draft_model}' cannot draft for '{name}': {problem}"
+            )
+
+
 def _setup_logging(log_file: str | None, verbose: bool) -> None:
     level = logging.DEBUG if verbose else logging.INFO
     fmt = "%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -289,7 +316,8 @@ def serve(
     allow_host: tuple[str, ...],
     cors_origin: tuple[str, ...],
     api_key: str | None,
-    speculative: str,
+    speculative: str | None,
+    draft_model: str | None,
     speculative_max_draft: int | None,
     allow_remote_images: bool,
     verbose: bool,
@@ -305,6 +333,13 @@ def serve(
     running requests get --drain-timeout seconds to finish.
     """
     from llmd.api.server import serve as run_server
+
+    if speculative is None:
+        speculative = "draft_model" if draft_model else "off"
+    if speculative == "draft_model" and not draft_model:
+        raise click.UsageError("--speculative draft_model needs --draft-model NAME")
+    if draft_model:
+        _check_draft_model(draft_model, preload)
 
     try:
         keep_alive_s = parse_keep_alive(keep_alive)
@@ -343,6 +378,8 @@ def serve(
                 security=security,
                 speculative_max_draft=server_default(speculative, speculative_max_draft),
                 allow_remote_images=allow_remote_images,
+                speculative_drafter="ngram" if speculative == "off" else speculative,
+                draft_model=draft_model,
             )
         )
     except KeyboardInterrupt:

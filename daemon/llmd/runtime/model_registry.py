@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING
 
-from llmd.errors import model_not_found, server_error
+from llmd.errors import bad_request, model_not_found, server_error
 from llmd.limits import (
     DEFAULT_MAX_LOADED,
     available_host_memory,
@@ -26,11 +26,13 @@ from llmd.limits import (
     total_host_memory,
 )
 from llmd.runtime.keep_alive import DEFAULT_KEEP_ALIVE
+from llmd.runtime.speculative import DEFAULT_MAX_DRAFT
 from llmd.runtime.supervisor import ModelState, ModelSupervisor, RestartPolicy, TextSide
 from llmd.runtime.worker_client import WorkerClient, WorkerError, WorkerLauncher
 from llmd.store.catalog import install_hint
 from llmd.store.manifests import ModelRecord
 from llmd.store.model_store import ModelStore
+from llmd.store.vocabulary import vocabulary_mismatch
 
 if TYPE_CHECKING:
     from llmd.runtime.counters import Metrics
@@ -66,12 +68,18 @@ class ModelRegistry:
         kv_type: str | None = None,
         kv_disk_bytes: int = 0,
         kv_disk_dir: str | None = None,
+        speculative_drafter: str = "ngram",
+        draft_model: str | None = None,
     ) -> None:
         self.store = store
         # The model's text side (tokenizer, template) is the text layer's business: it hands
         # its loader in, which reads the files (off the event loop) or raises an ApiError.
         self.load_text = load_text
         self.speculative_max_draft = speculative_max_draft
+        # `llmd serve --speculative MODE --draft-model NAME`: the default drafter, and the
+        # draft model every model loads beside it (a model's own setting wins: ModelRecord).
+        self.speculative_drafter = speculative_drafter
+        self.draft_model = draft_model or ""
         self.context_length = context_length
         self.threads = threads
         self.launcher = launcher
@@ -109,21 +117,34 @@ class ModelRegistry:
             elif current is not None and record.kv_type != current.record.kv_type:
                 await self.unload(name, why="its KV type setting changed")
                 current = None
+            elif current is not None and record.draft_model != current.record.draft_model:
+                await self.unload(name, why="its draft model setting changed")
+                current = None
             if record is None:
                 raise model_not_found(name, install_hint(name))
             if current is None:
                 text = await asyncio.to_thread(self.load_text, record)
+                draft_path, draft_problem = await asyncio.to_thread(self._draft_for, record)
                 async with self._load_lock:
                     await self._make_room(record)
                     current = ModelSupervisor(
                         record,
                         text,
-                        lambda: self._make_worker(record),
+                        lambda: self._make_worker(record, draft_path),
                         self.policy,
                         keep_alive=self.keep_alive,
                     )
                     current.metrics = self.metrics
                     current.speculative_max_draft = self.speculative_max_draft
+                    current.speculative_drafter = self.speculative_drafter
+                    current.draft_model = record.draft_model or self.draft_model
+                    current.draft_problem = draft_problem
+                    if record.draft_model and draft_path:
+                        # A model's own draft model is what it drafts with by default.
+                        current.speculative_drafter = "draft_model"
+                        current.speculative_max_draft = (
+                            self.speculative_max_draft or DEFAULT_MAX_DRAFT
+                        )
                     self._models[name] = current
                     current.touch(keep_alive)
                     await current.ensure_ready()
@@ -131,7 +152,35 @@ class ModelRegistry:
         await current.ensure_ready()
         return current
 
-    def _make_worker(self, record: ModelRecord) -> WorkerClient:
+    def _draft_for(self, record: ModelRecord) -> tuple[str | None, str]:
+        """The draft model file `record` loads beside it, and why none where one is asked
+        for but cannot draft for it. A model's own setting (`llmd set NAME --draft-model`)
+        that cannot is a 400 at load; the server's `--draft-model` then only does not apply
+        to this model (its status says why: it may serve models of other vocabularies)."""
+        own = record.draft_model
+        name = own or self.draft_model
+        if not name or record.kind != "generate":
+            return None, ""
+        draft = self.store.resolve(name)
+        problem = ""
+        if draft is None:
+            problem = f"draft model '{name}' is not installed"
+        else:
+            try:
+                mismatch = vocabulary_mismatch(record.path, draft.path)
+            except (OSError, ValueError) as exc:
+                mismatch = f"its vocabulary could not be read: {exc}"
+            if mismatch:
+                problem = f"'{name}' cannot draft for '{record.name}': {mismatch}"
+        if problem and own:
+            raise bad_request(problem, param="model", code="draft_model_mismatch")
+        if problem:
+            log.warning("%s: server draft model not loaded: %s", record.name, problem)
+            return None, problem
+        assert draft is not None
+        return str(draft.path), ""
+
+    def _make_worker(self, record: ModelRecord, draft_path: str | None = None) -> WorkerClient:
         return WorkerClient(
             record.path,
             context_length=self.context_length,
@@ -145,6 +194,7 @@ class ModelRegistry:
             kv_disk_bytes=self.kv_disk_bytes or None,
             kv_disk_dir=self.kv_disk_dir,
             model_digest=record.digest or None,
+            draft_model=draft_path,
         )
 
     def _estimate(self, record: ModelRecord) -> int:

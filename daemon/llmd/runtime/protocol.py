@@ -67,6 +67,9 @@ class Generate(_Message):
     # Speculative decoding with prompt-lookup (n-gram) drafts: at most this many drafted
     # tokens verified per step (0: off). Lossless: output is the same with or without.
     max_draft: Annotated[int, Field(ge=0, le=32)] = 0
+    # With max_draft: the drafts come from the worker's draft model (`--draft-model`; the
+    # `speculative_draft_model` feature) instead of prompt lookup.
+    draft_model: bool = False
 
 
 class Embed(_Message):
@@ -154,6 +157,8 @@ class Ready(_Message):
     kv_capacity_tokens: int = 0
     # The disk tier's bound (0: off for this model; the stats' kv_disk.off_reason says why).
     kv_disk_bytes: int = 0
+    # The draft model loaded beside the model for speculative decoding (its file), or "".
+    draft_model: str = ""
     threads: int = 0
     # Resident memory of the worker before and after the weights were loaded (bytes).
     memory: dict[str, int] = {}

@@ -1,14 +1,17 @@
 """Speculative decoding's switches: the `speculative` request extension, the server default
-(`llmd serve --speculative ngram`), and what a request reports (`usage.speculative`).
+(`llmd serve --speculative ngram|draft_model`, `--draft-model NAME`), and what a request
+reports (`usage.speculative`).
 
-The engine drafts tokens by prompt lookup (n-gram: the sequence's own prompt and output) and
-verifies every running sequence's drafts in its one batched forward; output is the same
-with and without (greedy token for token, sampled in distribution), so speculation is a speed
-setting. Draft models and MTP heads are not implemented yet: asking for one is a 400, never a
-silent fallback."""
+The engine drafts tokens by prompt lookup (n-gram: the sequence's own prompt and output) or
+with a draft model loaded beside the model in its worker (a small model with the same
+vocabulary), and verifies every running sequence's drafts in its one batched forward; output
+is the same with and without (greedy token for token, sampled in distribution), so
+speculation is a speed setting. MTP heads and EAGLE are not implemented yet: asking for one
+is a 400, never a silent fallback."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -19,21 +22,22 @@ from llmd.errors import bad_request
 # engine adapts below it per sequence to recent acceptance (bench/README.md, speculative).
 DEFAULT_MAX_DRAFT = 8
 MAX_DRAFT = 32  # the engine's limit
-DRAFTERS = ("ngram",)
+DRAFTERS = ("ngram", "draft_model")
+ALIASES = {"draft": "draft_model"}
 # Drafters llmd will have (issue 24) but not yet: named in the 400 so it says what is coming.
 NOT_YET = {
-    "draft_model": "a draft model",
-    "draft": "a draft model",
     "mtp": "an MTP head",
     "eagle": "EAGLE",
     "eagle3": "EAGLE",
 }
 FEATURE = "speculative_ngram"  # in the worker's ready features where the engine can verify
+DRAFT_FEATURE = "speculative_draft_model"  # ... and where a draft model is loaded beside it
 
 
 class SpeculativeOptions(BaseModel):
     """llmd extension on chat/completions: `"speculative": {"type": "ngram", "max_draft": 8}`
-    (or `false` to turn the server's default off for one request)."""
+    or `{"type": "draft_model"}` (or `false` to turn the server's default off for one
+    request)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -42,6 +46,7 @@ class SpeculativeOptions(BaseModel):
 
     @model_validator(mode="after")
     def _known(self) -> SpeculativeOptions:
+        self.type = ALIASES.get(self.type, self.type)
         if self.type in NOT_YET:
             raise bad_request(
                 f"speculative decoding with {NOT_YET[self.type]} ('{self.type}') is not "
@@ -57,8 +62,20 @@ class SpeculativeOptions(BaseModel):
         return self
 
 
-# `true`: the n-gram drafter with the server's (or the default) max_draft.
+# `true`: the server's drafter (n-gram when the server has none) with its max_draft.
 SpeculativeField = SpeculativeOptions | bool | None
+
+
+@dataclass(frozen=True)
+class Speculation:
+    """What one request runs with: at most max_draft drafted tokens per step (0: off), from
+    the worker's draft model or by prompt lookup."""
+
+    max_draft: int = 0
+    draft_model: bool = False
+
+
+OFF = Speculation()
 
 
 def server_default(mode: str, max_draft: int | None) -> int:
@@ -71,13 +88,33 @@ def server_default(mode: str, max_draft: int | None) -> int:
     return max_draft or DEFAULT_MAX_DRAFT
 
 
-def max_draft_for(requested: SpeculativeField, server: int, features: list[str], model: str) -> int:
-    """The max_draft a request runs with: its own choice, else the server's default where the
-    model's engine can speculate. A request that asks for speculation on a model that cannot
-    (recurrent layers) gets a 400; the server default there just does not apply."""
+def _no_draft_model(model: str, problem: str) -> Exception:
+    why = f" ({problem})" if problem else ""
+    return bad_request(
+        f"model '{model}' has no draft model loaded{why}; load one with "
+        f"`llmd serve --draft-model NAME` or `llmd set {model} --draft-model NAME`",
+        param="speculative",
+        code="not_implemented",
+    )
+
+
+def plan_for(
+    requested: SpeculativeField,
+    server: int,
+    features: list[str],
+    model: str,
+    *,
+    drafter: str = "ngram",
+    draft_problem: str = "",
+) -> Speculation:
+    """How a request speculates: its own choice, else the server's default (`server`
+    max_draft with `drafter`) where the model's engine can. A request that asks for what the
+    model cannot do (recurrent layers; a draft model where none is loaded) gets a 400; the
+    server default there just does not apply (`/status` says so)."""
     supported = FEATURE in features
+    has_draft = DRAFT_FEATURE in features
     if requested is False:
-        return 0
+        return OFF
     if requested is True or isinstance(requested, SpeculativeOptions):
         if not supported:
             raise bad_request(
@@ -87,19 +124,48 @@ def max_draft_for(requested: SpeculativeField, server: int, features: list[str],
                 code="not_implemented",
             )
         own = requested.max_draft if isinstance(requested, SpeculativeOptions) else None
-        return own or server or DEFAULT_MAX_DRAFT
-    return server if supported else 0
+        kind = requested.type if isinstance(requested, SpeculativeOptions) else None
+        if kind is None:
+            kind = drafter if server and (drafter != "draft_model" or has_draft) else "ngram"
+        if kind == "draft_model" and not has_draft:
+            raise _no_draft_model(model, draft_problem)
+        return Speculation(own or server or DEFAULT_MAX_DRAFT, kind == "draft_model")
+    if not supported or not server:
+        return OFF
+    if drafter == "draft_model":
+        return Speculation(server, True) if has_draft else OFF
+    return Speculation(server, False)
 
 
-def speculative_status(server: int, features: list[str]) -> dict[str, Any]:
-    """A loaded model's drafter in `GET /status`: what requests get by default, and whether
-    its engine can speculate at all (requests may still turn it on or off)."""
+def max_draft_for(requested: SpeculativeField, server: int, features: list[str], model: str) -> int:
+    """plan_for's max_draft with the n-gram server default."""
+    return plan_for(requested, server, features, model).max_draft
+
+
+def speculative_status(
+    server: int,
+    features: list[str],
+    *,
+    drafter: str = "ngram",
+    draft_model: str = "",
+    draft_problem: str = "",
+) -> dict[str, Any]:
+    """A loaded model's drafter in `GET /status`: what requests get by default, whether its
+    engine can speculate at all (requests may still turn it on or off), and its draft model
+    (or why the one asked for is not loaded)."""
     supported = FEATURE in features
-    return {
-        "drafter": "ngram" if server and supported else "off",
-        "max_draft": server if supported else 0,
-        "available": list(DRAFTERS) if supported else [],
+    has_draft = supported and DRAFT_FEATURE in features
+    active = server and supported and (drafter != "draft_model" or has_draft)
+    out: dict[str, Any] = {
+        "drafter": drafter if active else "off",
+        "max_draft": server if active else 0,
+        "available": (["ngram"] + (["draft_model"] if has_draft else [])) if supported else [],
     }
+    if draft_model or draft_problem:
+        out["draft_model"] = draft_model if has_draft else None
+    if draft_problem:
+        out["draft_model_problem"] = draft_problem
+    return out
 
 
 def usage_extension(drafted: int, accepted: int) -> dict[str, Any]:

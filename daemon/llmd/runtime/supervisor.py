@@ -127,6 +127,11 @@ class ModelSupervisor:
         self.metrics: Metrics | None = None  # the app's (set by the registry): GET /metrics
         # `llmd serve --speculative`: the max_draft requests get by default (0: off).
         self.speculative_max_draft = 0
+        # Its drafter ("ngram" or "draft_model"), the draft model's name when one is asked
+        # for, and why that one is not loaded (a vocabulary that differs), if it is not.
+        self.speculative_drafter = "ngram"
+        self.draft_model = ""
+        self.draft_problem = ""
 
     # ------------------------------------------------------------------ facts
 
@@ -397,7 +402,13 @@ class ModelSupervisor:
                 kv_capacity_tokens=ready.kv_capacity_tokens,
                 kv_disk_bytes=ready.kv_disk_bytes,
                 memory=ready.memory,
-                speculative=speculative_status(self.speculative_max_draft, ready.features),
+                speculative=speculative_status(
+                    self.speculative_max_draft,
+                    ready.features,
+                    drafter=self.speculative_drafter,
+                    draft_model=self.draft_model,
+                    draft_problem=self.draft_problem,
+                ),
             )
             warning = context_warning(ready)
             if warning:

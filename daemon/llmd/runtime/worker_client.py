@@ -37,6 +37,7 @@ class WorkerLauncher(Protocol):
         kv_disk_bytes: int | None = None,
         kv_disk_dir: str | None = None,
         model_digest: str | None = None,
+        draft_model: str | None = None,
     ) -> tuple[list[str], dict[str, str]]: ...
 
 
@@ -86,6 +87,7 @@ class WorkerClient:
         kv_disk_bytes: int | None = None,
         kv_disk_dir: str | None = None,
         model_digest: str | None = None,
+        draft_model: str | None = None,
     ) -> None:
         self.model_path = model_path
         self.context_length = context_length
@@ -100,6 +102,7 @@ class WorkerClient:
         self.kv_disk_bytes = kv_disk_bytes
         self.kv_disk_dir = kv_disk_dir
         self.model_digest = model_digest
+        self.draft_model = draft_model  # file of a draft model loaded beside it, if any
         self.launcher = launcher or default_launcher()
         self.name = name or model_path
         self.ready: p.Ready | None = None
@@ -124,6 +127,7 @@ class WorkerClient:
             "kv_disk_bytes": self.kv_disk_bytes,
             "kv_disk_dir": self.kv_disk_dir,
             "model_digest": self.model_digest,
+            "draft_model": self.draft_model,
         }
         options = {k: v for k, v in given.items() if v}
         argv, env = self.launcher(
@@ -262,6 +266,7 @@ class WorkerClient:
         grammar: str | None = None,
         prefill_of: str = "",
         max_draft: int = 0,
+        draft_model: bool = False,
     ) -> AsyncIterator[Accepted | p.Started | p.Tokens | p.Done]:
         """Yields ACCEPTED, Started once the engine admits it (the prefix-cache split), token
         events, then one Done; raises WorkerError on error (code
@@ -285,6 +290,7 @@ class WorkerClient:
                     grammar=grammar,
                     prefill_of=prefill_of,
                     max_draft=max_draft,
+                    draft_model=draft_model,
                 )
             )
             yield Accepted(rid)

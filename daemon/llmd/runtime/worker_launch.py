@@ -27,6 +27,7 @@ def worker_command(
     kv_disk_bytes: int | None = None,
     kv_disk_dir: str | None = None,
     model_digest: str | None = None,
+    draft_model: str | None = None,
 ) -> tuple[list[str], dict[str, str]]:
     """argv and env (a full copy of os.environ plus BLAS settings) for one worker process."""
     argv = [sys.executable, "-m", "llmd.worker", "--model", str(model_path)]
@@ -44,6 +45,8 @@ def worker_command(
         argv += ["--kv-disk", str(kv_disk_bytes), "--kv-disk-dir", str(kv_disk_dir)]
     if model_digest:
         argv += ["--model-digest", model_digest]
+    if draft_model:
+        argv += ["--draft-model", str(draft_model)]
     env = dict(os.environ)
     env.update(blas_environment(_shim_dir()))
     n = threads or int(env.get("LLMD_THREADS", "0") or 0) or (os.cpu_count() or 1)

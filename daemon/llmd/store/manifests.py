@@ -102,6 +102,9 @@ class ModelRecord:
     matryoshka: bool = False  # trained for truncation: `dimensions` allowed
     # The model's own KV cache type (`llmd set NAME --kv-type`); "": the daemon's --kv-type.
     kv_type: str = ""
+    # The draft model it loads beside it for speculative decoding (`llmd set NAME
+    # --draft-model D`, an installed name with the same vocabulary); "": the daemon's.
+    draft_model: str = ""
 
     def to_json(self) -> dict[str, object]:
         return asdict(self)

@@ -14,6 +14,7 @@ from pathlib import Path
 from llmd.store.catalog import builtin_file, install_hint, load_catalog
 from llmd.store.install import import_local
 from llmd.store.manifests import Manifests, ModelRecord, StoreError, validate_name
+from llmd.store.vocabulary import vocabulary_mismatch
 
 
 class ModelStore(Manifests):
@@ -72,12 +73,36 @@ class ModelStore(Manifests):
             dataclasses.replace(record, name=dst, modified=time.time(), source=record.source)
         )
 
-    def configure(self, name: str, *, kv_type: str) -> ModelRecord:
-        """`llmd set`: the model's own load settings, written into its manifest. A model served
-        from a Python package is pinned into the store first (as `copy` does)."""
+    def configure(
+        self, name: str, *, kv_type: str | None = None, draft_model: str | None = None
+    ) -> ModelRecord:
+        """`llmd set`: the model's own load settings (None: unchanged; "": back to the
+        daemon's), written into its manifest. A model served from a Python package is pinned
+        into the store first (as `copy` does). A draft model must be installed and have the
+        model's vocabulary: refused here rather than at its next load."""
         record = self.resolve(name)
         if record is None:
             raise StoreError(f"model '{name}' is not installed", code="model_not_found", status=404)
+        if draft_model:
+            draft = self.resolve(draft_model)
+            if draft is None:
+                raise StoreError(
+                    f"draft model '{draft_model}' is not installed",
+                    code="model_not_found",
+                    status=404,
+                )
+            problem = vocabulary_mismatch(record.path, draft.path)
+            if problem:
+                raise StoreError(
+                    f"'{draft_model}' cannot draft for '{name}': {problem}",
+                    code="draft_model_mismatch",
+                    status=400,
+                )
         if record.source.startswith("package:"):
             record = self.pull(name, name)
-        return self.write_manifest(dataclasses.replace(record, kv_type=kv_type))
+        changes: dict[str, str] = {}
+        if kv_type is not None:
+            changes["kv_type"] = kv_type
+        if draft_model is not None:
+            changes["draft_model"] = draft_model
+        return self.write_manifest(dataclasses.replace(record, **changes))

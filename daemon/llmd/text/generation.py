@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from llmd.errors import ApiError, ContextOverflow, bad_request, server_error
 from llmd.runtime import protocol as p
 from llmd.runtime.counters import GenerationObserver
-from llmd.runtime.speculative import SpeculativeField, max_draft_for
+from llmd.runtime.speculative import SpeculativeField, plan_for
 from llmd.runtime.supervisor import ModelSupervisor
 from llmd.runtime.worker_client import Accepted, WorkerError
 from llmd.store.model_kind import record_kind
@@ -134,10 +134,15 @@ async def generate_text(
     while True:
         worker = await model.ensure_ready()
         assert worker.ready is not None
-        max_draft = max_draft_for(
-            speculative, model.speculative_max_draft, worker.ready.features, model.name
+        plan = plan_for(
+            speculative,
+            model.speculative_max_draft,
+            worker.ready.features,
+            model.name,
+            drafter=model.speculative_drafter,
+            draft_problem=model.draft_problem,
         )
-        if max_draft:
+        if plan.max_draft:
             spec = (0, 0)
         events = worker.generate(
             prompt,
@@ -147,7 +152,8 @@ async def generate_text(
             session=session,
             grammar=grammar,
             prefill_of=prefill_of,
-            max_draft=max_draft,
+            max_draft=plan.max_draft,
+            draft_model=plan.draft_model,
         )
         try:
             async for event in events:

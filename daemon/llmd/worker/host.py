@@ -23,6 +23,7 @@ from llmd.limits import KV_TYPES, available_host_memory, kv_budget_share, proces
 from llmd.runtime import protocol as p
 from llmd.runtime.blas import loaded_blas
 from llmd.store.dense_modules import DenseHead
+from llmd.store.vocabulary import vocabulary_mismatch
 from llmd.worker.grammar import GrammarFactory
 from llmd.worker.model_digest import model_digest
 from llmd.worker.pooled import PooledRequests
@@ -133,6 +134,7 @@ def _submit(engine: Any, msg: p.Generate, seed: int, constraint: Any) -> None:
         constraint=constraint,
         prefill_of=msg.prefill_of,
         max_draft=msg.max_draft,
+        draft_model=msg.draft_model,
     )
 
 
@@ -283,6 +285,12 @@ def main(argv: list[str] | None = None) -> int:
         choices=["auto", "cpu", "gpu", "mlx-cpu"],
         help="auto: the GPU when MLX has one, else llmd's CPU kernels",
     )
+    parser.add_argument(
+        "--draft-model",
+        default="",
+        help="a model with the same vocabulary, loaded beside the model to draft tokens for "
+        "speculative decoding (requests with draft_model)",
+    )
     args = parser.parse_args(argv)
 
     writer = Writer(sys.stdout.buffer)
@@ -307,6 +315,21 @@ def main(argv: list[str] | None = None) -> int:
     digest = args.model_digest
     if kv_disk and not digest:
         digest = model_digest(args.model)
+    if args.draft_model:
+        # Token ids pass between the two models: the same count of tokens (the engine's own
+        # check) is not enough, every id must be the same token.
+        try:
+            problem = vocabulary_mismatch(args.model, args.draft_model)
+        except (OSError, ValueError) as exc:
+            problem = f"its vocabulary could not be read: {exc}"
+        if problem:
+            writer.send(
+                p.Fatal(
+                    code="load_failed",
+                    message=f"draft model {args.draft_model} cannot draft for {args.model}: {problem}",
+                )
+            )
+            return 3
     try:
         engine = _engine.Engine(
             args.model,
@@ -320,6 +343,8 @@ def main(argv: list[str] | None = None) -> int:
             kv_disk_dir=args.kv_disk_dir,
             kv_disk_bytes=kv_disk,
             model_digest=digest,
+            draft_model_path=args.draft_model,
+            draft_hf_config=hf_config(args.draft_model) if args.draft_model else {},
         )
     except Exception as exc:  # noqa: BLE001 - every load failure is reported, then exit
         writer.send(p.Fatal(code="load_failed", message=str(exc)))
@@ -359,7 +384,13 @@ def main(argv: list[str] | None = None) -> int:
                 "cancel",
                 "embed",
                 *(["speculative_ngram"] if engine.supports_speculation else []),
+                *(
+                    ["speculative_draft_model"]
+                    if engine.supports_speculation and engine.draft_model is not None
+                    else []
+                ),
             ],
+            draft_model=args.draft_model,
             load_ms=load_ms,
             kv_budget_bytes=kv_budget,
             kv_type=kv["type"],
