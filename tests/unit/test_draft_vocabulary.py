@@ -38,3 +38,14 @@ def test_one_token_that_differs_is_found_in_a_tokenizer_json(tmp_path: Path) -> 
     assert vocabulary_mismatch(a, b) == (
         "the vocabularies differ: token 1 is 'w' in the draft, 'y' in the model"
     )
+
+
+def test_a_unigram_tokenizer_json_lists_its_pieces_in_id_order(tmp_path: Path) -> None:
+    """SentencePiece Unigram models write `vocab` as [piece, score] pairs, not a mapping."""
+    d = tmp_path / "unigram"
+    d.mkdir()
+    vocab = [["<unk>", 0.0], ["▁a", -1.5], ["b", -2.0]]
+    (d / "tokenizer.json").write_text(
+        json.dumps({"model": {"type": "Unigram", "vocab": vocab}, "added_tokens": []})
+    )
+    assert tokens_of(d) == ["<unk>", "▁a", "b"]

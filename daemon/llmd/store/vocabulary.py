@@ -16,7 +16,10 @@ def tokens_of(path: Path | str) -> list[str]:
     p = Path(path)
     if p.is_dir():
         raw = json.loads((p / "tokenizer.json").read_text(encoding="utf-8"))
-        vocab = dict(raw.get("model", {}).get("vocab") or {})
+        listed = raw.get("model", {}).get("vocab") or {}
+        if isinstance(listed, list):  # Unigram: [piece, score] pairs in id order
+            listed = {piece: i for i, (piece, _score) in enumerate(listed)}
+        vocab = dict(listed)
         for added in raw.get("added_tokens", []):
             vocab[added["content"]] = added["id"]
         out = [""] * (max(vocab.values(), default=-1) + 1)
