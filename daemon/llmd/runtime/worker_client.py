@@ -69,6 +69,16 @@ class Accepted:
 ACCEPTED = Accepted()
 
 
+def _failure(msg: object) -> WorkerError | None:
+    """The error a request's queued message ends it with: the worker's death (queued as a
+    WorkerError) or the worker's own `error` event; None for any other message."""
+    if isinstance(msg, WorkerError):
+        return msg
+    if isinstance(msg, p.Error):
+        return WorkerError(msg.code, msg.message)
+    return None
+
+
 class WorkerClient:
     """One worker process. Requests are multiplexed by id: each has its own event queue."""
 
@@ -296,12 +306,9 @@ class WorkerClient:
             yield Accepted(rid)
             while True:
                 msg = await queue.get()
-                if isinstance(msg, WorkerError):
+                if (failure := _failure(msg)) is not None:
                     finished = True
-                    raise msg
-                if isinstance(msg, p.Error):
-                    finished = True
-                    raise WorkerError(msg.code, msg.message)
+                    raise failure
                 if isinstance(msg, p.Done):
                     finished = True
                     yield msg
@@ -347,12 +354,9 @@ class WorkerClient:
             )
             while True:
                 msg = await queue.get()
-                if isinstance(msg, WorkerError):
+                if (failure := _failure(msg)) is not None:
                     finished = True
-                    raise msg
-                if isinstance(msg, p.Error):
-                    finished = True
-                    raise WorkerError(msg.code, msg.message)
+                    raise failure
                 if isinstance(msg, p.Pooled):
                     rows[msg.index] = msg.values
                 if isinstance(msg, p.Done):
@@ -376,10 +380,8 @@ class WorkerClient:
             msg = await queue.get()
         finally:
             self._queues.pop(rid, None)
-        if isinstance(msg, WorkerError):
-            raise msg
-        if isinstance(msg, p.Error):
-            raise WorkerError(msg.code, msg.message)
+        if (failure := _failure(msg)) is not None:
+            raise failure
         assert isinstance(msg, p.Scored)
         return msg.logprobs
 
