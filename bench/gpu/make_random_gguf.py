@@ -4,7 +4,10 @@ package.
 Why: the GPU benchmark needs an 8B-shaped model on a machine that cannot download one. The
 weights are random Q4_0 blocks (uniform 4-bit codes, one float16 scale per 32 weights chosen so
 weights have a std of ~0.02), written straight as blocks: nothing is ever held in float32, and
-only one tensor is in memory at a time. With `--dtype f16` the weights are float16 normals of
+only one tensor is in memory at a time. `--dtype q8_0 / q4_k_m / q5_k_m / q6_k` write random
+blocks of those types the same way, with llama-quantize's per-tensor mix for the _K_M recipes
+(Q6_K output and some attn_v / ffn_down): the GPU session has minutes, not the time to write a
+16 GB F16 file and quantize it, and a kernel's speed does not depend on the values. With `--dtype f16` the weights are float16 normals of
 std 0.02 instead, the input `llama-quantize` turns into each of llama.cpp's recipes (what
 `bench/realistic.py` does). The vocabulary is a synthetic SentencePiece-style list
 (control, byte and filler tokens) so llama.cpp's tools load the file too. Text is gibberish;
@@ -23,7 +26,8 @@ from pathlib import Path
 import gguf
 import numpy as np
 
-Q4_0 = gguf.GGMLQuantizationType.Q4_0
+Q = gguf.GGMLQuantizationType
+Q4_0 = Q.Q4_0
 BLOCK_ELEMS, BLOCK_BYTES = 32, 18
 # ChatML, so that chat requests work over HTTP on both servers (the vocabulary is synthetic).
 CHATML = (
@@ -61,6 +65,10 @@ PRESETS = {
     "qwen3-4b": Shape(151936, 2560, 36, 32, 8, 9728, 40960, 1000000.0, "qwen3", 128, True),
     # A few MB: for tests of this script and of loaders.
     "tiny": Shape(512, 128, 2, 4, 2, 256, 512, 10000.0),
+    # Small models for the cuda backend's GPU tests (native/cuda/tests/test_model.cpp): head size
+    # 64 with the test model's GQA ratio of 3, head size 128 with 4, and a K-quant-able hidden size.
+    "tiny-gqa3": Shape(1000, 384, 3, 6, 2, 1024, 2048, 10000.0),
+    "tiny-hd128": Shape(1000, 512, 3, 4, 1, 1536, 2048, 500000.0),
 }
 
 
@@ -71,6 +79,60 @@ def q4_0_blocks(rng: np.random.Generator, rows: int, cols: int, std: float = 0.0
     scales = (std / 4.6 * rng.uniform(0.8, 1.2, size=n_blocks)).astype(np.float16)
     blocks[:, :2] = scales.view(np.uint8).reshape(n_blocks, 2)
     return blocks.reshape(rows, cols // BLOCK_ELEMS * BLOCK_BYTES)
+
+
+def k_quant_blocks(rng: np.random.Generator, qtype: Q, rows: int, cols: int, std: float = 0.02) -> np.ndarray:
+    """Random blocks of a K-quant or Q8_0 (any bit pattern is a valid block), with the float16
+    super-scales set so that the weights' spread is near `std`: the speed of the kernels does
+    not depend on the values, and the CUDA tests need finite, moderate logits."""
+    elems, nbytes = gguf.GGML_QUANT_SIZES[qtype]
+    n_blocks = rows * cols // elems
+    blocks = rng.integers(0, 256, size=(n_blocks, nbytes), dtype=np.uint8)
+
+    def put_f16(offset: int, value: float) -> None:
+        v = (value * rng.uniform(0.8, 1.2, size=n_blocks)).astype(np.float16)
+        blocks[:, offset : offset + 2] = v.view(np.uint8).reshape(n_blocks, 2)
+
+    if qtype == Q.Q8_0:  # d, 32 int8 (std ~74)
+        put_f16(0, std / 74)
+    elif qtype in (Q.Q4_K, Q.Q5_K):  # d, dmin, 6-bit scales/mins: w = d*sc*q - dmin*m
+        levels = 8 if qtype == Q.Q4_K else 16
+        put_f16(0, std / (32 * levels * 0.6))
+        put_f16(2, std / (32 * levels * 0.6) * levels)
+    elif qtype == Q.Q6_K:  # ql, qh, int8 scales, then d: w = d*scale*(q - 32)
+        put_f16(208, std / (64 * 18))
+    else:
+        raise ValueError(f"no random blocks for {qtype.name}")
+    return blocks.reshape(rows, cols // elems * nbytes)
+
+
+def use_more_bits(i: int, n: int) -> bool:
+    """llama.cpp's Q*_K_M rule for which attn_v / ffn_down layers get Q6_K."""
+    return i < n // 8 or i >= 7 * n // 8 or (i - n // 8) % 3 == 2
+
+
+# Per-tensor type of each recipe: (name, layer index or -1, layer count) -> quantization type.
+FILE_TYPES = {
+    "q4_0": gguf.LlamaFileType.MOSTLY_Q4_0,
+    "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0,
+    "q4_k_m": gguf.LlamaFileType.MOSTLY_Q4_K_M,
+    "q5_k_m": gguf.LlamaFileType.MOSTLY_Q5_K_M,
+    "q6_k": gguf.LlamaFileType.MOSTLY_Q6_K,
+    "f16": gguf.LlamaFileType.MOSTLY_F16,
+}
+
+
+def tensor_type(dtype: str, name: str, layer: int, n_layers: int) -> Q:
+    """The type llama-quantize's recipe gives this tensor (Q*_K_M: Q6_K for the output matrix and
+    for attn_v / ffn_down of the layers use_more_bits picks)."""
+    if dtype in ("q4_0", "q8_0", "q6_k", "f16"):
+        return {"q4_0": Q.Q4_0, "q8_0": Q.Q8_0, "q6_k": Q.Q6_K, "f16": Q.F16}[dtype]
+    base = Q.Q4_K if dtype == "q4_k_m" else Q.Q5_K
+    if name == "output.weight":
+        return Q.Q6_K
+    if name.endswith(("attn_v.weight", "ffn_down.weight")) and use_more_bits(layer, n_layers):
+        return Q.Q6_K
+    return base
 
 
 def vocabulary(n: int) -> tuple[list[str], list[float], list[int]]:
@@ -134,9 +196,7 @@ def write(shape: Shape, out: Path, seed: int = 0, dtype: str = "q4_0") -> None:
     w.add_value_length(shape.hd)
     w.add_rope_freq_base(shape.rope_theta)
     w.add_layer_norm_rms_eps(1e-6 if shape.arch == "qwen3" else 1e-5)
-    w.add_file_type(
-        gguf.LlamaFileType.MOSTLY_F16 if dtype == "f16" else gguf.LlamaFileType.MOSTLY_Q4_0
-    )
+    w.add_file_type(FILE_TYPES[dtype])
     w.add_chat_template(CHATML)
     tokens, scores, types = vocabulary(shape.vocab)
     w.add_tokenizer_model("llama")
@@ -147,26 +207,35 @@ def write(shape: Shape, out: Path, seed: int = 0, dtype: str = "q4_0") -> None:
     w.add_eos_token_id(2)
     w.add_unk_token_id(0)
     plan = tensor_plan(shape)
+
+    def qtype_of(name: str) -> Q:
+        layer = int(name.split(".")[1]) if name.startswith("blk.") else -1
+        return tensor_type(dtype, name, layer, shape.layers)
+
     for name, rows, cols in plan:
         if rows == 0:
             w.add_tensor_info(name, (cols,), np.dtype(np.float32), cols * 4)
-        elif dtype == "f16":
+        elif qtype_of(name) == Q.F16:
             w.add_tensor_info(name, (rows, cols), np.dtype(np.float16), rows * cols * 2)
         else:
-            nbytes = rows * cols // BLOCK_ELEMS * BLOCK_BYTES
+            elems, block_bytes = gguf.GGML_QUANT_SIZES[qtype_of(name)]
+            nbytes = rows * cols // elems * block_bytes
             w.add_tensor_info(
-                name, (rows, nbytes // rows), np.dtype(np.uint8), nbytes, raw_dtype=Q4_0
+                name, (rows, nbytes // rows), np.dtype(np.uint8), nbytes, raw_dtype=qtype_of(name)
             )
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_ti_data_to_file()
-    for _name, rows, cols in plan:
+    for name, rows, cols in plan:
+        qtype = qtype_of(name) if rows else None
         if rows == 0:
             w.write_tensor_data(np.ones(cols, dtype=np.float32))
-        elif dtype == "f16":
+        elif qtype == Q.F16:
             w.write_tensor_data(f16_rows(rng, rows, cols))
-        else:
+        elif qtype == Q.Q4_0:
             w.write_tensor_data(q4_0_blocks(rng, rows, cols))
+        else:
+            w.write_tensor_data(k_quant_blocks(rng, qtype, rows, cols))
     w.close()
 
 
@@ -177,7 +246,7 @@ def main() -> None:
     ap.add_argument("--preset", choices=sorted(PRESETS), default="llama3-8b")
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--dtype", choices=["q4_0", "f16"], default="q4_0")
+    ap.add_argument("--dtype", choices=sorted(FILE_TYPES), default="q4_0")
     args = ap.parse_args()
     write(PRESETS[args.preset], args.out, args.seed, args.dtype)
     print(f"wrote {args.out} ({args.out.stat().st_size / 2**30:.2f} GiB)")

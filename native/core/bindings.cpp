@@ -15,6 +15,9 @@
 #include "kv_quant.h"
 #include "op_profile.h"
 #include "thread_pool.h"
+#ifdef LLMD_WITH_CUDA
+#include "../cuda/cuda_model.h"
+#endif
 
 namespace py = pybind11;
 using namespace llmd;
@@ -193,7 +196,7 @@ py::dict check_model(const std::string& path, const py::dict& hf_config, const s
   d["weight_format"] = i.weight_format;
   d["context_length"] = i.context_length;
   // Only the CPU backend decides its kernels at load; a device backend's weights are not built.
-  if (i.backend == "cpu") d["matmul_paths"] = model->matmul_paths();
+  if (i.backend == "cpu" || i.backend == "cuda") d["matmul_paths"] = model->matmul_paths();
   return d;
 }
 
@@ -701,6 +704,20 @@ PYBIND11_MODULE(_engine, m) {
         "Record each step's graph for last_step_graph() without LLMD_PROFILE's timers.");
   m.def("thread_count", [] { return ThreadPool::global().size(); });
   m.def("active_kernel_path", [] { return std::string(kernels::active_table().isa); });
+  // The cuda backend (native/cuda): whether this build has it and a device is present, and the
+  // device's memory for the KV budget's default (worker/host.py: auto_kv_budget).
+#ifdef LLMD_WITH_CUDA
+  m.def("cuda_available", [] { return cuda::cuda_available(); });
+  m.def("cuda_memory_info", [] {
+    const auto [free_bytes, total_bytes] = cuda::device_memory_info();
+    py::dict d;
+    d["free"] = free_bytes;
+    d["total"] = total_bytes;
+    return d;
+  });
+#else
+  m.def("cuda_available", [] { return false; });
+#endif
   m.def("runnable_kernel_paths", [] {
     std::vector<std::string> names;
     for (const auto* t : kernels::runnable_tables()) names.emplace_back(t->isa);

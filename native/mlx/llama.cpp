@@ -8,6 +8,9 @@
 #include "../core/op_profile.h"
 #include "architectures.h"
 #include "decoder.h"
+#ifdef LLMD_WITH_CUDA
+#include "../cuda/cuda_model.h"
+#endif
 
 namespace llmd {
 
@@ -174,6 +177,33 @@ std::unique_ptr<Model> load_llama_family_gguf(const GgufFile& file, const LoadOp
     throw std::runtime_error(variant.arch + " rope scaling type '" + scaling + "' is not supported yet");
   }
 
+#ifdef LLMD_WITH_CUDA
+  // The cuda backend: the same hyperparameters and RoPE table, llmd's CUDA kernels for the step
+  // (native/cuda/cuda_model.h). A pull-time check (validate_only) runs the checks below instead.
+  if (options.backend == "cuda" && !options.validate_only) {
+    if (variant.requires_qkv_bias || variant.qk_norm || file.find("blk.0.attn_q.bias") ||
+        file.find("blk.0.attn_output.bias")) {
+      throw std::runtime_error("the cuda backend does not run " + variant.arch +
+                               " models yet (q/k/v biases or q/k norms); use --backend gpu or cpu");
+    }
+    cuda::LlamaConfig cc;
+    cc.n_layers = c.n_layers;
+    cc.hidden_size = c.hidden_size;
+    cc.ffn_size = c.ffn_size;
+    cc.n_heads = c.n_heads;
+    cc.n_kv_heads = c.n_kv_heads;
+    cc.head_dim = c.head_dim;
+    cc.vocab_size = c.vocab_size;
+    cc.context_length = options.context_length > 0 ? options.context_length : c.context_length;
+    cc.rms_eps = c.rms_eps;
+    cc.rope_inv_freq = rope->inv_freq;
+    cc.rope_dims = rope->dims;
+    cc.rope_interleaved = rope->interleaved;
+    ModelInfo info = make_info(c, variant.arch, "gguf:" + type_name(file.tensor("blk.0.ffn_down.weight").type), options);
+    info.weight_bytes = file.file_size();
+    return cuda::load_llama(file, cc, std::move(info));
+  }
+#endif
   const bool dev = options.on_device();
   std::vector<Layer> layers(c.n_layers);
   for (int i = 0; i < c.n_layers; ++i) {

@@ -12,6 +12,9 @@
 #include "kernels/qgemm.h"
 #include "architectures.h"
 #include "linear.h"
+#ifdef LLMD_WITH_CUDA
+#include "../cuda/cuda_model.h"
+#endif
 
 #include <mlx/mlx.h>
 
@@ -61,13 +64,25 @@ namespace mx = mlx::core;
 
 // Resolves "auto", checks the choice is runnable, and makes MLX's default device match it.
 LoadOptions resolve_backend(LoadOptions options) {
+  if (options.backend == "cuda") {
+    // llmd's own CUDA kernels (native/cuda): only in a build made with them, on a CUDA machine.
+#ifdef LLMD_WITH_CUDA
+    if (!cuda::cuda_available()) throw std::runtime_error("backend 'cuda' requested but no CUDA device is present");
+    mx::set_default_device(mx::Device::cpu);
+    return options;
+#else
+    throw std::runtime_error(
+        "backend 'cuda' needs llmd built with its CUDA kernels (CMAKE_ARGS=-DLLMD_CUDA=ON pip install '.[cuda]' on "
+        "an NVIDIA machine)");
+#endif
+  }
   const bool has_gpu = mx::is_available(mx::Device::gpu);
   if (options.backend == "auto") options.backend = has_gpu ? "gpu" : "cpu";
   if (options.backend == "gpu" && !has_gpu) {
     throw std::runtime_error("backend 'gpu' requested but this MLX build has no GPU (install llmd[cuda] on an NVIDIA box)");
   }
   if (options.backend != "cpu" && options.backend != "gpu" && options.backend != "mlx-cpu") {
-    throw std::runtime_error("unknown backend '" + options.backend + "' (expected auto, cpu, gpu or mlx-cpu)");
+    throw std::runtime_error("unknown backend '" + options.backend + "' (expected auto, cpu, gpu, mlx-cpu or cuda)");
   }
   mx::set_default_device(options.backend == "gpu" ? mx::Device::gpu : mx::Device::cpu);
   if (options.on_device()) {
@@ -82,6 +97,7 @@ LoadOptions resolve_backend(LoadOptions options) {
 }
 
 void describe_backend(ModelInfo& info, const std::string& backend) {
+  if (backend == "cuda") return;  // the cuda model described its device itself
   info.backend = backend;
   if (backend != "gpu") {
     info.device_name = backend == "cpu" ? std::string("cpu:") + kernels::active_table().isa : "cpu:mlx";
@@ -109,8 +125,15 @@ std::unique_ptr<Model> load_model_on(const std::string& path, const LoadOptions&
     }
     return it->second(path, hf_config, options);
   }
+  if (options.backend == "cuda" && fs::is_directory(path)) {
+    throw std::runtime_error("the cuda backend loads GGUF files so far; run this checkpoint with --backend gpu or cpu");
+  }
   GgufFile file(path);
   const std::string arch = file.metadata().get_string("general.architecture").value_or("");
+  if (options.backend == "cuda" && arch != "llama" && !options.validate_only) {
+    throw std::runtime_error("the cuda backend runs llama-architecture GGUF models so far, not '" + arch +
+                             "'; use --backend gpu or cpu");
+  }
   auto it = gguf_loaders().find(arch);
   if (it == gguf_loaders().end()) {
     throw std::runtime_error("architecture '" + arch + "' is not supported (supported: " + known(gguf_loaders()) + ")");

@@ -213,6 +213,10 @@ def auto_kv_budget(backend: str) -> int:
     Why a quarter: weights, activations, other models and the rest of the machine share it;
     the prefix cache then keeps as much as it can and evicts LRU past the budget."""
     free = available_host_memory()
+    if backend == "cuda":
+        from llmd import _engine  # a build with native/cuda: the device's own free memory
+
+        return kv_budget_share(int(_engine.cuda_memory_info()["free"]))
     if backend in ("auto", "gpu") and sys.platform != "darwin":
         try:
             import mlx.core as mx
@@ -228,7 +232,7 @@ def mlx_memory(engine_backend: str) -> dict[str, dict[str, int]]:
     """MLX's own allocator counters where the engine runs on an MLX device (Metal's unified
     memory, CUDA, MLX's CPU device): the worker's RSS does not show a GPU's memory, and on a
     Mac it is the number that competes with every other app. Empty on llmd's CPU kernels."""
-    if engine_backend == "cpu":
+    if engine_backend in ("cpu", "cuda"):  # llmd's own kernels: MLX allocates nothing there
         return {}
     try:
         import mlx.core as mx
@@ -248,7 +252,9 @@ def _backend_name(engine_backend: str) -> str:
     """The ready handshake's backend: llmd's CPU kernels, or MLX on a GPU (CUDA or Metal)."""
     if engine_backend == "gpu":
         return "mlx-metal" if sys.platform == "darwin" else "mlx-cuda"
-    return "llmd-cpu" if engine_backend == "cpu" else engine_backend
+    if engine_backend in ("cpu", "cuda"):
+        return f"llmd-{engine_backend}"
+    return engine_backend
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -282,8 +288,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--backend",
         default=os.environ.get("LLMD_BACKEND", "auto"),
-        choices=["auto", "cpu", "gpu", "mlx-cpu"],
-        help="auto: the GPU when MLX has one, else llmd's CPU kernels",
+        choices=["auto", "cpu", "gpu", "mlx-cpu", "cuda"],
+        help="auto: the GPU when MLX has one, else llmd's CPU kernels; cuda: llmd's own CUDA "
+        "kernels (a build made with -DLLMD_CUDA=ON, llama-architecture GGUF models)",
     )
     parser.add_argument(
         "--draft-model",
