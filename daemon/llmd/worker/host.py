@@ -214,9 +214,10 @@ def auto_kv_budget(backend: str) -> int:
     the prefix cache then keeps as much as it can and evicts LRU past the budget."""
     free = available_host_memory()
     if backend == "cuda":
-        from llmd import _engine  # a build with native/cuda: the device's own free memory
+        from llmd import _engine
 
-        return kv_budget_share(int(_engine.cuda_memory_info()["free"]))
+        if _engine.cuda_available():  # a build with native/cuda on a GPU: the device's free memory
+            return kv_budget_share(int(_engine.cuda_memory_info()["free"]))
     if backend in ("auto", "gpu") and sys.platform != "darwin":
         try:
             import mlx.core as mx
