@@ -72,6 +72,9 @@ class GraphExec {
  public:
   GraphExec() = default;
   explicit GraphExec(cudaGraph_t graph) {
+    size_t n = 0;
+    LLMD_CUDA_CHECK(cudaGraphGetNodes(graph, nullptr, &n));
+    nodes_ = static_cast<int>(n);
     LLMD_CUDA_CHECK(cudaGraphInstantiate(&exec_, graph, 0));
     cudaGraphDestroy(graph);
   }
@@ -80,18 +83,21 @@ class GraphExec {
   }
   GraphExec(const GraphExec&) = delete;
   GraphExec& operator=(const GraphExec&) = delete;
-  GraphExec(GraphExec&& o) noexcept : exec_(std::exchange(o.exec_, nullptr)) {}
+  GraphExec(GraphExec&& o) noexcept : exec_(std::exchange(o.exec_, nullptr)), nodes_(o.nodes_) {}
   GraphExec& operator=(GraphExec&& o) noexcept {
     if (this != &o) {
       if (exec_ != nullptr) cudaGraphExecDestroy(exec_);
       exec_ = std::exchange(o.exec_, nullptr);
+      nodes_ = o.nodes_;
     }
     return *this;
   }
   void launch(cudaStream_t stream) const { LLMD_CUDA_CHECK(cudaGraphLaunch(exec_, stream)); }
+  int nodes() const { return nodes_; }
 
  private:
   cudaGraphExec_t exec_ = nullptr;
+  int nodes_ = 0;
 };
 
 DeviceBuffer upload_vector(const TensorView& t) {
@@ -218,6 +224,11 @@ class CudaLlama final : public Model {
   }
 
   std::map<std::string, uint64_t> attention_paths() const override { return attention_calls_; }
+
+  int graph_nodes(int seqs) const {
+    auto it = graphs_.find(seqs);
+    return it == graphs_.end() ? -1 : it->second.nodes();
+  }
 
   void copy_kv_block(KvPool& pool, int src, int dst) override {
     ensure_kv(pool);
@@ -490,6 +501,11 @@ class CudaLlama final : public Model {
 };
 
 }  // namespace
+
+int decode_graph_nodes(const Model& model, int seqs) {
+  const auto* cuda_model = dynamic_cast<const CudaLlama*>(&model);
+  return cuda_model ? cuda_model->graph_nodes(seqs) : -1;
+}
 
 std::unique_ptr<Model> load_llama(const GgufFile& file, const LlamaConfig& config, ModelInfo info) {
   if (!cuda_available()) throw std::runtime_error("backend 'cuda' requested but no CUDA device is present");

@@ -38,6 +38,11 @@ std::string device_name();
 size_t device_memory_bytes();
 std::pair<size_t, size_t> device_memory_info();  // (free, total) bytes
 
+// Nodes (kernel launches and copies) of the CUDA graph a cuda model captured for decode steps
+// of `seqs` sequences; -1 if `model` is not a cuda model or has no such graph yet. The benchmark
+// reports it: the launches per decode step are what the graph replaces.
+int decode_graph_nodes(const Model& model, int seqs);
+
 // Uploads the GGUF file's weights to the GPU and returns the model; `info` is the loader's
 // (architecture, sizes), to which the backend facts are added.
 std::unique_ptr<Model> load_llama(const GgufFile& file, const LlamaConfig& config, ModelInfo info);

@@ -21,6 +21,7 @@
 #include "../../core/kv_cache.h"
 #include "../../core/model.h"
 #include "../../core/step.h"
+#include "../cuda_model.h"
 #include "cuda_test.h"
 
 namespace llmd::cuda {
@@ -271,6 +272,7 @@ LLMD_CUDA_BENCH(model_step_rates) {
     };
     prefill_rate(*model, 512, 512);  // warm-up: cuBLAS handles, first allocations
     result(file, "tg128", median([&] { return decode_rate(*model, 1, 1, 128); }));
+    std::printf("  decode step graph: %d nodes at batch 1\n", decode_graph_nodes(*model, 1));
     setenv("LLMD_CUDA_GRAPHS", "0", 1);
     result(file, "tg128_nograph", median([&] { return decode_rate(*model, 1, 1, 128); }));
     unsetenv("LLMD_CUDA_GRAPHS");
@@ -279,6 +281,7 @@ LLMD_CUDA_BENCH(model_step_rates) {
     result(file, "pp4096_chunk2048", median([&] { return prefill_rate(*model, 4096, 2048); }));
     result(file, "batch8", median([&] { return decode_rate(*model, 8, 128, 128); }));
     result(file, "batch32", median([&] { return decode_rate(*model, 32, 128, 128); }));
+    std::printf("  decode step graph: %d nodes at batch 32\n", decode_graph_nodes(*model, 32));
   }
 }
 
