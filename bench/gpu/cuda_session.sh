@@ -41,7 +41,8 @@ for q in q4_0 q4_k_m; do
     > "$OUT/gen-$q.log" 2>&1 < /dev/null && mv $M/llama3-8b-$q.gguf.tmp $M/llama3-8b-$q.gguf &
 done
 tiny=""
-for spec in tiny-gqa3:q4_0 tiny-gqa3:q8_0 tiny-gqa3:f16 tiny-hd128:q4_k_m tiny-hd128:q5_k_m tiny-hd128:q6_k; do
+for spec in tiny-gqa3:q4_0 tiny-gqa3:q8_0 tiny-gqa3:f16 tiny-hd128:q4_k_m tiny-hd128:q5_k_m tiny-hd128:q6_k \
+  tiny-qwen3:q4_k_m tiny-qwen2:q8_0; do
   python3 bench/gpu/make_random_gguf.py --preset ${spec%%:*} --dtype ${spec##*:} --out $M/${spec/:/-}.gguf > /dev/null
   tiny="$tiny${tiny:+:}$M/${spec/:/-}.gguf"
 done

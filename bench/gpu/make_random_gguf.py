@@ -69,6 +69,8 @@ PRESETS = {
     # 64 with the test model's GQA ratio of 3, head size 128 with 4, and a K-quant-able hidden size.
     "tiny-gqa3": Shape(1000, 384, 3, 6, 2, 1024, 2048, 10000.0),
     "tiny-hd128": Shape(1000, 512, 3, 4, 1, 1536, 2048, 500000.0),
+    "tiny-qwen3": Shape(1000, 256, 2, 4, 2, 768, 2048, 1000000.0, "qwen3", 64, True),
+    "tiny-qwen2": Shape(1000, 384, 2, 6, 2, 768, 2048, 1000000.0, "qwen2"),
 }
 
 
@@ -81,7 +83,9 @@ def q4_0_blocks(rng: np.random.Generator, rows: int, cols: int, std: float = 0.0
     return blocks.reshape(rows, cols // BLOCK_ELEMS * BLOCK_BYTES)
 
 
-def k_quant_blocks(rng: np.random.Generator, qtype: Q, rows: int, cols: int, std: float = 0.02) -> np.ndarray:
+def k_quant_blocks(
+    rng: np.random.Generator, qtype: Q, rows: int, cols: int, std: float = 0.02
+) -> np.ndarray:
     """Random blocks of a K-quant or Q8_0 (any bit pattern is a valid block), with the float16
     super-scales set so that the weights' spread is near `std`: the speed of the kernels does
     not depend on the values, and the CUDA tests need finite, moderate logits."""
@@ -158,6 +162,9 @@ def tensor_plan(s: Shape) -> list[tuple[str, int, int]]:
         ]
         if s.arch == "qwen3":
             plan += [(b + "attn_q_norm.weight", 0, hd), (b + "attn_k_norm.weight", 0, hd)]
+        if s.arch == "qwen2":  # q/k/v biases
+            plan += [(b + "attn_q.bias", 0, s.heads * hd), (b + "attn_k.bias", 0, s.kv_heads * hd)]
+            plan += [(b + "attn_v.bias", 0, s.kv_heads * hd)]
         plan += [
             (b + "attn_output.weight", s.hidden, s.heads * hd),
             (b + "ffn_norm.weight", 0, s.hidden),
@@ -228,7 +235,9 @@ def write(shape: Shape, out: Path, seed: int = 0, dtype: str = "q4_0") -> None:
     w.write_ti_data_to_file()
     for name, rows, cols in plan:
         qtype = qtype_of(name) if rows else None
-        if rows == 0:
+        if rows == 0 and name.endswith(".bias"):
+            w.write_tensor_data(rng.normal(0.0, 0.5, size=cols).astype(np.float32))
+        elif rows == 0:
             w.write_tensor_data(np.ones(cols, dtype=np.float32))
         elif qtype == Q.F16:
             w.write_tensor_data(f16_rows(rng, rows, cols))

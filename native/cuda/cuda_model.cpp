@@ -146,6 +146,8 @@ struct Layer {
   DeviceBuffer attn_norm;
   DeviceBuffer ffn_norm;
   Product qkv;
+  DeviceBuffer qkv_bias;        // Qwen2 (q|k|v), else empty
+  DeviceBuffer q_norm, k_norm;  // Qwen3, else empty
   DeviceMatrix wo;
   Product gate_up;  // stacked: SwiGLU in the epilogue; apart: gate and up, then swiglu_inplace
   DeviceMatrix down;
@@ -442,6 +444,10 @@ class CudaLlama final : public Model {
       for (size_t p = 0; p < L.qkv.parts.size(); ++p) {
         matmul(*matmul_, L.qkv.parts[p], act, qkv + L.qkv.offsets[p], qkv_dim_, Epilogue::Store, stream);
       }
+      if (!L.qkv_bias.empty() || !L.q_norm.empty()) {
+        qkv_bias_head_norm(qkv, qkv_dim_, rows, c.n_heads, c.n_kv_heads, c.head_dim, L.qkv_bias.as<float>(),
+                           L.q_norm.as<float>(), L.k_norm.as<float>(), c.rms_eps, stream);
+      }
       rope_write_kv(qkv, qkv_dim_, rows, c.n_heads, d + layout.positions, d + layout.slots, rope, kv, stream);
       paged_attention(qkv, qkv_dim_, batch, kv, c.n_heads, scale, attn, attn_dim_, workspace_.get(),
                       workspace_.bytes(), stream);
@@ -520,6 +526,21 @@ std::unique_ptr<Model> load_llama(const GgufFile& file, const LlamaConfig& confi
     L.ffn_norm = upload_vector(file.tensor(b + "ffn_norm.weight"));
     L.qkv = upload_product({&file.tensor(b + "attn_q.weight"), &file.tensor(b + "attn_k.weight"),
                             &file.tensor(b + "attn_v.weight")});
+    if (config.qkv_bias) {
+      std::vector<float> bias;
+      for (const char* part : {"attn_q.bias", "attn_k.bias", "attn_v.bias"}) {
+        const TensorView& t = file.tensor(b + part);
+        const size_t at = bias.size();
+        bias.resize(at + static_cast<size_t>(t.n_elements()));
+        dequantize_row(t.type, t.data, bias.data() + at, t.n_elements());
+      }
+      L.qkv_bias = DeviceBuffer(bias.size() * sizeof(float));
+      L.qkv_bias.upload(bias.data(), L.qkv_bias.bytes());
+    }
+    if (config.qk_norm) {
+      L.q_norm = upload_vector(file.tensor(b + "attn_q_norm.weight"));
+      L.k_norm = upload_vector(file.tensor(b + "attn_k_norm.weight"));
+    }
     const TensorView& wo = file.tensor(b + "attn_output.weight");
     L.wo = upload_gguf_matrix(wo.type, wo.data, static_cast<int>(wo.shape[1]), static_cast<int>(wo.shape[0]));
     L.gate_up = upload_product({&file.tensor(b + "ffn_gate.weight"), &file.tensor(b + "ffn_up.weight")});

@@ -29,6 +29,8 @@ struct LlamaConfig {
   std::vector<float> rope_inv_freq;  // rope_dims / 2 values
   int rope_dims = 0;
   bool rope_interleaved = true;
+  bool qkv_bias = false;  // Qwen2: q, k and v carry biases
+  bool qk_norm = false;   // Qwen3: per-head RMS norm of q and k before RoPE
 };
 
 // True when this process can run the cuda backend (built with it and a CUDA device present).

@@ -130,8 +130,8 @@ std::unique_ptr<Model> load_model_on(const std::string& path, const LoadOptions&
   }
   GgufFile file(path);
   const std::string arch = file.metadata().get_string("general.architecture").value_or("");
-  if (options.backend == "cuda" && arch != "llama" && !options.validate_only) {
-    throw std::runtime_error("the cuda backend runs llama-architecture GGUF models so far, not '" + arch +
+  if (options.backend == "cuda" && arch != "llama" && arch != "qwen2" && arch != "qwen3" && !options.validate_only) {
+    throw std::runtime_error("the cuda backend runs llama, qwen2 and qwen3 GGUF models so far, not '" + arch +
                              "'; use --backend gpu or cpu");
   }
   auto it = gguf_loaders().find(arch);
