@@ -1,5 +1,7 @@
 // Runs every registered GPU test (and with --bench every benchmark) whose name contains the
-// filter argument; exits 1 if any failed. See cuda_test.h.
+// filter argument (or, as "=NAME", equals it); exits 1 if any failed. --list prints the names
+// without touching the GPU, so a session script can run each case in its own process (a kernel
+// fault leaves a CUDA context unusable for every later case). See cuda_test.h.
 #include <cuda_runtime.h>
 
 #include <cstdio>
@@ -10,11 +12,24 @@
 #include "cuda_test.h"
 
 int main(int argc, char** argv) {
-  bool bench = false;
+  bool bench = false, list = false;
   std::string filter;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--bench") == 0) bench = true;
+    else if (std::strcmp(argv[i], "--list") == 0) list = true;
     else filter = argv[i];
+  }
+  auto selected = [&](const llmd::cuda::testing::Case& c) {
+    if (c.bench != bench) return false;
+    if (filter.empty()) return true;
+    if (filter[0] == '=') return c.name == filter.substr(1);
+    return c.name.find(filter) != std::string::npos;
+  };
+  if (list) {
+    for (const auto& c : llmd::cuda::testing::registry()) {
+      if (selected(c)) std::printf("%s\n", c.name.c_str());
+    }
+    return 0;
   }
   int device_count = 0;
   if (cudaGetDeviceCount(&device_count) != cudaSuccess || device_count == 0) {
@@ -27,8 +42,7 @@ int main(int argc, char** argv) {
               prop.totalGlobalMem / 1073741824.0, prop.l2CacheSize / 1048576.0);
   int failed = 0, ran = 0;
   for (const auto& c : llmd::cuda::testing::registry()) {
-    if (c.bench != bench) continue;
-    if (!filter.empty() && c.name.find(filter) == std::string::npos) continue;
+    if (!selected(c)) continue;
     ++ran;
     std::printf("%s %s\n", bench ? "BENCH" : "TEST ", c.name.c_str());
     std::fflush(stdout);
