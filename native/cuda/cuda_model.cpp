@@ -261,7 +261,8 @@ class CudaLlama final : public Model {
     const TableLayout layout(rows, seqs, logit_count, table_width_);
     int32_t* h = staging_.as<int32_t>();
     int row = 0, logit_row = 0, max_q_rows = 0;
-    bool decode_only = seqs <= kMaxGemvBatch;
+    const int gemv_rows = gemv_row_limit();
+    bool decode_only = seqs <= gemv_rows;
     for (int s = 0; s < seqs; ++s) {
       const StepSegment& seg = step.segments[s];
       const int n = static_cast<int>(seg.tokens.size());
@@ -465,12 +466,13 @@ class CudaLlama final : public Model {
       matmul(*matmul_, L.down, act, x, c.hidden_size, Epilogue::Add, stream);
     }
     // The output matrix is the largest one (vocab x hidden): only the rows the engine samples
-    // from go through it, as GEMVs of at most kMaxGemvBatch rows (never the dequantizing path,
-    // which would need a float16 copy of the whole matrix).
+    // from go through it, as GEMVs (never the dequantizing path, which would need a float16 copy
+    // of the whole matrix).
     float* head_x = head_x_.as<float>();
     copy_rows(x, c.hidden_size, d + layout.logit_rows, logit_count, c.hidden_size, head_x, c.hidden_size, stream);
-    for (int first = 0; first < logit_count; first += kMaxGemvBatch) {
-      const int n = std::min(kMaxGemvBatch, logit_count - first);
+    const int chunk = gemv_row_limit();
+    for (int first = 0; first < logit_count; first += chunk) {
+      const int n = std::min(chunk, logit_count - first);
       rmsnorm_quantize(head_x + static_cast<size_t>(first) * c.hidden_size, c.hidden_size, out_norm_.as<float>(),
                        c.rms_eps, n, c.hidden_size, *head_act_, stream);
       matmul(*matmul_, lm_head_, *head_act_, logits_.as<float>() + static_cast<size_t>(first) * c.vocab_size,

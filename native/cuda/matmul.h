@@ -30,6 +30,10 @@ const char* format_name(WeightFormat f);
 
 // The most activation rows one GEMV launch takes; more rows go through the prefill path.
 inline constexpr int kMaxGemvBatch = 32;
+// The most rows matmul() actually sends through the GEMV kernels: kMaxGemvBatch, or fewer when
+// the environment sets LLMD_CUDA_GEMV_ROWS (read at every call, so a benchmark can measure both
+// paths at the batch sizes where either applies; matmul_policy.cpp).
+int gemv_row_limit();
 
 // A weight matrix [rows][cols] on the device (y = W x: `cols` is the input size). The byte
 // layout inside `data`/`aux` is private to matmul.cu: the upload may re-lay a GGUF tensor's
