@@ -401,9 +401,15 @@ class CudaLlama final : public Model {
     most_batch.max_q_rows = cap;
     most_batch.max_blocks_per_seq = table_width_;
     size_t ws = attention_workspace_bytes(most_batch, c.n_heads, c.head_dim);
-    AttentionBatch decode_batch = most_batch;
-    decode_batch.max_q_rows = 1;
-    ws = std::max(ws, attention_workspace_bytes(decode_batch, c.n_heads, c.head_dim));
+    // A decode step's split plan depends on its sequence count (fewer sequences, more splits
+    // each), so the workspace is the most any count up to the capacity needs.
+    for (int seqs = 1; seqs <= cap; ++seqs) {
+      AttentionBatch decode_batch = most_batch;
+      decode_batch.num_seqs = seqs;
+      decode_batch.total_q_rows = seqs;
+      decode_batch.max_q_rows = 1;
+      ws = std::max(ws, attention_workspace_bytes(decode_batch, c.n_heads, c.head_dim));
+    }
     workspace_ = DeviceBuffer(std::max<size_t>(ws, 256));
     capacity_rows_ = cap;
   }
