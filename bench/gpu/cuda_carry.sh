@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Prepares .dev/cuda (git-ignored), what bench/gpu/cuda_session.sh needs on the GPU machine, from
-# builds made here: the GPU test binary (build/cuda, -DLLMD_CUDA=ON), libmlx and its BLAS (the
+# builds made here (bench/gpu/cuda_carry.sh [TEST_BINARY...]): the GPU test binary (build/cuda, -DLLMD_CUDA=ON), libmlx and its BLAS (the
 # tests' CPU reference), llama.cpp's CUDA tools if built (bench/.llamacpp/build-cuda) or else a
 # trimmed copy of its sources for the session to build there, and the gguf wheel. Prints the
 # size: a `device` call carries at most 64 MiB with the working tree.
@@ -8,7 +8,13 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 C=.dev/cuda
 rm -rf "$C" && mkdir -p "$C"/{bin,lib,llamacpp/bin,llamacpp/lib,wheels}
-cp build/cuda/native/cuda/llmd_cuda_tests "$C/bin/" && strip "$C/bin/llmd_cuda_tests"
+# Arguments: test binaries to carry (variants of a kernel, tested side by side there); default
+# the one in build/cuda.
+[ $# -gt 0 ] || set -- build/cuda/native/cuda/llmd_cuda_tests
+i=0
+for b in "$@"; do
+  cp "$b" "$C/bin/llmd_cuda_tests_$((i++))" && strip "$C/bin/llmd_cuda_tests_$((i - 1))"
+done
 site=$(.venv/bin/python -c "import mlx, os; print(os.path.dirname(list(mlx.__path__)[0]))")
 cp "$site/mlx/lib/libmlx.so" "$site"/mlx_cpu.libs/* "$C/lib/"
 lc=bench/.llamacpp/build-cuda
