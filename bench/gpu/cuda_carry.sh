@@ -2,12 +2,12 @@
 # Prepares .dev/cuda (git-ignored), what bench/gpu/cuda_session.sh needs on the GPU machine, from
 # builds made here (bench/gpu/cuda_carry.sh [TEST_BINARY...]): the GPU test binary (build/cuda, -DLLMD_CUDA=ON), libmlx and its BLAS (the
 # tests' CPU reference), llama.cpp's CUDA tools if built (bench/.llamacpp/build-cuda) or else a
-# trimmed copy of its sources for the session to build there, and the gguf wheel. Prints the
-# size: a `device` call carries at most 64 MiB with the working tree.
+# trimmed copy of its sources for the session to build there, and the gguf wheel, packed into
+# .dev/cuda.tar.xz. Prints the size: a `device` call carries at most 64 MiB with the working tree.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-C=.dev/cuda
-rm -rf "$C" && mkdir -p "$C"/{bin,lib,llamacpp/bin,llamacpp/lib,wheels}
+C=/tmp/llmd-cuda-carry/cuda
+rm -rf "$(dirname "$C")" .dev/cuda.tar.xz && mkdir -p "$C"/{bin,lib,llamacpp/bin,llamacpp/lib,wheels} .dev
 # Arguments: test binaries to carry (variants of a kernel, tested side by side there); default
 # the one in build/cuda.
 [ $# -gt 0 ] || set -- build/cuda/native/cuda/llmd_cuda_tests
@@ -29,4 +29,7 @@ else
     --exclude=llama.cpp/tests --exclude=llama.cpp/media --exclude=llama.cpp/gguf-py --exclude=llama.cpp/.git llama.cpp
 fi
 .venv/bin/python -m pip download -q --no-deps gguf -d "$C/wheels"
-du -sh "$C" && du -sh "$C"/* "$C"/llamacpp/*
+du -sh "$C" "$C"/* "$C"/llamacpp/*
+# One xz archive (the CUDA code and libmlx compress 3-4x): the session unpacks it into .dev/cuda.
+tar cf - -C "$(dirname "$C")" cuda | xz -T2 -6 > .dev/cuda.tar.xz
+du -sh .dev/cuda.tar.xz

@@ -2,7 +2,8 @@
 # The native/cuda GPU session in ONE `device` call (a lent GPU machine has minutes, not hours):
 # the GPU tests, the kernel benchmarks, and the cuda backend vs llama.cpp's CUDA build on
 # random 8B-shaped Q4_0 and Q4_K_M GGUFs, alternating rounds. Everything it runs was built on
-# the developer machine (bench/gpu/cuda_carry.sh) and travels in the git-ignored .dev/cuda:
+# the developer machine (bench/gpu/cuda_carry.sh) and travels as the git-ignored .dev/cuda.tar.xz,
+# unpacked into .dev/cuda:
 #   bin/llmd_cuda_tests*                 GPU test + benchmark binaries (native/cuda/tests); with
 #                                        several (variants of a kernel), each is tested and the
 #                                        first whose model test passes runs the model benchmark
@@ -22,6 +23,7 @@ mkdir -p "$OUT" "$M"
 t0=$(date +%s)
 stamp() { echo "[$(($(date +%s) - t0)) s] $*"; }
 
+[ -f .dev/cuda.tar.xz ] && { rm -rf "$C"; xz -dc .dev/cuda.tar.xz | tar xf - -C .dev; }
 nvidia-smi --query-gpu=name,memory.total,memory.used,clocks.sm,clocks.mem --format=csv,noheader
 cublas=$(python3 -c "import nvidia.cu13, os; print(os.path.join(list(nvidia.cu13.__path__)[0], 'lib'))" 2> /dev/null)
 [ -f "$cublas/libcublas.so.13" ] || cublas=$(dirname "$(find / -name 'libcublas.so.13' 2> /dev/null | head -1)")
