@@ -26,7 +26,7 @@ stamp() { echo "[$(($(date +%s) - t0)) s] $*"; }
 [ -f .dev/cuda.tar.xz ] && { rm -rf "$C"; xz -dc .dev/cuda.tar.xz | tar xf - -C .dev; }
 nvidia-smi --query-gpu=name,memory.total,memory.used,clocks.sm,clocks.mem --format=csv,noheader
 cublas=$(python3 -c "import nvidia.cu13, os; print(os.path.join(list(nvidia.cu13.__path__)[0], 'lib'))" 2> /dev/null)
-[ -f "$cublas/libcublas.so.13" ] || cublas=$(dirname "$(find / -name 'libcublas.so.13' 2> /dev/null | head -1)")
+[ -f "$cublas/libcublas.so.13" ] || cublas=$(dirname "$(find /opt /usr -name 'libcublas.so.13*' 2> /dev/null | head -1)")
 export LD_LIBRARY_PATH="$C/lib:$C/llamacpp/lib:$cublas:${LD_LIBRARY_PATH:-}"
 python3 -m pip install -q --no-index --no-deps --target /tmp/site "$C"/wheels/*.whl >> "$LOG" 2>&1
 export PYTHONPATH=/tmp/site
