@@ -44,7 +44,7 @@ fi
 
 # The 8B files take a minute to write: in the background while the tests run.
 for q in q4_0 q4_k_m; do
-  (setsid python3 bench/gpu/make_random_gguf.py --preset llama3-8b --dtype $q --out $M/llama3-8b-$q.gguf.tmp \
+  (setsid python3 bench/gpu/make_random_gguf.py --preset ${BIG_PRESET:-llama3-8b} --dtype $q --out $M/llama3-8b-$q.gguf.tmp \
     > /tmp/gen-$q.log 2>&1 < /dev/null && mv $M/llama3-8b-$q.gguf.tmp $M/llama3-8b-$q.gguf) &
 done
 tiny=""
