@@ -322,7 +322,9 @@ __global__ void __launch_bounds__(kThreads)
   const int s = blockIdx.z;
   const int row_begin = q_start[s];
   const int nrows = q_start[s + 1] - row_begin;
-  const int r0 = blockIdx.x * BM;
+  // Highest query tiles (the most keys under the causal mask) first: the long blocks start in the
+  // first wave and the short ones fill the tail.
+  const int r0 = (gridDim.x - 1 - blockIdx.x) * BM;
   if (r0 >= nrows) return;  // uniform over the block
   const int pos0 = q_pos0[s];
   const int kvh = h / group;
