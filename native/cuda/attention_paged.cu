@@ -278,7 +278,8 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const __half
   const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(p));
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
+               : "r"(addr)
+               : "memory");
 }
 
 // 16 bytes global -> shared, asynchronously; ok == false fills the 16 bytes with zeros instead
@@ -287,12 +288,12 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const __half
 __device__ __forceinline__ void cp_async16(__half* smem, const __half* gmem, bool ok) {
   const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(smem));
   const int bytes = ok ? 16 : 0;
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(addr), "l"(gmem), "r"(bytes));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(addr), "l"(gmem), "r"(bytes) : "memory");
 }
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n"); }
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
 constexpr int kPrefillBM = 64;  // query rows per block (4 warps x 16)
@@ -373,6 +374,8 @@ __global__ void __launch_bounds__(kThreads)
   const int qpos_a = pos0 + r0 + warp * 16 + g;  // position of this thread's first row; second: +8
   const int qpos_b = qpos_a + 8;
   const int warp_last_pos = pos0 + r0 + warp * 16 + 15;
+  // A warp holding only rows past the chunk (a decode row's 1-row tile) computes nothing.
+  const bool warp_active = warp * 16 < rows_here;
 
   uint32_t qf[D / 16][4];
   float o[D / 8][4];
@@ -401,7 +404,7 @@ __global__ void __launch_bounds__(kThreads)
       }
     }
     // A warp whose rows all precede this block's first key has nothing to add (warp-uniform).
-    if (t * BN <= warp_last_pos) {
+    if (warp_active && t * BN <= warp_last_pos) {
       const __half* Kst = Ks + stage * BN * LDS;
       const __half* Vst = Vs + stage * BN * LDS;
       float sc[BN / 8][4];
