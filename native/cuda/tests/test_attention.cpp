@@ -40,6 +40,25 @@ struct AttnCase {
   std::vector<SeqSpec> seqs;
   int extra_table = 0;  // block-table entries past the longest sequence (a graph-sized table)
   const char* expect_path = nullptr;
+  // Run this step as a CUDA graph captured while the device arrays held another step's contents
+  // (every q_pos0 0, positions/slots of a shorter past), then replayed with the real ones: the
+  // engine captures decode steps once and replays them as sequences grow.
+  bool graph = false;
+};
+
+// Owns a stream, a graph and its instance for one test (released on any exit path).
+struct GraphRun {
+  cudaStream_t stream = nullptr;
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  GraphRun() { LLMD_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking)); }
+  ~GraphRun() {
+    if (exec != nullptr) cudaGraphExecDestroy(exec);
+    if (graph != nullptr) cudaGraphDestroy(graph);
+    if (stream != nullptr) cudaStreamDestroy(stream);
+  }
+  GraphRun(const GraphRun&) = delete;
+  GraphRun& operator=(const GraphRun&) = delete;
 };
 
 template <typename T>
@@ -217,10 +236,39 @@ void run_case(const AttnCase& c) {
               total_rows, max_rows, max_blocks, path, ws_bytes);
   if (c.expect_path != nullptr) LLMD_EXPECT(std::strcmp(path, c.expect_path) == 0, "path " << path);
 
-  rope_write_kv(d_qkv.as<float>(), ld, total_rows, H, d_pos.as<int32_t>(), d_slots.as<int32_t>(), rope, kv, nullptr);
-  paged_attention(d_qkv.as<float>(), ld, batch, kv, H, scale, d_out.as<float>(), ld_out, d_ws.get(), ws_bytes,
+  if (!c.graph) {
+    rope_write_kv(d_qkv.as<float>(), ld, total_rows, H, d_pos.as<int32_t>(), d_slots.as<int32_t>(), rope, kv,
                   nullptr);
-  LLMD_CUDA_CHECK(cudaDeviceSynchronize());
+    paged_attention(d_qkv.as<float>(), ld, batch, kv, H, scale, d_out.as<float>(), ld_out, d_ws.get(), ws_bytes,
+                    nullptr);
+    LLMD_CUDA_CHECK(cudaDeviceSynchronize());
+  } else {
+    // Capture-time contents: a different, shorter state (positions 0.., slots of block 0 rows).
+    std::vector<int32_t> zeros(S, 0), early_pos(pos.size()), early_slots(slots.size());
+    for (size_t i = 0; i < pos.size(); ++i) {
+      early_pos[i] = static_cast<int32_t>(i % kKvBlockTokens);
+      early_slots[i] = table[0] * kKvBlockTokens + static_cast<int32_t>(i % kKvBlockTokens);
+    }
+    d_qpos0.upload(zeros.data(), zeros.size() * 4);
+    d_pos.upload(early_pos.data(), early_pos.size() * 4);
+    d_slots.upload(early_slots.data(), early_slots.size() * 4);
+    GraphRun g;
+    LLMD_CUDA_CHECK(cudaStreamBeginCapture(g.stream, cudaStreamCaptureModeThreadLocal));
+    rope_write_kv(d_qkv.as<float>(), ld, total_rows, H, d_pos.as<int32_t>(), d_slots.as<int32_t>(), rope, kv,
+                  g.stream);
+    paged_attention(d_qkv.as<float>(), ld, batch, kv, H, scale, d_out.as<float>(), ld_out, d_ws.get(), ws_bytes,
+                    g.stream);
+    LLMD_CUDA_CHECK(cudaStreamEndCapture(g.stream, &g.graph));
+    LLMD_CUDA_CHECK(cudaGraphInstantiate(&g.exec, g.graph, 0));
+    d_qpos0.upload(q_pos0.data(), q_pos0.size() * 4);
+    d_pos.upload(pos.data(), pos.size() * 4);
+    d_slots.upload(slots.data(), slots.size() * 4);
+    // The uploads ran on the legacy stream and a pageable copy may still be in flight when
+    // cudaMemcpy returns; the graph's stream does not wait for the legacy stream.
+    LLMD_CUDA_CHECK(cudaDeviceSynchronize());
+    LLMD_CUDA_CHECK(cudaGraphLaunch(g.exec, g.stream));
+    LLMD_CUDA_CHECK(cudaStreamSynchronize(g.stream));
+  }
 
   // Reference: rotated q and k of every position, in double.
   std::vector<std::vector<double>> rq(S), rk(S);
@@ -384,6 +432,15 @@ LLMD_CUDA_TEST(attention_d64_gqa16x1_chunks) {
   // 16 query heads per KV head: the decode kernel takes them in two chunks of 8.
   run_case({"d64 16/1 decode", 16, 1, 64, 32, false, 10000.0, {{3000, 1}, {10, 1}}, 0, "decode_split"});
   run_case({"d64 16/1 mixed", 16, 1, 64, 32, false, 10000.0, {{50, 80}, {3000, 1}}, 0, "prefill_flash_mma"});
+}
+LLMD_CUDA_TEST(attention_decode_graph_replay) {
+  AttnCase a{"d128 32/8 decode, graph", 32, 8, 128, 128, true, 500000.0, {{4999, 1}, {100, 1}, {64, 1}}, 4,
+             "decode_split"};
+  a.graph = true;
+  run_case(a);
+  AttnCase b{"d64 9/3 decode, graph", 9, 3, 64, 64, false, 10000.0, {{700, 1}, {3, 1}}, 0, "decode_split"};
+  b.graph = true;
+  run_case(b);
 }
 LLMD_CUDA_TEST(attention_generic_head_dims) {
   run_case({"d80 4/2 mixed", 4, 2, 80, 80, false, 10000.0, {{0, 70}, {100, 1}}, 0, "prefill_generic"});
