@@ -270,17 +270,21 @@ void run_case(const AttnCase& c) {
     LLMD_CUDA_CHECK(cudaStreamSynchronize(g.stream));
   }
 
-  // Reference: rotated q and k of every position, in double.
+  // Reference, in double: rotated k of every position, rotated q of this step's rows (rq[s] row
+  // i is position q_pos0 + i).
   std::vector<std::vector<double>> rq(S), rk(S);
   for (int s = 0; s < S; ++s) {
-    rq[s].resize(static_cast<size_t>(len[s]) * H * D);
+    rq[s].resize(static_cast<size_t>(c.seqs[s].rows) * H * D);
     rk[s].resize(static_cast<size_t>(len[s]) * HK * D);
     for (int p = 0; p < len[s]; ++p) {
       const float* r = data[s].data() + static_cast<size_t>(p) * width;
-      for (int i = 0; i < H * D; ++i) rq[s][static_cast<size_t>(p) * H * D + i] = r[i];
       for (int i = 0; i < HK * D; ++i) rk[s][static_cast<size_t>(p) * HK * D + i] = r[H * D + i];
-      for (int h = 0; h < H; ++h) ref_rope(&rq[s][(static_cast<size_t>(p) * H + h) * D], p, inv_freq, c.rope_dims, c.interleaved);
-      for (int h = 0; h < HK; ++h) ref_rope(&rk[s][(static_cast<size_t>(p) * HK + h) * D], p, inv_freq, c.rope_dims, c.interleaved);
+      for (int h = 0; h < HK; ++h)
+        ref_rope(&rk[s][(static_cast<size_t>(p) * HK + h) * D], p, inv_freq, c.rope_dims, c.interleaved);
+      if (p < c.seqs[s].q_pos0) continue;
+      double* qrow = &rq[s][static_cast<size_t>(p - c.seqs[s].q_pos0) * H * D];
+      for (int i = 0; i < H * D; ++i) qrow[i] = r[i];
+      for (int h = 0; h < H; ++h) ref_rope(qrow + static_cast<size_t>(h) * D, p, inv_freq, c.rope_dims, c.interleaved);
     }
   }
 
@@ -294,7 +298,7 @@ void run_case(const AttnCase& c) {
         const int row = q_start[s] + i, p = c.seqs[s].q_pos0 + i;
         for (int col = 0; col < width; ++col) {
           g.push_back(got[static_cast<size_t>(row) * ld + col]);
-          if (col < H * D) r.push_back(rq[s][static_cast<size_t>(p) * H * D + col]);
+          if (col < H * D) r.push_back(rq[s][static_cast<size_t>(i) * H * D + col]);
           else if (col < (H + HK) * D) r.push_back(rk[s][static_cast<size_t>(p) * HK * D + col - H * D]);
           else r.push_back(data[s][static_cast<size_t>(p) * width + col]);
           where_row.push_back(row);
@@ -350,7 +354,7 @@ void run_case(const AttnCase& c) {
                       "out row " << row << " padding column " << col << " was written");
         for (int h = 0; h < H; ++h) {
           const int kh = h / group;
-          const double* qv = &rq[s][(static_cast<size_t>(qp) * H + h) * D];
+          const double* qv = &rq[s][(static_cast<size_t>(i) * H + h) * D];
           sc.assign(qp + 1, 0.0);
           double mx = -1e300;
           for (int p = 0; p <= qp; ++p) {
