@@ -25,6 +25,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "matmul.h"
 
@@ -49,6 +50,20 @@ struct WeightView {
 inline WeightView view(const DeviceMatrix& w) {
   return {w.data.as<const uint8_t>(), w.aux.as<const uint8_t>(), w.rows, w.cols, w.group_size};
 }
+
+// A matrix laid out on the host, as the upload copies it to the device (split from the upload so the layout can be
+// checked without a GPU).
+struct HostLayout {
+  WeightFormat format = WeightFormat::F16;
+  int rows = 0;
+  int cols = 0;
+  int group_size = 0;
+  std::vector<uint8_t> data;
+  std::vector<uint8_t> aux;
+};
+HostLayout layout_gguf(TensorType type, const GgufPart* parts, int n_parts, int cols);
+HostLayout layout_mlx_affine(int bits, int group_size, const uint32_t* w, const uint16_t* scales,
+                             const uint16_t* biases, int rows, int cols);
 
 // Dequantizes w into a [rows][cols] float16 matrix (the prefill path's cuBLAS operand).
 void launch_dequantize_f16(const DeviceMatrix& w, __half* out, cudaStream_t stream);

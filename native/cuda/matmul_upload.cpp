@@ -60,14 +60,16 @@ const char* matmul_path(const DeviceMatrix& w, int rows) {
   return "?";
 }
 
-DeviceMatrix upload_gguf_stacked(TensorType type, const GgufPart* parts, int n_parts, int cols) {
+namespace detail {
+
+HostLayout layout_gguf(TensorType type, const GgufPart* parts, int n_parts, int cols) {
   int rows = 0;
   for (int p = 0; p < n_parts; ++p) rows += parts[p].rows;
   // Every kernel reads whole blocks of 32 (activations too); model dimensions are multiples of 64 in practice.
   if (cols <= 0 || cols % 32 != 0)
     throw std::invalid_argument("upload_gguf: " + std::to_string(cols) + " columns is not a multiple of 32");
   const size_t rb = row_bytes(type, cols);
-  DeviceMatrix m;
+  HostLayout m;
   m.rows = rows;
   m.cols = cols;
   const size_t nb = cols / 32;  // blocks of 32 per row
@@ -76,7 +78,7 @@ DeviceMatrix upload_gguf_stacked(TensorType type, const GgufPart* parts, int n_p
       m.format = WeightFormat::F16;
       std::vector<uint8_t> data(size_t(rows) * rb);
       for_each_row(parts, n_parts, rb, [&](const uint8_t* src, int r) { std::memcpy(&data[r * rb], src, rb); });
-      m.data = to_device(data);
+      m.data = std::move(data);
       return m;
     }
     case TensorType::Q4_0:
@@ -91,8 +93,8 @@ DeviceMatrix upload_gguf_stacked(TensorType type, const GgufPart* parts, int n_p
           std::memcpy(&data[(r * nb + b) * qb], src + b * blk + 2, qb);
         }
       });
-      m.data = to_device(data);
-      m.aux = to_device(aux);
+      m.data = std::move(data);
+      m.aux = std::move(aux);
       return m;
     }
     case TensorType::Q4_K:
@@ -110,14 +112,14 @@ DeviceMatrix upload_gguf_stacked(TensorType type, const GgufPart* parts, int n_p
             std::memcpy(&aux[(r * nsb + b) * 2], src + b * 210 + 208, 2);
           }
         });
-        m.data = to_device(data);
-        m.aux = to_device(aux);
+        m.data = std::move(data);
+        m.aux = std::move(aux);
         return m;
       }
       m.format = type == TensorType::Q4_K ? WeightFormat::Q4_K : WeightFormat::Q5_K;
       std::vector<uint8_t> data(size_t(rows) * rb);  // 144 / 176-byte blocks: already 16-byte aligned
       for_each_row(parts, n_parts, rb, [&](const uint8_t* src, int r) { std::memcpy(&data[r * rb], src, rb); });
-      m.data = to_device(data);
+      m.data = std::move(data);
       return m;
     }
     default: {
@@ -130,10 +132,27 @@ DeviceMatrix upload_gguf_stacked(TensorType type, const GgufPart* parts, int n_p
         auto* dst = reinterpret_cast<uint16_t*>(&data[size_t(r) * cols * 2]);
         for (int c = 0; c < cols; ++c) dst[c] = float_to_half(tmp[c]);
       });
-      m.data = to_device(data);
+      m.data = std::move(data);
       return m;
     }
   }
+}
+
+}  // namespace detail
+
+static DeviceMatrix to_device(detail::HostLayout&& h) {
+  DeviceMatrix m;
+  m.format = h.format;
+  m.rows = h.rows;
+  m.cols = h.cols;
+  m.group_size = h.group_size;
+  m.data = to_device(h.data);
+  m.aux = to_device(h.aux);
+  return m;
+}
+
+DeviceMatrix upload_gguf_stacked(TensorType type, const GgufPart* parts, int n_parts, int cols) {
+  return to_device(detail::layout_gguf(type, parts, n_parts, cols));
 }
 
 DeviceMatrix upload_gguf_matrix(TensorType type, const void* host, int rows, int cols) {
@@ -141,15 +160,17 @@ DeviceMatrix upload_gguf_matrix(TensorType type, const void* host, int rows, int
   return upload_gguf_stacked(type, &part, 1, cols);
 }
 
-DeviceMatrix upload_mlx_affine(int bits, int group_size, const uint32_t* w, const uint16_t* scales,
-                               const uint16_t* biases, int rows, int cols) {
+namespace detail {
+
+HostLayout layout_mlx_affine(int bits, int group_size, const uint32_t* w, const uint16_t* scales,
+                             const uint16_t* biases, int rows, int cols) {
   if (bits != 4 && bits != 8) throw std::invalid_argument("upload_mlx_affine: bits " + std::to_string(bits));
   if (group_size != 32 && group_size != 64 && group_size != 128)
     throw std::invalid_argument("upload_mlx_affine: group size " + std::to_string(group_size));
   if (cols % group_size != 0)
     throw std::invalid_argument("upload_mlx_affine: " + std::to_string(cols) + " columns, group " +
                                 std::to_string(group_size));
-  DeviceMatrix m;
+  HostLayout m;
   m.format = bits == 4 ? WeightFormat::MlxAffine4 : WeightFormat::MlxAffine8;
   m.rows = rows;
   m.cols = cols;
@@ -174,9 +195,16 @@ DeviceMatrix upload_mlx_affine(int bits, int group_size, const uint32_t* w, cons
     std::memcpy(&aux[g * 4], &scales[g], 2);
     std::memcpy(&aux[g * 4 + 2], &biases[g], 2);
   }
-  m.data = to_device(data);
-  m.aux = to_device(aux);
+  m.data = std::move(data);
+  m.aux = std::move(aux);
   return m;
+}
+
+}  // namespace detail
+
+DeviceMatrix upload_mlx_affine(int bits, int group_size, const uint32_t* w, const uint16_t* scales,
+                               const uint16_t* biases, int rows, int cols) {
+  return to_device(detail::layout_mlx_affine(bits, group_size, w, scales, biases, rows, cols));
 }
 
 }  // namespace llmd::cuda
