@@ -38,6 +38,11 @@ __device__ __forceinline__ float2 ld_half2(const uint8_t* base, size_t i) {
   return make_float2(__half2float(__ushort_as_half(static_cast<unsigned short>(v & 0xFFFF))),
                      __half2float(__ushort_as_half(static_cast<unsigned short>(v >> 16))));
 }
+// Byte k (0-15) of a 16-byte vector; k must be a compile-time constant after unrolling (registers, not memory).
+__device__ __forceinline__ uint32_t byte_of(const uint4& v, int k) {
+  const uint32_t w = k < 4 ? v.x : k < 8 ? v.y : k < 12 ? v.z : v.w;
+  return (w >> (8 * (k & 3))) & 0xFF;
+}
 __device__ __forceinline__ uint4 ld_a16(const uint8_t* p) { return __ldg(reinterpret_cast<const uint4*>(p)); }
 __device__ __forceinline__ int dp4a(uint32_t a, uint32_t b, int c) { return __dp4a(int(a), int(b), c); }
 __device__ __forceinline__ uint32_t word(const uint4& v, int k) { return k == 0 ? v.x : k == 1 ? v.y : k == 2 ? v.z : v.w; }
@@ -111,11 +116,12 @@ struct FmtQ4_0 {
   }
   __device__ static void dequant32(const WeightView& w, int row, int blk, float* v) {
     const size_t i = size_t(row) * (w.cols / 32) + blk;
-    const uint8_t* q = w.data + i * 16;
+    const uint4 q = ld_w16(w.data + i * 16);
     const float d = ld_half(w.aux, i);
+#pragma unroll
     for (int j = 0; j < 16; ++j) {
-      v[j] = d * float(int(q[j] & 15) - 8);
-      v[j + 16] = d * float(int(q[j] >> 4) - 8);
+      v[j] = d * float(int(byte_of(q, j) & 15) - 8);
+      v[j + 16] = d * float(int(byte_of(q, j) >> 4) - 8);
     }
   }
 };
@@ -143,9 +149,13 @@ struct FmtQ8_0 {
   }
   __device__ static void dequant32(const WeightView& w, int row, int blk, float* v) {
     const size_t i = size_t(row) * (w.cols / 32) + blk;
-    const int8_t* q = reinterpret_cast<const int8_t*>(w.data + i * 32);
+    const uint4 q0 = ld_w16(w.data + i * 32), q1 = ld_w16(w.data + i * 32 + 16);
     const float d = ld_half(w.aux, i);
-    for (int j = 0; j < 32; ++j) v[j] = d * float(q[j]);
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+      v[j] = d * float(static_cast<int8_t>(byte_of(q0, j)));
+      v[j + 16] = d * float(static_cast<int8_t>(byte_of(q1, j)));
+    }
   }
 };
 
@@ -188,12 +198,17 @@ struct FmtQ4_K {
   }
   __device__ static void dequant32(const WeightView& w, int row, int blk, float* v) {
     const uint8_t* b = w.data + (size_t(row) * (w.cols / 256) + blk / 8) * 144;
-    const uint4 h = *reinterpret_cast<const uint4*>(b);
+    const uint4 h = ld_w16(b);
     const int j = blk % 8;
     float sc, m;
     kscale_min(h, j, sc, m);
-    const uint8_t* qs = b + 16 + 32 * (j / 2);
-    for (int l = 0; l < 32; ++l) v[l] = sc * float((j & 1) ? (qs[l] >> 4) : (qs[l] & 15)) - m;
+    const uint4 q0 = ld_w16(b + 16 + 32 * (j / 2)), q1 = ld_w16(b + 32 + 32 * (j / 2));
+    const int shift = (j & 1) * 4;
+#pragma unroll
+    for (int l = 0; l < 16; ++l) {
+      v[l] = sc * float((byte_of(q0, l) >> shift) & 15) - m;
+      v[l + 16] = sc * float((byte_of(q1, l) >> shift) & 15) - m;
+    }
   }
 };
 
@@ -246,15 +261,17 @@ struct FmtQ5_K {
   }
   __device__ static void dequant32(const WeightView& w, int row, int blk, float* v) {
     const uint8_t* b = w.data + (size_t(row) * (w.cols / 256) + blk / 8) * 176;
-    const uint4 h = *reinterpret_cast<const uint4*>(b);
+    const uint4 h = ld_w16(b);
     const int j = blk % 8;
     float sc, m;
     kscale_min(h, j, sc, m);
-    const uint8_t* qh = b + 16;
-    const uint8_t* qs = b + 48 + 32 * (j / 2);
-    for (int l = 0; l < 32; ++l) {
-      const int q = ((j & 1) ? (qs[l] >> 4) : (qs[l] & 15)) | (((qh[l] >> j) & 1) << 4);
-      v[l] = sc * float(q) - m;
+    const uint4 h0 = ld_w16(b + 16), h1 = ld_w16(b + 32);
+    const uint4 q0 = ld_w16(b + 48 + 32 * (j / 2)), q1 = ld_w16(b + 64 + 32 * (j / 2));
+    const int shift = (j & 1) * 4;
+#pragma unroll
+    for (int l = 0; l < 16; ++l) {
+      v[l] = sc * float(((byte_of(q0, l) >> shift) & 15) | (((byte_of(h0, l) >> j) & 1) << 4)) - m;
+      v[l + 16] = sc * float(((byte_of(q1, l) >> shift) & 15) | (((byte_of(h1, l) >> j) & 1) << 4)) - m;
     }
   }
 };
@@ -329,13 +346,18 @@ struct FmtQ6_K {
     const uint8_t* b = w.data + bi * 208;
     const float d = ld_half(w.aux, bi);
     const int n = (blk % 8) / 4, g = blk % 4;
-    const uint8_t* ql = b + 64 * n + (g & 1) * 32;
-    const uint8_t* qh = b + 128 + 32 * n;
-    const int8_t* sc = reinterpret_cast<const int8_t*>(b + 192 + 8 * n);
-    for (int l = 0; l < 32; ++l) {
-      const int lo = (g >= 2) ? (ql[l] >> 4) : (ql[l] & 15);
-      const int q = lo | (((qh[l] >> (2 * g)) & 3) << 4);
-      v[l] = d * float(sc[l / 16 + 2 * g]) * float(q - 32);
+    const uint4 l0 = ld_w16(b + 64 * n + (g & 1) * 32), l1 = ld_w16(b + 64 * n + (g & 1) * 32 + 16);
+    const uint4 h0 = ld_w16(b + 128 + 32 * n), h1 = ld_w16(b + 128 + 32 * n + 16);
+    const uint2 scw = ld_w8(b + 192 + 8 * n);
+    const int shift = (g >= 2) ? 4 : 0;
+    auto scale = [&](int k) {  // scales[8n + k], k = 0-7
+      return float(static_cast<int8_t>(((k < 4 ? scw.x : scw.y) >> (8 * (k & 3))) & 0xFF));
+    };
+    const float s0 = d * scale(2 * g), s1 = d * scale(2 * g + 1);
+#pragma unroll
+    for (int l = 0; l < 16; ++l) {
+      v[l] = s0 * float(int(((byte_of(l0, l) >> shift) & 15) | (((byte_of(h0, l) >> (2 * g)) & 3) << 4)) - 32);
+      v[l + 16] = s1 * float(int(((byte_of(l1, l) >> shift) & 15) | (((byte_of(h1, l) >> (2 * g)) & 3) << 4)) - 32);
     }
   }
 };
@@ -361,11 +383,12 @@ struct FmtMlx4 {
     cb += B.sb.x * ds.x * float(dot_nibbles(B.q, a0, a1)) + B.sb.y * ds.y;
   }
   __device__ static void dequant32(const WeightView& w, int row, int blk, float* v) {
-    const uint8_t* q = w.data + (size_t(row) * (w.cols / 32) + blk) * 16;
+    const uint4 q = ld_w16(w.data + (size_t(row) * (w.cols / 32) + blk) * 16);
     const float2 sb = ld_half2(w.aux, size_t(row) * (w.cols / w.group_size) + (blk * 32) / w.group_size);
+#pragma unroll
     for (int j = 0; j < 16; ++j) {
-      v[j] = sb.x * float(q[j] & 15) + sb.y;
-      v[j + 16] = sb.x * float(q[j] >> 4) + sb.y;
+      v[j] = sb.x * float(byte_of(q, j) & 15) + sb.y;
+      v[j + 16] = sb.x * float(byte_of(q, j) >> 4) + sb.y;
     }
   }
 };
@@ -394,9 +417,14 @@ struct FmtMlx8 {
     cb += B.sb.x * ds.x * float(dot_bytes(B.q0, B.q1, a0, a1, 0x80808080u)) + (B.sb.y + 128.0f * B.sb.x) * ds.y;
   }
   __device__ static void dequant32(const WeightView& w, int row, int blk, float* v) {
-    const uint8_t* q = w.data + size_t(row) * w.cols + size_t(blk) * 32;
+    const uint8_t* p = w.data + size_t(row) * w.cols + size_t(blk) * 32;
+    const uint4 q0 = ld_w16(p), q1 = ld_w16(p + 16);
     const float2 sb = ld_half2(w.aux, size_t(row) * (w.cols / w.group_size) + (blk * 32) / w.group_size);
-    for (int j = 0; j < 32; ++j) v[j] = sb.x * float(q[j]) + sb.y;
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+      v[j] = sb.x * float(byte_of(q0, j)) + sb.y;
+      v[j + 16] = sb.x * float(byte_of(q1, j)) + sb.y;
+    }
   }
 };
 
@@ -426,8 +454,17 @@ struct FmtF16 {
     cb += dot1(B, x0, x1);
   }
   __device__ static void dequant32(const WeightView& w, int row, int blk, float* v) {
-    const __half* p = reinterpret_cast<const __half*>(w.data) + size_t(row) * w.cols + size_t(blk) * 32;
-    for (int j = 0; j < 32; ++j) v[j] = __half2float(p[j]);
+    const uint8_t* p = w.data + (size_t(row) * w.cols + size_t(blk) * 32) * 2;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const uint4 q = ld_w16(p + 16 * k);
+      const uint32_t words[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        v[8 * k + 2 * j] = __half2float(__ushort_as_half(static_cast<unsigned short>(words[j] & 0xFFFF)));
+        v[8 * k + 2 * j + 1] = __half2float(__ushort_as_half(static_cast<unsigned short>(words[j] >> 16)));
+      }
+    }
   }
 };
 

@@ -343,7 +343,8 @@ LLMD_CUDA_TEST(matmul_gather_rows) {
       std::vector<float> ref(poison.size());
       for (size_t i = 0; i < ids.size(); ++i) h.dequant_row(ids[i], &ref[i * cols]);
       const double rel = relative_error(got.data(), ref.data(), ref.size());
-      const bool converted = s.mlx_bits == 0 && (s.type == TensorType::F32 || s.type == TensorType::Q4_1);
+      const bool converted =
+          s.mlx_bits == 0 && (s.type == TensorType::F32 || s.type == TensorType::Q4_1 || s.type == TensorType::BF16);
       const double tol = converted ? 1e-3 : 1e-6;
       std::printf("  gather %-12s cols %5d (%s): rel err %.2e\n", h.name.c_str(), cols, format_name(dm.format), rel);
       if (!(rel < tol)) {
