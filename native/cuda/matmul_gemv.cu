@@ -3,6 +3,7 @@
 // gather_rows. Formats' readers: matmul_formats.cuh; layouts: matmul_internal.h.
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 
 #include "matmul.h"
 #include "matmul_formats.cuh"
@@ -111,12 +112,16 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
   // already hold 32-64 registers, and with 16+ rows the dot products, not the loads, set the pace).
   constexpr int kU = N >= 16 ? 1 : F::kU;
   const int units = F::units(w.cols);
-  for (int base = 0; base < units; base += 32 * kU) {
+  // One chunk: kU units of each row per lane. With N <= 2, full chunks run unguarded (one basic block, so the
+  // scheduler may issue the activation loads alongside the weight loads) and only the last, partial chunk checks
+  // u < units.
+  auto chunk = [&](int base, auto guarded) {
+    constexpr bool kGuard = decltype(guarded)::value;
     typename F::Unit ua[kU], ub[kU];
 #pragma unroll
     for (int k = 0; k < kU; ++k) {
       const int u = base + 32 * k + lane;
-      if (u < units) {
+      if (!kGuard || u < units) {
         F::load(w, ra, u, ua[k]);
         F::load(w, rb, u, ub[k]);
       }
@@ -124,7 +129,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
 #pragma unroll
     for (int k = 0; k < kU; ++k) {
       const int u = base + 32 * k + lane;
-      if (u < units) {
+      if (!kGuard || u < units) {
         F::prep(ua[k], u);
         F::prep(ub[k], u);
       }
@@ -132,11 +137,18 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
 #pragma unroll
     for (int k = 0; k < kU; ++k) {
       const int u = base + 32 * k + lane;
-      if (u < units) {
+      if (!kGuard || u < units) {
 #pragma unroll
         for (int r = 0; r < N; ++r) F::dot2(ua[k], ub[k], x, min(r, x.n - 1), u, acc_a[r], acc_b[r]);
       }
     }
+  };
+  if constexpr (N <= 2) {  // the decode hot path, latency-bound
+    int base = 0;
+    for (; base + 32 * kU <= units; base += 32 * kU) chunk(base, std::false_type{});
+    if (base < units) chunk(base, std::true_type{});  // at most one partial chunk is left
+  } else {  // more rows: the guarded form alone needs fewer registers
+    for (int base = 0; base < units; base += 32 * kU) chunk(base, std::true_type{});
   }
 #pragma unroll
   for (int r = 0; r < N; ++r) {
