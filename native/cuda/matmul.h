@@ -73,7 +73,7 @@ DeviceMatrix upload_mlx_affine(int bits, int group_size, const uint32_t* w, cons
 class Activations {
  public:
   Activations(int max_rows, int max_cols);
-  float* f32() const { return f32_.as<float>(); }
+  float* f32() const { return f32_.as<float>(); }  // [rows][cols], row stride cols (as the last prologue wrote)
   void* q8() const { return q8_.get(); }
   int max_rows() const { return max_rows_; }
   int max_cols() const { return max_cols_; }

@@ -1,0 +1,103 @@
+// rope_write_kv (attention.h): RoPE on q and k and the float16 KV write, one launch per layer.
+// One thread block per new token: its rotation table (dims / 2 cos/sin pairs) is computed once
+// into shared memory and shared by every q and k head of the row, so the transcendental work is
+// dims / 2 per token, not per head.
+#include <stdexcept>
+#include <string>
+
+#include "attention.h"
+#include "cuda_check.h"
+
+namespace llmd::cuda {
+namespace {
+
+constexpr int kRopeThreads = 128;
+
+// Row `blockIdx.x` of qkv: q heads [0, n_heads), k heads [n_heads, n_heads + n_kv), then v.
+// Angles: float(position) * inv_freq[i] in float, as llama.cpp forms them; sin/cos of that float
+// angle in double: --use_fast_math turns sinf/cosf into the approximate __sinf/__cosf, whose error
+// grows with the argument (positions of several thousand radians), and double sincos is exact
+// to float precision at negligible cost here (dims / 2 per token).
+__global__ void __launch_bounds__(kRopeThreads)
+    rope_write_kv_kernel(float* __restrict__ qkv, int ld, int n_heads, int n_kv, int head_dim,
+                         const int32_t* __restrict__ positions, const int32_t* __restrict__ slots,
+                         const float* __restrict__ inv_freq, int dims, bool interleaved, __half* __restrict__ kc,
+                         __half* __restrict__ vc) {
+  extern __shared__ float table[];  // cos [half], sin [half]
+  const int row = blockIdx.x;
+  const int half_dims = dims / 2;
+  float* x = qkv + static_cast<size_t>(row) * ld;
+  const int pos = positions[row];
+  for (int i = threadIdx.x; i < half_dims; i += blockDim.x) {
+    const float angle = static_cast<float>(pos) * inv_freq[i];
+    double s, c;
+    sincos(static_cast<double>(angle), &s, &c);
+    table[i] = static_cast<float>(c);
+    table[half_dims + i] = static_cast<float>(s);
+  }
+  __syncthreads();
+
+  // A negative slot writes no KV (a padding row); its q and k are still rotated.
+  const int slot = slots[row];
+  const bool write_kv = slot >= 0;
+  // The slot's base in [num_blocks][n_kv][kKvBlockTokens][head_dim] for KV head 0.
+  const size_t slot_base = write_kv ? (static_cast<size_t>(slot / kKvBlockTokens) * n_kv * kKvBlockTokens +
+                                       slot % kKvBlockTokens) *
+                                          head_dim
+                                    : 0;
+  const size_t head_stride = static_cast<size_t>(kKvBlockTokens) * head_dim;
+
+  // Rotated pairs of every q and k head; each thread owns whole pairs, so the in-place update
+  // never races with another thread's read.
+  const int rot_heads = n_heads + n_kv;
+  for (int idx = threadIdx.x; idx < rot_heads * half_dims; idx += blockDim.x) {
+    const int h = idx / half_dims;
+    const int i = idx - h * half_dims;
+    const int a = interleaved ? 2 * i : i;
+    const int b = interleaved ? 2 * i + 1 : i + half_dims;
+    float* xh = x + static_cast<size_t>(h) * head_dim;
+    const float x0 = xh[a];
+    const float x1 = xh[b];
+    const float c = table[i];
+    const float s = table[half_dims + i];
+    const float y0 = x0 * c - x1 * s;
+    const float y1 = x0 * s + x1 * c;
+    xh[a] = y0;
+    xh[b] = y1;
+    if (h >= n_heads && write_kv) {
+      __half* kh = kc + slot_base + (h - n_heads) * head_stride;
+      kh[a] = __float2half_rn(y0);
+      kh[b] = __float2half_rn(y1);
+    }
+  }
+  if (!write_kv) return;
+  // k's unrotated tail (partial rotary; no thread above writes dims >= `dims`) and all of v.
+  const float* xk = x + static_cast<size_t>(n_heads) * head_dim;
+  const float* xv = xk + static_cast<size_t>(n_kv) * head_dim;
+  for (int idx = threadIdx.x; idx < n_kv * head_dim; idx += blockDim.x) {
+    const int h = idx / head_dim;
+    const int d = idx - h * head_dim;
+    const size_t dst = slot_base + h * head_stride + d;
+    if (d >= dims) kc[dst] = __float2half_rn(xk[idx]);
+    vc[dst] = __float2half_rn(xv[idx]);
+  }
+}
+
+}  // namespace
+
+void rope_write_kv(float* qkv, int ld, int rows, int n_heads, const int32_t* positions, const int32_t* slots,
+                   const Rope& rope, const LayerKv& kv, cudaStream_t stream) {
+  if (rows <= 0) return;
+  if (rope.dims < 0 || rope.dims % 2 != 0 || rope.dims > kv.head_dim || (rope.dims > 0 && rope.inv_freq == nullptr))
+    throw std::runtime_error("rope_write_kv: rope dims " + std::to_string(rope.dims) +
+                             " must be even, <= head_dim " + std::to_string(kv.head_dim) + ", with inv_freq");
+  if (ld < (n_heads + 2 * kv.n_kv_heads) * kv.head_dim)
+    throw std::runtime_error("rope_write_kv: row stride " + std::to_string(ld) + " shorter than q|k|v");
+  const size_t smem = static_cast<size_t>(rope.dims) * sizeof(float);
+  rope_write_kv_kernel<<<rows, kRopeThreads, smem, stream>>>(qkv, ld, n_heads, kv.n_kv_heads, kv.head_dim, positions,
+                                                              slots, rope.inv_freq, rope.dims, rope.interleaved, kv.k,
+                                                              kv.v);
+  LLMD_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace llmd::cuda
