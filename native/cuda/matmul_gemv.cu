@@ -271,7 +271,7 @@ void matmul(MatmulContext& ctx, const DeviceMatrix& w, const Activations& x, flo
                                 std::to_string(w.cols));
   if (epilogue == Epilogue::SwiGLU && w.rows % 2 != 0) throw std::invalid_argument("matmul: SwiGLU needs even rows");
   if (x.rows == 0 || w.rows == 0) return;
-  if (x.rows > kMaxGemvBatch) {
+  if (x.rows > gemv_row_limit()) {
     detail::prefill_matmul(ctx, w, x, y, ldy, epilogue, stream);
     return;
   }

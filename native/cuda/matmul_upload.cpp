@@ -46,7 +46,7 @@ const char* format_name(WeightFormat f) {
 }
 
 const char* matmul_path(const DeviceMatrix& w, int rows) {
-  if (rows > kMaxGemvBatch) return w.format == WeightFormat::F16 ? "gemm:cublas_f16" : "gemm:dequant_f16+cublas_f16";
+  if (rows > gemv_row_limit()) return w.format == WeightFormat::F16 ? "gemm:cublas_f16" : "gemm:dequant_f16+cublas_f16";
   switch (w.format) {
     case WeightFormat::F16: return "gemv:f16:fma";
     case WeightFormat::Q4_0: return "gemv:q4_0:dp4a";
