@@ -1,6 +1,7 @@
 // The decode path of matmul.h: the prologue (RMS norm + q8 quantization), the fused GEMV kernels over every weight
 // format, and the small kernels around the prefill path (dequantization to float16, casts, SwiGLU) and
 // gather_rows. Formats' readers: matmul_formats.cuh; layouts: matmul_internal.h.
+#include <algorithm>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
@@ -35,12 +36,16 @@ __device__ __forceinline__ float warp_max(float v) {
 
 constexpr int kPrologueThreads = 256;
 
-// One block per row. Pass 1 (with a norm): the sum of squares; pass 2: each warp takes blocks of 32 values,
-// writes them as float32 and as int8 codes with (d, d * sum of codes). In place (x == out.f32(), ldx == cols) is
-// safe: every value is read and written by the same thread, after the block's reduction barrier.
+// Grid (rows, chunks): CTA (row, c) writes the blocks of 32 values [c * blocks_per_cta, (c + 1) * blocks_per_cta)
+// of its row. Pass 1 (with a norm): the sum of squares of the whole row (every CTA of the row computes it: a few
+// KB from L2, cheaper than a second launch); pass 2: each warp takes blocks of 32 values, writes them as float32
+// and as int8 codes with (d, d * sum of codes). Why chunks: at decode one row of 14336 values in one CTA is a
+// serial loop of ~56 blocks per warp on one SM (~10 us, four such calls per layer); spread over ~50 CTAs it is a
+// single pass. In place (x == out.f32(), ldx == cols) only with one CTA per row: every value is then read and
+// written by the same thread, after the block's reduction barrier.
 __global__ void __launch_bounds__(kPrologueThreads)
     rmsnorm_quantize_kernel(const float* x, int ldx, const float* norm_weight, float eps, int cols, int cols32,
-                            float* f32, int8_t* codes, float2* ds) {
+                            int blocks_per_cta, float* f32, int8_t* codes, float2* ds) {
   const int row = blockIdx.x;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const float* xr = x + size_t(row) * ldx;
@@ -58,7 +63,8 @@ __global__ void __launch_bounds__(kPrologueThreads)
     scale = rsqrtf(total / float(cols) + eps);
   }
   const int nblk = cols32 / 32;
-  for (int b = warp; b < nblk; b += kPrologueThreads / 32) {
+  const int last = min(nblk, (blockIdx.y + 1) * blocks_per_cta);
+  for (int b = blockIdx.y * blocks_per_cta + warp; b < last; b += kPrologueThreads / 32) {
     const int i = b * 32 + lane;
     float v = 0.0f;
     if (i < cols) {
@@ -258,8 +264,15 @@ void rmsnorm_quantize(const float* x, int ldx, const float* norm_weight, float e
   if (rows == 0) return;
   const int cols32 = detail::round_up(cols, 32);
   auto* base = static_cast<uint8_t*>(out.q8());
-  rmsnorm_quantize_kernel<<<rows, kPrologueThreads, 0, stream>>>(
-      x, ldx, norm_weight, eps, cols, cols32, out.f32(), reinterpret_cast<int8_t*>(base),
+  // Few rows (decode): each row's blocks spread over up to ~2 waves of CTAs of 8 blocks (one per warp). Many rows
+  // (prefill), or in place: one CTA per row.
+  const int nblk = cols32 / 32;
+  int chunks = 1;
+  if (rows < 64 && x != out.f32()) chunks = std::max(1, std::min((nblk + 7) / 8, 264 / rows));
+  const int blocks_per_cta = (nblk + chunks - 1) / chunks;
+  chunks = (nblk + blocks_per_cta - 1) / blocks_per_cta;
+  rmsnorm_quantize_kernel<<<dim3(rows, chunks), kPrologueThreads, 0, stream>>>(
+      x, ldx, norm_weight, eps, cols, cols32, blocks_per_cta, out.f32(), reinterpret_cast<int8_t*>(base),
       reinterpret_cast<float2*>(base + detail::q8_ds_offset(out.max_rows(), out.max_cols())));
   LLMD_CUDA_CHECK_LAUNCH();
 }

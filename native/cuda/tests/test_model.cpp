@@ -7,6 +7,7 @@
 //                          pp4096, aggregate decode at batch 8 and 32, each printed as a RESULT
 //                          line the session script compares with llama.cpp's figures.
 #include <cuda_runtime.h>
+#include <nvtx3/nvToolsExt.h>
 
 #include <algorithm>
 #include <chrono>
@@ -209,7 +210,9 @@ void result(const std::string& file, const std::string& test, double tok_s) {
 // Decode `steps` tokens for `seqs` sequences after a `prompt`-token prefill each (prefilled in
 // chunks of at most 512 rows, as the engine's default step budget does); returns generated
 // tokens per second over the decode steps alone (llama-batched-bench's S_TG; with one sequence
-// and prompt 1 what llama-bench's tg reports).
+// and prompt 1 what llama-bench's tg reports). As in those tools, nothing is sampled: each step's
+// logits come back to the host and the next tokens are fixed ids, so the figure is the model's
+// step, not the host sampler (the engine's own cost, measured elsewhere).
 double decode_rate(Model& model, int seqs, int prompt, int steps) {
   KvPool pool(model.kv_shape(), size_t{12} << 30);
   std::vector<std::unique_ptr<Sequence>> s;
@@ -233,7 +236,7 @@ double decode_rate(Model& model, int seqs, int prompt, int steps) {
     for (int i = 0; i < seqs; ++i) step.segments.push_back(segment(*s[i], {next[i]}));
     model.forward(step, pool, logits);
     advance(step);
-    for (int i = 0; i < seqs; ++i) next[i] = argmax(logits.data() + static_cast<size_t>(i) * vocab, vocab);
+    for (int i = 0; i < seqs; ++i) next[i] = (next[i] * 31 + 17 + i) % vocab;
   }
   return seqs * steps / seconds_since(t0);
 }
@@ -251,6 +254,39 @@ double prefill_rate(Model& model, int tokens, int chunk) {
     advance(step);
   }
   return tokens / seconds_since(t0);
+}
+
+// Three decode steps of LLMD_PROFILE_SEQS sequences (default 1) of the first LLMD_BENCH_GGUF file,
+// run eagerly (no graph) inside an NVTX range "decode", for a per-kernel profile under Nsight
+// Compute (`ncu --nvtx --nvtx-include decode/ ...`: bench/gpu/cuda_session.sh).
+LLMD_CUDA_BENCH(model_profile_step) {
+  const auto files = paths_from_env("LLMD_BENCH_GGUF");
+  if (files.empty()) {
+    std::printf("  LLMD_BENCH_GGUF not set: skipped\n");
+    return;
+  }
+  const int seqs = std::getenv("LLMD_PROFILE_SEQS") ? std::atoi(std::getenv("LLMD_PROFILE_SEQS")) : 1;
+  setenv("LLMD_CUDA_GRAPHS", "0", 1);
+  auto model = load(files.front(), "cuda", 8192);
+  KvPool pool(model->kv_shape(), size_t{4} << 30);
+  std::vector<std::unique_ptr<Sequence>> s;
+  std::vector<float> logits;
+  Step prefill;
+  for (int i = 0; i < seqs; ++i) {
+    s.push_back(std::make_unique<Sequence>(pool));
+    prefill.segments.push_back(segment(*s.back(), std::vector<int32_t>(100, 5 + i)));
+  }
+  model->forward(prefill, pool, logits);
+  advance(prefill);
+  for (int k = 0; k < 4; ++k) {
+    Step step;
+    for (int i = 0; i < seqs; ++i) step.segments.push_back(segment(*s[i], {9 + k}));
+    if (k == 1) nvtxRangePushA("decode");
+    model->forward(step, pool, logits);
+    advance(step);
+  }
+  nvtxRangePop();
+  unsetenv("LLMD_CUDA_GRAPHS");
 }
 
 LLMD_CUDA_BENCH(model_step_rates) {
