@@ -213,10 +213,12 @@ def auto_kv_budget(backend: str) -> int:
     Why a quarter: weights, activations, other models and the rest of the machine share it;
     the prefix cache then keeps as much as it can and evicts LRU past the budget."""
     free = available_host_memory()
-    if backend == "cuda":
+    if backend in ("cuda", "auto"):
         from llmd import _engine
 
-        if _engine.cuda_available():  # a build with native/cuda on a GPU: the device's free memory
+        # A build with native/cuda on a GPU ("auto" runs llama/qwen GGUFs there): the device's
+        # free memory.
+        if _engine.cuda_available():
             return kv_budget_share(int(_engine.cuda_memory_info()["free"]))
     if backend in ("auto", "gpu") and sys.platform != "darwin":
         try:
@@ -290,8 +292,8 @@ def main(argv: list[str] | None = None) -> int:
         "--backend",
         default=os.environ.get("LLMD_BACKEND", "auto"),
         choices=["auto", "cpu", "gpu", "mlx-cpu", "cuda"],
-        help="auto: the GPU when MLX has one, else llmd's CPU kernels; cuda: llmd's own CUDA "
-        "kernels (a build made with -DLLMD_CUDA=ON, llama-architecture GGUF models)",
+        help="auto: llmd's CUDA kernels for llama/qwen GGUFs in a -DLLMD_CUDA=ON build on a GPU, "
+        "else the GPU when MLX has one, else llmd's CPU kernels; cuda: llmd's own CUDA kernels",
     )
     parser.add_argument(
         "--draft-model",
