@@ -15,7 +15,16 @@ from collections import defaultdict
 from pathlib import Path
 
 LINE = re.compile(r"^(RESULT|LLAMACPP) file=(\S+) test=(\S+) tok_s=([\d.]+)")
-ORDER = ["tg128", "tg128_nograph", "pp512", "pp4096", "pp4096_chunk2048", "batch8", "batch32", "batch32_gemm"]
+ORDER = [
+    "tg128",
+    "tg128_nograph",
+    "pp512",
+    "pp4096",
+    "pp4096_chunk2048",
+    "batch8",
+    "batch32",
+    "batch32_gemm",
+]
 REFERENCE = {"tg128_nograph": "tg128", "pp4096_chunk2048": "pp4096", "batch32_gemm": "batch32"}
 
 

@@ -140,7 +140,9 @@ class ModelFacts(_Message):
 
 class Ready(_Message):
     type: Literal["ready"] = "ready"
-    backend: str  # "llmd-cpu"/"llmd-cuda" (llmd's kernels), "mlx-cuda", "mlx-metal", "mlx-cpu" (tests)
+    backend: (
+        str  # "llmd-cpu"/"llmd-cuda" (llmd's kernels), "mlx-cuda", "mlx-metal", "mlx-cpu" (tests)
+    )
     device: str
     model: ModelFacts
     context_length: int  # the context the engine serves (--context-length may exceed the model's)
