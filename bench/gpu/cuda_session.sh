@@ -11,7 +11,8 @@
 #   llamacpp/bin, llamacpp/lib           llama-bench, llama-batched-bench (GGML_CUDA, sm_90), or
 #   llamacpp-src.tar.xz                  its sources, then built here while the tests run
 #   wheels/                              gguf (to write the random GGUFs here)
-# Usage there: bash bench/gpu/cuda_session.sh [rounds]; at most 8 files under $OUT.
+# Usage there: bash bench/gpu/cuda_session.sh [rounds]; at most 8 files under $OUT. KERNEL_BENCH_FILTER
+# picks kernel benchmarks by name, PROFILE_SEQS the batch sizes profiled (default "1 32").
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 ROUNDS=${1:-2}
@@ -72,7 +73,7 @@ done
 [ -n "$best" ] || best=$(ls "$C"/bin/llmd_cuda_tests* | head -1)
 stamp "kernel benchmarks: $(basename "$best") in full, the other variants' matmul"
 for b in "$C"/bin/llmd_cuda_tests*; do
-  filter=""
+  filter=${KERNEL_BENCH_FILTER:-}
   [ "$b" = "$best" ] || filter=matmul
   timeout 100 "$b" --bench $filter > "$OUT/kernels-$(basename "$b").txt" 2>&1
   grep -E "GB/s|TFLOP|FAILED|us " "$OUT/kernels-$(basename "$b").txt" | cut -c1-160 | head -60
@@ -107,7 +108,7 @@ done 2>&1 | tee "$OUT/model_bench.txt"
 # Per-kernel profile of a decode step at batch 1 and 32 (Nsight Compute, where it can read the counters).
 NCU=$(command -v ncu || find /opt/nvidia /usr/local -name ncu -type f 2> /dev/null | head -1)
 if [ -n "$NCU" ] && [ -f $M/llama3-8b-q4_0.gguf ]; then
-  for n in 1 32; do
+  for n in ${PROFILE_SEQS:-1 32}; do
     LLMD_BENCH_GGUF=$M/llama3-8b-q4_0.gguf LLMD_PROFILE_SEQS=$n timeout 150 "$NCU" --clock-control none --nvtx \
       --nvtx-include "decode/" --metrics gpu__time_duration.sum --print-units base --csv "$best" --bench \
       =model_profile_step > /tmp/ncu-$n.csv 2>> "$LOG"
