@@ -123,7 +123,7 @@ void bench_gemv_format(const char* fmt_label, TensorType type, int mlx_bits) {
       LLMD_CUDA_CHECK(cudaStreamSynchronize(st.s));
     }
     const int out_rows = sh.epi == Epilogue::SwiGLU ? sh.rows / 2 : sh.rows;
-    for (int batch : {1, 32}) {
+    for (int batch : {1, 16, 32}) {
       acts.rows = batch;
       const int launches = std::max(20, n_copies) / n_copies * n_copies;
       cudaGraph_t graph;
@@ -140,9 +140,9 @@ void bench_gemv_format(const char* fmt_label, TensorType type, int mlx_bits) {
       const double act_bytes = double(batch) * (sh.cols + sh.cols / 32 * 8);
       const double y_bytes = double(batch) * out_rows * 4 * (sh.epi == Epilogue::Add ? 2 : 1);
       const double gbps = (wbytes + act_bytes + y_bytes) / (ms * 1e-3) / 1e9;
-      char label[160];
-      std::snprintf(label, sizeof label, "gemv %-10s %-11s %6dx%-5d b%-2d %8.1f us %5.1f%% of copy", fmt_label,
-                    sh.name, sh.rows, sh.cols, batch, ms * 1e3, 100.0 * gbps / ceiling);
+      char label[224];
+      std::snprintf(label, sizeof label, "gemv %-10s %-11s %6dx%-5d b%-2d %8.1f us %5.1f%% of copy (%s)", fmt_label,
+                    sh.name, sh.rows, sh.cols, batch, ms * 1e3, 100.0 * gbps / ceiling, matmul_path(copies[0], batch));
       report(label, gbps, "GB/s");
     }
   }

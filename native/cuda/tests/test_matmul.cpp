@@ -1,6 +1,7 @@
 // GPU tests of matmul.h against a CPU reference computed in double from core's dequantize_row of the very bytes
 // uploaded (so a wrong re-layout, scale decode or nibble order shows), over every format, the GEMV row counts
-// {1, 2, 3, 8, 17, 32} and the prefill ones {33, 100, 512}, every epilogue, ldy > rows, stacked uploads,
+// {1, 2, 3, 8, 9, 12, 17, 24, 32} (9..32 of quantized formats: the tensor-core path, matmul_mma.cu, unless
+// LLMD_CUDA_MMA=0) and the prefill ones {33, 100, 512}, every epilogue, ldy > rows, stacked uploads,
 // gather_rows and the prologue. Outputs are poisoned with NaN before every run and every element is checked
 // (the ldy padding must stay NaN). One line per matrix and epilogue gives each row count's relative error; a
 // failing case also prints its first bad element.
@@ -205,7 +206,9 @@ void check_matrix(MatmulContext& ctx, const HostMatrix& h, Activations& acts, co
       std::snprintf(buf, sizeof buf, " %d:%.2e", n, rel);
       line += buf;
     }
-    std::printf("  %-34s %-6s %-28s%s\n", label.c_str(), epi_name(epi), matmul_path(dm, counts[0]), line.c_str());
+    std::string paths = matmul_path(dm, counts.front());
+    if (paths != matmul_path(dm, counts.back())) paths += std::string("|") + matmul_path(dm, counts.back());
+    std::printf("  %-34s %-6s %-44s%s\n", label.c_str(), epi_name(epi), paths.c_str(), line.c_str());
   }
   std::fflush(stdout);
 }
@@ -250,7 +253,7 @@ void gemv_shape(int rows, int cols, bool long_rows_subset) {
         (s.type == TensorType::BF16 || s.type == TensorType::F32 || s.type == TensorType::Q4_1))
       continue;
     if (long_rows_subset && s.mlx_bits && s.group != 64) continue;
-    check_matrix(*env.ctx, make(s, rows, cols, ++seed), env.acts, a, {1, 2, 3, 8, 17, 32}, false, fails);
+    check_matrix(*env.ctx, make(s, rows, cols, ++seed), env.acts, a, {1, 2, 3, 8, 9, 12, 17, 24, 32}, false, fails);
   }
   fails.check();
 }
@@ -304,7 +307,7 @@ LLMD_CUDA_TEST(matmul_stacked) {
       const std::string label = "stacked " + type_name(t) + " " + std::to_string(parts_rows.size()) + " parts";
       std::string line;
       const bool swiglu = parts_rows.size() == 2;
-      for (int n : {3, 100}) {
+      for (int n : {3, 24, 100}) {
         const bool dp = is_dp4a(dm.format) && n <= kMaxGemvBatch;
         double tol = n > kMaxGemvBatch ? 3e-3 : dp ? 1.5e-2 : 2e-3;
         if (swiglu) tol *= 2;
