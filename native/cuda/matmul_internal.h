@@ -77,6 +77,9 @@ inline constexpr int kMinMmaRows = 9;
 bool use_mma(const DeviceMatrix& w, int rows);
 void mma_matmul(const DeviceMatrix& w, const Activations& x, float* y, int ldy, Epilogue epilogue,
                 cudaStream_t stream);
+// The mma path's weight decoders alone: w as a [rows][cols] float16 matrix (tests compare it with
+// launch_dequantize_f16).
+void mma_decode_f16(const DeviceMatrix& w, __half* out, cudaStream_t stream);
 // The prefill path (matmul_cublas.cpp): x.rows > kMaxGemvBatch.
 void prefill_matmul(MatmulContext& ctx, const DeviceMatrix& w, const Activations& x, float* y, int ldy,
                     Epilogue epilogue, cudaStream_t stream);

@@ -7,12 +7,13 @@
 // is read from DRAM once, decoded once into registers, and multiplied on the tensor cores; the activations, shared by
 // all of a CTA's weight rows, are staged once per CTA and K chunk in shared memory.
 //
-// Launch shape: 128 threads (4 warps) per CTA, a CTA per tile of 128 weight rows (SwiGLU: 64 gate rows and the
-// matching 64 up rows, so the epilogue has both), N = 16 or 32 activation rows (x.n rounded up; padding rows are
-// zero and never written). Warp w owns tile rows [32w, 32w + 32): two m16 tiles x N/8 n8 tiles of accumulators.
-// K runs in groups of 128 (4 blocks of 32); thread (g = lane / 4, q = lane % 4) decodes block q of the group for its
-// warp's rows g, g + 8, g + 16, g + 24: 4 x 32 weights, exactly the A fragments of the 8 k16 steps of the group
-// once K is permuted inside the group. The permutation (same for A and B, so the dot product is unchanged):
+// Launch shape: 128 threads (4 warps) per CTA, a CTA per tile of 64 MT weight rows (MT = 2 for Store/Add, 1 for
+// SwiGLU: 32 gate rows and the matching 32 up rows, so the epilogue has both), N = 16 or 32 activation rows (x.n
+// rounded up; padding rows are zero and never written). Warp w owns tile rows [16 MT w, +16 MT): MT m16 tiles x N/8
+// n8 tiles of accumulators. K runs in groups of 128 (4 blocks of 32); thread (g = lane / 4, q = lane % 4) decodes
+// block q of the group for its warp's rows g, g + 8 (, g + 16, g + 24): 32 weights each, exactly the A fragments of
+// the 8 k16 steps of the group once K is permuted inside the group. The permutation (same for A and B, so the dot
+// product is unchanged):
 //   mma step s (0..7), fragment column pair of thread q, slot j (0..3: a0 a1 | a4 a5) <-> k = 32q + 4s + j,
 // i.e. each thread's four A values of a step are 4 consecutive weights of its own block: no shuffles, no shared
 // memory for the weights. The activations are stored in shared memory in the matching order (see store_x), so a
@@ -43,7 +44,6 @@ namespace llmd::cuda::detail {
 namespace {
 
 constexpr int kMmaThreads = 128;
-constexpr int kTileRows = 128;  // weight rows per CTA (SwiGLU: 64 gate + 64 up)
 constexpr int kGroupK = 128;    // K per group: 4 blocks of 32
 // Activation row stride in shared memory, in halves: 128 + 32 padding. 320 bytes = 64 mod 128, so the 16-byte B
 // loads of a quarter warp (rows g, g + 1; q = 0..3 at 16-byte steps) cover all 32 banks once.
@@ -149,11 +149,14 @@ __device__ __forceinline__ void mma_16816(float (&c)[4], uint32_t a0, uint32_t a
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
-// Grid (row tiles, K splits); split y takes K groups [y * groups_per_split, +groups_per_split). NB: 16 or 32.
-template <class F, int NB>
+// Grid (row tiles, K splits); split y takes K groups [y * groups_per_split, +groups_per_split). NB: 16 or 32
+// activation rows; MT: m16 tiles per warp (tile of 64 MT weight rows).
+template <class F, int NB, int MT>
 __global__ void __launch_bounds__(kMmaThreads)
     mma_kernel(WeightView w, ActView x, float* __restrict__ y, int ldy, int epi, int groups_per_split) {
-  constexpr int NT = NB / 8;                      // n8 tiles
+  constexpr int NT = NB / 8;  // n8 tiles
+  constexpr int kTileRows = 64 * MT;
+  constexpr int kRowsPerThread = 2 * MT;
   constexpr int kPieces = NB * kGroupK / 8 / kMmaThreads;  // 8-code pieces of the activation tile per thread
   __shared__ __align__(16) __half xs[2][NB][kXStride];
   __shared__ float cs[kTileRows][NB + 1];  // the output tile, [weight row][activation row]; odd stride: no conflicts
@@ -168,12 +171,12 @@ __global__ void __launch_bounds__(kMmaThreads)
   const bool swiglu = epi == kEpiSwiGLU;
   const int half_rows = w.rows / 2;
 
-  // This thread's 4 weight rows: tile rows 32 warp + 8 i + g (i = 2 mt + hi: m16 tile mt, fragment half hi), clamped
-  // into the matrix (rows past the end decode a real row; the epilogue drops them).
-  int wrow[4];
+  // This thread's 2 MT weight rows: tile rows 16 MT warp + 8 i + g (i = 2 mt + hi: m16 tile mt, fragment half hi),
+  // clamped into the matrix (rows past the end decode a real row; the epilogue drops them).
+  int wrow[kRowsPerThread];
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const int lr = 32 * warp + 8 * i + g;
+  for (int i = 0; i < kRowsPerThread; ++i) {
+    const int lr = 16 * MT * warp + 8 * i + g;
     if (swiglu) {
       const int j = min(tile * (kTileRows / 2) + (lr % (kTileRows / 2)), half_rows - 1);
       wrow[i] = j + (lr >= kTileRows / 2 ? half_rows : 0);
@@ -218,9 +221,9 @@ __global__ void __launch_bounds__(kMmaThreads)
     }
   };
 
-  float acc[2][NT][4];
+  float acc[MT][NT][4];
 #pragma unroll
-  for (int mt = 0; mt < 2; ++mt)
+  for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
@@ -233,14 +236,14 @@ __global__ void __launch_bounds__(kMmaThreads)
     const int cur = (grp - g_begin) & 1;
     if (grp + 1 < g_end) load_x(grp + 1);  // in flight during this group's decode and mma
 
-    __half2 a[4][16];  // [row i][pair]: pair 2s = slots 0,1 of step s, 2s + 1 = slots 2,3
+    __half2 a[kRowsPerThread][16];  // [row i][pair]: pair 2s = slots 0,1 of step s, 2s + 1 = slots 2,3
     const int blk = grp * 4 + q;
     if (blk < nblk) {
 #pragma unroll
-      for (int i = 0; i < 4; ++i) MmaDec<F>::dec(w, wrow[i], blk, a[i]);
+      for (int i = 0; i < kRowsPerThread; ++i) MmaDec<F>::dec(w, wrow[i], blk, a[i]);
     } else {
 #pragma unroll
-      for (int i = 0; i < 4; ++i)
+      for (int i = 0; i < kRowsPerThread; ++i)
 #pragma unroll
         for (int k = 0; k < 16; ++k) a[i][k] = __float2half2_rn(0.0f);
     }
@@ -254,7 +257,7 @@ __global__ void __launch_bounds__(kMmaThreads)
       for (int h = 0; h < 2; ++h) {
         const int s = 2 * u + h;
 #pragma unroll
-        for (int mt = 0; mt < 2; ++mt) {
+        for (int mt = 0; mt < MT; ++mt) {
           // a0 a1: row g, slots 0,1; a2 a3: row g + 8, slots 0,1; a4 a5: row g, slots 2,3; a6 a7: row g + 8, 2,3.
           const uint32_t a0 = h2_bits(a[2 * mt][2 * s]), a1 = h2_bits(a[2 * mt + 1][2 * s]);
           const uint32_t a2 = h2_bits(a[2 * mt][2 * s + 1]), a3 = h2_bits(a[2 * mt + 1][2 * s + 1]);
@@ -277,10 +280,10 @@ __global__ void __launch_bounds__(kMmaThreads)
   // C fragment: c0 c1 at (row g, columns 2q, 2q + 1), c2 c3 at (row g + 8, same columns); row = weight row within
   // the m16 tile, column = activation row.
 #pragma unroll
-  for (int mt = 0; mt < 2; ++mt)
+  for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) {
-      const int m = 32 * warp + 16 * mt + g, n = nt * 8 + 2 * q;
+      const int m = 16 * MT * warp + 16 * mt + g, n = nt * 8 + 2 * q;
       cs[m][n] = acc[mt][nt][0];
       cs[m][n + 1] = acc[mt][nt][1];
       cs[m + 8][n] = acc[mt][nt][2];
@@ -318,15 +321,17 @@ __global__ void __launch_bounds__(kMmaThreads)
 int sm_count() {
   static const int n = [] {
     int dev = 0, sms = 132;
-    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
       sms = 132;
     return sms;
   }();
   return n;
 }
 
-template <class F>
-void launch_mma(const DeviceMatrix& w, const ActView& x, float* y, int ldy, int epi, cudaStream_t stream) {
+template <class F, int MT>
+void launch_mma_tiles(const DeviceMatrix& w, const ActView& x, float* y, int ldy, int epi, cudaStream_t stream) {
+  constexpr int kTileRows = 64 * MT;
   const bool swiglu = epi == kEpiSwiGLU;
   const int tiles = swiglu ? (w.rows / 2 + kTileRows / 2 - 1) / (kTileRows / 2) : (w.rows + kTileRows - 1) / kTileRows;
   const int ngroups = (w.cols / 32 + 3) / 4;
@@ -340,12 +345,46 @@ void launch_mma(const DeviceMatrix& w, const ActView& x, float* y, int ldy, int 
     LLMD_CUDA_CHECK(cudaMemset2DAsync(y, size_t(ldy) * sizeof(float), 0, size_t(w.rows) * sizeof(float), x.n, stream));
   const dim3 grid(tiles, splits), block(kMmaThreads);
   const WeightView v = view(w);
-  if (x.n <= 16) mma_kernel<F, 16><<<grid, block, 0, stream>>>(v, x, y, ldy, epi, per_split);
-  else mma_kernel<F, 32><<<grid, block, 0, stream>>>(v, x, y, ldy, epi, per_split);
+  if (x.n <= 16) mma_kernel<F, 16, MT><<<grid, block, 0, stream>>>(v, x, y, ldy, epi, per_split);
+  else mma_kernel<F, 32, MT><<<grid, block, 0, stream>>>(v, x, y, ldy, epi, per_split);
   LLMD_CUDA_CHECK_LAUNCH();
 }
 
+// Store/Add: tiles of 128 rows (MT = 2: each activation fragment loaded from shared memory feeds two m16 tiles, half
+// the shared-memory reads per weight; few tiles are made up for by splitting K). SwiGLU cannot split K (the epilogue
+// is nonlinear), so it takes 64-row tiles (32 gate + 32 up), twice the CTAs: the 8B gate|up has 448 (224 with MT =
+// 2, under 2 per SM on 132 SMs), with fewer registers each. Always, not by size, so the tests cover both forms.
+template <class F>
+void launch_mma(const DeviceMatrix& w, const ActView& x, float* y, int ldy, int epi, cudaStream_t stream) {
+  if (epi == kEpiSwiGLU) launch_mma_tiles<F, 1>(w, x, y, ldy, epi, stream);
+  else launch_mma_tiles<F, 2>(w, x, y, ldy, epi, stream);
+}
+
+// One thread per 32 weights of a row: MmaDec's float16 pairs in natural order (the test compares them with the
+// prefill path's dequant32-based float16 matrix, so a decoder bug shows apart from the fragment and tiling logic).
+template <class F>
+__global__ void mma_decode_kernel(WeightView w, __half* out) {
+  const int nb = w.cols / 32;
+  const size_t t = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (t >= size_t(w.rows) * nb) return;
+  const int row = int(t / nb), b = int(t % nb);
+  __half2 o[16];
+  MmaDec<F>::dec(w, row, b, o);
+  __half2* dst = reinterpret_cast<__half2*>(out + size_t(row) * w.cols + size_t(b) * 32);
+#pragma unroll
+  for (int i = 0; i < 16; ++i) dst[i] = o[i];
+}
+
 }  // namespace
+
+void mma_decode_f16(const DeviceMatrix& w, __half* out, cudaStream_t stream) {
+  const size_t threads = size_t(w.rows) * (w.cols / 32);
+  const WeightView v = view(w);
+  dispatch_format(w.format, [&]<class F>() {
+    mma_decode_kernel<F><<<unsigned((threads + 255) / 256), 256, 0, stream>>>(v, out);
+  });
+  LLMD_CUDA_CHECK_LAUNCH();
+}
 
 void mma_matmul(const DeviceMatrix& w, const Activations& x, float* y, int ldy, Epilogue epilogue,
                 cudaStream_t stream) {

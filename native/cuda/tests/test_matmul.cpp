@@ -14,6 +14,7 @@
 //  - F16 weights in the GEMV (float32 activations, float accumulation): ~1e-6, limit 1e-4; for types converted
 //    to float16 at upload (F32, Q4_1) the weights' float16 rounding (2^-11 relative, RMS ~2.8e-4) adds: 2e-3;
 //  - prefill (float16 activations and weights in cuBLAS, float32 accumulation): both roundings, ~4e-4: 3e-3.
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -417,6 +418,48 @@ LLMD_CUDA_TEST(matmul_rmsnorm_quantize) {
       LLMD_EXPECT(worst_sum < 1e-5, "block sum error " << worst_sum);
     }
   }
+}
+
+// The tensor-core path's weight decoders alone (matmul_mma.cu's MmaDec, float16 pairs built from the bits) against
+// the prefill path's float16 dequantization (dequant32, float, rounded once): Q4_0 and Q8_0 must match bit for bit,
+// Q4_K within float16 rounding of its scale and min (max error <= 4e-3 of the matrix's max |w|), the formats that go
+// through dequant32 exactly. A failure here is in a decoder, not in the mma fragments or tiling.
+LLMD_CUDA_TEST(matmul_mma_decode) {
+  Failures fails;
+  const int rows = 96, cols = 1536;
+  for (const Source& s : all_sources()) {
+    if (!fits(s, cols)) continue;
+    const HostMatrix h = make(s, rows, cols, 4242 + (s.mlx_bits ? s.mlx_bits * 100 + s.group : int(s.type)));
+    const DeviceMatrix dm = h.upload();
+    if (dm.format == WeightFormat::F16) continue;  // F16 weights stay on the GEMV
+    DeviceBuffer a(size_t(rows) * cols * 2), b(size_t(rows) * cols * 2);
+    detail::mma_decode_f16(dm, a.as<__half>(), nullptr);
+    detail::launch_dequantize_f16(dm, b.as<__half>(), nullptr);
+    LLMD_CUDA_CHECK(cudaDeviceSynchronize());
+    const std::vector<uint16_t> ga = to_host<uint16_t>(a, size_t(rows) * cols), gb = to_host<uint16_t>(b, ga.size());
+    double wmax = 0, dmax = 0;
+    long first = -1, differ = 0;
+    for (size_t i = 0; i < ga.size(); ++i) {
+      const double va = half_to_float(ga[i]), vb = half_to_float(gb[i]);
+      wmax = std::max(wmax, std::fabs(vb));
+      if (ga[i] != gb[i]) {
+        ++differ;
+        if (first < 0) first = long(i);
+      }
+      dmax = std::max(dmax, std::isfinite(va) ? std::fabs(va - vb) : 1e30);
+    }
+    const bool exact = dm.format != WeightFormat::Q4_K;
+    std::printf("  mma decode %-10s (%s): %ld of %zu weights differ, max |diff| %.3e (max |w| %.3e)\n", h.name.c_str(),
+                format_name(dm.format), differ, ga.size(), dmax, wmax);
+    if (exact ? differ != 0 : !(dmax <= 4e-3 * wmax)) {
+      char buf[256];
+      std::snprintf(buf, sizeof buf, "mma decode %s: first difference at [%ld][%ld] (block %ld, weight %ld): got %.6g "
+                    "expected %.6g", h.name.c_str(), first / cols, first % cols, (first % cols) / 32, first % 32,
+                    half_to_float(ga[first]), half_to_float(gb[first]));
+      fails.add(buf);
+    }
+  }
+  fails.check();
 }
 
 }  // namespace
