@@ -135,6 +135,65 @@ struct MmaDec<FmtQ4_K> {
   }
 };
 
+// Q5_K: as Q4_K, the fifth bit of weight l (l + 16) is bit j of qh byte l (l + 16).
+template <>
+struct MmaDec<FmtQ5_K> {
+  __device__ static void dec(const WeightView& w, int row, int blk, __half2 (&o)[16]) {
+    const uint8_t* b = w.data + (size_t(row) * (w.cols / 256) + blk / 8) * 176;
+    const uint4 h = ld_w16(b);
+    const int j = blk % 8;
+    const uint4 h0 = ld_w16(b + 16), h1 = ld_w16(b + 32);
+    const uint4 q0 = ld_w16(b + 48 + 32 * (j / 2)), q1 = ld_w16(b + 64 + 32 * (j / 2));
+    float sc, m;
+    kscale_min(h, j, sc, m);
+    const __half2 sc2 = __float2half2_rn(sc), nm2 = __float2half2_rn(-m), off = __float2half2_rn(1024.0f);
+    const int shift = (j & 1) * 4;
+    auto f = [&](uint32_t n2) { return __hfma2(__hsub2(bits_h2(n2 | 0x64006400u), off), sc2, nm2); };
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {  // the 5-bit values of weights 4k..4k+3 (v0) and 16+4k.. (v1), one per byte
+      const uint32_t v0 = ((word(q0, k) >> shift) & 0x0F0F0F0Fu) | (((word(h0, k) >> j) & 0x01010101u) << 4);
+      const uint32_t v1 = ((word(q1, k) >> shift) & 0x0F0F0F0Fu) | (((word(h1, k) >> j) & 0x01010101u) << 4);
+      o[2 * k] = f(__byte_perm(v0, 0, 0x4140));
+      o[2 * k + 1] = f(__byte_perm(v0, 0, 0x4342));
+      o[8 + 2 * k] = f(__byte_perm(v1, 0, 0x4140));
+      o[9 + 2 * k] = f(__byte_perm(v1, 0, 0x4342));
+    }
+  }
+};
+
+// Q6_K (re-laid: ql[128] qh[64] scales[16], d apart): block blk % 8 = 4 n + g of the super-block; weights l and
+// l + 16 from ql bytes l of [64 n + 32 (g & 1), +16) and [+16, +32) (nibble g / 2), qh bytes l of [128 + 32 n, +16)
+// and [+16, +32) (bits 2g, 2g + 1); scales 2g and 2g + 1 of the 8 at 192 + 8n. w = d * scale * (q - 32), with
+// d * scale rounded to float16 (2^-12 relative) and one rounding of the product.
+template <>
+struct MmaDec<FmtQ6_K> {
+  __device__ static void dec(const WeightView& w, int row, int blk, __half2 (&o)[16]) {
+    const size_t bi = size_t(row) * (w.cols / 256) + blk / 8;
+    const uint8_t* b = w.data + bi * 208;
+    const int n = (blk % 8) / 4, g = blk % 4;
+    const uint4 l0 = ld_w16(b + 64 * n + (g & 1) * 32), l1 = ld_w16(b + 64 * n + (g & 1) * 32 + 16);
+    const uint4 h0 = ld_w16(b + 128 + 32 * n), h1 = ld_w16(b + 128 + 32 * n + 16);
+    const uint2 scw = ld_w8(b + 192 + 8 * n);
+    const float d = ld_half(w.aux, bi);
+    auto scale = [&](int k) {  // scales[8n + k], k = 0-7
+      return float(static_cast<int8_t>(((k < 4 ? scw.x : scw.y) >> (8 * (k & 3))) & 0xFF));
+    };
+    const __half2 s0 = __float2half2_rn(d * scale(2 * g)), s1 = __float2half2_rn(d * scale(2 * g + 1));
+    const __half2 off = __float2half2_rn(1056.0f);
+    const int shift = g >= 2 ? 4 : 0;
+    auto f = [&](uint32_t n2, __half2 s2) { return __hmul2(__hsub2(bits_h2(n2 | 0x64006400u), off), s2); };
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {  // the 6-bit values of weights 4k..4k+3 (v0) and 16+4k.. (v1), one per byte
+      const uint32_t v0 = ((word(l0, k) >> shift) & 0x0F0F0F0Fu) | (((word(h0, k) >> (2 * g)) & 0x03030303u) << 4);
+      const uint32_t v1 = ((word(l1, k) >> shift) & 0x0F0F0F0Fu) | (((word(h1, k) >> (2 * g)) & 0x03030303u) << 4);
+      o[2 * k] = f(__byte_perm(v0, 0, 0x4140), s0);
+      o[2 * k + 1] = f(__byte_perm(v0, 0, 0x4342), s0);
+      o[8 + 2 * k] = f(__byte_perm(v1, 0, 0x4140), s1);
+      o[9 + 2 * k] = f(__byte_perm(v1, 0, 0x4342), s1);
+    }
+  }
+};
+
 // Signed byte e (0-3) of u as an exact float: 2^23 + (byte ^ 0x80) in a float's mantissa, minus 2^23 + 128 (full-rate
 // integer and float ops instead of the quarter-rate I2F).
 __device__ __forceinline__ float sbyte_f(uint32_t flipped, int e) {
