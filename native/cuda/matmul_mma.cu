@@ -210,8 +210,11 @@ __device__ __forceinline__ void mma_16816(float (&c)[4], uint32_t a0, uint32_t a
 
 // Grid (row tiles, K splits); split y takes K groups [y * groups_per_split, +groups_per_split). NB: 16 or 32
 // activation rows; MT: m16 tiles per warp (tile of 64 MT weight rows).
+// At least 3 CTAs (12 warps) per SM with MT = 2, 4 with MT = 1: their weight loads overlap each other's decode and
+// mma (a CTA's own loads of a group are consumed right away); caps registers at 168 / 128, which every format meets
+// with at most a few spilled bytes.
 template <class F, int NB, int MT>
-__global__ void __launch_bounds__(kMmaThreads)
+__global__ void __launch_bounds__(kMmaThreads, MT == 1 ? 4 : 3)
     mma_kernel(WeightView w, ActView x, float* __restrict__ y, int ldy, int epi, int groups_per_split) {
   constexpr int NT = NB / 8;  // n8 tiles
   constexpr int kTileRows = 64 * MT;
