@@ -194,6 +194,20 @@ struct MmaDec<FmtQ6_K> {
   }
 };
 
+// Bytes of `data` per 32 weights of a row (every format's rows are contiguous in `data`, K-quant super-blocks
+// included: 144 / 176 / 208 bytes per 256): where a row's bytes for a K group lie, for the L2 prefetch.
+template <class F> inline constexpr int kDataBytes32 = 0;
+template <> inline constexpr int kDataBytes32<FmtQ4_0> = 16;
+template <> inline constexpr int kDataBytes32<FmtQ8_0> = 32;
+template <> inline constexpr int kDataBytes32<FmtQ4_K> = 18;
+template <> inline constexpr int kDataBytes32<FmtQ5_K> = 22;
+template <> inline constexpr int kDataBytes32<FmtQ6_K> = 26;
+template <> inline constexpr int kDataBytes32<FmtMlx4> = 16;
+template <> inline constexpr int kDataBytes32<FmtMlx8> = 32;
+template <> inline constexpr int kDataBytes32<FmtF16> = 64;
+
+__device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
+
 // Signed byte e (0-3) of u as an exact float: 2^23 + (byte ^ 0x80) in a float's mantissa, minus 2^23 + 128 (full-rate
 // integer and float ops instead of the quarter-rate I2F).
 __device__ __forceinline__ float sbyte_f(uint32_t flipped, int e) {
@@ -233,19 +247,18 @@ __global__ void __launch_bounds__(kMmaThreads, MT == 1 ? 4 : 3)
   const bool swiglu = epi == kEpiSwiGLU;
   const int half_rows = w.rows / 2;
 
-  // This thread's 2 MT weight rows: tile rows 16 MT warp + 8 i + g (i = 2 mt + hi: m16 tile mt, fragment half hi),
-  // clamped into the matrix (rows past the end decode a real row; the epilogue drops them).
-  int wrow[kRowsPerThread];
-#pragma unroll
-  for (int i = 0; i < kRowsPerThread; ++i) {
-    const int lr = 16 * MT * warp + 8 * i + g;
+  // Tile row lr's matrix row, clamped into the matrix (rows past the end decode a real row; the epilogue drops them).
+  auto tile_row = [&](int lr) {
     if (swiglu) {
       const int j = min(tile * (kTileRows / 2) + (lr % (kTileRows / 2)), half_rows - 1);
-      wrow[i] = j + (lr >= kTileRows / 2 ? half_rows : 0);
-    } else {
-      wrow[i] = min(tile * kTileRows + lr, w.rows - 1);
+      return j + (lr >= kTileRows / 2 ? half_rows : 0);
     }
-  }
+    return min(tile * kTileRows + lr, w.rows - 1);
+  };
+  // This thread's 2 MT weight rows: tile rows 16 MT warp + 8 i + g (i = 2 mt + hi: m16 tile mt, fragment half hi).
+  int wrow[kRowsPerThread];
+#pragma unroll
+  for (int i = 0; i < kRowsPerThread; ++i) wrow[i] = tile_row(16 * MT * warp + 8 * i + g);
 
   // Activation piece p: row n = idx / 16, block qq = idx % 4 of the group, 8-run t = (idx / 4) % 4 of the block
   // (k = 32 qq + 8 t .. +7), stored at halves 32 t + 8 qq of row n: with s = 2t + e / 4 and j = e % 4 that is
@@ -291,11 +304,31 @@ __global__ void __launch_bounds__(kMmaThreads, MT == 1 ? 4 : 3)
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc[mt][nt][e] = 0.0f;
 
+  // A group's weights are consumed right after their loads are issued; prefetching them into L2 one to two groups
+  // ahead keeps DRAM requests in flight through each group's decode, mma and barrier (a hint: no registers held
+  // across the loop but one pointer, no effect on results). A row's bytes of a group are contiguous and at most 128
+  // (Q8_0), so its first and last byte name every line they touch: thread tid covers tile row tid % kTileRows (MT =
+  // 1: two threads per row, one end each).
+  const uint8_t* pf_row = w.data + size_t(tile_row(tid % kTileRows)) * nblk * kDataBytes32<F>;
+  auto prefetch_group = [&](int grp) {
+    if (grp >= g_end) return;
+    const int b0 = grp * 4, b1 = min(grp * 4 + 4, nblk);
+    const uint8_t* first = pf_row + size_t(b0) * kDataBytes32<F>;
+    const uint8_t* last = pf_row + size_t(b1) * kDataBytes32<F> - 1;
+    if (MT == 2) {
+      prefetch_l2(first);
+      prefetch_l2(last);
+    } else {
+      prefetch_l2(tid < kTileRows ? first : last);
+    }
+  };
+  prefetch_group(g_begin + 1);
   load_x(g_begin);
   store_x(0);
   __syncthreads();
   for (int grp = g_begin; grp < g_end; ++grp) {
     const int cur = (grp - g_begin) & 1;
+    prefetch_group(grp + 2);
     if (grp + 1 < g_end) load_x(grp + 1);  // in flight during this group's decode and mma
 
     __half2 a[kRowsPerThread][16];  // [row i][pair]: pair 2s = slots 0,1 of step s, 2s + 1 = slots 2,3
