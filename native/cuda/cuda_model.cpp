@@ -215,13 +215,15 @@ class CudaLlama final : public Model {
     std::map<std::string, std::string> paths;
     const Layer& l = layers_.front();
     auto both = [](const DeviceMatrix& m) {
-      return std::string(matmul_path(m, 1)) + " | " + matmul_path(m, kMaxGemvBatch + 1);
+      // 1 row, a full decode batch (the tensor-core kernel for quantized formats), and prefill.
+      return std::string(matmul_path(m, 1)) + " | " + matmul_path(m, kMaxGemvBatch) + " | " +
+             matmul_path(m, kMaxGemvBatch + 1);
     };
     paths["blk.attn_qkv"] = both(l.qkv.parts.front());
     paths["blk.attn_output"] = both(l.wo);
     paths["blk.ffn_gate_up"] = both(l.gate_up.parts.front());
     paths["blk.ffn_down"] = both(l.down);
-    paths["output"] = matmul_path(lm_head_, 1);
+    paths["output"] = std::string(matmul_path(lm_head_, 1)) + " | " + matmul_path(lm_head_, kMaxGemvBatch);
     return paths;
   }
 

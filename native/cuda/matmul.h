@@ -122,8 +122,10 @@ class MatmulContext {
 };
 
 // y (row stride ldy, at least w.rows or w.rows / 2 for SwiGLU) from x.rows rows of x. Rows <=
-// kMaxGemvBatch: the fused GEMV kernels (no allocation, no host sync: safe inside a CUDA graph
-// capture); more rows: dequantize + cuBLAS (not captured: prefill steps run eagerly).
+// kMaxGemvBatch: the fused GEMV kernels, or for 9+ rows of a quantized format the tensor-core
+// kernel (matmul_mma.cu; LLMD_CUDA_MMA=0 sends those back to the GEMV); both allocate nothing and
+// never sync the host: safe inside a CUDA graph capture. More rows: dequantize + cuBLAS (not
+// captured: prefill steps run eagerly).
 void matmul(MatmulContext& ctx, const DeviceMatrix& w, const Activations& x, float* y, int ldy, Epilogue epilogue,
             cudaStream_t stream);
 

@@ -288,6 +288,10 @@ void matmul(MatmulContext& ctx, const DeviceMatrix& w, const Activations& x, flo
     detail::prefill_matmul(ctx, w, x, y, ldy, epilogue, stream);
     return;
   }
+  if (detail::use_mma(w, x.rows)) {
+    detail::mma_matmul(w, x, y, ldy, epilogue, stream);
+    return;
+  }
   const int epi = epilogue == Epilogue::Store ? kEpiStore : epilogue == Epilogue::Add ? kEpiAdd : kEpiSwiGLU;
   const ActView av = act_view(x);
   detail::dispatch_format(w.format, [&]<class F>() { launch_gemv<F>(w, av, y, ldy, epi, stream); });

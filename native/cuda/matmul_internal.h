@@ -71,6 +71,15 @@ void launch_dequantize_f16(const DeviceMatrix& w, __half* out, cudaStream_t stre
 void launch_f32_to_f16(const float* x, int ldx, int rows, int cols, __half* out, cudaStream_t stream);
 // y[r][i] = silu(t[r][i]) * t[r][i + half] for i < half (t row stride 2 * half, y row stride ldy).
 void launch_swiglu(const float* t, int rows, int half, float* y, int ldy, cudaStream_t stream);
+// The batched-decode tensor-core path (matmul_mma.cu): quantized formats, 9..gemv_row_limit() rows, unless
+// LLMD_CUDA_MMA=0 (read at every call, as LLMD_CUDA_GEMV_ROWS, so a run can compare it with the GEMV).
+inline constexpr int kMinMmaRows = 9;
+bool use_mma(const DeviceMatrix& w, int rows);
+void mma_matmul(const DeviceMatrix& w, const Activations& x, float* y, int ldy, Epilogue epilogue,
+                cudaStream_t stream);
+// The mma path's weight decoders alone: w as a [rows][cols] float16 matrix (tests compare it with
+// launch_dequantize_f16).
+void mma_decode_f16(const DeviceMatrix& w, __half* out, cudaStream_t stream);
 // The prefill path (matmul_cublas.cpp): x.rows > kMaxGemvBatch.
 void prefill_matmul(MatmulContext& ctx, const DeviceMatrix& w, const Activations& x, float* y, int ldy,
                     Epilogue epilogue, cudaStream_t stream);

@@ -47,6 +47,18 @@ const char* format_name(WeightFormat f) {
 
 const char* matmul_path(const DeviceMatrix& w, int rows) {
   if (rows > gemv_row_limit()) return w.format == WeightFormat::F16 ? "gemm:cublas_f16" : "gemm:dequant_f16+cublas_f16";
+  if (detail::use_mma(w, rows)) {
+    switch (w.format) {
+      case WeightFormat::Q4_0: return "mma:q4_0:f16";
+      case WeightFormat::Q8_0: return "mma:q8_0:f16";
+      case WeightFormat::Q4_K: return "mma:q4_k:f16";
+      case WeightFormat::Q5_K: return "mma:q5_k:f16";
+      case WeightFormat::Q6_K: return "mma:q6_k:f16";
+      case WeightFormat::MlxAffine4: return "mma:mlx_affine4:f16";
+      case WeightFormat::MlxAffine8: return "mma:mlx_affine8:f16";
+      case WeightFormat::F16: break;
+    }
+  }
   switch (w.format) {
     case WeightFormat::F16: return "gemv:f16:fma";
     case WeightFormat::Q4_0: return "gemv:q4_0:dp4a";

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <string>
 #include <vector>
@@ -98,6 +99,31 @@ constexpr Shape kShapes[] = {{"attn_qkv", 6144, 4096, Epilogue::Store},
                              {"ffn_down", 4096, 14336, Epilogue::Add},
                              {"output", 128256, 4096, Epilogue::Store}};
 
+// Sets (value != nullptr) an environment variable for a scope, restoring what it was.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    if (value == nullptr) return;
+    const char* old = std::getenv(name);
+    had_ = old != nullptr;
+    if (had_) old_ = old;
+    setenv(name, value, 1);
+    set_ = true;
+  }
+  ~ScopedEnv() {
+    if (!set_) return;
+    if (had_) setenv(name_, old_.c_str(), 1);
+    else unsetenv(name_);
+  }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  const char* name_;
+  bool set_ = false, had_ = false;
+  std::string old_;
+};
+
 void bench_gemv_format(const char* fmt_label, TensorType type, int mlx_bits) {
   const double ceiling = copy_gbps();
   Stream st;
@@ -123,7 +149,16 @@ void bench_gemv_format(const char* fmt_label, TensorType type, int mlx_bits) {
       LLMD_CUDA_CHECK(cudaStreamSynchronize(st.s));
     }
     const int out_rows = sh.epi == Epilogue::SwiGLU ? sh.rows / 2 : sh.rows;
-    for (int batch : {1, 32}) {
+    // b1 (GEMV), b16 and b32 (the tensor-core kernel for quantized formats), and b32 again with LLMD_CUDA_MMA=0
+    // (the GEMV at 32 rows), so one run compares the two paths.
+    struct Run {
+      int batch;
+      bool gemv;
+    };
+    for (const Run run : {Run{1, false}, Run{16, false}, Run{32, false}, Run{32, true}}) {
+      if (run.gemv && !detail::use_mma(copies[0], run.batch)) continue;  // already measured (F16, or MMA off)
+      const ScopedEnv mma_env("LLMD_CUDA_MMA", run.gemv ? "0" : nullptr);
+      const int batch = run.batch;
       acts.rows = batch;
       const int launches = std::max(20, n_copies) / n_copies * n_copies;
       cudaGraph_t graph;
@@ -140,9 +175,9 @@ void bench_gemv_format(const char* fmt_label, TensorType type, int mlx_bits) {
       const double act_bytes = double(batch) * (sh.cols + sh.cols / 32 * 8);
       const double y_bytes = double(batch) * out_rows * 4 * (sh.epi == Epilogue::Add ? 2 : 1);
       const double gbps = (wbytes + act_bytes + y_bytes) / (ms * 1e-3) / 1e9;
-      char label[160];
-      std::snprintf(label, sizeof label, "gemv %-10s %-11s %6dx%-5d b%-2d %8.1f us %5.1f%% of copy", fmt_label,
-                    sh.name, sh.rows, sh.cols, batch, ms * 1e3, 100.0 * gbps / ceiling);
+      char label[224];
+      std::snprintf(label, sizeof label, "gemv %-10s %-11s %6dx%-5d b%-2d %8.1f us %5.1f%% of copy (%s)", fmt_label,
+                    sh.name, sh.rows, sh.cols, batch, ms * 1e3, 100.0 * gbps / ceiling, matmul_path(copies[0], batch));
       report(label, gbps, "GB/s");
     }
   }

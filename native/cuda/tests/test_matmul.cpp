@@ -1,6 +1,7 @@
 // GPU tests of matmul.h against a CPU reference computed in double from core's dequantize_row of the very bytes
 // uploaded (so a wrong re-layout, scale decode or nibble order shows), over every format, the GEMV row counts
-// {1, 2, 3, 8, 17, 32} and the prefill ones {33, 100, 512}, every epilogue, ldy > rows, stacked uploads,
+// {1, 2, 3, 8, 9, 12, 17, 24, 32} (9..32 of quantized formats: the tensor-core path, matmul_mma.cu, unless
+// LLMD_CUDA_MMA=0) and the prefill ones {33, 100, 512}, every epilogue, ldy > rows, stacked uploads,
 // gather_rows and the prologue. Outputs are poisoned with NaN before every run and every element is checked
 // (the ldy padding must stay NaN). One line per matrix and epilogue gives each row count's relative error; a
 // failing case also prints its first bad element.
@@ -13,6 +14,7 @@
 //  - F16 weights in the GEMV (float32 activations, float accumulation): ~1e-6, limit 1e-4; for types converted
 //    to float16 at upload (F32, Q4_1) the weights' float16 rounding (2^-11 relative, RMS ~2.8e-4) adds: 2e-3;
 //  - prefill (float16 activations and weights in cuBLAS, float32 accumulation): both roundings, ~4e-4: 3e-3.
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -205,7 +207,9 @@ void check_matrix(MatmulContext& ctx, const HostMatrix& h, Activations& acts, co
       std::snprintf(buf, sizeof buf, " %d:%.2e", n, rel);
       line += buf;
     }
-    std::printf("  %-34s %-6s %-28s%s\n", label.c_str(), epi_name(epi), matmul_path(dm, counts[0]), line.c_str());
+    std::string paths = matmul_path(dm, counts.front());
+    if (paths != matmul_path(dm, counts.back())) paths += std::string("|") + matmul_path(dm, counts.back());
+    std::printf("  %-34s %-6s %-44s%s\n", label.c_str(), epi_name(epi), paths.c_str(), line.c_str());
   }
   std::fflush(stdout);
 }
@@ -250,7 +254,7 @@ void gemv_shape(int rows, int cols, bool long_rows_subset) {
         (s.type == TensorType::BF16 || s.type == TensorType::F32 || s.type == TensorType::Q4_1))
       continue;
     if (long_rows_subset && s.mlx_bits && s.group != 64) continue;
-    check_matrix(*env.ctx, make(s, rows, cols, ++seed), env.acts, a, {1, 2, 3, 8, 17, 32}, false, fails);
+    check_matrix(*env.ctx, make(s, rows, cols, ++seed), env.acts, a, {1, 2, 3, 8, 9, 12, 17, 24, 32}, false, fails);
   }
   fails.check();
 }
@@ -304,7 +308,7 @@ LLMD_CUDA_TEST(matmul_stacked) {
       const std::string label = "stacked " + type_name(t) + " " + std::to_string(parts_rows.size()) + " parts";
       std::string line;
       const bool swiglu = parts_rows.size() == 2;
-      for (int n : {3, 100}) {
+      for (int n : {3, 24, 100}) {
         const bool dp = is_dp4a(dm.format) && n <= kMaxGemvBatch;
         double tol = n > kMaxGemvBatch ? 3e-3 : dp ? 1.5e-2 : 2e-3;
         if (swiglu) tol *= 2;
@@ -414,6 +418,49 @@ LLMD_CUDA_TEST(matmul_rmsnorm_quantize) {
       LLMD_EXPECT(worst_sum < 1e-5, "block sum error " << worst_sum);
     }
   }
+}
+
+// The tensor-core path's weight decoders alone (matmul_mma.cu's MmaDec, float16 pairs built from the bits) against
+// the prefill path's float16 dequantization (dequant32, float, rounded once): Q4_0 and Q8_0 must match bit for bit,
+// the K-quants within float16 rounding of their scales and mins (max error <= 4e-3 of the matrix's max |w|), the
+// formats that go through dequant32 exactly. A failure here is in a decoder, not in the mma fragments or tiling.
+LLMD_CUDA_TEST(matmul_mma_decode) {
+  Failures fails;
+  const int rows = 96, cols = 1536;
+  for (const Source& s : all_sources()) {
+    if (!fits(s, cols)) continue;
+    const HostMatrix h = make(s, rows, cols, 4242 + (s.mlx_bits ? s.mlx_bits * 100 + s.group : int(s.type)));
+    const DeviceMatrix dm = h.upload();
+    if (dm.format == WeightFormat::F16) continue;  // F16 weights stay on the GEMV
+    DeviceBuffer a(size_t(rows) * cols * 2), b(size_t(rows) * cols * 2);
+    detail::mma_decode_f16(dm, a.as<__half>(), nullptr);
+    detail::launch_dequantize_f16(dm, b.as<__half>(), nullptr);
+    LLMD_CUDA_CHECK(cudaDeviceSynchronize());
+    const std::vector<uint16_t> ga = to_host<uint16_t>(a, size_t(rows) * cols), gb = to_host<uint16_t>(b, ga.size());
+    double wmax = 0, dmax = 0;
+    long first = -1, differ = 0;
+    for (size_t i = 0; i < ga.size(); ++i) {
+      const double va = half_to_float(ga[i]), vb = half_to_float(gb[i]);
+      wmax = std::max(wmax, std::fabs(vb));
+      if (ga[i] != gb[i]) {
+        ++differ;
+        if (first < 0) first = long(i);
+      }
+      dmax = std::max(dmax, std::isfinite(va) ? std::fabs(va - vb) : 1e30);
+    }
+    const bool exact = dm.format != WeightFormat::Q4_K && dm.format != WeightFormat::Q5_K &&
+                       dm.format != WeightFormat::Q6_K;
+    std::printf("  mma decode %-10s (%s): %ld of %zu weights differ, max |diff| %.3e (max |w| %.3e)\n", h.name.c_str(),
+                format_name(dm.format), differ, ga.size(), dmax, wmax);
+    if (exact ? differ != 0 : !(dmax <= 4e-3 * wmax)) {
+      char buf[256];
+      std::snprintf(buf, sizeof buf, "mma decode %s: first difference at [%ld][%ld] (block %ld, weight %ld): got %.6g "
+                    "expected %.6g", h.name.c_str(), first / cols, first % cols, (first % cols) / 32, first % 32,
+                    half_to_float(ga[first]), half_to_float(gb[first]));
+      fails.add(buf);
+    }
+  }
+  fails.check();
 }
 
 }  // namespace

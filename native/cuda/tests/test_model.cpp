@@ -323,7 +323,11 @@ LLMD_CUDA_BENCH(model_step_rates) {
     result(file, "batch8", median([&] { return decode_rate(*model, 8, 128, 128); }));
     result(file, "batch32", median([&] { return decode_rate(*model, 32, 128, 128); }));
     std::printf("  decode step graph: %d nodes at batch 32\n", decode_graph_nodes(*model, 32));
-    // The same 32 rows through the prefill path (dequantize + cuBLAS) instead of the GEMV kernels.
+    // The same 32 rows through the GEMV instead of the tensor-core kernel (matmul_mma.cu).
+    setenv("LLMD_CUDA_MMA", "0", 1);
+    result(file, "batch32_gemv", median([&] { return decode_rate(*model, 32, 128, 128); }));
+    unsetenv("LLMD_CUDA_MMA");
+    // The same 32 rows through the prefill path (dequantize + cuBLAS) instead of the decode kernels.
     setenv("LLMD_CUDA_GEMV_ROWS", "8", 1);
     result(file, "batch32_gemm", median([&] { return decode_rate(*model, 32, 128, 128); }));
     unsetenv("LLMD_CUDA_GEMV_ROWS");
