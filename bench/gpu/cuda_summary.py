@@ -23,9 +23,15 @@ ORDER = [
     "pp4096_chunk2048",
     "batch8",
     "batch32",
+    "batch32_gemv",
     "batch32_gemm",
 ]
-REFERENCE = {"tg128_nograph": "tg128", "pp4096_chunk2048": "pp4096", "batch32_gemm": "batch32"}
+REFERENCE = {
+    "tg128_nograph": "tg128",
+    "pp4096_chunk2048": "pp4096",
+    "batch32_gemm": "batch32",
+    "batch32_gemv": "batch32",
+}
 
 
 def parse(text: str) -> dict[tuple[str, str, str], list[float]]:

@@ -229,8 +229,10 @@ class CudaLlama final : public Model {
 
   std::map<std::string, uint64_t> attention_paths() const override { return attention_calls_; }
 
+  static int graph_key(int seqs, bool mma) { return seqs * 2 + (mma ? 1 : 0); }
+
   int graph_nodes(int seqs) const {
-    auto it = graphs_.find(seqs);
+    auto it = graphs_.find(graph_key(seqs, env_flag("LLMD_CUDA_MMA", true)));
     return it == graphs_.end() ? -1 : it->second.nodes();
   }
 
@@ -311,7 +313,10 @@ class CudaLlama final : public Model {
     attention_calls_[attention_path(batch, config_.head_dim)] += config_.n_layers;
 
     if (decode_only && env_flag("LLMD_CUDA_GRAPHS", true)) {
-      auto it = graphs_.find(seqs);
+      // Keyed by the kernel choice too: LLMD_CUDA_MMA=0 sends 9..32 rows to the GEMV, which a graph
+      // captured with the tensor-core kernel would not see.
+      const int key = graph_key(seqs, env_flag("LLMD_CUDA_MMA", true));
+      auto it = graphs_.find(key);
       if (it == graphs_.end()) {
         cudaGraph_t graph = nullptr;
         LLMD_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
@@ -323,7 +328,7 @@ class CudaLlama final : public Model {
           throw;
         }
         LLMD_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
-        it = graphs_.emplace(seqs, GraphExec(graph)).first;
+        it = graphs_.emplace(key, GraphExec(graph)).first;
       }
       it->second.launch(stream);
     } else {

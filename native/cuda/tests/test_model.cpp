@@ -105,12 +105,13 @@ LLMD_CUDA_TEST(model_matches_cpu_backend_batched) {
     KvPool cpu_pool(cpu->kv_shape(), size_t{256} << 20);
     KvPool gpu_pool(gpu->kv_shape(), size_t{256} << 20);
     std::uniform_int_distribution<int> token(0, vocab - 1);
-    // Three prompts of 70, 5 and 130 tokens (one crosses two block boundaries), prefilled in one
-    // step; then 24 decode steps of all three (graph replays as they grow past a block); in the
-    // middle, a fourth sequence's 40-token prefill shares a step with the three decode rows.
+    // Twelve prompts (70 and 130 tokens cross block boundaries), prefilled in one step; then 24
+    // decode steps of all twelve (12 rows: the tensor-core path of 9..32 rows; graph replays as
+    // they grow past a block); in the middle, a 40-token prefill shares a step with the decode rows.
+    const int nseq = 12;
     std::vector<std::unique_ptr<Sequence>> cs, gs;
     Step cstep, gstep;
-    for (int len : {70, 5, 130}) {
+    for (int len : {70, 5, 130, 3, 4, 5, 6, 7, 8, 9, 10, 11}) {
       std::vector<int32_t> prompt(len);
       for (auto& t : prompt) t = token(testing::rng());
       cs.push_back(std::make_unique<Sequence>(cpu_pool));
@@ -125,11 +126,11 @@ LLMD_CUDA_TEST(model_matches_cpu_backend_batched) {
     compare_logits(cl, gl, vocab, path + " prefill", &worst);
     advance(cstep);
     advance(gstep);
-    std::vector<int32_t> next(3);
-    for (int s = 0; s < 3; ++s) next[s] = argmax(cl.data() + static_cast<size_t>(s) * vocab, vocab);
+    std::vector<int32_t> next(nseq);
+    for (int s = 0; s < nseq; ++s) next[s] = argmax(cl.data() + static_cast<size_t>(s) * vocab, vocab);
     for (int i = 0; i < 24; ++i) {
       Step c, g;
-      for (int s = 0; s < 3; ++s) {
+      for (int s = 0; s < nseq; ++s) {
         c.segments.push_back(segment(*cs[s], {next[s]}));
         g.segments.push_back(segment(*gs[s], {next[s]}));
       }
@@ -146,7 +147,7 @@ LLMD_CUDA_TEST(model_matches_cpu_backend_batched) {
       compare_logits(cl, gl, vocab, path + " step " + std::to_string(i), &worst);
       advance(c);
       advance(g);
-      for (int s = 0; s < 3; ++s) next[s] = argmax(cl.data() + static_cast<size_t>(s) * vocab, vocab);
+      for (int s = 0; s < nseq; ++s) next[s] = argmax(cl.data() + static_cast<size_t>(s) * vocab, vocab);
     }
     std::printf("  %s: worst logits relative error %.4g; attention paths:", path.c_str(), worst);
     for (const auto& [name, n] : gpu->attention_paths()) std::printf(" %s=%llu", name.c_str(), (unsigned long long)n);
