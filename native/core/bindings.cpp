@@ -11,6 +11,7 @@
 #include "../mlx/attention_kernels.h"
 #include "../mlx/kernels/pack8.h"
 #include "../mlx/kernels/qgemm.h"
+#include "../mlx/siglip.h"
 #include "engine.h"
 #include "kv_quant.h"
 #include "op_profile.h"
@@ -628,6 +629,45 @@ PYBIND11_MODULE(_engine, m) {
         std::memcpy(out.mutable_data(), logits.data(), logits.size() * sizeof(float));
         return out;
       }, py::arg("tokens"), py::arg("first_scored") = 1);
+
+  // The vision half of a multimodal checkpoint (siglip.h), beside the Engine that runs its
+  // decoder: the worker encodes a request's images with it and hands the rows to the engine.
+  py::class_<VisionTower>(m, "VisionTower")
+      .def(py::init([](const std::string& path, const py::dict& config, const std::string& backend) {
+             Metadata meta = metadata_from_dict(config);
+             py::gil_scoped_release release;
+             LoadOptions load;
+             load.backend = backend;
+             return load_vision_tower(path, meta, load);
+           }),
+           py::arg("path"), py::arg("config"), py::arg("backend") = "cpu")
+      .def_property_readonly("architecture", [](const VisionTower& t) { return t.info().architecture; })
+      .def_property_readonly("image_size", [](const VisionTower& t) { return t.info().image_size; })
+      .def_property_readonly("tokens_per_image", [](const VisionTower& t) { return t.info().tokens_per_image; })
+      .def_property_readonly("hidden_size", [](const VisionTower& t) { return t.info().hidden_size; })
+      .def(
+          "encode",
+          [](const VisionTower& t, py::array_t<float, py::array::c_style | py::array::forcecast> pixels) {
+            const VisionInfo& i = t.info();
+            if (pixels.ndim() != 4 || pixels.shape(1) != i.channels || pixels.shape(2) != i.image_size ||
+                pixels.shape(3) != i.image_size) {
+              throw std::invalid_argument("pixels must be [n, " + std::to_string(i.channels) + ", " +
+                                          std::to_string(i.image_size) + ", " + std::to_string(i.image_size) + "]");
+            }
+            const int n = static_cast<int>(pixels.shape(0));
+            std::vector<float> rows;
+            {
+              py::gil_scoped_release release;
+              rows = t.encode(pixels.data(), n);
+            }
+            py::array_t<float> out({static_cast<py::ssize_t>(n), static_cast<py::ssize_t>(i.tokens_per_image),
+                                    static_cast<py::ssize_t>(i.hidden_size)});
+            std::memcpy(out.mutable_data(), rows.data(), rows.size() * sizeof(float));
+            return out;
+          },
+          py::arg("pixels"),
+          "float32 [n, channels, image_size, image_size] preprocessed images -> float32 "
+          "[n, tokens_per_image, hidden_size] embeddings, in one batched pass.");
 
   m.def(
       "sample_counts",

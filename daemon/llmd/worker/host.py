@@ -65,6 +65,21 @@ def hf_config(model_path: str) -> dict[str, Any]:
     return flat
 
 
+def multimodal_config(model_path: str) -> dict[str, Any] | None:
+    """The whole config.json of a multimodal Hugging Face directory, flattened as hf_config
+    flattens (``vision_config.hidden_size``, ``mm_tokens_per_image``, ...): what the vision
+    tower loads from. None for a GGUF file or a checkpoint without a vision_config."""
+    path = Path(model_path)
+    if not path.is_dir():
+        return None
+    config = json.loads((path / "config.json").read_text())
+    if not isinstance(config.get("vision_config"), dict):
+        return None
+    flat: dict[str, Any] = {}
+    _flatten("", config, flat)
+    return flat
+
+
 class Writer:
     """Serialises JSONL writes from both threads."""
 
