@@ -404,8 +404,22 @@ PYBIND11_MODULE(_engine, m) {
              std::string session, float frequency_penalty, float presence_penalty, float repetition_penalty,
              std::vector<std::pair<int32_t, float>> logit_bias, int top_logprobs, py::object constraint,
              std::string prefill_of, int repetition_window, const std::string& output, const std::string& pooling,
-             bool normalize, std::vector<int32_t> logit_tokens, int max_draft, bool draft_model) {
+             bool normalize, std::vector<int32_t> logit_tokens, int max_draft, bool draft_model,
+             const py::list& embedded) {
             GenerateRequest r;
+            // (first row, float32 [rows, hidden] embeddings, bidirectional) per embedded run.
+            for (py::handle item : embedded) {
+              auto t = item.cast<py::tuple>();
+              if (t.size() != 3) throw std::invalid_argument("embedded runs are (first, rows, bidirectional)");
+              auto values = t[1].cast<py::array_t<float, py::array::c_style | py::array::forcecast>>();
+              if (values.ndim() != 2) throw std::invalid_argument("embedded rows must be [rows, hidden]");
+              GenerateRequest::PromptEmbeddings e;
+              e.first = t[0].cast<int>();
+              e.rows = static_cast<int>(values.shape(0));
+              e.values = std::make_shared<const std::vector<float>>(values.data(), values.data() + values.size());
+              e.bidirectional = t[2].cast<bool>();
+              r.embeddings.push_back(std::move(e));
+            }
             r.max_draft = max_draft;
             r.draft_model = draft_model;
             if (output == "embedding") {
@@ -453,7 +467,7 @@ PYBIND11_MODULE(_engine, m) {
           py::arg("constraint") = py::none(), py::arg("prefill_of") = "",
           py::arg("repetition_window") = 0, py::arg("output") = "tokens", py::arg("pooling") = "last",
           py::arg("normalize") = false, py::arg("logit_tokens") = std::vector<int32_t>{},
-          py::arg("max_draft") = 0, py::arg("draft_model") = false)
+          py::arg("max_draft") = 0, py::arg("draft_model") = false, py::arg("embedded") = py::list())
       .def(
           "submit_pooled",
           [](Engine& e, const std::vector<std::string>& ids, std::vector<std::vector<int32_t>> prompts,

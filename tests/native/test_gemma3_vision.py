@@ -125,3 +125,108 @@ def test_checkpoint_without_a_vision_tower_is_refused(tmp_path: Path) -> None:
     )
     with pytest.raises(RuntimeError, match="no vision tower"):
         _tower(tmp_path, "cpu")
+
+
+# The engine: image rows spliced into a prompt (worker/vision.py lays them out), against
+# transformers' logits for the fixture's two-image prompt (image tokens attending to their
+# whole image, as transformers' generate does with the processor's token_type_ids).
+
+
+def _engine(path: Path, **kw):  # type: ignore[no-untyped-def]
+    from llmd.worker.host import hf_config
+
+    kw.setdefault("kv_type", "f32")  # float32 references at 1e-4 (see test_architectures)
+    return native.Engine(
+        str(path),
+        context_length=256,
+        max_sequences=8,
+        backend="cpu",
+        hf_config=hf_config(str(path)),
+        **kw,
+    )
+
+
+def _image_prompt(checkpoint: Path, order: tuple[int, int] = (0, 1)) -> tuple[list[int], list]:
+    from llmd.worker.host import multimodal_config
+    from llmd.worker.vision import gemma3_layout, layout_images
+
+    ref = np.load(FIXTURE)
+    pixels = _pixels(json.loads(ref["cases"].tobytes()))[list(order)]
+    embeddings = _tower(checkpoint, "cpu").encode(pixels)
+    layout = gemma3_layout(multimodal_config(str(checkpoint)) or {})
+    return layout_images(ref["prompt_ids"].tolist(), list(embeddings), list(pixels), layout)
+
+
+def _first_logprobs(engine, rid: str, prompt: list[int], embedded: list) -> tuple[np.ndarray, dict]:  # type: ignore[no-untyped-def]
+    """Log-probabilities of the whole vocabulary for the first generated token, and the done
+    event."""
+    engine.submit(rid, prompt, 1, top_logprobs=128, embedded=embedded)
+    lp, done = None, None
+    while done is None:
+        for ev in engine.poll(1000):
+            assert ev["type"] != "error", ev
+            if ev["type"] == "tokens" and lp is None:
+                lp = np.full(128, -np.inf, dtype=np.float64)
+                for t, v in ev["logprobs"][0]["top"]:
+                    lp[t] = v
+            elif ev["type"] == "done":
+                done = ev
+    assert lp is not None
+    return lp, done
+
+
+def _log_softmax(x: np.ndarray) -> np.ndarray:
+    x = x.astype(np.float64)
+    m = x.max()
+    return x - m - np.log(np.exp(x - m).sum())
+
+
+@pytest.mark.parametrize("budget", [512, 8])
+def test_image_prompt_logits_match_transformers(checkpoint: Path, budget: int) -> None:
+    """Budget 8: the prefill runs in chunks, each image's 16 rows kept in one of them."""
+    ref = np.load(FIXTURE)
+    prompt, embedded = _image_prompt(checkpoint)
+    assert [first for first, _, _ in embedded] == [5, 25]
+    assert all(t < 0 for t in prompt[5:21]) and prompt[4] == 125 and prompt[21] == 126
+    lp, done = _first_logprobs(_engine(checkpoint, step_token_budget=budget), "a", prompt, embedded)
+    want = _log_softmax(ref["logits"][-1])
+    scale = float(np.abs(ref["logits"][-1]).max())
+    assert np.abs(lp - want).max() / scale < TOLERANCE
+    assert done["prompt_tokens"] == len(prompt)
+    # Plain causal attention over the image rows gives other logits: the test can tell.
+    assert np.abs(lp - _log_softmax(ref["causal_logits"][-1])).max() / scale > 1e-2
+
+
+def test_same_image_reuses_the_cache_and_another_does_not(checkpoint: Path) -> None:
+    engine = _engine(checkpoint)
+    prompt, embedded = _image_prompt(checkpoint)
+    first, _ = _first_logprobs(engine, "a", prompt, embedded)
+    again, done = _first_logprobs(engine, "b", prompt, embedded)
+    # The second turn with the same images prefills nothing but its last row.
+    assert done["cached_tokens"] == len(prompt) - 1
+    assert np.abs(again - first).max() < 1e-5
+    # The second image swapped for the first: the same placeholder tokens, but its rows come
+    # from another image, so the cache stops where that image starts.
+    other, other_runs = _image_prompt(checkpoint, order=(0, 0))
+    assert other[:25] == prompt[:25] and other[25:41] != prompt[25:41]
+    _, done = _first_logprobs(engine, "c", other, other_runs)
+    assert done["cached_tokens"] == 25
+
+
+def test_image_rows_are_refused_where_the_model_cannot_take_them(checkpoint: Path) -> None:
+    """The device backend's attention does not honour image rows yet: an error, never an
+    image silently read as something else."""
+    from llmd.worker.host import hf_config
+
+    prompt, embedded = _image_prompt(checkpoint)
+    engine = native.Engine(
+        str(checkpoint),
+        context_length=256,
+        max_sequences=8,
+        backend="mlx-cpu",
+        hf_config=hf_config(str(checkpoint)),
+    )
+    engine.submit("a", prompt, 1, embedded=embedded)
+    events = engine.poll(5000)
+    assert [e["type"] for e in events] == ["error"]
+    assert "cannot take image" in events[0]["message"]

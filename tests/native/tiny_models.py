@@ -474,16 +474,24 @@ def write_gemma3_multimodal(path: Path) -> dict:
         for k, v in weights("gemma3_text").items()
     }
     tensors.update(gemma3_vision_weights())
-    return write_multimodal_checkpoint(
+    config = write_multimodal_checkpoint(
         path,
         "gemma3_text",
         tensors,
         model_type="gemma3",
         architecture="Gemma3ForConditionalGeneration",
         vision_type="siglip_vision_model",
+        # Untied in the text config too: transformers 5 ties the head when text_config says
+        # so (its default), whatever the outer config says.
+        drop=(),
         vision_config=GEMMA3_VISION,
         extra=GEMMA3_MULTIMODAL,
     )
+    # No final soft-capping, as the released checkpoints: transformers 5.23's
+    # Gemma3ForConditionalGeneration ignores the setting (its ForCausalLM applies it).
+    config["text_config"]["final_logit_softcapping"] = None
+    (path / "config.json").write_text(json.dumps(config))
+    return config
 
 
 def write_safetensors(
