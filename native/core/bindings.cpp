@@ -614,6 +614,8 @@ PYBIND11_MODULE(_engine, m) {
           "flush_kv_disk", [](Engine& e) { e.flush_kv_disk(); }, py::call_guard<py::gil_scoped_release>(),
           "Waits until every KV block queued for the disk tier is written.")
       .def_property_readonly("context_length", &Engine::context_length)
+      .def_property_readonly("accepts_embeddings", [](Engine& e) { return e.accepts_embeddings(); },
+                             "Whether requests may carry `embedded` prompt rows (images).")
       .def_property_readonly("supports_speculation", [](Engine& e) { return e.supports_speculation(); },
                              "Whether requests may set max_draft (not on models with recurrent layers).")
       .def_property_readonly("max_sequences", [](Engine& e) { return e.options().max_sequences; })
@@ -661,7 +663,8 @@ PYBIND11_MODULE(_engine, m) {
       .def_property_readonly("hidden_size", [](const VisionTower& t) { return t.info().hidden_size; })
       .def(
           "encode",
-          [](const VisionTower& t, py::array_t<float, py::array::c_style | py::array::forcecast> pixels) {
+          [](const VisionTower& t, py::array_t<float, py::array::c_style | py::array::forcecast> pixels,
+             Engine* engine) {
             const VisionInfo& i = t.info();
             if (pixels.ndim() != 4 || pixels.shape(1) != i.channels || pixels.shape(2) != i.image_size ||
                 pixels.shape(3) != i.image_size) {
@@ -672,16 +675,21 @@ PYBIND11_MODULE(_engine, m) {
             std::vector<float> rows;
             {
               py::gil_scoped_release release;
-              rows = t.encode(pixels.data(), n);
+              if (engine) {
+                rows = engine->between_steps([&] { return t.encode(pixels.data(), n); });
+              } else {
+                rows = t.encode(pixels.data(), n);
+              }
             }
             py::array_t<float> out({static_cast<py::ssize_t>(n), static_cast<py::ssize_t>(i.tokens_per_image),
                                     static_cast<py::ssize_t>(i.hidden_size)});
             std::memcpy(out.mutable_data(), rows.data(), rows.size() * sizeof(float));
             return out;
           },
-          py::arg("pixels"),
+          py::arg("pixels"), py::arg("engine") = nullptr,
           "float32 [n, channels, image_size, image_size] preprocessed images -> float32 "
-          "[n, tokens_per_image, hidden_size] embeddings, in one batched pass.");
+          "[n, tokens_per_image, hidden_size] embeddings, in one batched pass; with `engine`, "
+          "between its forward passes (one process's MLX work at a time).");
 
   m.def(
       "sample_counts",

@@ -185,6 +185,8 @@ class Engine {
   const ModelInfo& info() const { return model_->info(); }
   int context_length() const { return context_length_; }
   bool supports_speculation() const { return !recurrent_; }
+  // Whether requests may carry prompt rows fed as embeddings (images).
+  bool accepts_embeddings() const { return model_->accepts_embeddings(); }
   // The draft model's facts, or null when none is loaded.
   const ModelInfo* draft_info() const { return drafter_ ? &drafter_->info() : nullptr; }
   const EngineOptions& options() const { return options_; }
@@ -200,6 +202,15 @@ class Engine {
   // fresh sequence and returns the logits after each position p >= first_scored - 1, i.e. the
   // predictions of tokens[first_scored..n] and of the next token: [n - first_scored + 1, vocab].
   std::vector<float> score(const std::vector<int32_t>& tokens, int first_scored);
+
+  // Runs fn() between forward passes, never during one: other MLX work of the process (a
+  // vision tower encoding a request's images) must not build or evaluate graphs while the
+  // engine thread does.
+  template <class F>
+  auto between_steps(F&& fn) {
+    std::lock_guard<std::mutex> lock(forward_mutex_);
+    return fn();
+  }
 
  private:
   using Clock = std::chrono::steady_clock;

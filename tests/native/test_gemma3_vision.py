@@ -29,6 +29,7 @@ native = pytest.importorskip("llmd._engine")
 FIXTURE = Path(__file__).parents[1] / "fixtures" / "gemma3_vision_transformers.npz"
 IMAGES = Path(__file__).parents[1] / "fixtures" / "gemma3_images_transformers.npz"
 TOLERANCE = 1e-4
+F16_TOLERANCE = 2e-3
 
 
 def _tower(path: Path, backend: str):  # type: ignore[no-untyped-def]
@@ -230,3 +231,73 @@ def test_image_rows_are_refused_where_the_model_cannot_take_them(checkpoint: Pat
     events = engine.poll(5000)
     assert [e["type"] for e in events] == ["error"]
     assert "cannot take image" in events[0]["message"]
+
+
+def _image_input(pixels: np.ndarray) -> dict:
+    import base64
+
+    data = np.ascontiguousarray(pixels, dtype="<f4").tobytes()
+    return {"pixels": base64.b64encode(data).decode(), "shape": list(pixels.shape)}
+
+
+def _worker_turn(proc, rid: str, prompt: list[int], images: list[dict]) -> tuple[list, dict]:  # type: ignore[no-untyped-def]
+    from .conftest import read_event, send
+
+    send(
+        proc,
+        {
+            "type": "generate",
+            "id": rid,
+            "prompt": prompt,
+            "max_tokens": 1,
+            "sampling": {"top_logprobs": 127},
+            "images": images,
+        },
+    )
+    tokens: list = []
+    while (event := read_event(proc))["type"] not in ("done", "error"):
+        if event["type"] == "tokens":
+            tokens.append(event)
+    return tokens, event
+
+
+def test_worker_takes_images_with_the_request(checkpoint: Path) -> None:
+    """The worker process as the daemon starts it: it reports the `vision` feature, encodes
+    the images sent with a generate request, and answers with transformers' logits; the same
+    images again come from the prefix cache; images of the wrong size are that request's
+    error, and the worker goes on."""
+    from .conftest import worker_process
+
+    ref = np.load(FIXTURE)
+    names = json.loads(ref["cases"].tobytes())
+    pixels = _pixels(names)
+    prompt = ref["prompt_ids"].tolist()  # the placeholders as the daemon's tokenizer writes them
+    images = [_image_input(p) for p in pixels]
+    with worker_process(checkpoint, "cpu") as (proc, ready):
+        assert "vision" in ready["features"]
+        tokens, done = _worker_turn(proc, "a", prompt, images)
+        assert done["type"] == "done", done
+        top = dict(tokens[0]["logprobs"][0]["top"])
+        want = _log_softmax(ref["logits"][-1])
+        scale = float(np.abs(ref["logits"][-1]).max())
+        # The worker keeps KV in float16 (2^-11 relative rounding per key and value).
+        assert max(abs(v - want[t]) for t, v in top.items()) / scale < F16_TOLERANCE
+        _, again = _worker_turn(proc, "b", prompt, images)
+        assert again["cached_tokens"] == len(prompt) - 1
+        bad = [_image_input(np.zeros((3, 32, 32), dtype=np.float32))] * 2
+        _, err = _worker_turn(proc, "c", prompt, bad)
+        assert err["type"] == "error" and "this model reads [3, 64, 64]" in err["message"]
+        _, err = _worker_turn(proc, "d", prompt, images[:1])
+        assert err["type"] == "error" and "more image runs than the 1 images" in err["message"]
+
+
+def test_text_only_worker_refuses_images(tmp_path: Path) -> None:
+    from .conftest import worker_process
+    from .tiny_models import write_checkpoint
+
+    write_checkpoint(tmp_path, "gemma3_text")
+    pixels = np.zeros((3, 64, 64), dtype=np.float32)
+    with worker_process(tmp_path, "cpu") as (proc, ready):
+        assert "vision" not in ready["features"]
+        _, err = _worker_turn(proc, "a", [1, 5, 127, 9], [_image_input(pixels)])
+        assert err["type"] == "error" and err["code"] == "model_cannot_see"

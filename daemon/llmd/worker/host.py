@@ -27,6 +27,7 @@ from llmd.store.vocabulary import vocabulary_mismatch
 from llmd.worker.grammar import GrammarFactory
 from llmd.worker.model_digest import model_digest
 from llmd.worker.pooled import PooledRequests
+from llmd.worker.vision import ImageEncoder
 
 
 def _flatten(prefix: str, value: Any, out: dict[str, Any]) -> None:
@@ -127,11 +128,18 @@ def _message_id(line: bytes) -> str | None:
     return rid if isinstance(rid, str) else None
 
 
-def _submit(engine: Any, msg: p.Generate, seed: int, constraint: Any) -> None:
+def _submit(
+    engine: Any,
+    msg: p.Generate,
+    seed: int,
+    constraint: Any,
+    prompt: list[int] | None = None,
+    embedded: list | None = None,
+) -> None:
     s = msg.sampling
     engine.submit(
         msg.id,
-        msg.prompt,
+        msg.prompt if prompt is None else prompt,
         msg.max_tokens,
         temperature=s.temperature,
         top_k=s.top_k,
@@ -150,6 +158,7 @@ def _submit(engine: Any, msg: p.Generate, seed: int, constraint: Any) -> None:
         prefill_of=msg.prefill_of,
         max_draft=msg.max_draft,
         draft_model=msg.draft_model,
+        embedded=embedded or [],
     )
 
 
@@ -159,6 +168,7 @@ def _read_commands(
     stop: threading.Event,
     grammars: GrammarFactory,
     pooled: PooledRequests,
+    images: ImageEncoder | None = None,
 ) -> None:
     for raw in sys.stdin.buffer:
         line = raw.strip()
@@ -184,8 +194,24 @@ def _read_commands(
                 except ValueError as exc:
                     writer.send(p.Error(id=msg.id, code="invalid_request", message=str(exc)))
                     continue
+            prompt, embedded = None, None
+            if msg.images:
+                if images is None:
+                    writer.send(
+                        p.Error(
+                            id=msg.id,
+                            code="model_cannot_see",
+                            message="this model does not take images in llmd",
+                        )
+                    )
+                    continue
+                try:
+                    prompt, embedded = images.prepare(msg.prompt, msg.images)
+                except ValueError as exc:
+                    writer.send(p.Error(id=msg.id, code="invalid_request", message=str(exc)))
+                    continue
             try:
-                _submit(engine, msg, seed, constraint)
+                _submit(engine, msg, seed, constraint, prompt, embedded)
             except (TypeError, ValueError, OverflowError) as exc:
                 # A value the engine's types cannot hold: that request fails, the loop goes on.
                 writer.send(p.Error(id=msg.id, code="invalid_request", message=str(exc)))
@@ -378,6 +404,11 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         writer.send(p.Fatal(code="load_failed", message=str(exc)))
         return 3
+    try:
+        images = ImageEncoder.load(args.model, engine, multimodal_config(args.model))
+    except Exception as exc:  # noqa: BLE001 - the text model still serves; images are refused
+        print(f"llmd worker: images off: {exc}", file=sys.stderr, flush=True)
+        images = None
     load_ms = (time.perf_counter() - started) * 1000
     paths = engine.matmul_paths()
     kv = engine.kv_cache()
@@ -406,6 +437,7 @@ def main(argv: list[str] | None = None) -> int:
                 "continuous_batching",
                 "cancel",
                 "embed",
+                *(["vision"] if images is not None else []),
                 *(["speculative_ngram"] if engine.supports_speculation else []),
                 *(
                     ["speculative_draft_model"]
@@ -433,7 +465,7 @@ def main(argv: list[str] | None = None) -> int:
     grammars = GrammarFactory(args.model, info["vocab_size"])
     pooled = PooledRequests(head)
     reader = threading.Thread(
-        target=_read_commands, args=(engine, writer, stop, grammars, pooled), daemon=True
+        target=_read_commands, args=(engine, writer, stop, grammars, pooled, images), daemon=True
     )
     reader.start()
     while not stop.is_set():

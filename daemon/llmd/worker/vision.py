@@ -11,6 +11,7 @@ placeholders never does (other ids).
 
 from __future__ import annotations
 
+import base64
 import hashlib
 from dataclasses import dataclass
 from typing import Any
@@ -87,3 +88,62 @@ def gemma3_layout(config: dict[str, Any]) -> ImageLayout:
     if token is None:
         raise ValueError("the Gemma 3 config names no image_token_id")
     return ImageLayout(int(token), int(config.get("mm_tokens_per_image", 256)), True)
+
+
+def decode_pixels(data: str, shape: list[int]) -> np.ndarray:
+    """An ImageInput's base64 float32 pixels as a (channels, height, width) array; ValueError
+    when the bytes do not fill the shape or hold a non-finite value."""
+    raw = base64.b64decode(data, validate=True)
+    count = shape[0] * shape[1] * shape[2]
+    if len(raw) != 4 * count:
+        raise ValueError(
+            f"an image of shape {shape} needs {4 * count} bytes of pixels, not {len(raw)}"
+        )
+    pixels = np.frombuffer(raw, dtype="<f4").reshape(shape)
+    if not np.isfinite(pixels).all():
+        raise ValueError("an image's pixels hold a non-finite value")
+    return pixels
+
+
+class ImageEncoder:
+    """The model's vision tower beside its engine: a request's images encoded in one batch
+    (between the engine's forward passes) and laid into its prompt."""
+
+    def __init__(self, tower: Any, layout: ImageLayout, engine: Any) -> None:
+        self._tower = tower
+        self._layout = layout
+        self._engine = engine
+
+    @classmethod
+    def load(
+        cls, model_path: str, engine: Any, config: dict[str, Any] | None
+    ) -> ImageEncoder | None:
+        """The encoder of a multimodal checkpoint whose images the engine can take, else None
+        (a GGUF file, a text-only checkpoint, or an architecture or backend without image
+        support: the daemon then refuses images for this model)."""
+        if config is None or config.get("model_type") != "gemma3" or not engine.accepts_embeddings:
+            return None
+        from llmd import _engine
+
+        backend = engine.info()["backend"]
+        tower = _engine.VisionTower(model_path, config, backend=backend)
+        if tower.hidden_size != engine.info()["hidden_size"]:
+            raise ValueError(
+                f"the vision projector gives {tower.hidden_size} values per row, "
+                f"the text model takes {engine.info()['hidden_size']}"
+            )
+        return cls(tower, gemma3_layout(config), engine)
+
+    def prepare(self, prompt: list[int], images: list[Any]) -> tuple[list[int], list]:
+        """(prompt with surrogate ids, embedded runs) for the engine; ValueError naming what
+        does not fit (an image of the wrong size, placeholder runs that do not match)."""
+        size = self._tower.image_size
+        pixels = []
+        for i, image in enumerate(images):
+            if list(image.shape) != [3, size, size]:
+                raise ValueError(
+                    f"image {i} is {image.shape}; this model reads [3, {size}, {size}]"
+                )
+            pixels.append(decode_pixels(image.pixels, list(image.shape)))
+        embeddings = self._tower.encode(np.stack(pixels), engine=self._engine)
+        return layout_images(prompt, list(embeddings), pixels, self._layout)
