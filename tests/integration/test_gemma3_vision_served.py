@@ -1,9 +1,10 @@
 """Gemma 3 sees, through `llmd serve` as a user reaches it (issue 26): a tiny random
 Gemma3ForConditionalGeneration directory (tests/native/tiny_models.py) pulled into the running
-daemon, asked about two images with the OpenAI client. The first generated token's
-log-probabilities equal transformers' (tests/fixtures/gemma3_vision_transformers.npz, recorded
-by tests/fixtures/record_gemma3_vision.py for the same prompt and images), and the same
-images asked about again come from the prefix cache.
+daemon, asked about two images with the OpenAI, Anthropic and Ollama clients. Through the
+OpenAI client the first generated token's log-probabilities equal transformers'
+(tests/fixtures/gemma3_vision_transformers.npz, recorded by
+tests/fixtures/record_gemma3_vision.py for the same prompt and images); the same images asked
+about again come from the prefix cache, another image does not.
 
 The tiny tokenizer maps word `wN` to id N; its chat template writes Gemma 3's
 `<start_of_image>` for each image part, as the released template does, and the daemon lays
@@ -15,6 +16,7 @@ import base64
 import json
 from pathlib import Path
 
+import anthropic
 import numpy as np
 import pytest
 from openai import OpenAI
@@ -22,6 +24,7 @@ from openai import OpenAI
 from tests.conftest import run_llmd
 from tests.native.tiny_models import CONFIGS, GEMMA3_MULTIMODAL, write_gemma3_multimodal
 
+ollama = pytest.importorskip("ollama")
 pytest.importorskip("llmd._engine", reason="the native engine (llmd._engine) is not built")
 
 FIXTURES = Path(__file__).parents[1] / "fixtures"
@@ -71,37 +74,50 @@ def _log_softmax(x: np.ndarray) -> np.ndarray:
     return x - x.max() - np.log(np.exp(x - x.max()).sum())
 
 
-def test_openai_image_url_answers_like_transformers(server, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    ref = np.load(FIXTURES / "gemma3_vision_transformers.npz")
-    images = np.load(FIXTURES / "gemma3_images_transformers.npz")
-    cases = json.loads(ref["cases"].tobytes())
-    configs = {c["name"]: c["config"] for c in json.loads(images["cases"].tobytes())}
-    write_gemma3_multimodal(tmp_path)
-    vocab = _tokenizer(tmp_path)
-    token = {i: t for t, i in vocab.items()}
+MODEL = "tiny-gemma3-vision"
+REF = np.load(FIXTURES / "gemma3_vision_transformers.npz")
+IMAGES = np.load(FIXTURES / "gemma3_images_transformers.npz")
+CASES = json.loads(REF["cases"].tobytes())
+PROMPT = REF["prompt_ids"].tolist()
+
+
+def _png(name: str) -> str:
+    return base64.b64encode(IMAGES[f"{name}.png"].tobytes()).decode()
+
+
+def _url(name: str) -> str:
+    return "data:image/png;base64," + _png(name)
+
+
+@pytest.fixture(scope="module")
+def vocab(server, tmp_path_factory: pytest.TempPathFactory) -> dict[str, int]:  # type: ignore[no-untyped-def]
+    """The tiny multimodal Gemma 3 pulled into the daemon; its vocabulary."""
+    path = tmp_path_factory.mktemp("tiny-gemma3-vision")
+    configs = {c["name"]: c["config"] for c in json.loads(IMAGES["cases"].tobytes())}
+    write_gemma3_multimodal(path)
+    words = _tokenizer(path)
     # The 64x64 processor settings the fixture's images were preprocessed with.
-    (tmp_path / "preprocessor_config.json").write_text(json.dumps(configs[cases[0]]))
-    pulled = run_llmd(
-        server.env, "pull", str(tmp_path), "--name", "tiny-gemma3-vision", timeout=300
-    )
+    (path / "preprocessor_config.json").write_text(json.dumps(configs[CASES[0]]))
+    pulled = run_llmd(server.env, "pull", str(path), "--name", MODEL, timeout=300)
     assert pulled.returncode == 0, pulled.stderr
+    return words
 
-    def url(name: str) -> str:
-        return "data:image/png;base64," + base64.b64encode(images[f"{name}.png"].tobytes()).decode()
 
+def test_openai_image_url_answers_like_transformers(server, vocab: dict[str, int]) -> None:  # type: ignore[no-untyped-def]
+    token = {i: t for t, i in vocab.items()}
     # The fixture's prompt: w5 w17 w33, image 1, w40 w41, image 2, w9 w60 w61.
     content = [
         {"type": "text", "text": "w5 w17 w33"},
-        {"type": "image_url", "image_url": {"url": url(cases[0])}},
+        {"type": "image_url", "image_url": {"url": _url(CASES[0])}},
         {"type": "text", "text": "w40 w41"},
-        {"type": "image_url", "image_url": {"url": url(cases[1]), "detail": "high"}},
+        {"type": "image_url", "image_url": {"url": _url(CASES[1]), "detail": "high"}},
         {"type": "text", "text": "w9 w60 w61"},
     ]
     client = OpenAI(base_url=server.base_url + "/v1", api_key="unused", max_retries=0, timeout=300)
 
     def ask():  # type: ignore[no-untyped-def]
         return client.chat.completions.create(
-            model="tiny-gemma3-vision",
+            model=MODEL,
             messages=[{"role": "user", "content": content}],  # type: ignore[misc,list-item]
             max_tokens=1,
             temperature=0,
@@ -110,22 +126,67 @@ def test_openai_image_url_answers_like_transformers(server, tmp_path: Path) -> N
         )
 
     out = ask()
-    want = _log_softmax(ref["logits"][-1])
-    scale = float(np.abs(ref["logits"][-1]).max())
-    assert out.usage is not None and out.usage.prompt_tokens == len(ref["prompt_ids"])  # type: ignore[attr-defined]
-    first = out.choices[0].logprobs.content[0]  # type: ignore[attr-defined]
+    want = _log_softmax(REF["logits"][-1])
+    scale = float(np.abs(REF["logits"][-1]).max())
+    assert out.usage is not None and out.usage.prompt_tokens == len(PROMPT)
+    first = out.choices[0].logprobs.content[0]  # type: ignore[union-attr,index]
     assert first.token == token[int(np.argmax(want))]
     assert len(first.top_logprobs) == 20
     for alt in first.top_logprobs:
         assert abs(alt.logprob - want[vocab[alt.token]]) / scale < F16_TOLERANCE, alt
     # The same images again: everything but the last prompt token comes from the cache.
     again = ask()
-    details = again.usage.prompt_tokens_details  # type: ignore[attr-defined]
-    assert details is not None and details.cached_tokens == len(ref["prompt_ids"]) - 1
-    assert again.choices[0].logprobs.content[0].token == first.token  # type: ignore[attr-defined]
+    details = again.usage.prompt_tokens_details  # type: ignore[union-attr]
+    assert details is not None and details.cached_tokens == len(PROMPT) - 1
+    assert again.choices[0].logprobs.content[0].token == first.token  # type: ignore[union-attr,index]
     # Another second image behind the same placeholder tokens: the cache stops where it
     # starts (the text and first image before it: 25 tokens).
-    content[3] = {"type": "image_url", "image_url": {"url": url(cases[0])}}
+    content[3] = {"type": "image_url", "image_url": {"url": _url(CASES[0])}}
     other = ask()
-    details = other.usage.prompt_tokens_details  # type: ignore[attr-defined]
+    details = other.usage.prompt_tokens_details  # type: ignore[union-attr]
     assert details is not None and details.cached_tokens == 25
+
+
+def test_anthropic_image_blocks_reach_the_same_prompt(server, vocab: dict[str, int]) -> None:  # type: ignore[no-untyped-def]
+    """Anthropic's base64 image blocks in the fixture's order make the same prompt, images
+    included: the KV of the OpenAI test's identical request is reused (same ids, same image
+    hashes), which it could not be if an image were dropped or read differently."""
+    claude = anthropic.Anthropic(base_url=server.base_url, api_key="unused", max_retries=0)
+
+    def image(name: str) -> dict:
+        return {
+            "type": "image",
+            "source": {"type": "base64", "media_type": "image/png", "data": _png(name)},
+        }
+
+    content = [
+        {"type": "text", "text": "w5 w17 w33"},
+        image(CASES[0]),
+        {"type": "text", "text": "w40 w41"},
+        image(CASES[1]),
+        {"type": "text", "text": "w9 w60 w61"},
+    ]
+    for _ in range(2):  # the first may follow the OpenAI test's turns or not: the second hits
+        out = claude.messages.create(
+            model=MODEL,
+            max_tokens=1,
+            messages=[{"role": "user", "content": content}],  # type: ignore[list-item]
+        )
+    usage = out.usage
+    assert usage.input_tokens + (usage.cache_read_input_tokens or 0) == len(PROMPT)
+    assert usage.cache_read_input_tokens == len(PROMPT) - 1
+
+
+def test_ollama_images_are_seen(server, vocab: dict[str, int]) -> None:  # type: ignore[no-untyped-def]
+    """Ollama's `images` (base64) on /api/chat and /api/generate: placed before the message's
+    text, as Ollama does, each laid out as 18 tokens (markers and 16 image rows)."""
+    olla = ollama.Client(host=server.base_url)
+    pngs = [_png(CASES[0]), _png(CASES[1])]
+    chat = olla.chat(
+        model=MODEL,
+        messages=[{"role": "user", "content": "w5 w17 w33", "images": pngs}],
+        options={"num_predict": 1, "temperature": 0},
+    )
+    assert chat.prompt_eval_count == 1 + 2 * 18 + 3
+    gen = olla.generate(model=MODEL, prompt="w5 w17 w33", images=pngs, options={"num_predict": 1})
+    assert gen.prompt_eval_count == 1 + 2 * 18 + 3
