@@ -289,6 +289,34 @@ def test_worker_takes_images_with_the_request(checkpoint: Path) -> None:
         assert err["type"] == "error" and "this model reads [3, 64, 64]" in err["message"]
         _, err = _worker_turn(proc, "d", prompt, images[:1])
         assert err["type"] == "error" and "more image runs than the 1 images" in err["message"]
+        # Two requests at once (encoded on the image thread, together when both wait), and a
+        # cancel of a third that has images: each ends as it would alone.
+        from .conftest import read_event, send
+
+        turn = {"type": "generate", "prompt": prompt, "sampling": {"top_logprobs": 127}}
+        send(
+            proc,
+            {**turn, "id": "e", "max_tokens": 1, "images": images},
+            {**turn, "id": "f", "max_tokens": 1, "images": images[::-1]},
+            {**turn, "id": "g", "max_tokens": 200, "images": images},
+            {"type": "cancel", "id": "g"},
+        )
+        first: dict[str, dict] = {}
+        done: dict[str, dict] = {}
+        while len(done) < 3:
+            event = read_event(proc)
+            assert event["type"] != "error", event
+            if event["type"] == "tokens":
+                first.setdefault(event["id"], event)
+            elif event["type"] == "done":
+                done[event["id"]] = event
+        assert dict(first["e"]["logprobs"][0]["top"]) == top
+        assert dict(first["f"]["logprobs"][0]["top"]) != top  # the images swapped
+        assert done["g"]["finish_reason"] == "cancelled"
+        send(proc, {"type": "stats"})
+        stats = read_event(proc)
+        assert stats["type"] == "stats"
+        assert stats["extra"]["images_encoded"] == 2 + 2 + 1 + 3 * 2  # d's one image too
 
 
 def test_text_only_worker_refuses_images(tmp_path: Path) -> None:

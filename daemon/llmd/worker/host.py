@@ -8,6 +8,7 @@ thread runs the batching loop; the GIL is released whenever it computes.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import random
@@ -27,7 +28,7 @@ from llmd.store.vocabulary import vocabulary_mismatch
 from llmd.worker.grammar import GrammarFactory
 from llmd.worker.model_digest import model_digest
 from llmd.worker.pooled import PooledRequests
-from llmd.worker.vision import ImageEncoder
+from llmd.worker.vision import ImageEncoder, ImageRequests
 
 
 def _flatten(prefix: str, value: Any, out: dict[str, Any]) -> None:
@@ -168,7 +169,7 @@ def _read_commands(
     stop: threading.Event,
     grammars: GrammarFactory,
     pooled: PooledRequests,
-    images: ImageEncoder | None = None,
+    images: ImageRequests | None = None,
 ) -> None:
     for raw in sys.stdin.buffer:
         line = raw.strip()
@@ -194,7 +195,6 @@ def _read_commands(
                 except ValueError as exc:
                     writer.send(p.Error(id=msg.id, code="invalid_request", message=str(exc)))
                     continue
-            prompt, embedded = None, None
             if msg.images:
                 if images is None:
                     writer.send(
@@ -205,13 +205,12 @@ def _read_commands(
                         )
                     )
                     continue
-                try:
-                    prompt, embedded = images.prepare(msg.prompt, msg.images)
-                except ValueError as exc:
-                    writer.send(p.Error(id=msg.id, code="invalid_request", message=str(exc)))
-                    continue
+                # Encoded on the image thread, which then submits it with its image rows.
+                submit = functools.partial(_submit, engine, msg, seed, constraint)
+                images.put(msg.id, msg.prompt, msg.images, submit)
+                continue
             try:
-                _submit(engine, msg, seed, constraint, prompt, embedded)
+                _submit(engine, msg, seed, constraint)
             except (TypeError, ValueError, OverflowError) as exc:
                 # A value the engine's types cannot hold: that request fails, the loop goes on.
                 writer.send(p.Error(id=msg.id, code="invalid_request", message=str(exc)))
@@ -227,12 +226,18 @@ def _read_commands(
             except Exception as exc:  # noqa: BLE001 - a failed score fails that request only
                 writer.send(p.Error(id=msg.id, code="internal", message=f"scoring failed: {exc}"))
         elif isinstance(msg, p.Cancel):
+            if images is not None and images.cancel(msg.id):
+                continue
             if not pooled.cancel(engine, msg.id):
                 engine.cancel(msg.id)
         elif isinstance(msg, p.Unpin):
             engine.unpin(msg.session)
         elif isinstance(msg, p.StatsRequest):
-            st = {**engine.stats(), **mlx_memory(engine.info()["backend"])}
+            st = {
+                **engine.stats(),
+                **mlx_memory(engine.info()["backend"]),
+                **(images.stats() if images is not None else {}),
+            }
             writer.send(
                 p.Stats(
                     active_sequences=st["active_sequences"],
@@ -404,11 +409,18 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         writer.send(p.Fatal(code="load_failed", message=str(exc)))
         return 3
+    images = None
     try:
-        images = ImageEncoder.load(args.model, engine, multimodal_config(args.model))
+        encoder = ImageEncoder.load(args.model, engine, multimodal_config(args.model))
     except Exception as exc:  # noqa: BLE001 - the text model still serves; images are refused
         print(f"llmd worker: images off: {exc}", file=sys.stderr, flush=True)
-        images = None
+        encoder = None
+    if encoder is not None:
+        images = ImageRequests(
+            encoder,
+            engine,
+            lambda rid, code, message: writer.send(p.Error(id=rid, code=code, message=message)),
+        )
     load_ms = (time.perf_counter() - started) * 1000
     paths = engine.matmul_paths()
     kv = engine.kv_cache()

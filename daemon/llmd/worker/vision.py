@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -105,9 +107,15 @@ def decode_pixels(data: str, shape: list[int]) -> np.ndarray:
     return pixels
 
 
+# Images per vision-tower pass: the SigLIP encoder's attention scores are [heads, patches,
+# patches] per image (16 x 4096 x 4096 float32, 1 GiB, for the released Gemma 3 on MLX's CPU
+# path), so a pass holds that many of them at once.
+MAX_IMAGES_PER_PASS = 2
+
+
 class ImageEncoder:
-    """The model's vision tower beside its engine: a request's images encoded in one batch
-    (between the engine's forward passes) and laid into its prompt."""
+    """The model's vision tower beside its engine: images encoded (between the engine's
+    forward passes) and laid into their request's prompt."""
 
     def __init__(self, tower: Any, layout: ImageLayout, engine: Any) -> None:
         self._tower = tower
@@ -134,16 +142,128 @@ class ImageEncoder:
             )
         return cls(tower, gemma3_layout(config), engine)
 
-    def prepare(self, prompt: list[int], images: list[Any]) -> tuple[list[int], list]:
-        """(prompt with surrogate ids, embedded runs) for the engine; ValueError naming what
-        does not fit (an image of the wrong size, placeholder runs that do not match)."""
+    def pixels(self, images: list[Any]) -> list[np.ndarray]:
+        """A request's ImageInputs decoded; ValueError naming one the tower cannot read."""
         size = self._tower.image_size
-        pixels = []
+        out = []
         for i, image in enumerate(images):
             if list(image.shape) != [3, size, size]:
                 raise ValueError(
                     f"image {i} is {image.shape}; this model reads [3, {size}, {size}]"
                 )
-            pixels.append(decode_pixels(image.pixels, list(image.shape)))
-        embeddings = self._tower.encode(np.stack(pixels), engine=self._engine)
-        return layout_images(prompt, list(embeddings), pixels, self._layout)
+            out.append(decode_pixels(image.pixels, list(image.shape)))
+        return out
+
+    def encode(self, pixels: list[np.ndarray]) -> list[np.ndarray]:
+        """Each image's [rows, hidden] embeddings, MAX_IMAGES_PER_PASS images per pass."""
+        out: list[np.ndarray] = []
+        for i in range(0, len(pixels), MAX_IMAGES_PER_PASS):
+            batch = np.stack(pixels[i : i + MAX_IMAGES_PER_PASS])
+            out += list(self._tower.encode(batch, engine=self._engine))
+        return out
+
+    def layout(
+        self, prompt: list[int], embeddings: list[np.ndarray], pixels: list[np.ndarray]
+    ) -> tuple[list[int], list]:
+        return layout_images(prompt, embeddings, pixels, self._layout)
+
+    def prepare(self, prompt: list[int], images: list[Any]) -> tuple[list[int], list]:
+        """(prompt with surrogate ids, embedded runs) for the engine; ValueError naming what
+        does not fit (an image of the wrong size, placeholder runs that do not match)."""
+        pixels = self.pixels(images)
+        return self.layout(prompt, self.encode(pixels), pixels)
+
+
+Submit = Callable[[list[int], list], None]
+Fail = Callable[[str, str, str], None]  # (request id, code, message)
+
+
+class ImageRequests:
+    """Requests with images wait here for a thread of their own, which encodes the images of
+    every request waiting when it wakes in the same passes (batched across requests) and then
+    submits each request. The reader thread never blocks on an encode, so cancels, stats and
+    text-only requests go on meanwhile.
+
+    A cancel for a request still waiting is remembered: the request is submitted and
+    cancelled at once, so it ends with the engine's `done` (cancelled) like any other."""
+
+    def __init__(self, encoder: ImageEncoder, engine: Any, fail: Fail) -> None:
+        self._encoder = encoder
+        self._engine = engine
+        self._fail = fail
+        self._lock = threading.Lock()
+        self._wake = threading.Condition(self._lock)
+        self._waiting: list[tuple[str, list[int], list[Any], Submit]] = []
+        self._pending: set[str] = set()  # waiting or being encoded
+        self._cancelled: set[str] = set()
+        self._encoded = 0
+        self._passes = 0
+        self._largest_batch = 0
+        threading.Thread(target=self._run, name="llmd-images", daemon=True).start()
+
+    def put(self, rid: str, prompt: list[int], images: list[Any], submit: Submit) -> None:
+        with self._lock:
+            self._waiting.append((rid, prompt, images, submit))
+            self._pending.add(rid)
+            self._wake.notify()
+
+    def cancel(self, rid: str) -> bool:
+        """True when the request is still here (it will end cancelled)."""
+        with self._lock:
+            if rid not in self._pending:
+                return False
+            self._cancelled.add(rid)
+            return True
+
+    def stats(self) -> dict[str, int]:
+        with self._lock:
+            return {
+                "images_encoded": self._encoded,
+                "image_batches": self._passes,
+                "image_requests_largest_batch": self._largest_batch,
+            }
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                while not self._waiting:
+                    self._wake.wait()
+                batch, self._waiting = self._waiting, []
+            ready = []
+            for rid, prompt, images, submit in batch:
+                try:
+                    ready.append((rid, prompt, self._encoder.pixels(images), submit))
+                except ValueError as exc:
+                    self._done(rid)
+                    self._fail(rid, "invalid_request", str(exc))
+            try:
+                embeddings = self._encoder.encode([px for r in ready for px in r[2]])
+            except Exception as exc:  # noqa: BLE001 - the batch's requests fail, the worker goes on
+                for rid, *_ in ready:
+                    self._done(rid)
+                    self._fail(rid, "internal", f"encoding the images failed: {exc}")
+                continue
+            with self._lock:
+                self._encoded += len(embeddings)
+                self._passes += 1
+                self._largest_batch = max(self._largest_batch, len(ready))
+            first = 0
+            for rid, prompt, pixels, submit in ready:
+                mine = embeddings[first : first + len(pixels)]
+                first += len(pixels)
+                try:
+                    ids, runs = self._encoder.layout(prompt, mine, pixels)
+                    with self._lock:  # a cancel now either finds it pending or reaches the engine
+                        submit(ids, runs)
+                        if rid in self._cancelled:
+                            self._engine.cancel(rid)
+                        self._pending.discard(rid)
+                        self._cancelled.discard(rid)
+                except (TypeError, ValueError, OverflowError) as exc:
+                    self._done(rid)
+                    self._fail(rid, "invalid_request", str(exc))
+
+    def _done(self, rid: str) -> None:
+        with self._lock:
+            self._pending.discard(rid)
+            self._cancelled.discard(rid)
