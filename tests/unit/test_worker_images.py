@@ -11,7 +11,13 @@ from typing import Any
 
 import numpy as np
 
-from llmd.worker.vision import ImageLayout, ImageRequests, layout_images, surrogate_ids
+from llmd.worker.vision import (
+    EmbeddingCache,
+    ImageLayout,
+    ImageRequests,
+    layout_images,
+    surrogate_ids,
+)
 
 
 class FakeEncoder:
@@ -20,6 +26,8 @@ class FakeEncoder:
     def __init__(self) -> None:
         self.passes: list[int] = []
         self.release = threading.Event()
+        self.encoded = 0
+        self.cache_hits = 0
 
     def pixels(self, images: list[Any]) -> list[np.ndarray]:
         if any(i == "bad" for i in images):
@@ -28,6 +36,7 @@ class FakeEncoder:
 
     def encode(self, pixels: list[np.ndarray]) -> list[np.ndarray]:
         self.passes.append(len(pixels))
+        self.encoded += len(pixels)
         if len(self.passes) == 1:
             assert self.release.wait(10)
         return [np.full((2, 4), p.flat[0], dtype=np.float32) for p in pixels]
@@ -72,6 +81,7 @@ def test_waiting_requests_are_encoded_together_and_cancels_reach_the_engine() ->
     assert encoder.passes == [1, 3]  # b's two images and c's in one pass
     assert queue.stats() == {
         "images_encoded": 4,
+        "image_cache_hits": 0,
         "image_batches": 2,
         "image_requests_largest_batch": 2,
     }
@@ -90,3 +100,16 @@ def test_surrogate_ids_tell_images_apart() -> None:
     assert all(t < 0 for t in surrogate_ids(a, 64))
     assert len(set(surrogate_ids(a, 64))) == 64  # rows of one image differ too
     assert not set(surrogate_ids(a, 64)) & set(surrogate_ids(b, 64))
+
+
+def test_embedding_cache_drops_the_least_recently_used_past_its_budget() -> None:
+    cache = EmbeddingCache(budget=3 * 64)
+    rows = {k: np.full((4, 4), i, dtype=np.float32) for i, k in enumerate([b"a", b"b", b"c", b"d"])}
+    for k in (b"a", b"b", b"c"):
+        cache.put(k, rows[k])
+    assert cache.get(b"a") is rows[b"a"]  # a is now the most recent
+    cache.put(b"d", rows[b"d"])  # over budget: b goes
+    assert cache.get(b"b") is None
+    assert all(cache.get(k) is rows[k] for k in (b"a", b"c", b"d"))
+    cache.put(b"huge", np.zeros((100, 100), dtype=np.float32))  # larger than the budget: not kept
+    assert cache.get(b"huge") is None and cache.get(b"a") is not None

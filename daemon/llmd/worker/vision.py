@@ -14,6 +14,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import threading
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -113,6 +114,36 @@ def decode_pixels(data: str, shape: list[int]) -> np.ndarray:
 MAX_IMAGES_PER_PASS = 2
 
 
+# Embeddings of recent images kept in the worker (a released Gemma 3 4B image: 256 x 2560
+# float32, 2.5 MiB): what lets a conversation's later turns skip the tower for an image they
+# send again, as the prefix cache lets them skip its prefill.
+EMBEDDING_CACHE_BYTES = 128 << 20
+
+
+class EmbeddingCache:
+    """Image embeddings by content digest, least recently used dropped past `budget` bytes."""
+
+    def __init__(self, budget: int) -> None:
+        self._budget = budget
+        self._bytes = 0
+        self._items: OrderedDict[bytes, np.ndarray] = OrderedDict()
+
+    def get(self, digest: bytes) -> np.ndarray | None:
+        emb = self._items.get(digest)
+        if emb is not None:
+            self._items.move_to_end(digest)
+        return emb
+
+    def put(self, digest: bytes, emb: np.ndarray) -> None:
+        if digest in self._items or emb.nbytes > self._budget:
+            return
+        self._items[digest] = emb
+        self._bytes += emb.nbytes
+        while self._bytes > self._budget:
+            _, old = self._items.popitem(last=False)
+            self._bytes -= old.nbytes
+
+
 class ImageEncoder:
     """The model's vision tower beside its engine: images encoded (between the engine's
     forward passes) and laid into their request's prompt."""
@@ -121,6 +152,9 @@ class ImageEncoder:
         self._tower = tower
         self._layout = layout
         self._engine = engine
+        self._cache = EmbeddingCache(EMBEDDING_CACHE_BYTES)
+        self.encoded = 0  # images run through the tower
+        self.cache_hits = 0  # images whose embeddings came from the cache
 
     @classmethod
     def load(
@@ -155,12 +189,21 @@ class ImageEncoder:
         return out
 
     def encode(self, pixels: list[np.ndarray]) -> list[np.ndarray]:
-        """Each image's [rows, hidden] embeddings, MAX_IMAGES_PER_PASS images per pass."""
-        out: list[np.ndarray] = []
-        for i in range(0, len(pixels), MAX_IMAGES_PER_PASS):
-            batch = np.stack(pixels[i : i + MAX_IMAGES_PER_PASS])
-            out += list(self._tower.encode(batch, engine=self._engine))
-        return out
+        """Each image's [rows, hidden] embeddings: from the cache of recent images (the next
+        turn of a conversation sends its screenshot again), the others through the tower,
+        MAX_IMAGES_PER_PASS images per pass."""
+        digests = [content_digest(px) for px in pixels]
+        out: list[np.ndarray | None] = [self._cache.get(d) for d in digests]
+        missing = [i for i, e in enumerate(out) if e is None]
+        for k in range(0, len(missing), MAX_IMAGES_PER_PASS):
+            part = missing[k : k + MAX_IMAGES_PER_PASS]
+            rows = self._tower.encode(np.stack([pixels[i] for i in part]), engine=self._engine)
+            for i, emb in zip(part, rows, strict=True):
+                out[i] = emb
+                self._cache.put(digests[i], emb)
+        self.encoded += len(missing)
+        self.cache_hits += len(pixels) - len(missing)
+        return [e for e in out if e is not None]
 
     def layout(
         self, prompt: list[int], embeddings: list[np.ndarray], pixels: list[np.ndarray]
@@ -196,7 +239,6 @@ class ImageRequests:
         self._waiting: list[tuple[str, list[int], list[Any], Submit]] = []
         self._pending: set[str] = set()  # waiting or being encoded
         self._cancelled: set[str] = set()
-        self._encoded = 0
         self._passes = 0
         self._largest_batch = 0
         threading.Thread(target=self._run, name="llmd-images", daemon=True).start()
@@ -218,7 +260,8 @@ class ImageRequests:
     def stats(self) -> dict[str, int]:
         with self._lock:
             return {
-                "images_encoded": self._encoded,
+                "images_encoded": self._encoder.encoded,
+                "image_cache_hits": self._encoder.cache_hits,
                 "image_batches": self._passes,
                 "image_requests_largest_batch": self._largest_batch,
             }
@@ -244,7 +287,6 @@ class ImageRequests:
                     self._fail(rid, "internal", f"encoding the images failed: {exc}")
                 continue
             with self._lock:
-                self._encoded += len(embeddings)
                 self._passes += 1
                 self._largest_batch = max(self._largest_batch, len(ready))
             first = 0
