@@ -37,7 +37,7 @@ struct AttentionBatch {
     int n_rows;
     int start_pos;  // position of row0
     // Per row, the position up to which (exclusive) it attends when past itself, else 0;
-    // empty: causal (StepSegment::attend_to). The CPU backend honours it.
+    // empty: causal (StepSegment::attend_to). Both backends honour it.
     std::vector<int> attend_to = {};
   };
   std::vector<Segment> segments;

@@ -133,7 +133,7 @@ def test_checkpoint_without_a_vision_tower_is_refused(tmp_path: Path) -> None:
 # whole image, as transformers' generate does with the processor's token_type_ids).
 
 
-def _engine(path: Path, **kw):  # type: ignore[no-untyped-def]
+def _engine(path: Path, backend: str = "cpu", **kw):  # type: ignore[no-untyped-def]
     from llmd.worker.host import hf_config
 
     kw.setdefault("kv_type", "f32")  # float32 references at 1e-4 (see test_architectures)
@@ -141,7 +141,7 @@ def _engine(path: Path, **kw):  # type: ignore[no-untyped-def]
         str(path),
         context_length=256,
         max_sequences=8,
-        backend="cpu",
+        backend=backend,
         hf_config=hf_config(str(path)),
         **kw,
     )
@@ -183,13 +183,18 @@ def _log_softmax(x: np.ndarray) -> np.ndarray:
 
 
 @pytest.mark.parametrize("budget", [512, 8])
-def test_image_prompt_logits_match_transformers(checkpoint: Path, budget: int) -> None:
-    """Budget 8: the prefill runs in chunks, each image's 16 rows kept in one of them."""
+@pytest.mark.parametrize("backend", ["cpu", "mlx-cpu"])
+def test_image_prompt_logits_match_transformers(
+    checkpoint: Path, backend: str, budget: int
+) -> None:
+    """On llmd's CPU kernels and on the device backend's graph (run on MLX's CPU device).
+    Budget 8: the prefill runs in chunks, each image's 16 rows kept in one of them."""
     ref = np.load(FIXTURE)
     prompt, embedded = _image_prompt(checkpoint)
     assert [first for first, _, _ in embedded] == [5, 25]
     assert all(t < 0 for t in prompt[5:21]) and prompt[4] == 125 and prompt[21] == 126
-    lp, done = _first_logprobs(_engine(checkpoint, step_token_budget=budget), "a", prompt, embedded)
+    engine = _engine(checkpoint, backend, step_token_budget=budget)
+    lp, done = _first_logprobs(engine, "a", prompt, embedded)
     want = _log_softmax(ref["logits"][-1])
     scale = float(np.abs(ref["logits"][-1]).max())
     assert np.abs(lp - want).max() / scale < TOLERANCE
@@ -214,20 +219,17 @@ def test_same_image_reuses_the_cache_and_another_does_not(checkpoint: Path) -> N
     assert done["cached_tokens"] == 25
 
 
-def test_image_rows_are_refused_where_the_model_cannot_take_them(checkpoint: Path) -> None:
-    """The device backend's attention does not honour image rows yet: an error, never an
-    image silently read as something else."""
-    from llmd.worker.host import hf_config
+def test_image_rows_are_refused_where_the_model_cannot_take_them(
+    checkpoint: Path, tmp_path: Path
+) -> None:
+    """Architectures whose forward does not read image rows yet: an error, never an image
+    silently read as something else."""
+    from .tiny_models import write_checkpoint
 
     prompt, embedded = _image_prompt(checkpoint)
-    engine = native.Engine(
-        str(checkpoint),
-        context_length=256,
-        max_sequences=8,
-        backend="mlx-cpu",
-        hf_config=hf_config(str(checkpoint)),
-    )
-    engine.submit("a", prompt, 1, embedded=embedded)
+    write_checkpoint(tmp_path, "qwen3")
+    engine = _engine(tmp_path)
+    engine.submit("a", prompt, 1, embedded=embedded)  # qwen3's hidden size is 64 too
     events = engine.poll(5000)
     assert [e["type"] for e in events] == ["error"]
     assert "cannot take image" in events[0]["message"]
