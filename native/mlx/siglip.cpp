@@ -230,8 +230,9 @@ std::unique_ptr<VisionTower> load_gemma3_vision(const std::string& dir, const Me
   info.channels = c.channels;
   info.tokens_per_image = c.tokens_per_image;
   info.hidden_size = text_hidden;
-  return std::make_unique<Gemma3VisionTower>(c, info, std::move(patch), vec(m + "embeddings.patch_embedding.bias"), positions,
-                                             std::move(layers), post, soft_norm, std::move(projection));
+  mx::array patch_bias = vec(m + "embeddings.patch_embedding.bias");
+  return std::make_unique<Gemma3VisionTower>(c, info, std::move(patch), patch_bias, positions, std::move(layers), post,
+                                             soft_norm, std::move(projection));
 }
 
 }  // namespace
