@@ -1,6 +1,7 @@
 """Gemma 3 sees, through `llmd serve` as a user reaches it (issue 26): a tiny random
 Gemma3ForConditionalGeneration directory (tests/native/tiny_models.py) pulled into the running
-daemon, asked about two images with the OpenAI, Anthropic and Ollama clients. Through the
+daemon, asked about two images with the OpenAI (chat and Responses), Anthropic and Ollama
+clients. Through the
 OpenAI client the first generated token's log-probabilities equal transformers'
 (tests/fixtures/gemma3_vision_transformers.npz, recorded by
 tests/fixtures/record_gemma3_vision.py for the same prompt and images); the same images asked
@@ -190,3 +191,24 @@ def test_ollama_images_are_seen(server, vocab: dict[str, int]) -> None:  # type:
     assert chat.prompt_eval_count == 1 + 2 * 18 + 3
     gen = olla.generate(model=MODEL, prompt="w5 w17 w33", images=pngs, options={"num_predict": 1})
     assert gen.prompt_eval_count == 1 + 2 * 18 + 3
+
+
+def test_responses_input_image_reaches_the_same_prompt(server, vocab: dict[str, int]) -> None:  # type: ignore[no-untyped-def]
+    """The Responses API's input_image parts in the fixture's order: the same prompt, its
+    KV reused from the earlier identical requests."""
+    client = OpenAI(base_url=server.base_url + "/v1", api_key="unused", max_retries=0, timeout=300)
+    content = [
+        {"type": "input_text", "text": "w5 w17 w33"},
+        {"type": "input_image", "image_url": _url(CASES[0]), "detail": "auto"},
+        {"type": "input_text", "text": "w40 w41"},
+        {"type": "input_image", "image_url": _url(CASES[1]), "detail": "auto"},
+        {"type": "input_text", "text": "w9 w60 w61"},
+    ]
+    for _ in range(2):  # the second hits the cache whatever ran before
+        out = client.responses.create(
+            model=MODEL,
+            input=[{"role": "user", "content": content}],  # type: ignore[list-item,misc]
+            max_output_tokens=1,
+        )
+    assert out.usage is not None and out.usage.input_tokens == len(PROMPT)
+    assert out.usage.input_tokens_details.cached_tokens == len(PROMPT) - 1
