@@ -1,11 +1,11 @@
 """Gemma 3 sees, through `llmd serve` as a user reaches it (issue 26): a tiny random
 Gemma3ForConditionalGeneration directory (tests/native/tiny_models.py) pulled into the running
 daemon, asked about two images with the OpenAI (chat and Responses), Anthropic and Ollama
-clients. Through the
-OpenAI client the first generated token's log-probabilities equal transformers'
-(tests/fixtures/gemma3_vision_transformers.npz, recorded by
+clients. Through OpenAI's chat the first generated token's log-probabilities equal
+transformers' (tests/fixtures/gemma3_vision_transformers.npz, recorded by
 tests/fixtures/record_gemma3_vision.py for the same prompt and images); the same images asked
-about again come from the prefix cache, another image does not.
+about again come from the prefix cache, another image does not; the other protocols reach
+the same prompt, images included (its KV reused).
 
 The tiny tokenizer maps word `wN` to id N; its chat template writes Gemma 3's
 `<start_of_image>` for each image part, as the released template does, and the daemon lays
