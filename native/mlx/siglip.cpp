@@ -60,15 +60,27 @@ mx::array gelu_tanh(const mx::array& x) {
 class Gemma3VisionTower : public VisionTower {
  public:
   Gemma3VisionTower(SiglipConfig c, VisionInfo info, Linear patch, mx::array patch_bias, mx::array positions,
-                    std::vector<SiglipLayer> layers, LayerNorm post_norm, mx::array soft_norm, Linear projection)
+                    std::vector<SiglipLayer> layers, LayerNorm post_norm, mx::array soft_norm, Linear projection,
+                    bool on_device)
       : c_(c), info_(std::move(info)), patch_(std::move(patch)), patch_bias_(std::move(patch_bias)),
         positions_(std::move(positions)), layers_(std::move(layers)), post_norm_(std::move(post_norm)),
-        soft_norm_(std::move(soft_norm)), projection_(std::move(projection)) {}
+        soft_norm_(std::move(soft_norm)), projection_(std::move(projection)), on_device_(on_device),
+        device_(mx::default_device()) {}
 
   const VisionInfo& info() const override { return info_; }
 
   std::vector<float> encode(const float* pixels, int n) const override {
     if (n <= 0) return {};
+    if (on_device_) {
+      // As the engine's steps (DeviceState::prepare): MLX's GPU streams belong to the thread
+      // that made them, and the worker encodes on a thread of its own.
+      mx::set_default_device(device_);
+      thread_local bool has_stream = false;
+      if (!has_stream) {
+        mx::set_default_stream(mx::new_stream(device_));
+        has_stream = true;
+      }
+    }
     const int S = c_.image_size, p = c_.patch_size, g = S / p, P = g * g, D = c_.hidden, C = c_.channels;
     const int H = c_.heads, hd = D / H;
     mx::array x(pixels, {n, C, S, S}, mx::float32);
@@ -115,6 +127,8 @@ class Gemma3VisionTower : public VisionTower {
   LayerNorm post_norm_;
   mx::array soft_norm_;  // 1 + w
   Linear projection_;    // [text hidden, vision hidden]
+  bool on_device_;
+  mx::Device device_;
 };
 
 // The first of `prefixes` under which the checkpoint has `probe`; throws naming `what` if none.
@@ -232,7 +246,7 @@ std::unique_ptr<VisionTower> load_gemma3_vision(const std::string& dir, const Me
   info.hidden_size = text_hidden;
   mx::array patch_bias = vec(m + "embeddings.patch_embedding.bias");
   return std::make_unique<Gemma3VisionTower>(c, info, std::move(patch), patch_bias, positions, std::move(layers), post,
-                                             soft_norm, std::move(projection));
+                                             soft_norm, std::move(projection), dev);
 }
 
 }  // namespace

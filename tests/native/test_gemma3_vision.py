@@ -333,3 +333,23 @@ def test_text_only_worker_refuses_images(tmp_path: Path) -> None:
         assert "vision" not in ready["features"]
         _, err = _worker_turn(proc, "a", [1, 5, 127, 9], [_image_input(pixels)])
         assert err["type"] == "error" and err["code"] == "model_cannot_see"
+
+
+def test_device_backend_worker_sees(checkpoint: Path) -> None:
+    """The device backend's worker (MLX's graph, here on MLX's CPU device): the tower runs on
+    the image thread with a stream of its own, the engine reads the rows with its own
+    attention, and the answer is transformers'."""
+    from .conftest import worker_process
+
+    ref = np.load(FIXTURE)
+    pixels = _pixels(json.loads(ref["cases"].tobytes()))
+    with worker_process(checkpoint, "mlx-cpu") as (proc, ready):
+        assert "vision" in ready["features"]
+        tokens, done = _worker_turn(
+            proc, "a", ref["prompt_ids"].tolist(), [_image_input(p) for p in pixels]
+        )
+        assert done["type"] == "done", done
+    top = dict(tokens[0]["logprobs"][0]["top"])
+    want = _log_softmax(ref["logits"][-1])
+    scale = float(np.abs(ref["logits"][-1]).max())
+    assert max(abs(v - want[t]) for t, v in top.items()) / scale < F16_TOLERANCE
