@@ -11,6 +11,7 @@
 #include "../mlx/attention_kernels.h"
 #include "../mlx/kernels/pack8.h"
 #include "../mlx/kernels/qgemm.h"
+#include "../mlx/siglip.h"
 #include "engine.h"
 #include "kv_quant.h"
 #include "op_profile.h"
@@ -403,8 +404,22 @@ PYBIND11_MODULE(_engine, m) {
              std::string session, float frequency_penalty, float presence_penalty, float repetition_penalty,
              std::vector<std::pair<int32_t, float>> logit_bias, int top_logprobs, py::object constraint,
              std::string prefill_of, int repetition_window, const std::string& output, const std::string& pooling,
-             bool normalize, std::vector<int32_t> logit_tokens, int max_draft, bool draft_model) {
+             bool normalize, std::vector<int32_t> logit_tokens, int max_draft, bool draft_model,
+             const py::list& embedded) {
             GenerateRequest r;
+            // (first row, float32 [rows, hidden] embeddings, bidirectional) per embedded run.
+            for (py::handle item : embedded) {
+              auto t = item.cast<py::tuple>();
+              if (t.size() != 3) throw std::invalid_argument("embedded runs are (first, rows, bidirectional)");
+              auto values = t[1].cast<py::array_t<float, py::array::c_style | py::array::forcecast>>();
+              if (values.ndim() != 2) throw std::invalid_argument("embedded rows must be [rows, hidden]");
+              GenerateRequest::PromptEmbeddings e;
+              e.first = t[0].cast<int>();
+              e.rows = static_cast<int>(values.shape(0));
+              e.values = std::make_shared<const std::vector<float>>(values.data(), values.data() + values.size());
+              e.bidirectional = t[2].cast<bool>();
+              r.embeddings.push_back(std::move(e));
+            }
             r.max_draft = max_draft;
             r.draft_model = draft_model;
             if (output == "embedding") {
@@ -452,7 +467,7 @@ PYBIND11_MODULE(_engine, m) {
           py::arg("constraint") = py::none(), py::arg("prefill_of") = "",
           py::arg("repetition_window") = 0, py::arg("output") = "tokens", py::arg("pooling") = "last",
           py::arg("normalize") = false, py::arg("logit_tokens") = std::vector<int32_t>{},
-          py::arg("max_draft") = 0, py::arg("draft_model") = false)
+          py::arg("max_draft") = 0, py::arg("draft_model") = false, py::arg("embedded") = py::list())
       .def(
           "submit_pooled",
           [](Engine& e, const std::vector<std::string>& ids, std::vector<std::vector<int32_t>> prompts,
@@ -599,6 +614,8 @@ PYBIND11_MODULE(_engine, m) {
           "flush_kv_disk", [](Engine& e) { e.flush_kv_disk(); }, py::call_guard<py::gil_scoped_release>(),
           "Waits until every KV block queued for the disk tier is written.")
       .def_property_readonly("context_length", &Engine::context_length)
+      .def_property_readonly("accepts_embeddings", [](Engine& e) { return e.accepts_embeddings(); },
+                             "Whether requests may carry `embedded` prompt rows (images).")
       .def_property_readonly("supports_speculation", [](Engine& e) { return e.supports_speculation(); },
                              "Whether requests may set max_draft (not on models with recurrent layers).")
       .def_property_readonly("max_sequences", [](Engine& e) { return e.options().max_sequences; })
@@ -628,6 +645,51 @@ PYBIND11_MODULE(_engine, m) {
         std::memcpy(out.mutable_data(), logits.data(), logits.size() * sizeof(float));
         return out;
       }, py::arg("tokens"), py::arg("first_scored") = 1);
+
+  // The vision half of a multimodal checkpoint (siglip.h), beside the Engine that runs its
+  // decoder: the worker encodes a request's images with it and hands the rows to the engine.
+  py::class_<VisionTower>(m, "VisionTower")
+      .def(py::init([](const std::string& path, const py::dict& config, const std::string& backend) {
+             Metadata meta = metadata_from_dict(config);
+             py::gil_scoped_release release;
+             LoadOptions load;
+             load.backend = backend;
+             return load_vision_tower(path, meta, load);
+           }),
+           py::arg("path"), py::arg("config"), py::arg("backend") = "cpu")
+      .def_property_readonly("architecture", [](const VisionTower& t) { return t.info().architecture; })
+      .def_property_readonly("image_size", [](const VisionTower& t) { return t.info().image_size; })
+      .def_property_readonly("tokens_per_image", [](const VisionTower& t) { return t.info().tokens_per_image; })
+      .def_property_readonly("hidden_size", [](const VisionTower& t) { return t.info().hidden_size; })
+      .def(
+          "encode",
+          [](const VisionTower& t, py::array_t<float, py::array::c_style | py::array::forcecast> pixels,
+             Engine* engine) {
+            const VisionInfo& i = t.info();
+            if (pixels.ndim() != 4 || pixels.shape(1) != i.channels || pixels.shape(2) != i.image_size ||
+                pixels.shape(3) != i.image_size) {
+              throw std::invalid_argument("pixels must be [n, " + std::to_string(i.channels) + ", " +
+                                          std::to_string(i.image_size) + ", " + std::to_string(i.image_size) + "]");
+            }
+            const int n = static_cast<int>(pixels.shape(0));
+            std::vector<float> rows;
+            {
+              py::gil_scoped_release release;
+              if (engine) {
+                rows = engine->between_steps([&] { return t.encode(pixels.data(), n); });
+              } else {
+                rows = t.encode(pixels.data(), n);
+              }
+            }
+            py::array_t<float> out({static_cast<py::ssize_t>(n), static_cast<py::ssize_t>(i.tokens_per_image),
+                                    static_cast<py::ssize_t>(i.hidden_size)});
+            std::memcpy(out.mutable_data(), rows.data(), rows.size() * sizeof(float));
+            return out;
+          },
+          py::arg("pixels"), py::arg("engine") = nullptr,
+          "float32 [n, channels, image_size, image_size] preprocessed images -> float32 "
+          "[n, tokens_per_image, hidden_size] embeddings, in one batched pass; with `engine`, "
+          "between its forward passes (one process's MLX work at a time).");
 
   m.def(
       "sample_counts",

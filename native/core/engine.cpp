@@ -150,6 +150,31 @@ void Engine::shutdown() {
   if (thread_.joinable()) thread_.join();
 }
 
+int Engine::embedded_chunk(const Sequence& seq, int n) const {
+  int end = seq.fed + n;
+  for (const auto& e : seq.request.embeddings) {
+    if (!e.bidirectional || end <= e.first || end >= e.first + e.rows) continue;
+    // The chunk would end inside an image whose rows must all see one another: stop before
+    // it, or, when the chunk starts inside or at it, run to its end past the budget.
+    end = e.first > seq.fed ? e.first : e.first + e.rows;
+  }
+  return end - seq.fed;
+}
+
+void Engine::fill_embedded_rows(const Sequence& seq, StepSegment& s) const {
+  const int n = static_cast<int>(s.tokens.size());
+  const size_t hidden = static_cast<size_t>(model_->info().hidden_size);
+  s.embeddings.assign(n, nullptr);
+  s.attend_to.assign(n, 0);
+  for (const auto& e : seq.request.embeddings) {
+    const int lo = std::max(e.first, s.start_pos), hi = std::min(e.first + e.rows, s.start_pos + n);
+    for (int p = lo; p < hi; ++p) {
+      s.embeddings[p - s.start_pos] = e.values->data() + static_cast<size_t>(p - e.first) * hidden;
+      if (e.bidirectional) s.attend_to[p - s.start_pos] = e.first + e.rows;
+    }
+  }
+}
+
 std::string Engine::validate(const GenerateRequest& r, std::string& code) const {
   code = "invalid_request";
   if (r.id.empty()) return "request id is empty";
@@ -189,8 +214,39 @@ std::string Engine::validate(const GenerateRequest& r, std::string& code) const 
   for (int32_t t : r.logit_tokens) {
     if (t < 0 || t >= vocab) return "logit token id " + std::to_string(t) + " is outside the vocabulary";
   }
-  for (int32_t t : r.prompt) {
-    if (t < 0 || t >= vocab) return "prompt token id " + std::to_string(t) + " is outside the vocabulary";
+  // Rows fed as embeddings carry surrogate ids (below 0); every other row is a token.
+  std::vector<bool> embedded(r.prompt.size(), false);
+  if (!r.embeddings.empty()) {
+    if (!model_->accepts_embeddings()) {
+      code = "unsupported";
+      return model_->info().architecture + " on the " + model_->info().backend +
+             " backend cannot take image (embedding) rows in llmd yet";
+    }
+    if (r.max_draft > 0 || r.output != GenerateRequest::Output::Tokens) {
+      code = "unsupported";
+      return "speculative decoding, embeddings and token logits are not implemented for prompts with images yet";
+    }
+    const size_t hidden = static_cast<size_t>(model_->info().hidden_size);
+    int end = 0;
+    for (const auto& e : r.embeddings) {
+      if (e.rows <= 0 || e.first < end || e.first + e.rows > static_cast<int>(r.prompt.size())) {
+        return "embedded prompt rows must be non-empty, in order, apart and inside the prompt";
+      }
+      if (!e.values || e.values->size() != static_cast<size_t>(e.rows) * hidden) {
+        return "embedded prompt rows need rows x hidden_size (" + std::to_string(hidden) + ") values";
+      }
+      for (int i = e.first; i < e.first + e.rows; ++i) {
+        if (r.prompt[i] >= 0) return "an embedded prompt row must hold a surrogate id below 0";
+        embedded[i] = true;
+      }
+      end = e.first + e.rows;
+    }
+  }
+  for (size_t i = 0; i < r.prompt.size(); ++i) {
+    const int32_t t = r.prompt[i];
+    if (!embedded[i] && (t < 0 || t >= vocab)) {
+      return "prompt token id " + std::to_string(t) + " is outside the vocabulary";
+    }
   }
   if (static_cast<int64_t>(r.prompt.size()) + r.max_tokens > context_length_) {
     code = "context_length_exceeded";
@@ -596,11 +652,13 @@ void Engine::step_once() {
     // An encoder's prompt runs whole: it waits for a step with room, or runs alone past the
     // budget when it is the step's first (a prompt longer than the budget still runs).
     if (bidirectional_ && remaining > budget && !step.segments.empty()) continue;
-    const int n = bidirectional_ ? remaining : std::min(remaining, budget);
+    int n = bidirectional_ ? remaining : std::min(remaining, budget);
+    if (!seq->request.embeddings.empty()) n = embedded_chunk(*seq, n);
     StepSegment s;
     s.kv = seq->kv.get();
     s.tokens.assign(seq->request.prompt.begin() + seq->fed, seq->request.prompt.begin() + seq->fed + n);
     s.start_pos = seq->fed;
+    if (!seq->request.embeddings.empty()) fill_embedded_rows(*seq, s);
     if (seq->request.output != GenerateRequest::Output::Embedding) {
       s.want_logits = (n == remaining);
     } else if (seq->request.pooling == GenerateRequest::Pooling::Mean) {

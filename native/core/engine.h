@@ -61,6 +61,20 @@ struct GenerateRequest {
   // With max_draft: the drafts come from the engine's draft model (model_drafter.h) rather
   // than from prompt lookup. Sampled drafts are then verified with the draft's probabilities.
   bool draft_model = false;
+  // Runs of prompt rows fed as embeddings instead of token ids: images (Gemma 3's soft
+  // tokens), encoded by the caller's vision tower. The prompt holds a surrogate id below 0 at
+  // each such row, derived by the caller from the image's content hash (and the row's place
+  // in the image), so the prefix cache, whose keys and checks are the prompt's ids, reuses
+  // an image's KV for the same image and never for another behind the same placeholders.
+  struct PromptEmbeddings {
+    int first = 0;  // first prompt row
+    int rows = 0;
+    std::shared_ptr<const std::vector<float>> values;  // [rows, hidden_size]
+    // The rows attend to one another whatever their order (Gemma 3's images): the engine
+    // then never splits them across prefill chunks.
+    bool bidirectional = false;
+  };
+  std::vector<PromptEmbeddings> embeddings;
 };
 
 struct EngineEvent {
@@ -171,6 +185,8 @@ class Engine {
   const ModelInfo& info() const { return model_->info(); }
   int context_length() const { return context_length_; }
   bool supports_speculation() const { return !recurrent_; }
+  // Whether requests may carry prompt rows fed as embeddings (images).
+  bool accepts_embeddings() const { return model_->accepts_embeddings(); }
   // The draft model's facts, or null when none is loaded.
   const ModelInfo* draft_info() const { return drafter_ ? &drafter_->info() : nullptr; }
   const EngineOptions& options() const { return options_; }
@@ -186,6 +202,15 @@ class Engine {
   // fresh sequence and returns the logits after each position p >= first_scored - 1, i.e. the
   // predictions of tokens[first_scored..n] and of the next token: [n - first_scored + 1, vocab].
   std::vector<float> score(const std::vector<int32_t>& tokens, int first_scored);
+
+  // Runs fn() between forward passes, never during one: other MLX work of the process (a
+  // vision tower encoding a request's images) must not build or evaluate graphs while the
+  // engine thread does.
+  template <class F>
+  auto between_steps(F&& fn) {
+    std::lock_guard<std::mutex> lock(forward_mutex_);
+    return fn();
+  }
 
  private:
   using Clock = std::chrono::steady_clock;
@@ -268,6 +293,10 @@ class Engine {
   int sample_row(Sequence& seq, float* logits, int vocab, TokenLogprob& lp, int draft = -1,
                  const std::vector<float>* draft_q = nullptr);
   std::string validate(const GenerateRequest& r, std::string& code) const;
+  // Prompts with embedded rows: the prefill chunk of `n` rows from seq.fed shortened or
+  // lengthened so no bidirectional run is split; and the segment's embeddings and attend_to.
+  int embedded_chunk(const Sequence& seq, int n) const;
+  void fill_embedded_rows(const Sequence& seq, StepSegment& s) const;
 
   std::unique_ptr<Model> model_;
   bool recurrent_;  // model_->has_recurrent_state()

@@ -64,6 +64,9 @@ class Model {
   // runs whole in one step (never chunked: an early chunk would miss the later tokens) and
   // never from the prefix cache (a cached position's state depends on what follows it).
   virtual bool bidirectional() const { return false; }
+  // True when forward() honours StepSegment::embeddings and attend_to (rows fed as
+  // embeddings: images); the engine refuses requests with embedded rows otherwise.
+  virtual bool accepts_embeddings() const { return false; }
   // The model's own head over one pooled vector of hidden_size values, before any
   // normalisation: a cross-encoder's classifier turns it into its label scores. Models
   // without one leave it as it is.

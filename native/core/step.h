@@ -28,6 +28,15 @@ struct StepSegment {
   // Models with recurrent state: positions p in (start_pos, start_pos + tokens] (block
   // boundaries) after which the model records a copy of the state into kv->snapshots.
   std::vector<int> snapshot_at;
+  // Rows fed as embeddings instead of token ids (an image's rows): empty (every row a token,
+  // as before) or one entry per fed row: null for a token row, else hidden_size floats the
+  // model reads in place of that row's token embedding, unscaled (tokens[i] is then a
+  // surrogate id, GenerateRequest::PromptEmbeddings, never looked up).
+  std::vector<const float*> embeddings;
+  // Attention past a row's own position: empty (causal, as before) or one entry per fed row:
+  // the position up to which (exclusive) the row attends when that lies past the row itself
+  // (Gemma 3: an image's rows see the whole image, all fed in this step), else 0.
+  std::vector<int> attend_to;
 };
 
 struct Step {

@@ -303,8 +303,21 @@ StepRows embed_step(const Step& step, KvPool& pool, const Embedding& embed, int 
   int row = 0;
   for (const StepSegment& seg : step.segments) {
     const int n = static_cast<int>(seg.tokens.size());
-    embed.lookup(seg.tokens, rows.x.data() + static_cast<size_t>(row) * hidden, embed_scale);
-    rows.batch->segments.push_back({seg.kv, row, n, seg.start_pos});
+    float* out = rows.x.data() + static_cast<size_t>(row) * hidden;
+    if (seg.embeddings.empty()) {
+      embed.lookup(seg.tokens, out, embed_scale);
+    } else {
+      // Embedded rows (images) hold surrogate ids: look up token 0 there, then overwrite.
+      std::vector<int32_t> ids = seg.tokens;
+      for (int i = 0; i < n; ++i) {
+        if (seg.embeddings[i]) ids[i] = 0;
+      }
+      embed.lookup(ids, out, embed_scale);
+      for (int i = 0; i < n; ++i) {
+        if (seg.embeddings[i]) std::copy_n(seg.embeddings[i], hidden, out + static_cast<size_t>(i) * hidden);
+      }
+    }
+    rows.batch->segments.push_back({seg.kv, row, n, seg.start_pos, seg.attend_to});
     row += n;
     if (seg.want_logits) {
       for (int r = row - std::clamp(seg.logits_tail, 1, n); r < row; ++r) rows.logit_rows.push_back(r);

@@ -276,12 +276,16 @@ DeviceAttentionPlan DeviceAttentionPlan::build(const AttentionBatch& batch, cons
     g.row0 = seg.row0;
     g.n_rows = seg.n_rows;
     g.gather = int_array(gather, {len});
-    if (batch.window > 0 && seg.n_rows > 1) {
-      // Causal and windowed: row r (position start + r) sees first_seen(start + r) .. start + r.
+    const bool sees_ahead = !seg.attend_to.empty();  // an image's rows see the whole image
+    if ((batch.window > 0 || sees_ahead) && seg.n_rows > 1) {
+      // Causal and windowed: row r (position start + r) sees first_seen(start + r) .. start + r,
+      // or on to attend_to[r] - 1 (within this chunk) when that lies further.
       std::vector<uint8_t> mask(static_cast<size_t>(seg.n_rows) * len, 0);
       for (int r = 0; r < seg.n_rows; ++r) {
         const int pos = seg.start_pos + r;
-        for (int p = first_seen(pos); p <= pos; ++p) mask[static_cast<size_t>(r) * len + (p - lo)] = 1;
+        const int last = sees_ahead ? std::min(std::max(pos, seg.attend_to[r] - 1), seg.start_pos + seg.n_rows - 1)
+                                    : pos;
+        for (int p = first_seen(pos); p <= last; ++p) mask[static_cast<size_t>(r) * len + (p - lo)] = 1;
       }
       g.mask = mx::astype(mx::array(mask.begin(), {1, 1, 1, seg.n_rows, len}, mx::uint8), mx::bool_);
     }

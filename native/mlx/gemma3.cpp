@@ -71,6 +71,8 @@ class Gemma3Model : public Model {
   }
 
   std::map<std::string, uint64_t> attention_paths() const override { return device_.attention_paths(); }
+  // Images (siglip.cpp's rows): both backends' attention honour their bidirectional rows.
+  bool accepts_embeddings() const override { return true; }
 
   std::map<std::string, std::string> matmul_paths() const override {
     return decoder_matmul_paths(layers_, lm_head_);

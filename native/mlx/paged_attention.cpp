@@ -182,8 +182,17 @@ void PagedAttention::eval_cpu(const std::vector<mx::array>& inputs, mx::array& o
           const int row = tile.row0 + q / tile.n_heads;
           const int h = tile.head0 + q % tile.n_heads;
           at.q[q] = qs + (static_cast<size_t>(row) * H + h) * hd;
-          at.n_pos[q] = row_seg[row].second + 1;
-          at.first_pos[q] = batch->window > 0 ? std::max(0, at.n_pos[q] - batch->window) : 0;
+          const int pos = row_seg[row].second;
+          at.n_pos[q] = pos + 1;
+          // A row that sees past itself (an image's rows see the whole image, all written in
+          // phase 1 above); its window still starts from its own position, as transformers'
+          // OR(causal, image block) AND sliding-window mask.
+          const auto& see = tile.seg->attend_to;
+          if (!see.empty()) {
+            const int i = row - tile.seg->row0;
+            at.n_pos[q] = std::min(std::max(pos + 1, see[i]), tile.seg->start_pos + tile.seg->n_rows);
+          }
+          at.first_pos[q] = batch->window > 0 ? std::max(0, pos + 1 - batch->window) : 0;
           at.out[q] = o + static_cast<size_t>(row) * H * hd + h * hd;
           n_max = std::max(n_max, at.n_pos[q]);
         }

@@ -36,6 +36,9 @@ struct AttentionBatch {
     int row0;       // first row of this segment in the step's activations
     int n_rows;
     int start_pos;  // position of row0
+    // Per row, the position up to which (exclusive) it attends when past itself, else 0;
+    // empty: causal (StepSegment::attend_to). Both backends honour it.
+    std::vector<int> attend_to = {};
   };
   std::vector<Segment> segments;
   KvPool* pool = nullptr;

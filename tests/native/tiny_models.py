@@ -386,19 +386,110 @@ def write_multimodal_checkpoint(
     architecture: str,
     vision_type: str,
     drop: tuple[str, ...] = ("tie_word_embeddings",),
+    vision_config: dict | None = None,
+    extra: dict | None = None,
 ) -> dict:
     """A ...ForConditionalGeneration directory: `tensors` (already under the multimodal
     names, vision tower included) and a config nesting `text_arch`'s config (less `drop`) as
-    its text_config beside a vision_config stub, the head untied by the outer config.
-    Returns the config."""
+    its text_config beside `vision_config` (a stub when not given) and the `extra` top-level
+    keys, the head untied by the outer config. Returns the config."""
     write_safetensors(path / "model.safetensors", tensors)
     config = {
         "model_type": model_type,
         "architectures": [architecture],
         "text_config": {k: v for k, v in CONFIGS[text_arch].items() if k not in drop},
-        "vision_config": {"model_type": vision_type, "hidden_size": 8},
+        "vision_config": vision_config or {"model_type": vision_type, "hidden_size": 8},
         "tie_word_embeddings": False,
+        **(extra or {}),
     }
+    (path / "config.json").write_text(json.dumps(config))
+    return config
+
+
+# Gemma 3's SigLIP tower at toy size: 64x64 images in 4x4-pixel patches (a 16x16 grid),
+# pooled 4x4 into 16 image tokens, as the released 896 / 14 = 64-patch grid pools into 256.
+GEMMA3_VISION = {
+    "model_type": "siglip_vision_model",
+    "hidden_size": 32,
+    "intermediate_size": 48,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 2,
+    "num_channels": 3,
+    "image_size": 64,
+    "patch_size": 4,
+    "layer_norm_eps": 1e-6,
+    "hidden_act": "gelu_pytorch_tanh",
+    "vision_use_head": False,
+}
+# The multimodal wrapper's own keys: 16 tokens per image, and the image markers inside the
+# tiny 128-token vocabulary (the tokenizer the served tests build names them).
+GEMMA3_MULTIMODAL = {
+    "mm_tokens_per_image": 16,
+    "boi_token_index": 125,
+    "eoi_token_index": 126,
+    "image_token_id": 127,
+    "image_token_index": 127,
+}
+
+
+def gemma3_vision_weights(seed: int = 1) -> dict[str, np.ndarray]:
+    """The vision tower and projector of a tiny Gemma 3, under the released checkpoints'
+    names (bf16-representable values)."""
+    c, text_hidden = GEMMA3_VISION, CONFIGS["gemma3_text"]["hidden_size"]
+    rng = np.random.default_rng(seed)
+    d, f, p = c["hidden_size"], c["intermediate_size"], c["patch_size"]
+    grid = (c["image_size"] // p) ** 2
+    m = "vision_tower.vision_model."
+    w: dict[str, np.ndarray] = {
+        m + "embeddings.patch_embedding.weight": rng.normal(0, 0.15, (d, 3, p, p)),
+        m + "embeddings.patch_embedding.bias": rng.normal(0, 0.1, d),
+        m + "embeddings.position_embedding.weight": rng.normal(0, 0.5, (grid, d)),
+        m + "post_layernorm.weight": 1 + 0.1 * rng.normal(size=d),
+        m + "post_layernorm.bias": 0.1 * rng.normal(size=d),
+        "multi_modal_projector.mm_soft_emb_norm.weight": 0.1 * rng.normal(size=d),
+        "multi_modal_projector.mm_input_projection_weight": rng.normal(0, 0.15, (d, text_hidden)),
+    }
+    for i in range(c["num_hidden_layers"]):
+        b = f"{m}encoder.layers.{i}."
+        for norm in ("layer_norm1", "layer_norm2"):
+            w[f"{b}{norm}.weight"] = 1 + 0.1 * rng.normal(size=d)
+            w[f"{b}{norm}.bias"] = 0.1 * rng.normal(size=d)
+        for proj in ("q_proj", "k_proj", "v_proj", "out_proj"):
+            w[f"{b}self_attn.{proj}.weight"] = rng.normal(0, 0.2, (d, d))
+            w[f"{b}self_attn.{proj}.bias"] = rng.normal(0, 0.1, d)
+        w[b + "mlp.fc1.weight"] = rng.normal(0, 0.2, (f, d))
+        w[b + "mlp.fc1.bias"] = rng.normal(0, 0.1, f)
+        w[b + "mlp.fc2.weight"] = rng.normal(0, 0.2, (d, f))
+        w[b + "mlp.fc2.bias"] = rng.normal(0, 0.1, d)
+    return {k: bf16_round(x.astype(np.float32)) for k, x in w.items()}
+
+
+def write_gemma3_multimodal(path: Path) -> dict:
+    """A tiny Gemma3ForConditionalGeneration directory (transformers 4 names, as the released
+    checkpoints): the gemma3_text weights as its language model, gemma3_vision_weights() as
+    its vision half. Returns the config."""
+    path.mkdir(parents=True, exist_ok=True)
+    tensors = {
+        ("language_model.model." + k.removeprefix("model.") if k.startswith("model.") else k): v
+        for k, v in weights("gemma3_text").items()
+    }
+    tensors.update(gemma3_vision_weights())
+    config = write_multimodal_checkpoint(
+        path,
+        "gemma3_text",
+        tensors,
+        model_type="gemma3",
+        architecture="Gemma3ForConditionalGeneration",
+        vision_type="siglip_vision_model",
+        # Untied in the text config too: transformers 5 ties the head when text_config says
+        # so (its default), whatever the outer config says.
+        drop=(),
+        vision_config=GEMMA3_VISION,
+        extra=GEMMA3_MULTIMODAL,
+    )
+    # No final soft-capping, as the released checkpoints: transformers 5.23's
+    # Gemma3ForConditionalGeneration ignores the setting (its ForCausalLM applies it).
+    config["text_config"]["final_logit_softcapping"] = None
     (path / "config.json").write_text(json.dumps(config))
     return config
 

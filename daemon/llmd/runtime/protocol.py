@@ -50,6 +50,15 @@ class SamplingParams(_Message):
     top_logprobs: Int32 = -1  # -1: none; 0: the sampled token's logprob; n: and n alternatives
 
 
+class ImageInput(_Message):
+    """One preprocessed image (or pan-and-scan crop) for the worker's vision tower: float32
+    pixels, channels first, little-endian, base64. Its rows in the prompt are the next run of
+    the model's image placeholder tokens (one run per image, in order)."""
+
+    pixels: str
+    shape: Annotated[list[Annotated[int, Field(ge=1, le=8192)]], Field(min_length=3, max_length=3)]
+
+
 class Generate(_Message):
     type: Literal["generate"] = "generate"
     id: str
@@ -70,6 +79,9 @@ class Generate(_Message):
     # With max_draft: the drafts come from the worker's draft model (`--draft-model`; the
     # `speculative_draft_model` feature) instead of prompt lookup.
     draft_model: bool = False
+    # Images, encoded in the worker (the `vision` feature) and fed at the prompt's image
+    # placeholder runs, in order.
+    images: list[ImageInput] = []
 
 
 class Embed(_Message):

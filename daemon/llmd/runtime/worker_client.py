@@ -277,6 +277,7 @@ class WorkerClient:
         prefill_of: str = "",
         max_draft: int = 0,
         draft_model: bool = False,
+        images: list[p.ImageInput] | None = None,
     ) -> AsyncIterator[Accepted | p.Started | p.Tokens | p.Done]:
         """Yields ACCEPTED, Started once the engine admits it (the prefix-cache split), token
         events, then one Done; raises WorkerError on error (code
@@ -301,6 +302,7 @@ class WorkerClient:
                     prefill_of=prefill_of,
                     max_draft=max_draft,
                     draft_model=draft_model,
+                    images=images or [],
                 )
             )
             yield Accepted(rid)

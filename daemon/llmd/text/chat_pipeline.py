@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
-from llmd.errors import ApiError, bad_request
+from llmd.errors import ApiError, bad_request, server_error
 from llmd.runtime import protocol as p
 from llmd.runtime.sessions import SESSION_ID, Session, SessionTable
 from llmd.runtime.speculative import usage_extension
@@ -42,6 +42,7 @@ from llmd.text.generation import (
     require_generation,
     token_budget,
 )
+from llmd.text.image_inputs import expand_prompt, image_inputs
 from llmd.text.images import VISION_FEATURE, ChatImage, ImagePolicy, load_images
 from llmd.text.openai_schemas import ChatCompletionRequest, SamplingFields, image_refs
 from llmd.text.reasoning import (
@@ -266,6 +267,7 @@ def choice_maker(
     top_logprobs: int,
     grammar: str | None = None,
     show_tokens: frozenset[int] = frozenset(),
+    images: list[p.ImageInput] | None = None,
 ) -> MakeChoice:
     """Choice i's generation; choice 0 runs in the request's named session, whose KV then
     stays pinned in the worker. `grammar`: a forced tool call's (else the response_format's,
@@ -290,6 +292,7 @@ def choice_maker(
             show_tokens=show_tokens,
             prefill_of=prefill_of,
             speculative=req.speculative,
+            images=images,
         )
         return pieces if session is None else _in_session(pieces, table, session)
 
@@ -429,6 +432,13 @@ def chat_prompt(
         )
     extra.update(thinking_switch(req.reasoning_effort, thinking, strict=not req.reasoning_is_hint))
     rendered = _render(template, messages, text.bos_token, text.eos_token, extra)
+    if images:
+        if text.image_config is None:  # the worker sees, but the daemon cannot lay images out
+            raise server_error(
+                f"model '{req.model}' has a vision tower but no image settings llmd can read",
+                code="model_cannot_see",
+            )
+        rendered = expand_prompt(rendered, images, text.image_config)
     refuse_unfittable(text, rendered, model.context_length, "messages")
     ids = text.encode_rendered_chat(rendered)
     markers = thinking.markers
@@ -590,6 +600,9 @@ async def start_chat(
     images = await request_images(ctx, req, model)
     # Off the event loop: a long prompt must not stall other clients' streams.
     chat = await asyncio.to_thread(chat_prompt, req, model, images)
+    inputs = None
+    if chat.images and model.text.image_config is not None:
+        inputs = await asyncio.to_thread(image_inputs, chat.images, model.text.image_config)
     requested = req.token_limit() or ctx.default_max_tokens
     max_tokens = token_budget(
         len(chat.ids), requested, model.context_length, prompt_param="messages"
@@ -604,6 +617,7 @@ async def start_chat(
         top_logprobs,
         grammar or chat.grammar,
         chat.show_tokens,
+        images=inputs,
     )
     pieces = run_choices(make, req.n, started=True)
     return ChatRun(

@@ -107,6 +107,7 @@ async def generate_text(
     show_tokens: frozenset[int] = frozenset(),
     prefill_of: str = "",
     speculative: SpeculativeField = None,
+    images: list[p.ImageInput] | None = None,
 ) -> AsyncIterator[Accepted | Started | Delta | Finished]:
     """Yields Accepted once the worker has the request (a 429 or other ApiError comes before
     it), Started when the engine admits it (its prefix-cache split), then text deltas (never half a character, never a stop string or what follows it),
@@ -142,7 +143,10 @@ async def generate_text(
             drafter=model.speculative_drafter,
             draft_problem=model.draft_problem,
         )
-        if plan.max_draft:
+        # Drafting is not implemented beside images (the engine refuses it); it is lossless, so
+        # an image request runs without it and answers the same.
+        max_draft = 0 if images else plan.max_draft
+        if max_draft:
             spec = (0, 0)
         events = worker.generate(
             prompt,
@@ -152,8 +156,9 @@ async def generate_text(
             session=session,
             grammar=grammar,
             prefill_of=prefill_of,
-            max_draft=plan.max_draft,
+            max_draft=max_draft,
             draft_model=plan.draft_model,
+            images=images,
         )
         try:
             async for event in events:

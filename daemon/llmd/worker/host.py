@@ -8,6 +8,7 @@ thread runs the batching loop; the GIL is released whenever it computes.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import random
@@ -27,6 +28,7 @@ from llmd.store.vocabulary import vocabulary_mismatch
 from llmd.worker.grammar import GrammarFactory
 from llmd.worker.model_digest import model_digest
 from llmd.worker.pooled import PooledRequests
+from llmd.worker.vision import ImageEncoder, ImageRequests
 
 
 def _flatten(prefix: str, value: Any, out: dict[str, Any]) -> None:
@@ -60,6 +62,21 @@ def hf_config(model_path: str) -> dict[str, Any]:
             **config["text_config"],
             "model_type": config["text_config"].get("model_type", ""),
         }
+    flat: dict[str, Any] = {}
+    _flatten("", config, flat)
+    return flat
+
+
+def multimodal_config(model_path: str) -> dict[str, Any] | None:
+    """The whole config.json of a multimodal Hugging Face directory, flattened as hf_config
+    flattens (``vision_config.hidden_size``, ``mm_tokens_per_image``, ...): what the vision
+    tower loads from. None for a GGUF file or a checkpoint without a vision_config."""
+    path = Path(model_path)
+    if not path.is_dir():
+        return None
+    config = json.loads((path / "config.json").read_text())
+    if not isinstance(config.get("vision_config"), dict):
+        return None
     flat: dict[str, Any] = {}
     _flatten("", config, flat)
     return flat
@@ -112,11 +129,18 @@ def _message_id(line: bytes) -> str | None:
     return rid if isinstance(rid, str) else None
 
 
-def _submit(engine: Any, msg: p.Generate, seed: int, constraint: Any) -> None:
+def _submit(
+    engine: Any,
+    msg: p.Generate,
+    seed: int,
+    constraint: Any,
+    prompt: list[int] | None = None,
+    embedded: list | None = None,
+) -> None:
     s = msg.sampling
     engine.submit(
         msg.id,
-        msg.prompt,
+        msg.prompt if prompt is None else prompt,
         msg.max_tokens,
         temperature=s.temperature,
         top_k=s.top_k,
@@ -135,6 +159,7 @@ def _submit(engine: Any, msg: p.Generate, seed: int, constraint: Any) -> None:
         prefill_of=msg.prefill_of,
         max_draft=msg.max_draft,
         draft_model=msg.draft_model,
+        embedded=embedded or [],
     )
 
 
@@ -144,6 +169,7 @@ def _read_commands(
     stop: threading.Event,
     grammars: GrammarFactory,
     pooled: PooledRequests,
+    images: ImageRequests | None = None,
 ) -> None:
     for raw in sys.stdin.buffer:
         line = raw.strip()
@@ -169,6 +195,20 @@ def _read_commands(
                 except ValueError as exc:
                     writer.send(p.Error(id=msg.id, code="invalid_request", message=str(exc)))
                     continue
+            if msg.images:
+                if images is None:
+                    writer.send(
+                        p.Error(
+                            id=msg.id,
+                            code="model_cannot_see",
+                            message="this model does not take images in llmd",
+                        )
+                    )
+                    continue
+                # Encoded on the image thread, which then submits it with its image rows.
+                submit = functools.partial(_submit, engine, msg, seed, constraint)
+                images.put(msg.id, msg.prompt, msg.images, submit)
+                continue
             try:
                 _submit(engine, msg, seed, constraint)
             except (TypeError, ValueError, OverflowError) as exc:
@@ -186,12 +226,18 @@ def _read_commands(
             except Exception as exc:  # noqa: BLE001 - a failed score fails that request only
                 writer.send(p.Error(id=msg.id, code="internal", message=f"scoring failed: {exc}"))
         elif isinstance(msg, p.Cancel):
+            if images is not None and images.cancel(msg.id):
+                continue
             if not pooled.cancel(engine, msg.id):
                 engine.cancel(msg.id)
         elif isinstance(msg, p.Unpin):
             engine.unpin(msg.session)
         elif isinstance(msg, p.StatsRequest):
-            st = {**engine.stats(), **mlx_memory(engine.info()["backend"])}
+            st = {
+                **engine.stats(),
+                **mlx_memory(engine.info()["backend"]),
+                **(images.stats() if images is not None else {}),
+            }
             writer.send(
                 p.Stats(
                     active_sequences=st["active_sequences"],
@@ -365,6 +411,18 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         writer.send(p.Fatal(code="load_failed", message=str(exc)))
         return 3
+    images = None
+    try:
+        encoder = ImageEncoder.load(args.model, engine, multimodal_config(args.model))
+    except Exception as exc:  # noqa: BLE001 - the text model still serves; images are refused
+        print(f"llmd worker: images off: {exc}", file=sys.stderr, flush=True)
+        encoder = None
+    if encoder is not None:
+        images = ImageRequests(
+            encoder,
+            engine,
+            lambda rid, code, message: writer.send(p.Error(id=rid, code=code, message=message)),
+        )
     load_ms = (time.perf_counter() - started) * 1000
     paths = engine.matmul_paths()
     kv = engine.kv_cache()
@@ -393,6 +451,7 @@ def main(argv: list[str] | None = None) -> int:
                 "continuous_batching",
                 "cancel",
                 "embed",
+                *(["vision"] if images is not None else []),
                 *(["speculative_ngram"] if engine.supports_speculation else []),
                 *(
                     ["speculative_draft_model"]
@@ -420,7 +479,7 @@ def main(argv: list[str] | None = None) -> int:
     grammars = GrammarFactory(args.model, info["vocab_size"])
     pooled = PooledRequests(head)
     reader = threading.Thread(
-        target=_read_commands, args=(engine, writer, stop, grammars, pooled), daemon=True
+        target=_read_commands, args=(engine, writer, stop, grammars, pooled, images), daemon=True
     )
     reader.start()
     while not stop.is_set():
