@@ -269,6 +269,7 @@ class CudaLlama final : public Model {
     bool decode_only = seqs <= gemv_rows;
     for (int s = 0; s < seqs; ++s) {
       const StepSegment& seg = step.segments[s];
+      if (!seg.embeddings.empty()) throw std::runtime_error("cuda backend: this model takes no image rows");
       const int n = static_cast<int>(seg.tokens.size());
       const std::vector<int>& blocks = seg.kv->blocks();
       const int end = seg.start_pos + n;
