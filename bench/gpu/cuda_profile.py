@@ -20,7 +20,11 @@ from pathlib import Path
 def short(name: str) -> str:
     name = re.sub(r"\(.*$", "", name)  # parameter list
     name = re.sub(r"^void ", "", name)
-    name = name.replace("llmd::cuda::", "").replace("(anonymous namespace)::", "").replace("<unnamed>::", "")
+    name = (
+        name.replace("llmd::cuda::", "")
+        .replace("(anonymous namespace)::", "")
+        .replace("<unnamed>::", "")
+    )
     return name if len(name) <= 70 else name[:67] + "..."
 
 
