@@ -20,6 +20,10 @@ constexpr int kMaxDraft = 32;  // drafted tokens per sequence and step, at most
 
 KvShape kv_shape_for(const Model& model, const EngineOptions& options) {
   KvShape shape = model.kv_shape();
+  if (kv_type_quantized(options.kv_type) && !model.supports_quantized_kv()) {
+    throw std::invalid_argument(std::string("KV type ") + kv_type_name(options.kv_type) + " is not supported on the " +
+                                model.info().backend + " backend (its KV is float16)");
+  }
   // The CPU backend stores any type in the pool's blocks; a device backend keeps float KV in
   // its own compute dtype (f16 is the default, not a demand) or GGML's blocks in MLX arrays
   // (device_attention.h), whose bytes the pool then budgets.

@@ -67,6 +67,9 @@ class Model {
   // True when forward() honours StepSegment::embeddings and attend_to (rows fed as
   // embeddings: images); the engine refuses requests with embedded rows otherwise.
   virtual bool accepts_embeddings() const { return false; }
+  // False for a backend that keeps KV only in floats (the cuda backend so far): the engine then
+  // refuses --kv-type q8_0/q4_0 at construction instead of ignoring it.
+  virtual bool supports_quantized_kv() const { return true; }
   // The model's own head over one pooled vector of hidden_size values, before any
   // normalisation: a cross-encoder's classifier turns it into its label scores. Models
   // without one leave it as it is.

@@ -211,6 +211,8 @@ class CudaLlama final : public Model {
     return shape;
   }
 
+  bool supports_quantized_kv() const override { return false; }  // KV blocks are float16 (attention.h)
+
   std::map<std::string, std::string> matmul_paths() const override {
     std::map<std::string, std::string> paths;
     const Layer& l = layers_.front();
