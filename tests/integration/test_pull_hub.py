@@ -203,6 +203,9 @@ def test_two_clients_share_one_download_and_ctrl_c_leaves_it_running(
 
         assert cli(daemon, "rm", name).exit_code == 0
         before = hub.served[Q4]
+        # Slow enough (~8 s for the file) that Ctrl-C lands mid-download even on a loaded
+        # machine: at 1.6 s a busy CI box once let the pull finish before the signal was sent.
+        hub.chunk_delay = 0.02
         proc = subprocess.Popen(
             cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
         )
@@ -211,6 +214,7 @@ def test_two_clients_share_one_download_and_ctrl_c_leaves_it_running(
             time.sleep(0.05)
         proc.send_signal(signal.SIGINT)
         _, stderr = proc.communicate(timeout=30)
+        hub.chunk_delay = 0.004
         assert proc.returncode == 130 and "the pull goes on in the daemon" in stderr
         status, running = api(daemon, "/v1/models/pulls")
         assert status == 200 and [j["model"] for j in running["data"]] == [name]
@@ -280,7 +284,7 @@ def test_pull_without_a_daemon_uses_a_temporary_one_and_ctrl_c_resumes_later(
     cmd = [sys.executable, "-m", "llmd", "pull", name]
     env = {**os.environ, "LLMD_HOME": str(home), "HF_ENDPOINT": hub.endpoint}
     try:
-        hub.chunk_delay = 0.004
+        hub.chunk_delay = 0.02  # ~8 s for the file: Ctrl-C lands mid-download even under load
         before = hub.served[Q4]
         proc = subprocess.Popen(
             cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
@@ -290,6 +294,7 @@ def test_pull_without_a_daemon_uses_a_temporary_one_and_ctrl_c_resumes_later(
             time.sleep(0.05)
         proc.send_signal(signal.SIGINT)
         _, stderr = proc.communicate(timeout=60)
+        hub.chunk_delay = 0.004
         assert proc.returncode == 130 and "temporary" in stderr and "resumes it" in stderr
         assert not (home / "run" / "llmd.sock").exists()  # the temporary daemon is gone
         blobs = home / "data/models/blobs"

@@ -312,8 +312,13 @@ def test_worker_takes_images_with_the_request(checkpoint: Path) -> None:
                 first.setdefault(event["id"], event)
             elif event["type"] == "done":
                 done[event["id"]] = event
-        assert dict(first["e"]["logprobs"][0]["top"]) == top
-        assert dict(first["f"]["logprobs"][0]["top"]) != top  # the images swapped
+        # Equal to the request served alone up to float rounding: batched with "f", or taking
+        # its prefix from the cache, the products run over other row counts (seen ~2e-6 apart).
+        top_e = dict(first["e"]["logprobs"][0]["top"])
+        assert top_e.keys() == top.keys()
+        assert max(abs(top_e[t] - top[t]) for t in top) < 1e-4
+        top_f = dict(first["f"]["logprobs"][0]["top"])
+        assert max(abs(top_f.get(t, -1e9) - top[t]) for t in top) > 1e-2  # the images swapped
         assert done["g"]["finish_reason"] == "cancelled"
         send(proc, {"type": "stats"})
         stats = read_event(proc)
