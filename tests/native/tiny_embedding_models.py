@@ -182,7 +182,9 @@ EMBEDDINGGEMMA_CONFIG: dict = {
 IDENTITY = "torch.nn.modules.linear.Identity"
 # A model card that, as EmbeddingGemma's, says it was trained with Matryoshka Representation
 # Learning (so ``dimensions`` is allowed).
-EMBEDDINGGEMMA_CARD = "# tiny EmbeddingGemma\n\nTrained with Matryoshka Representation Learning (MRL).\n"
+EMBEDDINGGEMMA_CARD = (
+    "# tiny EmbeddingGemma\n\nTrained with Matryoshka Representation Learning (MRL).\n"
+)
 
 
 def embeddinggemma_dense_weights(seed: int = 9) -> list[np.ndarray]:
@@ -208,7 +210,12 @@ def write_embeddinggemma_dir(directory: Path, seed: int = 7, *, card: bool = Tru
     (directory / "config.json").write_text(json.dumps(c, indent=1))
     modules = [
         {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
-        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+        {
+            "idx": 1,
+            "name": "1",
+            "path": "1_Pooling",
+            "type": "sentence_transformers.models.Pooling",
+        },
         {"idx": 2, "name": "2", "path": "2_Dense", "type": "sentence_transformers.models.Dense"},
         {"idx": 3, "name": "3", "path": "3_Dense", "type": "sentence_transformers.models.Dense"},
         {
