@@ -121,7 +121,9 @@ class Gemma3Model : public Model {
   // Images (siglip.cpp's rows): both backends' attention honour their bidirectional rows.
   bool accepts_embeddings() const override { return !cfg_.bidirectional; }
   bool bidirectional() const override { return cfg_.bidirectional; }
-  bool supports_hidden() const override { return true; }
+  // Pooled hidden states: EmbeddingGemma only (a causal Gemma 3 is no embedding model; the pull
+  // refuses one with a Pooling module, model_kind.py).
+  bool supports_hidden() const override { return cfg_.bidirectional; }
 
   std::map<std::string, std::string> matmul_paths() const override {
     return decoder_matmul_paths(layers_, lm_head_);
