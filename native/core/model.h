@@ -60,9 +60,10 @@ class Model {
   // beside, KV. The engine then reuses a cached prefix only where a snapshot of the state at
   // exactly that position exists (engine.cpp, admit), and forks copy the state.
   virtual bool has_recurrent_state() const { return false; }
-  // True for encoders (BERT, nomic-bert): every position attends to every other, so a prompt
-  // runs whole in one step (never chunked: an early chunk would miss the later tokens) and
-  // never from the prefix cache (a cached position's state depends on what follows it).
+  // True for encoders (BERT, nomic-bert) and EmbeddingGemma (gemma3.cpp with bidirectional
+  // attention): positions attend to later ones too, so a prompt runs whole in one step (never
+  // chunked: an early chunk would miss the later tokens) and never from the prefix cache (a
+  // cached position's state depends on what follows it).
   virtual bool bidirectional() const { return false; }
   // True when forward() honours StepSegment::embeddings and attend_to (rows fed as
   // embeddings: images); the engine refuses requests with embedded rows otherwise.

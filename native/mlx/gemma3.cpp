@@ -7,9 +7,18 @@
 //
 // Sliding layers attend to the last `sliding_window` positions only and keep only that window
 // of KV (the pool's window parts, kv_cache.h), so their memory does not grow with the context.
+//
+// EmbeddingGemma (`use_bidirectional_attention`: a Gemma3TextModel that embeds) attends both
+// ways: global layers see the whole prompt, sliding layers the positions fewer than
+// sliding_window / 2 + 1 away on either side (transformers halves the configured window for
+// it). Such a model is bidirectional() (the engine feeds whole prompts, never from the prefix
+// cache), keeps no KV and only pools hidden states; its sentence-transformers pooling, Dense
+// and Normalize modules are applied by the engine and the worker (store/dense_modules.py).
 #include <cmath>
+#include <limits>
 #include <optional>
 #include <stdexcept>
+#include <utility>
 
 #include "../core/op_profile.h"
 #include "architectures.h"
@@ -25,6 +34,7 @@ struct Gemma3Config {
   int sliding_window = 0;   // 0: no sliding layers
   std::vector<bool> sliding;
   float final_softcap = 0.f;
+  bool bidirectional = false;  // EmbeddingGemma: sliding_window is then the halved one
 };
 
 struct Layer {
@@ -52,17 +62,54 @@ mx::array gelu_tanh_glu(const mx::array& gate_up, int ffn) {
   return mx::multiply(gelu, u);
 }
 
+// Bidirectional attention over one prompt's rows: q [n, heads * hd], k and v [n, kv_heads * hd]
+// (already rotated) -> [n, heads * hd]. With `window` > 0, row i sees row j only where
+// |i - j| < window (transformers' bidirectional sliding window). Explicit ops, as
+// device_attention.cpp's attend(): MLX's fused attention takes cuDNN's path on CUDA, which
+// fails on the engine's thread.
+mx::array bidirectional_attention(const mx::array& q, const mx::array& k, const mx::array& v, int heads, int kv_heads,
+                                  int hd, float scale, int window) {
+  const int n = q.shape(0), rep = heads / kv_heads;
+  // Query head h reads KV head h / rep: group the queries by their KV head, [kv_heads, rep * n, hd].
+  mx::array qh = mx::transpose(mx::reshape(q, {n, kv_heads, rep, hd}), {1, 2, 0, 3});
+  qh = mx::reshape(qh, {kv_heads, rep * n, hd});
+  mx::array kh = mx::transpose(mx::reshape(k, {n, kv_heads, hd}), {1, 2, 0});  // [kv_heads, hd, n]
+  mx::array vh = mx::transpose(mx::reshape(v, {n, kv_heads, hd}), {1, 0, 2});  // [kv_heads, n, hd]
+  mx::array s = mx::multiply(mx::astype(mx::matmul(qh, kh), mx::float32), mx::array(scale));
+  if (window > 0 && n > window) {
+    const mx::array i = mx::expand_dims(mx::arange(n, mx::int32), 1);
+    const mx::array j = mx::expand_dims(mx::arange(n, mx::int32), 0);
+    const mx::array seen = mx::less(mx::abs(mx::subtract(i, j)), mx::array(window));  // [n, n]
+    const mx::array neg_inf(-std::numeric_limits<float>::infinity());
+    s = mx::reshape(mx::where(seen, mx::reshape(s, {kv_heads, rep, n, n}), neg_inf), {kv_heads, rep * n, n});
+  }
+  mx::array p = mx::astype(mx::softmax(s, -1, /*precise=*/true), v.dtype());
+  mx::array o = mx::matmul(p, vh);  // [kv_heads, rep * n, hd]
+  return mx::reshape(mx::transpose(mx::reshape(o, {kv_heads, rep, n, hd}), {2, 0, 1, 3}), {n, heads * hd});
+}
+
+// A Rope's frequencies as mx::fast::rope takes them: periods (1 / inv_freq).
+mx::array rope_periods(const Rope& rope) {
+  std::vector<float> periods(rope.inv_freq.size());
+  for (size_t i = 0; i < periods.size(); ++i) periods[i] = 1.f / rope.inv_freq[i];
+  return mx::array(periods.begin(), {static_cast<int>(periods.size())}, mx::float32);
+}
+
 class Gemma3Model : public Model {
  public:
   Gemma3Model(Gemma3Config cfg, ModelInfo info, std::vector<Layer> layers, mx::array out_norm, Linear lm_head,
               Embedding embed, std::shared_ptr<const Rope> global_rope, std::shared_ptr<const Rope> local_rope)
       : cfg_(std::move(cfg)), info_(std::move(info)), layers_(std::move(layers)), out_norm_(std::move(out_norm)),
         lm_head_(std::move(lm_head)), embed_(std::move(embed)), global_rope_(std::move(global_rope)),
-        local_rope_(std::move(local_rope)), device_(lm_head_.on_device()) {}
+        local_rope_(std::move(local_rope)), global_periods_(rope_periods(*global_rope_)),
+        local_periods_(rope_periods(*local_rope_)), device_(lm_head_.on_device()) {}
 
   const ModelInfo& info() const override { return info_; }
   ModelInfo& mutable_info() override { return info_; }
   KvShape kv_shape() const override {
+    // A bidirectional model keeps no KV: a one-element shape without host storage gives the
+    // engine's per-sequence bookkeeping something to count and allocates nothing (as bert.cpp).
+    if (cfg_.bidirectional) return KvShape{.n_layers = 1, .n_kv_heads = 1, .head_dim = 1, .host_storage = false};
     // Sliding layers keep only their window of KV (kv_cache.h, "Window parts").
     KvShape shape = decoder_kv_shape(cfg_.dims, device_.on_device());
     shape.window = cfg_.sliding_window;
@@ -72,13 +119,26 @@ class Gemma3Model : public Model {
 
   std::map<std::string, uint64_t> attention_paths() const override { return device_.attention_paths(); }
   // Images (siglip.cpp's rows): both backends' attention honour their bidirectional rows.
-  bool accepts_embeddings() const override { return true; }
+  bool accepts_embeddings() const override { return !cfg_.bidirectional; }
+  bool bidirectional() const override { return cfg_.bidirectional; }
+  // Pooled hidden states: EmbeddingGemma only (a causal Gemma 3 is no embedding model; the pull
+  // refuses one with a Pooling module, model_kind.py).
+  bool supports_hidden() const override { return cfg_.bidirectional; }
 
   std::map<std::string, std::string> matmul_paths() const override {
     return decoder_matmul_paths(layers_, lm_head_);
   }
 
   void forward(const Step& step, KvPool& pool, std::vector<float>& logits) override {
+    std::vector<float> unused;
+    forward(step, pool, logits, unused);
+  }
+
+  void forward(const Step& step, KvPool& pool, std::vector<float>& logits, std::vector<float>& hidden) override {
+    if (cfg_.bidirectional) {
+      forward_bidirectional(step, logits, hidden);
+      return;
+    }
     std::optional<ScopedOpTimer> build_timer(std::in_place, OpKind::GraphBuild);
     const DecoderDims& d = cfg_.dims;
     StepRows rows = embed_step(step, pool, embed_, d.hidden_size, std::sqrt(static_cast<float>(d.hidden_size)));
@@ -120,12 +180,92 @@ class Gemma3Model : public Model {
       x = mx::add(x, mx::fast::rms_norm(L.down(h), L.post_ffn_norm, d.rms_eps));
       if (device_kv) start_layer(x);
     }
-    compute_logits(x, rows.logit_rows, lm_head_, out_norm_, d.rms_eps, cfg_.final_softcap, logits, build_timer);
+    compute_outputs(x, rows, lm_head_, out_norm_, d.rms_eps, cfg_.final_softcap, logits, hidden, build_timer);
   }
 
   void copy_kv_block(KvPool& pool, int src, int dst) override { device_.copy_kv_block(pool, kv_shape(), src, dst); }
 
  private:
+  // EmbeddingGemma: each segment a whole prompt (the engine feeds a bidirectional() model
+  // so), its rows attending to one another, no KV read or written; returns the pooled
+  // final-norm rows the segments ask for.
+  void forward_bidirectional(const Step& step, std::vector<float>& logits, std::vector<float>& hidden) {
+    std::optional<ScopedOpTimer> build_timer(std::in_place, OpKind::GraphBuild);
+    const DecoderDims& d = cfg_.dims;
+    std::vector<int32_t> tokens, positions;
+    std::vector<std::pair<int, int>> spans;  // (first row, rows) of each segment
+    for (const StepSegment& s : step.segments) {
+      if (s.want_logits) {
+        throw std::runtime_error(
+            "gemma3 with bidirectional attention is an embedding model: it has no next-token logits");
+      }
+      if (s.start_pos != 0 || !s.embeddings.empty()) {
+        throw std::runtime_error("gemma3 with bidirectional attention runs whole text prompts only");
+      }
+      spans.emplace_back(static_cast<int>(tokens.size()), static_cast<int>(s.tokens.size()));
+      for (size_t i = 0; i < s.tokens.size(); ++i) {
+        tokens.push_back(s.tokens[i]);
+        positions.push_back(static_cast<int32_t>(i));
+      }
+    }
+    const int T = static_cast<int>(tokens.size()), H = d.hidden_size, hd = d.head_dim;
+    const int qw = d.n_heads * hd, kw = d.n_kv_heads * hd;
+    std::vector<float> rows(static_cast<size_t>(T) * H);
+    embed_.lookup(tokens, rows.data(), std::sqrt(static_cast<float>(H)));
+    mx::array x(rows.begin(), {T, H}, mx::float32);
+    const mx::array pos(positions.begin(), {T}, mx::int32);
+    // Each row rotated at its position within its own prompt; rows [T, heads, 1, hd].
+    auto rotate = [&](const mx::array& a, int heads, bool sliding) {
+      const Rope& rope = sliding ? *local_rope_ : *global_rope_;
+      mx::array r = mx::fast::rope(mx::reshape(a, {T, heads, 1, hd}), rope.dims, rope.interleaved, std::nullopt, 1.f,
+                                   pos, sliding ? local_periods_ : global_periods_);
+      return mx::reshape(r, {T, heads * hd});
+    };
+    for (int l = 0; l < d.n_layers; ++l) {
+      const Layer& L = layers_[l];
+      const bool sliding = cfg_.sliding[l];
+      mx::array qkv = L.qkv(x, {.rms_norm_weight = L.attn_norm, .eps = d.rms_eps});
+      mx::array q = rotate(head_rms_norm(mx::slice(qkv, {0, 0}, {T, qw}), L.q_norm, d.n_heads, hd, d.rms_eps),
+                           d.n_heads, sliding);
+      mx::array k = rotate(head_rms_norm(mx::slice(qkv, {0, qw}, {T, qw + kw}), L.k_norm, d.n_kv_heads, hd, d.rms_eps),
+                           d.n_kv_heads, sliding);
+      mx::array v = mx::slice(qkv, {0, qw + kw}, {T, qw + 2 * kw});
+      std::vector<mx::array> outs;
+      for (const auto& [first, n] : spans) {
+        auto part = [&, first = first, n = n](const mx::array& a) {
+          return mx::slice(a, {first, 0}, {first + n, a.shape(1)});
+        };
+        outs.push_back(bidirectional_attention(part(q), part(k), part(v), d.n_heads, d.n_kv_heads, hd,
+                                               cfg_.query_scale, sliding ? cfg_.sliding_window : 0));
+      }
+      mx::array a = outs.size() == 1 ? outs[0] : mx::concatenate(outs, 0);
+      x = mx::add(x, mx::fast::rms_norm(L.wo(a), L.post_attn_norm, d.rms_eps));
+      mx::array h = gelu_tanh_glu(L.gate_up(x, {.rms_norm_weight = L.ffn_norm, .eps = d.rms_eps}), d.ffn_size);
+      x = mx::add(x, mx::fast::rms_norm(L.down(h), L.post_ffn_norm, d.rms_eps));
+      if (device_.on_device()) start_layer(x);
+    }
+    // The pooled rows after the final norm, float32 (as sentence-transformers pools), one per
+    // segment that asked: the sum over its rows (mean pooling: the engine divides), its last
+    // row or its first.
+    std::vector<mx::array> pooled;
+    for (size_t i = 0; i < step.segments.size(); ++i) {
+      const HiddenOut mode = step.segments[i].hidden;
+      if (mode == HiddenOut::None) continue;
+      const auto [first, n] = spans[i];
+      const int from = mode == HiddenOut::Last ? first + n - 1 : first;
+      const int to = mode == HiddenOut::Sum ? first + n : from + 1;
+      mx::array h = mx::fast::rms_norm(mx::astype(mx::slice(x, {from, 0}, {to, H}), mx::float32), out_norm_, d.rms_eps);
+      pooled.push_back(mode == HiddenOut::Sum ? mx::sum(h, 0, true) : h);
+    }
+    build_timer.reset();
+    logits.clear();
+    hidden.clear();
+    if (pooled.empty()) return;  // nothing asked for: nothing worth evaluating
+    mx::array out = pooled.size() == 1 ? pooled[0] : mx::concatenate(pooled, 0);
+    out.eval();
+    hidden.assign(out.data<float>(), out.data<float>() + out.size());
+  }
+
   Gemma3Config cfg_;
   ModelInfo info_;
   std::vector<Layer> layers_;
@@ -134,6 +274,8 @@ class Gemma3Model : public Model {
   Embedding embed_;
   std::shared_ptr<const Rope> global_rope_;
   std::shared_ptr<const Rope> local_rope_;
+  mx::array global_periods_;  // the ropes' frequencies for mx::fast::rope (the bidirectional path)
+  mx::array local_periods_;
   DeviceState device_;
 };
 
@@ -181,11 +323,12 @@ std::unique_ptr<Model> load_gemma3_safetensors(const std::string& dir, const Met
   if (hf.get_float("attn_logit_softcapping")) {
     throw std::runtime_error("gemma3 attn_logit_softcapping is not supported (Gemma 3 checkpoints have none)");
   }
-  if (hf.get_bool("use_bidirectional_attention").value_or(false)) {
-    throw std::runtime_error("gemma3 with use_bidirectional_attention (an embedding model) is not supported");
-  }
+  c.bidirectional = hf.get_bool("use_bidirectional_attention").value_or(false);
   require_gelu_tanh(hf, "gemma3");
   c.sliding_window = static_cast<int>(hf.get_int("sliding_window").value_or(4096));
+  // transformers' Gemma3TextConfig: a bidirectional model's window is half the stored one plus
+  // one, an exclusive bound on the distance either way (row i sees j where |i - j| < window).
+  if (c.bidirectional) c.sliding_window = c.sliding_window / 2 + 1;
   c.sliding = hf_sliding_layers(hf, d.n_layers, 6, "gemma3");
   check(c);
 
@@ -203,9 +346,10 @@ std::unique_ptr<Model> load_gemma3_safetensors(const std::string& dir, const Met
       d.head_dim, local_theta,
       linear_factor(local_type, hf.get_float(lp + "factor").value_or(1.0), "sliding layers"));
 
-  // Text-only checkpoints name the decoder `model.`; multimodal ones nest it.
+  // Text-only checkpoints name the decoder `model.`; multimodal ones nest it; a bare
+  // Gemma3TextModel saved by sentence-transformers (EmbeddingGemma) has no prefix.
   std::string m = "model.";
-  for (const char* prefix : {"model.", "language_model.model.", "model.language_model."}) {
+  for (const char* prefix : {"model.", "language_model.model.", "model.language_model.", ""}) {
     if (w.has(std::string(prefix) + "embed_tokens.weight")) {
       m = prefix;
       break;

@@ -12,6 +12,7 @@ from llmd.store.model_kind import (
     GENERATE,
     KindError,
     ModelKind,
+    bidirectional_config,
     check_architecture,
     kind_of_gguf,
     kind_of_hf_dir,
@@ -141,6 +142,28 @@ def test_embedding_models_of_other_architectures_are_refused() -> None:
     assert check_architecture(GENERATE, "gemma3_text", "m") == GENERATE
     with pytest.raises(KindError, match="architecture gemma3_text are not supported yet"):
         check_architecture(embed, "gemma3_text", "m")
+
+
+def test_a_bidirectional_gemma3_only_embeds(tmp_path: Path) -> None:
+    """EmbeddingGemma (a gemma3_text config with use_bidirectional_attention) embeds with the
+    pooling its sentence-transformers files name; without them, or asked to generate or
+    rerank, it is refused at pull, since it cannot produce text."""
+    from tests.native.tiny_embedding_models import write_embeddinggemma_dir
+
+    write_embeddinggemma_dir(tmp_path / "eg")
+    assert bidirectional_config(tmp_path / "eg")
+    kind = kind_of_hf_dir(tmp_path / "eg", "eg")
+    assert kind == ModelKind("embed", "mean", True, matryoshka=True)
+    assert check_architecture(kind, "gemma3_text", "m", bidirectional=True) == kind
+    assert kind.describe() == "embed (mean pooling, normalized, Matryoshka)"
+    for other in (GENERATE, ModelKind("rerank")):
+        with pytest.raises(KindError, match="bidirectional attention.*never generates"):
+            check_architecture(other, "gemma3_text", "m", bidirectional=True)
+    (tmp_path / "eg" / "modules.json").unlink()  # no sentence-transformers files: generate
+    kind = kind_of_hf_dir(tmp_path / "eg", "eg")
+    with pytest.raises(KindError, match="needs a sentence-transformers Pooling module"):
+        check_architecture(kind, "gemma3_text", "m", bidirectional=True)
+    assert not bidirectional_config(tmp_path)  # no config.json at all
 
 
 def test_a_pull_may_say_the_kind_of_a_directory_but_not_of_a_gguf(

@@ -33,6 +33,7 @@ from llmd.store.model_kind import (
     GENERATE,
     KindError,
     ModelKind,
+    bidirectional_config,
     check_architecture,
     kind_of_gguf,
     kind_of_hf_dir,
@@ -84,7 +85,8 @@ def hf_kind(
     """A Hugging Face directory's kind (model_kind.py; `requested`: the pull's ``kind``);
     UnsupportedModel when unservable."""
     try:
-        return check_architecture(kind_of_hf_dir(directory, name, requested), arch, what)
+        kind = kind_of_hf_dir(directory, name, requested)
+        return check_architecture(kind, arch, what, bidirectional_config(directory))
     except KindError as exc:
         raise UnsupportedModel(str(exc)) from exc
 

@@ -27,7 +27,9 @@ How the kind is decided (issue 23, phase 1):
   converter replaces its lm_head with a two-row ``cls.output`` the engine does not load yet.
 
 Encoders (issue 23, phase 2: BERT, XLM-RoBERTa, nomic-bert) embed, or rerank as
-cross-encoders; they never generate. An embedding directory of one
+cross-encoders; they never generate. So does a Gemma 3 text model whose config.json sets
+``use_bidirectional_attention`` (EmbeddingGemma: mean pooling, two Dense modules, Normalize):
+it only embeds, and needs its sentence-transformers files to say how. An embedding directory of one
 needs its sentence-transformers Pooling module, and may pool by CLS token, which a decoder
 cannot (its first token has seen nothing). Poolings no engine runs (max, weighted mean) are
 refused at pull with the reason.
@@ -200,10 +202,31 @@ POOLING_ARCHITECTURES = ("llama", "qwen2", "qwen3")
 # Encoders (native/mlx/bert.cpp), by config.json model_type and GGUF general.architecture:
 # they embed, or rerank as cross-encoders.
 ENCODER_ARCHITECTURES = ("bert", "xlm-roberta", "nomic_bert", "nomic-bert")
+# Decoders whose file runs them bidirectionally when config.json's use_bidirectional_attention
+# says so (native/mlx/gemma3.cpp: EmbeddingGemma); such a model only embeds.
+BIDIRECTIONAL_DECODERS = ("gemma3_text",)
 
 
-def check_architecture(kind: ModelKind, arch: str, what: str) -> ModelKind:
-    """`kind` when llmd can serve it on `arch`; KindError naming both otherwise."""
+def bidirectional_config(directory: Path) -> bool:
+    """Whether the directory's config.json asks for bidirectional attention (EmbeddingGemma)."""
+    config = _read_json(directory / "config.json")
+    return isinstance(config, dict) and config.get("use_bidirectional_attention") is True
+
+
+def check_architecture(
+    kind: ModelKind, arch: str, what: str, bidirectional: bool = False
+) -> ModelKind:
+    """`kind` when llmd can serve it on `arch` (`bidirectional`: its config asks for
+    bidirectional attention); KindError naming both otherwise."""
+    if bidirectional and arch in BIDIRECTIONAL_DECODERS:
+        if kind.kind != "embed":
+            raise KindError(
+                f"{what}: this {arch} model has bidirectional attention (an embedding model such "
+                "as EmbeddingGemma), which embeds but never generates or reranks; its directory "
+                "needs a sentence-transformers Pooling module (modules.json, "
+                "1_Pooling/config.json) saying how to pool it"
+            )
+        return kind
     if arch in ENCODER_ARCHITECTURES:
         if kind.kind == "generate":
             raise KindError(
