@@ -347,6 +347,11 @@ def main(argv: list[str] | None = None) -> int:
         help="a model with the same vocabulary, loaded beside the model to draft tokens for "
         "speculative decoding (requests with draft_model)",
     )
+    parser.add_argument(
+        "--mmproj",
+        default="",
+        help="llama.cpp's mmproj GGUF of a GGUF model: its vision tower (images in)",
+    )
     args = parser.parse_args(argv)
 
     writer = Writer(sys.stdout.buffer)
@@ -413,7 +418,9 @@ def main(argv: list[str] | None = None) -> int:
         return 3
     images = None
     try:
-        encoder = ImageEncoder.load(args.model, engine, multimodal_config(args.model))
+        encoder = ImageEncoder.load(
+            args.model, engine, multimodal_config(args.model), args.mmproj or None
+        )
     except Exception as exc:  # noqa: BLE001 - the text model still serves; images are refused
         print(f"llmd worker: images off: {exc}", file=sys.stderr, flush=True)
         encoder = None
