@@ -134,6 +134,14 @@ def test_pull_fetches_the_mmproj_into_the_manifest(server, hub: FakeHub, pulled:
     mmproj = Path(manifests[MODEL]["mmproj"])
     assert mmproj.read_bytes() == MMPROJ.read_bytes()
     assert manifests[BLIND]["mmproj"] == ""
+    # What clients read before offering image input.
+    client = OpenAI(base_url=server.base_url + "/v1", api_key="unused", max_retries=0)
+    listed = {m.id: m for m in client.models.list()}
+    assert listed[MODEL].capabilities["vision"] is True  # type: ignore[attr-defined]
+    assert listed[BLIND].capabilities["vision"] is False  # type: ignore[attr-defined]
+    olla = ollama.Client(host=server.base_url)
+    assert "vision" in (olla.show(MODEL).capabilities or [])
+    assert "vision" not in (olla.show(BLIND).capabilities or [])
 
 
 def test_openai_image_answers_like_transformers_embeddings(
