@@ -336,18 +336,18 @@ def choose_mmproj(info: RepoInfo, model_file: str) -> str | None:
     (the repos that ship one put it beside the quantizations), in the preferred precision;
     None when the repo has none."""
     folder = model_file.rpartition("/")[0]
-    found = [
-        f
-        for f in gguf_files(info)
-        if f.rpartition("/")[0] == folder and f.rpartition("/")[2].lower().startswith("mmproj")
-    ]
-    if not found:
-        return None
+    return pick_mmproj([f for f in gguf_files(info) if f.rpartition("/")[0] == folder])
+
+
+def pick_mmproj(names: list[str]) -> str | None:
+    """The llama.cpp vision tower among GGUF file names (`mmproj*.gguf`), in the preferred
+    precision; None when there is none."""
+    found = sorted(n for n in names if n.rpartition("/")[2].lower().startswith("mmproj"))
     for tag in _MMPROJ_PREFERENCE:
         for f in found:
             if quant_tag(f) == tag:
                 return f
-    return found[0]
+    return found[0] if found else None
 
 
 def choose_gguf(info: RepoInfo, tag: str | None) -> str:
