@@ -134,6 +134,8 @@ def test_pull_fetches_the_mmproj_into_the_manifest(server, hub: FakeHub, pulled:
     mmproj = Path(manifests[MODEL]["mmproj"])
     assert mmproj.read_bytes() == MMPROJ.read_bytes()
     assert manifests[BLIND]["mmproj"] == ""
+    shown = run_llmd(server.env, "show", MODEL)
+    assert "mmproj (vision tower)" in shown.stdout, shown.stdout
     # What clients read before offering image input.
     client = OpenAI(base_url=server.base_url + "/v1", api_key="unused", max_retries=0)
     listed = {m.id: m for m in client.models.list()}
