@@ -528,17 +528,17 @@ def mmproj_name(hf_name: str) -> str:
 
 def write_gemma3_mmproj(path: Path, outtype: str = "F32") -> None:
     """gemma3_vision_weights() as llama.cpp's `convert_hf_to_gguf.py --mmproj --outtype
-    f32|f16` writes them for write_gemma3_multimodal's checkpoint (the same metadata keys,
+    f32|f16|q8_0` writes them for write_gemma3_multimodal's checkpoint (the same metadata keys,
     names and tensor types: checked against the converter's own output by hand, see
     tests/native/test_gemma3_mmproj.py): the soft-embedding norm stored as 1 + w, embeddings
     in F32, the input projection in F16 whatever the outtype, other 2-D weights in `outtype`.
     The 64 / 4 = 16-patch grid pools 4x4, llama.cpp's default, so no scale factor key."""
-    from gguf import GGUFWriter
+    from gguf import GGMLQuantizationType, GGUFWriter, quantize
 
     c = GEMMA3_VISION
     w = GGUFWriter(str(path), "clip")
     w.add_type("mmproj")
-    w.add_file_type(0 if outtype == "F32" else 1)
+    w.add_file_type({"F32": 0, "F16": 1, "Q8_0": 7}[outtype])
     w.add_bool("clip.has_vision_encoder", True)
     w.add_uint32("clip.vision.projection_dim", CONFIGS["gemma3_text"]["hidden_size"])
     w.add_uint32("clip.vision.image_size", c["image_size"])
@@ -557,10 +557,16 @@ def write_gemma3_mmproj(path: Path, outtype: str = "F32") -> None:
         if gname == "mm.soft_emb_norm.weight":
             x = x + 1  # Gemma3RMSNorm's (1 + w), folded in by the converter
         x = x.astype(np.float32)
+        matrix = x.ndim == 2 and "_embd" not in gname
+        # Rows that do not fill 32-value blocks stay F16 in a q8_0 file, as the converter does.
         if gname == "mm.input_projection.weight" or (
-            outtype == "F16" and x.ndim == 2 and "_embd" not in gname
+            matrix and (outtype == "F16" or (outtype == "Q8_0" and x.shape[-1] % 32))
         ):
             x = x.astype(np.float16)
+        elif outtype == "Q8_0" and matrix:
+            q8 = GGMLQuantizationType.Q8_0
+            w.add_tensor(gname, quantize(x, q8), raw_dtype=q8)
+            continue
         w.add_tensor(gname, x)
     w.write_header_to_file()
     w.write_kv_data_to_file()
