@@ -26,7 +26,7 @@ from llmd.runtime.blas import loaded_blas
 from llmd.store.dense_modules import DenseHead
 from llmd.store.vocabulary import vocabulary_mismatch
 from llmd.worker.grammar import GrammarFactory
-from llmd.worker.model_digest import model_digest
+from llmd.worker.model_digest import model_digest, with_vision_tower
 from llmd.worker.pooled import PooledRequests
 from llmd.worker.vision import ImageEncoder, ImageRequests
 
@@ -376,6 +376,8 @@ def main(argv: list[str] | None = None) -> int:
     digest = args.model_digest
     if kv_disk and not digest:
         digest = model_digest(args.model)
+    if kv_disk and args.mmproj:
+        digest = with_vision_tower(digest, args.mmproj)
     if args.draft_model:
         # Token ids pass between the two models: the same count of tokens (the engine's own
         # check) is not enough, every id must be the same token.
