@@ -12,6 +12,7 @@
 #include "siglip.h"
 
 #include <cmath>
+#include <filesystem>
 #include <stdexcept>
 
 #include <mlx/mlx.h>
@@ -144,6 +145,22 @@ int config_int(const Metadata& m, const std::string& key, int fallback) {
   return static_cast<int>(m.get_int(key).value_or(fallback));
 }
 
+// Checks shared by both loaders: the numbers describe a SigLIP encoder whose patch grid pools
+// evenly into tokens_per_image tokens.
+void check_siglip(const SiglipConfig& c) {
+  if (c.hidden <= 0 || c.heads <= 0 || c.hidden % c.heads != 0 || c.layers <= 0 || c.patch_size <= 0 ||
+      c.image_size % c.patch_size != 0) {
+    throw std::runtime_error("gemma3 vision settings do not describe a SigLIP encoder");
+  }
+  const int side = c.image_size / c.patch_size;
+  const int t = static_cast<int>(std::lround(std::sqrt(static_cast<double>(c.tokens_per_image))));
+  if (t <= 0 || t * t != c.tokens_per_image || side % t != 0) {
+    throw std::runtime_error("gemma3 mm_tokens_per_image " + std::to_string(c.tokens_per_image) +
+                             " does not pool a " + std::to_string(side) + "x" + std::to_string(side) +
+                             " patch grid evenly");
+  }
+}
+
 std::unique_ptr<VisionTower> load_gemma3_vision(const std::string& dir, const Metadata& config,
                                                 const LoadOptions& options) {
   SiglipConfig c;
@@ -161,17 +178,8 @@ std::unique_ptr<VisionTower> load_gemma3_vision(const std::string& dir, const Me
   if (act != "gelu_pytorch_tanh" && act != "gelu_new" && act != "gelu_fast") {
     throw std::runtime_error("gemma3 vision tower activation '" + act + "' is not supported (only GELU-tanh)");
   }
-  if (c.hidden <= 0 || c.heads <= 0 || c.hidden % c.heads != 0 || c.layers <= 0 || c.patch_size <= 0 ||
-      c.image_size % c.patch_size != 0) {
-    throw std::runtime_error("gemma3 vision_config does not describe a SigLIP encoder");
-  }
+  check_siglip(c);
   const int side = c.image_size / c.patch_size;
-  const int t = static_cast<int>(std::lround(std::sqrt(static_cast<double>(c.tokens_per_image))));
-  if (t <= 0 || t * t != c.tokens_per_image || side % t != 0) {
-    throw std::runtime_error("gemma3 mm_tokens_per_image " + std::to_string(c.tokens_per_image) +
-                             " does not pool a " + std::to_string(side) + "x" + std::to_string(side) +
-                             " patch grid evenly");
-  }
 
   const Checkpoint w(dir, &config);
   const std::string m = find_prefix(w, {"vision_tower.vision_model.", "model.vision_tower.vision_model.",
@@ -249,10 +257,128 @@ std::unique_ptr<VisionTower> load_gemma3_vision(const std::string& dir, const Me
                                              soft_norm, std::move(projection), dev);
 }
 
+// llama.cpp's mmproj GGUF for Gemma 3 (what `convert_hf_to_gguf.py --mmproj` writes):
+// `clip.projector_type` "gemma3", the encoder's sizes under `clip.vision.*`, the SigLIP tensors
+// as `v.*` (v.patch_embd, v.position_embd, v.blk.N.{ln1,attn_q,attn_k,attn_v,attn_out,ln2,
+// ffn_up (fc1),ffn_down (fc2)}, v.post_ln) and the projector as `mm.*`. Two differences from
+// the Hugging Face tensors: mm.soft_emb_norm already holds 1 + w (the converter folds Gemma's
+// RMSNorm offset in), and the pooled grid side is image_size / patch_size /
+// clip.vision.projector.scale_factor (4 when the key is absent, as clip.cpp reads it).
+std::unique_ptr<VisionTower> load_gemma3_mmproj(const std::string& path, const LoadOptions& options) {
+  const GgufFile file(path);
+  const Metadata& m = file.metadata();
+  const std::string projector = m.get_string("clip.projector_type").value_or("");
+  if (projector != "gemma3") {
+    throw std::runtime_error(path + " is not a Gemma 3 mmproj (clip.projector_type '" + projector + "')");
+  }
+  if (!m.get_bool("clip.has_vision_encoder").value_or(false)) {
+    throw std::runtime_error(path + " has no vision encoder (clip.has_vision_encoder)");
+  }
+  auto need = [&](const std::string& key) {
+    const std::optional<int64_t> v = m.get_int(key);
+    if (!v) throw std::runtime_error(path + " lacks '" + key + "'");
+    return static_cast<int>(*v);
+  };
+  SiglipConfig c;
+  c.hidden = need("clip.vision.embedding_length");
+  c.ffn = need("clip.vision.feed_forward_length");
+  c.layers = need("clip.vision.block_count");
+  c.heads = need("clip.vision.attention.head_count");
+  c.image_size = need("clip.vision.image_size");
+  c.patch_size = need("clip.vision.patch_size");
+  c.eps = static_cast<float>(m.get_float("clip.vision.attention.layer_norm_epsilon").value_or(c.eps));
+  const int scale = static_cast<int>(m.get_int("clip.vision.projector.scale_factor").value_or(4));
+  if (c.patch_size <= 0 || scale <= 0 || (c.image_size / c.patch_size) % scale != 0) {
+    throw std::runtime_error(path + ": the patch grid does not pool by clip.vision.projector.scale_factor");
+  }
+  const int per_side = c.image_size / c.patch_size / scale;
+  c.tokens_per_image = per_side * per_side;
+  check_siglip(c);
+  if (m.get_bool("clip.use_gelu").has_value() && !*m.get_bool("clip.use_gelu")) {
+    throw std::runtime_error(path + ": only GELU SigLIP encoders are supported (clip.use_gelu is false)");
+  }
+
+  const bool dev = options.on_device();
+  auto t = [&](const std::string& name) -> const TensorView& {
+    const TensorView* v = file.find(name);
+    if (!v) throw std::runtime_error(path + " has no tensor '" + name + "'");
+    return *v;
+  };
+  auto vec = [&](const std::string& name) { return dequantize_tensor(t(name)); };
+  auto linear = [&](const std::vector<std::string>& names) {
+    std::vector<const TensorView*> parts;
+    for (const std::string& n : names) parts.push_back(&t(n + ".weight"));
+    if (parts[0]->type == TensorType::F32) {  // float weights: the host GEMM, as the HF path
+      std::vector<mx::array> rows;
+      for (const TensorView* p : parts) rows.push_back(dequantize_tensor(*p));
+      Linear l = Linear::from_float(rows.size() == 1 ? rows[0] : mx::concatenate(rows, 0), dev);
+      if (!dev) l.use_host_float_gemm();
+      return l;
+    }
+    return Linear::from_gguf(parts, false, dev);  // F16 / quantized blocks stay as stored
+  };
+  auto stacked_bias = [&](const std::vector<std::string>& names) {
+    std::vector<mx::array> parts;
+    for (const std::string& n : names) parts.push_back(vec(n + ".bias"));
+    mx::array b = mx::concatenate(parts, 0);
+    b.eval();
+    return b;
+  };
+
+  mx::array conv = vec("v.patch_embd.weight");  // [hidden, channels, patch, patch]
+  if (conv.ndim() != 4 || conv.shape(0) != c.hidden || conv.shape(2) != c.patch_size ||
+      conv.shape(3) != c.patch_size) {
+    throw std::runtime_error(path + ": v.patch_embd.weight has an unexpected shape");
+  }
+  c.channels = conv.shape(1);
+  Linear patch = Linear::from_float(mx::reshape(conv, {c.hidden, c.channels * c.patch_size * c.patch_size}), dev);
+  if (!dev) patch.use_host_float_gemm();
+  const int side = c.image_size / c.patch_size;
+  mx::array positions = vec("v.position_embd.weight");
+  if (positions.ndim() != 2 || positions.shape(0) != side * side || positions.shape(1) != c.hidden) {
+    throw std::runtime_error(path + ": v.position_embd.weight does not match the patch grid");
+  }
+  std::vector<SiglipLayer> layers(c.layers);
+  for (int i = 0; i < c.layers; ++i) {
+    const std::string b = "v.blk." + std::to_string(i) + ".";
+    SiglipLayer& L = layers[i];
+    L.norm1 = {vec(b + "ln1.weight"), vec(b + "ln1.bias")};
+    L.norm2 = {vec(b + "ln2.weight"), vec(b + "ln2.bias")};
+    const std::vector<std::string> qkv = {b + "attn_q", b + "attn_k", b + "attn_v"};
+    L.qkv = linear(qkv);
+    L.qkv_bias = stacked_bias(qkv);
+    L.out = linear({b + "attn_out"});
+    L.out_bias = vec(b + "attn_out.bias");
+    L.fc1 = linear({b + "ffn_up"});
+    L.fc1_bias = vec(b + "ffn_up.bias");
+    L.fc2 = linear({b + "ffn_down"});
+    L.fc2_bias = vec(b + "ffn_down.bias");
+  }
+  LayerNorm post{vec("v.post_ln.weight"), vec("v.post_ln.bias")};
+  mx::array soft_norm = vec("mm.soft_emb_norm.weight");  // already 1 + w
+  mx::array proj = vec("mm.input_projection.weight");    // [vision hidden, text hidden], as HF stores it
+  if (proj.ndim() != 2 || proj.shape(0) != c.hidden) {
+    throw std::runtime_error(path + ": mm.input_projection.weight does not start at the vision hidden size");
+  }
+  const int text_hidden = proj.shape(1);
+  Linear projection = Linear::from_float(mx::contiguous(mx::transpose(proj)), dev);
+  if (!dev) projection.use_host_float_gemm();
+
+  VisionInfo info;
+  info.architecture = "gemma3";
+  info.image_size = c.image_size;
+  info.channels = c.channels;
+  info.tokens_per_image = c.tokens_per_image;
+  info.hidden_size = text_hidden;
+  return std::make_unique<Gemma3VisionTower>(c, info, std::move(patch), vec("v.patch_embd.bias"), positions,
+                                             std::move(layers), post, soft_norm, std::move(projection), dev);
+}
+
 }  // namespace
 
 std::unique_ptr<VisionTower> load_vision_tower(const std::string& dir, const Metadata& config,
                                                const LoadOptions& options) {
+  if (!std::filesystem::is_directory(dir)) return load_gemma3_mmproj(dir, options);  // a GGUF mmproj file
   const std::string type = config.get_string("model_type").value_or("");
   if (type == "gemma3") return load_gemma3_vision(dir, config, options);
   throw std::runtime_error("llmd cannot run the vision tower of model type '" + type + "' yet");

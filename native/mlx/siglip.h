@@ -31,8 +31,9 @@ class VisionTower {
 };
 
 // The vision half of a Hugging Face multimodal checkpoint directory; `config` is its whole
-// config.json flattened ("vision_config.hidden_size", "mm_tokens_per_image", ...). Throws
-// naming what is missing or unsupported (a checkpoint with no vision tower included).
+// config.json flattened ("vision_config.hidden_size", "mm_tokens_per_image", ...). When `dir`
+// is a file, it is llama.cpp's mmproj GGUF (the vision half of a GGUF model; `config` unused).
+// Throws naming what is missing or unsupported (a checkpoint with no vision tower included).
 std::unique_ptr<VisionTower> load_vision_tower(const std::string& dir, const Metadata& config,
                                                const LoadOptions& options);
 

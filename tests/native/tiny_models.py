@@ -494,6 +494,86 @@ def write_gemma3_multimodal(path: Path) -> dict:
     return config
 
 
+# llama.cpp's names for the SigLIP layer modules in an mmproj GGUF (its tensor_mapping.py).
+_MMPROJ_LAYER_NAMES = {
+    "layer_norm1": "ln1",
+    "layer_norm2": "ln2",
+    "self_attn.q_proj": "attn_q",
+    "self_attn.k_proj": "attn_k",
+    "self_attn.v_proj": "attn_v",
+    "self_attn.out_proj": "attn_out",
+    "mlp.fc1": "ffn_up",
+    "mlp.fc2": "ffn_down",
+}
+
+
+def mmproj_name(hf_name: str) -> str:
+    """gemma3_vision_weights()'s name -> the name llama.cpp's converter gives it."""
+    m = "vision_tower.vision_model."
+    top = {
+        m + "embeddings.patch_embedding.weight": "v.patch_embd.weight",
+        m + "embeddings.patch_embedding.bias": "v.patch_embd.bias",
+        m + "embeddings.position_embedding.weight": "v.position_embd.weight",
+        m + "post_layernorm.weight": "v.post_ln.weight",
+        m + "post_layernorm.bias": "v.post_ln.bias",
+        "multi_modal_projector.mm_soft_emb_norm.weight": "mm.soft_emb_norm.weight",
+        "multi_modal_projector.mm_input_projection_weight": "mm.input_projection.weight",
+    }
+    if hf_name in top:
+        return top[hf_name]
+    layer, rest = hf_name.removeprefix(m + "encoder.layers.").split(".", 1)
+    module, suffix = rest.rsplit(".", 1)
+    return f"v.blk.{layer}.{_MMPROJ_LAYER_NAMES[module]}.{suffix}"
+
+
+def write_gemma3_mmproj(path: Path, outtype: str = "F32") -> None:
+    """gemma3_vision_weights() as llama.cpp's `convert_hf_to_gguf.py --mmproj --outtype
+    f32|f16|q8_0` writes them for write_gemma3_multimodal's checkpoint (the same metadata keys,
+    names and tensor types: checked against the converter's own output by hand, see
+    tests/native/test_gemma3_mmproj.py): the soft-embedding norm stored as 1 + w, embeddings
+    in F32, the input projection in F16 whatever the outtype, other 2-D weights in `outtype`.
+    The 64 / 4 = 16-patch grid pools 4x4, llama.cpp's default, so no scale factor key."""
+    from gguf import GGMLQuantizationType, GGUFWriter, quantize
+
+    c = GEMMA3_VISION
+    w = GGUFWriter(str(path), "clip")
+    w.add_type("mmproj")
+    w.add_file_type({"F32": 0, "F16": 1, "Q8_0": 7}[outtype])
+    w.add_bool("clip.has_vision_encoder", True)
+    w.add_uint32("clip.vision.projection_dim", CONFIGS["gemma3_text"]["hidden_size"])
+    w.add_uint32("clip.vision.image_size", c["image_size"])
+    w.add_uint32("clip.vision.patch_size", c["patch_size"])
+    w.add_uint32("clip.vision.embedding_length", c["hidden_size"])
+    w.add_uint32("clip.vision.feed_forward_length", c["intermediate_size"])
+    w.add_uint32("clip.vision.block_count", c["num_hidden_layers"])
+    w.add_uint32("clip.vision.attention.head_count", c["num_attention_heads"])
+    w.add_array("clip.vision.image_mean", [0.5, 0.5, 0.5])
+    w.add_array("clip.vision.image_std", [0.5, 0.5, 0.5])
+    w.add_string("clip.projector_type", "gemma3")
+    w.add_float32("clip.vision.attention.layer_norm_epsilon", c["layer_norm_eps"])
+    w.add_bool("clip.use_gelu", True)
+    for name, x in gemma3_vision_weights().items():
+        gname = mmproj_name(name)
+        if gname == "mm.soft_emb_norm.weight":
+            x = x + 1  # Gemma3RMSNorm's (1 + w), folded in by the converter
+        x = x.astype(np.float32)
+        matrix = x.ndim == 2 and "_embd" not in gname
+        # Rows that do not fill 32-value blocks stay F16 in a q8_0 file, as the converter does.
+        if gname == "mm.input_projection.weight" or (
+            matrix and (outtype == "F16" or (outtype == "Q8_0" and x.shape[-1] % 32))
+        ):
+            x = x.astype(np.float16)
+        elif outtype == "Q8_0" and matrix:
+            q8 = GGMLQuantizationType.Q8_0
+            w.add_tensor(gname, quantize(x, q8), raw_dtype=q8)
+            continue
+        w.add_tensor(gname, x)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
 def write_safetensors(
     path: Path,
     tensors: dict[str, np.ndarray],
@@ -808,12 +888,15 @@ def write_gguf(
     extra_tensors: dict[str, np.ndarray] | None = None,
     extra_strings: dict[str, str] | None = None,
     extra_uints: dict[str, int] | None = None,
+    vocabulary: dict[int, tuple[str, int]] | None = None,
 ) -> None:
     """The same weights as a GGUF with llama.cpp's names and metadata keys, as its converter
     writes them (Gemma's norms shifted by +1). `quant`: F32, F16 or Q8_0 for 2-D weights, or
     Q8_0-as-F32 (F32 tensors holding exactly the values a Q8_0 file would). `config` replaces
     CONFIGS[arch] (arch "llama" needs one); `tensor_data(gguf_name, values)` may return
-    (data, raw GGMLQuantizationType or None for float data) to store a tensor its own way."""
+    (data, raw GGMLQuantizationType or None for float data) to store a tensor its own way.
+    `vocabulary` {id: (token, llama.cpp token type)} replaces those entries of the vocabulary
+    (special tokens a test's template writes)."""
     from gguf import GGMLQuantizationType, GGUFWriter, RopeScalingType, dequantize, quantize
 
     c = config or CONFIGS[arch]
@@ -836,14 +919,18 @@ def write_gguf(
         w.add_uint32(f"{g}.attention.sliding_window_pattern", 3)
         w.add_rope_scaling_type(RopeScalingType.LINEAR)
         w.add_rope_scaling_factor(c["rope_scaling"]["factor"])
-        w.add_final_logit_softcapping(c["final_logit_softcapping"])
+        if c["final_logit_softcapping"] is not None:
+            w.add_final_logit_softcapping(c["final_logit_softcapping"])
     # A byte-level BPE vocabulary of the model's size: llama.cpp loads no model without one.
     tokens = [f"<t{i}>" for i in range(c["vocab_size"])]
     tokens[3:7] = ["a", "b", "ab", "\u010a"]  # one merge, and the newline token it looks for
+    types = [1] * len(tokens)
+    for i, (token, kind) in (vocabulary or {}).items():
+        tokens[i], types[i] = token, kind
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("qwen2")
     w.add_token_list(tokens)
-    w.add_token_types([1] * len(tokens))
+    w.add_token_types(types)
     w.add_token_merges(["a b"])
     w.add_bos_token_id(c["bos_token_id"])
     w.add_eos_token_id(c["eos_token_id"])

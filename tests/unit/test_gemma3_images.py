@@ -82,3 +82,25 @@ def test_pan_and_scan_crops_tile_the_long_side() -> None:
     ]
     assert pan_and_scan_boxes(896, 896, cfg) == []  # square: the image alone
     assert crop_count((1200, 600), Gemma3ImageConfig()) == 0  # off unless the config says
+
+
+def test_settings_from_an_mmproj() -> None:
+    """A GGUF Gemma 3's image settings come from llama.cpp's mmproj metadata: the released
+    896 / 14 = 64-patch grid pooled 4x4 by default (256 tokens), or by the file's
+    clip.vision.projector.scale_factor; another projector is refused."""
+    from llmd.text.gemma3_images import Gemma3ImageConfig
+
+    released = {
+        "clip.projector_type": "gemma3",
+        "clip.vision.image_size": 896,
+        "clip.vision.patch_size": 14,
+        "clip.vision.image_mean": [0.5, 0.5, 0.5],
+        "clip.vision.image_std": [0.5, 0.5, 0.5],
+    }
+    cfg = Gemma3ImageConfig.from_mmproj(released)
+    assert (cfg.height, cfg.width, cfg.tokens_per_image) == (896, 896, 256)
+    assert cfg.image_mean == (0.5, 0.5, 0.5) and not cfg.do_pan_and_scan
+    scaled = Gemma3ImageConfig.from_mmproj({**released, "clip.vision.projector.scale_factor": 2})
+    assert scaled.tokens_per_image == 32 * 32
+    with pytest.raises(ValueError, match="projector is 'qwen2vl_merger'"):
+        Gemma3ImageConfig.from_mmproj({**released, "clip.projector_type": "qwen2vl_merger"})

@@ -524,3 +524,49 @@ async def test_embedding_and_reranker_repos_are_pulled_with_their_kind(
     assert (record.kind, record.pooling, record.normalize) == ("embed", "last", True)
     assert (Path(record.path) / "1_Pooling" / "config.json").is_file()
     assert store.get("hf.co/test-org/tiny-Reranker").kind == "rerank"
+
+
+MMPROJ_FIXTURE = Path(__file__).parents[1] / "fixtures" / "gemma3_mmproj_llamacpp_f16.gguf"
+
+
+async def test_gguf_pull_fetches_the_repos_mmproj(
+    hub: FakeHub, llmd_home: Path, tmp_path: Path
+) -> None:
+    """A repo that ships llama.cpp's vision tower beside its quantizations: the pull fetches
+    the F16 mmproj (not the F32 one, not as the model), verified, recorded in the manifest,
+    and removing the model frees it."""
+    small = tiny_gguf(tmp_path / "tiny.gguf")
+    f32 = tmp_path / "mmproj-F32.gguf"
+    f32.write_bytes(MMPROJ_FIXTURE.read_bytes() + b"\0" * 64)  # another file, another digest
+    hub.add_repo(
+        "test-org/tiny-vision-GGUF",
+        {"tiny-Q8_0.gguf": small, "mmproj-F16.gguf": MMPROJ_FIXTURE, "mmproj-F32.gguf": f32},
+    )
+    m = manager()
+    try:
+        events, final = await pull(m, "hf.co/test-org/tiny-vision-GGUF:Q8_0")
+    finally:
+        await m.close()
+    assert final["status"] == "success", final
+    assert any(e["status"] == "pulling the vision tower mmproj-F16.gguf" for e in events)
+    store = ModelStore(get_paths())
+    [record] = store.list()
+    assert sha256(Path(record.path)) == sha256(small)
+    assert sha256(Path(record.mmproj)) == sha256(MMPROJ_FIXTURE)
+    assert hub.requests("cdn", "mmproj-F16.gguf") and not hub.requests("cdn", "mmproj-F32.gguf")
+    assert sorted(blob_files(llmd_home)) == sorted(
+        f"sha256-{sha256(p)}" for p in (small, MMPROJ_FIXTURE)
+    )
+    store.remove(record.name)
+    assert blob_files(llmd_home) == []
+
+
+async def test_gguf_pull_without_an_mmproj_records_none(hub: FakeHub, llmd_home: Path) -> None:
+    m = manager()
+    try:
+        _, final = await pull(m, "hf.co/test-org/tiny-GGUF:Q8_0")
+    finally:
+        await m.close()
+    assert final["status"] == "success", final
+    [record] = ModelStore(get_paths()).list()
+    assert record.mmproj == ""

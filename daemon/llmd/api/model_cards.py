@@ -11,6 +11,8 @@ length` or the model's own metadata says it will be), under the names clients lo
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 from llmd.runtime.model_registry import ModelRegistry
@@ -43,10 +45,23 @@ def served_context(registry: ModelRegistry, record: ModelRecord) -> int | None:
     return int(trained) if trained else None
 
 
+def sees_images(record: ModelRecord) -> bool:
+    """Whether the worker will run a vision tower for the model (worker/vision.py): a GGUF
+    Gemma 3 pulled with its repo's llama.cpp mmproj, or a Gemma 3 multimodal checkpoint
+    directory. What clients read before they offer image input (Ollama's `vision`)."""
+    if record.format == "gguf":
+        return bool(record.mmproj) and record.architecture == "gemma3"
+    try:
+        config = json.loads((Path(record.path) / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return config.get("model_type") == "gemma3" and isinstance(config.get("vision_config"), dict)
+
+
 def capabilities(record: ModelRecord) -> dict[str, bool]:
     """What requests the model serves: tools for every chat model (native markup or llmd's
     fallback prompt), reasoning for thinking templates; embeddings and rerank from the kind
-    decided at pull (model_kind.py); vision is not served by llmd yet."""
+    decided at pull (model_kind.py); vision for a model whose vision tower llmd runs."""
     kind = record_kind(record).kind
     template = facts_of(record).get("template") or "" if kind == "generate" else ""
     return {
@@ -54,7 +69,7 @@ def capabilities(record: ModelRecord) -> dict[str, bool]:
         "chat": bool(template),
         "tools": bool(template),
         "reasoning": bool(template) and reasoning_support(template, None).is_reasoning_model,
-        "vision": False,
+        "vision": kind == "generate" and sees_images(record),
         "embeddings": kind == "embed",
         "rerank": kind == "rerank",
     }

@@ -28,7 +28,7 @@ from pydantic import Field
 
 from llmd import __version__
 from llmd.api.http_common import REGISTRY, STORE, add_error_shape, json_body, stream_ndjson
-from llmd.api.model_cards import facts_of, served_context
+from llmd.api.model_cards import facts_of, sees_images, served_context
 from llmd.api.ollama_api import (
     OllamaSchema,
     chat,
@@ -112,16 +112,17 @@ def model_info(record: ModelRecord, *, verbose: bool = False) -> dict[str, Any]:
     return info
 
 
-def capabilities(template: str, kind: str = "generate") -> list[str]:
+def capabilities(template: str, kind: str = "generate", vision: bool = False) -> list[str]:
     """completion for generation models (tools for every chat model: llmd offers tools
     natively or through its fallback prompt, and enforces a forced call by grammar; thinking
-    for reasoning templates); embedding for embedding models, as Ollama lists them; rerank
-    for rerankers (not an Ollama capability: llmd's own word)."""
+    for reasoning templates; vision where llmd runs the model's vision tower); embedding for
+    embedding models, as Ollama lists them; rerank for rerankers (not an Ollama capability:
+    llmd's own word)."""
     if kind == "embed":
         return ["embedding"]
     if kind == "rerank":
         return ["rerank"]
-    caps = ["completion"]
+    caps = ["completion", *(["vision"] if vision else [])]
     if template:
         caps.append("tools")
         if template_thinks(template):
@@ -220,7 +221,9 @@ async def show(request: web.Request) -> web.Response:
         "license": facts.get("license") or "",
         "details": await asyncio.to_thread(details, record),
         "model_info": info,
-        "capabilities": capabilities(template, record_kind(record).kind),
+        "capabilities": capabilities(
+            template, record_kind(record).kind, await asyncio.to_thread(sees_images, record)
+        ),
         "modified_at": rfc3339(record.modified),
     }
     return web.json_response(body)

@@ -195,6 +195,7 @@ class ModelRegistry:
             kv_disk_dir=self.kv_disk_dir,
             model_digest=record.digest or None,
             draft_model=draft_path,
+            mmproj=record.mmproj or None,
         )
 
     def _estimate(self, record: ModelRecord) -> int:

@@ -38,6 +38,7 @@ class WorkerLauncher(Protocol):
         kv_disk_dir: str | None = None,
         model_digest: str | None = None,
         draft_model: str | None = None,
+        mmproj: str | None = None,
     ) -> tuple[list[str], dict[str, str]]: ...
 
 
@@ -98,6 +99,7 @@ class WorkerClient:
         kv_disk_dir: str | None = None,
         model_digest: str | None = None,
         draft_model: str | None = None,
+        mmproj: str | None = None,
     ) -> None:
         self.model_path = model_path
         self.context_length = context_length
@@ -113,6 +115,7 @@ class WorkerClient:
         self.kv_disk_dir = kv_disk_dir
         self.model_digest = model_digest
         self.draft_model = draft_model  # file of a draft model loaded beside it, if any
+        self.mmproj = mmproj  # a GGUF model's vision tower (llama.cpp's mmproj file), if any
         self.launcher = launcher or default_launcher()
         self.name = name or model_path
         self.ready: p.Ready | None = None
@@ -138,6 +141,7 @@ class WorkerClient:
             "kv_disk_dir": self.kv_disk_dir,
             "model_digest": self.model_digest,
             "draft_model": self.draft_model,
+            "mmproj": self.mmproj,
         }
         options = {k: v for k, v in given.items() if v}
         argv, env = self.launcher(

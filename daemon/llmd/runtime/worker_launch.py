@@ -28,6 +28,7 @@ def worker_command(
     kv_disk_dir: str | None = None,
     model_digest: str | None = None,
     draft_model: str | None = None,
+    mmproj: str | None = None,
 ) -> tuple[list[str], dict[str, str]]:
     """argv and env (a full copy of os.environ plus BLAS settings) for one worker process."""
     argv = [sys.executable, "-m", "llmd.worker", "--model", str(model_path)]
@@ -47,6 +48,8 @@ def worker_command(
         argv += ["--model-digest", model_digest]
     if draft_model:
         argv += ["--draft-model", str(draft_model)]
+    if mmproj:
+        argv += ["--mmproj", str(mmproj)]
     env = dict(os.environ)
     env.update(blas_environment(_shim_dir()))
     n = threads or int(env.get("LLMD_THREADS", "0") or 0) or (os.cpu_count() or 1)

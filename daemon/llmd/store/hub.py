@@ -325,6 +325,31 @@ def gguf_files(info: RepoInfo) -> list[str]:
     return sorted(n for n in info.siblings if n.lower().endswith(".gguf"))
 
 
+# The mmproj precisions llmd takes, best first: float16 is what llama.cpp's repos (ggml-org,
+# unsloth, bartowski) publish and recommend (a vision tower loses more to quantization than a
+# decoder does); bf16 and f32 are exact too, q8_0 the smallest.
+_MMPROJ_PREFERENCE = ("F16", "BF16", "F32", "Q8_0")
+
+
+def choose_mmproj(info: RepoInfo, model_file: str) -> str | None:
+    """The repo's llama.cpp vision tower for `model_file`: an `mmproj*.gguf` in the same folder
+    (the repos that ship one put it beside the quantizations), in the preferred precision;
+    None when the repo has none."""
+    folder = model_file.rpartition("/")[0]
+    return pick_mmproj([f for f in gguf_files(info) if f.rpartition("/")[0] == folder])
+
+
+def pick_mmproj(names: list[str]) -> str | None:
+    """The llama.cpp vision tower among GGUF file names (`mmproj*.gguf`), in the preferred
+    precision; None when there is none."""
+    found = sorted(n for n in names if n.rpartition("/")[2].lower().startswith("mmproj"))
+    for tag in _MMPROJ_PREFERENCE:
+        for f in found:
+            if quant_tag(f) == tag:
+                return f
+    return found[0] if found else None
+
+
 def choose_gguf(info: RepoInfo, tag: str | None) -> str:
     """The GGUF file of `info` for `tag` (by default Q4_K_M, else the most common choices);
     HubNotFound listing the tags that exist."""

@@ -7,6 +7,7 @@ model is checked, converted and described the same way whatever its source.
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import hashlib
 import json
@@ -22,6 +23,8 @@ from llmd.store.convert import ConversionError, ConversionPlan, convert_gguf, pl
 from llmd.store.dense_modules import dense_paths
 from llmd.store.engine_check import engine_refusal
 from llmd.store.gguf_layout import GGUFFormatError, GGUFLayout, read_layout
+from llmd.store.gguf_metadata import read_gguf_metadata
+from llmd.store.hub import pick_mmproj
 from llmd.store.manifests import (
     InsufficientStorage,
     Manifests,
@@ -311,7 +314,32 @@ def _import_local(
                 path, None if copying is None else (lambda done: copying(done, size))
             )
             record = gguf_record(store, name, hexdigest, layout, source)
+        mmproj = local_mmproj(path, layout)
+        if mmproj is not None:
+            record = dataclasses.replace(
+                record, mmproj=str(store.blob_path(store.add_file(mmproj, None)))
+            )
         return store.write_manifest(check_engine_loads(store, record, str(path)))
+
+
+def local_mmproj(path: Path, layout: GGUFLayout) -> Path | None:
+    """llama.cpp's vision tower beside a local GGUF (`mmproj*.gguf` in its folder, chosen as
+    from a hub repo), taken when its rows are the model's width (`clip.vision.projection_dim`
+    is the model's embedding length): a folder of downloads may hold another model's."""
+    names = [p.name for p in path.parent.glob("*.gguf") if p != path]
+    chosen = pick_mmproj(names)
+    if chosen is None:
+        return None
+    try:
+        meta = read_gguf_metadata(path.parent / chosen)
+    except (OSError, ValueError):
+        return None
+    width = meta.get("clip.vision.projection_dim")
+    return (
+        path.parent / chosen
+        if width and width == layout.get(f"{layout.architecture}.embedding_length")
+        else None
+    )
 
 
 def _mode(path: Path) -> int:

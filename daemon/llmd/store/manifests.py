@@ -105,6 +105,9 @@ class ModelRecord:
     # The draft model it loads beside it for speculative decoding (`llmd set NAME
     # --draft-model D`, an installed name with the same vocabulary); "": the daemon's.
     draft_model: str = ""
+    # A GGUF model's vision tower: the blob of the repo's llama.cpp `mmproj*.gguf`, fetched
+    # with the model at pull time; "": none (the model refuses images).
+    mmproj: str = ""
 
     def to_json(self) -> dict[str, object]:
         return asdict(self)
@@ -119,8 +122,9 @@ class ModelRecord:
     def blob_digests(self) -> set[str]:
         """Hex digests of every blob this model uses."""
         out = {f["digest"].removeprefix("sha256:") for f in self.files if f.get("digest")}
-        if Path(self.path).parent.name == "blobs":
-            out.add(Path(self.path).name.removeprefix("sha256-"))
+        for path in (self.path, self.mmproj):
+            if path and Path(path).parent.name == "blobs":
+                out.add(Path(path).name.removeprefix("sha256-"))
         return out
 
 

@@ -38,6 +38,16 @@ def describe(record: ModelRecord) -> dict[str, Any]:
         facts["files"] = [
             {"name": upstream, "path": str(path), "digest": record.digest, "size": record.size}
         ]
+        mmproj = Path(record.mmproj) if record.mmproj else None
+        if mmproj is not None and mmproj.exists():  # llama.cpp's vision tower, pulled with it
+            facts["files"].append(
+                {
+                    "name": "mmproj (vision tower)",
+                    "path": str(mmproj),
+                    "digest": "sha256:" + mmproj.name.removeprefix("sha256-"),
+                    "size": mmproj.stat().st_size,
+                }
+            )
     else:
         facts.update(_tree_facts(path))
         facts["files"] = list(record.files) or [

@@ -54,6 +54,7 @@ from llmd.store.hub import (
     RemoteFile,
     RepoInfo,
     choose_gguf,
+    choose_mmproj,
     gguf_files,
     hub_endpoint,
     hub_token,
@@ -411,13 +412,18 @@ class PullManager:
             )
         sha = remote.sha256
         what = f"hf.co/{info.repo}/{filename}"
+        mmproj = await self._mmproj_remote(hub, info, filename)
         source = f"hf:{info.repo}@{remote.revision}/{filename}"
         license = target.entry.license if target.entry else ""
         reuse = converted_blob_for(self.store, f"sha256:{sha}")
         if reuse is not None:  # converted before: no download, no conversion
             job.emit({"status": "writing manifest"})
             record = dataclasses.replace(
-                reuse, name=target.name, source=source, modified=time.time()
+                reuse,
+                name=target.name,
+                source=source,
+                modified=time.time(),
+                mmproj=await self._pull_mmproj(job, hub, mmproj),
             )
             return self.store.write_manifest(record)
         layout: GGUFLayout
@@ -427,7 +433,7 @@ class PullManager:
             layout = await self.downloader.probe_gguf(hub, remote)
         plan = check_gguf(layout, what)
         plan.source_size = remote.size
-        self._check_disk(target.name, [remote], plan)
+        self._check_disk(target.name, [remote, *([mmproj] if mmproj else [])], plan)
         await self._download(job, hub, remote)
         blob = self.store.blob_path(sha)
         try:
@@ -451,6 +457,7 @@ class PullManager:
             source_digest=f"sha256:{sha}",
             license=license,
         )
+        record = dataclasses.replace(record, mmproj=await self._pull_mmproj(job, hub, mmproj))
         job.emit({"status": "checking that the engine loads it"})
         try:
             record = await asyncio.to_thread(check_engine_loads, self.store, record, what)
@@ -458,6 +465,30 @@ class PullManager:
         finally:  # installed or refused, the unconverted original is of no use unless shared
             if final != sha and not any(sha in r.blob_digests() for r in self.store.list()):
                 blob.unlink(missing_ok=True)
+
+    async def _mmproj_remote(
+        self, hub: HubClient, info: RepoInfo, filename: str
+    ) -> RemoteFile | None:
+        """The repo's llama.cpp vision tower for `filename` (hub.choose_mmproj), if it ships
+        one: fetched with the model so a multimodal GGUF sees images, as llama-server's `-hf`
+        does. Refused like the model when the hub gives no sha256 to verify it by."""
+        name = choose_mmproj(info, filename)
+        if name is None:
+            return None
+        remote = await self._remote(hub, info, name)
+        if remote.sha256 is None:
+            raise HubError(
+                f"{name} in {info.repo} has no LFS sha256 on the hub, so llmd cannot verify "
+                "it; refusing to install unverified weights"
+            )
+        return remote
+
+    async def _pull_mmproj(self, job: PullJob, hub: HubClient, remote: RemoteFile | None) -> str:
+        """The mmproj's verified blob (the manifest's `mmproj`), or "" without one."""
+        if remote is None:
+            return ""
+        job.emit({"status": f"pulling the vision tower {remote.filename}"})
+        return str(self.store.blob_path(await self._download(job, hub, remote)))
 
     async def _pull_tree(
         self, job: PullJob, hub: HubClient, target: _Target, info: RepoInfo

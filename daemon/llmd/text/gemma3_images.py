@@ -77,6 +77,26 @@ class Gemma3ImageConfig:
                 fields[key] = tuple(float(v) for v in value)
         return cls(**{k: v for k, v in fields.items() if v is not None})
 
+    @classmethod
+    def from_mmproj(cls, meta: dict[str, Any]) -> Gemma3ImageConfig:
+        """From llama.cpp's mmproj GGUF metadata (`clip.vision.*`, as its converter writes
+        it from the same checkpoint): the square image size, mean and std; the tokens per
+        image are the patch grid pooled by `clip.vision.projector.scale_factor` (4 when
+        absent, as llama.cpp reads it). An mmproj keeps no pan-and-scan settings and llama.cpp
+        never pans and scans: off. ValueError for an mmproj of another projector."""
+        projector = meta.get("clip.projector_type")
+        if projector != "gemma3":
+            raise ValueError(f"the mmproj's projector is {projector!r}, not Gemma 3's")
+        size = int(meta["clip.vision.image_size"])
+        patch = int(meta["clip.vision.patch_size"])
+        side = size // patch // int(meta.get("clip.vision.projector.scale_factor", 4))
+        fields: dict[str, Any] = {"height": size, "width": size, "tokens_per_image": side * side}
+        for key in ("image_mean", "image_std"):
+            value = meta.get(f"clip.vision.{key}")
+            if value is not None:
+                fields[key] = tuple(float(v) for v in value)
+        return cls(**fields)
+
 
 def pan_and_scan_boxes(
     width: int, height: int, cfg: Gemma3ImageConfig

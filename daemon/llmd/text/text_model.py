@@ -110,7 +110,9 @@ def _stop_ids(tokenizer: Tokenizer, declared: list[int | None]) -> list[int]:
     return ids
 
 
-def load_gguf_text_model(path: Path) -> TextModel:
+def load_gguf_text_model(path: Path, mmproj: Path | None = None) -> TextModel:
+    """A GGUF file's text side; with `mmproj` (llama.cpp's vision tower file beside a
+    Gemma 3 GGUF), how its images are preprocessed and laid out too."""
     meta = read_gguf_metadata(path)
     arch = meta.get("general.architecture", "llama")
     tokens: list[str] = meta["tokenizer.ggml.tokens"]
@@ -134,7 +136,21 @@ def load_gguf_text_model(path: Path) -> TextModel:
         context_length=int(meta.get(f"{arch}.context_length", 4096)),
         special_ids={i for i, t in enumerate(types) if t == CONTROL},
         add_eos_id=eos_id if meta.get("tokenizer.ggml.add_eos_token") else None,
+        image_config=_mmproj_image_config(mmproj, arch, tokens) if mmproj else None,
     )
+
+
+def _mmproj_image_config(mmproj: Path, arch: str, tokens: list[str]) -> Gemma3ImageConfig | None:
+    """The image settings of a GGUF Gemma 3 with an mmproj whose tower the worker runs; None
+    (images refused) for another architecture or a vocabulary without Gemma 3's image
+    tokens or an mmproj llmd cannot read (the worker then runs no tower either)."""
+    if arch != "gemma3" or "<image_soft_token>" not in tokens:
+        return None
+    try:
+        return Gemma3ImageConfig.from_mmproj(read_gguf_metadata(mmproj))
+    except (OSError, ValueError, KeyError) as exc:  # the text model still serves
+        log.warning("images off: the mmproj %s cannot be read: %s", mmproj, exc)
+        return None
 
 
 def _token_text(value: Any) -> str:
@@ -207,16 +223,16 @@ def _image_config(path: Path, config: dict[str, Any]) -> Gemma3ImageConfig | Non
     return Gemma3ImageConfig.from_hf(pre, config)
 
 
-def load_text_model(path: Path) -> TextModel:
-    """A GGUF file's or a Hugging Face directory's text side."""
-    return load_dir_text_model(path) if path.is_dir() else load_gguf_text_model(path)
+def load_text_model(path: Path, mmproj: Path | None = None) -> TextModel:
+    """A GGUF file's (with its mmproj, if any) or a Hugging Face directory's text side."""
+    return load_dir_text_model(path) if path.is_dir() else load_gguf_text_model(path, mmproj)
 
 
 def load_served_text_model(record: ModelRecord) -> TextModel:
     """The text side of a model about to be served (the registry's `load_text`): an
     unsupported tokenizer is the client's 400, an unreadable file the server's 500."""
     try:
-        text = load_text_model(Path(record.path))
+        text = load_text_model(Path(record.path), Path(record.mmproj) if record.mmproj else None)
     except UnsupportedTokenizer as exc:
         raise ApiError(
             400, f"model '{record.name}' cannot be served: {exc}", param="model"

@@ -26,7 +26,7 @@ from llmd.runtime.blas import loaded_blas
 from llmd.store.dense_modules import DenseHead
 from llmd.store.vocabulary import vocabulary_mismatch
 from llmd.worker.grammar import GrammarFactory
-from llmd.worker.model_digest import model_digest
+from llmd.worker.model_digest import model_digest, with_vision_tower
 from llmd.worker.pooled import PooledRequests
 from llmd.worker.vision import ImageEncoder, ImageRequests
 
@@ -347,6 +347,11 @@ def main(argv: list[str] | None = None) -> int:
         help="a model with the same vocabulary, loaded beside the model to draft tokens for "
         "speculative decoding (requests with draft_model)",
     )
+    parser.add_argument(
+        "--mmproj",
+        default="",
+        help="llama.cpp's mmproj GGUF of a GGUF model: its vision tower (images in)",
+    )
     args = parser.parse_args(argv)
 
     writer = Writer(sys.stdout.buffer)
@@ -371,6 +376,8 @@ def main(argv: list[str] | None = None) -> int:
     digest = args.model_digest
     if kv_disk and not digest:
         digest = model_digest(args.model)
+    if kv_disk and args.mmproj:
+        digest = with_vision_tower(digest, args.mmproj)
     if args.draft_model:
         # Token ids pass between the two models: the same count of tokens (the engine's own
         # check) is not enough, every id must be the same token.
@@ -413,7 +420,9 @@ def main(argv: list[str] | None = None) -> int:
         return 3
     images = None
     try:
-        encoder = ImageEncoder.load(args.model, engine, multimodal_config(args.model))
+        encoder = ImageEncoder.load(
+            args.model, engine, multimodal_config(args.model), args.mmproj or None
+        )
     except Exception as exc:  # noqa: BLE001 - the text model still serves; images are refused
         print(f"llmd worker: images off: {exc}", file=sys.stderr, flush=True)
         encoder = None

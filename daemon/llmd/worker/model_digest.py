@@ -21,6 +21,18 @@ def _file_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
+def with_vision_tower(digest: str, mmproj: str) -> str:
+    """The digest of a GGUF model served with an mmproj: an image's KV rows come from the
+    tower's embeddings (their ids only from the pixels), so another mmproj beside the same
+    model (another precision) must key other blocks. A store blob is named by its sha256
+    (checked at pull): read from the name, not hashed again."""
+    path = Path(mmproj)
+    name = path.name.removeprefix("sha256-")
+    stored = path.parent.name == "blobs" and len(name) == 64 and name != path.name
+    tower = f"sha256:{name}" if stored else model_digest(mmproj)
+    return "sha256:" + hashlib.sha256(f"{digest} {tower}".encode()).hexdigest()
+
+
 def model_digest(model: str) -> str:
     """``sha256:<hex>`` of a model file, or of a directory's sorted (name, sha256) lines."""
     path = Path(model)

@@ -93,6 +93,17 @@ def gemma3_layout(config: dict[str, Any]) -> ImageLayout:
     return ImageLayout(int(token), int(config.get("mm_tokens_per_image", 256)), True)
 
 
+def gemma3_gguf_layout(tokens: list[str], rows: int) -> ImageLayout:
+    """A GGUF Gemma 3's, its vision tower from an mmproj: the vocabulary's
+    `<image_soft_token>` once per row (llama.cpp's GGUFs keep Gemma 3's whole vocabulary, image
+    tokens included), `rows` from the mmproj's pooled grid."""
+    try:
+        token = tokens.index("<image_soft_token>")
+    except ValueError:
+        raise ValueError("the model's vocabulary has no <image_soft_token>") from None
+    return ImageLayout(token, rows, True)
+
+
 def decode_pixels(data: str, shape: list[int]) -> np.ndarray:
     """An ImageInput's base64 float32 pixels as a (channels, height, width) array; ValueError
     when the bytes do not fill the shape or hold a non-finite value."""
@@ -158,23 +169,42 @@ class ImageEncoder:
 
     @classmethod
     def load(
-        cls, model_path: str, engine: Any, config: dict[str, Any] | None
+        cls,
+        model_path: str,
+        engine: Any,
+        config: dict[str, Any] | None,
+        mmproj: str | None = None,
     ) -> ImageEncoder | None:
-        """The encoder of a multimodal checkpoint whose images the engine can take, else None
-        (a GGUF file, a text-only checkpoint, or an architecture or backend without image
-        support: the daemon then refuses images for this model)."""
-        if config is None or config.get("model_type") != "gemma3" or not engine.accepts_embeddings:
+        """The encoder of a multimodal checkpoint, or of a GGUF model with llama.cpp's
+        `mmproj` file beside it, whose images the engine can take, else None (a GGUF file
+        without an mmproj, a text-only checkpoint, or an architecture or backend without image
+        support: the daemon then refuses images for this model). Raises ValueError naming
+        what does not fit (an mmproj for another architecture or another hidden size)."""
+        if not engine.accepts_embeddings:
             return None
         from llmd import _engine
 
         backend = engine.info()["backend"]
-        tower = _engine.VisionTower(model_path, config, backend=backend)
+        if mmproj:
+            from llmd.store.gguf_metadata import read_gguf_metadata
+
+            arch = engine.info()["architecture"]
+            if arch != "gemma3":
+                raise ValueError(f"llmd runs mmproj vision towers for gemma3 only, not {arch}")
+            tower = _engine.VisionTower(mmproj, {}, backend=backend)
+            tokens = read_gguf_metadata(model_path).get("tokenizer.ggml.tokens", [])
+            layout = gemma3_gguf_layout(tokens, tower.tokens_per_image)
+        elif config is not None and config.get("model_type") == "gemma3":
+            tower = _engine.VisionTower(model_path, config, backend=backend)
+            layout = gemma3_layout(config)
+        else:
+            return None
         if tower.hidden_size != engine.info()["hidden_size"]:
             raise ValueError(
                 f"the vision projector gives {tower.hidden_size} values per row, "
                 f"the text model takes {engine.info()['hidden_size']}"
             )
-        return cls(tower, gemma3_layout(config), engine)
+        return cls(tower, layout, engine)
 
     def pixels(self, images: list[Any]) -> list[np.ndarray]:
         """A request's ImageInputs decoded; ValueError naming one the tower cannot read."""
