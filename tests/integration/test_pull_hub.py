@@ -69,6 +69,20 @@ def make_q5_0(src: Path, dst: Path) -> Path:
     return dst
 
 
+def _interruptible() -> None:
+    """Popen's preexec_fn for the Ctrl-C tests: the pull CLI starts with SIGINT at its default
+    and unblocked, as from a shell. A child inherits an ignored SIGINT (and the signal mask) from
+    the test process, where an earlier test's in-process code may have left it so; Python then
+    keeps ignoring it, and the pull ran to its end (exit 0) in the full suite."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
+def _sigint_state() -> str:
+    blocked = signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, set())
+    return f"test process: SIGINT handler {signal.getsignal(signal.SIGINT)!r}, blocked {blocked}"
+
+
 @pytest.fixture(scope="module")
 def hub(model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[FakeHub]:
     q5 = make_q5_0(model_path, tmp_path_factory.mktemp("hub") / Q5)
@@ -206,8 +220,14 @@ def test_two_clients_share_one_download_and_ctrl_c_leaves_it_running(
         # Slow enough (~8 s for the file) that Ctrl-C lands mid-download even on a loaded
         # machine: at 1.6 s a busy CI box once let the pull finish before the signal was sent.
         hub.chunk_delay = 0.02
+        state = _sigint_state()
         proc = subprocess.Popen(
-            cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+            cmd,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            preexec_fn=_interruptible,
         )
         deadline = time.monotonic() + 30
         while hub.served[Q4] - before < 20_000_000 and time.monotonic() < deadline:
@@ -215,7 +235,10 @@ def test_two_clients_share_one_download_and_ctrl_c_leaves_it_running(
         proc.send_signal(signal.SIGINT)
         _, stderr = proc.communicate(timeout=30)
         hub.chunk_delay = 0.004
-        assert proc.returncode == 130 and "the pull goes on in the daemon" in stderr
+        assert proc.returncode == 130 and "the pull goes on in the daemon" in stderr, (
+            state,
+            stderr,
+        )
         status, running = api(daemon, "/v1/models/pulls")
         assert status == 200 and [j["model"] for j in running["data"]] == [name]
         deadline = time.monotonic() + 30
@@ -286,8 +309,14 @@ def test_pull_without_a_daemon_uses_a_temporary_one_and_ctrl_c_resumes_later(
     try:
         hub.chunk_delay = 0.02  # ~8 s for the file: Ctrl-C lands mid-download even under load
         before = hub.served[Q4]
+        state = _sigint_state()
         proc = subprocess.Popen(
-            cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+            cmd,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            preexec_fn=_interruptible,
         )
         deadline = time.monotonic() + 60
         while hub.served[Q4] - before < 20_000_000 and time.monotonic() < deadline:
@@ -295,7 +324,10 @@ def test_pull_without_a_daemon_uses_a_temporary_one_and_ctrl_c_resumes_later(
         proc.send_signal(signal.SIGINT)
         _, stderr = proc.communicate(timeout=60)
         hub.chunk_delay = 0.004
-        assert proc.returncode == 130 and "temporary" in stderr and "resumes it" in stderr
+        assert proc.returncode == 130 and "temporary" in stderr and "resumes it" in stderr, (
+            state,
+            stderr,
+        )
         assert not (home / "run" / "llmd.sock").exists()  # the temporary daemon is gone
         blobs = home / "data/models/blobs"
         assert sorted(p.suffix for p in blobs.iterdir()) == [".json", ".partial"]
