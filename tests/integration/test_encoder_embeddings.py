@@ -223,8 +223,16 @@ def test_a_worker_dying_mid_request_is_retried_once(encoders: LiveServer) -> Non
     httpx.post(encoders.base_url + "/v1/embeddings", json={"model": "nomic-mrl", "input": "w5"})
 
     def pid() -> int:
-        models = httpx.get(encoders.base_url + "/status").json()["models"]
-        return next(m["pid"] for m in models if m["name"] == "nomic-mrl" and m["state"] == "ready")
+        # The model's ready worker; right after a retried request its replacement may still be
+        # reporting another state for a moment (seen once in CI), so wait for it.
+        deadline = time.monotonic() + 30
+        while True:
+            models = httpx.get(encoders.base_url + "/status").json()["models"]
+            ready = [m["pid"] for m in models if m["name"] == "nomic-mrl" and m["state"] == "ready"]
+            if ready:
+                return ready[0]
+            assert time.monotonic() < deadline, f"no ready worker for nomic-mrl: {models}"
+            time.sleep(0.1)
 
     first = pid()
     result: dict = {}
