@@ -76,7 +76,8 @@ def check_gguf(layout: GGUFLayout, what: str) -> ConversionPlan:
 def gguf_kind(layout: GGUFLayout, what: str) -> ModelKind:
     """The GGUF's kind (model_kind.py); UnsupportedModel for one llmd cannot serve yet."""
     try:
-        kind = kind_of_gguf(layout.get, layout.architecture, what)
+        classifier = any(t.name == "cls.output.weight" for t in layout.tensors)
+        kind = kind_of_gguf(layout.get, layout.architecture, what, classifier=classifier)
         return check_architecture(kind, layout.architecture, what)
     except KindError as exc:
         raise UnsupportedModel(str(exc)) from exc

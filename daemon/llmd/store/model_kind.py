@@ -17,7 +17,9 @@ How the kind is decided (issue 23, phase 1):
   by default.
 - **Cross-encoders** (bge-reranker, ms-marco MiniLM): a reranker directory whose config names
   a ``*ForSequenceClassification`` architecture of an encoder family, or an encoder GGUF with
-  pooling_type rank; the kind records pooling "cls" (the classifier reads the CLS row).
+  pooling_type rank or, without a pooling_type, a classifier head (``cls.output``: what the
+  converter writes for bge-reranker-v2-m3); the kind records pooling "cls" (the classifier
+  reads the CLS row).
 - **Rerankers:** a Qwen3-Reranker is a plain ``Qwen3ForCausalLM`` with no marker in its files,
   so a directory is a reranker when its name (the hub repo or the local directory) contains
   ``reranker`` (case-insensitive), or when the pull asks for it (``llmd pull --kind rerank``,
@@ -181,9 +183,17 @@ def _kind_of_hf_dir(directory: Path, name: str, requested: str | None) -> ModelK
     return _embed_kind(modes[0], normalize, what)
 
 
-def kind_of_gguf(get: Any, arch: str, what: str, requested: str | None = None) -> ModelKind:
-    """The kind of a GGUF file from ``{arch}.pooling_type``; `get` reads a metadata key."""
+def kind_of_gguf(
+    get: Any, arch: str, what: str, requested: str | None = None, classifier: bool = False
+) -> ModelKind:
+    """The kind of a GGUF file from ``{arch}.pooling_type``; `get` reads a metadata key.
+    `classifier`: the file has a sequence-classification head (``cls.output``). llama.cpp's
+    converter writes no pooling_type for an XLMRobertaForSequenceClassification checkpoint
+    (bge-reranker-v2-m3: llama-server is told ``--reranking``), so on an encoder that head
+    alone makes it a cross-encoder."""
     pooling = _GGUF_POOLING.get(int(get(f"{arch}.pooling_type", 0) or 0), "")
+    if not pooling and classifier and arch in ENCODER_ARCHITECTURES:
+        pooling = "rank"
     if requested == "generate" or (not pooling and requested is None):
         return GENERATE
     if pooling == "rank" or requested == "rerank":

@@ -165,14 +165,16 @@ IGNORE_MERGES_PRE = ("llama-bpe", "llama3", "llama-v3")
 SENTENCEPIECE_MODELS = ("llama", "gemma4")
 # WordPiece (encoders: BERT, nomic-bert), wpm_tokenizer.py.
 WORDPIECE_MODELS = ("bert",)
-SUPPORTED_TOKENIZER_MODELS = ("gpt2", *SENTENCEPIECE_MODELS, *WORDPIECE_MODELS)
+# SentencePiece unigram, as XLM-RoBERTa's converted files name it (unigram_tokenizer.py).
+UNIGRAM_MODELS = ("t5",)
+SUPPORTED_TOKENIZER_MODELS = ("gpt2", *SENTENCEPIECE_MODELS, *WORDPIECE_MODELS, *UNIGRAM_MODELS)
 
 
 def gguf_tokenizer_problem(model: str | None, pre: str | None) -> str | None:
     """Why llmd cannot rebuild a GGUF's tokenizer from `tokenizer.ggml.model` and
     `tokenizer.ggml.pre`, or None when it can (or the file names no tokenizer model). Pulls ask
     this of the header, before downloading the weights."""
-    if model is None or model in SENTENCEPIECE_MODELS or model in WORDPIECE_MODELS:
+    if model is None or model in SENTENCEPIECE_MODELS + WORDPIECE_MODELS + UNIGRAM_MODELS:
         return None
     if model != "gpt2":
         return (

@@ -4,7 +4,8 @@ A GGUF file carries its vocabulary (and BPE merges or SentencePiece scores) and 
 tokenizer model and pre-tokenizer; this module rebuilds the same tokenizer llama.cpp uses from
 them (checked id for id against llama.cpp's own tokenizer test data:
 tests/unit/test_llamacpp_vocabularies.py). Byte-level BPE ("gpt2") lives here, the
-SentencePiece-style models in spm_tokenizer.py. A Hugging Face directory brings its own
+SentencePiece-style models in spm_tokenizer.py, the encoders' WordPiece in wpm_tokenizer.py and
+XLM-RoBERTa's unigram vocabulary in unigram_tokenizer.py. A Hugging Face directory brings its own
 tokenizer.json.
 """
 
@@ -23,10 +24,12 @@ from llmd.store.model_support import (
     LLAMA3_PRE,
     QWEN2_PRE,
     QWEN35_PRE,
+    UNIGRAM_MODELS,
     WORDPIECE_MODELS,
     gguf_tokenizer_problem,
 )
 from llmd.text.spm_tokenizer import gemma4_tokenizer, special_tokens, spm_tokenizer
+from llmd.text.unigram_tokenizer import unigram_tokenizer
 from llmd.text.wpm_tokenizer import wpm_tokenizer
 
 # Pre-tokenizer regexes, as llama.cpp applies them per `tokenizer.ggml.pre` (src/llama-vocab.cpp)
@@ -104,10 +107,11 @@ def tokenizer_from_gguf(meta: Mapping[str, Any]) -> Tokenizer:
     if problem := gguf_tokenizer_problem(model, pre):
         raise UnsupportedTokenizer(problem)
     unk_id = meta.get("tokenizer.ggml.unknown_token_id")
-    if model in WORDPIECE_MODELS:
+    if model in WORDPIECE_MODELS or model in UNIGRAM_MODELS:
+        build = wpm_tokenizer if model in WORDPIECE_MODELS else unigram_tokenizer
         try:
-            return wpm_tokenizer(meta)
-        except ValueError as exc:  # a vocabulary without the special tokens WPM needs
+            return build(meta)
+        except ValueError as exc:  # a vocabulary without the special tokens it needs
             raise UnsupportedTokenizer(str(exc)) from exc
     if model == "llama":
         return spm_tokenizer(
