@@ -190,3 +190,29 @@ def test_host_kernels_agree_with_mlx_ops_on_odd_shapes(
     for a, b in zip(vectors["cpu"], vectors["mlx-cpu"], strict=True):
         assert _cosine(a, b) >= 0.99999
         assert np.allclose(a, b, rtol=1e-3, atol=1e-4)
+
+
+XLMR = json.loads((Path(__file__).parents[1] / "fixtures" / "xlmr_gguf_reference.json").read_text())
+
+
+@pytest.mark.parametrize("backend", ["cpu", "mlx-cpu"])
+def test_xlm_roberta_gguf_files_from_llamacpps_converter(backend: str) -> None:
+    """BGE-M3-style and bge-reranker-v2-m3-style files as convert_hf_to_gguf.py writes them
+    (position rows before padding_idx + 1 dropped, a one-label head as cls / cls.output, no
+    token types): sentence-transformers' embeddings and CrossEncoder scores
+    (tests/fixtures/record_xlmr_gguf.py)."""
+    fixtures = Path(__file__).parents[1] / "fixtures"
+    fx = XLMR["embed"]
+    engine = native.Engine(str(fixtures / "xlmr_unigram_embed.gguf"), backend=backend)
+    got = _embed(engine, [item["ids"] for item in fx["items"]], fx)
+    for ev, item in zip(got, fx["items"], strict=True):
+        assert ev["type"] == "done", ev
+        assert _cosine(ev["values"], item["embedding"]) >= 0.9999, (item["text"], backend)
+    engine.shutdown()
+    engine = native.Engine(str(fixtures / "xlmr_unigram_rerank.gguf"), backend=backend)
+    items = XLMR["rerank"]["items"]
+    got = _embed(engine, [i["ids"] for i in items], {"pooling": "cls", "normalize": False})
+    for ev, item in zip(got, items, strict=True):
+        assert ev["type"] == "done" and len(ev["values"]) == 1
+        assert abs(1 / (1 + np.exp(-ev["values"][0])) - item["score"]) < 1e-4, item["document"]
+    engine.shutdown()

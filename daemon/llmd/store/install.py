@@ -62,7 +62,7 @@ def check_gguf(layout: GGUFLayout, what: str) -> ConversionPlan:
     if not gguf_architecture_supported(arch):
         raise UnsupportedModel(unsupported_gguf_message(arch, what))
     problem = gguf_tokenizer_problem(
-        layout.get("tokenizer.ggml.model"), layout.get("tokenizer.ggml.pre")
+        layout.get("tokenizer.ggml.model"), layout.get("tokenizer.ggml.pre"), arch
     )
     if problem:
         raise UnsupportedModel(f"{what}: {problem}")

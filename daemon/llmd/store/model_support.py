@@ -165,15 +165,29 @@ IGNORE_MERGES_PRE = ("llama-bpe", "llama3", "llama-v3")
 SENTENCEPIECE_MODELS = ("llama", "gemma4")
 # WordPiece (encoders: BERT, nomic-bert), wpm_tokenizer.py.
 WORDPIECE_MODELS = ("bert",)
-# SentencePiece unigram, as XLM-RoBERTa's converted files name it (unigram_tokenizer.py).
+# SentencePiece unigram, as llama.cpp's converter names XLM-RoBERTa's vocabulary
+# (unigram_tokenizer.py), and the architectures it is rebuilt for: XLM-R's encoders, written as
+# `bert`. The rebuild wraps inputs as XLM-R does ("<s> A </s>"); T5 and other unigram models
+# add their special tokens otherwise, so they stay refused.
 UNIGRAM_MODELS = ("t5",)
+UNIGRAM_ARCHITECTURES = ("bert",)
 SUPPORTED_TOKENIZER_MODELS = ("gpt2", *SENTENCEPIECE_MODELS, *WORDPIECE_MODELS, *UNIGRAM_MODELS)
 
 
-def gguf_tokenizer_problem(model: str | None, pre: str | None) -> str | None:
+def gguf_tokenizer_problem(
+    model: str | None, pre: str | None, arch: str | None = None
+) -> str | None:
     """Why llmd cannot rebuild a GGUF's tokenizer from `tokenizer.ggml.model` and
-    `tokenizer.ggml.pre`, or None when it can (or the file names no tokenizer model). Pulls ask
-    this of the header, before downloading the weights."""
+    `tokenizer.ggml.pre` (for `arch`, its general.architecture), or None when it can (or the
+    file names no tokenizer model). Pulls ask this of the header, before downloading the
+    weights."""
+    if model in UNIGRAM_MODELS and arch not in UNIGRAM_ARCHITECTURES:
+        return (
+            f"GGUF tokenizer model '{model}' (SentencePiece unigram) is supported for "
+            f"XLM-RoBERTa encoders (architecture {', '.join(UNIGRAM_ARCHITECTURES)}) only, "
+            f"not for '{arch or 'unknown'}'; the model's Hugging Face repository (safetensors "
+            "with tokenizer.json) can be pulled instead"
+        )
     if model is None or model in SENTENCEPIECE_MODELS + WORDPIECE_MODELS + UNIGRAM_MODELS:
         return None
     if model != "gpt2":

@@ -104,7 +104,7 @@ def tokenizer_from_gguf(meta: Mapping[str, Any]) -> Tokenizer:
     pre = meta.get("tokenizer.ggml.pre", "")
     tokens: list[str] = meta["tokenizer.ggml.tokens"]
     types: list[int] = meta.get("tokenizer.ggml.token_type", [1] * len(tokens))
-    if problem := gguf_tokenizer_problem(model, pre):
+    if problem := gguf_tokenizer_problem(model, pre, meta.get("general.architecture")):
         raise UnsupportedTokenizer(problem)
     unk_id = meta.get("tokenizer.ggml.unknown_token_id")
     if model in WORDPIECE_MODELS or model in UNIGRAM_MODELS:

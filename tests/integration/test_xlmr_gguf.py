@@ -1,0 +1,106 @@
+"""XLM-RoBERTa GGUF files as llama.cpp's converter writes BGE-M3 / multilingual-e5 and
+bge-reranker-v2-m3 (architecture ``bert``, a SentencePiece unigram vocabulary), pulled into
+`llmd serve` and asked as a user would, with the official `openai` and `ollama` clients and
+/v1/rerank: texts in several scripts are tokenized as transformers tokenizes them, embedded as
+sentence-transformers embeds them, and documents ranked as its CrossEncoder ranks them
+(tests/fixtures/xlmr_gguf_reference.json, recorded with the files by
+tests/fixtures/record_xlmr_gguf.py)."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+from openai import OpenAI
+
+from tests.conftest import LiveServer, run_llmd, short_home, start_server, stop_server
+
+pytest.importorskip("llmd._engine", reason="the native engine (llmd._engine) is not built")
+
+FIXTURES = Path(__file__).parents[1] / "fixtures"
+REFERENCE = json.loads((FIXTURES / "xlmr_gguf_reference.json").read_text())
+
+
+def _cosine(a: list[float], b: list[float]) -> float:
+    x, y = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    return float(x @ y / (np.linalg.norm(x) * np.linalg.norm(y)))
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[LiveServer]:
+    home = short_home()
+    live = start_server(home)
+    for file, name in (("xlmr_unigram_embed.gguf", "m3"), ("xlmr_unigram_rerank.gguf", "m3-rr")):
+        pulled = run_llmd(live.env, "pull", str(FIXTURES / file), "--name", name, timeout=300)
+        assert pulled.returncode == 0, pulled.stderr
+    yield live
+    stop_server(live)
+    shutil.rmtree(home, ignore_errors=True)
+
+
+def test_openai_client_embeds_like_sentence_transformers(server: LiveServer) -> None:
+    items = REFERENCE["embed"]["items"]
+    client = OpenAI(base_url=server.base_url + "/v1", api_key="unused")
+    out = client.embeddings.create(model="m3", input=[item["text"] for item in items])
+    for got, item in zip(out.data, items, strict=True):
+        assert _cosine(got.embedding, item["embedding"]) >= 0.9999, item["text"]
+        assert abs(np.linalg.norm(got.embedding) - 1) < 1e-5
+    # the same number of tokens as XLM-R's own tokenizer (each text's ids: tests/unit)
+    assert out.usage.prompt_tokens == sum(len(item["ids"]) for item in items)
+
+
+def test_ollama_client_embeds_like_sentence_transformers(server: LiveServer) -> None:
+    import ollama
+
+    items = REFERENCE["embed"]["items"]
+    out = ollama.Client(host=server.base_url).embed(
+        model="m3", input=[item["text"] for item in items]
+    )
+    for got, item in zip(out.embeddings, items, strict=True):
+        assert _cosine(got, item["embedding"]) >= 0.9999, item["text"]
+    assert out.prompt_eval_count == sum(len(item["ids"]) for item in items)
+
+
+def test_reranker_orders_documents_like_the_cross_encoder(server: LiveServer) -> None:
+    fx = REFERENCE["rerank"]
+    documents = [item["document"] for item in fx["items"]]
+    out = httpx.post(
+        server.base_url + "/v1/rerank",
+        json={"model": "m3-rr", "query": fx["query"], "documents": documents, "top_n": 4},
+        timeout=120,
+    )
+    assert out.status_code == 200, out.text
+    results = out.json()["results"]
+    want = sorted(range(len(documents)), key=lambda i: -fx["items"][i]["score"])
+    assert [r["index"] for r in results] == want[:4]
+    for r in results:
+        assert abs(r["relevance_score"] - fx["items"][r["index"]]["score"]) < 1e-4
+    assert out.json()["usage"]["prompt_tokens"] == sum(len(i["ids"]) for i in fx["items"])
+
+
+def test_kinds_are_shown_and_the_wrong_use_refused(server: LiveServer) -> None:
+    shown = run_llmd(server.env, "show", "m3")
+    assert re.search(r"kind\s+embed \(CLS-token pooling, normalized\)", shown.stdout)
+    shown = run_llmd(server.env, "show", "m3-rr")
+    assert re.search(r"kind\s+rerank \(cross-encoder\)", shown.stdout)
+    for model, path, body in (
+        ("m3", "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}),
+        ("m3-rr", "/v1/embeddings", {"input": "hi"}),
+        ("m3", "/v1/rerank", {"query": "q", "documents": ["d"]}),
+    ):
+        refused = httpx.post(server.base_url + path, json={"model": model, **body}, timeout=60)
+        assert refused.status_code == 400, (model, path, refused.text)
+        assert refused.json()["error"]["code"] == "wrong_model_kind", refused.text
+    too_long = httpx.post(
+        server.base_url + "/v1/embeddings",
+        json={"model": "m3", "input": " ".join(["東京"] * 200)},
+        timeout=60,
+    )
+    assert too_long.status_code == 400, too_long.text
+    assert too_long.json()["error"]["code"] == "context_length_exceeded"
