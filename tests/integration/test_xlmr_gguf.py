@@ -104,3 +104,25 @@ def test_kinds_are_shown_and_the_wrong_use_refused(server: LiveServer) -> None:
     )
     assert too_long.status_code == 400, too_long.text
     assert too_long.json()["error"]["code"] == "context_length_exceeded"
+
+
+def test_ollama_keep_alive_holds_or_unloads_an_embedding_model(server: LiveServer) -> None:
+    """/api/embed's keep_alive, as Ollama's: the model stays loaded for the time asked, and 0
+    unloads it once the vectors are sent."""
+    import datetime
+    import time
+
+    import ollama
+
+    client = ollama.Client(host=server.base_url)
+    client.embed(model="m3", input="hello", keep_alive="7m")
+    loaded = {m.name: m for m in client.ps().models}
+    assert "m3" in loaded, loaded
+    left = loaded["m3"].expires_at - datetime.datetime.now(datetime.UTC)
+    assert datetime.timedelta(minutes=6) < left <= datetime.timedelta(minutes=7, seconds=5)
+    out = client.embed(model="m3", input="hello", keep_alive=0)
+    assert len(out.embeddings) == 1
+    deadline = time.monotonic() + 30
+    while "m3" in {m.name for m in client.ps().models}:
+        assert time.monotonic() < deadline, "keep_alive 0 left the model loaded"
+        time.sleep(0.2)

@@ -115,6 +115,16 @@ def test_cross_encoders_are_rerankers_with_a_classifier(tmp_path: Path) -> None:
 
     assert kind_of_gguf(rank, "bert", "f.gguf") == ModelKind("rerank", "cls")
 
+    # llama.cpp's converter writes no pooling_type for XLMRobertaForSequenceClassification
+    # (bge-reranker-v2-m3): the classifier head alone makes an encoder a cross-encoder...
+    def none(key, default=None):  # type: ignore[no-untyped-def]
+        return default
+
+    assert kind_of_gguf(none, "bert", "f.gguf", classifier=True) == ModelKind("rerank", "cls")
+    assert kind_of_gguf(none, "bert", "f.gguf") == GENERATE  # refused later: encoders embed
+    # ... not a decoder's (its rerank files say pooling_type rank, refused above)
+    assert kind_of_gguf(none, "qwen3", "f.gguf", classifier=True) == GENERATE
+
 
 def test_a_plain_decoder_generates_and_a_reranker_is_known_by_its_name(tmp_path: Path) -> None:
     assert kind_of_hf_dir(tmp_path, "SmolLM2-135M-Instruct") == GENERATE
