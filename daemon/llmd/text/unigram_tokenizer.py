@@ -51,15 +51,17 @@ def _unused_name(token_id: int) -> str:
 
 def unigram_tokenizer(meta: Mapping[str, Any]) -> Tokenizer:
     """The XLM-R tokenizer of a "t5" GGUF's ``tokenizer.ggml.*`` metadata. ValueError for a
-    file it cannot rebuild exactly (no scores, no <unk>, whitespace kept as it is)."""
+    file it cannot rebuild exactly (no scores, no <unk>).
+
+    Whitespace runs are always dropped, whatever ``remove_extra_whitespaces`` says: XLM-R's
+    SentencePiece model drops them, and so do transformers' tokenizers of it, but a file
+    converted from a repository without ``sentencepiece.bpe.model`` carries transformers'
+    ``clean_up_tokenization_spaces`` (a decoding option, often false) under that name."""
     tokens: list[str] = list(meta["tokenizer.ggml.tokens"])
     scores = meta.get("tokenizer.ggml.scores")
     if not isinstance(scores, list) or len(scores) != len(tokens):
         raise ValueError("the GGUF's unigram vocabulary has no score for every piece")
     types: list[int] = list(meta.get("tokenizer.ggml.token_type", [NORMAL] * len(tokens)))
-    if not meta.get("tokenizer.ggml.remove_extra_whitespaces", True):
-        # Every space would then be a piece of its own; no XLM-R file does this.
-        raise ValueError("unigram vocabularies that keep extra whitespace are not supported yet")
     unk_id = meta.get("tokenizer.ggml.unknown_token_id")
     if unk_id is None:
         unk_id = next((i for i, t in enumerate(types) if t == UNKNOWN), None)
@@ -82,6 +84,8 @@ def unigram_tokenizer(meta: Mapping[str, Any]) -> Tokenizer:
             byte_fallback=any(t == BYTE for t in types),
         )
     )
+    # The converter writes the table whenever the model has one (XLM-R's: nmt_nfkc); none
+    # means SentencePiece's identity normalization.
     charsmap = meta.get("tokenizer.ggml.precompiled_charsmap")
     if charsmap:
         tk.normalizer = normalizers.Precompiled(bytes(charsmap))
