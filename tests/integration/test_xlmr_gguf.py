@@ -126,3 +126,31 @@ def test_ollama_keep_alive_holds_or_unloads_an_embedding_model(server: LiveServe
     while "m3" in {m.name for m in client.ps().models}:
         assert time.monotonic() < deadline, "keep_alive 0 left the model loaded"
         time.sleep(0.2)
+
+
+def test_a_truncated_text_embeds_as_sentence_transformers_truncates_it(
+    server: LiveServer,
+) -> None:
+    """Asked for truncation, a text longer than the context keeps <s>, its first tokens and
+    </s>, as sentence-transformers' tokenizer cuts it: the same vector (and token count) as
+    the reference's, through OpenAI's route (llmd's `truncate`) and Ollama's (its default)."""
+    import ollama
+
+    fx = REFERENCE["truncated"]
+    assert fx["ids"][-1] == 2 and len(fx["ids"]) == 128  # </s> kept by the reference
+    out = httpx.post(
+        server.base_url + "/v1/embeddings",
+        json={"model": "m3", "input": fx["text"], "truncate": True},
+        timeout=60,
+    ).json()
+    assert out["usage"]["prompt_tokens"] == len(fx["ids"])
+    assert _cosine(out["data"][0]["embedding"], fx["embedding"]) >= 0.9999
+    # The very ids the reference embedded (a CLS row hardly sees the last token, so the cosine
+    # alone would let a cut that dropped </s> pass: 0.99994 here).
+    given = httpx.post(
+        server.base_url + "/v1/embeddings", json={"model": "m3", "input": fx["ids"]}, timeout=60
+    ).json()
+    assert np.allclose(out["data"][0]["embedding"], given["data"][0]["embedding"], atol=1e-6)
+    embedded = ollama.Client(host=server.base_url).embed(model="m3", input=fx["text"])
+    assert embedded.prompt_eval_count == len(fx["ids"])
+    assert np.allclose(embedded.embeddings[0], given["data"][0]["embedding"], atol=1e-6)

@@ -58,7 +58,10 @@ def _prompts(req: EmbeddingRequest, model: ModelSupervisor) -> list[list[int]]:
         param = "input" if len(inputs) == 1 else f"input.[{i}]"
         if not item:  # before tokenizing: a tokenizer may add an end token to nothing
             raise bad_request(f"{param} is empty: there is nothing to embed", param=param)
-        ids = embedding_tokens(model.text, item) if isinstance(item, str) else list(item)
+        if isinstance(item, str):
+            ids = embedding_tokens(model.text, item, context if req.truncate else None)
+        else:
+            ids = list(item)
         prompts.append(fit_context(ids, context, truncate=req.truncate, param=param))
     return prompts
 

@@ -50,7 +50,7 @@ async def embed(request: web.Request) -> web.Response:
             raise ApiError(400, f"input.[{texts.index('')}] is empty: there is nothing to embed")
         prompts = [
             fit_context(
-                embedding_tokens(model.text, t),
+                embedding_tokens(model.text, t, model.context_length if req.truncate else None),
                 model.context_length,
                 truncate=req.truncate,
                 param="input" if isinstance(req.input, str) else f"input.[{i}]",
@@ -79,7 +79,7 @@ async def embeddings(request: web.Request) -> web.Response:
         if not req.prompt:
             return web.json_response({"embedding": []})
         ids = fit_context(
-            embedding_tokens(model.text, req.prompt),
+            embedding_tokens(model.text, req.prompt, model.context_length),
             model.context_length,
             truncate=True,
             param="prompt",

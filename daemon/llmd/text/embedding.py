@@ -9,6 +9,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from tokenizers import Encoding
+
 from llmd.errors import ApiError
 from llmd.runtime.counters import observe_embedding
 from llmd.runtime.supervisor import ModelSupervisor
@@ -52,12 +54,26 @@ def check_kind_before_load(store: ModelStore, name: str, wanted: str, route: str
         raise WrongKind(name, record_kind(record), wanted, route)
 
 
-def embedding_tokens(text: TextModel, value: str) -> list[int]:
+def embedding_tokens(text: TextModel, value: str, limit: int | None = None) -> list[int]:
     """The token ids of one input as the model's own tokenizer makes them for an embedding:
     with its post-processor's special tokens (Qwen3-Embedding's tokenizer appends
     <|endoftext|>, the token its last-token pooling reads; a GGUF asks for it with
-    add_eos_token), and its BOS where it wants one."""
-    ids = list(text.tokenizer.encode(value, add_special_tokens=True).ids)
+    add_eos_token), and its BOS where it wants one.
+
+    `limit` (a request that asked for truncation): at most that many ids, cut as
+    sentence-transformers' tokenizer cuts a long text - the text's own tokens lose their tail
+    and the special tokens stay (an encoder's [SEP] or </s>, the end token a last-token
+    pooling reads), so a truncated input embeds as the reference library embeds it."""
+    encoding = text.tokenizer.encode(value, add_special_tokens=False)
+    ids = _with_special_tokens(text, encoding)
+    if limit is not None and len(ids) > limit:
+        encoding.truncate(max(0, len(encoding.ids) - (len(ids) - limit)))
+        ids = _with_special_tokens(text, encoding)
+    return ids
+
+
+def _with_special_tokens(text: TextModel, encoding: Encoding) -> list[int]:
+    ids = list(text.tokenizer.post_process(encoding, add_special_tokens=True).ids)
     if text.add_bos and text.bos_id is not None and (not ids or ids[0] != text.bos_id):
         ids = [text.bos_id, *ids]
     if text.add_eos_id is not None and (not ids or ids[-1] != text.add_eos_id):
@@ -67,7 +83,9 @@ def embedding_tokens(text: TextModel, value: str) -> list[int]:
 
 def fit_context(ids: list[int], context_length: int, *, truncate: bool, param: str) -> list[int]:
     """`ids` when they fit the served context; the first `context_length` of them when the
-    request asked for truncation; otherwise a 400 naming the input."""
+    request asked for truncation (texts were already cut by embedding_tokens, keeping their
+    special tokens; token ids given by the client are cut as given); otherwise a 400 naming
+    the input."""
     if not ids:
         raise ApiError(400, f"{param} is empty: there is nothing to embed", param=param)
     if len(ids) <= context_length:
