@@ -154,3 +154,37 @@ def test_a_truncated_text_embeds_as_sentence_transformers_truncates_it(
     embedded = ollama.Client(host=server.base_url).embed(model="m3", input=fx["text"])
     assert embedded.prompt_eval_count == len(fx["ids"])
     assert np.allclose(embedded.embeddings[0], given["data"][0]["embedding"], atol=1e-6)
+
+
+def _metric(server: LiveServer, name: str) -> float:
+    text = httpx.get(server.base_url + "/metrics", timeout=30).text
+    found = re.search(rf'^{name}{{model="m3"}} (\S+)$', text, re.MULTILINE)
+    assert found is not None, (name, text)
+    return float(found.group(1))
+
+
+def test_a_client_going_away_cancels_its_embeddings(server: LiveServer) -> None:
+    """A client that gives up on a large request (2,048 inputs of 128 tokens: tens of seconds
+    here) leaves no work behind: its sequences are cancelled in the engine, not run to the end,
+    and the next request is answered at once."""
+    import time
+
+    fx = REFERENCE["truncated"]
+    httpx.post(server.base_url + "/v1/embeddings", json={"model": "m3", "input": "warm"})
+    done_before = _metric(server, "llmd_engine_embedding_sequences_total")
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(
+            server.base_url + "/v1/embeddings",
+            json={"model": "m3", "input": [fx["ids"]] * 2048},
+            timeout=httpx.Timeout(60, read=1.0),
+        )
+    deadline = time.monotonic() + 20
+    while _metric(server, "llmd_running_sequences") > 0:
+        assert time.monotonic() < deadline, "the abandoned sequences kept running"
+        time.sleep(0.2)
+    assert _metric(server, "llmd_engine_embedding_sequences_total") - done_before < 2048
+    started = time.monotonic()
+    out = httpx.post(
+        server.base_url + "/v1/embeddings", json={"model": "m3", "input": "hello"}, timeout=60
+    )
+    assert out.status_code == 200 and time.monotonic() - started < 10
