@@ -129,3 +129,39 @@ def test_embeddings_match_transformers_on_each_backend(
         assert ours @ ref / (np.linalg.norm(ours) * np.linalg.norm(ref)) >= 0.9999
         assert np.abs(ours - ref).max() < 1e-3 * max(1.0, np.abs(ref).max())
     engine.shutdown()
+
+
+def test_embeddings_share_steps_with_a_running_generation(tmp_path: Path) -> None:
+    """Inputs sent while a generation runs on the same model join its steps: they all end
+    long before it does (not queued behind it), and neither changes the other's result (its
+    greedy tokens, their vectors)."""
+    from tests.native.conftest import run_all
+
+    write_reranker_dir(tmp_path)  # a Qwen3 causal LM: it generates and pools hidden states
+    engine = _engine(tmp_path, max_sequences=16)
+    generation = {"prompt": [17, 99, 5, 2], "max_tokens": 120}
+    solo = run_all(engine, {"solo": generation})["solo"]["tokens"]
+    ids = [f"e{i}" for i in range(len(PROMPTS))]
+    engine.submit_pooled(ids, PROMPTS, output="embedding", pooling="last", normalize=True)
+    alone = _drain(engine, set(ids))
+    engine.submit("g", **generation)
+    tokens: list[int] = []
+    while not tokens:  # the generation is running
+        tokens += [t for ev in engine.poll(50) if ev["id"] == "g" for t in ev.get("tokens", [])]
+    engine.submit_pooled(ids, PROMPTS, output="embedding", pooling="last", normalize=True)
+    ended: dict[str, dict] = {}
+    tokens_when_embedded = 0
+    while "g" not in ended:
+        for ev in engine.poll(50):
+            if ev["type"] == "tokens":
+                tokens += ev["tokens"]
+            elif ev["type"] in ("done", "error"):
+                ended[ev["id"]] = ev
+                if set(ids) <= set(ended) and not tokens_when_embedded:
+                    tokens_when_embedded = len(tokens)
+    assert 0 < tokens_when_embedded < len(solo) // 2  # every input ended early in the generation
+    assert tokens == solo
+    for i in ids:
+        assert ended[i]["type"] == "done"
+        assert np.allclose(ended[i]["values"], alone[i]["values"], atol=1e-5)
+    engine.shutdown()
