@@ -188,3 +188,26 @@ def test_a_client_going_away_cancels_its_embeddings(server: LiveServer) -> None:
         server.base_url + "/v1/embeddings", json={"model": "m3", "input": "hello"}, timeout=60
     )
     assert out.status_code == 200 and time.monotonic() - started < 10
+
+
+def test_a_query_over_fifty_documents(server: LiveServer) -> None:
+    """The issue's check: one query over 50 documents. Every document gets a score, the
+    results come sorted by it, and the recorded documents among them keep the cross-encoder's
+    scores however many others share their steps."""
+    fx = REFERENCE["rerank"]
+    known = [item["document"] for item in fx["items"]]
+    others = [f"doc {i}: {known[i % len(known)][::-1]}" for i in range(44)]
+    documents = others[:20] + known + others[20:]
+    out = httpx.post(
+        server.base_url + "/v1/rerank",
+        json={"model": "m3-rr", "query": fx["query"], "documents": documents},
+        timeout=300,
+    )
+    assert out.status_code == 200, out.text
+    results = out.json()["results"]
+    assert sorted(r["index"] for r in results) == list(range(50))
+    scores = [r["relevance_score"] for r in results]
+    assert scores == sorted(scores, reverse=True)
+    by_index = {r["index"]: r["relevance_score"] for r in results}
+    for j, item in enumerate(fx["items"]):
+        assert abs(by_index[20 + j] - item["score"]) < 1e-4, item["document"]
