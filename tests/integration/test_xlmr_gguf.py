@@ -211,3 +211,23 @@ def test_a_query_over_fifty_documents(server: LiveServer) -> None:
     by_index = {r["index"]: r["relevance_score"] for r in results}
     for j, item in enumerate(fx["items"]):
         assert abs(by_index[20 + j] - item["score"]) < 1e-4, item["document"]
+
+
+def test_a_document_past_the_context_is_a_400_unless_truncation_was_asked(
+    server: LiveServer,
+) -> None:
+    """A (query, document) pair longer than the context names the document in a 400; with
+    truncate: true the document's tail is cut (the query and the pair's special tokens kept)
+    and it is scored with the others."""
+    fx = REFERENCE["rerank"]
+    documents = [fx["items"][1]["document"], REFERENCE["truncated"]["text"]]
+    body = {"model": "m3-rr", "query": fx["query"], "documents": documents}
+    refused = httpx.post(server.base_url + "/v1/rerank", json=body, timeout=60)
+    assert refused.status_code == 400, refused.text
+    error = refused.json()["error"]
+    assert error["code"] == "context_length_exceeded" and error["param"] == "documents.[1]"
+    cut = httpx.post(server.base_url + "/v1/rerank", json={**body, "truncate": True}, timeout=60)
+    assert cut.status_code == 200, cut.text
+    assert cut.json()["usage"]["prompt_tokens"] == len(fx["items"][1]["ids"]) + 128
+    scores = {r["index"]: r["relevance_score"] for r in cut.json()["results"]}
+    assert abs(scores[0] - fx["items"][1]["score"]) < 1e-4 and 0 < scores[1] < 1
