@@ -103,7 +103,9 @@ def _engine(path: Path, backend: str = "cpu", **kw):  # type: ignore[no-untyped-
     )
 
 
-def _image_prompt(checkpoint: Path, backend: str = "cpu", grids: bool = True) -> tuple[list[int], list]:
+def _image_prompt(
+    checkpoint: Path, backend: str = "cpu", grids: bool = True
+) -> tuple[list[int], list]:
     """The fixture's prompt with the image rows as the worker lays them out."""
     from llmd.worker.vision import content_digest, surrogate_ids
 
@@ -148,7 +150,9 @@ def _log_softmax(x: np.ndarray) -> np.ndarray:
 
 @pytest.mark.parametrize("budget", [512, 7])
 @pytest.mark.parametrize("backend", ["cpu", "mlx-cpu"])
-def test_image_prompt_logits_match_transformers(checkpoint: Path, backend: str, budget: int) -> None:
+def test_image_prompt_logits_match_transformers(
+    checkpoint: Path, backend: str, budget: int
+) -> None:
     """The last prompt position's logits with both images' rows at their M-RoPE positions, on
     llmd's CPU backend and on the device graph (MLX's CPU device); budget 7 prefills in chunks
     that cut through the images."""

@@ -35,7 +35,9 @@ def expand_prompt(rendered: str, images: list[ChatImage], cfg: ImageConfig) -> s
         tokens = []
         for im in images:
             h, w = qwen_images.smart_resize(im.pixels.height, im.pixels.width, cfg)
-            tokens.append(qwen_images.token_count((1, h // cfg.patch_size, w // cfg.patch_size), cfg))
+            tokens.append(
+                qwen_images.token_count((1, h // cfg.patch_size, w // cfg.patch_size), cfg)
+            )
         return qwen_images.expand_image_markers(rendered, tokens)
     return expand_image_markers(rendered, [crop_count(im.size, cfg) for im in images], cfg)
 

@@ -17,8 +17,8 @@ from llmd.errors import ApiError, server_error
 from llmd.store.gguf_metadata import read_gguf_metadata
 from llmd.store.manifests import ModelRecord
 from llmd.text.gemma3_images import Gemma3ImageConfig
-from llmd.text.qwen_images import QwenImageConfig
 from llmd.text.logprobs import TokenTexts
+from llmd.text.qwen_images import QwenImageConfig
 from llmd.text.spm_tokenizer import CONTROL
 from llmd.text.tokenizer import UnsupportedTokenizer, tokenizer_from_dir, tokenizer_from_gguf
 
@@ -214,9 +214,7 @@ def load_dir_text_model(path: Path) -> TextModel:
     )
 
 
-def _image_config(
-    path: Path, config: dict[str, Any]
-) -> Gemma3ImageConfig | QwenImageConfig | None:
+def _image_config(path: Path, config: dict[str, Any]) -> Gemma3ImageConfig | QwenImageConfig | None:
     """A Gemma 3 or Qwen3.5 multimodal checkpoint's image settings (its
     preprocessor_config.json, the processor's defaults where it has none)."""
     kind = config.get("model_type")
