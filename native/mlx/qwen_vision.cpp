@@ -14,6 +14,7 @@
 // The processor's side (resize, normalize, patch order) is daemon/llmd/text/qwen_images.py.
 #include "qwen_vision.h"
 
+#include <algorithm>
 #include <cmath>
 #include <stdexcept>
 
@@ -53,6 +54,7 @@ struct Block {
 };
 
 constexpr float kEps = 1e-6f;  // transformers' LayerNorms here: fixed, not in the config
+constexpr int kQueryRows = 2048;  // patches per attention chunk (see encode_patches)
 
 mx::array gelu(const mx::array& x, bool tanh_approx) {
   if (tanh_approx) {
@@ -184,7 +186,16 @@ class QwenVisionTower : public VisionTower {
         auto part = [&](const mx::array& t) {
           return mx::expand_dims(mx::transpose(mx::slice(t, {at, 0, 0}, {at + n, H, hd}), {1, 0, 2}), 0);
         };
-        mx::array a = mx::fast::scaled_dot_product_attention(part(q), part(k), part(v), scale);
+        // Queries in chunks: the scores of a released-size 4096x4096 image at once (16 heads x
+        // 16384^2 patches, float32) would be 16 GiB; a chunk's are 2 GiB at most.
+        const mx::array qi = part(q), ki = part(k), vi = part(v);
+        std::vector<mx::array> chunks;
+        for (int r0 = 0; r0 < n; r0 += kQueryRows) {
+          const int r1 = std::min(n, r0 + kQueryRows);
+          chunks.push_back(mx::fast::scaled_dot_product_attention(
+              n > kQueryRows ? mx::slice(qi, {0, 0, r0, 0}, {1, H, r1, hd}) : qi, ki, vi, scale));
+        }
+        mx::array a = chunks.size() == 1 ? chunks[0] : mx::concatenate(chunks, 2);
         outs.push_back(mx::reshape(mx::transpose(mx::squeeze(a, 0), {1, 0, 2}), {n, D}));
         at += n;
       }
@@ -256,7 +267,9 @@ std::unique_ptr<VisionTower> load_qwen_vision(const std::string& dir, const Meta
   for (const char* prefix : {"model.visual.", "visual."}) {
     if (w.has(std::string(prefix) + "patch_embed.proj.weight")) m = prefix;
   }
-  if (m.empty()) throw std::runtime_error("this checkpoint has no vision tower (no tensor 'model.visual.patch_embed.proj.weight')");
+  if (m.empty()) {
+    throw std::runtime_error("this checkpoint has no vision tower (no tensor 'model.visual.patch_embed.proj.weight')");
+  }
   const bool dev = options.on_device();
   auto vec = [&](const std::string& name) {
     mx::array a = w.get(name);

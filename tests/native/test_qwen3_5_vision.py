@@ -77,6 +77,17 @@ def test_image_embeddings_match_transformers(checkpoint: Path, backend: str) -> 
     assert np.abs(alone - out[1]).max() <= 1e-5 * np.abs(out[1]).max()
 
 
+def test_a_large_image_matches_transformers(checkpoint: Path) -> None:
+    """2112 patches (a 48x44 grid): more than one attention chunk of the tower (2048 query
+    rows at a time, so a released-size image's scores fit in memory)."""
+    ref = np.load(FIXTURE)
+    grid = tuple(ref["big.grid_thw"].tolist())
+    patches = np.random.default_rng(5).normal(size=(grid[1] * grid[2], 96)).astype(np.float32)
+    out = _tower(checkpoint, "mlx-cpu").encode_patches(patches, [grid])[0]
+    assert out.shape == (528, 64)
+    assert _rel(out, ref["big.embeddings"]) < TOLERANCE
+
+
 def test_bad_patches_are_refused(checkpoint: Path) -> None:
     tower = _tower(checkpoint, "cpu")
     with pytest.raises(ValueError, match=r"patches must be \[48 \(the grids' patches\), 96\]"):
