@@ -5,8 +5,9 @@ first generated token's log-probabilities equal transformers'
 (tests/fixtures/qwen3_5_vision_transformers.npz, recorded by
 tests/fixtures/record_qwen3_5_vision.py for the same prompt and images): the daemon resized
 and patched each image as transformers' processor does, laid out one `<|image_pad|>` per
-merged token, and the worker encoded them and placed their rows at M-RoPE positions. Ollama's
-`images` reach the same layout.
+merged token, and the worker encoded them and placed their rows at M-RoPE positions.
+Anthropic's image blocks get transformers' greedy answer; Ollama's `images` reach the same
+layout.
 
 The tiny tokenizer maps word `wN` to id N; its chat template writes
 `<|vision_start|><|image_pad|><|vision_end|>` for each image part, as the released template
@@ -18,6 +19,7 @@ import base64
 import json
 from pathlib import Path
 
+import anthropic
 import numpy as np
 import pytest
 from openai import OpenAI
@@ -130,6 +132,41 @@ def test_openai_image_url_answers_like_transformers(server, vocab: dict[str, int
     # Without M-RoPE (every row at its index) the answer would be measurably different.
     plain = _log_softmax(REF["text_position_logits"][-1])
     assert max(abs(a.logprob - plain[vocab[a.token]]) for a in first.top_logprobs) / scale > 1e-2
+
+
+def test_anthropic_image_blocks_answer_like_transformers(server, vocab: dict[str, int]) -> None:  # type: ignore[no-untyped-def]
+    """Anthropic's base64 image blocks in the fixture's order: the same prompt, and greedy
+    decoding gives transformers' first two tokens (the second one decoded at its M-RoPE
+    position after the images)."""
+    token = {i: t for t, i in vocab.items()}
+    claude = anthropic.Anthropic(base_url=server.base_url, api_key="unused", max_retries=0)
+
+    def image(name: str) -> dict:
+        return {
+            "type": "image",
+            "source": {"type": "base64", "media_type": "image/png", "data": _png(name)},
+        }
+
+    out = claude.messages.create(
+        model=MODEL,
+        max_tokens=2,
+        extra_body={"temperature": 0},
+        messages=[
+            {
+                "role": "user",
+                "content": [  # type: ignore[list-item]
+                    {"type": "text", "text": "w5 w17 w33"},
+                    image(CASES[0]),
+                    {"type": "text", "text": "w40 w41"},
+                    image(CASES[1]),
+                    {"type": "text", "text": "w9 w60 w61"},
+                ],
+            }
+        ],
+    )
+    assert out.usage.input_tokens + (out.usage.cache_read_input_tokens or 0) == len(PROMPT)
+    first, second = int(REF["next_token"][0]), int(np.argmax(REF["next_logits"]))
+    assert out.content[0].text.split() == [token[first], token[second]]  # type: ignore[union-attr]
 
 
 def test_ollama_images_are_seen(server, vocab: dict[str, int]) -> None:  # type: ignore[no-untyped-def]
