@@ -407,10 +407,13 @@ PYBIND11_MODULE(_engine, m) {
              bool normalize, std::vector<int32_t> logit_tokens, int max_draft, bool draft_model,
              const py::list& embedded) {
             GenerateRequest r;
-            // (first row, float32 [rows, hidden] embeddings, bidirectional) per embedded run.
+            // (first row, float32 [rows, hidden] embeddings, bidirectional[, (grid_h, grid_w)])
+            // per embedded run; the grid places an image's rows for M-RoPE (Qwen3.5).
             for (py::handle item : embedded) {
               auto t = item.cast<py::tuple>();
-              if (t.size() != 3) throw std::invalid_argument("embedded runs are (first, rows, bidirectional)");
+              if (t.size() != 3 && t.size() != 4) {
+                throw std::invalid_argument("embedded runs are (first, rows, bidirectional[, (grid_h, grid_w)])");
+              }
               auto values = t[1].cast<py::array_t<float, py::array::c_style | py::array::forcecast>>();
               if (values.ndim() != 2) throw std::invalid_argument("embedded rows must be [rows, hidden]");
               GenerateRequest::PromptEmbeddings e;
@@ -418,6 +421,11 @@ PYBIND11_MODULE(_engine, m) {
               e.rows = static_cast<int>(values.shape(0));
               e.values = std::make_shared<const std::vector<float>>(values.data(), values.data() + values.size());
               e.bidirectional = t[2].cast<bool>();
+              if (t.size() == 4 && !t[3].is_none()) {
+                auto grid = t[3].cast<std::pair<int, int>>();
+                e.grid_h = grid.first;
+                e.grid_w = grid.second;
+              }
               r.embeddings.push_back(std::move(e));
             }
             r.max_draft = max_draft;
@@ -661,11 +669,53 @@ PYBIND11_MODULE(_engine, m) {
       .def_property_readonly("image_size", [](const VisionTower& t) { return t.info().image_size; })
       .def_property_readonly("tokens_per_image", [](const VisionTower& t) { return t.info().tokens_per_image; })
       .def_property_readonly("hidden_size", [](const VisionTower& t) { return t.info().hidden_size; })
+      .def_property_readonly("patch_values", [](const VisionTower& t) { return t.info().patch_values; })
+      .def_property_readonly("merge_size", [](const VisionTower& t) { return t.info().merge_size; })
+      .def(
+          "encode_patches",
+          [](const VisionTower& t, py::array_t<float, py::array::c_style | py::array::forcecast> patches,
+             const std::vector<std::array<int, 3>>& grids, Engine* engine) {
+            const VisionInfo& i = t.info();
+            int64_t n = 0;
+            for (const auto& g : grids) n += static_cast<int64_t>(g[0]) * g[1] * g[2];
+            if (patches.ndim() != 2 || patches.shape(0) != n || patches.shape(1) != i.patch_values) {
+              throw std::invalid_argument("patches must be [" + std::to_string(n) + " (the grids' patches), " +
+                                          std::to_string(i.patch_values) + "]");
+            }
+            std::vector<float> rows;
+            {
+              py::gil_scoped_release release;
+              if (engine) {
+                rows = engine->between_steps([&] { return t.encode_patches(patches.data(), grids); });
+              } else {
+                rows = t.encode_patches(patches.data(), grids);
+              }
+            }
+            py::list out;
+            size_t at = 0;
+            const int per = i.merge_size * i.merge_size;
+            for (const auto& g : grids) {
+              const py::ssize_t tokens = static_cast<py::ssize_t>(g[0]) * g[1] * g[2] / per;
+              py::array_t<float> a({tokens, static_cast<py::ssize_t>(i.hidden_size)});
+              std::memcpy(a.mutable_data(), rows.data() + at, static_cast<size_t>(a.size()) * sizeof(float));
+              at += static_cast<size_t>(a.size());
+              out.append(a);
+            }
+            return out;
+          },
+          py::arg("patches"), py::arg("grids"), py::arg("engine") = nullptr,
+          "Towers of any image size (Qwen3.5): float32 [patches, patch_values] of several images with "
+          "each image's grid (t, h, w) -> one float32 [h * w / merge_size^2, hidden_size] per image, in one "
+          "pass; with `engine`, between its forward passes.")
       .def(
           "encode",
           [](const VisionTower& t, py::array_t<float, py::array::c_style | py::array::forcecast> pixels,
              Engine* engine) {
             const VisionInfo& i = t.info();
+            if (i.image_size == 0) {
+              throw std::invalid_argument(i.architecture + " vision towers read images of any size as patches "
+                                          "(encode_patches)");
+            }
             if (pixels.ndim() != 4 || pixels.shape(1) != i.channels || pixels.shape(2) != i.image_size ||
                 pixels.shape(3) != i.image_size) {
               throw std::invalid_argument("pixels must be [n, " + std::to_string(i.channels) + ", " +

@@ -179,6 +179,32 @@ void Engine::fill_embedded_rows(const Sequence& seq, StepSegment& s) const {
   }
 }
 
+void Engine::fill_mrope_positions(const Sequence& seq, StepSegment& s) const {
+  const auto& runs = seq.request.embeddings;
+  if (std::none_of(runs.begin(), runs.end(), [](const auto& e) { return e.grid_h > 0; })) return;
+  const int n = static_cast<int>(s.tokens.size());
+  s.mrope.resize(n);
+  // transformers' get_rope_index: text at its index plus the shift of the images before it;
+  // an image's rows at (base, base + row, base + column) of its grid, base its first row's
+  // shifted index; the text after it at base + max(grid_h, grid_w).
+  size_t k = 0;
+  int shift = 0;
+  for (int i = 0; i < n; ++i) {
+    const int p = s.start_pos + i;
+    while (k < runs.size() && runs[k].first + runs[k].rows <= p) {
+      const auto& e = runs[k++];
+      if (e.grid_h > 0) shift += std::max(e.grid_h, e.grid_w) - e.rows;
+    }
+    const int32_t at = p + shift;
+    if (k < runs.size() && runs[k].grid_h > 0 && p >= runs[k].first) {
+      const int r = p - runs[k].first, base = runs[k].first + shift;
+      s.mrope[i] = {base, base + r / runs[k].grid_w, base + r % runs[k].grid_w};
+    } else {
+      s.mrope[i] = {at, at, at};
+    }
+  }
+}
+
 std::string Engine::validate(const GenerateRequest& r, std::string& code) const {
   code = "invalid_request";
   if (r.id.empty()) return "request id is empty";
@@ -238,6 +264,14 @@ std::string Engine::validate(const GenerateRequest& r, std::string& code) const 
       }
       if (!e.values || e.values->size() != static_cast<size_t>(e.rows) * hidden) {
         return "embedded prompt rows need rows x hidden_size (" + std::to_string(hidden) + ") values";
+      }
+      if (e.grid_h < 0 || e.grid_w < 0 || (e.grid_h > 0) != (e.grid_w > 0) ||
+          (e.grid_h > 0 && e.grid_h * e.grid_w != e.rows)) {
+        return "an embedded run's grid must be grid_h x grid_w = its rows";
+      }
+      if (e.grid_h > 0 && !model_->uses_mrope()) {
+        code = "unsupported";
+        return model_->info().architecture + " places no image rows on a grid (no multimodal rotary positions)";
       }
       for (int i = e.first; i < e.first + e.rows; ++i) {
         if (r.prompt[i] >= 0) return "an embedded prompt row must hold a surrogate id below 0";
@@ -645,6 +679,7 @@ void Engine::step_once() {
     s.start_pos = seq->kv->length();
     s.want_logits = true;
     s.logits_tail = static_cast<int>(s.tokens.size());
+    if (!seq->request.embeddings.empty()) fill_mrope_positions(*seq, s);
     if (recurrent_) s.snapshot_at = snapshot_positions(*seq, s.start_pos, 1);
     budget -= static_cast<int>(s.tokens.size());
     step.segments.push_back(std::move(s));
@@ -662,7 +697,10 @@ void Engine::step_once() {
     s.kv = seq->kv.get();
     s.tokens.assign(seq->request.prompt.begin() + seq->fed, seq->request.prompt.begin() + seq->fed + n);
     s.start_pos = seq->fed;
-    if (!seq->request.embeddings.empty()) fill_embedded_rows(*seq, s);
+    if (!seq->request.embeddings.empty()) {
+      fill_embedded_rows(*seq, s);
+      fill_mrope_positions(*seq, s);
+    }
     if (seq->request.output != GenerateRequest::Output::Embedding) {
       s.want_logits = (n == remaining);
     } else if (seq->request.pooling == GenerateRequest::Pooling::Mean) {

@@ -73,6 +73,10 @@ struct GenerateRequest {
     // The rows attend to one another whatever their order (Gemma 3's images): the engine
     // then never splits them across prefill chunks.
     bool bidirectional = false;
+    // The image's merged patch grid (rows = grid_h * grid_w), for models whose rotary places
+    // image rows in 2-D (Qwen3.5's M-RoPE: row r at (base, base + r / grid_w, base + r % grid_w),
+    // the text after it moved on by max(grid_h, grid_w) positions rather than rows); 0: none.
+    int grid_h = 0, grid_w = 0;
   };
   std::vector<PromptEmbeddings> embeddings;
 };
@@ -297,6 +301,9 @@ class Engine {
   // lengthened so no bidirectional run is split; and the segment's embeddings and attend_to.
   int embedded_chunk(const Sequence& seq, int n) const;
   void fill_embedded_rows(const Sequence& seq, StepSegment& s) const;
+  // Prompts with an image on a grid (PromptEmbeddings::grid_h): each fed row's M-RoPE
+  // (t, h, w) position, decode rows included (StepSegment::mrope).
+  void fill_mrope_positions(const Sequence& seq, StepSegment& s) const;
 
   std::unique_ptr<Model> model_;
   bool recurrent_;  // model_->has_recurrent_state()

@@ -68,6 +68,9 @@ class Model {
   // True when forward() honours StepSegment::embeddings and attend_to (rows fed as
   // embeddings: images); the engine refuses requests with embedded rows otherwise.
   virtual bool accepts_embeddings() const { return false; }
+  // True when forward() places rows by StepSegment::mrope (Qwen3.5's multimodal rotary):
+  // requests whose images carry a grid are refused by other models.
+  virtual bool uses_mrope() const { return false; }
   // False for a backend that keeps KV only in floats (the cuda backend so far): the engine then
   // refuses --kv-type q8_0/q4_0 at construction instead of ignoring it.
   virtual bool supports_quantized_kv() const { return true; }

@@ -2,6 +2,7 @@
 // Plain data, printable and testable without a model (vLLM's SchedulerOutput idea).
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -37,6 +38,11 @@ struct StepSegment {
   // the position up to which (exclusive) the row attends when that lies past the row itself
   // (Gemma 3: an image's rows see the whole image, all fed in this step), else 0.
   std::vector<int> attend_to;
+  // Multimodal rotary positions (Qwen3.5's M-RoPE): empty (row i at position start_pos + i on
+  // every axis, as before) or one (t, h, w) per fed row, for sequences whose prompt holds an
+  // image laid out on a grid (GenerateRequest::PromptEmbeddings::grid_h/grid_w). Only models
+  // with M-RoPE read it; their KV index stays start_pos + i.
+  std::vector<std::array<int32_t, 3>> mrope;
 };
 
 struct Step {

@@ -15,8 +15,16 @@
 //    sum 1), SwiGLU experts, plus a shared SwiGLU expert scaled by sigmoid(shared_expert_gate).
 // Norms are RMSNorm times (1 + w) (the 1 folded in at load), except the gated norm above.
 //
-// Text positions only: Qwen3.5's multimodal RoPE (mrope_section) gives the same angles as plain
-// RoPE when the temporal, height and width positions are equal, as they are for text.
+// Multimodal RoPE (mrope_section): each rotated frequency takes its angle from the temporal,
+// height or width position of the row, interleaved t, h, w, t, h, w, ... over the first
+// 3 * section[1] (h) and 3 * section[2] (w) frequencies, t elsewhere (transformers'
+// Qwen3_5TextRotaryEmbedding). Text rows have t = h = w, the same angles as plain RoPE, so
+// a step without image rows runs the plain rotary; a step of a sequence with images gets each
+// row's (t, h, w) from the engine (StepSegment::mrope: image rows on their merged patch grid,
+// the text after an image shifted) and rotates with per-row tables: the CPU backend's
+// attention reads them as its tables, the device path rotates q and k here and has
+// mx::fast::rope rotate by position 0 (the identity). Image rows come in as embeddings
+// (StepSegment::embeddings, qwen_vision.cpp's tower), attending causally as text does.
 //
 // Per-sequence state (the engine's SequenceKv::state): for every linear layer the recurrent
 // matrix [v_heads, k_dim, v_dim] and the last conv_kernel - 1 inputs of the convolution
@@ -33,6 +41,7 @@
 // The experts, the convolution and the delta rule are MLX ops on both backends ("cpu" runs the
 // projections as MLX float matmuls too: safetensors weights only; GGUF is refused).
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <map>
 #include <optional>
@@ -54,6 +63,7 @@ struct Qwen35Config {
   int n_experts = 0, top_k = 0, shared_ffn = 0;
   bool norm_topk = true;
   int rope_dims = 0;
+  std::vector<int> rope_axis;  // per rotated frequency: 0 (t), 1 (h) or 2 (w), the M-RoPE split
   int conv_dim() const { return 2 * k_heads * k_dim + v_heads * v_dim; }
   int n_full() const { return static_cast<int>(std::count(linear.begin(), linear.end(), false)); }
 };
@@ -149,6 +159,8 @@ class Qwen35MoeModel : public Model {
   const ModelInfo& info() const override { return info_; }
   ModelInfo& mutable_info() override { return info_; }
   bool has_recurrent_state() const override { return true; }
+  bool accepts_embeddings() const override { return true; }
+  bool uses_mrope() const override { return true; }
 
   KvShape kv_shape() const override {
     DecoderDims kv = cfg_.dims;
@@ -200,6 +212,17 @@ class Qwen35MoeModel : public Model {
       device_kv = &device_.prepare(pool, kv_shape());
       plan = DeviceAttentionPlan::build(*rows.batch, *rope_, device_kv);
     }
+    std::optional<std::pair<mx::array, mx::array>> mrope;  // device path: per-row cos, sin
+    const auto has_mrope = [](const StepSegment& s) { return !s.mrope.empty(); };
+    if (std::any_of(step.segments.begin(), step.segments.end(), has_mrope)) {
+      mrope_tables(step, *rows.batch);
+      if (plan) {
+        const int half = cfg_.rope_dims / 2;
+        mrope.emplace(mx::array(rows.batch->rope_cos.begin(), {rows.total, 1, half}, mx::float32),
+                      mx::array(rows.batch->rope_sin.begin(), {rows.total, 1, half}, mx::float32));
+        plan->positions = mx::zeros({rows.total}, mx::int32);  // rotated already: fast::rope by 0
+      }
+    }
     const int S = static_cast<int>(step.segments.size());
     std::vector<const DeltaState*> before(S, nullptr);
     for (int s = 0; s < S; ++s) {
@@ -223,7 +246,7 @@ class Qwen35MoeModel : public Model {
       if (L.linear) {
         x = mx::add(x, delta_net(L, x, lp, before, after, snaps));
       } else {
-        x = mx::add(x, attention(L, x, rows, plan, device_kv, ashape));
+        x = mx::add(x, attention(L, x, rows, plan, device_kv, ashape, mrope));
       }
       x = mx::add(x, moe(L.moe, mx::fast::rms_norm(x, L.post_norm, d.rms_eps)));
     }
@@ -246,6 +269,40 @@ class Qwen35MoeModel : public Model {
   }
 
  private:
+  // The batch's rope tables [rows][rope_dims / 2] at each row's M-RoPE position (rows of
+  // segments without StepSegment::mrope at start_pos + i on every axis).
+  void mrope_tables(const Step& step, AttentionBatch& batch) const {
+    const int half = cfg_.rope_dims / 2;
+    batch.rope_cos.resize(static_cast<size_t>(step.total_tokens()) * half);
+    batch.rope_sin.resize(batch.rope_cos.size());
+    size_t row = 0;
+    for (const StepSegment& seg : step.segments) {
+      for (int i = 0; i < static_cast<int>(seg.tokens.size()); ++i, ++row) {
+        const int p = seg.start_pos + i;
+        const std::array<int32_t, 3> at = seg.mrope.empty() ? std::array<int32_t, 3>{p, p, p} : seg.mrope[i];
+        for (int j = 0; j < half; ++j) {
+          const double angle = static_cast<double>(at[cfg_.rope_axis[j]]) * rope_->inv_freq[j];
+          batch.rope_cos[row * half + j] = static_cast<float>(std::cos(angle));
+          batch.rope_sin[row * half + j] = static_cast<float>(std::sin(angle));
+        }
+      }
+    }
+  }
+
+  // Rotate-half over the first rope_dims of each head of x [T, heads * head_dim], with per-row
+  // tables cos, sin [T, 1, rope_dims / 2].
+  mx::array rotate(const mx::array& x, int heads, const std::pair<mx::array, mx::array>& cs) const {
+    const int T = x.shape(0), hd = cfg_.dims.head_dim, R = cfg_.rope_dims, half = R / 2;
+    mx::array h = mx::reshape(x, {T, heads, hd});
+    mx::array a = mx::slice(h, {0, 0, 0}, {T, heads, half});
+    mx::array b = mx::slice(h, {0, 0, half}, {T, heads, R});
+    const auto& [c, sn] = cs;
+    std::vector<mx::array> parts = {mx::subtract(mx::multiply(a, c), mx::multiply(b, sn)),
+                                    mx::add(mx::multiply(b, c), mx::multiply(a, sn))};
+    if (R < hd) parts.push_back(mx::slice(h, {0, 0, R}, {T, heads, hd}));
+    return mx::reshape(mx::concatenate(parts, 2), {T, heads * hd});
+  }
+
   LinearPlan plan_linear(const Step& step) const {
     LinearPlan p;
     const int S = static_cast<int>(step.segments.size());
@@ -398,7 +455,8 @@ class Qwen35MoeModel : public Model {
 
   mx::array attention(const Layer& L, const mx::array& x, const StepRows& rows,
                       const std::optional<DeviceAttentionPlan>& plan, DeviceKvStore* device_kv,
-                      const AttentionShape& shape) const {
+                      const AttentionShape& shape,
+                      const std::optional<std::pair<mx::array, mx::array>>& mrope) const {
     const DecoderDims& d = cfg_.dims;
     const int T = x.shape(0), hd = d.head_dim, qw = d.n_heads * hd, kw = d.n_kv_heads * hd;
     mx::array qkvg = L.attn.qkvg(x, {.rms_norm_weight = L.in_norm, .eps = d.rms_eps});
@@ -406,6 +464,10 @@ class Qwen35MoeModel : public Model {
     mx::array k = head_rms_norm(mx::slice(qkvg, {0, qw}, {T, qw + kw}), L.attn.k_norm, d.n_kv_heads, hd, d.rms_eps);
     mx::array v = mx::slice(qkvg, {0, qw + kw}, {T, qw + 2 * kw});
     mx::array gate = mx::slice(qkvg, {0, qw + 2 * kw}, {T, 2 * qw + 2 * kw});
+    if (mrope) {
+      q = rotate(q, d.n_heads, *mrope);
+      k = rotate(k, d.n_kv_heads, *mrope);
+    }
     mx::array qkv = mx::concatenate({q, k, v}, 1);
     mx::array a = device_kv ? device_attention(qkv, *plan, L.slot, shape, *rope_, *device_kv)
                             : paged_attention(qkv, rows.batch, L.slot, shape, rope_);
@@ -522,6 +584,21 @@ std::unique_ptr<Model> load_qwen3_5_moe_safetensors(const std::string& dir, cons
   c.rope_dims = static_cast<int>(d.head_dim * partial);
   if (c.rope_dims <= 0 || c.rope_dims % 2 != 0 || c.rope_dims > d.head_dim) {
     throw std::runtime_error("qwen3_5_moe partial_rotary_factor " + std::to_string(partial) + " is not supported");
+  }
+  // M-RoPE's split of the rotated frequencies (see the file comment); Qwen3.5's default when
+  // the config names none.
+  std::array<int, 3> section = {11, 11, 10};
+  for (const std::string prefix : {"rope_parameters.", "rope_scaling.", ""}) {
+    if (!hf.has(prefix + "mrope_section.0")) continue;
+    for (int a = 0; a < 3; ++a) {
+      section[a] = static_cast<int>(hf.get_int(prefix + "mrope_section." + std::to_string(a)).value_or(0));
+    }
+    break;
+  }
+  c.rope_axis.assign(c.rope_dims / 2, 0);
+  for (int j = 0; j < c.rope_dims / 2; ++j) {
+    if (j % 3 == 1 && j < 3 * section[1]) c.rope_axis[j] = 1;
+    if (j % 3 == 2 && j < 3 * section[2]) c.rope_axis[j] = 2;
   }
   auto rope = std::make_shared<Rope>();
   rope->dims = c.rope_dims;

@@ -18,6 +18,7 @@
 #include <mlx/mlx.h>
 
 #include "decoder.h"
+#include "qwen_vision.h"
 
 namespace llmd {
 
@@ -376,11 +377,16 @@ std::unique_ptr<VisionTower> load_gemma3_mmproj(const std::string& path, const L
 
 }  // namespace
 
+std::vector<float> VisionTower::encode_patches(const float*, const std::vector<std::array<int, 3>>&) const {
+  throw std::invalid_argument(info().architecture + " vision towers read whole images of one size (encode)");
+}
+
 std::unique_ptr<VisionTower> load_vision_tower(const std::string& dir, const Metadata& config,
                                                const LoadOptions& options) {
   if (!std::filesystem::is_directory(dir)) return load_gemma3_mmproj(dir, options);  // a GGUF mmproj file
   const std::string type = config.get_string("model_type").value_or("");
   if (type == "gemma3") return load_gemma3_vision(dir, config, options);
+  if (type == "qwen3_5_moe" || type == "qwen3_5") return load_qwen_vision(dir, config, options);
   throw std::runtime_error("llmd cannot run the vision tower of model type '" + type + "' yet");
 }
 

@@ -494,6 +494,113 @@ def write_gemma3_multimodal(path: Path) -> dict:
     return config
 
 
+# Qwen3.5's vision encoder at toy size: 4x4-pixel patches over 2 frames (a still image is
+# its frame twice), merged 2x2 into one token, so images come in multiples of 8 pixels a side
+# and any grid of patches; learned positions on a 4x4 grid, resampled to each image's grid.
+QWEN3_5_VISION = {
+    "model_type": "qwen3_5_moe_vision",
+    "depth": 2,
+    "hidden_size": 32,
+    "intermediate_size": 48,
+    "num_heads": 2,
+    "in_channels": 3,
+    "patch_size": 4,
+    "temporal_patch_size": 2,
+    "spatial_merge_size": 2,
+    "out_hidden_size": 64,
+    "num_position_embeddings": 16,
+    "hidden_act": "gelu_pytorch_tanh",
+}
+# The wrapper's own keys: the image markers inside the tiny 128-token vocabulary.
+QWEN3_5_MULTIMODAL = {
+    "image_token_id": 127,
+    "video_token_id": 124,
+    "vision_start_token_id": 125,
+    "vision_end_token_id": 126,
+}
+# The image processor's settings for the toy encoder (preprocessor_config.json): images
+# resized to between 256 and 1024 pixels in multiples of 8 a side.
+QWEN3_5_PREPROCESSOR = {
+    "size": {"shortest_edge": 256, "longest_edge": 1024},
+    "patch_size": 4,
+    "temporal_patch_size": 2,
+    "merge_size": 2,
+    "image_mean": [0.5, 0.5, 0.5],
+    "image_std": [0.5, 0.5, 0.5],
+    "resample": 3,
+    "image_processor_type": "Qwen2VLImageProcessor",
+    "processor_class": "Qwen3VLProcessor",
+}
+
+
+def qwen3_5_vision_weights(seed: int = 2) -> dict[str, np.ndarray]:
+    """The vision encoder and merger of a tiny Qwen3.5, under transformers' names
+    (bf16-representable values)."""
+    c = QWEN3_5_VISION
+    rng = np.random.default_rng(seed)
+    d, f, p, t = c["hidden_size"], c["intermediate_size"], c["patch_size"], c["temporal_patch_size"]
+    merged = d * c["spatial_merge_size"] ** 2
+    m = "model.visual."
+    w: dict[str, np.ndarray] = {
+        m + "patch_embed.proj.weight": rng.normal(0, 0.15, (d, c["in_channels"], t, p, p)),
+        m + "patch_embed.proj.bias": rng.normal(0, 0.1, d),
+        m + "pos_embed.weight": rng.normal(0, 0.5, (c["num_position_embeddings"], d)),
+        m + "merger.norm.weight": 1 + 0.1 * rng.normal(size=d),
+        m + "merger.norm.bias": 0.1 * rng.normal(size=d),
+        m + "merger.linear_fc1.weight": rng.normal(0, 0.1, (merged, merged)),
+        m + "merger.linear_fc1.bias": rng.normal(0, 0.1, merged),
+        m + "merger.linear_fc2.weight": rng.normal(0, 0.1, (c["out_hidden_size"], merged)),
+        m + "merger.linear_fc2.bias": rng.normal(0, 0.1, c["out_hidden_size"]),
+    }
+    for i in range(c["depth"]):
+        b = f"{m}blocks.{i}."
+        for norm in ("norm1", "norm2"):
+            w[f"{b}{norm}.weight"] = 1 + 0.1 * rng.normal(size=d)
+            w[f"{b}{norm}.bias"] = 0.1 * rng.normal(size=d)
+        w[b + "attn.qkv.weight"] = rng.normal(0, 0.2, (3 * d, d))
+        w[b + "attn.qkv.bias"] = rng.normal(0, 0.1, 3 * d)
+        w[b + "attn.proj.weight"] = rng.normal(0, 0.2, (d, d))
+        w[b + "attn.proj.bias"] = rng.normal(0, 0.1, d)
+        w[b + "mlp.linear_fc1.weight"] = rng.normal(0, 0.2, (f, d))
+        w[b + "mlp.linear_fc1.bias"] = rng.normal(0, 0.1, f)
+        w[b + "mlp.linear_fc2.weight"] = rng.normal(0, 0.2, (d, f))
+        w[b + "mlp.linear_fc2.bias"] = rng.normal(0, 0.1, d)
+    return {k: bf16_round(x.astype(np.float32)) for k, x in w.items()}
+
+
+def write_qwen3_5_moe_multimodal(path: Path) -> dict:
+    """A tiny Qwen3_5MoeForConditionalGeneration directory: the qwen3_5_moe_text weights as
+    its language model (`model.language_model.*`), qwen3_5_vision_weights() as `model.visual`,
+    the text rotary split by mrope_section [2, 1, 1] over its 4 frequencies (interleaved
+    t, h, w, t, as transformers lays them out), and the image processor's settings beside it.
+    Returns the config."""
+    path.mkdir(parents=True, exist_ok=True)
+    tensors = {
+        ("model.language_model." + k.removeprefix("model.") if k.startswith("model.") else k): v
+        for k, v in weights("qwen3_5_moe_text").items()
+    }
+    tensors.update(qwen3_5_vision_weights())
+    config = write_multimodal_checkpoint(
+        path,
+        "qwen3_5_moe_text",
+        tensors,
+        model_type="qwen3_5_moe",
+        architecture="Qwen3_5MoeForConditionalGeneration",
+        vision_type="qwen3_5_moe_vision",
+        drop=(),
+        vision_config=QWEN3_5_VISION,
+        extra=QWEN3_5_MULTIMODAL,
+    )
+    config["text_config"]["rope_parameters"] = {
+        **config["text_config"]["rope_parameters"],
+        "mrope_section": [2, 1, 1],
+        "mrope_interleaved": True,
+    }
+    (path / "config.json").write_text(json.dumps(config))
+    (path / "preprocessor_config.json").write_text(json.dumps(QWEN3_5_PREPROCESSOR))
+    return config
+
+
 # llama.cpp's names for the SigLIP layer modules in an mmproj GGUF (its tensor_mapping.py).
 _MMPROJ_LAYER_NAMES = {
     "layer_norm1": "ln1",

@@ -10,6 +10,7 @@ import time
 from typing import Any
 
 import numpy as np
+import pytest
 
 from llmd.worker.vision import (
     EmbeddingCache,
@@ -113,3 +114,24 @@ def test_embedding_cache_drops_the_least_recently_used_past_its_budget() -> None
     assert all(cache.get(k) is rows[k] for k in (b"a", b"c", b"d"))
     cache.put(b"huge", np.zeros((100, 100), dtype=np.float32))  # larger than the budget: not kept
     assert cache.get(b"huge") is None and cache.get(b"a") is not None
+
+
+def test_qwen_layout_takes_each_images_own_row_count_and_grid() -> None:
+    """Qwen3.5's images differ in size: each run of `<|image_pad|>` is as long as its image's
+    embeddings, causal, and carries the merged grid (patch grid / 2) for M-RoPE."""
+    from llmd.worker.vision import qwen_layout
+
+    layout = qwen_layout({"image_token_id": 9}, merge=2)
+    pixels = [np.zeros((4, 6, 3), np.float32), np.ones((2, 4, 3), np.float32)]  # grids 4x6, 2x4
+    embeddings = [np.zeros((6, 8), np.float32), np.zeros((2, 8), np.float32)]
+    prompt = [1, 5, *[9] * 6, 7, *[9] * 2, 3]
+    ids, runs = layout_images(prompt, embeddings, pixels, layout)
+    assert [(first, len(e), bi, grid) for first, e, bi, grid in runs] == [
+        (2, 6, False, (2, 3)),
+        (9, 2, False, (1, 2)),
+    ]
+    assert all(t < 0 for t in ids[2:8] + ids[9:11]) and ids[8] == 7
+    with pytest.raises(
+        ValueError, match="an image takes 6 image tokens; the prompt has a run of 5"
+    ):
+        layout_images([1, *[9] * 5, 3, *[9] * 2], embeddings, pixels, layout)

@@ -52,8 +52,10 @@ class SamplingParams(_Message):
 
 class ImageInput(_Message):
     """One preprocessed image (or pan-and-scan crop) for the worker's vision tower: float32
-    pixels, channels first, little-endian, base64. Its rows in the prompt are the next run of
-    the model's image placeholder tokens (one run per image, in order)."""
+    pixels, little-endian, base64; shape (channels, height, width) for a tower of fixed-size
+    images (Gemma 3), (grid height, grid width, values per patch) of flattened patches for one
+    of any size (Qwen3.5). Its rows in the prompt are the next run of the model's image
+    placeholder tokens (one run per image, in order)."""
 
     pixels: str
     shape: Annotated[list[Annotated[int, Field(ge=1, le=8192)]], Field(min_length=3, max_length=3)]

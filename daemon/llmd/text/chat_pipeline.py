@@ -438,7 +438,10 @@ def chat_prompt(
                 f"model '{req.model}' has a vision tower but no image settings llmd can read",
                 code="model_cannot_see",
             )
-        rendered = expand_prompt(rendered, images, text.image_config)
+        try:
+            rendered = expand_prompt(rendered, images, text.image_config)
+        except ValueError as exc:  # an image the processor refuses (Qwen's aspect ratio > 200)
+            raise bad_request(str(exc), param="messages") from exc
     refuse_unfittable(text, rendered, model.context_length, "messages")
     ids = text.encode_rendered_chat(rendered)
     markers = thinking.markers

@@ -18,6 +18,7 @@ from llmd.store.gguf_metadata import read_gguf_metadata
 from llmd.store.manifests import ModelRecord
 from llmd.text.gemma3_images import Gemma3ImageConfig
 from llmd.text.logprobs import TokenTexts
+from llmd.text.qwen_images import QwenImageConfig
 from llmd.text.spm_tokenizer import CONTROL
 from llmd.text.tokenizer import UnsupportedTokenizer, tokenizer_from_dir, tokenizer_from_gguf
 
@@ -61,9 +62,9 @@ class TextModel:
     # such a model (its converter sets it for Qwen3-Embedding, whose last-token pooling reads
     # that token). A Hugging Face tokenizer does it in its post-processor instead.
     add_eos_id: int | None = None
-    # How the model's images are preprocessed and laid out in the prompt (gemma3_images.py),
-    # for a multimodal checkpoint whose vision half llmd runs; None otherwise.
-    image_config: Gemma3ImageConfig | None = None
+    # How the model's images are preprocessed and laid out in the prompt (gemma3_images.py,
+    # qwen_images.py), for a multimodal checkpoint whose vision half llmd runs; None otherwise.
+    image_config: Gemma3ImageConfig | QwenImageConfig | None = None
 
     def encode(self, text: str, *, add_bos: bool | None = None) -> list[int]:
         """Token ids of `text`, with the model's BOS when it wants one (and lacks it)."""
@@ -213,14 +214,19 @@ def load_dir_text_model(path: Path) -> TextModel:
     )
 
 
-def _image_config(path: Path, config: dict[str, Any]) -> Gemma3ImageConfig | None:
-    """A Gemma 3 multimodal checkpoint's image settings (its preprocessor_config.json, the
-    processor's defaults where it has none)."""
-    if config.get("model_type") != "gemma3" or not isinstance(config.get("vision_config"), dict):
+def _image_config(path: Path, config: dict[str, Any]) -> Gemma3ImageConfig | QwenImageConfig | None:
+    """A Gemma 3 or Qwen3.5 multimodal checkpoint's image settings (its
+    preprocessor_config.json, the processor's defaults where it has none)."""
+    kind = config.get("model_type")
+    if kind not in ("gemma3", "qwen3_5", "qwen3_5_moe"):
+        return None
+    if not isinstance(config.get("vision_config"), dict):
         return None
     pre_file = path / "preprocessor_config.json"
     pre = json.loads(pre_file.read_text()) if pre_file.exists() else {}
-    return Gemma3ImageConfig.from_hf(pre, config)
+    if kind == "gemma3":
+        return Gemma3ImageConfig.from_hf(pre, config)
+    return QwenImageConfig.from_hf(pre)
 
 
 def load_text_model(path: Path, mmproj: Path | None = None) -> TextModel:

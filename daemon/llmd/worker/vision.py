@@ -44,18 +44,22 @@ def surrogate_ids(digest: bytes, rows: int) -> list[int]:
 @dataclass(frozen=True)
 class ImageLayout:
     """Where each image's rows go: the token the template repeats per row, how many rows an
-    image has, and whether an image's rows attend to one another (Gemma 3)."""
+    image has (0: each image its own, its embeddings' count: Qwen3.5), whether an image's rows
+    attend to one another (Gemma 3), and for towers of any image size the patches merged per
+    token along a side (0: none), whose merged grid places the rows for M-RoPE (Qwen3.5)."""
 
     image_token: int
     rows: int
     bidirectional: bool
+    merge: int = 0
 
 
 def layout_images(
     prompt: list[int], embeddings: list[np.ndarray], pixels: list[np.ndarray], layout: ImageLayout
 ) -> tuple[list[int], list[tuple[int, np.ndarray, bool]]]:
     """The prompt with each run of `layout.rows` image tokens (one per image, in order)
-    replaced by that image's surrogate ids, and the engine's embedded runs. Raises ValueError
+    replaced by that image's surrogate ids, and the engine's embedded runs (with the merged
+    grid for M-RoPE where the layout has one). Raises ValueError
     when the runs and the images do not match one to one."""
     ids = list(prompt)
     runs: list[tuple[int, np.ndarray, bool]] = []
@@ -68,15 +72,18 @@ def layout_images(
         j = i
         while j < n and ids[j] == layout.image_token:
             j += 1
-        if j - i != layout.rows:
-            raise ValueError(
-                f"an image takes {layout.rows} image tokens; the prompt has a run of {j - i}"
-            )
         k = len(runs)
         if k >= len(embeddings):
             raise ValueError(f"the prompt has more image runs than the {len(embeddings)} images")
-        ids[i:j] = surrogate_ids(content_digest(pixels[k]), layout.rows)
-        runs.append((i, embeddings[k], layout.bidirectional))
+        rows = layout.rows or len(embeddings[k])
+        if j - i != rows:
+            raise ValueError(f"an image takes {rows} image tokens; the prompt has a run of {j - i}")
+        ids[i:j] = surrogate_ids(content_digest(pixels[k]), rows)
+        if layout.merge:  # pixels[k]: (grid h, grid w, patch values)
+            grid = (pixels[k].shape[0] // layout.merge, pixels[k].shape[1] // layout.merge)
+            runs.append((i, embeddings[k], layout.bidirectional, grid))
+        else:
+            runs.append((i, embeddings[k], layout.bidirectional))
         i = j
     if len(runs) != len(embeddings):
         raise ValueError(f"the prompt has {len(runs)} image runs for {len(embeddings)} images")
@@ -91,6 +98,16 @@ def gemma3_layout(config: dict[str, Any]) -> ImageLayout:
     if token is None:
         raise ValueError("the Gemma 3 config names no image_token_id")
     return ImageLayout(int(token), int(config.get("mm_tokens_per_image", 256)), True)
+
+
+def qwen_layout(config: dict[str, Any], merge: int) -> ImageLayout:
+    """Qwen3.5's: `image_token_id` (`<|image_pad|>`) once per merged token, a count per
+    image, causal like text (transformers' Qwen3.5 masks image tokens as text), the rows on
+    the image's merged grid for M-RoPE."""
+    token = config.get("image_token_id")
+    if token is None:
+        raise ValueError("the Qwen3.5 config names no image_token_id")
+    return ImageLayout(int(token), 0, False, merge)
 
 
 def gemma3_gguf_layout(tokens: list[str], rows: int) -> ImageLayout:
@@ -197,6 +214,9 @@ class ImageEncoder:
         elif config is not None and config.get("model_type") == "gemma3":
             tower = _engine.VisionTower(model_path, config, backend=backend)
             layout = gemma3_layout(config)
+        elif config is not None and config.get("model_type") in ("qwen3_5", "qwen3_5_moe"):
+            tower = _engine.VisionTower(model_path, config, backend=backend)
+            layout = qwen_layout(config, tower.merge_size)
         else:
             return None
         if tower.hidden_size != engine.info()["hidden_size"]:
@@ -211,6 +231,16 @@ class ImageEncoder:
         size = self._tower.image_size
         out = []
         for i, image in enumerate(images):
+            if not size:  # a tower of any image size: (grid h, grid w, patch values)
+                gh, gw, values = image.shape
+                m = self._tower.merge_size
+                if values != self._tower.patch_values or gh % m or gw % m:
+                    raise ValueError(
+                        f"image {i} is {image.shape}; this model reads patches "
+                        f"[grid h, grid w, {self._tower.patch_values}], the grid in multiples of {m}"
+                    )
+                out.append(decode_pixels(image.pixels, list(image.shape)))
+                continue
             if list(image.shape) != [3, size, size]:
                 raise ValueError(
                     f"image {i} is {image.shape}; this model reads [3, {size}, {size}]"
@@ -227,13 +257,22 @@ class ImageEncoder:
         missing = [i for i, e in enumerate(out) if e is None]
         for k in range(0, len(missing), MAX_IMAGES_PER_PASS):
             part = missing[k : k + MAX_IMAGES_PER_PASS]
-            rows = self._tower.encode(np.stack([pixels[i] for i in part]), engine=self._engine)
+            rows = self._run_tower([pixels[i] for i in part])
             for i, emb in zip(part, rows, strict=True):
                 out[i] = emb
                 self._cache.put(digests[i], emb)
         self.encoded += len(missing)
         self.cache_hits += len(pixels) - len(missing)
         return [e for e in out if e is not None]
+
+    def _run_tower(self, pixels: list[np.ndarray]) -> list[np.ndarray]:
+        """One pass of the tower over `pixels`: whole images of one size, or (a tower of any
+        size) each image's patches with its grid."""
+        if self._tower.image_size:
+            return list(self._tower.encode(np.stack(pixels), engine=self._engine))
+        patches = np.concatenate([px.reshape(-1, px.shape[2]) for px in pixels])
+        grids = [(1, px.shape[0], px.shape[1]) for px in pixels]
+        return self._tower.encode_patches(patches, grids, engine=self._engine)
 
     def layout(
         self, prompt: list[int], embeddings: list[np.ndarray], pixels: list[np.ndarray]

@@ -1,0 +1,332 @@
+// Qwen3.5's vision encoder (Hugging Face Qwen3_5VisionModel / Qwen3_5MoeVisionModel, the
+// `model.visual.*` tensors of the multimodal checkpoints), as transformers 5.23 computes it:
+//   patch embedding: a Conv3d whose kernel equals its stride (temporal_patch_size x patch x
+//     patch), i.e. one linear map of each flattened patch (channel, frame, y, x), plus bias;
+//   learned position embeddings on a square grid (num_position_embeddings = side^2), resampled
+//     to each image's patch grid by bilinear interpolation with aligned corners, added;
+//   blocks: pre-LayerNorm (eps 1e-6) attention within each image (q|k|v from one biased
+//     projection, 2-D rotary: the first half of each head's rotated pairs by the patch's row,
+//     the second by its column, frequencies theta^(-4i / head_dim), rotate-half over the whole
+//     head), then a biased GELU-tanh MLP;
+//   merger: LayerNorm per patch, each 2x2 block of patches (consecutive: the processor lists
+//     patches in merge-block order) concatenated, Linear, exact GELU, Linear to the text
+//     hidden size. One row per merged block: the rows that replace the `<|image_pad|>` tokens.
+// The processor's side (resize, normalize, patch order) is daemon/llmd/text/qwen_images.py.
+#include "qwen_vision.h"
+
+#include <algorithm>
+#include <cmath>
+#include <stdexcept>
+
+#include <mlx/mlx.h>
+
+#include "decoder.h"
+
+namespace llmd {
+
+namespace {
+
+struct QwenVisionConfig {
+  int hidden = 1152;  // Qwen3_5VisionConfig's defaults where a config leaves a key out
+  int ffn = 4304;
+  int depth = 27;
+  int heads = 16;
+  int channels = 3;
+  int patch = 16;
+  int temporal = 2;
+  int merge = 2;
+  int out_hidden = 3584;
+  int positions = 2304;
+  double theta = 10000.0;
+  bool tanh_gelu = true;
+  int head_dim() const { return hidden / heads; }
+  int patch_values() const { return channels * temporal * patch * patch; }
+};
+
+struct Norm {
+  mx::array w{0.f}, b{0.f};
+};
+
+struct Block {
+  Norm norm1, norm2;
+  Linear qkv, proj, fc1, fc2;
+  mx::array qkv_bias{0.f}, proj_bias{0.f}, fc1_bias{0.f}, fc2_bias{0.f};
+};
+
+constexpr float kEps = 1e-6f;  // transformers' LayerNorms here: fixed, not in the config
+constexpr int kQueryRows = 2048;  // patches per attention chunk (see encode_patches)
+
+mx::array gelu(const mx::array& x, bool tanh_approx) {
+  if (tanh_approx) {
+    const float c = std::sqrt(2.f / static_cast<float>(M_PI));
+    mx::array cube = mx::multiply(mx::multiply(x, x), x);
+    mx::array inner = mx::multiply(mx::array(c), mx::add(x, mx::multiply(mx::array(0.044715f), cube)));
+    return mx::multiply(mx::multiply(mx::array(0.5f), x), mx::add(mx::array(1.f), mx::tanh(inner)));
+  }
+  mx::array e = mx::erf(mx::multiply(x, mx::array(static_cast<float>(M_SQRT1_2))));
+  return mx::multiply(mx::multiply(mx::array(0.5f), x), mx::add(mx::array(1.f), e));
+}
+
+// Row and column of patch i of an h x w grid listed in merge-block order (block row, block
+// column, row in block, column in block), as the processor flattens them.
+std::pair<int, int> patch_place(int i, int w, int m) {
+  const int in_col = i % m, in_row = (i / m) % m, blocks_w = w / m;
+  const int block_col = (i / (m * m)) % blocks_w, block_row = i / (m * m * blocks_w);
+  return {block_row * m + in_row, block_col * m + in_col};
+}
+
+class QwenVisionTower : public VisionTower {
+ public:
+  QwenVisionTower(QwenVisionConfig c, VisionInfo info, Linear patch, mx::array patch_bias, mx::array pos_table,
+                  std::vector<Block> blocks, Norm merge_norm, Linear fc1, mx::array fc1_bias, Linear fc2,
+                  mx::array fc2_bias, bool on_device)
+      : c_(c), info_(std::move(info)), patch_(std::move(patch)), patch_bias_(std::move(patch_bias)),
+        pos_table_(std::move(pos_table)), blocks_(std::move(blocks)), merge_norm_(std::move(merge_norm)),
+        fc1_(std::move(fc1)), fc1_bias_(std::move(fc1_bias)), fc2_(std::move(fc2)), fc2_bias_(std::move(fc2_bias)),
+        on_device_(on_device), device_(mx::default_device()) {
+    const int quarter = c_.head_dim() / 4;  // frequencies per axis
+    for (int i = 0; i < quarter; ++i) {
+      inv_freq_.push_back(std::pow(c_.theta, -static_cast<double>(2 * i) / static_cast<double>(c_.head_dim() / 2)));
+    }
+  }
+
+  const VisionInfo& info() const override { return info_; }
+
+  std::vector<float> encode(const float*, int) const override {
+    throw std::invalid_argument("Qwen3.5 vision towers read images of any size as patches (encode_patches)");
+  }
+
+  std::vector<float> encode_patches(const float* patches, const std::vector<std::array<int, 3>>& grids) const override {
+    const int m = c_.merge, D = c_.hidden, H = c_.heads, hd = c_.head_dim(), half = hd / 2;
+    int N = 0;
+    for (const auto& [t, h, w] : grids) {
+      if (t != 1) throw std::invalid_argument("Qwen3.5 vision: only still images (grid t = 1), not video");
+      if (h <= 0 || w <= 0 || h % m != 0 || w % m != 0) {
+        throw std::invalid_argument("Qwen3.5 vision: a patch grid of " + std::to_string(h) + "x" + std::to_string(w) +
+                                    " does not merge " + std::to_string(m) + "x" + std::to_string(m));
+      }
+      N += h * w;
+    }
+    if (N == 0) return {};
+    if (on_device_) {
+      // As siglip.cpp: the worker encodes on a thread of its own, which needs its own stream.
+      mx::set_default_device(device_);
+      thread_local bool has_stream = false;
+      if (!has_stream) {
+        mx::set_default_stream(mx::new_stream(device_));
+        has_stream = true;
+      }
+    }
+    // Host-side tables per patch: the 4 bilinear taps into the learned position grid and their
+    // weights, and the rotary cos/sin at the patch's (row, column).
+    const int side = static_cast<int>(std::lround(std::sqrt(static_cast<double>(c_.positions))));
+    std::vector<int32_t> taps(static_cast<size_t>(N) * 4);
+    std::vector<float> weights(taps.size()), cos_t(static_cast<size_t>(N) * half), sin_t(cos_t.size());
+    const int quarter = static_cast<int>(inv_freq_.size());
+    int row0 = 0;
+    for (const auto& [t, h, w] : grids) {
+      for (int i = 0; i < h * w; ++i) {
+        const auto [r, col] = patch_place(i, w, m);
+        auto axis = [&](int index, int size, int& lo, int& hi, float& frac) {
+          const double src = size > 1 ? static_cast<double>(index) * (side - 1) / (size - 1) : 0.0;
+          const double fl = std::floor(src);
+          lo = std::min(static_cast<int>(fl), side - 1);
+          hi = std::min(static_cast<int>(fl) + 1, side - 1);
+          frac = static_cast<float>(src - fl);
+        };
+        int r0, r1, c0, c1;
+        float fr, fc;
+        axis(r, h, r0, r1, fr);
+        axis(col, w, c0, c1, fc);
+        const size_t k = static_cast<size_t>(row0 + i) * 4;
+        taps[k] = r0 * side + c0;
+        taps[k + 1] = r0 * side + c1;
+        taps[k + 2] = r1 * side + c0;
+        taps[k + 3] = r1 * side + c1;
+        weights[k] = (1 - fr) * (1 - fc);
+        weights[k + 1] = (1 - fr) * fc;
+        weights[k + 2] = fr * (1 - fc);
+        weights[k + 3] = fr * fc;
+        float* cs = cos_t.data() + static_cast<size_t>(row0 + i) * half;
+        float* sn = sin_t.data() + static_cast<size_t>(row0 + i) * half;
+        for (int j = 0; j < quarter; ++j) {
+          const double a_row = r * inv_freq_[j], a_col = col * inv_freq_[j];
+          cs[j] = static_cast<float>(std::cos(a_row));
+          sn[j] = static_cast<float>(std::sin(a_row));
+          cs[quarter + j] = static_cast<float>(std::cos(a_col));
+          sn[quarter + j] = static_cast<float>(std::sin(a_col));
+        }
+      }
+      row0 += h * w;
+    }
+    mx::array x(patches, {N, c_.patch_values()}, mx::float32);
+    x = mx::add(patch_(x), patch_bias_);
+    mx::array pos = mx::take(pos_table_, mx::array(taps.begin(), {N * 4}, mx::int32), 0);
+    pos = mx::sum(mx::multiply(mx::reshape(pos, {N, 4, D}), mx::array(weights.begin(), {N, 4, 1}, mx::float32)), 1);
+    x = mx::add(x, pos);
+    const mx::array cs(cos_t.begin(), {N, 1, half}, mx::float32), sn(sin_t.begin(), {N, 1, half}, mx::float32);
+    auto rotate = [&](const mx::array& t) {  // [N, H, hd], rotate-half over the whole head
+      mx::array a = mx::slice(t, {0, 0, 0}, {N, H, half}), b = mx::slice(t, {0, 0, half}, {N, H, hd});
+      return mx::concatenate({mx::subtract(mx::multiply(a, cs), mx::multiply(b, sn)),
+                              mx::add(mx::multiply(b, cs), mx::multiply(a, sn))},
+                             2);
+    };
+    const float scale = 1.f / std::sqrt(static_cast<float>(hd));
+    for (const Block& B : blocks_) {
+      mx::array y = mx::fast::layer_norm(x, B.norm1.w, B.norm1.b, kEps);
+      mx::array qkv = mx::astype(mx::add(B.qkv(y), B.qkv_bias), mx::float32);
+      mx::array q = rotate(mx::reshape(mx::slice(qkv, {0, 0}, {N, D}), {N, H, hd}));
+      mx::array k = rotate(mx::reshape(mx::slice(qkv, {0, D}, {N, 2 * D}), {N, H, hd}));
+      mx::array v = mx::reshape(mx::slice(qkv, {0, 2 * D}, {N, 3 * D}), {N, H, hd});
+      // Each image's patches see every patch of the same image and nothing else.
+      std::vector<mx::array> outs;
+      int at = 0;
+      for (const auto& g : grids) {
+        const int n = g[1] * g[2];
+        auto part = [&](const mx::array& t) {
+          return mx::expand_dims(mx::transpose(mx::slice(t, {at, 0, 0}, {at + n, H, hd}), {1, 0, 2}), 0);
+        };
+        // Queries in chunks: the scores of a released-size 4096x4096 image at once (16 heads x
+        // 16384^2 patches, float32) would be 16 GiB; a chunk's are 2 GiB at most.
+        const mx::array qi = part(q), ki = part(k), vi = part(v);
+        std::vector<mx::array> chunks;
+        for (int r0 = 0; r0 < n; r0 += kQueryRows) {
+          const int r1 = std::min(n, r0 + kQueryRows);
+          chunks.push_back(mx::fast::scaled_dot_product_attention(
+              n > kQueryRows ? mx::slice(qi, {0, 0, r0, 0}, {1, H, r1, hd}) : qi, ki, vi, scale));
+        }
+        mx::array a = chunks.size() == 1 ? chunks[0] : mx::concatenate(chunks, 2);
+        outs.push_back(mx::reshape(mx::transpose(mx::squeeze(a, 0), {1, 0, 2}), {n, D}));
+        at += n;
+      }
+      mx::array a = outs.size() == 1 ? outs[0] : mx::concatenate(outs, 0);
+      x = mx::add(x, mx::add(B.proj(a), B.proj_bias));
+      y = mx::fast::layer_norm(x, B.norm2.w, B.norm2.b, kEps);
+      y = gelu(mx::add(B.fc1(y), B.fc1_bias), c_.tanh_gelu);
+      x = mx::add(x, mx::add(B.fc2(y), B.fc2_bias));
+    }
+    x = mx::fast::layer_norm(x, merge_norm_.w, merge_norm_.b, kEps);
+    x = mx::reshape(x, {N / (m * m), D * m * m});  // the merge block's patches are consecutive rows
+    x = gelu(mx::add(fc1_(x), fc1_bias_), false);
+    x = mx::contiguous(mx::astype(mx::add(fc2_(x), fc2_bias_), mx::float32));
+    x.eval();
+    return std::vector<float>(x.data<float>(), x.data<float>() + x.size());
+  }
+
+ private:
+  QwenVisionConfig c_;
+  VisionInfo info_;
+  Linear patch_;
+  mx::array patch_bias_;
+  mx::array pos_table_;  // [positions, hidden]
+  std::vector<Block> blocks_;
+  Norm merge_norm_;
+  Linear fc1_;
+  mx::array fc1_bias_;
+  Linear fc2_;
+  mx::array fc2_bias_;
+  std::vector<double> inv_freq_;
+  bool on_device_;
+  mx::Device device_;
+};
+
+}  // namespace
+
+std::unique_ptr<VisionTower> load_qwen_vision(const std::string& dir, const Metadata& config,
+                                              const LoadOptions& options) {
+  QwenVisionConfig c;
+  const std::string v = "vision_config.";
+  auto get = [&](const std::string& key, int fallback) {
+    return static_cast<int>(config.get_int(v + key).value_or(fallback));
+  };
+  c.hidden = get("hidden_size", c.hidden);
+  c.ffn = get("intermediate_size", c.ffn);
+  c.depth = get("depth", get("num_hidden_layers", c.depth));
+  c.heads = get("num_heads", get("num_attention_heads", c.heads));
+  c.channels = get("in_channels", c.channels);
+  c.patch = get("patch_size", c.patch);
+  c.temporal = get("temporal_patch_size", c.temporal);
+  c.merge = get("spatial_merge_size", c.merge);
+  c.out_hidden = get("out_hidden_size", c.out_hidden);
+  c.positions = get("num_position_embeddings", c.positions);
+  c.theta = config.get_float(v + "rope_parameters.rope_theta").value_or(c.theta);
+  const std::string act = config.get_string(v + "hidden_act").value_or("gelu_pytorch_tanh");
+  if (act == "gelu") {
+    c.tanh_gelu = false;
+  } else if (act != "gelu_pytorch_tanh" && act != "gelu_new" && act != "gelu_fast") {
+    throw std::runtime_error("qwen3.5 vision activation '" + act + "' is not supported (GELU or GELU-tanh)");
+  }
+  const int side = static_cast<int>(std::lround(std::sqrt(static_cast<double>(c.positions))));
+  if (c.hidden <= 0 || c.heads <= 0 || c.hidden % c.heads != 0 || c.head_dim() % 4 != 0 || c.depth <= 0 ||
+      c.patch <= 0 || c.temporal <= 0 || c.merge <= 0 || side * side != c.positions) {
+    throw std::runtime_error("qwen3.5 vision settings do not describe its encoder (heads, patches or positions)");
+  }
+
+  const Checkpoint w(dir, &config);
+  std::string m;
+  for (const char* prefix : {"model.visual.", "visual."}) {
+    if (w.has(std::string(prefix) + "patch_embed.proj.weight")) m = prefix;
+  }
+  if (m.empty()) {
+    throw std::runtime_error("this checkpoint has no vision tower (no tensor 'model.visual.patch_embed.proj.weight')");
+  }
+  const bool dev = options.on_device();
+  auto vec = [&](const std::string& name) {
+    mx::array a = w.get(name);
+    a.eval();
+    return a;
+  };
+  auto linear = [&](const std::string& module) {
+    Linear l = w.linear({module}, dev);
+    if (!dev) l.use_host_float_gemm();
+    return l;
+  };
+  mx::array conv = w.get(m + "patch_embed.proj.weight");  // [hidden, channels, temporal, patch, patch]
+  if (conv.ndim() != 5 || conv.shape(0) != c.hidden || conv.shape(1) != c.channels || conv.shape(2) != c.temporal ||
+      conv.shape(3) != c.patch || conv.shape(4) != c.patch) {
+    throw std::runtime_error("qwen3.5 vision patch embedding has an unexpected shape");
+  }
+  Linear patch = Linear::from_float(mx::reshape(conv, {c.hidden, c.patch_values()}), dev);
+  if (!dev) patch.use_host_float_gemm();
+  mx::array table = vec(m + "pos_embed.weight");
+  if (table.ndim() != 2 || table.shape(0) != c.positions || table.shape(1) != c.hidden) {
+    throw std::runtime_error("qwen3.5 vision position embeddings do not match num_position_embeddings x hidden_size");
+  }
+  std::vector<Block> blocks(c.depth);
+  for (int i = 0; i < c.depth; ++i) {
+    const std::string b = m + "blocks." + std::to_string(i) + ".";
+    Block& B = blocks[i];
+    B.norm1 = {vec(b + "norm1.weight"), vec(b + "norm1.bias")};
+    B.norm2 = {vec(b + "norm2.weight"), vec(b + "norm2.bias")};
+    B.qkv = linear(b + "attn.qkv");
+    B.qkv_bias = vec(b + "attn.qkv.bias");
+    B.proj = linear(b + "attn.proj");
+    B.proj_bias = vec(b + "attn.proj.bias");
+    B.fc1 = linear(b + "mlp.linear_fc1");
+    B.fc1_bias = vec(b + "mlp.linear_fc1.bias");
+    B.fc2 = linear(b + "mlp.linear_fc2");
+    B.fc2_bias = vec(b + "mlp.linear_fc2.bias");
+  }
+  const std::string g = m + "merger.";
+  if (w.has(g + "norm.weight") && w.get(g + "norm.weight").shape(0) != c.hidden) {
+    throw std::runtime_error("qwen3.5 vision merger norms after the merge (use_postshuffle_norm): not supported");
+  }
+  Norm merge_norm{vec(g + "norm.weight"), vec(g + "norm.bias")};
+  Linear fc1 = linear(g + "linear_fc1");
+  Linear fc2 = linear(g + "linear_fc2");
+  mx::array fc2_bias = vec(g + "linear_fc2.bias");
+  if (fc2_bias.shape(0) != c.out_hidden) {
+    throw std::runtime_error("qwen3.5 vision merger output does not match out_hidden_size");
+  }
+  VisionInfo info;
+  info.architecture = config.get_string("model_type").value_or("qwen3_5_moe");
+  info.channels = c.channels;
+  info.hidden_size = c.out_hidden;
+  info.patch_values = c.patch_values();
+  info.merge_size = c.merge;
+  return std::make_unique<QwenVisionTower>(c, info, std::move(patch), vec(m + "patch_embed.proj.bias"), table,
+                                           std::move(blocks), merge_norm, std::move(fc1),
+                                           vec(g + "linear_fc1.bias"), std::move(fc2), fc2_bias, dev);
+}
+
+}  // namespace llmd
