@@ -496,7 +496,8 @@ inline void dot8_q45k(const uint8_t* w, size_t stride, const ActBlock* const* a,
 // 64-byte load is 8 columns x 8 bytes, Q5_K's fifth bits are a 64-bit mask applied by one
 // masked byte add, and the activation qword broadcast against it holds 4 bytes of each of the
 // two blocks the slice covers, so lane 2c sums column c's block 2p and lane 2c + 1 its block
-// 2p + 1: one float conversion and FMA per row serve two blocks.
+// 2p + 1. With per-256 activations (qgemm.h) the blocks' scales then apply in integers, and
+// one float conversion and FMA per row serve a whole super-block.
 
 // One activation row's blocks 2p and 2p + 1 as the kernel reads them: quants interleaved by
 // dwords (dword 2k: block 2p's bytes 4k .. 4k+3, dword 2k + 1: block 2p + 1's), then the
@@ -510,7 +511,7 @@ struct KqPair {
   int32_t seed[2][2];
 };
 
-// Which seeds KqPairRows computes: none (Q4_K, Q5_K), -32 * the sum of each 16-element half
+// Which seeds KqPairRows computes: none, -32 * the sum of each 16-element half
 // (Q6_K: q - 32), or -8 / -128 * the sum of the whole block (Q4_0's q - 8; Q8_0, whose packed
 // weights are stored as q + 128 so that they are the unsigned operand of vpdpbusd).
 enum class PairSeeds { kNone, kHalves32, kWhole8, kWhole128 };
@@ -575,18 +576,73 @@ inline __m512 broadcast_pair(const float* p) {
   return _mm512_castpd_ps(_mm512_set1_pd(std::bit_cast<double>(load_u64(p))));
 }
 
-// Per pair of blocks, lane 2c (2c + 1): column c's exact integer sum over block 2p (2p + 1),
-// then acc = fma(isum, d * sc * a.d, acc), acc = fnma(dmin * m, a.s, acc) in the same lane;
-// out = acc[2c] + acc[2c + 1] at the end. The same operations in the same order for every
-// row count R, so an output does not depend on the tile it fell in.
+// One activation row's super-block for dot8_q45k_zmm, from per-256 activations (qgemm.h): the
+// quants of block pairs 2p, 2p + 1 interleaved by dwords as KqPair's (pair p at 64p), the
+// blocks' integer sums as the vpdpwssd operands of the mins (bsum[4h .. 4h + 3] = the sums of
+// blocks 4h, 4h + 2, 4h + 1, 4h + 3) and the super-block's one scale.
+struct KqSuper {
+  int8_t q[kSuper];
+  int16_t bsum[kSubBlocks];
+  float d;
+};
+
+struct KqSuperRows {
+  using Row = const KqSuper*;
+  const KqSuper* supers;
+  int nsb;
+  KqSuperRows(const ActBlock* a, int rows, int nb) : nsb(nb / kSubBlocks) {
+    thread_local std::vector<KqSuper> buf;
+    buf.resize(static_cast<size_t>(rows) * nsb);
+    const __m256i ones8 = _mm256_set1_epi8(1);
+    const __m256i ones16 = _mm256_set1_epi16(1);
+    constexpr int kSumSlot[kSubBlocks] = {0, 2, 1, 3, 4, 6, 5, 7};  // block j's place in bsum
+    for (size_t i = 0; i < buf.size(); ++i) {
+      const ActBlock* b = a + kSubBlocks * i;
+      KqSuper& o = buf[i];
+      for (int p = 0; p < kSubBlocks / 2; ++p) {
+        const __m256i qx = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b[2 * p].q));
+        const __m256i qy = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b[2 * p + 1].q));
+        const __m256i lo = _mm256_unpacklo_epi32(qx, qy);
+        const __m256i hi = _mm256_unpackhi_epi32(qx, qy);
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(o.q + 64 * p), _mm256_permute2x128_si256(lo, hi, 0x20));
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(o.q + 64 * p + 32), _mm256_permute2x128_si256(lo, hi, 0x31));
+      }
+      for (int j = 0; j < kSubBlocks; ++j) {
+        // Lanes of 4-byte sums (the activations as maddubs' signed operand), then across lanes.
+        const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b[j].q));
+        const __m256i s8 = _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, q), ones16);
+        __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s8), _mm256_extracti128_si256(s8, 1));
+        s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
+        s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xb1));
+        o.bsum[kSumSlot[j]] = static_cast<int16_t>(_mm_cvtsi128_si32(s4));  // |sum| <= 32 * 127
+      }
+      o.d = b[0].d;  // the 8 blocks' shared scale
+    }
+    supers = buf.data();
+  }
+  Row row(int r) const { return supers + static_cast<size_t>(r) * nsb; }
+};
+
+// Q4_K and Q5_K against per-256 activations. Per pair of blocks, lane 2c (2c + 1): column c's
+// exact integer sum over block 2p (2p + 1), times that block's 6-bit scale, summed over the
+// super-block's 4 pairs in int32 (|sum| <= 4 * 32 * 31 * 127 * 63 < 2^31); the mins'
+// sum_j m[j] * bsum[j] in int32 by two vpdpwssd per row; then once per super-block
+// acc = fma(isc * d - imin * dmin, a.d, acc). out = acc[2c] + acc[2c + 1] at the end. The
+// same operations in the same order for every row count R, so an output does not depend on
+// the tile it fell in.
 template <int R, bool kFive>
-inline void dot8_q45k_zmm(const uint8_t* w, const KqPair* const* a, int nb, float* const* out, bool stream) {
+inline void dot8_q45k_zmm(const uint8_t* w, const KqSuper* const* a, int nb, float* const* out, bool stream) {
   constexpr int kTile = 8 * (kFive ? kQ5KBytes : kQ4KBytes);
   const __m512i m4 = _mm512_set1_epi8(0x0f);
   const __m512i v16 = _mm512_set1_epi8(0x10);
   const __m256i m4y = _mm256_set1_epi8(0x0f);
   const __m256i m30y = _mm256_set1_epi8(0x30);
   const __m512i pairs = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+  // The mins' vpdpwssd operand h from the bytes 8j' + c (j' = j - 4h) of mn[h]: lane 2c + e holds
+  // the int16 pair (m[4h + e][c], m[4h + 2 + e][c]), matching bsum's order.
+  alignas(64) static constexpr int16_t kMinIdx[32] = {0, 16, 8, 24, 1, 17, 9, 25, 2, 18, 10, 26, 3, 19, 11, 27,
+                                                       4, 20, 12, 28, 5, 21, 13, 29, 6, 22, 14, 30, 7, 23, 15, 31};
+  const __m512i min_idx = _mm512_load_si512(kMinIdx);
   __m512 acc[R];
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
@@ -608,20 +664,20 @@ inline void dot8_q45k_zmm(const uint8_t* w, const KqPair* const* a, int nb, floa
                                            _mm256_and_si256(_mm256_slli_epi16(hb, 2), m30y)),
                            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(lo1, 4), m4y),
                                            _mm256_and_si256(_mm256_srli_epi16(hb, 2), m30y))};
+    const __m512i mins[2] = {_mm512_permutexvar_epi16(min_idx, _mm512_cvtepu8_epi16(mn[0])),
+                             _mm512_permutexvar_epi16(min_idx, _mm512_cvtepu8_epi16(mn[1]))};
+    __m512i isc[R];
 #pragma GCC unroll 4
     for (int p = 0; p < 4; ++p) {
-      const int pi = sb * (kSubBlocks / 2) + p;
       // Bytes 0-7: sub-block 2p of columns 0-7, bytes 8-15: sub-block 2p + 1; interleaved so
       // that byte 2c is column c's scale of block 2p and byte 2c + 1 of block 2p + 1.
       const __m128i s16 = (p & 1) ? _mm256_extracti128_si256(sc[p >> 1], 1) : _mm256_castsi256_si128(sc[p >> 1]);
-      const __m128i m16 = (p & 1) ? _mm256_extracti128_si256(mn[p >> 1], 1) : _mm256_castsi256_si128(mn[p >> 1]);
-      const __m128i sp = _mm_unpacklo_epi8(s16, _mm_unpackhi_epi64(s16, s16));
-      const __m128i mp = _mm_unpacklo_epi8(m16, _mm_unpackhi_epi64(m16, m16));
-      const __m512 dsc = _mm512_mul_ps(dg, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(sp)));
-      const __m512 dm = _mm512_mul_ps(dmg, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(mp)));
-      // Two chains per row (low and high nibbles), added once: more independent dpbusd chains
-      // than rows to hide its latency; integer sums are exact, so the result is unchanged.
-      __m512i isum[R][2];
+      const __m512i scp = _mm512_cvtepu8_epi32(_mm_unpacklo_epi8(s16, _mm_unpackhi_epi64(s16, s16)));
+      // A lone row has too few dpbusd chains to hide its latency: it sums the low and high
+      // nibbles in two chains, added once (integer sums are exact: the result is unchanged).
+      // A tile of rows keeps one chain per row, leaving registers for isc and acc.
+      constexpr int kChains = R < 4 ? 2 : 1;
+      __m512i isum[R][kChains];
 #pragma GCC unroll 4
       for (int s = 0; s < 4; ++s) {
         const __m512i q = _mm512_loadu_si512(t + 128 + 256 * p + 64 * s);
@@ -634,21 +690,29 @@ inline void dot8_q45k_zmm(const uint8_t* w, const KqPair* const* a, int nb, floa
         }
 #pragma GCC unroll 8
         for (int r = 0; r < R; ++r) {
-          const int8_t* aq = a[r][pi].q + 16 * s;
+          const int8_t* aq = a[r][sb].q + 64 * p + 16 * s;
           const __m512i alo = _mm512_set1_epi64(static_cast<long long>(load_u64(aq)));
           const __m512i ahi = _mm512_set1_epi64(static_cast<long long>(load_u64(aq + 8)));
           const __m512i z = _mm512_setzero_si512();
           isum[r][0] = _mm512_dpbusd_epi32(s == 0 ? z : isum[r][0], lo, alo);
-          isum[r][1] = _mm512_dpbusd_epi32(s == 0 ? z : isum[r][1], hi, ahi);
+          isum[r][kChains - 1] = _mm512_dpbusd_epi32(s == 0 && kChains == 2 ? z : isum[r][kChains - 1], hi, ahi);
         }
       }
 #pragma GCC unroll 8
       for (int r = 0; r < R; ++r) {
-        const KqPair& ap = a[r][pi];
-        const __m512 sum = _mm512_cvtepi32_ps(_mm512_add_epi32(isum[r][0], isum[r][1]));
-        acc[r] = _mm512_fmadd_ps(sum, _mm512_mul_ps(dsc, broadcast_pair(ap.d)), acc[r]);
-        acc[r] = _mm512_fnmadd_ps(dm, broadcast_pair(ap.s), acc[r]);
+        const __m512i sum = kChains == 2 ? _mm512_add_epi32(isum[r][0], isum[r][kChains - 1]) : isum[r][0];
+        const __m512i v = _mm512_mullo_epi32(sum, scp);
+        isc[r] = p == 0 ? v : _mm512_add_epi32(isc[r], v);
       }
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      const KqSuper& as = a[r][sb];
+      const __m512i b0 = _mm512_set1_epi64(static_cast<long long>(load_u64(as.bsum)));
+      const __m512i b1 = _mm512_set1_epi64(static_cast<long long>(load_u64(as.bsum + 4)));
+      const __m512i imin = _mm512_dpwssd_epi32(_mm512_madd_epi16(mins[0], b0), mins[1], b1);
+      const __m512 x = _mm512_fmsub_ps(_mm512_cvtepi32_ps(isc[r]), dg, _mm512_mul_ps(_mm512_cvtepi32_ps(imin), dmg));
+      acc[r] = _mm512_fmadd_ps(x, _mm512_set1_ps(as.d), acc[r]);
     }
   }
   const __m512i evens = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 0, 2, 4, 6, 8, 10, 12, 14);
@@ -939,7 +1003,7 @@ constexpr int kKq45RowTile = kRowTile;
 // The AVX-512 path runs the 512-bit kernels over the kQword tile (make_table asks the engine
 // to pack that layout), the AVX2 path the 256-bit ones over the kDword tile.
 #if defined(LLMD_ISA_VNNI)
-using Kq45Rows = KqPairRows<PairSeeds::kNone>;
+using Kq45Rows = KqSuperRows;
 #else
 using Kq45Rows = PlainRows;
 #endif
