@@ -348,58 +348,88 @@ inline float kq_finish(__m256 acc) { return hsum(acc); }
 // super-blocks ahead, 43-46 ms with no software prefetch.
 constexpr int kKqPrefetchAhead = 0;
 
-// Bytes 8q .. 8q+7 of v (q a constant after unrolling) widened to 8 int32 lanes.
-inline __m256i bytes8(__m256i v, int q) {
+// One activation row for dot8_q45k: its per-256 blocks (qgemm.h) and each block's integer sum.
+struct KqSumRow {
+  const ActBlock* b;
+  const int16_t* bsum;  // [block]: sum(q), |sum| <= 32 * 127
+};
+
+struct KqSumRows {
+  using Row = KqSumRow;
+  const ActBlock* a;
+  int nb;
+  const int16_t* sums;
+  KqSumRows(const ActBlock* a_, int rows, int nb_) : a(a_), nb(nb_) {
+    thread_local std::vector<int16_t> buf;
+    buf.resize(static_cast<size_t>(rows) * nb);
+    const __m256i ones8 = _mm256_set1_epi8(1);
+    const __m256i ones16 = _mm256_set1_epi16(1);
+    for (size_t i = 0; i < buf.size(); ++i) {
+      const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a[i].q));
+      const __m256i s8 = _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, q), ones16);  // lanes of 4-byte sums
+      __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s8), _mm256_extracti128_si256(s8, 1));
+      s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
+      s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xb1));
+      buf[i] = static_cast<int16_t>(_mm_cvtsi128_si32(s4));
+    }
+    sums = buf.data();
+  }
+  Row row(int r) const { return {a + static_cast<size_t>(r) * nb, sums + static_cast<size_t>(r) * nb}; }
+};
+
+// Bytes 8q .. 8q+7 of v (q a constant after unrolling), each twice, as 16 int16: lane c holds
+// byte 8q + c in both halves (a vpmaddwd operand that scales both of a lane's int16 sums).
+inline __m256i bytes8_dup16(__m256i v, int q) {
   const __m128i half = q < 2 ? _mm256_castsi256_si128(v) : _mm256_extracti128_si256(v, 1);
-  return _mm256_cvtepu8_epi32(q % 2 == 0 ? half : _mm_unpackhi_epi64(half, half));
+  const __m128i b = q % 2 == 0 ? half : _mm_unpackhi_epi64(half, half);
+  return _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(b, b));
 }
 
-// Q4_K and Q5_K: per sub-block j, lane c: sum_e q[c][e] * a[e] (exact), then
-// acc = fma(isum, d * sc[j] * a.d, acc), acc = fnma(dmin * m[j], a.s, acc): the row-major
-// kernel's formula. Q5_K's tile is Q4_K's plus the qh slices, whose bit 2p (2p + 1) is ORed
-// into the low (high) nibbles of chunk p as 16.
+// Bytes 8q + c and 8(q + 1) + c of v (q even) as an int16 pair in lane c.
+inline __m256i bytes8_pair16(__m256i v, int q) {
+  const __m128i half = q < 2 ? _mm256_castsi256_si128(v) : _mm256_extracti128_si256(v, 1);
+  return _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(half, _mm_unpackhi_epi64(half, half)));
+}
+
+// Q4_K and Q5_K against per-256 activations (qgemm.h), 8 columns in the lanes: per sub-block
+// j, lane c: sum_e q[c][e] * a[e] in int16 halves (exact), which one vpmaddwd against column
+// c's 6-bit scale sc[j] widens and scales; the super-block's 8 blocks sum in int32
+// (|sum| <= 8 * 32 * 31 * 127 * 63 < 2^31), the mins' sum_j m[j] * bsum[j] by four vpmaddwd;
+// then once per super-block acc = fma(isc * d - imin * dmin, a.d, acc). Q5_K's tile is Q4_K's
+// plus the qh slices, whose bit 2p (2p + 1) is ORed into the low (high) nibbles of chunk p as
+// 16. The same operations in the same order for every tile shape (R, G).
 template <int R, int G, bool kFive>
-inline void dot8_q45k(const uint8_t* w, size_t stride, const ActBlock* const* a, int nb, float* const* out,
-                      bool stream) {
+inline void dot8_q45k(const uint8_t* w, size_t stride, const KqSumRow* a, int nb, float* const* out, bool stream) {
   constexpr int kTile = 8 * (kFive ? kQ5KBytes : kQ4KBytes);
   const __m256i m4 = _mm256_set1_epi8(0x0f);
   const __m256i m30 = _mm256_set1_epi8(0x30);
-  __m256 acc[R][G];
-  zero_tiles(acc);
+  // The float sums live in memory, touched once per super-block: AVX2's 16 registers go to
+  // the integer chains and isc (kept in registers, acc made Q4_K's 4-row tile spill).
+  alignas(32) float acc[R][G][8] = {};
   for (int sb = 0; sb < nb / kSubBlocks; ++sb) {
     if (stream) prefetch_tiles<G, kTile>(w, stride, sb + kKqPrefetchAhead);
-    // The 6-bit scales and mins of every column, as bytes: byte 8j + c of sc[g][j / 4] / mn[g][j / 4]
-    // (kept in registers: storing them and reloading 8 bytes at a time stalls store forwarding).
-    __m256i sc[G][2], mn[G][2];
-    __m256 dg[G], dmg[G];
+    // The 6-bit scales of every column, as bytes: byte 8j + c of sc[g][j / 4] (kept in
+    // registers: storing them and reloading 8 bytes at a time stalls store forwarding).
+    __m256i sc[G][2];
 #pragma GCC unroll 8
     for (int g = 0; g < G; ++g) {
       const uint8_t* t = w + g * stride + static_cast<size_t>(sb) * kTile;
-      dg[g] = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(t)));
-      dmg[g] = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(t + 16)));
-      const __m256i lo0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(t + 32));
-      const __m256i lo1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(t + 64));
       const __m256i hb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(t + 96));
-      sc[g][0] = _mm256_or_si256(_mm256_and_si256(lo0, m4), _mm256_and_si256(_mm256_slli_epi16(hb, 4), m30));
-      sc[g][1] = _mm256_or_si256(_mm256_and_si256(lo1, m4), _mm256_and_si256(hb, m30));
-      mn[g][0] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(lo0, 4), m4),
-                                 _mm256_and_si256(_mm256_slli_epi16(hb, 2), m30));
-      mn[g][1] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(lo1, 4), m4),
-                                 _mm256_and_si256(_mm256_srli_epi16(hb, 2), m30));
+      sc[g][0] = _mm256_or_si256(_mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(t + 32)), m4),
+                                 _mm256_and_si256(_mm256_slli_epi16(hb, 4), m30));
+      sc[g][1] = _mm256_or_si256(_mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(t + 64)), m4),
+                                 _mm256_and_si256(hb, m30));
     }
+    __m256i isc[R][G];
 #pragma GCC unroll 4
     for (int p = 0; p < 4; ++p) {
       const int b0 = sb * kSubBlocks + 2 * p;  // low nibbles: block b0, high: block b0 + 1
-      // A single row has too few independent integer chains to hide dpbusd's latency: it keeps
-      // a second set of sums for odd h and adds the two after the loop. Integer sums are exact,
-      // so the result (and its independence of the tile shape) is unchanged. AVX2's 16-bit
-      // sums of Q5_K overflow past 4 slices (8 * 2 * 31 * 127 > 32767): two chains of 4 there
-      // too, widened to 32 bits before they are added.
-#if defined(LLMD_ISA_VNNI)
-      constexpr bool kWiden = false;
-#else
+      // A single row has too few independent integer chains to hide maddubs' latency: it keeps
+      // a second set of sums for odd h and adds the two after the loop (integer sums are
+      // exact: the result is unchanged). Q5_K's 16-bit sums overflow past 4 slices
+      // (8 * 2 * 31 * 127 > 32767): two chains of 4 there too, each widened by the scale's
+      // vpmaddwd before they are added.
       constexpr bool kWiden = kFive;
-#endif
       constexpr int kChains = R == 1 || kWiden ? 2 : 1;
       __m256i isum[R][G][2];
       __m256i odd[R][G][2];
@@ -422,44 +452,17 @@ inline void dot8_q45k(const uint8_t* w, size_t stride, const ActBlock* const* a,
         const bool first_of_chain = kChains == 2 ? h < 2 : h == 0;
 #pragma GCC unroll 8
         for (int r = 0; r < R; ++r) {
-          const __m256i alo = broadcast4(a[r][b0].q + 4 * h);
-          const __m256i ahi = broadcast4(a[r][b0 + 1].q + 4 * h);
+          const __m256i alo = broadcast4(a[r].b[b0].q + 4 * h);
+          const __m256i ahi = broadcast4(a[r].b[b0 + 1].q + 4 * h);
 #pragma GCC unroll 8
           for (int g = 0; g < G; ++g) {
             __m256i(&dst)[2] = second ? odd[r][g] : isum[r][g];
-#if defined(LLMD_ISA_VNNI)
-            const __m256i z = _mm256_setzero_si256();
-            dst[0] = _mm256_dpbusd_epi32(first_of_chain ? z : dst[0], lo[g], alo);
-            dst[1] = _mm256_dpbusd_epi32(first_of_chain ? z : dst[1], hi[g], ahi);
-#else
             // int16 lanes: a maddubs term is at most 2 * 15 * 127 = 3810 in magnitude (Q5_K:
             // 7874) and a lane sums 8 of them (30480 < 32767; Q5_K: 4 per chain, 31496).
             const __m256i l16 = _mm256_maddubs_epi16(lo[g], alo);
             const __m256i h16 = _mm256_maddubs_epi16(hi[g], ahi);
             dst[0] = first_of_chain ? l16 : _mm256_add_epi16(dst[0], l16);
             dst[1] = first_of_chain ? h16 : _mm256_add_epi16(dst[1], h16);
-#endif
-          }
-        }
-      }
-      if constexpr (kChains == 2) {
-#pragma GCC unroll 8
-        for (int r = 0; r < R; ++r) {
-#pragma GCC unroll 8
-          for (int g = 0; g < G; ++g) {
-            for (int e = 0; e < 2; ++e) {
-#if defined(LLMD_ISA_VNNI)
-              isum[r][g][e] = _mm256_add_epi32(isum[r][g][e], odd[r][g][e]);
-#else
-              if constexpr (kWiden) {
-                const __m256i ones = _mm256_set1_epi16(1);
-                isum[r][g][e] =
-                    _mm256_add_epi32(_mm256_madd_epi16(isum[r][g][e], ones), _mm256_madd_epi16(odd[r][g][e], ones));
-              } else {
-                isum[r][g][e] = _mm256_add_epi16(isum[r][g][e], odd[r][g][e]);
-              }
-#endif
-            }
           }
         }
       }
@@ -468,24 +471,55 @@ inline void dot8_q45k(const uint8_t* w, size_t stride, const ActBlock* const* a,
         const int j = 2 * p + e;
 #pragma GCC unroll 8
         for (int g = 0; g < G; ++g) {
-          const __m256 dsc = _mm256_mul_ps(dg[g], _mm256_cvtepi32_ps(bytes8(sc[g][j >> 2], j & 3)));
-          const __m256 dm = _mm256_mul_ps(dmg[g], _mm256_cvtepi32_ps(bytes8(mn[g][j >> 2], j & 3)));
+          const __m256i scd = bytes8_dup16(sc[g][j >> 2], j & 3);
 #pragma GCC unroll 8
           for (int r = 0; r < R; ++r) {
-            const ActBlock& ab = a[r][b0 + e];
-#if defined(LLMD_ISA_VNNI)
-            const __m256i i32 = isum[r][g][e];
-#else
-            const __m256i i32 = kWiden ? isum[r][g][e] : _mm256_madd_epi16(isum[r][g][e], _mm256_set1_epi16(1));
-#endif
-            acc[r][g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i32), _mm256_mul_ps(dsc, _mm256_set1_ps(ab.d)), acc[r][g]);
-            acc[r][g] = _mm256_fnmadd_ps(dm, _mm256_set1_ps(ab.s), acc[r][g]);
+            __m256i v;
+            if constexpr (kWiden) {
+              v = _mm256_add_epi32(_mm256_madd_epi16(isum[r][g][e], scd), _mm256_madd_epi16(odd[r][g][e], scd));
+            } else if constexpr (kChains == 2) {
+              v = _mm256_madd_epi16(_mm256_add_epi16(isum[r][g][e], odd[r][g][e]), scd);
+            } else {
+              v = _mm256_madd_epi16(isum[r][g][e], scd);
+            }
+            isc[r][g] = j == 0 ? v : _mm256_add_epi32(isc[r][g], v);
           }
         }
       }
     }
+#pragma GCC unroll 8
+    for (int g = 0; g < G; ++g) {
+      const uint8_t* t = w + g * stride + static_cast<size_t>(sb) * kTile;
+      const __m256 dg = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(t)));
+      const __m256 dmg = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(t + 16)));
+      const __m256i lo0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(t + 32));
+      const __m256i lo1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(t + 64));
+      const __m256i hb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(t + 96));
+      const __m256i mn[2] = {_mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(lo0, 4), m4),
+                                             _mm256_and_si256(_mm256_slli_epi16(hb, 2), m30)),
+                             _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(lo1, 4), m4),
+                                             _mm256_and_si256(_mm256_srli_epi16(hb, 2), m30))};
+      // Lane c: (m[2u][c], m[2u + 1][c]) as int16, against the row's (bsum[2u], bsum[2u + 1]).
+      __m256i mp[4];
+      for (int u = 0; u < 4; ++u) mp[u] = bytes8_pair16(mn[u >> 1], 2 * (u & 1));
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) {
+        const int16_t* bs = a[r].bsum + sb * kSubBlocks;
+        __m256i imin = _mm256_madd_epi16(mp[0], broadcast4(reinterpret_cast<const int8_t*>(bs)));
+        for (int u = 1; u < 4; ++u) {
+          imin = _mm256_add_epi32(imin, _mm256_madd_epi16(mp[u], broadcast4(reinterpret_cast<const int8_t*>(bs + 2 * u))));
+        }
+        const __m256 x = _mm256_fmsub_ps(_mm256_cvtepi32_ps(isc[r][g]), dg, _mm256_mul_ps(_mm256_cvtepi32_ps(imin), dmg));
+        const __m256 d = _mm256_set1_ps(a[r].b[sb * kSubBlocks].d);
+        _mm256_store_ps(acc[r][g], _mm256_fmadd_ps(x, d, _mm256_load_ps(acc[r][g])));
+      }
+    }
   }
-  store_tiles(acc, out);
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 8
+    for (int g = 0; g < G; ++g) _mm256_storeu_ps(out[r] + 8 * g, _mm256_load_ps(acc[r][g]));
+  }
 }
 
 #if defined(LLMD_ISA_VNNI)
@@ -1005,7 +1039,7 @@ constexpr int kKq45RowTile = kRowTile;
 #if defined(LLMD_ISA_VNNI)
 using Kq45Rows = KqSuperRows;
 #else
-using Kq45Rows = PlainRows;
+using Kq45Rows = KqSumRows;
 #endif
 
 template <int R, int G, bool kFive>
