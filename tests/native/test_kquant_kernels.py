@@ -5,7 +5,8 @@ quantizers (kquants.py). Their packing is checked first: the integers it chose, 
 formulas of ggml's block layouts, must equal what `gguf.quants.dequantize` reads back from the
 packed bytes, and the result must be close to the input. The kernels are then checked as in
 test_kernels.py: reference = x (float64) @ gguf-dequantized W.T, tolerance = the worst case of
-the int8 activation rounding (sum_i |w_i| * blockmax|x| / 254) plus a small float term. Besides
+the int8 activation rounding (sum_i |w_i| * blockmax|x| / 254, blocks of 256 for Q4_K and Q5_K,
+whose activations share one scale per super-block) plus a small float term. Besides
 quantized weights, blocks of random bytes (sane fp16 scales) reach every bit pattern: 6-bit
 scale high bits, Q5_K's fifth bits, negative Q6_K scales, q = 0 and q = 63.
 """
