@@ -38,9 +38,11 @@ using QuantizeRowFn = void (*)(const float* x, ActBlock* out, int k);
 // activation scale per super-block, a kernel applies each sub-block's 6-bit weight scale to an
 // integer dot product and takes the mins from the blocks' integer sums, in integers until one
 // float multiply-add per super-block, instead of a conversion, a multiply and two FMAs per
-// 32-element block (bench/README.md: dropping that float work made the AVX-512 Q5_K kernel
-// ~28% faster).
-// Every path quantizes them the same way, so SIMD and scalar paths see the same integers.
+// 32-element block (bench/README.md, issue 31: the AVX-512 Q5_K kernel 244-254 -> 275-302
+// GMAC/s, AVX2 77-80 -> 87-89). The price is a coarser activation rounding where a block's
+// values are much smaller than its super-block's largest, the trade llama.cpp makes for every
+// K-quant. Q6_K stays per 32: its kernel measured slower this way. Every path quantizes the
+// same way, so SIMD and scalar paths see the same integers.
 bool uses_superblock_activations(TensorType type);
 
 // out[r * ldo + n] = dot(weight row n, activation row r) for r in [0, rows), n in [n0, n1).
