@@ -373,7 +373,7 @@ py::array_t<float> kernel_gemm(const std::string& type, py::array_t<uint8_t, py:
   const int rows = static_cast<int>(x.shape(0));
   py::array_t<float> out({rows, n});
   std::vector<kernels::ActBlock> act(static_cast<size_t>(rows) * (k / kernels::kBlock));
-  for (int r = 0; r < rows; ++r) table->quantize_row(x.data() + static_cast<size_t>(r) * k, act.data() + static_cast<size_t>(r) * (k / kernels::kBlock), k);
+  for (int r = 0; r < rows; ++r) table->quantizer_for(tt)(x.data() + static_cast<size_t>(r) * k, act.data() + static_cast<size_t>(r) * (k / kernels::kBlock), k);
   if (packed) {
     // The layout the engine packs weights into at load time, packed by the same function.
     std::vector<uint8_t> bytes(w.data(), w.data() + w.size());

@@ -114,6 +114,7 @@ void QuantizedMatmul::eval_cpu(const std::vector<mx::array>& inputs, mx::array& 
     const float* xp = x_rows.data();
     auto& pool = ThreadPool::global();
     kernels::ActBlock* ap = act.data();
+    const kernels::QuantizeRowFn quantize = table->quantizer_for(spec.type);
     pool.parallel_for(rows, [&](int r0, int r1) {
       std::vector<float> normed(norm_w ? k : 0);
       for (int r = r0; r < r1; ++r) {
@@ -122,7 +123,7 @@ void QuantizedMatmul::eval_cpu(const std::vector<mx::array>& inputs, mx::array& 
           rms_norm_row(src, norm_w, spec.eps, k, normed.data());
           src = normed.data();
         }
-        table->quantize_row(src, ap + static_cast<size_t>(r) * nb, k);
+        quantize(src, ap + static_cast<size_t>(r) * nb, k);
       }
     });
     const kernels::GemmFn gemm = spec.packed ? table->packed_gemm_for(spec.type) : table->gemm_for(spec.type);

@@ -30,11 +30,11 @@ using namespace llmd::kernels;
 namespace {
 
 // out[r * n + j] for x rows [0, rows), each call covering `rows_per_call` rows.
-void run(const KernelTable& t, GemmFn gemm, const uint8_t* w, size_t rb, const float* x, int n,
+void run(const KernelTable& t, TensorType type, GemmFn gemm, const uint8_t* w, size_t rb, const float* x, int n,
          int k, int rows, int rows_per_call, float* out) {
   const int nb = k / kBlock;
   std::vector<ActBlock> act(static_cast<size_t>(rows) * nb);
-  for (int r = 0; r < rows; ++r) t.quantize_row(x + static_cast<size_t>(r) * k, &act[r * nb], k);
+  for (int r = 0; r < rows; ++r) t.quantizer_for(type)(x + static_cast<size_t>(r) * k, &act[r * nb], k);
   for (int r = 0; r < rows; r += rows_per_call) {
     const int count = std::min(rows_per_call, rows - r);
     gemm(w, rb, &act[r * nb], k, count, 0, n, out + static_cast<size_t>(r) * n, n);
@@ -87,7 +87,7 @@ int main(int argc, char** argv) {
       const GemmFn gemm = t->gemm_for(type);
       for (const int per_call : {rows, 1}) {
         if (gemm) {
-          run(*t, gemm, w, rb, x.data(), n, k, rows, per_call, res.data());
+          run(*t, type, gemm, w, rb, x.data(), n, k, rows, per_call, res.data());
         } else {
           std::fill(res.begin(), res.end(), std::numeric_limits<float>::quiet_NaN());
         }

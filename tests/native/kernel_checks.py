@@ -1,9 +1,10 @@
 """Shared checks for llmd's quantized matmul kernels (test_kernels, test_kquant_kernels,
 test_arm64_cross).
 
-The kernels quantize activations to int8 per 32-wide block, so the stated tolerance against a
-float64 reference is the worst case of that rounding, sum_i |w_i| * (blockmax|x| / 254), plus a
-small float-accumulation term.
+The kernels quantize activations to int8 per 32-wide block (Q4_K and Q5_K: per 256, one scale
+for a whole super-block, as llama.cpp's Q8_K), so the stated tolerance against a float64
+reference is the worst case of that rounding, sum_i |w_i| * (blockmax|x| / 254), plus a small
+float-accumulation term.
 """
 
 from __future__ import annotations
@@ -16,10 +17,19 @@ import numpy as np
 Kernel = Callable[[str, np.ndarray, int, int, np.ndarray, str], np.ndarray]
 
 
-def activation_rounding_tolerance(x: np.ndarray, w_deq: np.ndarray) -> np.ndarray:
+# Weight types whose kernels take activations quantized per 256 (kernels/qgemm.h).
+SUPERBLOCK_ACTIVATIONS = frozenset({"Q4_K", "Q5_K"})
+
+
+def activation_block(type_name: str) -> int:
+    """How many activations share one int8 scale in the kernels of `type_name`."""
+    return 256 if type_name in SUPERBLOCK_ACTIVATIONS else 32
+
+
+def activation_rounding_tolerance(x: np.ndarray, w_deq: np.ndarray, block: int = 32) -> np.ndarray:
     rows, k = x.shape
-    blockmax = np.abs(x.reshape(rows, k // 32, 32)).max(axis=2)  # [rows, k/32]
-    step = np.repeat(blockmax / 254.0, 32, axis=1)  # max rounding error per element
+    blockmax = np.abs(x.reshape(rows, k // block, block)).max(axis=2)  # [rows, k/block]
+    step = np.repeat(blockmax / 254.0, block, axis=1)  # max rounding error per element
     bound = step @ np.abs(w_deq).T  # [rows, n]
     scale = np.abs(x) @ np.abs(w_deq).T
     return bound * 1.001 + scale * 1e-5 + 1e-6
@@ -38,7 +48,7 @@ def check_matches_reference(
         x = rng.standard_normal((rows, k), dtype=np.float32)
         out = kernel(type_name, packed, n, k, x, path)
         err = np.abs(out - x.astype(np.float64) @ w_deq.T)
-        tol = activation_rounding_tolerance(x, w_deq)
+        tol = activation_rounding_tolerance(x, w_deq, activation_block(type_name))
         assert (err <= tol).all(), f"{path} {type_name} rows={rows}: max excess {(err - tol).max()}"
 
 

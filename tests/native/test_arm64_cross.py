@@ -25,7 +25,7 @@ import pytest
 from gguf import GGMLQuantizationType
 from gguf.quants import dequantize, quantize
 
-from .kernel_checks import activation_rounding_tolerance
+from .kernel_checks import activation_block, activation_rounding_tolerance
 from .kquants import QUANTIZERS
 
 NATIVE = Path(__file__).parents[2] / "native"
@@ -101,7 +101,8 @@ def cases(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[dict]]:
                     ref = x.astype(np.float64) @ w_deq.T
                     label = f"{name} n={n} k={k} rows={rows}"
                     meta.append({"label": label, "shape": (rows, n), "ref": ref})
-                    meta[-1]["tol"] = activation_rounding_tolerance(x, w_deq)
+                    block = activation_block(name)
+                    meta[-1]["tol"] = activation_rounding_tolerance(x, w_deq, block)
     return path, meta
 
 

@@ -5,7 +5,8 @@ quantizers (kquants.py). Their packing is checked first: the integers it chose, 
 formulas of ggml's block layouts, must equal what `gguf.quants.dequantize` reads back from the
 packed bytes, and the result must be close to the input. The kernels are then checked as in
 test_kernels.py: reference = x (float64) @ gguf-dequantized W.T, tolerance = the worst case of
-the int8 activation rounding (sum_i |w_i| * blockmax|x| / 254) plus a small float term. Besides
+the int8 activation rounding (sum_i |w_i| * blockmax|x| / 254, blocks of 256 for Q4_K and Q5_K,
+whose activations share one scale per super-block) plus a small float term. Besides
 quantized weights, blocks of random bytes (sane fp16 scales) reach every bit pattern: 6-bit
 scale high bits, Q5_K's fifth bits, negative Q6_K scales, q = 0 and q = 63.
 """
@@ -172,3 +173,40 @@ def test_packed_rows_are_bit_identical_whatever_the_batch(path: str, type_name: 
         assert np.array_equal(
             _packed_kernel(type_name, packed, n, k, x[r : r + 1], path)[0], batched[r]
         ), r
+
+
+# ------------------------------------------------------------------ SIMD paths against scalar
+#
+# Q4_K and Q5_K quantize activations per 256 (one int8 scale per super-block, llama.cpp's Q8_K)
+# on every path, bit-identically, so a SIMD path and the scalar path see the same integers and
+# may differ only in the order float partial sums are added: far inside the activation-rounding
+# tolerance above, and what keeps the paths' logprobs as close as test_simd_spread asks.
+
+SIMD_PATHS = [p for p in PATHS if p != "scalar"]
+
+
+def _float_order_bound(x: np.ndarray, w_deq: np.ndarray) -> np.ndarray:
+    """Float re-association of the same integer block dots: a few ulps of sum |x||w|."""
+    return (np.abs(x).astype(np.float64) @ np.abs(w_deq).T) * 2e-6 + 1e-6
+
+
+@pytest.mark.skipif(not SIMD_PATHS, reason="no SIMD kernel path runs on this CPU")
+@pytest.mark.parametrize("path", SIMD_PATHS)
+@pytest.mark.parametrize("type_name", ["Q4_K", "Q5_K"])
+@pytest.mark.parametrize("packed", [False, True])
+@pytest.mark.parametrize("n,k", [(8, 256), (40, 1280), (24, 2304)])
+def test_simd_paths_match_the_scalar_path_to_float_rounding(
+    path: str, type_name: str, packed: bool, n: int, k: int
+) -> None:
+    if packed and path not in PACKED_PATHS:
+        pytest.skip(f"{path} has no packed kernels")
+    rng = np.random.default_rng(n + k)
+    weights, w_deq = _weights(rng, n, k, type_name, "quantized")
+    # Rows of very different magnitudes within a super-block: a per-32 quantizer on one path
+    # and a per-256 one on the other would differ by far more than the bound.
+    x = rng.standard_normal((13, k), dtype=np.float32)
+    x[:, ::7] *= 30.0
+    scalar = engine.kernel_gemm(type_name, weights, n, k, x, "scalar")
+    got = engine.kernel_gemm(type_name, weights, n, k, x, path, packed=packed)
+    excess = np.abs(got.astype(np.float64) - scalar) - _float_order_bound(x, w_deq)
+    assert (excess <= 0).all(), f"{path} {type_name} packed={packed}: max excess {excess.max()}"

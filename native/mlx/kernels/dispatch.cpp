@@ -64,6 +64,14 @@ bool cpu_has_dotprod() {
 }
 }  // namespace
 
+bool uses_superblock_activations(TensorType type) {
+  return type == TensorType::Q4_K || type == TensorType::Q5_K;
+}
+
+QuantizeRowFn KernelTable::quantizer_for(TensorType type) const {
+  return uses_superblock_activations(type) ? quantize_row_k : quantize_row;
+}
+
 GemmFn KernelTable::gemm_for(TensorType type) const {
   switch (type) {
     case TensorType::Q4_0: return q4_0;

@@ -348,58 +348,88 @@ inline float kq_finish(__m256 acc) { return hsum(acc); }
 // super-blocks ahead, 43-46 ms with no software prefetch.
 constexpr int kKqPrefetchAhead = 0;
 
-// Bytes 8q .. 8q+7 of v (q a constant after unrolling) widened to 8 int32 lanes.
-inline __m256i bytes8(__m256i v, int q) {
+// One activation row for dot8_q45k: its per-256 blocks (qgemm.h) and each block's integer sum.
+struct KqSumRow {
+  const ActBlock* b;
+  const int16_t* bsum;  // [block]: sum(q), |sum| <= 32 * 127
+};
+
+struct KqSumRows {
+  using Row = KqSumRow;
+  const ActBlock* a;
+  int nb;
+  const int16_t* sums;
+  KqSumRows(const ActBlock* a_, int rows, int nb_) : a(a_), nb(nb_) {
+    thread_local std::vector<int16_t> buf;
+    buf.resize(static_cast<size_t>(rows) * nb);
+    const __m256i ones8 = _mm256_set1_epi8(1);
+    const __m256i ones16 = _mm256_set1_epi16(1);
+    for (size_t i = 0; i < buf.size(); ++i) {
+      const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a[i].q));
+      const __m256i s8 = _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, q), ones16);  // lanes of 4-byte sums
+      __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s8), _mm256_extracti128_si256(s8, 1));
+      s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
+      s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xb1));
+      buf[i] = static_cast<int16_t>(_mm_cvtsi128_si32(s4));
+    }
+    sums = buf.data();
+  }
+  Row row(int r) const { return {a + static_cast<size_t>(r) * nb, sums + static_cast<size_t>(r) * nb}; }
+};
+
+// Bytes 8q .. 8q+7 of v (q a constant after unrolling), each twice, as 16 int16: lane c holds
+// byte 8q + c in both halves (a vpmaddwd operand that scales both of a lane's int16 sums).
+inline __m256i bytes8_dup16(__m256i v, int q) {
   const __m128i half = q < 2 ? _mm256_castsi256_si128(v) : _mm256_extracti128_si256(v, 1);
-  return _mm256_cvtepu8_epi32(q % 2 == 0 ? half : _mm_unpackhi_epi64(half, half));
+  const __m128i b = q % 2 == 0 ? half : _mm_unpackhi_epi64(half, half);
+  return _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(b, b));
 }
 
-// Q4_K and Q5_K: per sub-block j, lane c: sum_e q[c][e] * a[e] (exact), then
-// acc = fma(isum, d * sc[j] * a.d, acc), acc = fnma(dmin * m[j], a.s, acc): the row-major
-// kernel's formula. Q5_K's tile is Q4_K's plus the qh slices, whose bit 2p (2p + 1) is ORed
-// into the low (high) nibbles of chunk p as 16.
+// Bytes 8q + c and 8(q + 1) + c of v (q even) as an int16 pair in lane c.
+inline __m256i bytes8_pair16(__m256i v, int q) {
+  const __m128i half = q < 2 ? _mm256_castsi256_si128(v) : _mm256_extracti128_si256(v, 1);
+  return _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(half, _mm_unpackhi_epi64(half, half)));
+}
+
+// Q4_K and Q5_K against per-256 activations (qgemm.h), 8 columns in the lanes: per sub-block
+// j, lane c: sum_e q[c][e] * a[e] in int16 halves (exact), which one vpmaddwd against column
+// c's 6-bit scale sc[j] widens and scales; the super-block's 8 blocks sum in int32
+// (|sum| <= 8 * 32 * 31 * 127 * 63 < 2^31), the mins' sum_j m[j] * bsum[j] by four vpmaddwd;
+// then once per super-block acc = fma(isc * d - imin * dmin, a.d, acc). Q5_K's tile is Q4_K's
+// plus the qh slices, whose bit 2p (2p + 1) is ORed into the low (high) nibbles of chunk p as
+// 16. The same operations in the same order for every tile shape (R, G).
 template <int R, int G, bool kFive>
-inline void dot8_q45k(const uint8_t* w, size_t stride, const ActBlock* const* a, int nb, float* const* out,
-                      bool stream) {
+inline void dot8_q45k(const uint8_t* w, size_t stride, const KqSumRow* a, int nb, float* const* out, bool stream) {
   constexpr int kTile = 8 * (kFive ? kQ5KBytes : kQ4KBytes);
   const __m256i m4 = _mm256_set1_epi8(0x0f);
   const __m256i m30 = _mm256_set1_epi8(0x30);
-  __m256 acc[R][G];
-  zero_tiles(acc);
+  // The float sums live in memory, touched once per super-block: AVX2's 16 registers go to
+  // the integer chains and isc (kept in registers, acc made Q4_K's 4-row tile spill).
+  alignas(32) float acc[R][G][8] = {};
   for (int sb = 0; sb < nb / kSubBlocks; ++sb) {
     if (stream) prefetch_tiles<G, kTile>(w, stride, sb + kKqPrefetchAhead);
-    // The 6-bit scales and mins of every column, as bytes: byte 8j + c of sc[g][j / 4] / mn[g][j / 4]
-    // (kept in registers: storing them and reloading 8 bytes at a time stalls store forwarding).
-    __m256i sc[G][2], mn[G][2];
-    __m256 dg[G], dmg[G];
+    // The 6-bit scales of every column, as bytes: byte 8j + c of sc[g][j / 4] (kept in
+    // registers: storing them and reloading 8 bytes at a time stalls store forwarding).
+    __m256i sc[G][2];
 #pragma GCC unroll 8
     for (int g = 0; g < G; ++g) {
       const uint8_t* t = w + g * stride + static_cast<size_t>(sb) * kTile;
-      dg[g] = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(t)));
-      dmg[g] = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(t + 16)));
-      const __m256i lo0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(t + 32));
-      const __m256i lo1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(t + 64));
       const __m256i hb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(t + 96));
-      sc[g][0] = _mm256_or_si256(_mm256_and_si256(lo0, m4), _mm256_and_si256(_mm256_slli_epi16(hb, 4), m30));
-      sc[g][1] = _mm256_or_si256(_mm256_and_si256(lo1, m4), _mm256_and_si256(hb, m30));
-      mn[g][0] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(lo0, 4), m4),
-                                 _mm256_and_si256(_mm256_slli_epi16(hb, 2), m30));
-      mn[g][1] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(lo1, 4), m4),
-                                 _mm256_and_si256(_mm256_srli_epi16(hb, 2), m30));
+      sc[g][0] = _mm256_or_si256(_mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(t + 32)), m4),
+                                 _mm256_and_si256(_mm256_slli_epi16(hb, 4), m30));
+      sc[g][1] = _mm256_or_si256(_mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(t + 64)), m4),
+                                 _mm256_and_si256(hb, m30));
     }
+    __m256i isc[R][G];
 #pragma GCC unroll 4
     for (int p = 0; p < 4; ++p) {
       const int b0 = sb * kSubBlocks + 2 * p;  // low nibbles: block b0, high: block b0 + 1
-      // A single row has too few independent integer chains to hide dpbusd's latency: it keeps
-      // a second set of sums for odd h and adds the two after the loop. Integer sums are exact,
-      // so the result (and its independence of the tile shape) is unchanged. AVX2's 16-bit
-      // sums of Q5_K overflow past 4 slices (8 * 2 * 31 * 127 > 32767): two chains of 4 there
-      // too, widened to 32 bits before they are added.
-#if defined(LLMD_ISA_VNNI)
-      constexpr bool kWiden = false;
-#else
+      // A single row has too few independent integer chains to hide maddubs' latency: it keeps
+      // a second set of sums for odd h and adds the two after the loop (integer sums are
+      // exact: the result is unchanged). Q5_K's 16-bit sums overflow past 4 slices
+      // (8 * 2 * 31 * 127 > 32767): two chains of 4 there too, each widened by the scale's
+      // vpmaddwd before they are added.
       constexpr bool kWiden = kFive;
-#endif
       constexpr int kChains = R == 1 || kWiden ? 2 : 1;
       __m256i isum[R][G][2];
       __m256i odd[R][G][2];
@@ -422,44 +452,17 @@ inline void dot8_q45k(const uint8_t* w, size_t stride, const ActBlock* const* a,
         const bool first_of_chain = kChains == 2 ? h < 2 : h == 0;
 #pragma GCC unroll 8
         for (int r = 0; r < R; ++r) {
-          const __m256i alo = broadcast4(a[r][b0].q + 4 * h);
-          const __m256i ahi = broadcast4(a[r][b0 + 1].q + 4 * h);
+          const __m256i alo = broadcast4(a[r].b[b0].q + 4 * h);
+          const __m256i ahi = broadcast4(a[r].b[b0 + 1].q + 4 * h);
 #pragma GCC unroll 8
           for (int g = 0; g < G; ++g) {
             __m256i(&dst)[2] = second ? odd[r][g] : isum[r][g];
-#if defined(LLMD_ISA_VNNI)
-            const __m256i z = _mm256_setzero_si256();
-            dst[0] = _mm256_dpbusd_epi32(first_of_chain ? z : dst[0], lo[g], alo);
-            dst[1] = _mm256_dpbusd_epi32(first_of_chain ? z : dst[1], hi[g], ahi);
-#else
             // int16 lanes: a maddubs term is at most 2 * 15 * 127 = 3810 in magnitude (Q5_K:
             // 7874) and a lane sums 8 of them (30480 < 32767; Q5_K: 4 per chain, 31496).
             const __m256i l16 = _mm256_maddubs_epi16(lo[g], alo);
             const __m256i h16 = _mm256_maddubs_epi16(hi[g], ahi);
             dst[0] = first_of_chain ? l16 : _mm256_add_epi16(dst[0], l16);
             dst[1] = first_of_chain ? h16 : _mm256_add_epi16(dst[1], h16);
-#endif
-          }
-        }
-      }
-      if constexpr (kChains == 2) {
-#pragma GCC unroll 8
-        for (int r = 0; r < R; ++r) {
-#pragma GCC unroll 8
-          for (int g = 0; g < G; ++g) {
-            for (int e = 0; e < 2; ++e) {
-#if defined(LLMD_ISA_VNNI)
-              isum[r][g][e] = _mm256_add_epi32(isum[r][g][e], odd[r][g][e]);
-#else
-              if constexpr (kWiden) {
-                const __m256i ones = _mm256_set1_epi16(1);
-                isum[r][g][e] =
-                    _mm256_add_epi32(_mm256_madd_epi16(isum[r][g][e], ones), _mm256_madd_epi16(odd[r][g][e], ones));
-              } else {
-                isum[r][g][e] = _mm256_add_epi16(isum[r][g][e], odd[r][g][e]);
-              }
-#endif
-            }
           }
         }
       }
@@ -468,24 +471,55 @@ inline void dot8_q45k(const uint8_t* w, size_t stride, const ActBlock* const* a,
         const int j = 2 * p + e;
 #pragma GCC unroll 8
         for (int g = 0; g < G; ++g) {
-          const __m256 dsc = _mm256_mul_ps(dg[g], _mm256_cvtepi32_ps(bytes8(sc[g][j >> 2], j & 3)));
-          const __m256 dm = _mm256_mul_ps(dmg[g], _mm256_cvtepi32_ps(bytes8(mn[g][j >> 2], j & 3)));
+          const __m256i scd = bytes8_dup16(sc[g][j >> 2], j & 3);
 #pragma GCC unroll 8
           for (int r = 0; r < R; ++r) {
-            const ActBlock& ab = a[r][b0 + e];
-#if defined(LLMD_ISA_VNNI)
-            const __m256i i32 = isum[r][g][e];
-#else
-            const __m256i i32 = kWiden ? isum[r][g][e] : _mm256_madd_epi16(isum[r][g][e], _mm256_set1_epi16(1));
-#endif
-            acc[r][g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i32), _mm256_mul_ps(dsc, _mm256_set1_ps(ab.d)), acc[r][g]);
-            acc[r][g] = _mm256_fnmadd_ps(dm, _mm256_set1_ps(ab.s), acc[r][g]);
+            __m256i v;
+            if constexpr (kWiden) {
+              v = _mm256_add_epi32(_mm256_madd_epi16(isum[r][g][e], scd), _mm256_madd_epi16(odd[r][g][e], scd));
+            } else if constexpr (kChains == 2) {
+              v = _mm256_madd_epi16(_mm256_add_epi16(isum[r][g][e], odd[r][g][e]), scd);
+            } else {
+              v = _mm256_madd_epi16(isum[r][g][e], scd);
+            }
+            isc[r][g] = j == 0 ? v : _mm256_add_epi32(isc[r][g], v);
           }
         }
       }
     }
+#pragma GCC unroll 8
+    for (int g = 0; g < G; ++g) {
+      const uint8_t* t = w + g * stride + static_cast<size_t>(sb) * kTile;
+      const __m256 dg = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(t)));
+      const __m256 dmg = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(t + 16)));
+      const __m256i lo0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(t + 32));
+      const __m256i lo1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(t + 64));
+      const __m256i hb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(t + 96));
+      const __m256i mn[2] = {_mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(lo0, 4), m4),
+                                             _mm256_and_si256(_mm256_slli_epi16(hb, 2), m30)),
+                             _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(lo1, 4), m4),
+                                             _mm256_and_si256(_mm256_srli_epi16(hb, 2), m30))};
+      // Lane c: (m[2u][c], m[2u + 1][c]) as int16, against the row's (bsum[2u], bsum[2u + 1]).
+      __m256i mp[4];
+      for (int u = 0; u < 4; ++u) mp[u] = bytes8_pair16(mn[u >> 1], 2 * (u & 1));
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) {
+        const int16_t* bs = a[r].bsum + sb * kSubBlocks;
+        __m256i imin = _mm256_madd_epi16(mp[0], broadcast4(reinterpret_cast<const int8_t*>(bs)));
+        for (int u = 1; u < 4; ++u) {
+          imin = _mm256_add_epi32(imin, _mm256_madd_epi16(mp[u], broadcast4(reinterpret_cast<const int8_t*>(bs + 2 * u))));
+        }
+        const __m256 x = _mm256_fmsub_ps(_mm256_cvtepi32_ps(isc[r][g]), dg, _mm256_mul_ps(_mm256_cvtepi32_ps(imin), dmg));
+        const __m256 d = _mm256_set1_ps(a[r].b[sb * kSubBlocks].d);
+        _mm256_store_ps(acc[r][g], _mm256_fmadd_ps(x, d, _mm256_load_ps(acc[r][g])));
+      }
+    }
   }
-  store_tiles(acc, out);
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 8
+    for (int g = 0; g < G; ++g) _mm256_storeu_ps(out[r] + 8 * g, _mm256_load_ps(acc[r][g]));
+  }
 }
 
 #if defined(LLMD_ISA_VNNI)
@@ -496,7 +530,8 @@ inline void dot8_q45k(const uint8_t* w, size_t stride, const ActBlock* const* a,
 // 64-byte load is 8 columns x 8 bytes, Q5_K's fifth bits are a 64-bit mask applied by one
 // masked byte add, and the activation qword broadcast against it holds 4 bytes of each of the
 // two blocks the slice covers, so lane 2c sums column c's block 2p and lane 2c + 1 its block
-// 2p + 1: one float conversion and FMA per row serve two blocks.
+// 2p + 1. With per-256 activations (qgemm.h) the blocks' scales then apply in integers, and
+// one float conversion and FMA per row serve a whole super-block.
 
 // One activation row's blocks 2p and 2p + 1 as the kernel reads them: quants interleaved by
 // dwords (dword 2k: block 2p's bytes 4k .. 4k+3, dword 2k + 1: block 2p + 1's), then the
@@ -510,7 +545,7 @@ struct KqPair {
   int32_t seed[2][2];
 };
 
-// Which seeds KqPairRows computes: none (Q4_K, Q5_K), -32 * the sum of each 16-element half
+// Which seeds KqPairRows computes: none, -32 * the sum of each 16-element half
 // (Q6_K: q - 32), or -8 / -128 * the sum of the whole block (Q4_0's q - 8; Q8_0, whose packed
 // weights are stored as q + 128 so that they are the unsigned operand of vpdpbusd).
 enum class PairSeeds { kNone, kHalves32, kWhole8, kWhole128 };
@@ -575,18 +610,73 @@ inline __m512 broadcast_pair(const float* p) {
   return _mm512_castpd_ps(_mm512_set1_pd(std::bit_cast<double>(load_u64(p))));
 }
 
-// Per pair of blocks, lane 2c (2c + 1): column c's exact integer sum over block 2p (2p + 1),
-// then acc = fma(isum, d * sc * a.d, acc), acc = fnma(dmin * m, a.s, acc) in the same lane;
-// out = acc[2c] + acc[2c + 1] at the end. The same operations in the same order for every
-// row count R, so an output does not depend on the tile it fell in.
+// One activation row's super-block for dot8_q45k_zmm, from per-256 activations (qgemm.h): the
+// quants of block pairs 2p, 2p + 1 interleaved by dwords as KqPair's (pair p at 64p), the
+// blocks' integer sums as the vpdpwssd operands of the mins (bsum[4h .. 4h + 3] = the sums of
+// blocks 4h, 4h + 2, 4h + 1, 4h + 3) and the super-block's one scale.
+struct KqSuper {
+  int8_t q[kSuper];
+  int16_t bsum[kSubBlocks];
+  float d;
+};
+
+struct KqSuperRows {
+  using Row = const KqSuper*;
+  const KqSuper* supers;
+  int nsb;
+  KqSuperRows(const ActBlock* a, int rows, int nb) : nsb(nb / kSubBlocks) {
+    thread_local std::vector<KqSuper> buf;
+    buf.resize(static_cast<size_t>(rows) * nsb);
+    const __m256i ones8 = _mm256_set1_epi8(1);
+    const __m256i ones16 = _mm256_set1_epi16(1);
+    constexpr int kSumSlot[kSubBlocks] = {0, 2, 1, 3, 4, 6, 5, 7};  // block j's place in bsum
+    for (size_t i = 0; i < buf.size(); ++i) {
+      const ActBlock* b = a + kSubBlocks * i;
+      KqSuper& o = buf[i];
+      for (int p = 0; p < kSubBlocks / 2; ++p) {
+        const __m256i qx = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b[2 * p].q));
+        const __m256i qy = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b[2 * p + 1].q));
+        const __m256i lo = _mm256_unpacklo_epi32(qx, qy);
+        const __m256i hi = _mm256_unpackhi_epi32(qx, qy);
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(o.q + 64 * p), _mm256_permute2x128_si256(lo, hi, 0x20));
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(o.q + 64 * p + 32), _mm256_permute2x128_si256(lo, hi, 0x31));
+      }
+      for (int j = 0; j < kSubBlocks; ++j) {
+        // Lanes of 4-byte sums (the activations as maddubs' signed operand), then across lanes.
+        const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b[j].q));
+        const __m256i s8 = _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, q), ones16);
+        __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s8), _mm256_extracti128_si256(s8, 1));
+        s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
+        s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xb1));
+        o.bsum[kSumSlot[j]] = static_cast<int16_t>(_mm_cvtsi128_si32(s4));  // |sum| <= 32 * 127
+      }
+      o.d = b[0].d;  // the 8 blocks' shared scale
+    }
+    supers = buf.data();
+  }
+  Row row(int r) const { return supers + static_cast<size_t>(r) * nsb; }
+};
+
+// Q4_K and Q5_K against per-256 activations. Per pair of blocks, lane 2c (2c + 1): column c's
+// exact integer sum over block 2p (2p + 1), times that block's 6-bit scale, summed over the
+// super-block's 4 pairs in int32 (|sum| <= 4 * 32 * 31 * 127 * 63 < 2^31); the mins'
+// sum_j m[j] * bsum[j] in int32 by two vpdpwssd per row; then once per super-block
+// acc = fma(isc * d - imin * dmin, a.d, acc). out = acc[2c] + acc[2c + 1] at the end. The
+// same operations in the same order for every row count R, so an output does not depend on
+// the tile it fell in.
 template <int R, bool kFive>
-inline void dot8_q45k_zmm(const uint8_t* w, const KqPair* const* a, int nb, float* const* out, bool stream) {
+inline void dot8_q45k_zmm(const uint8_t* w, const KqSuper* const* a, int nb, float* const* out, bool stream) {
   constexpr int kTile = 8 * (kFive ? kQ5KBytes : kQ4KBytes);
   const __m512i m4 = _mm512_set1_epi8(0x0f);
   const __m512i v16 = _mm512_set1_epi8(0x10);
   const __m256i m4y = _mm256_set1_epi8(0x0f);
   const __m256i m30y = _mm256_set1_epi8(0x30);
   const __m512i pairs = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+  // The mins' vpdpwssd operand h from the bytes 8j' + c (j' = j - 4h) of mn[h]: lane 2c + e holds
+  // the int16 pair (m[4h + e][c], m[4h + 2 + e][c]), matching bsum's order.
+  alignas(64) static constexpr int16_t kMinIdx[32] = {0, 16, 8, 24, 1, 17, 9, 25, 2, 18, 10, 26, 3, 19, 11, 27,
+                                                       4, 20, 12, 28, 5, 21, 13, 29, 6, 22, 14, 30, 7, 23, 15, 31};
+  const __m512i min_idx = _mm512_load_si512(kMinIdx);
   __m512 acc[R];
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
@@ -608,20 +698,20 @@ inline void dot8_q45k_zmm(const uint8_t* w, const KqPair* const* a, int nb, floa
                                            _mm256_and_si256(_mm256_slli_epi16(hb, 2), m30y)),
                            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(lo1, 4), m4y),
                                            _mm256_and_si256(_mm256_srli_epi16(hb, 2), m30y))};
+    const __m512i mins[2] = {_mm512_permutexvar_epi16(min_idx, _mm512_cvtepu8_epi16(mn[0])),
+                             _mm512_permutexvar_epi16(min_idx, _mm512_cvtepu8_epi16(mn[1]))};
+    __m512i isc[R];
 #pragma GCC unroll 4
     for (int p = 0; p < 4; ++p) {
-      const int pi = sb * (kSubBlocks / 2) + p;
       // Bytes 0-7: sub-block 2p of columns 0-7, bytes 8-15: sub-block 2p + 1; interleaved so
       // that byte 2c is column c's scale of block 2p and byte 2c + 1 of block 2p + 1.
       const __m128i s16 = (p & 1) ? _mm256_extracti128_si256(sc[p >> 1], 1) : _mm256_castsi256_si128(sc[p >> 1]);
-      const __m128i m16 = (p & 1) ? _mm256_extracti128_si256(mn[p >> 1], 1) : _mm256_castsi256_si128(mn[p >> 1]);
-      const __m128i sp = _mm_unpacklo_epi8(s16, _mm_unpackhi_epi64(s16, s16));
-      const __m128i mp = _mm_unpacklo_epi8(m16, _mm_unpackhi_epi64(m16, m16));
-      const __m512 dsc = _mm512_mul_ps(dg, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(sp)));
-      const __m512 dm = _mm512_mul_ps(dmg, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(mp)));
-      // Two chains per row (low and high nibbles), added once: more independent dpbusd chains
-      // than rows to hide its latency; integer sums are exact, so the result is unchanged.
-      __m512i isum[R][2];
+      const __m512i scp = _mm512_cvtepu8_epi32(_mm_unpacklo_epi8(s16, _mm_unpackhi_epi64(s16, s16)));
+      // A lone row has too few dpbusd chains to hide its latency: it sums the low and high
+      // nibbles in two chains, added once (integer sums are exact: the result is unchanged).
+      // A tile of rows keeps one chain per row, leaving registers for isc and acc.
+      constexpr int kChains = R < 4 ? 2 : 1;
+      __m512i isum[R][kChains];
 #pragma GCC unroll 4
       for (int s = 0; s < 4; ++s) {
         const __m512i q = _mm512_loadu_si512(t + 128 + 256 * p + 64 * s);
@@ -634,21 +724,29 @@ inline void dot8_q45k_zmm(const uint8_t* w, const KqPair* const* a, int nb, floa
         }
 #pragma GCC unroll 8
         for (int r = 0; r < R; ++r) {
-          const int8_t* aq = a[r][pi].q + 16 * s;
+          const int8_t* aq = a[r][sb].q + 64 * p + 16 * s;
           const __m512i alo = _mm512_set1_epi64(static_cast<long long>(load_u64(aq)));
           const __m512i ahi = _mm512_set1_epi64(static_cast<long long>(load_u64(aq + 8)));
           const __m512i z = _mm512_setzero_si512();
           isum[r][0] = _mm512_dpbusd_epi32(s == 0 ? z : isum[r][0], lo, alo);
-          isum[r][1] = _mm512_dpbusd_epi32(s == 0 ? z : isum[r][1], hi, ahi);
+          isum[r][kChains - 1] = _mm512_dpbusd_epi32(s == 0 && kChains == 2 ? z : isum[r][kChains - 1], hi, ahi);
         }
       }
 #pragma GCC unroll 8
       for (int r = 0; r < R; ++r) {
-        const KqPair& ap = a[r][pi];
-        const __m512 sum = _mm512_cvtepi32_ps(_mm512_add_epi32(isum[r][0], isum[r][1]));
-        acc[r] = _mm512_fmadd_ps(sum, _mm512_mul_ps(dsc, broadcast_pair(ap.d)), acc[r]);
-        acc[r] = _mm512_fnmadd_ps(dm, broadcast_pair(ap.s), acc[r]);
+        const __m512i sum = kChains == 2 ? _mm512_add_epi32(isum[r][0], isum[r][kChains - 1]) : isum[r][0];
+        const __m512i v = _mm512_mullo_epi32(sum, scp);
+        isc[r] = p == 0 ? v : _mm512_add_epi32(isc[r], v);
       }
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      const KqSuper& as = a[r][sb];
+      const __m512i b0 = _mm512_set1_epi64(static_cast<long long>(load_u64(as.bsum)));
+      const __m512i b1 = _mm512_set1_epi64(static_cast<long long>(load_u64(as.bsum + 4)));
+      const __m512i imin = _mm512_dpwssd_epi32(_mm512_madd_epi16(mins[0], b0), mins[1], b1);
+      const __m512 x = _mm512_fmsub_ps(_mm512_cvtepi32_ps(isc[r]), dg, _mm512_mul_ps(_mm512_cvtepi32_ps(imin), dmg));
+      acc[r] = _mm512_fmadd_ps(x, _mm512_set1_ps(as.d), acc[r]);
     }
   }
   const __m512i evens = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 0, 2, 4, 6, 8, 10, 12, 14);
@@ -939,9 +1037,9 @@ constexpr int kKq45RowTile = kRowTile;
 // The AVX-512 path runs the 512-bit kernels over the kQword tile (make_table asks the engine
 // to pack that layout), the AVX2 path the 256-bit ones over the kDword tile.
 #if defined(LLMD_ISA_VNNI)
-using Kq45Rows = KqPairRows<PairSeeds::kNone>;
+using Kq45Rows = KqSuperRows;
 #else
-using Kq45Rows = PlainRows;
+using Kq45Rows = KqSumRows;
 #endif
 
 template <int R, int G, bool kFive>

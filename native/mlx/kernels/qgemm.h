@@ -33,6 +33,18 @@ struct ActBlock {
 
 using QuantizeRowFn = void (*)(const float* x, ActBlock* out, int k);
 
+// Q4_K and Q5_K take their activations per 256 (llama.cpp's Q8_K): the 8 blocks of a 256-wide
+// super-block share one scale d (x ~= d * q, s = d * sum(q) per block as above). Why: with one
+// activation scale per super-block, a kernel applies each sub-block's 6-bit weight scale to an
+// integer dot product and takes the mins from the blocks' integer sums, in integers until one
+// float multiply-add per super-block, instead of a conversion, a multiply and two FMAs per
+// 32-element block (bench/README.md, issue 31: the AVX-512 Q5_K kernel 244-254 -> 275-302
+// GMAC/s, AVX2 77-80 -> 87-89). The price is a coarser activation rounding where a block's
+// values are much smaller than its super-block's largest, the trade llama.cpp makes for every
+// K-quant. Q6_K stays per 32: its kernel measured slower this way. Every path quantizes the
+// same way, so SIMD and scalar paths see the same integers.
+bool uses_superblock_activations(TensorType type);
+
 // out[r * ldo + n] = dot(weight row n, activation row r) for r in [0, rows), n in [n0, n1).
 // `w` points at weight row 0; rows are `w_row_bytes` apart. `a` holds rows * (k / 32) blocks.
 using GemmFn = void (*)(const uint8_t* w, size_t w_row_bytes, const ActBlock* a, int k, int rows,
@@ -41,6 +53,7 @@ using GemmFn = void (*)(const uint8_t* w, size_t w_row_bytes, const ActBlock* a,
 struct KernelTable {
   const char* isa;  // "avx512vnni", "avx2", "neondot", "neon", "scalar"
   QuantizeRowFn quantize_row;
+  QuantizeRowFn quantize_row_k;  // per 256 (uses_superblock_activations); k a multiple of 256
   GemmFn q4_0;
   GemmFn q4_1;
   GemmFn q8_0;
@@ -58,6 +71,8 @@ struct KernelTable {
   // How this path's packed kernels want the tile arranged (pack8.h): the engine packs with it.
   PackLayout pack_layout = PackLayout::kDword;
 
+  // The activation quantizer the kernels of `type` expect (quantize_row or quantize_row_k).
+  QuantizeRowFn quantizer_for(TensorType type) const;
   GemmFn gemm_for(TensorType type) const;         // nullptr if this table has no kernel for it
   GemmFn packed_gemm_for(TensorType type) const;  // nullptr if it has no packed kernel
 };

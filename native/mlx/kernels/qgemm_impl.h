@@ -42,6 +42,30 @@ inline void quantize_row(const float* x, ActBlock* out, int k) {
   }
 }
 
+// Per 256 (qgemm.h, uses_superblock_activations): one scale d = amax / 127 over the super-block,
+// then each 32-wide block rounded as quantize_row rounds it, with that shared scale.
+inline void quantize_row_k(const float* x, ActBlock* out, int k) {
+  constexpr int kPer = 256 / kBlock;
+  for (int sb = 0; sb < k / 256; ++sb) {
+    const float* xs = x + sb * 256;
+    float amax = 0.f;
+    for (int i = 0; i < 256; ++i) amax = std::max(amax, std::fabs(xs[i]));
+    const float d = amax / 127.f;
+    const float id = d > 0.f ? 1.f / d : 0.f;
+    for (int b = 0; b < kPer; ++b) {
+      ActBlock& o = out[sb * kPer + b];
+      int sum = 0;
+      for (int i = 0; i < kBlock; ++i) {
+        const int q = static_cast<int>(std::nearbyint(xs[b * kBlock + i] * id));
+        o.q[i] = static_cast<int8_t>(q);
+        sum += q;
+      }
+      o.d = d;
+      o.s = d * static_cast<float>(sum);
+    }
+  }
+}
+
 // ------------------------------------------------------------------ per-block integer dots
 
 #if defined(LLMD_ISA_X86)
@@ -51,36 +75,52 @@ inline float half(const uint8_t* p) { return _cvtsh_ss(read_u16(p)); }
 // quantize_row with AVX2: the same operations per element (|x| max, x * (1 / d) rounded to
 // nearest-even by cvtps under the default MXCSR mode, exact integer sum), so the blocks are
 // bit-identical to the portable version's.
-inline void quantize_row_simd(const float* x, ActBlock* out, int k) {
+// The largest |x| of n floats (n a multiple of 8): exact in any order.
+inline float amax_simd(const float* x, int n) {
   const __m256 sign = _mm256_set1_ps(-0.f);
+  __m256 m = _mm256_setzero_ps();
+  for (int i = 0; i < n; i += 8) m = _mm256_max_ps(m, _mm256_andnot_ps(sign, _mm256_loadu_ps(x + i)));
+  __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+  m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+  m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+  return _mm_cvtss_f32(m4);
+}
+
+// One 32-wide block with scale d (id = 1 / d or 0): x * id rounded to nearest-even by cvtps
+// under the default MXCSR mode, exact integer sum, as the portable loops do.
+inline void quantize_block_simd(const float* xb, float d, float id, ActBlock& out) {
+  const __m256 idv = _mm256_set1_ps(id);
+  __m256i q[4];
+  for (int i = 0; i < 4; ++i) q[i] = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(xb + 8 * i), idv));
+  // int32 -> int8 in element order (packs interleave 128-bit lanes; the permute undoes it).
+  const __m256i q16 = _mm256_permute4x64_epi64(_mm256_packs_epi32(q[0], q[1]), 0xd8);
+  const __m256i q16b = _mm256_permute4x64_epi64(_mm256_packs_epi32(q[2], q[3]), 0xd8);
+  const __m256i q8 = _mm256_permute4x64_epi64(_mm256_packs_epi16(q16, q16b), 0xd8);
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out.q), q8);
+  __m256i s = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
+  __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+  s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
+  s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xb1));
+  out.d = d;
+  out.s = d * static_cast<float>(_mm_cvtsi128_si32(s4));
+}
+
+// quantize_row with AVX2: the same operations per element, so the blocks are bit-identical to
+// the portable version's.
+inline void quantize_row_simd(const float* x, ActBlock* out, int k) {
   for (int b = 0; b < k / kBlock; ++b) {
-    const float* xb = x + b * kBlock;
-    __m256 v[4];
-    __m256 m = _mm256_setzero_ps();
-    for (int i = 0; i < 4; ++i) {
-      v[i] = _mm256_loadu_ps(xb + 8 * i);
-      m = _mm256_max_ps(m, _mm256_andnot_ps(sign, v[i]));
-    }
-    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
-    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-    m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
-    const float amax = _mm_cvtss_f32(m4);
-    const float d = amax / 127.f;
+    const float d = amax_simd(x + b * kBlock, kBlock) / 127.f;
+    quantize_block_simd(x + b * kBlock, d, d > 0.f ? 1.f / d : 0.f, out[b]);
+  }
+}
+
+// quantize_row_k with AVX2, bit-identical to it.
+inline void quantize_row_k_simd(const float* x, ActBlock* out, int k) {
+  constexpr int kPer = 256 / kBlock;
+  for (int sb = 0; sb < k / 256; ++sb) {
+    const float d = amax_simd(x + sb * 256, 256) / 127.f;
     const float id = d > 0.f ? 1.f / d : 0.f;
-    const __m256 idv = _mm256_set1_ps(id);
-    __m256i q[4];
-    for (int i = 0; i < 4; ++i) q[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], idv));
-    // int32 -> int8 in element order (packs interleave 128-bit lanes; the permute undoes it).
-    const __m256i q16 = _mm256_permute4x64_epi64(_mm256_packs_epi32(q[0], q[1]), 0xd8);
-    const __m256i q16b = _mm256_permute4x64_epi64(_mm256_packs_epi32(q[2], q[3]), 0xd8);
-    const __m256i q8 = _mm256_permute4x64_epi64(_mm256_packs_epi16(q16, q16b), 0xd8);
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out[b].q), q8);
-    __m256i s = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
-    __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
-    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
-    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xb1));
-    out[b].d = d;
-    out[b].s = d * static_cast<float>(_mm_cvtsi128_si32(s4));
+    for (int b = 0; b < kPer; ++b) quantize_block_simd(x + sb * 256 + b * kBlock, d, id, out[sb * kPer + b]);
   }
 }
 
@@ -674,6 +714,7 @@ inline const KernelTable* make_table(const char* isa) {
 #if defined(LLMD_ISA_X86)
   static const KernelTable table{.isa = isa,
                                  .quantize_row = quantize_row_simd,
+                                 .quantize_row_k = quantize_row_k_simd,
                                  .q4_0 = gemm_q4_0,
                                  .q4_1 = gemm_q4_1,
                                  .q8_0 = gemm_q8_0,
@@ -700,6 +741,7 @@ inline const KernelTable* make_table(const char* isa) {
 #else
   static const KernelTable table{.isa = isa,
                                  .quantize_row = quantize_row,
+                                 .quantize_row_k = quantize_row_k,
                                  .q4_0 = gemm_q4_0,
                                  .q4_1 = gemm_q4_1,
                                  .q8_0 = gemm_q8_0,
