@@ -5,6 +5,7 @@
 #include <stdexcept>
 
 #include "../core/dequantize.h"
+#include "../core/huge_pages.h"
 #include "float_gemm.h"
 #include "kernels/pack8.h"
 #include "quantized_matmul.h"
@@ -13,10 +14,14 @@ namespace llmd {
 
 mx::array owned_bytes(size_t n) {
   // MLX-owned buffer so the weights live as long as any graph that uses them. Filled on the
-  // CPU whatever the default device: the host writes it next.
-  mx::array a = mx::zeros({static_cast<int>(n)}, mx::uint8, mx::default_stream(mx::Device::cpu));
-  a.eval();
-  return a;
+  // CPU whatever the default device: the host writes it next. Weights are read whole every
+  // decode step, so the buffer asks for 2 MiB pages before its first write (huge_pages.h):
+  // a large malloc is fresh, untouched memory; a reused one just keeps its pages.
+  mx::allocator::Data data = mx::allocator::malloc(n);
+  void* p = data.buffer().raw_ptr();
+  advise_huge_pages(p, n);
+  if (n > 0) std::memset(p, 0, n);
+  return mx::array(std::move(data), {static_cast<int>(n)}, mx::uint8);
 }
 
 namespace {
