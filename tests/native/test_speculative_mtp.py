@@ -183,6 +183,37 @@ def test_a_head_that_agrees_with_the_model_gets_its_drafts_kept(
     print(f"\n{backend}: accepted {accepted}/{drafted}, steps {stats['steps']} vs {plain_steps}")
 
 
+def test_cached_prefixes_and_siblings_decode_the_same_without_the_head(agreeing_head: Path) -> None:
+    """The head reads the model's hidden state at every position from 0, which a prefix reused
+    from the cache (or a sibling of n > 1, which starts from its first choice's KV) never
+    computed: those sequences decode without drafts (mtp_drafter.h), giving the same tokens;
+    the sequence that prefilled the prompt itself drafts."""
+    prompt = _prompts(23, (100,))[0]  # a recurrent-state snapshot at 64: reusable
+    engine = _engine(agreeing_head)
+    plain = _engine(agreeing_head)
+    try:
+        want = _greedy(plain, [prompt], {}, max_tokens=20)[0]["tokens"]
+        first = run_all(engine, {"a": {"prompt": prompt, "max_tokens": 20, **MTP}})["a"]
+        again = run_all(engine, {"b": {"prompt": prompt, "max_tokens": 20, **MTP}})["b"]
+        fresh = _prompts(29, (40,))[0]
+        want_fresh = _greedy(plain, [fresh], {}, max_tokens=20)[0]["tokens"]
+        siblings = run_all(
+            engine,
+            {
+                "p": {"prompt": fresh, "max_tokens": 20, **MTP},
+                "c": {"prompt": fresh, "max_tokens": 20, "prefill_of": "p", **MTP},
+            },
+        )
+    finally:
+        engine.shutdown()
+        plain.shutdown()
+    assert first["tokens"] == again["tokens"] == want
+    assert first["done"]["drafted_tokens"] > 0
+    assert again["done"]["cached_tokens"] == 64 and again["done"]["drafted_tokens"] == 0
+    assert siblings["p"]["tokens"] == siblings["c"]["tokens"] == want_fresh
+    assert siblings["p"]["done"]["drafted_tokens"] > 0
+
+
 def test_sampled_output_follows_the_same_distribution_with_the_head(agreeing_head: Path) -> None:
     """500 seeded draws each way at temperature 1 (different seeds each way: distributions are
     compared, not draws), positions 1-3 of each continuation (position 0 comes from the
@@ -256,3 +287,32 @@ def test_an_mtp_request_on_a_model_without_a_head_is_an_error(tmp_path: Path) ->
     error = events[-1]
     assert error["type"] == "error" and error["code"] == "unsupported"
     assert "no MTP head" in error["message"]
+
+
+def test_the_worker_drafts_with_the_head_and_says_it_has_one(
+    agreeing_head: Path, tmp_path: Path
+) -> None:
+    """The worker process: `speculative_mtp` in its ready features only where the model ships a
+    head, and a generate message with `mtp` drafts with it (drafted and accepted tokens in its
+    done message) and gives the tokens the same request gives without."""
+    from .conftest import read_event, send, worker_process
+
+    def turn(proc, rid: str, **extra) -> tuple[list[int], dict]:  # type: ignore[no-untyped-def]
+        send(proc, {"type": "generate", "id": rid, "prompt": TOKENS, "max_tokens": 24, **extra})
+        tokens: list[int] = []
+        while (event := read_event(proc))["type"] != "done":
+            assert event["type"] in ("started", "tokens"), event
+            tokens += event.get("tokens", [])
+        return tokens, event
+
+    with worker_process(agreeing_head, "cpu") as (proc, ready):
+        assert {"speculative_ngram", "speculative_mtp"} <= set(ready["features"])
+        plain, _ = turn(proc, "plain")
+        drafted, done = turn(proc, "mtp", max_draft=4, mtp=True)
+    assert drafted == plain
+    assert done["drafted_tokens"] > 0 and done["accepted_tokens"] > done["drafted_tokens"] // 2
+    write_checkpoint(tmp_path, ARCH)
+    with worker_process(tmp_path, "cpu") as (proc, ready):
+        assert (
+            "speculative_ngram" in ready["features"] and "speculative_mtp" not in ready["features"]
+        )
