@@ -65,21 +65,24 @@ def random_head(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-def _agreeing_weights() -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+def _agreeing_weights(
+    config: dict | None = None,
+) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
     """A model whose layers only nudge its residual stream (their output projections scaled
     down), so its next token depends mostly on the current one, and an MTP head that computes
     exactly that guess from the token it reads: fc passes the normalised embedding through
     (fc = [I | 0]), its layer adds nothing (zero output projections), its final norm is the
     model's. Most of its drafts are kept; not all (the layers' nudges), so rejections and the
     state rollback still run."""
-    model = weights(ARCH)
+    c = config or CONFIGS[ARCH]
+    model = weights(ARCH, config=c)
     for name in list(model):
         if name.endswith(
             ("o_proj.weight", "out_proj.weight", "down_proj.weight", "experts.down_proj")
         ):
             model[name] = model[name] * np.float32(1 / 64)  # a power of two: still bf16-exact
-    head = qwen3_5_moe_mtp_weights()
-    h = CONFIGS[ARCH]["hidden_size"]
+    head = qwen3_5_moe_mtp_weights(config=c)
+    h = c["hidden_size"]
     head["mtp.fc.weight"] = np.concatenate([np.eye(h), np.zeros((h, h))], 1).astype(np.float32)
     head["mtp.pre_fc_norm_embedding.weight"] = np.zeros(h, np.float32)
     head["mtp.norm.weight"] = model["model.norm.weight"]

@@ -198,7 +198,7 @@ def weights(arch: str, seed: int = 0, config: dict | None = None) -> dict[str, n
     """Hugging Face tensor names -> float32 arrays (bf16-representable values). `config`
     replaces CONFIGS[arch] (other sizes of the same architecture)."""
     if arch == "qwen3_5_moe_text":
-        return _qwen3_5_moe_weights(seed)
+        return _qwen3_5_moe_weights(seed, config)
     c = config or CONFIGS[arch]
     rng = np.random.default_rng(seed)
     if c["model_type"] == "gemma4_text":
@@ -243,8 +243,8 @@ def weights(arch: str, seed: int = 0, config: dict | None = None) -> dict[str, n
     return {k: bf16_round(x.astype(np.float32)) for k, x in w.items()}
 
 
-def _qwen3_5_moe_weights(seed: int) -> dict[str, np.ndarray]:
-    c = CONFIGS["qwen3_5_moe_text"]
+def _qwen3_5_moe_weights(seed: int, config: dict | None = None) -> dict[str, np.ndarray]:
+    c = config or CONFIGS["qwen3_5_moe_text"]
     rng = np.random.default_rng(seed)
     h, v = c["hidden_size"], c["vocab_size"]
     nh, nkv, hd = c["num_attention_heads"], c["num_key_value_heads"], c["head_dim"]
@@ -613,14 +613,14 @@ def write_checkpoint(directory: Path, arch: str, seed: int = 0) -> dict[str, np.
     return w
 
 
-def qwen3_5_moe_mtp_weights(seed: int = 1) -> dict[str, np.ndarray]:
+def qwen3_5_moe_mtp_weights(seed: int = 1, config: dict | None = None) -> dict[str, np.ndarray]:
     """Random `mtp.*` tensors for the tiny Qwen3.5-MoE checkpoint, in the layout Qwen3.5's
     checkpoints ship their multi-token-prediction head: norms of the next token's embedding and
     of the model's hidden state, `fc` over their concatenation (embedding first), one
     full-attention decoder layer with a MoE block, and a final norm (the lm_head is the
     model's). Drawn from a generator of their own, so the model's weights stay those of
-    `weights("qwen3_5_moe_text")`."""
-    c = CONFIGS["qwen3_5_moe_text"]
+    `weights("qwen3_5_moe_text")`. `config`: another size of the architecture."""
+    c = config or CONFIGS["qwen3_5_moe_text"]
     rng = np.random.default_rng(seed)
     h, nh, nkv, hd = (
         c["hidden_size"],
@@ -665,17 +665,18 @@ def write_qwen3_5_moe_with_mtp(
     directory: Path,
     mtp: dict[str, np.ndarray] | None = None,
     model: dict[str, np.ndarray] | None = None,
+    config: dict | None = None,
 ) -> dict[str, np.ndarray]:
     """The tiny Qwen3.5-MoE checkpoint with an MTP head (`mtp` replaces the random one,
-    `model` the model's own tensors); config.json says `mtp_num_hidden_layers: 1`, as Qwen3.5's
+    `model` the model's own tensors, `config` another size); config.json says `mtp_num_hidden_layers: 1`, as Qwen3.5's
     do. Returns all the tensors."""
     directory.mkdir(parents=True, exist_ok=True)
+    c = config or CONFIGS["qwen3_5_moe_text"]
     w = {
-        **(model if model is not None else weights("qwen3_5_moe_text")),
-        **(mtp or qwen3_5_moe_mtp_weights()),
+        **(model if model is not None else weights("qwen3_5_moe_text", config=c)),
+        **(mtp or qwen3_5_moe_mtp_weights(config=c)),
     }
-    config = {**CONFIGS["qwen3_5_moe_text"], "mtp_num_hidden_layers": 1}
-    (directory / "config.json").write_text(json.dumps(config, indent=1))
+    (directory / "config.json").write_text(json.dumps({**c, "mtp_num_hidden_layers": 1}, indent=1))
     write_safetensors(directory / "model.safetensors", w)
     return w
 
