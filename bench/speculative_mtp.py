@@ -12,7 +12,7 @@ Two heads per shape (tests/native/test_speculative_mtp.py builds both):
 One stream, greedy, `max_draft` 4, fresh 64-token prompts each round; decode tokens/s over the
 generation (prefill included: short prompts), median over rounds.
 
-  python -m bench.speculative_mtp [--rounds 3] [--tokens 128] [--shapes tiny,medium]
+  python -m bench.speculative_mtp [--rounds 3] [--tokens 128] [--shapes tiny]
 """
 
 from __future__ import annotations
@@ -29,27 +29,6 @@ from tests.native.tiny_models import CONFIGS, write_qwen3_5_moe_with_mtp
 
 SHAPES = {
     "tiny": CONFIGS["qwen3_5_moe_text"],
-    # 8 layers (three linear-attention layers to each full one, as Qwen3.5), hidden 1024,
-    # 16 experts of 256 (top 4) plus a shared one of 512, a 32k vocabulary.
-    "medium": {
-        **CONFIGS["qwen3_5_moe_text"],
-        "hidden_size": 1024,
-        "num_hidden_layers": 8,
-        "layer_types": (["linear_attention"] * 3 + ["full_attention"]) * 2,
-        "num_attention_heads": 8,
-        "num_key_value_heads": 2,
-        "head_dim": 128,
-        "linear_num_key_heads": 8,
-        "linear_num_value_heads": 16,
-        "linear_key_head_dim": 64,
-        "linear_value_head_dim": 64,
-        "num_experts": 16,
-        "num_experts_per_tok": 4,
-        "moe_intermediate_size": 256,
-        "shared_expert_intermediate_size": 512,
-        "vocab_size": 32000,
-        "max_position_embeddings": 4096,
-    },
 }
 
 
@@ -74,7 +53,7 @@ def main() -> None:
     )
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--tokens", type=int, default=128)
-    ap.add_argument("--shapes", default="tiny,medium")
+    ap.add_argument("--shapes", default="tiny")
     args = ap.parse_args()
     import llmd._engine as native
 
