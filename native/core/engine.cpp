@@ -979,7 +979,11 @@ void Engine::draft_all(const std::vector<Sequence*>& decoding, const std::vector
     of.push_back(&seq);
   }
   if (heads.empty()) return;
-  mtp_->propose(heads, options_.step_token_budget);
+  {
+    // The head builds and evaluates MLX graphs: never beside other MLX work (between_steps).
+    std::lock_guard<std::mutex> lock(forward_mutex_);
+    mtp_->propose(heads, options_.step_token_budget);
+  }
   for (size_t j = 0; j < heads.size(); ++j) of[j]->draft = std::move(heads[j].tokens);
 }
 
