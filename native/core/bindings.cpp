@@ -405,7 +405,7 @@ PYBIND11_MODULE(_engine, m) {
              std::vector<std::pair<int32_t, float>> logit_bias, int top_logprobs, py::object constraint,
              std::string prefill_of, int repetition_window, const std::string& output, const std::string& pooling,
              bool normalize, std::vector<int32_t> logit_tokens, int max_draft, bool draft_model,
-             const py::list& embedded) {
+             const py::list& embedded, bool mtp) {
             GenerateRequest r;
             // (first row, float32 [rows, hidden] embeddings, bidirectional[, (grid_h, grid_w)])
             // per embedded run; the grid places an image's rows for M-RoPE (Qwen3.5).
@@ -430,6 +430,7 @@ PYBIND11_MODULE(_engine, m) {
             }
             r.max_draft = max_draft;
             r.draft_model = draft_model;
+            r.mtp = mtp;
             if (output == "embedding") {
               r.output = GenerateRequest::Output::Embedding;
             } else if (output == "token_logits") {
@@ -475,7 +476,8 @@ PYBIND11_MODULE(_engine, m) {
           py::arg("constraint") = py::none(), py::arg("prefill_of") = "",
           py::arg("repetition_window") = 0, py::arg("output") = "tokens", py::arg("pooling") = "last",
           py::arg("normalize") = false, py::arg("logit_tokens") = std::vector<int32_t>{},
-          py::arg("max_draft") = 0, py::arg("draft_model") = false, py::arg("embedded") = py::list())
+          py::arg("max_draft") = 0, py::arg("draft_model") = false, py::arg("embedded") = py::list(),
+          py::arg("mtp") = false)
       .def(
           "submit_pooled",
           [](Engine& e, const std::vector<std::string>& ids, std::vector<std::vector<int32_t>> prompts,
@@ -625,7 +627,9 @@ PYBIND11_MODULE(_engine, m) {
       .def_property_readonly("accepts_embeddings", [](Engine& e) { return e.accepts_embeddings(); },
                              "Whether requests may carry `embedded` prompt rows (images).")
       .def_property_readonly("supports_speculation", [](Engine& e) { return e.supports_speculation(); },
-                             "Whether requests may set max_draft (not on models with recurrent layers).")
+                             "Whether requests may set max_draft (not on encoders).")
+      .def_property_readonly("has_mtp", [](Engine& e) { return e.has_mtp(); },
+                             "Whether the model ships an MTP head that drafts (requests with mtp).")
       .def_property_readonly("max_sequences", [](Engine& e) { return e.options().max_sequences; })
       .def_property_readonly(
           "draft_model",
@@ -652,7 +656,24 @@ PYBIND11_MODULE(_engine, m) {
         py::array_t<float> out({static_cast<py::ssize_t>(logits.size() / vocab), static_cast<py::ssize_t>(vocab)});
         std::memcpy(out.mutable_data(), logits.data(), logits.size() * sizeof(float));
         return out;
-      }, py::arg("tokens"), py::arg("first_scored") = 1);
+      }, py::arg("tokens"), py::arg("first_scored") = 1)
+      .def(
+          "mtp_probe",
+          [](Engine& e, const std::vector<int32_t>& tokens, int chain) {
+            std::vector<float> logits;
+            std::vector<int32_t> chained;
+            {
+              py::gil_scoped_release release;
+              logits = e.mtp_probe(tokens, chain, chained);
+            }
+            const int vocab = e.info().vocab_size;
+            py::array_t<float> out({static_cast<py::ssize_t>(logits.size() / vocab), static_cast<py::ssize_t>(vocab)});
+            std::memcpy(out.mutable_data(), logits.data(), logits.size() * sizeof(float));
+            return py::make_tuple(out, chained);
+          },
+          py::arg("tokens"), py::arg("chain") = 0,
+          "The MTP head's logits over `tokens` (row i guesses token i + 2), then `chain` greedy "
+          "chained guesses: (logits [n - 1 + chain, vocab], chained tokens).");
 
   // The vision half of a multimodal checkpoint (siglip.h), beside the Engine that runs its
   // decoder: the worker encodes a request's images with it and hands the rows to the engine.

@@ -62,6 +62,12 @@ Engine::Engine(std::unique_ptr<Model> model, EngineOptions options, std::unique_
       // num_ctx): positions past it are computed the same way, their quality is not guaranteed.
       context_length_(options.context_length > 0 ? options.context_length : model_->info().context_length),
       drafter_(make_drafter(*model_, std::move(draft), options)),
+      // The head's KV gets a budget as large as the model's, as a draft model's does (blocks
+      // are allocated as used; the head has one attention layer).
+      mtp_(model_->mtp() ? std::make_unique<MtpDrafter>(*model_->mtp(), model_->info().hidden_size,
+                                                        model_->info().vocab_size, options.kv_budget_bytes,
+                                                        options.kv_type)
+                         : nullptr),
       pool_(kv_shape_for(*model_, options), options.kv_budget_bytes),
       prefix_cache_(pool_),
       session_pins_(pool_) {
@@ -211,16 +217,18 @@ std::string Engine::validate(const GenerateRequest& r, std::string& code) const 
   if (r.prompt.empty()) return "prompt has no tokens";
   if (r.max_tokens < 0) return "max_tokens must be >= 0";
   if (r.max_draft < 0 || r.max_draft > kMaxDraft) return "max_draft must be 0.." + std::to_string(kMaxDraft);
-  if (r.max_draft > 0 && recurrent_) {
-    // Rejected drafts would have advanced the recurrent state, which cannot be rolled back
-    // the way KV is (by its length).
+  if (r.max_draft > 0 && bidirectional_) {
     code = "unsupported";
-    return "speculative decoding is not implemented yet for " + model_->info().architecture +
-           " (recurrent layers)";
+    return "speculative decoding does not apply to " + model_->info().architecture + " (an encoder)";
   }
+  if (r.max_draft > 0 && r.draft_model && r.mtp) return "a request drafts with a draft model or an MTP head, not both";
   if (r.max_draft > 0 && r.draft_model && !drafter_) {
     code = "unsupported";
     return "no draft model is loaded (llmd serve --draft-model NAME)";
+  }
+  if (r.max_draft > 0 && r.mtp && !mtp_) {
+    code = "unsupported";
+    return "the model (" + model_->info().architecture + ") has no MTP head";
   }
   const int vocab = model_->info().vocab_size;
   if (r.output == GenerateRequest::Output::Embedding && !model_->supports_hidden()) {
@@ -522,6 +530,41 @@ void Engine::index_partial_tail(const Sequence& seq) {
                                seq.kv->blocks()[full]);
 }
 
+std::vector<int> Engine::verify_snapshots(const Sequence& seq, int start, int drafts) const {
+  // Besides the kept ones: the state after the last token and after each draft but the last,
+  // one of which becomes the sequence's state when verification rejects a draft.
+  std::vector<int> at = snapshot_positions(seq, start, 1 + drafts);
+  for (int p = start + 1; p <= start + drafts; ++p) {
+    if (std::find(at.begin(), at.end(), p) == at.end()) at.push_back(p);
+  }
+  std::sort(at.begin(), at.end());
+  return at;
+}
+
+void Engine::restore_state(Sequence& seq, int start, int kept) {
+  // Drafts were rejected: the state went on past the sequence's length. Take the snapshot at
+  // the length back, and keep only the snapshots snapshot_positions() keeps of the tokens kept.
+  auto& snaps = seq.kv->snapshots;
+  const int length = seq.kv->length();
+  if (kept < static_cast<int>(seq.draft.size())) {
+    const auto at = std::find_if(snaps.begin(), snaps.end(), [&](const auto& snap) { return snap.first == length; });
+    if (at == snaps.end()) throw std::logic_error("no recurrent-state snapshot at the last kept position");
+    seq.kv->state = at->second->clone();
+  }
+  const std::vector<int> wanted = snapshot_positions(seq, start, 1 + kept);
+  std::erase_if(snaps, [&](const auto& snap) {
+    return std::find(wanted.begin(), wanted.end(), snap.first) == wanted.end();
+  });
+}
+
+bool Engine::mtp_reads(Sequence& seq, int start) {
+  // The head needs the model's hidden state at every position from 0: a sequence that starts
+  // anywhere else (a cached prefix, a sibling of n > 1) decodes without it.
+  if (!mtp_ || !seq.request.mtp || seq.request.max_draft <= 0) return false;
+  if (!seq.drafting && start == 0) seq.drafting = mtp_->open(seq.request.sampling);
+  return seq.drafting != nullptr;
+}
+
 std::vector<int> Engine::snapshot_positions(const Sequence& seq, int start, int n) const {
   // Kept: the last block boundary inside the prompt (all a repeated prompt or a shared prefix
   // of it can reuse), and every boundary from the end of the prompt on, of which the sequence
@@ -680,7 +723,8 @@ void Engine::step_once() {
     s.want_logits = true;
     s.logits_tail = static_cast<int>(s.tokens.size());
     if (!seq->request.embeddings.empty()) fill_mrope_positions(*seq, s);
-    if (recurrent_) s.snapshot_at = snapshot_positions(*seq, s.start_pos, 1);
+    if (recurrent_) s.snapshot_at = verify_snapshots(*seq, s.start_pos, static_cast<int>(seq->draft.size()));
+    if (mtp_reads(*seq, s.start_pos)) s.hidden = HiddenOut::All;
     budget -= static_cast<int>(s.tokens.size());
     step.segments.push_back(std::move(s));
     in_step.push_back(seq);
@@ -711,6 +755,9 @@ void Engine::step_once() {
       s.hidden = HiddenOut::Last;
     }
     if (recurrent_) s.snapshot_at = snapshot_positions(*seq, s.start_pos, n);
+    if (seq->request.output == GenerateRequest::Output::Tokens && mtp_reads(*seq, s.start_pos)) {
+      s.hidden = HiddenOut::All;
+    }
     step.segments.push_back(std::move(s));
     in_step.push_back(seq.get());
     budget -= n;
@@ -723,6 +770,7 @@ void Engine::step_once() {
       in_step[i]->draft.clear();
       s.tokens.resize(1);
       s.logits_tail = 1;
+      if (recurrent_) s.snapshot_at = snapshot_positions(*in_step[i], s.start_pos, 1);
     }
     if (!s.kv->reserve(s.start_pos + static_cast<int>(s.tokens.size()))) {
       Sequence* seq = in_step[i];
@@ -757,8 +805,21 @@ void Engine::step_once() {
   }
   const int vocab = model_->info().vocab_size;
   const int width = model_->info().hidden_size;
+  // Each segment's first row in `hidden` (HiddenOut::All segments have one per fed token).
+  std::vector<size_t> hidden_at(step.segments.size());
+  for (size_t i = 0, at = 0; i < step.segments.size(); ++i) {
+    const StepSegment& s = step.segments[i];
+    hidden_at[i] = at * width;
+    at += s.hidden == HiddenOut::All ? s.tokens.size() : s.hidden != HiddenOut::None ? 1 : 0;
+  }
+  // The MTP head reads the model's hidden state at every position a sequence keeps.
+  const auto keep_hidden = [&](size_t i, int rows) {
+    if (step.segments[i].hidden != HiddenOut::All) return;
+    std::vector<float>& pending = in_step[i]->drafting->hidden;
+    const float* from = hidden.data() + hidden_at[i];
+    pending.insert(pending.end(), from, from + static_cast<size_t>(rows) * width);
+  };
   int row = 0;
-  int hidden_row = 0;
   int sampled = 0;
   int taken = 0;
   uint64_t drafted = 0, accepted = 0;
@@ -793,8 +854,11 @@ void Engine::step_once() {
       row += k + 1;
       ++sampled;
       seq->kv->set_length(s.start_pos + 1 + kept);
+      if (recurrent_) restore_state(*seq, s.start_pos, kept);
+      keep_hidden(i, 1 + kept);
       if (seq->drafting) ModelDrafter::keep(*seq->drafting, seq->kv->length());
       index_full_blocks(*seq);
+      if (recurrent_) keep_snapshots(*seq);
       seq->draft_length.record(k, kept);
       drafted += k;
       accepted += kept;
@@ -807,8 +871,9 @@ void Engine::step_once() {
       continue;
     }
     seq->kv->set_length(s.start_pos + static_cast<int>(s.tokens.size()));
+    keep_hidden(i, static_cast<int>(s.tokens.size()));
     // Drafts dropped for want of KV room were still fed to the draft model: forget them.
-    if (seq->drafting) ModelDrafter::keep(*seq->drafting, seq->kv->length());
+    if (seq->drafting && !seq->request.mtp) ModelDrafter::keep(*seq->drafting, seq->kv->length());
     if (seq->prefilling()) {
       seq->fed += static_cast<int>(s.tokens.size());
       prompt_tokens += static_cast<int>(s.tokens.size());
@@ -816,7 +881,7 @@ void Engine::step_once() {
     if (!bidirectional_) index_full_blocks(*seq);
     if (recurrent_) keep_snapshots(*seq);
     const float* hidden_out = nullptr;
-    if (s.hidden != HiddenOut::None) hidden_out = hidden.data() + static_cast<size_t>(hidden_row++) * width;
+    if (s.hidden != HiddenOut::None && s.hidden != HiddenOut::All) hidden_out = hidden.data() + hidden_at[i];
     if (seq->request.output != GenerateRequest::Output::Tokens) {
       if (s.hidden == HiddenOut::Sum) {
         seq->hidden_sum.resize(width, 0.0);
@@ -911,6 +976,7 @@ void Engine::draft_all(const std::vector<Sequence*>& decoding, const std::vector
   for (size_t i = 0; i < decoding.size(); ++i) {
     Sequence& seq = *decoding[i];
     seq.draft.clear();
+    if (seq.request.mtp) continue;  // below
     if (wants[i] <= 0) continue;
     const int length = static_cast<int>(seq.request.prompt.size() + seq.generated.size());
     const auto token_at = [&seq](int p) { return seq.token_at(p); };
@@ -926,15 +992,37 @@ void Engine::draft_all(const std::vector<Sequence*>& decoding, const std::vector
     job.want = wants[i];
     jobs.push_back(std::move(job));
   }
-  if (jobs.empty()) return;
-  // The draft model's catch-up (a prompt it has not seen) takes at most one step's budget.
-  drafter_->propose(jobs, options_.step_token_budget);
-  size_t j = 0;
+  if (!jobs.empty()) {
+    // The draft model's catch-up (a prompt it has not seen) takes at most one step's budget.
+    drafter_->propose(jobs, options_.step_token_budget);
+    size_t j = 0;
+    for (size_t i = 0; i < decoding.size(); ++i) {
+      Sequence& seq = *decoding[i];
+      if (wants[i] <= 0 || !seq.request.draft_model) continue;
+      seq.draft = std::move(jobs[j++].tokens);
+    }
+  }
+  // MTP: every sequence the head follows reads its new positions, even one not drafting now
+  // (so its head stays current); those that want drafts get them.
+  std::vector<MtpDrafter::Job> heads;
+  std::vector<Sequence*> of;
   for (size_t i = 0; i < decoding.size(); ++i) {
     Sequence& seq = *decoding[i];
-    if (wants[i] <= 0 || !seq.request.draft_model) continue;
-    seq.draft = std::move(jobs[j++].tokens);
+    if (!seq.request.mtp || !seq.drafting) continue;
+    MtpDrafter::Job job;
+    job.state = seq.drafting.get();
+    job.token_at = [&seq](int p) { return seq.token_at(p); };
+    job.want = wants[i];
+    heads.push_back(std::move(job));
+    of.push_back(&seq);
   }
+  if (heads.empty()) return;
+  {
+    // The head builds and evaluates MLX graphs: never beside other MLX work (between_steps).
+    std::lock_guard<std::mutex> lock(forward_mutex_);
+    mtp_->propose(heads, options_.step_token_budget);
+  }
+  for (size_t j = 0; j < heads.size(); ++j) of[j]->draft = std::move(heads[j].tokens);
 }
 
 std::string Engine::take_token(Sequence& seq, float* logits, int vocab, int draft, int* taken,
@@ -1081,6 +1169,24 @@ void Engine::publish_gauges() {
   stats_.kv_idle_cached_blocks = pool_.cached_idle_blocks();
   stats_.pinned_sessions = session_pins_.sessions();
   stats_.pinned_blocks = session_pins_.blocks();
+}
+
+std::vector<float> Engine::mtp_probe(const std::vector<int32_t>& tokens, int chain, std::vector<int32_t>& chained) {
+  if (!mtp_) throw std::invalid_argument("the model has no MTP head");
+  if (tokens.size() < 2) throw std::invalid_argument("the MTP probe needs at least two tokens");
+  std::lock_guard<std::mutex> lock(forward_mutex_);
+  SequenceKv kv(pool_);
+  const int n = static_cast<int>(tokens.size()) - 1;  // the model runs tokens 0..n-1
+  if (!kv.reserve(n)) throw std::runtime_error("KV budget exhausted while probing");
+  Step step;
+  StepSegment s;
+  s.kv = &kv;
+  s.tokens.assign(tokens.begin(), tokens.begin() + n);
+  s.hidden = HiddenOut::All;
+  step.segments.push_back(std::move(s));
+  std::vector<float> unused, hidden;
+  model_->forward(step, pool_, unused, hidden);
+  return mtp_->probe(hidden, std::vector<int32_t>(tokens.begin() + 1, tokens.end()), chain, chained);
 }
 
 std::vector<float> Engine::score(const std::vector<int32_t>& tokens, int first_scored) {

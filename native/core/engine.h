@@ -22,6 +22,7 @@
 #include "kv_disk.h"
 #include "model.h"
 #include "model_drafter.h"
+#include "mtp_drafter.h"
 #include "ngram_draft.h"
 #include "prefix_cache.h"
 #include "session_pins.h"
@@ -61,6 +62,11 @@ struct GenerateRequest {
   // With max_draft: the drafts come from the engine's draft model (model_drafter.h) rather
   // than from prompt lookup. Sampled drafts are then verified with the draft's probabilities.
   bool draft_model = false;
+  // With max_draft: the drafts come from the model's own MTP head (mtp_drafter.h, Qwen3.5's
+  // `mtp.*`). A sequence drafts with it only from a prompt it prefilled itself (the head reads
+  // the model's hidden state at every position: a prefix reused from the cache, or a sibling
+  // of n > 1, has none, and decodes without drafts).
+  bool mtp = false;
   // Runs of prompt rows fed as embeddings instead of token ids: images (Gemma 3's soft
   // tokens), encoded by the caller's vision tower. The prompt holds a surrogate id below 0 at
   // each such row, derived by the caller from the image's content hash (and the row's place
@@ -188,7 +194,11 @@ class Engine {
   EngineStats stats();
   const ModelInfo& info() const { return model_->info(); }
   int context_length() const { return context_length_; }
-  bool supports_speculation() const { return !recurrent_; }
+  // Every model verifies drafts (a model with recurrent layers sets its state back to the
+  // snapshot at the last kept position).
+  bool supports_speculation() const { return !bidirectional_; }
+  // Whether the model ships an MTP head that drafts (requests with mtp).
+  bool has_mtp() const { return mtp_ != nullptr; }
   // Whether requests may carry prompt rows fed as embeddings (images).
   bool accepts_embeddings() const { return model_->accepts_embeddings(); }
   // The draft model's facts, or null when none is loaded.
@@ -206,6 +216,11 @@ class Engine {
   // fresh sequence and returns the logits after each position p >= first_scored - 1, i.e. the
   // predictions of tokens[first_scored..n] and of the next token: [n - first_scored + 1, vocab].
   std::vector<float> score(const std::vector<int32_t>& tokens, int first_scored);
+  // The MTP head's guesses over `tokens` (tests against a reference): the model runs them as
+  // one fresh sequence, the head reads its hidden state at positions 0..n-2 with tokens 1..n-1
+  // (row i guesses token i + 2), then chains `chain` greedy guesses after the last. Returns
+  // [n - 1 + chain, vocab] logits; `chained` gets the chained tokens.
+  std::vector<float> mtp_probe(const std::vector<int32_t>& tokens, int chain, std::vector<int32_t>& chained);
 
   // Runs fn() between forward passes, never during one: other MLX work of the process (a
   // vision tower encoding a request's images) must not build or evaluate graphs while the
@@ -231,7 +246,7 @@ class Engine {
     TokenCounts counts;  // only filled when a penalty needs it
     DraftLength draft_length;       // speculative decoding: tokens to draft next
     std::vector<int32_t> draft;     // the tokens drafted for the step being run
-    std::unique_ptr<DraftSequence> drafting;  // draft-model requests: its draft KV and q rows
+    std::unique_ptr<DraftSequence> drafting;  // draft-model and MTP requests: draft KV, q rows
     int drafted = 0, accepted = 0;  // totals, for the Done event
     Clock::time_point submitted, admitted, first_token;
     explicit Sequence(GenerateRequest r, KvPool& pool)
@@ -270,6 +285,15 @@ class Engine {
   // Recurrent models: the block boundaries of this segment where a state snapshot is kept,
   // and publishing the snapshots the model recorded there into the prefix cache.
   std::vector<int> snapshot_positions(const Sequence& seq, int start, int n) const;
+  // Recurrent models, a step verifying `drafts` drafts from `start`: snapshot_positions'
+  // positions and the state after every fed token but the last.
+  std::vector<int> verify_snapshots(const Sequence& seq, int start, int drafts) const;
+  // After verifying `kept` of the drafts fed from `start`: the sequence's state back at its
+  // length (the snapshot there), and only snapshot_positions' snapshots left.
+  void restore_state(Sequence& seq, int start, int kept);
+  // Whether this segment (fed from `start`) gives the MTP head its hidden states; opens the
+  // sequence's head state on its first segment.
+  bool mtp_reads(Sequence& seq, int start);
   void keep_snapshots(Sequence& seq);
   // Samples seq's next token from `logits` (modified) and emits it; the finish reason when
   // the sequence ends with it, else "". With a `draft` (>= 0) the token is sampled
@@ -312,6 +336,7 @@ class Engine {
   int context_length_;
   // Before every member that holds sequences: their draft KV lives in its pool.
   std::unique_ptr<ModelDrafter> drafter_;
+  std::unique_ptr<MtpDrafter> mtp_;  // the model's MTP head, where it has one
   KvPool pool_;
   PrefixCache prefix_cache_;
   SessionPins session_pins_;  // after pool_: released before it

@@ -30,6 +30,25 @@ struct ModelInfo {
   size_t device_memory_bytes = 0;  // total memory of the GPU, 0 on the CPU backend
 };
 
+// A multi-token-prediction head shipped inside a checkpoint (Qwen3.5's `mtp.*`): one decoder
+// layer of its own, with its own KV, that guesses the token after next from the model's final
+// hidden state at a position and the embedding of the token that follows it. The engine's
+// MtpDrafter (mtp_drafter.h) chains it to draft several tokens.
+class MtpHead {
+ public:
+  virtual ~MtpHead() = default;
+  // The KV of the head's one attention layer (a pool of its own).
+  virtual KvShape kv_shape() const = 0;
+  // Runs the step over the head's KV in `pool`. Row r of the step (segments in order, tokens in
+  // order) is entry (hidden_in[r], token): hidden_in holds hidden_size floats per row, the
+  // model's final hidden state at the row's position (or, chained, the head's own output of
+  // the previous entry), and the token is the one at the next position. Writes, for every row
+  // that returns logits (as Model::forward: the last logits_tail rows of want_logits
+  // segments), its logits into `logits` and the head's normalised output into `hidden_out`.
+  virtual void forward(const Step& step, KvPool& pool, const std::vector<float>& hidden_in, std::vector<float>& logits,
+                       std::vector<float>& hidden_out) = 0;
+};
+
 class Model {
  public:
   virtual ~Model() = default;
@@ -53,6 +72,9 @@ class Model {
     forward(step, pool, logits);
   }
   virtual bool supports_hidden() const { return false; }
+  // The checkpoint's multi-token-prediction head, or null. A model with one honours
+  // HiddenOut::All in forward(): every fed row's final hidden state, what the head reads.
+  virtual MtpHead* mtp() { return nullptr; }
   // Copies KV block `src` into block `dst` wherever this backend keeps KV (a sibling sequence
   // forked from a prefilled prompt gets its own copy of the partial last block).
   virtual void copy_kv_block(KvPool& pool, int src, int dst) { pool.copy_block(src, dst); }

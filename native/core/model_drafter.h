@@ -25,14 +25,17 @@
 
 namespace llmd {
 
-// One sequence's drafting state: its draft-model KV, the sampler its proposals are drawn with
-// (the request's sampling settings, its own seeded generator) and the draft distributions q
-// of the tokens proposed for the step being run (empty rows when greedy).
+// One sequence's drafting state: its draft-model (or MTP head) KV, the sampler its proposals
+// are drawn with (the request's sampling settings, its own seeded generator) and the draft
+// distributions q of the tokens proposed for the step being run (empty rows when greedy).
 struct DraftSequence {
   DraftSequence(KvPool& pool, const SamplingParams& params);
   SequenceKv kv;
   Sampler sampler;
   std::vector<std::vector<float>> q;
+  // MTP head only (mtp_drafter.h): the model's final hidden states at the positions from
+  // kv.length() on that the head has not read yet, hidden_size floats each.
+  std::vector<float> hidden;
 };
 
 class ModelDrafter {

@@ -14,8 +14,10 @@ namespace llmd {
 // What a segment needs of the final hidden states (after the model's final norm): nothing, the
 // last fed row's (last-token pooling), the sum of all its fed rows' (mean pooling, which
 // the engine divides once the whole prompt has been summed over its chunks), or the first
-// row's (CLS pooling: only bidirectional models, whose segments are always whole prompts).
-enum class HiddenOut { None, Last, Sum, First };
+// row's (CLS pooling: only bidirectional models, whose segments are always whole prompts), or
+// every fed row's (All: an MTP head drafts from the model's hidden state at each position; only
+// models with Model::mtp() honour it).
+enum class HiddenOut { None, Last, Sum, First, All };
 
 struct StepSegment {
   SequenceKv* kv = nullptr;      // KV of the sequence; positions [0, start_pos) already filled
@@ -60,7 +62,9 @@ struct Step {
   }
   int hidden_rows() const {
     int n = 0;
-    for (const auto& s : segments) n += s.hidden != HiddenOut::None ? 1 : 0;
+    for (const auto& s : segments) {
+      n += s.hidden == HiddenOut::All ? static_cast<int>(s.tokens.size()) : s.hidden != HiddenOut::None ? 1 : 0;
+    }
     return n;
   }
 };

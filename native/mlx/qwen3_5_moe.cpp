@@ -106,6 +106,18 @@ struct Layer {
   MoeWeights moe;
 };
 
+// Qwen3.5's multi-token-prediction head (`mtp.*`; as vLLM's Qwen3.5 MTP runs it): entry i reads
+// the model's final hidden state h_i (after the final norm) and the embedding e of token i + 1,
+//   x = fc([rms(e) * pre_embedding, rms(h_i) * pre_hidden])   (embedding first)
+//   x = layer(x)  (a full-attention decoder layer with a MoE block, RoPE at position i)
+//   y = rms(x) * norm;  logits = lm_head(y)  -> a guess of token i + 2
+// Chained drafts feed y as the next entry's hidden state.
+struct MtpWeights {
+  mx::array pre_embedding{0.f}, pre_hidden{0.f}, norm{0.f};  // (1 + w) folded in
+  Linear fc;                                                 // [hidden, 2 * hidden]
+  Layer layer;                                               // full attention, KV layer 0 of the head's pool
+};
+
 // The recurrent state of one sequence (see the file comment). MLX arrays are immutable and
 // every step makes new ones, so a copy may share them.
 class DeltaState : public SequenceState {
@@ -149,12 +161,16 @@ struct LinearPlan {
 class Qwen35MoeModel : public Model {
  public:
   Qwen35MoeModel(Qwen35Config cfg, ModelInfo info, std::vector<Layer> layers, mx::array out_norm, Linear lm_head,
-                 Embedding embed, std::shared_ptr<const Rope> rope, mx::Dtype expert_dtype)
+                 Embedding embed, std::shared_ptr<const Rope> rope, mx::Dtype expert_dtype,
+                 std::optional<MtpWeights> mtp)
       : cfg_(std::move(cfg)), info_(std::move(info)), layers_(std::move(layers)), out_norm_(std::move(out_norm)),
         lm_head_(std::move(lm_head)), embed_(std::move(embed)), rope_(std::move(rope)), expert_dtype_(expert_dtype),
-        device_(lm_head_.on_device()) {
+        device_(lm_head_.on_device()), mtp_weights_(std::move(mtp)), mtp_head_(*this),
+        mtp_device_(lm_head_.on_device()) {
     n_linear_ = static_cast<int>(std::count(cfg_.linear.begin(), cfg_.linear.end(), true));
   }
+
+  MtpHead* mtp() override { return mtp_weights_ ? &mtp_head_ : nullptr; }
 
   const ModelInfo& info() const override { return info_; }
   ModelInfo& mutable_info() override { return info_; }
@@ -202,6 +218,12 @@ class Qwen35MoeModel : public Model {
   void copy_kv_block(KvPool& pool, int src, int dst) override { device_.copy_kv_block(pool, kv_shape(), src, dst); }
 
   void forward(const Step& step, KvPool& pool, std::vector<float>& logits) override {
+    std::vector<float> hidden;
+    forward(step, pool, logits, hidden);
+  }
+
+  // HiddenOut::All only (what the MTP head reads; embedding requests are refused upstream).
+  void forward(const Step& step, KvPool& pool, std::vector<float>& logits, std::vector<float>& hidden) override {
     std::optional<ScopedOpTimer> build_timer(std::in_place, OpKind::GraphBuild);
     const DecoderDims& d = cfg_.dims;
     StepRows rows = embed_step(step, pool, embed_, d.hidden_size);
@@ -250,7 +272,21 @@ class Qwen35MoeModel : public Model {
       }
       x = mx::add(x, moe(L.moe, mx::fast::rms_norm(x, L.post_norm, d.rms_eps)));
     }
+    std::optional<mx::array> all_hidden;
+    if (!rows.hidden_spans.empty()) {
+      std::vector<int32_t> hidden_rows;
+      for (const auto& span : rows.hidden_spans) {
+        if (span.mode != HiddenOut::All) throw std::logic_error("qwen3_5_moe outputs hidden states of every row only");
+        for (int r = 0; r < span.n; ++r) hidden_rows.push_back(span.first + r);
+      }
+      all_hidden = mx::astype(mx::fast::rms_norm(mx::take(x, int_array(hidden_rows), 0), out_norm_, d.rms_eps), mx::float32);
+    }
     compute_logits(x, rows.logit_rows, lm_head_, out_norm_, d.rms_eps, 0.f, logits, build_timer);
+    hidden.clear();
+    if (all_hidden) {
+      all_hidden->eval();
+      hidden.assign(all_hidden->data<float>(), all_hidden->data<float>() + all_hidden->size());
+    }
     std::vector<mx::array> states;
     for (const auto* group : {&after, &snaps}) {
       for (const DeltaState& st : *group) {
@@ -266,6 +302,53 @@ class Qwen35MoeModel : public Model {
       step.segments[snap.segment].kv->snapshots.emplace_back(snap.pos,
                                                              std::make_shared<DeltaState>(std::move(snaps[i])));
     }
+  }
+
+  // MtpHead::forward (see MtpWeights).
+  void mtp_forward(const Step& step, KvPool& pool, const std::vector<float>& hidden_in, std::vector<float>& logits,
+                   std::vector<float>& hidden_out) {
+    std::optional<ScopedOpTimer> build_timer(std::in_place, OpKind::GraphBuild);
+    const DecoderDims& d = cfg_.dims;
+    const MtpWeights& m = *mtp_weights_;
+    const int H = d.hidden_size;
+    StepRows rows = embed_step(step, pool, embed_, H);
+    if (hidden_in.size() != static_cast<size_t>(rows.total) * H) {
+      throw std::logic_error("qwen3_5_moe MTP: one hidden state per fed row expected");
+    }
+    rows.batch->build_rope_tables(*rope_);
+    std::optional<DeviceAttentionPlan> plan;
+    DeviceKvStore* device_kv = nullptr;
+    if (mtp_device_.on_device()) {
+      device_kv = &mtp_device_.prepare(pool, mtp_kv_shape());
+      plan = DeviceAttentionPlan::build(*rows.batch, *rope_, device_kv);
+    }
+    const AttentionShape ashape{d.n_heads, d.n_kv_heads, d.head_dim,
+                                static_cast<float>(1.0 / std::sqrt(static_cast<double>(d.head_dim)))};
+    mx::array e(rows.x.begin(), {rows.total, H}, mx::float32);
+    mx::array h(hidden_in.begin(), {rows.total, H}, mx::float32);
+    mx::array x = m.fc(mx::concatenate(
+        {mx::fast::rms_norm(e, m.pre_embedding, d.rms_eps), mx::fast::rms_norm(h, m.pre_hidden, d.rms_eps)}, 1));
+    x = mx::astype(x, mx::float32);
+    x = mx::add(x, attention(m.layer, x, rows, plan, device_kv, ashape));
+    x = mx::add(x, moe(m.layer.moe, mx::fast::rms_norm(x, m.layer.post_norm, d.rms_eps)));
+    logits.clear();
+    hidden_out.clear();
+    if (rows.logit_rows.empty()) {
+      mx::eval({x});
+      return;
+    }
+    mx::array y = mx::astype(mx::fast::rms_norm(mx::take(x, int_array(rows.logit_rows), 0), m.norm, d.rms_eps), mx::float32);
+    mx::array out = mx::astype(lm_head_(y), mx::float32);
+    build_timer.reset();
+    mx::eval({out, y});
+    logits.assign(out.data<float>(), out.data<float>() + out.size());
+    hidden_out.assign(y.data<float>(), y.data<float>() + y.size());
+  }
+
+  KvShape mtp_kv_shape() const {
+    DecoderDims kv = cfg_.dims;
+    kv.n_layers = 1;
+    return decoder_kv_shape(kv, device_.on_device());
   }
 
  private:
@@ -302,6 +385,19 @@ class Qwen35MoeModel : public Model {
     if (R < hd) parts.push_back(mx::slice(h, {0, 0, R}, {T, heads, hd}));
     return mx::reshape(mx::concatenate(parts, 2), {T, heads * hd});
   }
+
+  class Head : public MtpHead {
+   public:
+    explicit Head(Qwen35MoeModel& model) : model_(model) {}
+    KvShape kv_shape() const override { return model_.mtp_kv_shape(); }
+    void forward(const Step& step, KvPool& pool, const std::vector<float>& hidden_in, std::vector<float>& logits,
+                 std::vector<float>& hidden_out) override {
+      model_.mtp_forward(step, pool, hidden_in, logits, hidden_out);
+    }
+
+   private:
+    Qwen35MoeModel& model_;
+  };
 
   LinearPlan plan_linear(const Step& step) const {
     LinearPlan p;
@@ -514,6 +610,9 @@ class Qwen35MoeModel : public Model {
   mx::Dtype expert_dtype_;
   int n_linear_ = 0;
   DeviceState device_;
+  std::optional<MtpWeights> mtp_weights_;
+  Head mtp_head_;
+  DeviceState mtp_device_;  // the MTP head's KV on the device (a pool of its own)
 };
 
 std::string prefix_of(const Checkpoint& w) {
@@ -631,11 +730,11 @@ std::unique_ptr<Model> load_qwen3_5_moe_safetensors(const std::string& dir, cons
   const int H = d.hidden_size, F = d.ffn_size, E = c.n_experts;
   std::vector<Layer> layers(d.n_layers);
   int n_linear = 0, n_full = 0;
-  for (int i = 0; i < d.n_layers; ++i) {
-    const std::string b = m + "layers." + std::to_string(i) + ".";
-    Layer& L = layers[i];
-    L.linear = c.linear[i];
-    L.slot = L.linear ? n_linear++ : n_full++;
+  // One decoder layer under prefix b (`what` names it in errors): the model's, or the MTP head's.
+  auto load_layer = [&](const std::string& b, bool linear, int slot, const std::string& what) {
+    Layer L;
+    L.linear = linear;
+    L.slot = slot;
     L.in_norm = norm(b + "input_layernorm.weight");
     L.post_norm = norm(b + "post_attention_layernorm.weight");
     if (L.linear) {
@@ -702,7 +801,7 @@ std::unique_ptr<Model> load_qwen3_5_moe_safetensors(const std::string& dir, cons
       if (mo.gate_up.ndim() != 3 || mo.gate_up.shape(0) != E || mo.gate_up.shape(1) != 2 * F ||
           mo.gate_up.shape(2) * 32 / q.bits != H || mo.down.shape(0) != E || mo.down.shape(1) != H ||
           mo.down.shape(2) * 32 / q.bits != F) {
-        throw std::runtime_error("qwen3_5_moe quantized expert tensors of layer " + std::to_string(i) +
+        throw std::runtime_error("qwen3_5_moe quantized expert tensors of " + what +
                                  " do not match num_experts x moe_intermediate_size");
       }
     } else if (w.has(sw + "gate_proj.weight")) {  // mlx-lm's layout, float (or mixed) experts
@@ -723,7 +822,7 @@ std::unique_ptr<Model> load_qwen3_5_moe_safetensors(const std::string& dir, cons
     }
     if (!L.moe.bits) {
       if (gate_up.shape() != mx::Shape{E, 2 * F, H} || down.shape() != mx::Shape{E, H, F}) {
-        throw std::runtime_error("qwen3_5_moe expert tensors of layer " + std::to_string(i) +
+        throw std::runtime_error("qwen3_5_moe expert tensors of " + what +
                                  " do not match num_experts x moe_intermediate_size");
       }
       // gather_mm multiplies x [.., 1, H] by [H, 2F] and [F, H] per expert.
@@ -734,6 +833,11 @@ std::unique_ptr<Model> load_qwen3_5_moe_safetensors(const std::string& dir, cons
     // Interleaved only where llmd's kernels fuse the SwiGLU (a quantized CPU weight).
     L.moe.shared_gate_up = w.linear({s + "gate_proj", s + "up_proj"}, dev, /*interleave_pairs=*/true);
     L.moe.shared_down = w.linear({s + "down_proj"}, dev);
+    return L;
+  };
+  for (int i = 0; i < d.n_layers; ++i) {
+    layers[i] = load_layer(m + "layers." + std::to_string(i) + ".", c.linear[i], c.linear[i] ? n_linear++ : n_full++,
+                           "layer " + std::to_string(i));
   }
   mx::array out_norm = norm(m + "norm.weight");
   std::string head = "lm_head.weight";
@@ -741,9 +845,25 @@ std::unique_ptr<Model> load_qwen3_5_moe_safetensors(const std::string& dir, cons
   const bool tied = !w.has(head) || hf.get_bool("tie_word_embeddings").value_or(false);
   Linear lm_head = w.linear({tied ? m + "embed_tokens" : head.substr(0, head.size() - 7)}, dev);
   Embedding embed = w.embedding(m + "embed_tokens", tied ? &lm_head : nullptr);
+  // The multi-token-prediction head, where the checkpoint ships one (Qwen3.5's do; mlx-lm's
+  // conversions drop it): its decoder layer is a full-attention one, alone in a KV pool of its own.
+  std::optional<MtpWeights> mtp;
+  if (w.has("mtp.fc.weight")) {
+    const int n_mtp = static_cast<int>(hf.get_int("mtp_num_hidden_layers").value_or(1));
+    if (n_mtp != 1) {
+      throw std::runtime_error("qwen3_5_moe with " + std::to_string(n_mtp) + " MTP layers is not supported (expected 1)");
+    }
+    MtpWeights& t = mtp.emplace();
+    t.pre_embedding = norm("mtp.pre_fc_norm_embedding.weight");
+    t.pre_hidden = norm("mtp.pre_fc_norm_hidden.weight");
+    t.fc = w.linear({"mtp.fc"}, dev);
+    if (t.fc.out_features() != H) throw std::runtime_error("qwen3_5_moe mtp.fc does not map 2 x hidden_size to hidden_size");
+    t.layer = load_layer("mtp.layers.0.", false, 0, "the MTP layer");
+    t.norm = norm("mtp.norm.weight");
+  }
   ModelInfo info = make_info(d, "qwen3_5_moe", w.format(), options);
   return std::make_unique<Qwen35MoeModel>(c, info, std::move(layers), out_norm, std::move(lm_head), std::move(embed),
-                                          rope, expert_dtype);
+                                          rope, expert_dtype, std::move(mtp));
 }
 
 std::unique_ptr<Model> load_qwen3_5_moe_gguf(const GgufFile&, const LoadOptions&) {

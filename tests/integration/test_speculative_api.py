@@ -126,7 +126,8 @@ def test_stop_strings_logprobs_and_n_are_the_same(spec_server: LiveServer) -> No
     ("speculative", "code", "words"),
     [
         ({"type": "draft_model"}, "not_implemented", "no draft model"),
-        ({"type": "mtp"}, "not_implemented", "not implemented yet"),
+        ({"type": "mtp"}, "not_implemented", "has no MTP head"),
+        ({"type": "eagle3"}, "not_implemented", "not implemented yet"),
         ({"type": "lookahead"}, None, "unknown speculative type"),
         ({"type": "ngram", "max_draft": 0}, None, "max_draft"),
         ("ngram", None, "speculative"),

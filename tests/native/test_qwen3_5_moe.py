@@ -24,6 +24,7 @@ from .conftest import run_all
 from .tiny_models import (
     CONFIGS,
     TOKENS,
+    qwen3_5_moe_mtp_weights,
     weights,
     write_checkpoint,
     write_multimodal_checkpoint,
@@ -229,7 +230,7 @@ def test_multimodal_checkpoint_serves_its_text_model(
             continue
         tensors[name] = v
     tensors["model.visual.blocks.0.norm1.weight"] = np.ones(8, dtype=np.float32)
-    tensors["mtp.fc.weight"] = np.ones((8, 8), dtype=np.float32)
+    tensors.update(qwen3_5_moe_mtp_weights())
     config = write_multimodal_checkpoint(
         tmp_path,
         ARCH,
@@ -242,6 +243,7 @@ def test_multimodal_checkpoint_serves_its_text_model(
     ref = np.array(fixture["logits"], dtype=np.float32)
     engine = _engine(tmp_path, "cpu")
     assert engine.info()["architecture"] == "qwen3_5_moe"
+    assert engine.has_mtp  # the MTP head beside the text model loads with it
     ours = np.asarray(engine.score(TOKENS, 1))[: len(TOKENS)]
     assert np.abs(ours - ref).max() < TIGHT * np.abs(ref).max()
     from llmd.store.install import check_hf_config

@@ -198,7 +198,7 @@ def weights(arch: str, seed: int = 0, config: dict | None = None) -> dict[str, n
     """Hugging Face tensor names -> float32 arrays (bf16-representable values). `config`
     replaces CONFIGS[arch] (other sizes of the same architecture)."""
     if arch == "qwen3_5_moe_text":
-        return _qwen3_5_moe_weights(seed)
+        return _qwen3_5_moe_weights(seed, config)
     c = config or CONFIGS[arch]
     rng = np.random.default_rng(seed)
     if c["model_type"] == "gemma4_text":
@@ -243,8 +243,8 @@ def weights(arch: str, seed: int = 0, config: dict | None = None) -> dict[str, n
     return {k: bf16_round(x.astype(np.float32)) for k, x in w.items()}
 
 
-def _qwen3_5_moe_weights(seed: int) -> dict[str, np.ndarray]:
-    c = CONFIGS["qwen3_5_moe_text"]
+def _qwen3_5_moe_weights(seed: int, config: dict | None = None) -> dict[str, np.ndarray]:
+    c = config or CONFIGS["qwen3_5_moe_text"]
     rng = np.random.default_rng(seed)
     h, v = c["hidden_size"], c["vocab_size"]
     nh, nkv, hd = c["num_attention_heads"], c["num_key_value_heads"], c["head_dim"]
@@ -716,6 +716,74 @@ def write_checkpoint(directory: Path, arch: str, seed: int = 0) -> dict[str, np.
     directory.mkdir(parents=True, exist_ok=True)
     w = weights(arch, seed)
     (directory / "config.json").write_text(json.dumps(CONFIGS[arch], indent=1))
+    write_safetensors(directory / "model.safetensors", w)
+    return w
+
+
+def qwen3_5_moe_mtp_weights(seed: int = 1, config: dict | None = None) -> dict[str, np.ndarray]:
+    """Random `mtp.*` tensors for the tiny Qwen3.5-MoE checkpoint, in the layout Qwen3.5's
+    checkpoints ship their multi-token-prediction head: norms of the next token's embedding and
+    of the model's hidden state, `fc` over their concatenation (embedding first), one
+    full-attention decoder layer with a MoE block, and a final norm (the lm_head is the
+    model's). Drawn from a generator of their own, so the model's weights stay those of
+    `weights("qwen3_5_moe_text")`. `config`: another size of the architecture."""
+    c = config or CONFIGS["qwen3_5_moe_text"]
+    rng = np.random.default_rng(seed)
+    h, nh, nkv, hd = (
+        c["hidden_size"],
+        c["num_attention_heads"],
+        c["num_key_value_heads"],
+        c["head_dim"],
+    )
+    e, f, fs = c["num_experts"], c["moe_intermediate_size"], c["shared_expert_intermediate_size"]
+
+    def norm(n: int) -> np.ndarray:  # stored w of (1 + w)
+        return 0.1 * rng.normal(size=n)
+
+    def mat(*shape: int, scale: float = 0.15) -> np.ndarray:
+        return rng.normal(0, scale, shape)
+
+    p, a, m = "mtp.layers.0.", "mtp.layers.0.self_attn.", "mtp.layers.0.mlp."
+    w = {
+        "mtp.pre_fc_norm_embedding.weight": norm(h),
+        "mtp.pre_fc_norm_hidden.weight": norm(h),
+        "mtp.fc.weight": mat(h, 2 * h, scale=0.12),
+        "mtp.norm.weight": norm(h),
+        p + "input_layernorm.weight": norm(h),
+        p + "post_attention_layernorm.weight": norm(h),
+        a + "q_proj.weight": mat(2 * nh * hd, h),
+        a + "k_proj.weight": mat(nkv * hd, h),
+        a + "v_proj.weight": mat(nkv * hd, h),
+        a + "o_proj.weight": mat(h, nh * hd),
+        a + "q_norm.weight": norm(hd),
+        a + "k_norm.weight": norm(hd),
+        m + "gate.weight": mat(e, h, scale=0.3),
+        m + "experts.gate_up_proj": mat(e, 2 * f, h),
+        m + "experts.down_proj": mat(e, h, f),
+        m + "shared_expert.gate_proj.weight": mat(fs, h),
+        m + "shared_expert.up_proj.weight": mat(fs, h),
+        m + "shared_expert.down_proj.weight": mat(h, fs),
+        m + "shared_expert_gate.weight": mat(1, h, scale=0.3),
+    }
+    return {k: bf16_round(x.astype(np.float32)) for k, x in w.items()}
+
+
+def write_qwen3_5_moe_with_mtp(
+    directory: Path,
+    mtp: dict[str, np.ndarray] | None = None,
+    model: dict[str, np.ndarray] | None = None,
+    config: dict | None = None,
+) -> dict[str, np.ndarray]:
+    """The tiny Qwen3.5-MoE checkpoint with an MTP head (`mtp` replaces the random one,
+    `model` the model's own tensors, `config` another size); config.json says `mtp_num_hidden_layers: 1`, as Qwen3.5's
+    do. Returns all the tensors."""
+    directory.mkdir(parents=True, exist_ok=True)
+    c = config or CONFIGS["qwen3_5_moe_text"]
+    w = {
+        **(model if model is not None else weights("qwen3_5_moe_text", config=c)),
+        **(mtp or qwen3_5_moe_mtp_weights(config=c)),
+    }
+    (directory / "config.json").write_text(json.dumps({**c, "mtp_num_hidden_layers": 1}, indent=1))
     write_safetensors(directory / "model.safetensors", w)
     return w
 

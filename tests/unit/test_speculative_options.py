@@ -11,6 +11,7 @@ from llmd.runtime.speculative import (
     DEFAULT_MAX_DRAFT,
     DRAFT_FEATURE,
     FEATURE,
+    MTP_FEATURE,
     Speculation,
     SpeculativeOptions,
     max_draft_for,
@@ -37,7 +38,7 @@ def test_a_model_that_cannot_speculate_refuses_a_request_but_not_the_default() -
     assert err.value.status == 400 and err.value.code == "not_implemented"
 
 
-@pytest.mark.parametrize("kind", ["mtp", "eagle3"])
+@pytest.mark.parametrize("kind", ["eagle", "eagle3"])
 def test_drafters_not_built_yet_are_named_in_a_400(kind: str) -> None:
     with pytest.raises(ApiError) as err:
         SpeculativeOptions(type=kind)
@@ -100,3 +101,32 @@ def test_status_names_the_draft_model_or_why_it_is_not_loaded() -> None:
     off = speculative_status(8, CAN, drafter="draft_model", draft_model="small", draft_problem="x")
     assert off["drafter"] == "off" and off["draft_model"] is None
     assert off["draft_model_problem"] == "x"
+
+
+MTP = [FEATURE, MTP_FEATURE]
+
+
+def test_an_mtp_request_drafts_with_the_models_head() -> None:
+    assert plan_for(SpeculativeOptions(type="mtp", max_draft=3), 0, MTP, "q") == Speculation(
+        3, False, True
+    )
+    # The server's mtp default, and `true` under it; an n-gram request stays n-gram.
+    assert plan_for(None, 6, MTP, "q", drafter="mtp") == Speculation(6, False, True)
+    assert plan_for(True, 6, MTP, "q", drafter="mtp") == Speculation(6, False, True)
+    assert plan_for(SpeculativeOptions(type="ngram"), 6, MTP, "q", drafter="mtp") == Speculation(6)
+    assert speculative_status(6, MTP, drafter="mtp") == {
+        "drafter": "mtp",
+        "max_draft": 6,
+        "available": ["ngram", "mtp"],
+    }
+
+
+def test_an_mtp_request_on_a_model_without_a_head_is_a_400() -> None:
+    with pytest.raises(ApiError) as err:
+        plan_for(SpeculativeOptions(type="mtp"), 0, CAN, "smol")
+    assert err.value.status == 400 and err.value.code == "not_implemented"
+    assert "has no MTP head" in err.value.message and err.value.param == "speculative"
+    # The server's mtp default on a model without one: plain decode, and /status says off.
+    assert plan_for(None, 8, CAN, "smol", drafter="mtp") == Speculation(0)
+    assert plan_for(True, 8, CAN, "smol", drafter="mtp") == Speculation(8)
+    assert speculative_status(8, CAN, drafter="mtp")["drafter"] == "off"

@@ -204,11 +204,12 @@ def serve_options(command: Callable[..., Any]) -> Callable[..., Any]:
         ),
         click.option(
             "--speculative",
-            type=click.Choice(["off", "ngram", "draft_model"]),
+            type=click.Choice(["off", "ngram", "draft_model", "mtp"]),
             default=None,
             help="Speculative decoding every request gets unless it says otherwise (its "
             "`speculative` field): ngram drafts from the request's own prompt and output, "
-            "draft_model with --draft-model; the drafts of every running sequence are verified "
+            "draft_model with --draft-model, mtp with the model's own MTP head (Qwen3.5; models "
+            "without one run without); the drafts of every running sequence are verified "
             "in one batched step. Output is the same with or without; edits of given text run "
             "several times faster. Default: draft_model with --draft-model, else off.",
         ),

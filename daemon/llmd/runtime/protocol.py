@@ -81,6 +81,9 @@ class Generate(_Message):
     # With max_draft: the drafts come from the worker's draft model (`--draft-model`; the
     # `speculative_draft_model` feature) instead of prompt lookup.
     draft_model: bool = False
+    # With max_draft: the drafts come from the model's own MTP head (Qwen3.5's `mtp.*`; the
+    # `speculative_mtp` feature).
+    mtp: bool = False
     # Images, encoded in the worker (the `vision` feature) and fed at the prompt's image
     # placeholder runs, in order.
     images: list[ImageInput] = []

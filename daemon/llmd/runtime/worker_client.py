@@ -281,6 +281,7 @@ class WorkerClient:
         prefill_of: str = "",
         max_draft: int = 0,
         draft_model: bool = False,
+        mtp: bool = False,
         images: list[p.ImageInput] | None = None,
     ) -> AsyncIterator[Accepted | p.Started | p.Tokens | p.Done]:
         """Yields ACCEPTED, Started once the engine admits it (the prefix-cache split), token
@@ -306,6 +307,7 @@ class WorkerClient:
                     prefill_of=prefill_of,
                     max_draft=max_draft,
                     draft_model=draft_model,
+                    mtp=mtp,
                     images=images or [],
                 )
             )

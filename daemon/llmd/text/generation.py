@@ -158,6 +158,7 @@ async def generate_text(
             prefill_of=prefill_of,
             max_draft=max_draft,
             draft_model=plan.draft_model,
+            mtp=plan.mtp,
             images=images,
         )
         try:

@@ -159,6 +159,7 @@ def _submit(
         prefill_of=msg.prefill_of,
         max_draft=msg.max_draft,
         draft_model=msg.draft_model,
+        mtp=msg.mtp,
         embedded=embedded or [],
     )
 
@@ -467,6 +468,7 @@ def main(argv: list[str] | None = None) -> int:
                     if engine.supports_speculation and engine.draft_model is not None
                     else []
                 ),
+                *(["speculative_mtp"] if engine.supports_speculation and engine.has_mtp else []),
             ],
             draft_model=args.draft_model,
             load_ms=load_ms,
