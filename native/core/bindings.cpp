@@ -540,6 +540,7 @@ PYBIND11_MODULE(_engine, m) {
              d["tokens_generated"] = s.tokens_generated;
              d["prompt_tokens_processed"] = s.prompt_tokens_processed;
              d["kv_bytes"] = s.kv_bytes;
+             d["kv_lane_bytes"] = s.kv_lane_bytes;
              d["kv_blocks_used"] = s.kv_blocks_used;
              d["kv_window_parts"] = s.kv_window_parts;
              d["max_rows_sampled_in_a_step"] = s.max_rows_sampled_in_a_step;

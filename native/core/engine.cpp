@@ -1038,6 +1038,7 @@ void Engine::publish_gauges() {
   stats_.active_sequences = static_cast<int>(active_.size());
   stats_.kv_blocks_used = pool_.used_blocks();
   stats_.kv_bytes = pool_.allocated_bytes();
+  stats_.kv_lane_bytes = pool_.extra_bytes();
   stats_.kv_window_parts = pool_.live_window_parts();
   stats_.prefix_cache_blocks = prefix_cache_.entries();
   stats_.kv_idle_cached_blocks = pool_.cached_idle_blocks();

@@ -124,7 +124,8 @@ struct EngineStats {
   uint64_t steps = 0;
   uint64_t tokens_generated = 0;
   uint64_t prompt_tokens_processed = 0;
-  size_t kv_bytes = 0;
+  size_t kv_bytes = 0;       // blocks, window parts and lane bytes (KvPool::allocated_bytes)
+  size_t kv_lane_bytes = 0;  // of kv_bytes, the device path's decode lanes (KvPool::claim_extra)
   size_t kv_blocks_used = 0;
   size_t kv_window_parts = 0;  // sliding-window layers' parts of blocks still kept
   int max_rows_sampled_in_a_step = 0;

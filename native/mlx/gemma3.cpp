@@ -156,7 +156,7 @@ class Gemma3Model : public Model {
     if (device_.on_device()) {
       device_kv = &device_.prepare(pool, kv_shape());
       global_plan = DeviceAttentionPlan::build(*global, *global_rope_, device_kv);
-      local_plan = DeviceAttentionPlan::build(*local, *local_rope_, device_kv);
+      local_plan = DeviceAttentionPlan::build(*local, *local_rope_, device_kv, &*global_plan);
     }
     const int hd = d.head_dim, qw = d.n_heads * hd, kw = d.n_kv_heads * hd;
     mx::array x(rows.x.begin(), {rows.total, d.hidden_size}, mx::float32);
