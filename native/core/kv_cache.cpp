@@ -94,6 +94,15 @@ void KvPool::free_window_part(int block) {
 }
 
 int KvPool::allocate() {
+  int b = allocate_once();
+  if (b < 0 && extra_bytes_ > 0 && release_extra_) {
+    release_extra_();
+    b = allocate_once();
+  }
+  return b;
+}
+
+int KvPool::allocate_once() {
   int b = -1;
   const bool room_for_part = window_elements_ == 0 || !window_free_.empty() ||
                              allocated_bytes() + block_bytes() + window_part_bytes() <= budget_bytes_;

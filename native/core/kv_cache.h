@@ -143,6 +143,11 @@ class KvPool {
   // budget full of idle blocks, which then would refuse the lanes for good.
   bool claim_extra(size_t bytes);
   size_t extra_bytes() const { return extra_bytes_; }
+  // Called when a block cannot be had while extra bytes are claimed: the holder gives them up
+  // (claim_extra(0)), as lanes can be rebuilt from the blocks, and the allocation is retried.
+  // Blocks in use come first. Set by the holder, which the pool must not outlive (the engine's
+  // model outlives its pool).
+  void set_extra_release(std::function<void()> release) { release_extra_ = std::move(release); }
   // Block ids handed out so far run from 0 to created_blocks() - 1; window slots likewise.
   size_t created_blocks() const { return created_; }
   size_t created_window_slots() const { return window_created_; }
@@ -226,7 +231,9 @@ class KvPool {
   std::list<int> idle_;  // cacheable blocks with no reference, least recently used first
   std::vector<std::list<int>::iterator> idle_pos_;
   std::function<void(int)> on_evict_;
+  int allocate_once();
   size_t extra_bytes_ = 0;
+  std::function<void()> release_extra_;
   std::vector<int> retired_;  // free block ids set aside for the extra bytes
 };
 

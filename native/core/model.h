@@ -53,6 +53,9 @@ class Model {
     forward(step, pool, logits);
   }
   virtual bool supports_hidden() const { return false; }
+  // True when forward() samples the rows that ask for it (StepSegment::device_sample) where
+  // the logits are, returning their tokens instead of their logits (Step::device_tokens).
+  virtual bool samples_on_device() const { return false; }
   // Copies KV block `src` into block `dst` wherever this backend keeps KV (a sibling sequence
   // forked from a prefilled prompt gets its own copy of the partial last block).
   virtual void copy_kv_block(KvPool& pool, int src, int dst) { pool.copy_block(src, dst); }

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -37,10 +38,25 @@ struct StepSegment {
   // the position up to which (exclusive) the row attends when that lies past the row itself
   // (Gemma 3: an image's rows see the whole image, all fed in this step), else 0.
   std::vector<int> attend_to;
+  // Set by the engine on a decode row whose token the device may pick (Model::
+  // samples_on_device; native/mlx/device_sampler.h): the request's sampling settings and the
+  // uniform number in [0, 1) its generator drew for this token (unused when greedy).
+  struct DeviceSample {
+    float temperature = 0.f;
+    int top_k = 0;
+    float top_p = 1.f;
+    float min_p = 0.f;
+    double unit = 0.0;
+  };
+  std::optional<DeviceSample> device_sample;
 };
 
 struct Step {
   std::vector<StepSegment> segments;
+  // Written by forward(): empty when every logits row came back in `logits`, else one entry
+  // per logits row (segment order): the token the device sampled, or -1 for a row whose
+  // logits are the next in `logits` (only those rows are returned).
+  mutable std::vector<int32_t> device_tokens;
 
   int total_tokens() const {
     int n = 0;

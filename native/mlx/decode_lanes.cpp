@@ -98,7 +98,16 @@ std::vector<DecodeLanes::Group> DecodeLanes::plan(KvPool& pool, const std::vecto
                                                   const SlotOf& slot_of, const SlotOf& window_slot_of,
                                                   AttentionPathCounts* counts) {
   const int W = shape_.windowed_layers() > 0 ? shape_.window : 0;
-  pool_ = &pool;
+  if (pool_ != &pool) {
+    pool_ = &pool;
+    // Blocks come first: a sequence that needs a block the lanes hold gets it, and the lanes
+    // are refilled from the blocks at the next batched decode.
+    pool.set_extra_release([this] {
+      lanes_.clear();
+      used_ = 0;
+      drop_arrays();
+    });
+  }
   std::unordered_map<const SequenceKv*, int> start_of;
   for (size_t i = 0; i < runs.size(); ++i) {
     for (size_t r = 0; r < runs[i].size(); ++r) start_of[runs[i][r]] = starts[i][r];

@@ -30,7 +30,8 @@
 // The cost is memory: lanes hold a second copy of the decoding sequences' KV, freed when no
 // batched decode runs. It counts in the KV budget (KvPool::claim_extra): growing the lanes
 // evicts idle cached blocks as a new block would, and where the blocks in use leave no room the
-// lanes are refused for the step, which then gathers (`lanes_refused` in attention_paths).
+// lanes are refused for the step, which then gathers (`lanes_refused` in attention_paths); a
+// block wanted while the lanes hold the room drops them (KvPool::set_extra_release).
 #pragma once
 
 #include <atomic>

@@ -124,6 +124,7 @@ class Gemma3Model : public Model {
   // Pooled hidden states: EmbeddingGemma only (a causal Gemma 3 is no embedding model; the pull
   // refuses one with a Pooling module, model_kind.py).
   bool supports_hidden() const override { return cfg_.bidirectional; }
+  bool samples_on_device() const override { return device_.on_device(); }
 
   std::map<std::string, std::string> matmul_paths() const override {
     return decoder_matmul_paths(layers_, lm_head_);

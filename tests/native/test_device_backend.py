@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from unittest.mock import ANY
 
 import numpy as np
 import pytest
@@ -198,6 +199,71 @@ def test_quantized_kv_decodes_from_lanes(model_path: Path, reference: dict) -> N
         n: _case(reference, n)["prompt_ids"] for n in ["capital_france", "python_code", "emoji"]
     }
     _lanes_keep_solo_tokens(engine, prompts, 5, late="emoji")
+
+
+def test_lane_memory_counts_in_the_kv_budget(tmp_path: Path) -> None:
+    """Decode lanes are KV memory: the engine reports their bytes inside kv_bytes, evicts idle
+    cached blocks to make room for them (as for a new block), refuses them when the blocks in
+    use leave no room (the step then gathers, with the same tokens), and gives the room back to
+    blocks once no batched decode needs them."""
+    from llmd.worker.host import hf_config
+
+    from .tiny_models import LONG_TOKENS, TOKENS, write_checkpoint
+
+    write_checkpoint(tmp_path, "qwen3")
+
+    def engine(budget_bytes: int):  # type: ignore[no-untyped-def]
+        return native_engine(
+            str(tmp_path),
+            context_length=512,
+            max_sequences=4,
+            kv_budget_bytes=budget_bytes,
+            backend="mlx-cpu",
+            hf_config=hf_config(str(tmp_path)),
+        )
+
+    roomy = engine(16 << 20)
+    block = roomy.kv_cache()["bytes_per_token"] * 64
+    pair = {
+        "a": {"prompt": TOKENS, "max_tokens": 10},
+        "b": {"prompt": LONG_TOKENS[:30], "max_tokens": 10},
+    }
+    solo = {rid: run_all(roomy, {rid: r})[rid]["tokens"] for rid, r in pair.items()}
+    assert run_all(roomy, pair) == {rid: {"tokens": solo[rid], "done": ANY} for rid in pair}
+    lane_bytes = roomy.stats()["kv_lane_bytes"]  # still held: no step has run since
+    assert lane_bytes > 0
+    assert roomy.stats()["kv_bytes"] >= lane_bytes + 2 * block  # the pair's blocks and the lanes
+    assert roomy.stats()["attention_paths"]["lanes_refused"] == 0
+
+    # Two blocks in use and no idle one: no room for the lanes, refused; the step gathers.
+    tight_blocks = 2 + lane_bytes // block - 1
+    tight = engine(tight_blocks * block)
+    got = run_all(tight, pair)
+    assert {rid: got[rid]["tokens"] for rid in pair} == solo
+    paths = tight.stats()["attention_paths"]
+    assert paths["lanes_refused"] > 0 and paths["decode_gather"] > 0 and paths["decode_lanes"] == 0
+    assert tight.stats()["kv_lane_bytes"] == 0
+    assert tight.stats()["kv_bytes"] <= tight_blocks * block
+
+    # Enough room once idle cached blocks go: a long prompt's blocks are evicted for the lanes.
+    budget = 2 + lane_bytes // block + 2
+    evicting = engine(budget * block)
+    long_prompt = (LONG_TOKENS + LONG_TOKENS)[: (budget - 1) * 64 - 8]
+    run_all(evicting, {"long": {"prompt": long_prompt, "max_tokens": 1}})
+    idle_before = evicting.stats()["kv_idle_cached_blocks"]
+    assert idle_before >= budget - 2
+    got = run_all(evicting, pair)
+    assert {rid: got[rid]["tokens"] for rid in pair} == solo
+    stats = evicting.stats()
+    assert stats["attention_paths"]["decode_lanes"] > 0
+    assert stats["attention_paths"]["lanes_refused"] == 0
+    assert stats["kv_bytes"] <= budget * block
+    # The lanes cost cached prefix: the long prompt finds fewer of its blocks, and gets the
+    # blocks the lanes held if it needs them (blocks come first: the lanes are dropped).
+    again = run_all(evicting, {"long": {"prompt": long_prompt, "max_tokens": 2}})["long"]
+    assert again["done"]["type"] == "done" and len(again["tokens"]) == 2, again["done"]
+    assert again["done"]["cached_tokens"] < idle_before * 64
+    assert evicting.stats()["kv_lane_bytes"] == 0
 
 
 def test_random_q4_0_model_gives_the_same_tokens_on_both_backends(tmp_path: Path) -> None:
