@@ -737,15 +737,19 @@ void Engine::step_once() {
   const int vocab = model_->info().vocab_size;
   const int width = model_->info().hidden_size;
   int row = 0;
-  int logits_row = 0;  // rows of `logits`: those not sampled on the device
   // The logits of output row `r`, or null when the device sampled it (its token then in
-  // `device_token`). Called once per output row, in order.
+  // `device_token`). `logits` holds only the rows not sampled on the device; a row's place
+  // there is the count of those before it (rows of rejected drafts are skipped, not read).
   int device_token = -1;
   uint64_t on_device = 0, on_host = 0;
   auto logits_of = [&](int r) -> float* {
-    device_token = step.device_tokens.empty() ? -1 : step.device_tokens[r];
+    const auto& sampled_on_device = step.device_tokens;
+    device_token = sampled_on_device.empty() ? -1 : sampled_on_device[r];
     if (device_token >= 0) return nullptr;
-    return logits.data() + static_cast<size_t>(logits_row++) * vocab;
+    const auto host_row = sampled_on_device.empty()
+                              ? r
+                              : std::count(sampled_on_device.begin(), sampled_on_device.begin() + r, -1);
+    return logits.data() + static_cast<size_t>(host_row) * vocab;
   };
   int hidden_row = 0;
   int sampled = 0;
