@@ -9,6 +9,7 @@
 #include <stdexcept>
 
 #include "../mlx/attention_kernels.h"
+#include "../mlx/device_sampler.h"
 #include "../mlx/kernels/pack8.h"
 #include "../mlx/kernels/qgemm.h"
 #include "../mlx/siglip.h"
@@ -550,6 +551,8 @@ PYBIND11_MODULE(_engine, m) {
              d["tokens_generated"] = s.tokens_generated;
              d["prompt_tokens_processed"] = s.prompt_tokens_processed;
              d["kv_bytes"] = s.kv_bytes;
+             d["kv_lane_bytes"] = s.kv_lane_bytes;
+             d["sampler"] = py::dict(py::arg("device") = s.device_sampled_tokens, py::arg("host") = s.host_sampled_tokens);
              d["kv_blocks_used"] = s.kv_blocks_used;
              d["kv_window_parts"] = s.kv_window_parts;
              d["max_rows_sampled_in_a_step"] = s.max_rows_sampled_in_a_step;
@@ -762,6 +765,29 @@ PYBIND11_MODULE(_engine, m) {
           "[n, tokens_per_image, hidden_size] embeddings, in one batched pass; with `engine`, "
           "between its forward passes (one process's MLX work at a time).");
 
+  m.def(
+      "device_sample_counts",
+      [](std::vector<float> logits, int draws, float temperature, int top_k, float top_p, float min_p,
+         uint64_t seed) {
+        SamplingParams p;
+        p.temperature = temperature;
+        p.seed = seed;
+        Sampler sampler(p);  // the uniform draws, as the engine makes them
+        const int vocab = static_cast<int>(logits.size());
+        std::vector<StepSegment::DeviceSample> params(draws);
+        for (auto& d : params) {
+          d = {temperature, top_k, top_p, min_p, 0.0};
+          if (temperature > 0.f && top_k != 1) d.unit = sampler.draw_unit();
+        }
+        std::vector<int64_t> counts(vocab, 0);
+        py::gil_scoped_release release;
+        for (const int32_t t : sample_row_on_device(logits, params)) ++counts[t];
+        return counts;
+      },
+      py::arg("logits"), py::arg("draws"), py::arg("temperature") = 1.f, py::arg("top_k") = 0,
+      py::arg("top_p") = 1.f, py::arg("min_p") = 0.f, py::arg("seed") = 0,
+      "sample_counts for the device sampler (native/mlx/device_sampler.h): `draws` rows of the "
+      "same logits sampled in one batch, with the uniform numbers a seeded host sampler draws.");
   m.def(
       "sample_counts",
       [](std::vector<float> logits, int draft, int draws, float temperature, int top_k, float top_p, float min_p,

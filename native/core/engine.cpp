@@ -57,6 +57,7 @@ Engine::Engine(std::unique_ptr<Model> model, EngineOptions options, std::unique_
     : model_(std::move(model)),
       recurrent_(model_->has_recurrent_state()),
       bidirectional_(model_->bidirectional()),
+      device_sampling_(model_->samples_on_device()),
       options_(options),
       // --context-length may go beyond the trained context (as llama-server's -c and Ollama's
       // num_ctx): positions past it are computed the same way, their quality is not guaranteed.
@@ -789,6 +790,22 @@ void Engine::step_once() {
     }
   }
   if (step.segments.empty()) return;
+  if (device_sampling_) {
+    for (size_t i = 0; i < step.segments.size(); ++i) {
+      StepSegment& s = step.segments[i];
+      if (!device_samples(*in_step[i], s)) continue;
+      const SamplingParams& p = in_step[i]->request.sampling;
+      StepSegment::DeviceSample d;
+      d.temperature = p.temperature;
+      d.top_k = p.top_k;
+      d.top_p = p.top_p;
+      d.min_p = p.min_p;
+      // The draw Sampler::sample makes for this token, so a seed's tokens do not depend on
+      // where they are sampled.
+      if (p.temperature > 0.f && p.top_k != 1) d.unit = in_step[i]->sampler.draw_unit();
+      s.device_sample = d;
+    }
+  }
   int drafting = 0;  // sequences whose drafts this one forward verifies
   for (Sequence* seq : in_step) drafting += seq->draft.empty() ? 0 : 1;
 
@@ -820,6 +837,20 @@ void Engine::step_once() {
     pending.insert(pending.end(), from, from + static_cast<size_t>(rows) * width);
   };
   int row = 0;
+  // The logits of output row `r`, or null when the device sampled it (its token then in
+  // `device_token`). `logits` holds only the rows not sampled on the device; a row's place
+  // there is the count of those before it (rows of rejected drafts are skipped, not read).
+  int device_token = -1;
+  uint64_t on_device = 0, on_host = 0;
+  auto logits_of = [&](int r) -> float* {
+    const auto& sampled_on_device = step.device_tokens;
+    device_token = sampled_on_device.empty() ? -1 : sampled_on_device[r];
+    if (device_token >= 0) return nullptr;
+    const auto host_row = sampled_on_device.empty()
+                              ? r
+                              : std::count(sampled_on_device.begin(), sampled_on_device.begin() + r, -1);
+    return logits.data() + static_cast<size_t>(host_row) * vocab;
+  };
   int sampled = 0;
   int taken = 0;
   uint64_t drafted = 0, accepted = 0;
@@ -842,8 +873,9 @@ void Engine::step_once() {
       int kept = 0;
       const bool with_q = seq->drafting && seq->drafting->q.size() == static_cast<size_t>(k);
       for (int j = 0; j <= k; ++j) {
-        float* row_logits = logits.data() + static_cast<size_t>(row + j) * vocab;
+        float* row_logits = logits_of(row + j);
         int token = -1;
+        ++on_host;
         const std::vector<float>* q = with_q && j < k ? &seq->drafting->q[j] : nullptr;
         reason = take_token(*seq, row_logits, vocab, j < k ? seq->draft[j] : -1, &token, q);
         if (token >= 0) ++taken;
@@ -888,7 +920,7 @@ void Engine::step_once() {
         for (int j = 0; j < width; ++j) seq->hidden_sum[j] += hidden_out[j];
       }
       const float* logits_out = nullptr;
-      if (s.want_logits) logits_out = logits.data() + static_cast<size_t>(row++) * vocab;
+      if (s.want_logits) logits_out = logits_of(row++);
       if (!seq->prefilling()) {
         if (seq->generated.empty()) seq->first_token = Clock::now();
         ++pooled;
@@ -900,14 +932,16 @@ void Engine::step_once() {
     }
     if (!s.want_logits) continue;
     ++sampled;
-    float* row_logits = logits.data() + static_cast<size_t>(row) * vocab;
+    float* row_logits = logits_of(row);
+    const int token_on_device = device_token;
     ++row;
+    ++(row_logits ? on_host : on_device);
     // Siblings waiting for this prompt start now, from copies of the unprocessed logits.
     std::vector<std::unique_ptr<Sequence>> forks;
     if (seq->generated.empty()) forks = take_forks(seq->request.id);
     for (auto& child : forks) start_fork(*seq, std::move(child), row_logits, vocab);
     int token = -1;
-    const std::string reason = take_token(*seq, row_logits, vocab, -1, &token);
+    const std::string reason = take_token(*seq, row_logits, vocab, -1, &token, nullptr, token_on_device);
     if (token >= 0) ++taken;
     if (!reason.empty()) {
       finished.push_back(seq);
@@ -919,6 +953,8 @@ void Engine::step_once() {
     std::lock_guard<std::mutex> lock(stats_mutex_);
     stats_.steps += 1;
     stats_.tokens_generated += taken;
+    stats_.device_sampled_tokens += on_device;
+    stats_.host_sampled_tokens += on_host;
     stats_.draft_tokens += drafted;
     stats_.draft_accepted_tokens += accepted;
     if (drafting > 0) {
@@ -1025,10 +1061,17 @@ void Engine::draft_all(const std::vector<Sequence*>& decoding, const std::vector
   for (size_t j = 0; j < heads.size(); ++j) of[j]->draft = std::move(heads[j].tokens);
 }
 
+bool Engine::device_samples(const Sequence& seq, const StepSegment& s) const {
+  const SamplingParams& p = seq.request.sampling;
+  return s.want_logits && s.tokens.size() == 1 && seq.draft.empty() && !seq.generated.empty() &&
+         !seq.prefilling() && seq.request.output == GenerateRequest::Output::Tokens && p.top_logprobs < 0 &&
+         !needs_counts(p) && p.logit_bias.empty() && !seq.request.constraint;
+}
+
 std::string Engine::take_token(Sequence& seq, float* logits, int vocab, int draft, int* taken,
-                               const std::vector<float>* draft_q) {
+                               const std::vector<float>* draft_q, int device_token) {
   TokenLogprob lp;
-  const int token = sample_row(seq, logits, vocab, lp, draft, draft_q);
+  const int token = logits ? sample_row(seq, logits, vocab, lp, draft, draft_q) : device_token;
   if (taken) *taken = -1;
   if (seq.generated.empty()) seq.first_token = Clock::now();
   if (token < 0) return "stop";  // the constraint is complete: nothing may follow
@@ -1164,6 +1207,7 @@ void Engine::publish_gauges() {
   stats_.active_sequences = static_cast<int>(active_.size());
   stats_.kv_blocks_used = pool_.used_blocks();
   stats_.kv_bytes = pool_.allocated_bytes();
+  stats_.kv_lane_bytes = pool_.extra_bytes();
   stats_.kv_window_parts = pool_.live_window_parts();
   stats_.prefix_cache_blocks = prefix_cache_.entries();
   stats_.kv_idle_cached_blocks = pool_.cached_idle_blocks();

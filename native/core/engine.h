@@ -134,7 +134,10 @@ struct EngineStats {
   uint64_t steps = 0;
   uint64_t tokens_generated = 0;
   uint64_t prompt_tokens_processed = 0;
-  size_t kv_bytes = 0;
+  size_t kv_bytes = 0;       // blocks, window parts and lane bytes (KvPool::allocated_bytes)
+  size_t kv_lane_bytes = 0;
+  uint64_t device_sampled_tokens = 0;  // tokens the model's device picked (device_sampler.h)
+  uint64_t host_sampled_tokens = 0;    // tokens sampled on the host from a logits row  // of kv_bytes, the device path's decode lanes (KvPool::claim_extra)
   size_t kv_blocks_used = 0;
   size_t kv_window_parts = 0;  // sliding-window layers' parts of blocks still kept
   int max_rows_sampled_in_a_step = 0;
@@ -299,8 +302,12 @@ class Engine {
   // the sequence ends with it, else "". With a `draft` (>= 0) the token is sampled
   // speculatively (Sampler::sample_draft); `token` gets what was taken (-1: nothing).
   // `draft_q`: the draft model's distribution the draft was drawn from (empty: deterministic).
+  // With `logits` null, `device_token` is the token (sampled on the device).
   std::string take_token(Sequence& seq, float* logits, int vocab, int draft = -1, int* token = nullptr,
-                         const std::vector<float>* draft_q = nullptr);
+                         const std::vector<float>* draft_q = nullptr, int device_token = -1);
+  // Whether a segment's token may be sampled on the device (samples_on_device): a decode row
+  // of a request that needs nothing of the logits on the host.
+  bool device_samples(const Sequence& seq, const StepSegment& s) const;
   // How many tokens a decoding sequence drafts this step, at most `room`.
   int draft_want(Sequence& seq, int room);
   // Fills the drafts of this step's decoding sequences (`wants`: draft_want's), the n-gram
@@ -332,6 +339,7 @@ class Engine {
   std::unique_ptr<Model> model_;
   bool recurrent_;  // model_->has_recurrent_state()
   bool bidirectional_;  // model_->bidirectional(): whole prompts per step, no prefix cache
+  bool device_sampling_;  // model_->samples_on_device()
   EngineOptions options_;
   int context_length_;
   // Before every member that holds sequences: their draft KV lives in its pool.

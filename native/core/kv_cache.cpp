@@ -94,13 +94,23 @@ void KvPool::free_window_part(int block) {
 }
 
 int KvPool::allocate() {
+  int b = allocate_once();
+  if (b < 0 && extra_bytes_ > 0 && release_extra_) {
+    release_extra_();
+    b = allocate_once();
+  }
+  return b;
+}
+
+int KvPool::allocate_once() {
   int b = -1;
   const bool room_for_part = window_elements_ == 0 || !window_free_.empty() ||
                              allocated_bytes() + block_bytes() + window_part_bytes() <= budget_bytes_;
   if (!free_.empty()) {
     b = free_.back();
     free_.pop_back();
-  } else if (created_ < max_blocks_ && room_for_part) {
+  } else if (created_ < max_blocks_ && room_for_part &&
+             (extra_bytes_ == 0 || allocated_bytes() + block_bytes() <= budget_bytes_)) {
     if (shape_.host_storage) storage_.emplace_back(aligned_bytes(block_bytes()));
     refs_.push_back(0);
     cacheable_.push_back(false);
@@ -126,6 +136,31 @@ int KvPool::allocate() {
   refs_[b] = 1;
   ++used_;
   return b;
+}
+
+bool KvPool::claim_extra(size_t bytes) {
+  const size_t blocks_bytes = allocated_bytes() - extra_bytes_;
+  if (bytes <= extra_bytes_) {
+    extra_bytes_ = bytes;
+    while (!retired_.empty() && allocated_bytes() + block_bytes() <= budget_bytes_) {
+      free_.push_back(retired_.back());
+      retired_.pop_back();
+    }
+    return true;
+  }
+  if (blocks_bytes + bytes > budget_bytes_) {
+    // Only free and idle blocks can make room: check first, so a refused claim evicts nothing.
+    const size_t short_by = blocks_bytes + bytes - budget_bytes_;
+    const size_t spare = (free_.size() + idle_.size()) * block_bytes();
+    if (block_bytes() == 0 || spare < short_by) return false;
+  }
+  while (allocated_bytes() - extra_bytes_ + bytes > budget_bytes_) {
+    if (free_.empty()) evict_one();
+    retired_.push_back(free_.back());
+    free_.pop_back();
+  }
+  extra_bytes_ = bytes;
+  return true;
 }
 
 void KvPool::retain(int block) {

@@ -131,7 +131,23 @@ class KvPool {
   size_t capacity_window_slots() const { return max_window_slots_; }
   size_t used_blocks() const { return used_; }            // referenced by sequences
   size_t cached_idle_blocks() const { return idle_.size(); }  // kept only for reuse
-  size_t allocated_bytes() const { return created_ * block_bytes() + window_created_ * window_part_bytes(); }
+  // Blocks and window parts created (less retired ones, below) and the extra bytes claimed.
+  size_t allocated_bytes() const {
+    return (created_ - retired_.size()) * block_bytes() + window_created_ * window_part_bytes() + extra_bytes_;
+  }
+  // Bytes a backend holds beside the blocks for the same KV (the device path's decode lanes,
+  // native/mlx/decode_lanes.h), counted in allocated_bytes() and so in the budget: raising the
+  // claim to `bytes` evicts idle cached blocks and retires free ones (not handed out until the
+  // claim shrinks again), and fails, changing nothing, when blocks in use leave no room. Why
+  // retire rather than only fill the headroom: a long-running server's prefix cache keeps the
+  // budget full of idle blocks, which then would refuse the lanes for good.
+  bool claim_extra(size_t bytes);
+  size_t extra_bytes() const { return extra_bytes_; }
+  // Called when a block cannot be had while extra bytes are claimed: the holder gives them up
+  // (claim_extra(0)), as lanes can be rebuilt from the blocks, and the allocation is retried.
+  // Blocks in use come first. Set by the holder, which the pool must not outlive (the engine's
+  // model outlives its pool).
+  void set_extra_release(std::function<void()> release) { release_extra_ = std::move(release); }
   // Block ids handed out so far run from 0 to created_blocks() - 1; window slots likewise.
   size_t created_blocks() const { return created_; }
   size_t created_window_slots() const { return window_created_; }
@@ -215,6 +231,10 @@ class KvPool {
   std::list<int> idle_;  // cacheable blocks with no reference, least recently used first
   std::vector<std::list<int>::iterator> idle_pos_;
   std::function<void(int)> on_evict_;
+  int allocate_once();
+  size_t extra_bytes_ = 0;
+  std::function<void()> release_extra_;
+  std::vector<int> retired_;  // free block ids set aside for the extra bytes
 };
 
 // The KV positions owned by one sequence: its blocks, in order, and how many positions hold data.

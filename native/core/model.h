@@ -75,6 +75,9 @@ class Model {
   // The checkpoint's multi-token-prediction head, or null. A model with one honours
   // HiddenOut::All in forward(): every fed row's final hidden state, what the head reads.
   virtual MtpHead* mtp() { return nullptr; }
+  // True when forward() samples the rows that ask for it (StepSegment::device_sample) where
+  // the logits are, returning their tokens instead of their logits (Step::device_tokens).
+  virtual bool samples_on_device() const { return false; }
   // Copies KV block `src` into block `dst` wherever this backend keeps KV (a sibling sequence
   // forked from a prefilled prompt gets its own copy of the partial last block).
   virtual void copy_kv_block(KvPool& pool, int src, int dst) { pool.copy_block(src, dst); }

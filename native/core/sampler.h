@@ -81,6 +81,9 @@ class Sampler {
   // zero outside the kept set). Greedy: the argmax, and q is left empty (the verifier keeps a
   // greedy draft exactly when it is the target's argmax, with no probabilities needed).
   int propose(const float* logits, int vocab, std::vector<float>& q);
+  // The uniform number in [0, 1) sample() would draw next (it draws mass * this), for a
+  // token sampled elsewhere from the same distribution (native/mlx/device_sampler.h).
+  double draw_unit() { return std::generate_canonical<double, 53>(rng_); }
 
  private:
   // The candidates sample() draws from: candidates_[0, n) with probabilities probs_[0, n)

@@ -4,6 +4,7 @@
 
 #include <array>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -45,10 +46,25 @@ struct StepSegment {
   // image laid out on a grid (GenerateRequest::PromptEmbeddings::grid_h/grid_w). Only models
   // with M-RoPE read it; their KV index stays start_pos + i.
   std::vector<std::array<int32_t, 3>> mrope;
+  // Set by the engine on a decode row whose token the device may pick (Model::
+  // samples_on_device; native/mlx/device_sampler.h): the request's sampling settings and the
+  // uniform number in [0, 1) its generator drew for this token (unused when greedy).
+  struct DeviceSample {
+    float temperature = 0.f;
+    int top_k = 0;
+    float top_p = 1.f;
+    float min_p = 0.f;
+    double unit = 0.0;
+  };
+  std::optional<DeviceSample> device_sample;
 };
 
 struct Step {
   std::vector<StepSegment> segments;
+  // Written by forward(): empty when every logits row came back in `logits`, else one entry
+  // per logits row (segment order): the token the device sampled, or -1 for a row whose
+  // logits are the next in `logits` (only those rows are returned).
+  mutable std::vector<int32_t> device_tokens;
 
   int total_tokens() const {
     int n = 0;

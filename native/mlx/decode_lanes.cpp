@@ -16,9 +16,17 @@ mx::array int_array(const std::vector<int32_t>& v) {
 // Blocks that hold positions [0, length).
 int blocks_for(int length) { return (length + BT - 1) / BT; }
 
-// Layers with lanes: those that store KV and do not slide.
-bool has_lane(const KvShape& shape, int layer) {
-  return shape.kv_heads_of(layer) * shape.head_dim_of(layer) > 0 && !shape.is_windowed(layer);
+// Layers with lanes: those that store KV (a ring for a sliding-window layer).
+bool has_lane(const KvShape& shape, int layer) { return shape.kv_heads_of(layer) * shape.head_dim_of(layer) > 0; }
+
+// A bool mask [lanes, 1, 1, 1, length] with the first seen[l] positions of lane l set, or none
+// when every lane sees all `length`.
+std::optional<mx::array> prefix_mask(const std::vector<int>& seen, int length) {
+  if (*std::min_element(seen.begin(), seen.end()) == length) return std::nullopt;
+  const int lanes = static_cast<int>(seen.size());
+  std::vector<uint8_t> mask(static_cast<size_t>(lanes) * length, 0);
+  for (int l = 0; l < lanes; ++l) std::fill_n(mask.begin() + static_cast<size_t>(l) * length, seen[l], 1);
+  return mx::astype(mx::array(mask.begin(), {lanes, 1, 1, 1, length}, mx::uint8), mx::bool_);
 }
 
 }  // namespace
@@ -28,7 +36,8 @@ std::map<std::string, uint64_t> AttentionPathCounts::snapshot() const {
           {"decode_gather", decode_gather.load()},
           {"sequence_in_place", sequence_in_place.load()},
           {"sequence_gather", sequence_gather.load()},
-          {"lane_fills", lane_fills.load()}};
+          {"lane_fills", lane_fills.load()},
+          {"lanes_refused", lanes_refused.load()}};
 }
 
 DecodeLanes::DecodeLanes(const KvShape& shape, mx::Dtype dt) : shape_(shape), dt_(dt) { drop_arrays(); }
@@ -38,35 +47,67 @@ void DecodeLanes::drop_arrays() {
   values_.assign(shape_.n_layers, mx::array(0.f));
   capacity_ = 0;
   array_lanes_ = 0;
+  bytes_ = 0;
+  if (pool_) pool_->claim_extra(0);
 }
 
-void DecodeLanes::ensure(int lanes, int length) {
-  if (lanes <= array_lanes_ && length <= capacity_) return;
+int DecodeLanes::positions_of(int layer, int capacity) const {
+  return shape_.is_windowed(layer) ? std::min(capacity, shape_.window) : capacity;
+}
+
+bool DecodeLanes::ensure(int lanes, int length) {
+  if (lanes <= array_lanes_ && length <= capacity_) return true;
   // Room for more lanes in powers of two and 1.5x the positions (multiples of a block), so a
   // batch that grows by one sequence or one block at a time copies the lanes rarely.
   int new_lanes = std::max(array_lanes_, 1);
   while (new_lanes < lanes) new_lanes *= 2;
   int new_capacity = capacity_;
   if (length > capacity_) new_capacity = blocks_for(std::max({length, capacity_ * 3 / 2, 2 * BT})) * BT;
+  size_t bytes = 0;
+  for (int l = 0; l < shape_.n_layers; ++l) {
+    if (!has_lane(shape_, l)) continue;
+    bytes += 2 * static_cast<size_t>(new_lanes) * shape_.kv_heads_of(l) * positions_of(l, new_capacity) *
+             shape_.head_dim_of(l) * mx::size_of(dt_);
+  }
+  // The grown arrays are in the budget; so, while they are built, are the old ones they copy
+  // (released just after).
+  if (!pool_->claim_extra(bytes_ + bytes)) return false;
   std::vector<mx::array> all;
   for (int l = 0; l < shape_.n_layers; ++l) {
     if (!has_lane(shape_, l)) continue;
     const int kvh = shape_.kv_heads_of(l), hd = shape_.head_dim_of(l);
+    // A ring that grows keeps its slots: it was not full (positions < its size sit at p).
+    const int positions = positions_of(l, new_capacity);
     for (mx::array* a : {&keys_[l], &values_[l]}) {
-      mx::array grown = mx::zeros({new_lanes, kvh, new_capacity, hd}, dt_);
+      mx::array grown = mx::zeros({new_lanes, kvh, positions, hd}, dt_);
       if (capacity_ > 0) grown = mx::slice_update(grown, *a, {0, 0, 0, 0}, a->shape());
       *a = grown;
       all.push_back(*a);
     }
   }
   mx::eval(all);
+  bytes_ = bytes;
+  pool_->claim_extra(bytes_);
   capacity_ = new_capacity;
   array_lanes_ = new_lanes;
+  return true;
 }
 
-std::vector<DecodeLanes::Group> DecodeLanes::plan(const std::vector<Run>& runs,
+std::vector<DecodeLanes::Group> DecodeLanes::plan(KvPool& pool, const std::vector<Run>& runs,
                                                   const std::vector<std::vector<int>>& starts,
-                                                  const SlotOf& slot_of, AttentionPathCounts* counts) {
+                                                  const SlotOf& slot_of, const SlotOf& window_slot_of,
+                                                  AttentionPathCounts* counts) {
+  const int W = shape_.windowed_layers() > 0 ? shape_.window : 0;
+  if (pool_ != &pool) {
+    pool_ = &pool;
+    // Blocks come first: a sequence that needs a block the lanes hold gets it, and the lanes
+    // are refilled from the blocks at the next batched decode.
+    pool.set_extra_release([this] {
+      lanes_.clear();
+      used_ = 0;
+      drop_arrays();
+    });
+  }
   std::unordered_map<const SequenceKv*, int> start_of;
   for (size_t i = 0; i < runs.size(); ++i) {
     for (size_t r = 0; r < runs[i].size(); ++r) start_of[runs[i][r]] = starts[i][r];
@@ -99,7 +140,7 @@ std::vector<DecodeLanes::Group> DecodeLanes::plan(const std::vector<Run>& runs,
     std::vector<int32_t> lane, pos, slots;
   };
   std::vector<std::vector<int32_t>> run_lanes(runs.size());
-  std::vector<Fill> fills(runs.size());
+  std::vector<Fill> fills(runs.size()), ring_fills(runs.size());
   int max_lanes = 0, max_length = 0;
   for (size_t i = 0; i < runs.size(); ++i) {
     for (size_t r = 0; r < runs[i].size(); ++r) {
@@ -121,6 +162,12 @@ std::vector<DecodeLanes::Group> DecodeLanes::plan(const std::vector<Run>& runs,
           fills[i].pos.push_back(p);
           fills[i].slots.push_back(slot_of(*kv, p));
         }
+        // A ring gets the window the row's query sees besides itself (the store keeps those).
+        for (int p = W > 0 ? std::max(0, start - W + 1) : start; p < start; ++p) {
+          ring_fills[i].lane.push_back(lane);
+          ring_fills[i].pos.push_back(p % W);
+          ring_fills[i].slots.push_back(window_slot_of(*kv, p));
+        }
         if (counts) ++counts->lane_fills;
       }
       Lane& l = lanes_[lane];
@@ -131,7 +178,13 @@ std::vector<DecodeLanes::Group> DecodeLanes::plan(const std::vector<Run>& runs,
       max_length = std::max(max_length, start + 1);
     }
   }
-  ensure(max_lanes, max_length);
+  if (!ensure(max_lanes, max_length)) {
+    lanes_.clear();
+    used_ = 0;
+    drop_arrays();
+    if (counts) ++counts->lanes_refused;
+    return {};
+  }
 
   std::vector<Group> groups;
   for (size_t i = 0; i < runs.size(); ++i) {
@@ -156,15 +209,27 @@ std::vector<DecodeLanes::Group> DecodeLanes::plan(const std::vector<Run>& runs,
       g.row_of_lane = int_array(row_of_lane);
       g.lane_of_row = g.lane;
     }
-    if (*std::min_element(seen.begin(), seen.end()) != g.length) {
-      std::vector<uint8_t> mask(static_cast<size_t>(g.n_lanes) * g.length, 0);
-      for (int l = 0; l < g.n_lanes; ++l) std::fill_n(mask.begin() + static_cast<size_t>(l) * g.length, seen[l], 1);
-      g.mask = mx::astype(mx::array(mask.begin(), {g.n_lanes, 1, 1, 1, g.length}, mx::uint8), mx::bool_);
-    }
+    g.mask = prefix_mask(seen, g.length);
     if (!fills[i].lane.empty()) {
       g.fill_lane = int_array(fills[i].lane);
       g.fill_pos = int_array(fills[i].pos);
       g.fill_slots = int_array(fills[i].slots);
+    }
+    if (W > 0) {
+      // A ring slot holds one position of the window once written: a lane whose sequence is
+      // shorter than the window sees its first positions' slots only.
+      std::vector<int> ring_seen(seen.size());
+      for (size_t l = 0; l < seen.size(); ++l) ring_seen[l] = std::min(seen[l], W);
+      g.ring_length = *std::max_element(ring_seen.begin(), ring_seen.end());
+      g.ring_mask = prefix_mask(ring_seen, g.ring_length);
+      std::vector<int32_t> ring_pos(b);
+      for (int r = 0; r < b; ++r) ring_pos[r] = starts[i][r] % W;
+      g.ring_pos = int_array(ring_pos);
+      if (!ring_fills[i].lane.empty()) {
+        g.ring_fill_lane = int_array(ring_fills[i].lane);
+        g.ring_fill_pos = int_array(ring_fills[i].pos);
+        g.ring_fill_slots = int_array(ring_fills[i].slots);
+      }
     }
     if (counts) ++counts->decode_lanes;
     groups.push_back(std::move(g));
@@ -173,30 +238,38 @@ std::vector<DecodeLanes::Group> DecodeLanes::plan(const std::vector<Run>& runs,
 }
 
 std::pair<mx::array, mx::array> DecodeLanes::write_and_read(int layer, const Group& g, const mx::array& k,
-                                                            const mx::array& v, const mx::array& key_store,
-                                                            const mx::array& value_store) {
+                                                            const mx::array& v, const StoreRows& store_rows) {
   const int kvh = shape_.kv_heads_of(layer), hd = shape_.head_dim_of(layer);
   // Rows [n, kv_heads * head_dim] to (lane, position) of the lanes [lanes, kv_heads, capacity,
   // head_dim]: MLX updates the lane array in place (this store holds its only reference).
   auto put = [&](mx::array& lanes, const mx::array& lane, const mx::array& pos, const mx::array& rows) {
     const int n = rows.shape(0);
-    lanes = mx::scatter(lanes, {lane, pos}, mx::reshape(rows, {n, 1, kvh, 1, hd}), {0, 2});
+    lanes = mx::scatter(lanes, {lane, pos}, mx::reshape(mx::astype(rows, dt_), {n, 1, kvh, 1, hd}), {0, 2});
   };
-  if (g.fill_lane) {  // the one copy of a joining sequence's KV
-    put(keys_[layer], *g.fill_lane, *g.fill_pos, mx::take(key_store, *g.fill_slots, 0));
-    put(values_[layer], *g.fill_lane, *g.fill_pos, mx::take(value_store, *g.fill_slots, 0));
+  const bool ring = shape_.is_windowed(layer);
+  const auto& fill_lane = ring ? g.ring_fill_lane : g.fill_lane;
+  if (fill_lane) {  // the one copy of a joining sequence's KV
+    const mx::array& pos = ring ? *g.ring_fill_pos : *g.fill_pos;
+    const mx::array& slots = ring ? *g.ring_fill_slots : *g.fill_slots;
+    put(keys_[layer], *fill_lane, pos, store_rows(true, slots));
+    put(values_[layer], *fill_lane, pos, store_rows(false, slots));
   }
-  put(keys_[layer], g.lane, g.pos, k);
-  put(values_[layer], g.lane, g.pos, v);
+  put(keys_[layer], g.lane, ring ? g.ring_pos : g.pos, k);
+  put(values_[layer], g.lane, ring ? g.ring_pos : g.pos, v);
   return read(layer, g);
 }
 
 std::pair<mx::array, mx::array> DecodeLanes::read(int layer, const Group& g) const {
   const int kvh = shape_.kv_heads_of(layer), hd = shape_.head_dim_of(layer);
+  const int length = shape_.is_windowed(layer) ? g.ring_length : g.length;
   // A slice: a view of the lanes, each lane's [length, head_dim] rows contiguous, which MLX's
   // matmul and SDPA read without a copy.
-  auto view = [&](const mx::array& a) { return mx::slice(a, {0, 0, 0, 0}, {g.n_lanes, kvh, g.length, hd}); };
+  auto view = [&](const mx::array& a) { return mx::slice(a, {0, 0, 0, 0}, {g.n_lanes, kvh, length, hd}); };
   return {view(keys_[layer]), view(values_[layer])};
+}
+
+const std::optional<mx::array>& DecodeLanes::mask(int layer, const Group& g) const {
+  return shape_.is_windowed(layer) ? g.ring_mask : g.mask;
 }
 
 }  // namespace llmd

@@ -9,6 +9,7 @@
 #include <stdexcept>
 
 #include "../core/dequantize.h"
+#include "device_sampler.h"
 #include "kernels/pack8.h"
 #include "kernels/qgemm.h"
 #include "mlx/graph_utils.h"
@@ -297,6 +298,7 @@ std::pair<std::string, double> hf_rope_scaling(const Metadata& hf, const std::st
 StepRows embed_step(const Step& step, KvPool& pool, const Embedding& embed, int hidden, float embed_scale) {
   StepRows rows;
   rows.total = step.total_tokens();
+  step.device_tokens.clear();
   rows.batch = std::make_shared<AttentionBatch>();
   rows.batch->pool = &pool;
   rows.x.resize(static_cast<size_t>(rows.total) * hidden);
@@ -320,7 +322,11 @@ StepRows embed_step(const Step& step, KvPool& pool, const Embedding& embed, int 
     rows.batch->segments.push_back({seg.kv, row, n, seg.start_pos, seg.attend_to});
     row += n;
     if (seg.want_logits) {
-      for (int r = row - std::clamp(seg.logits_tail, 1, n); r < row; ++r) rows.logit_rows.push_back(r);
+      for (int r = row - std::clamp(seg.logits_tail, 1, n); r < row; ++r) {
+        rows.logit_rows.push_back(r);
+        rows.row_samples.push_back(r == row - 1 ? seg.device_sample : std::nullopt);
+        if (seg.device_sample) rows.device_tokens = &step.device_tokens;
+      }
     }
     if (seg.hidden != HiddenOut::None) rows.hidden_spans.push_back({row - n, n, seg.hidden});
   }
@@ -425,6 +431,21 @@ void compute_outputs(const mx::array& x, const StepRows& step_rows, const Linear
                      std::optional<ScopedOpTimer>& build_timer) {
   const std::vector<int32_t>& rows = step_rows.logit_rows;
   std::vector<mx::array> outputs;
+  int logits_at = -1, tokens_at = -1;
+  // Rows the device samples (device_sampler.h): only their tokens come back.
+  std::vector<int32_t> host_rows, device_rows;
+  std::vector<StepSegment::DeviceSample> device_params;
+  if (step_rows.device_tokens) {
+    for (size_t i = 0; i < rows.size(); ++i) {
+      const auto& sample = step_rows.row_samples[i];
+      (sample ? device_rows : host_rows).push_back(static_cast<int32_t>(i));
+      if (sample) device_params.push_back(*sample);
+    }
+  }
+  auto pick = [](const mx::array& a, const std::vector<int32_t>& idx) {
+    const int n = static_cast<int>(idx.size());
+    return n == a.shape(0) ? a : mx::take(a, mx::array(idx.begin(), {n}, mx::int32), 0);
+  };
   if (!rows.empty()) {
     // Every row sampled (a decode step): no gather.
     bool all_rows = static_cast<int>(rows.size()) == x.shape(0);
@@ -435,7 +456,17 @@ void compute_outputs(const mx::array& x, const StepRows& step_rows, const Linear
     if (softcap > 0.f) {
       out = mx::multiply(mx::tanh(mx::multiply(out, mx::array(1.f / softcap))), mx::array(softcap));
     }
-    outputs.push_back(out);
+    if (device_rows.empty()) {
+      logits_at = static_cast<int>(outputs.size());
+      outputs.push_back(out);
+    } else {
+      tokens_at = static_cast<int>(outputs.size());
+      outputs.push_back(sample_on_device(pick(out, device_rows), device_params));
+      if (!host_rows.empty()) {
+        logits_at = static_cast<int>(outputs.size());
+        outputs.push_back(pick(out, host_rows));
+      }
+    }
   }
   if (!step_rows.hidden_spans.empty()) {
     // Embeddings: the final norm over the rows they read (the lm_head fuses it for logits),
@@ -460,12 +491,17 @@ void compute_outputs(const mx::array& x, const StepRows& step_rows, const Linear
   }
   if (OpProfile::step_graph_recording()) record_step_graph(outputs);
   mx::eval(outputs);
-  if (!rows.empty()) {
-    const mx::array& out = outputs.front();
+  if (logits_at >= 0) {
+    const mx::array& out = outputs[logits_at];
     logits.resize(out.size());
     std::memcpy(logits.data(), out.data<float>(), out.nbytes());
   } else {
     logits.clear();
+  }
+  if (tokens_at >= 0) {
+    const int32_t* tokens = outputs[tokens_at].data<int32_t>();
+    step_rows.device_tokens->assign(rows.size(), -1);
+    for (size_t i = 0; i < device_rows.size(); ++i) (*step_rows.device_tokens)[device_rows[i]] = tokens[i];
   }
   if (!step_rows.hidden_spans.empty()) {
     const mx::array& out = outputs.back();

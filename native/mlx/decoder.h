@@ -144,6 +144,10 @@ struct StepRows {
   std::vector<float> x;                  // [T, hidden] embeddings
   std::shared_ptr<AttentionBatch> batch;
   std::vector<int32_t> logit_rows;       // rows whose logits are returned (segment order)
+  // Per logits row: sampled on the device when set (StepSegment::device_sample), and where
+  // the tokens go (Step::device_tokens); only set when the model samples on the device.
+  std::vector<std::optional<StepSegment::DeviceSample>> row_samples;
+  std::vector<int32_t>* device_tokens = nullptr;
   struct HiddenSpan {
     int first, n;
     HiddenOut mode;

@@ -117,7 +117,7 @@ void DeviceKvStore::copy_block(const KvPool& pool, int src, int dst) {
 }
 
 DecodeLanes* DeviceKvStore::lanes() {
-  if (kv_type_quantized(shape_.type) || keys_.empty()) return nullptr;
+  if (keys_.empty()) return nullptr;
   if (!lanes_) lanes_ = std::make_unique<DecodeLanes>(shape_, device_compute_dtype());
   return lanes_.get();
 }
@@ -167,7 +167,8 @@ void DeviceKvStore::grow(bool windowed, size_t& have, size_t need, size_t max) {
   have = grown;
 }
 
-DeviceAttentionPlan DeviceAttentionPlan::build(const AttentionBatch& batch, const Rope& rope, DeviceKvStore* kv) {
+DeviceAttentionPlan DeviceAttentionPlan::build(const AttentionBatch& batch, const Rope& rope, DeviceKvStore* kv,
+                                               const DeviceAttentionPlan* lanes_of) {
   DeviceAttentionPlan plan;
   int rows = 0;
   for (const auto& seg : batch.segments) rows += seg.n_rows;
@@ -202,10 +203,18 @@ DeviceAttentionPlan DeviceAttentionPlan::build(const AttentionBatch& batch, cons
     if (j - i >= 2) runs.emplace_back(i, j);
     i = std::max(j, i + 1);
   }
-  // Lanes hold whole sequences in float: none for sliding-window layers or quantized KV.
-  DecodeLanes* lanes = kv && batch.window == 0 ? kv->lanes() : nullptr;
+  // The step's lanes are planned once, by the full-attention layers' plan; a sliding-window
+  // plan reads the rings of the same lanes (`lanes_of`), or gathers without one.
+  DecodeLanes* lanes = kv && (batch.window == 0 || lanes_of) ? kv->lanes() : nullptr;
   AttentionPathCounts* counts = kv ? kv->counts() : nullptr;
-  if (lanes) {
+  if (lanes && lanes_of) {
+    plan.lane_groups = lanes_of->lane_groups;
+    if (plan.lane_groups.size() != runs.size()) lanes = nullptr;  // not the same rows: gather
+  } else if (lanes) {
+    // Rows of the windowed layers' store, for the rings (the pool's window parts when it keeps
+    // them apart, else the blocks' own rows).
+    const KvPool* window_pool = batch.pool->shape().window > 0 ? batch.pool : nullptr;
+    auto window_slot_of = [window_pool](const SequenceKv& kv, int pos) { return store_row(kv, pos, window_pool); };
     std::vector<DecodeLanes::Run> seqs(runs.size());
     std::vector<std::vector<int>> starts(runs.size());
     for (size_t r = 0; r < runs.size(); ++r) {
@@ -214,7 +223,8 @@ DeviceAttentionPlan DeviceAttentionPlan::build(const AttentionBatch& batch, cons
         starts[r].push_back(segs[s].start_pos);
       }
     }
-    plan.lane_groups = lanes->plan(seqs, starts, slot_of, counts);
+    plan.lane_groups = lanes->plan(*batch.pool, seqs, starts, slot_of, window_slot_of, counts);
+    if (plan.lane_groups.empty()) lanes = nullptr;  // refused by the KV budget: gather
   }
   size_t i = 0;
   size_t next_run = 0;
@@ -315,7 +325,8 @@ mx::array device_attention(const mx::array& qkv, const DeviceAttentionPlan& plan
   mx::array& values = kv.values(layer);
   const KvType type = kv.type();
   const bool quantized = kv_type_quantized(type);
-  // This step's keys and values, [rows, kw] (written to the store, and to lanes).
+  // This step's keys and values, [rows, kw] (written to the store, and to lanes: with a
+  // quantized store, the rows its codes dequantize to, which is what every later read sees).
   mx::array new_k(0.f), new_v(0.f);
   if (write_kv) {
     new_k = mx::reshape(mx::slice(qk, {0, H, 0, 0}, {rows, H + KVH, 1, hd}), {rows, kw});
@@ -332,6 +343,10 @@ mx::array device_attention(const mx::array& qkv, const DeviceAttentionPlan& plan
       put(values, vq);
       put(kv.key_scales(layer), ks);
       put(kv.value_scales(layer), vs);
+      if (!plan.lane_groups.empty()) {
+        new_k = dequantize_rows(kq, ks, type, dt);
+        new_v = dequantize_rows(vq, vs, type, dt);
+      }
     } else {
       put(keys, k);
       put(values, v);
@@ -354,12 +369,15 @@ mx::array device_attention(const mx::array& qkv, const DeviceAttentionPlan& plan
       const DecodeLanes::Group& lg = plan.lane_groups[g.lanes];
       DecodeLanes& lanes = *kv.lanes();
       auto group_rows = [&](const mx::array& a) { return mx::slice(a, {g.row0, 0}, {g.row0 + g.n_rows, kw}); };
-      auto [k, v] = write_kv ? lanes.write_and_read(layer, lg, group_rows(new_k), group_rows(new_v), keys, values)
+      auto store_rows = [&](bool of_keys, const mx::array& slots) {
+        return kv_rows(of_keys, [&](const mx::array& a) { return mx::take(a, slots, 0); });
+      };
+      auto [k, v] = write_kv ? lanes.write_and_read(layer, lg, group_rows(new_k), group_rows(new_v), store_rows)
                              : lanes.read(layer, lg);
       // Queries by lane and outputs back by row (small takes of the rows, not of KV), when
       // the lanes are not the rows in order.
       mx::array ql = lg.row_of_lane ? mx::take(qg, *lg.row_of_lane, 0) : qg;
-      mx::array o = attend(ql, k, v, shape.scale, lg.mask, false);
+      mx::array o = attend(ql, k, v, shape.scale, lanes.mask(layer, lg), false);
       if (lg.lane_of_row) o = mx::take(o, *lg.lane_of_row, 0);
       outs.push_back(mx::reshape(o, {g.n_rows, qw}));
     } else if (g.batched_decode) {

@@ -9,8 +9,8 @@
 // and read in place); a prefill chunk gets its own causal call. A sequence whose slots are
 // consecutive in the store (a lone sequence in a fresh pool, the common batch-1 case) is read
 // in place through a slice, a view with no copy; otherwise its keys are gathered, a copy of its
-// KV per layer (as are batched decode rows with a quantized KV type or a sliding window, which
-// have no lanes). RoPE is mx::fast::rope over the queries and keys together, one op per layer
+// KV per layer. Sliding-window layers read rings of the same lanes, and a quantized store's
+// lanes hold its dequantized rows (decode_lanes.h). RoPE is mx::fast::rope over the queries and keys together, one op per layer
 // with each row's own position.
 #pragma once
 
@@ -54,8 +54,7 @@ class DeviceKvStore {
   mx::array& value_scales(int layer) { return value_scales_[layer]; }
   KvType type() const { return shape_.type; }
   AttentionPathCounts* counts() const { return counts_; }
-  // The decode lanes (created on first use), or null where batched decode gathers instead:
-  // quantized KV types (lanes would need the dequantized rows).
+  // The decode lanes (created on first use, once the store has its arrays).
   DecodeLanes* lanes();
 
  private:
@@ -91,11 +90,14 @@ struct DeviceAttentionPlan {
   std::vector<Group> groups;  // in row order, covering every row
   std::vector<DecodeLanes::Group> lane_groups;
 
-  // Honours batch.window: sliding-window layers gather only each query's window. With `kv`,
+  // Honours batch.window: sliding-window layers see only each query's window. With `kv`,
   // batched decode reads its lanes where it has them (they are kept up to date here, so every
   // layer of the step must then run device_attention with this plan) and the paths taken are
-  // counted; without, it gathers.
-  static DeviceAttentionPlan build(const AttentionBatch& batch, const Rope& rope, DeviceKvStore* kv = nullptr);
+  // counted; without, it gathers. The lanes are planned once per step, by the plan of the
+  // full-attention layers (window 0); a windowed plan of the same rows reads their rings when
+  // given that plan as `lanes_of`, and gathers each query's window without it.
+  static DeviceAttentionPlan build(const AttentionBatch& batch, const Rope& rope, DeviceKvStore* kv = nullptr,
+                                   const DeviceAttentionPlan* lanes_of = nullptr);
 };
 
 // qkv: [rows, (n_heads + 2 * n_kv_heads) * head_dim] -> [rows, n_heads * head_dim], in

@@ -124,6 +124,7 @@ class Gemma3Model : public Model {
   // Pooled hidden states: EmbeddingGemma only (a causal Gemma 3 is no embedding model; the pull
   // refuses one with a Pooling module, model_kind.py).
   bool supports_hidden() const override { return cfg_.bidirectional; }
+  bool samples_on_device() const override { return device_.on_device(); }
 
   std::map<std::string, std::string> matmul_paths() const override {
     return decoder_matmul_paths(layers_, lm_head_);
@@ -156,7 +157,7 @@ class Gemma3Model : public Model {
     if (device_.on_device()) {
       device_kv = &device_.prepare(pool, kv_shape());
       global_plan = DeviceAttentionPlan::build(*global, *global_rope_, device_kv);
-      local_plan = DeviceAttentionPlan::build(*local, *local_rope_, device_kv);
+      local_plan = DeviceAttentionPlan::build(*local, *local_rope_, device_kv, &*global_plan);
     }
     const int hd = d.head_dim, qw = d.n_heads * hd, kw = d.n_kv_heads * hd;
     mx::array x(rows.x.begin(), {rows.total, d.hidden_size}, mx::float32);

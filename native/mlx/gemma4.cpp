@@ -181,7 +181,7 @@ class Gemma4Model : public Model {
     if (device_.on_device()) {
       device_kv = &device_.prepare(pool, kv_shape());
       global_plan = DeviceAttentionPlan::build(*global, *global_rope_, device_kv);
-      local_plan = DeviceAttentionPlan::build(*local, *local_rope_, device_kv);
+      local_plan = DeviceAttentionPlan::build(*local, *local_rope_, device_kv, &*global_plan);
     }
     mx::array x(rows.x.begin(), {T, H}, mx::float32);
     std::optional<mx::array> ple = per_layer_inputs(step, x);

@@ -67,6 +67,7 @@ class LlamaModel : public Model {
   }
 
   bool supports_hidden() const override { return true; }
+  bool samples_on_device() const override { return device_.on_device(); }
 
   void forward(const Step& step, KvPool& pool, std::vector<float>& logits) override {
     std::vector<float> unused;

@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from unittest.mock import ANY
 
 import numpy as np
 import pytest
@@ -22,6 +23,10 @@ NEAR_TIE = 0.5
 
 def _case(reference: dict, name: str) -> dict:
     return next(c for c in reference["cases"] if c["name"] == name)
+
+
+def native_engine(*args, **kw):  # type: ignore[no-untyped-def]
+    return pytest.importorskip("llmd._engine").Engine(*args, **kw)
 
 
 def _has_gpu() -> bool:
@@ -118,6 +123,147 @@ def test_decode_lanes_follow_sequences_that_finish_and_join(device_engine, refer
     after = device_engine.stats()["attention_paths"]
     assert after["decode_gather"] == before["decode_gather"]
     assert after["lane_fills"] - before["lane_fills"] >= 4
+
+
+def _lanes_keep_solo_tokens(engine, prompts: dict[str, list[int]], n: int, late: str) -> dict:  # type: ignore[no-untyped-def]
+    """Runs each prompt alone, then all but `late` together with `late` submitted once the
+    first finishes (it joins mid-decode: copied into a free lane); asserts every sequence got
+    its solo greedy tokens and that batched decode read lanes, never a gather. Returns the
+    attention path counts of the batched run."""
+    lengths = {rid: n + 4 * i for i, rid in enumerate(prompts)}
+    lengths[late] = n
+    solo = {
+        rid: run_all(engine, {rid: {"prompt": p, "max_tokens": lengths[rid]}})[rid]["tokens"]
+        for rid, p in prompts.items()
+    }
+    before = engine.stats()["attention_paths"]
+    first = [rid for rid in prompts if rid != late]
+    for rid in first:
+        engine.submit(rid, prompts[rid], lengths[rid])
+    got: dict[str, list[int]] = {rid: [] for rid in prompts}
+    pending = set(first)
+    while pending:
+        for ev in engine.poll(1000):
+            if ev["type"] == "tokens":
+                got[ev["id"]] += ev["tokens"]
+            else:
+                pending.discard(ev["id"])
+                if ev["id"] == first[0]:
+                    engine.submit(late, prompts[late], lengths[late])
+                    pending.add(late)
+    assert got == solo
+    after = engine.stats()["attention_paths"]
+    delta = {k: after[k] - before[k] for k in after}
+    assert delta["decode_gather"] == 0, delta
+    assert delta["decode_lanes"] >= n, delta
+    assert delta["lane_fills"] >= len(prompts), delta
+    return delta
+
+
+@pytest.mark.parametrize("kv_type", ["f32", "q8_0"])
+def test_sliding_window_layers_decode_from_lane_rings(tmp_path: Path, kv_type: str) -> None:
+    """Gemma 3's sliding layers (window 5) read rings of the decode lanes: sequences far past
+    the window, one joining mid-decode, get their solo greedy tokens, in float and in q8_0
+    KV, and no step gathers."""
+    from llmd.worker.host import hf_config
+
+    from .tiny_models import LONG_TOKENS, TOKENS, write_checkpoint
+
+    write_checkpoint(tmp_path, "gemma3_text")
+    engine = native_engine(
+        str(tmp_path),
+        context_length=512,
+        max_sequences=4,
+        kv_budget_bytes=16 << 20,
+        backend="mlx-cpu",
+        kv_type=kv_type,
+        hf_config=hf_config(str(tmp_path)),
+    )
+    prompts = {"long": LONG_TOKENS[:150], "short": TOKENS, "late": LONG_TOKENS[::-1][:40]}
+    _lanes_keep_solo_tokens(engine, prompts, 12, late="late")
+
+
+def test_quantized_kv_decodes_from_lanes(model_path: Path, reference: dict) -> None:
+    """With q8_0 KV the lanes hold the rows its codes dequantize to: batched decode reads them
+    in place and each sequence keeps its solo greedy tokens."""
+    engine = native_engine(
+        str(model_path),
+        context_length=1024,
+        max_sequences=4,
+        kv_budget_bytes=64 << 20,
+        backend="mlx-cpu",
+        kv_type="q8_0",
+    )
+    assert engine.kv_cache()["type"] == "q8_0"
+    prompts = {
+        n: _case(reference, n)["prompt_ids"] for n in ["capital_france", "python_code", "emoji"]
+    }
+    _lanes_keep_solo_tokens(engine, prompts, 5, late="emoji")
+
+
+def test_lane_memory_counts_in_the_kv_budget(tmp_path: Path) -> None:
+    """Decode lanes are KV memory: the engine reports their bytes inside kv_bytes, evicts idle
+    cached blocks to make room for them (as for a new block), refuses them when the blocks in
+    use leave no room (the step then gathers, with the same tokens), and gives the room back to
+    blocks once no batched decode needs them."""
+    from llmd.worker.host import hf_config
+
+    from .tiny_models import LONG_TOKENS, TOKENS, write_checkpoint
+
+    write_checkpoint(tmp_path, "qwen3")
+
+    def engine(budget_bytes: int):  # type: ignore[no-untyped-def]
+        return native_engine(
+            str(tmp_path),
+            context_length=512,
+            max_sequences=4,
+            kv_budget_bytes=budget_bytes,
+            backend="mlx-cpu",
+            hf_config=hf_config(str(tmp_path)),
+        )
+
+    roomy = engine(16 << 20)
+    block = roomy.kv_cache()["bytes_per_token"] * 64
+    pair = {
+        "a": {"prompt": TOKENS, "max_tokens": 10},
+        "b": {"prompt": LONG_TOKENS[:30], "max_tokens": 10},
+    }
+    solo = {rid: run_all(roomy, {rid: r})[rid]["tokens"] for rid, r in pair.items()}
+    assert run_all(roomy, pair) == {rid: {"tokens": solo[rid], "done": ANY} for rid in pair}
+    lane_bytes = roomy.stats()["kv_lane_bytes"]  # still held: no step has run since
+    assert lane_bytes > 0
+    assert roomy.stats()["kv_bytes"] >= lane_bytes + 2 * block  # the pair's blocks and the lanes
+    assert roomy.stats()["attention_paths"]["lanes_refused"] == 0
+
+    # Two blocks in use and no idle one: no room for the lanes, refused; the step gathers.
+    tight_blocks = 2 + lane_bytes // block - 1
+    tight = engine(tight_blocks * block)
+    got = run_all(tight, pair)
+    assert {rid: got[rid]["tokens"] for rid in pair} == solo
+    paths = tight.stats()["attention_paths"]
+    assert paths["lanes_refused"] > 0 and paths["decode_gather"] > 0 and paths["decode_lanes"] == 0
+    assert tight.stats()["kv_lane_bytes"] == 0
+    assert tight.stats()["kv_bytes"] <= tight_blocks * block
+
+    # Enough room once idle cached blocks go: a long prompt's blocks are evicted for the lanes.
+    budget = 2 + lane_bytes // block + 2
+    evicting = engine(budget * block)
+    long_prompt = (LONG_TOKENS + LONG_TOKENS)[: (budget - 1) * 64 - 8]
+    run_all(evicting, {"long": {"prompt": long_prompt, "max_tokens": 1}})
+    idle_before = evicting.stats()["kv_idle_cached_blocks"]
+    assert idle_before >= budget - 2
+    got = run_all(evicting, pair)
+    assert {rid: got[rid]["tokens"] for rid in pair} == solo
+    stats = evicting.stats()
+    assert stats["attention_paths"]["decode_lanes"] > 0
+    assert stats["attention_paths"]["lanes_refused"] == 0
+    assert stats["kv_bytes"] <= budget * block
+    # The lanes cost cached prefix: the long prompt finds fewer of its blocks, and gets the
+    # blocks the lanes held if it needs them (blocks come first: the lanes are dropped).
+    again = run_all(evicting, {"long": {"prompt": long_prompt, "max_tokens": 2}})["long"]
+    assert again["done"]["type"] == "done" and len(again["tokens"]) == 2, again["done"]
+    assert again["done"]["cached_tokens"] < idle_before * 64
+    assert evicting.stats()["kv_lane_bytes"] == 0
 
 
 def test_random_q4_0_model_gives_the_same_tokens_on_both_backends(tmp_path: Path) -> None:
