@@ -329,7 +329,9 @@ class Qwen35MoeModel : public Model {
     mx::array x = m.fc(mx::concatenate(
         {mx::fast::rms_norm(e, m.pre_embedding, d.rms_eps), mx::fast::rms_norm(h, m.pre_hidden, d.rms_eps)}, 1));
     x = mx::astype(x, mx::float32);
-    x = mx::add(x, attention(m.layer, x, rows, plan, device_kv, ashape));
+    // The head runs on 1-D positions even after an image (M-RoPE rows): it only drafts, so a
+    // position mismatch there costs acceptance, never correctness (the target verifies).
+    x = mx::add(x, attention(m.layer, x, rows, plan, device_kv, ashape, std::nullopt));
     x = mx::add(x, moe(m.layer.moe, mx::fast::rms_norm(x, m.layer.post_norm, d.rms_eps)));
     logits.clear();
     hidden_out.clear();
