@@ -13,11 +13,13 @@
 
 #include <cmath>
 #include <filesystem>
+#include <memory>
 #include <stdexcept>
 
 #include <mlx/mlx.h>
 
 #include "decoder.h"
+#include "encoder_ops.h"
 #include "qwen_vision.h"
 
 namespace llmd {
@@ -96,15 +98,25 @@ class Gemma3VisionTower : public VisionTower {
       mx::array t = mx::slice(qkv, {0, part * D}, {n * P, (part + 1) * D});
       return mx::transpose(mx::reshape(t, {n, P, H, hd}), {0, 2, 1, 3});
     };
+    auto device_attention = [&](const mx::array& qkv) {
+      mx::array a = mx::fast::scaled_dot_product_attention(heads(qkv, 0), heads(qkv, 1), heads(qkv, 2), scale);
+      return mx::reshape(mx::transpose(a, {0, 2, 1, 3}), {n * P, D});
+    };
+    // Each image one span: every patch sees every other patch of its image, and nothing else.
+    std::shared_ptr<const EncoderSpans> spans;
+    if (!on_device_) {
+      auto s = std::make_shared<EncoderSpans>();
+      for (int i = 0; i < n; ++i) s->emplace_back(i * P, P);
+      spans = std::move(s);
+    }
     for (const SiglipLayer& L : layers_) {
       mx::array h = mx::fast::layer_norm(x, L.norm1.w, L.norm1.b, c_.eps);
-      mx::array qkv = mx::add(L.qkv(h), L.qkv_bias);
-      // Every patch of an image sees every other patch of the same image, and nothing else.
-      mx::array a = mx::fast::scaled_dot_product_attention(heads(qkv, 0), heads(qkv, 1), heads(qkv, 2), scale);
-      a = mx::reshape(mx::transpose(a, {0, 2, 1, 3}), {n * P, D});
+      mx::array a = on_device_ ? device_attention(mx::add(L.qkv(h), L.qkv_bias))
+                               : host_attention(L.qkv(h), L.qkv_bias, spans, n * P);
       x = mx::add(x, mx::add(L.out(a), L.out_bias));
       h = mx::fast::layer_norm(x, L.norm2.w, L.norm2.b, c_.eps);
-      h = gelu_tanh(mx::add(L.fc1(h), L.fc1_bias));
+      // The host backend: llmd's vectorized GELU (MLX's CPU tanh runs one float at a time).
+      h = on_device_ ? gelu_tanh(mx::add(L.fc1(h), L.fc1_bias)) : bias_gelu(L.fc1(h), L.fc1_bias, true);
       x = mx::add(x, mx::add(L.fc2(h), L.fc2_bias));
     }
     x = mx::fast::layer_norm(x, post_norm_.w, post_norm_.b, c_.eps);
@@ -120,6 +132,25 @@ class Gemma3VisionTower : public VisionTower {
   }
 
  private:
+  // Attention on the host backend: llmd's flash-attention tile kernels (encoder_ops.h) over
+  // each image's span. MLX's CPU SDPA materializes every head's [patches, patches] scores and
+  // runs their softmax one float at a time: at 896x896 (4096 patches, 16 heads) that softmax
+  // took 3.3 s of a layer's 4.2 s. The kernels take head sizes in multiples of 16; SigLIP's
+  // (1152 / 16 = 72) gets zero columns (unchanged dot products and outputs), its queries
+  // scaled by sqrt(padded / head size) so the kernels' 1 / sqrt(padded) is the model's scale.
+  mx::array host_attention(const mx::array& qkv, const mx::array& bias, const std::shared_ptr<const EncoderSpans>& spans,
+                           int rows) const {
+    const int H = c_.heads, hd = c_.hidden / H, padded = (hd + 15) / 16 * 16;
+    if (padded == hd) return encoder_attention(qkv, bias, spans, H, hd, nullptr);
+    mx::array t = mx::reshape(mx::add(qkv, bias), {rows, 3, H, hd});
+    const float q_scale = std::sqrt(static_cast<float>(padded) / static_cast<float>(hd));
+    t = mx::multiply(t, mx::reshape(mx::array({q_scale, 1.f, 1.f}), {1, 3, 1, 1}));
+    t = mx::pad(t, std::vector<int>{3}, mx::Shape{0}, mx::Shape{padded - hd}, mx::array(0.f));
+    t = mx::reshape(t, {rows, 3 * H * padded});
+    mx::array a = mx::reshape(encoder_attention(t, std::nullopt, spans, H, padded, nullptr), {rows, H, padded});
+    return mx::reshape(mx::slice(a, {0, 0, 0}, {rows, H, hd}), {rows, c_.hidden});
+  }
+
   SiglipConfig c_;
   VisionInfo info_;
   Linear patch_;

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import base64
 import json
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -185,6 +186,26 @@ def test_openai_image_answers_like_transformers_embeddings(
     again = ask(CASES[-1])
     details = again.usage.prompt_tokens_details  # type: ignore[union-attr]
     assert details is not None and details.cached_tokens == len(PROMPT) - 1
+    # What an operator reads on /metrics: each image through the tower once (time counted),
+    # the repeat's rows from the worker's cache of recent images.
+    metrics = _model_metrics(server.base_url, pulled)
+    assert metrics["llmd_images_encoded_total"] == len(CASES)
+    assert metrics["llmd_image_cache_hits_total"] == 1
+    assert 0 < metrics["llmd_image_encode_seconds_total"] < 60
+
+
+def _model_metrics(base_url: str, model: str) -> dict[str, float]:
+    """/metrics' samples labelled with `model` alone, by name."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(base_url + "/metrics", timeout=30) as r:
+        text = r.read().decode()
+    return {
+        s.name: s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.labels == {"model": model}
+    }
 
 
 def test_ollama_images_are_seen(server, pulled: str) -> None:  # type: ignore[no-untyped-def]

@@ -108,6 +108,26 @@ def test_q8_0_mmproj_stays_close_to_transformers(tmp_path: Path, backend: str) -
         assert _rel(out[i], ref[f"{name}.embeddings"]) < 2e-2, name
 
 
+def test_head_size_off_the_kernels_multiple_encodes_as_mlx_sdpa(tmp_path: Path) -> None:
+    """SigLIP so400m's heads are 1152 / 16 = 72 wide, which llmd's CPU attention kernels (head
+    sizes in multiples of 16) take padded with zero columns, the queries rescaled: a tower with
+    24-wide heads on the host backend gives the rows MLX's SDPA gives on mlx-cpu, image by
+    image (each image's patches see only their own image)."""
+    from .tiny_models import GEMMA3_VISION, gemma3_vision_weights, write_gemma3_mmproj
+
+    vision = {**GEMMA3_VISION, "hidden_size": 48, "num_attention_heads": 2}
+    tensors = gemma3_vision_weights(vision=vision)
+    write_gemma3_mmproj(tmp_path / "mmproj.gguf", "F32", vision, tensors=tensors)
+    pixels = np.random.default_rng(7).uniform(-1, 1, (2, 3, 64, 64)).astype(np.float32)
+    host = native.VisionTower(str(tmp_path / "mmproj.gguf"), {}, backend="cpu").encode(pixels)
+    sdpa = native.VisionTower(str(tmp_path / "mmproj.gguf"), {}, backend="mlx-cpu").encode(pixels)
+    assert host.shape == (2, 16, 64)
+    assert _rel(host, sdpa) < 1e-5
+    alone = native.VisionTower(str(tmp_path / "mmproj.gguf"), {}, backend="cpu").encode(pixels[1:])
+    assert _rel(host[1], alone[0]) < 1e-5
+    assert _rel(host[0], host[1]) > 0.1
+
+
 def test_mmproj_of_another_projector_is_refused(tmp_path: Path) -> None:
     from gguf import GGUFWriter
 

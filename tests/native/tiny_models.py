@@ -432,22 +432,31 @@ GEMMA3_MULTIMODAL = {
 }
 
 
-def gemma3_vision_weights(seed: int = 1) -> dict[str, np.ndarray]:
+def gemma3_vision_weights(
+    seed: int = 1, vision: dict | None = None, text_hidden: int | None = None, scale: float = 1.0
+) -> dict[str, np.ndarray]:
     """The vision tower and projector of a tiny Gemma 3, under the released checkpoints'
-    names (bf16-representable values)."""
-    c, text_hidden = GEMMA3_VISION, CONFIGS["gemma3_text"]["hidden_size"]
+    names (bf16-representable values). `vision` replaces GEMMA3_VISION and `text_hidden` the
+    text width (other sizes: the bench's gemma-3-4b-shaped tower); `scale` multiplies the
+    matrices' spread (a wide tower's activations stay in float16 range with less)."""
+    c = vision or GEMMA3_VISION
+    text_hidden = text_hidden or CONFIGS["gemma3_text"]["hidden_size"]
     rng = np.random.default_rng(seed)
     d, f, p = c["hidden_size"], c["intermediate_size"], c["patch_size"]
     grid = (c["image_size"] // p) ** 2
+
+    def mat(std: float, *shape: int) -> np.ndarray:
+        return rng.normal(0, std * scale, shape).astype(np.float32)
+
     m = "vision_tower.vision_model."
     w: dict[str, np.ndarray] = {
-        m + "embeddings.patch_embedding.weight": rng.normal(0, 0.15, (d, 3, p, p)),
+        m + "embeddings.patch_embedding.weight": mat(0.15, d, 3, p, p),
         m + "embeddings.patch_embedding.bias": rng.normal(0, 0.1, d),
         m + "embeddings.position_embedding.weight": rng.normal(0, 0.5, (grid, d)),
         m + "post_layernorm.weight": 1 + 0.1 * rng.normal(size=d),
         m + "post_layernorm.bias": 0.1 * rng.normal(size=d),
         "multi_modal_projector.mm_soft_emb_norm.weight": 0.1 * rng.normal(size=d),
-        "multi_modal_projector.mm_input_projection_weight": rng.normal(0, 0.15, (d, text_hidden)),
+        "multi_modal_projector.mm_input_projection_weight": mat(0.15, d, text_hidden),
     }
     for i in range(c["num_hidden_layers"]):
         b = f"{m}encoder.layers.{i}."
@@ -455,11 +464,11 @@ def gemma3_vision_weights(seed: int = 1) -> dict[str, np.ndarray]:
             w[f"{b}{norm}.weight"] = 1 + 0.1 * rng.normal(size=d)
             w[f"{b}{norm}.bias"] = 0.1 * rng.normal(size=d)
         for proj in ("q_proj", "k_proj", "v_proj", "out_proj"):
-            w[f"{b}self_attn.{proj}.weight"] = rng.normal(0, 0.2, (d, d))
+            w[f"{b}self_attn.{proj}.weight"] = mat(0.2, d, d)
             w[f"{b}self_attn.{proj}.bias"] = rng.normal(0, 0.1, d)
-        w[b + "mlp.fc1.weight"] = rng.normal(0, 0.2, (f, d))
+        w[b + "mlp.fc1.weight"] = mat(0.2, f, d)
         w[b + "mlp.fc1.bias"] = rng.normal(0, 0.1, f)
-        w[b + "mlp.fc2.weight"] = rng.normal(0, 0.2, (d, f))
+        w[b + "mlp.fc2.weight"] = mat(0.2, d, f)
         w[b + "mlp.fc2.bias"] = rng.normal(0, 0.1, d)
     return {k: bf16_round(x.astype(np.float32)) for k, x in w.items()}
 
@@ -633,21 +642,30 @@ def mmproj_name(hf_name: str) -> str:
     return f"v.blk.{layer}.{_MMPROJ_LAYER_NAMES[module]}.{suffix}"
 
 
-def write_gemma3_mmproj(path: Path, outtype: str = "F32") -> None:
+def write_gemma3_mmproj(
+    path: Path,
+    outtype: str = "F32",
+    vision: dict | None = None,
+    text_hidden: int | None = None,
+    tensors: dict[str, np.ndarray] | None = None,
+) -> None:
     """gemma3_vision_weights() as llama.cpp's `convert_hf_to_gguf.py --mmproj --outtype
     f32|f16|q8_0` writes them for write_gemma3_multimodal's checkpoint (the same metadata keys,
     names and tensor types: checked against the converter's own output by hand, see
     tests/native/test_gemma3_mmproj.py): the soft-embedding norm stored as 1 + w, embeddings
     in F32, the input projection in F16 whatever the outtype, other 2-D weights in `outtype`.
-    The 64 / 4 = 16-patch grid pools 4x4, llama.cpp's default, so no scale factor key."""
+    The 64 / 4 = 16-patch grid pools 4x4, llama.cpp's default, so no scale factor key.
+    `vision`, `text_hidden` and `tensors` (gemma3_vision_weights of those sizes) write another
+    shape the same way."""
     from gguf import GGMLQuantizationType, GGUFWriter, quantize
 
-    c = GEMMA3_VISION
+    c = vision or GEMMA3_VISION
+    text_hidden = text_hidden or CONFIGS["gemma3_text"]["hidden_size"]
     w = GGUFWriter(str(path), "clip")
     w.add_type("mmproj")
     w.add_file_type({"F32": 0, "F16": 1, "Q8_0": 7}[outtype])
     w.add_bool("clip.has_vision_encoder", True)
-    w.add_uint32("clip.vision.projection_dim", CONFIGS["gemma3_text"]["hidden_size"])
+    w.add_uint32("clip.vision.projection_dim", text_hidden)
     w.add_uint32("clip.vision.image_size", c["image_size"])
     w.add_uint32("clip.vision.patch_size", c["patch_size"])
     w.add_uint32("clip.vision.embedding_length", c["hidden_size"])
@@ -659,7 +677,7 @@ def write_gemma3_mmproj(path: Path, outtype: str = "F32") -> None:
     w.add_string("clip.projector_type", "gemma3")
     w.add_float32("clip.vision.attention.layer_norm_epsilon", c["layer_norm_eps"])
     w.add_bool("clip.use_gelu", True)
-    for name, x in gemma3_vision_weights().items():
+    for name, x in (tensors if tensors is not None else gemma3_vision_weights()).items():
         gname = mmproj_name(name)
         if gname == "mm.soft_emb_norm.weight":
             x = x + 1  # Gemma3RMSNorm's (1 + w), folded in by the converter

@@ -29,6 +29,7 @@ class FakeEncoder:
         self.release = threading.Event()
         self.encoded = 0
         self.cache_hits = 0
+        self.encode_seconds = 0.0
 
     def pixels(self, images: list[Any]) -> list[np.ndarray]:
         if any(i == "bad" for i in images):
@@ -38,6 +39,7 @@ class FakeEncoder:
     def encode(self, pixels: list[np.ndarray]) -> list[np.ndarray]:
         self.passes.append(len(pixels))
         self.encoded += len(pixels)
+        self.encode_seconds += 0.5  # what each pass reports spending in the tower
         if len(self.passes) == 1:
             assert self.release.wait(10)
         return [np.full((2, 4), p.flat[0], dtype=np.float32) for p in pixels]
@@ -82,6 +84,7 @@ def test_waiting_requests_are_encoded_together_and_cancels_reach_the_engine() ->
     assert encoder.passes == [1, 3]  # b's two images and c's in one pass
     assert queue.stats() == {
         "images_encoded": 4,
+        "image_encode_seconds": 1.0,
         "image_cache_hits": 0,
         "image_batches": 2,
         "image_requests_largest_batch": 2,

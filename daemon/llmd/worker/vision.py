@@ -14,6 +14,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -183,6 +184,7 @@ class ImageEncoder:
         self._cache = EmbeddingCache(EMBEDDING_CACHE_BYTES)
         self.encoded = 0  # images run through the tower
         self.cache_hits = 0  # images whose embeddings came from the cache
+        self.encode_seconds = 0.0  # wall time in the tower (pixels in, rows out)
 
     @classmethod
     def load(
@@ -257,7 +259,9 @@ class ImageEncoder:
         missing = [i for i, e in enumerate(out) if e is None]
         for k in range(0, len(missing), MAX_IMAGES_PER_PASS):
             part = missing[k : k + MAX_IMAGES_PER_PASS]
+            started = time.perf_counter()
             rows = self._run_tower([pixels[i] for i in part])
+            self.encode_seconds += time.perf_counter() - started
             for i, emb in zip(part, rows, strict=True):
                 out[i] = emb
                 self._cache.put(digests[i], emb)
@@ -326,10 +330,11 @@ class ImageRequests:
             self._cancelled.add(rid)
             return True
 
-    def stats(self) -> dict[str, int]:
+    def stats(self) -> dict[str, int | float]:
         with self._lock:
             return {
                 "images_encoded": self._encoder.encoded,
+                "image_encode_seconds": self._encoder.encode_seconds,
                 "image_cache_hits": self._encoder.cache_hits,
                 "image_batches": self._passes,
                 "image_requests_largest_batch": self._largest_batch,
