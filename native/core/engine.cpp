@@ -73,9 +73,11 @@ Engine::Engine(std::unique_ptr<Model> model, EngineOptions options, std::unique_
   disk_off_reason_ = disk_tier_off_reason();
   if (disk_off_reason_.empty()) {
     // Everything a block's bytes depend on besides its tokens: the model file, how KV is
-    // stored, and the layout of a block (a format change bumps the version).
+    // stored, and the layout of a block (a format change bumps the version; 2: quantized
+    // blocks hold Hadamard-rotated keys and values, core/hadamard.h, so version 1's unrotated
+    // ones must never match).
     const KvShape& shape = pool_.shape();
-    std::string identity = "llmd-kv-disk-1|" + options_.model_digest + "|" + kv_type_name(shape.type) +
+    std::string identity = "llmd-kv-disk-2|" + options_.model_digest + "|" + kv_type_name(shape.type) +
                            "|layers=" + std::to_string(shape.n_layers);
     for (int l = 0; l < shape.n_layers; ++l) {
       identity += "," + std::to_string(shape.kv_heads_of(l)) + "x" + std::to_string(shape.head_dim_of(l));

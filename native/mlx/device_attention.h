@@ -14,6 +14,7 @@
 // with each row's own position.
 #pragma once
 
+#include <map>
 #include <memory>
 #include <optional>
 #include <vector>
@@ -57,6 +58,9 @@ class DeviceKvStore {
   // The decode lanes (created on first use), or null where batched decode gathers instead:
   // quantized KV types (lanes would need the dequantized rows).
   DecodeLanes* lanes();
+  // The orthonormal Hadamard matrix of size n, float32 [n, n] (created on first use): quantized
+  // KV stores keys and values rotated by it, as the CPU kernels do (core/hadamard.h).
+  const mx::array& hadamard(int n);
 
  private:
   void grow(bool windowed, size_t& have, size_t need, size_t max);
@@ -70,6 +74,7 @@ class DeviceKvStore {
   std::vector<mx::array> value_scales_;
   AttentionPathCounts* counts_;
   std::unique_ptr<DecodeLanes> lanes_;
+  std::map<int, mx::array> hadamard_;
 };
 
 // Index arrays of one step, built once on the host and shared by every layer.
