@@ -128,10 +128,11 @@ def f16_log_probs(model_path: Path, text_tokens: list[int]) -> np.ndarray:
     return _log_probs(model_path, "f16", text_tokens)
 
 
-# Measured here: q8_0 top-1 0.95, mean KL 0.0064; q4_0 top-1 0.71, mean KL 0.27 (this 135M
-# model's keys have outlier channels that 4 bits per number cannot hold; bench/README.md has
+# Measured here with Hadamard-rotated KV (core/hadamard.h): q8_0 top-1 0.96, mean KL 0.0059;
+# q4_0 top-1 0.88, mean KL 0.074 (plain blocks gave 0.71 and 0.27: this 135M model's keys have
+# outlier channels that 4 bits per number cannot hold unrotated; bench/README.md has
 # llama.cpp's figures for the same file). Broken KV would give KL of several nats.
-@pytest.mark.parametrize("kv_type,top1,max_kl", [("q8_0", 0.9, 0.02), ("q4_0", 0.6, 0.5)])
+@pytest.mark.parametrize("kv_type,top1,max_kl", [("q8_0", 0.9, 0.02), ("q4_0", 0.8, 0.15)])
 def test_quantized_kv_next_token_distributions_stay_close_to_f16(
     model_path: Path,
     text_tokens: list[int],
