@@ -229,8 +229,10 @@ def test_device_backend_stores_quantized_kv(
 
     lb, lo = log_probs(base), log_probs(other)
     kl = (np.exp(lb) * (lb - lo)).sum(-1).mean()
-    assert kl <= (0.02 if kv_type == "q8_0" else 0.5), kl
-    assert (lb.argmax(-1) == lo.argmax(-1)).mean() >= (0.85 if kv_type == "q8_0" else 0.6)
+    # Measured with Hadamard-rotated KV: q8_0 KL 0.0003, q4_0 0.097 (top-1 0.83); plain
+    # blocks gave q4_0 0.21 (top-1 0.77), so a device path that stopped rotating fails here.
+    assert kl <= (0.02 if kv_type == "q8_0" else 0.18), kl
+    assert (lb.argmax(-1) == lo.argmax(-1)).mean() >= (0.85 if kv_type == "q8_0" else 0.7)
     prompt = text_tokens[:100]
     run_all(engine, {"a": {"prompt": prompt[:70], "max_tokens": 1}})
     reused = run_all(engine, {"b": {"prompt": prompt, "max_tokens": 6}})["b"]
