@@ -7,9 +7,10 @@ For each type, on the same GGUF and text:
   f16 KV, and how often the top token agrees, over `--chunks` chunks of `--ctx` tokens scored
   as llama-perplexity scores them (each chunk starts with BOS; the second half of each chunk is
   scored). llama.cpp runs `llama-perplexity --kl-divergence-base` with f16 KV, then
-  `--kl-divergence` with `-ctk/-ctv TYPE` (flash attention on, which quantized V needs). Recent
-  llama.cpp Hadamard-rotates Q/K/V before a quantized cache; set LLAMA_ATTN_ROT_DISABLE=1 in the
-  environment to compare against plain GGML blocks, which is what llmd stores;
+  `--kl-divergence` with `-ctk/-ctv TYPE` (flash attention on, which quantized V needs). Both
+  engines Hadamard-rotate Q/K/V before a quantized cache (llama.cpp by default, llmd always:
+  native/core/hadamard.h); LLAMA_ATTN_ROT_DISABLE=1 in the environment turns llama.cpp's off,
+  for a comparison with plain GGML blocks;
 - speed: prefill of a `--prompt`-token prompt and decode of 64 tokens after it (llmd's engine;
   llama.cpp's `llama-bench -p N -n 64 -d 0` and `-n 64 -d N` with the same KV type).
 

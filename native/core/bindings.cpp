@@ -7,6 +7,7 @@
 #include <cstring>
 #include <mutex>
 #include <stdexcept>
+#include <string_view>
 
 #include "../mlx/attention_kernels.h"
 #include "../mlx/device_sampler.h"
@@ -14,6 +15,8 @@
 #include "../mlx/kernels/qgemm.h"
 #include "../mlx/siglip.h"
 #include "engine.h"
+#include "hadamard.h"
+#include "kv_disk.h"
 #include "kv_quant.h"
 #include "op_profile.h"
 #include "thread_pool.h"
@@ -253,7 +256,7 @@ py::array_t<uint8_t> unpack8_bytes(const std::string& type, py::array_t<uint8_t,
 py::array_t<float> kernel_attention(py::array_t<float, py::array::c_style> q, py::array_t<float, py::array::c_style> k,
                                     py::array_t<float, py::array::c_style> v, std::vector<int> n_pos,
                                     std::vector<int> first_pos, const std::string& kv_type, const std::string& isa,
-                                    int tile_rows) {
+                                    int tile_rows, bool rotate) {
   if (!isa.empty() && !kernels::table_named(isa)) {
     throw std::invalid_argument("kernel path '" + isa + "' is not runnable on this CPU");
   }
@@ -276,6 +279,24 @@ py::array_t<float> kernel_attention(py::array_t<float, py::array::c_style> q, py
     }
   }
   if (tile_rows < 1 || tile_rows > kMaxTileRows) throw std::invalid_argument("tile_rows must be 1.." + std::to_string(kMaxTileRows));
+  // With `rotate`, what PagedAttention does around a quantized pool (hadamard.h): q and k
+  // rotated by the key-size Hadamard transform, v by the value-size one, the output back.
+  const int k_rot = hadamard::key_block(hd), v_rot = hadamard::value_block(hd);
+  std::vector<float> qr, kr, vr;
+  if (rotate) {
+    if ((k_rot & (k_rot - 1)) != 0 || hd % 32 != 0) throw std::invalid_argument("rotate needs d a multiple of 32");
+    qr.assign(q.data(), q.data() + static_cast<size_t>(rows) * hd);
+    kr.assign(k.data(), k.data() + static_cast<size_t>(n) * hd);
+    vr.assign(v.data(), v.data() + static_cast<size_t>(n) * hd);
+    for (int r = 0; r < rows; ++r) hadamard::rotate(qr.data() + static_cast<size_t>(r) * hd, hd, k_rot);
+    for (int j = 0; j < n; ++j) {
+      hadamard::rotate(kr.data() + static_cast<size_t>(j) * hd, hd, k_rot);
+      hadamard::rotate(vr.data() + static_cast<size_t>(j) * hd, hd, v_rot);
+    }
+  }
+  const float* q_data = rotate ? qr.data() : q.data();
+  const float* k_data = rotate ? kr.data() : k.data();
+  const float* v_data = rotate ? vr.data() : v.data();
   // One KV head's parts of `nb` pool blocks, written by the engine's own write path.
   constexpr int BT = KvPool::kBlockTokens;
   const int nb = (n + BT - 1) / BT;
@@ -289,8 +310,8 @@ py::array_t<float> kernel_attention(py::array_t<float, py::array::c_style> q, py
     std::byte* kp = kbytes.data() + static_cast<size_t>(j / BT) * part;
     std::byte* vp = vbytes.data() + static_cast<size_t>(j / BT) * part;
     const int off = j % BT;
-    const float* kj = k.data() + static_cast<size_t>(j) * hd;
-    const float* vj = v.data() + static_cast<size_t>(j) * hd;
+    const float* kj = k_data + static_cast<size_t>(j) * hd;
+    const float* vj = v_data + static_cast<size_t>(j) * hd;
     if (kv_type_quantized(type)) {
       kv_quant::write_key(type, kp, off, kj, hd, BT);
       kv_quant::write_value(type, vp, off, vj, hd, BT);
@@ -315,12 +336,15 @@ py::array_t<float> kernel_attention(py::array_t<float, py::array::c_style> q, py
     AttentionTile tile;
     tile.rows = std::min(tile_rows, rows - r0);
     for (int i = 0; i < tile.rows; ++i) {
-      tile.q[i] = q.data() + static_cast<size_t>(r0 + i) * hd;
+      tile.q[i] = q_data + static_cast<size_t>(r0 + i) * hd;
       tile.n_pos[i] = n_pos[r0 + i];
       tile.first_pos[i] = first_pos[r0 + i];
       tile.out[i] = out.mutable_data() + static_cast<size_t>(r0 + i) * hd;
     }
     attend(tile, kb.data(), vb.data(), hd, BT, scratch.data());
+  }
+  if (rotate) {
+    for (int r = 0; r < rows; ++r) hadamard::rotate(out.mutable_data() + static_cast<size_t>(r) * hd, hd, v_rot);
   }
   return out;
 }
@@ -893,9 +917,30 @@ PYBIND11_MODULE(_engine, m) {
         py::arg("row"), py::arg("isa") = "", "Row `row` of a pack8 matrix (packed for path `isa`) back in GGUF's block layout.");
   m.def("kernel_attention", &kernel_attention, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("n_pos"),
         py::arg("first_pos"), py::arg("kv_type") = "f16", py::arg("isa") = "", py::arg("tile_rows") = 1,
+        py::arg("rotate") = false,
         "out[r] = softmax(q[r] . k[first_pos[r]:n_pos[r]]) v[...] with llmd's attention kernel over "
         "pool-layout KV stored as kv_type (f32, f16, q8_0, q4_0; q pre-scaled), on the variant of kernel "
-        "path `isa`.");
+        "path `isa`; with `rotate`, q, k and v Hadamard-rotated first and the output rotated back, as "
+        "the engine does around quantized KV.");
+  m.def("hadamard_rotate", [](py::array_t<float, py::array::c_style> x, int block) {
+    if (x.ndim() != 2 || block < 1 || (block & (block - 1)) != 0 || x.shape(1) % block != 0) {
+      throw std::invalid_argument("x [rows, d] with d a multiple of block, a power of two");
+    }
+    py::array_t<float> out({x.shape(0), x.shape(1)});
+    std::memcpy(out.mutable_data(), x.data(), x.nbytes());
+    for (py::ssize_t r = 0; r < x.shape(0); ++r) {
+      hadamard::rotate(out.mutable_data() + r * x.shape(1), static_cast<int>(x.shape(1)), block);
+    }
+    return out;
+  }, py::arg("x"), py::arg("block"),
+        "Each row's runs of `block` numbers times the orthonormal Hadamard matrix (core/hadamard.h).");
+  m.def("kv_disk_checksum", [](py::bytes data, uint64_t seed) {
+    const std::string_view bytes = data;
+    return DiskKvTier::checksum(bytes.data(), bytes.size(), seed);
+  }, py::arg("data"), py::arg("seed") = 0, "The disk tier's checksum of `data` (tests forge and check block files).");
+  m.def("hadamard_blocks", [](int head_dim) {
+    return std::make_pair(hadamard::key_block(head_dim), hadamard::value_block(head_dim));
+  }, py::arg("head_dim"), "(key, value) rotation sizes the engine uses around quantized KV of this head size.");
   m.def("kv_roundtrip", &kv_roundtrip, py::arg("k"), py::arg("v"), py::arg("kv_type"),
         "(k, v) [n, d] as a KV pool of quantized kv_type stores and reads them back.");
   m.def("attention_kernel_path", [](const std::string& isa) {

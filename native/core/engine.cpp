@@ -80,9 +80,11 @@ Engine::Engine(std::unique_ptr<Model> model, EngineOptions options, std::unique_
   disk_off_reason_ = disk_tier_off_reason();
   if (disk_off_reason_.empty()) {
     // Everything a block's bytes depend on besides its tokens: the model file, how KV is
-    // stored, and the layout of a block (a format change bumps the version).
+    // stored, and the layout of a block (a format change bumps the version; 2: quantized
+    // blocks hold Hadamard-rotated keys and values, core/hadamard.h, so version 1's unrotated
+    // ones must never match).
     const KvShape& shape = pool_.shape();
-    std::string identity = "llmd-kv-disk-1|" + options_.model_digest + "|" + kv_type_name(shape.type) +
+    std::string identity = "llmd-kv-disk-2|" + options_.model_digest + "|" + kv_type_name(shape.type) +
                            "|layers=" + std::to_string(shape.n_layers);
     for (int l = 0; l < shape.n_layers; ++l) {
       identity += "," + std::to_string(shape.kv_heads_of(l)) + "x" + std::to_string(shape.head_dim_of(l));
@@ -90,6 +92,13 @@ Engine::Engine(std::unique_ptr<Model> model, EngineOptions options, std::unique_
     try {
       disk_ = std::make_unique<DiskKvTier>(options_.kv_disk_dir, identity, pool_.block_bytes(),
                                            options_.kv_disk_bytes);
+      if (pool_.shape().window > 0) {
+        // A block's sliding-window layers live in its window part, which the pool frees once
+        // no sequence's window covers it: kept apart, so a prefix loads its full-attention
+        // layers for every block and window parts only for the window before its end.
+        window_disk_ = std::make_unique<DiskKvTier>(options_.kv_disk_dir, identity + "|window-part",
+                                                    pool_.window_part_bytes(), options_.kv_disk_bytes);
+      }
       prefix_cache_.set_evict_hook([this](uint64_t key, uint64_t parent, const int32_t* tokens, int block) {
         save_to_disk(key, parent, tokens, block);
       });
@@ -113,16 +122,22 @@ std::string Engine::disk_tier_off_reason() const {
   if (bidirectional_) return arch + " is an encoder: it has no prefix cache";
   if (recurrent_) return "not implemented yet for models with recurrent state (" + arch + ")";
   if (!pool_.shape().host_storage) return "not implemented yet for KV kept on the device (" + model_->info().backend + ")";
-  if (pool_.shape().window > 0) return "not implemented yet for sliding-window layers (" + arch + ")";
+  if (pool_.block_bytes() == 0) return "every layer of " + arch + " is a sliding-window layer: not implemented yet";
   return "";
 }
 
 void Engine::save_to_disk(uint64_t key, uint64_t parent, const int32_t* tokens, int block) {
-  if (!disk_ || disk_->contains(key)) return;
+  if (!disk_) return;
   // A copy, so the writer thread never reads a block the engine may reuse; ~1.5 MB for the
   // test model, a memcpy, while the write itself happens off this thread.
   const std::byte* data = pool_.block_data(block);
-  disk_->put(key, parent, tokens, std::vector<std::byte>(data, data + pool_.block_bytes()));
+  if (!disk_->contains(key)) disk_->put(key, parent, tokens, std::vector<std::byte>(data, data + pool_.block_bytes()));
+  // The window part, while the block still has it (a block is saved when it fills, so every
+  // full block's part is written: any later prompt may end right after it).
+  const std::byte* window = window_disk_ ? pool_.window_data(block) : nullptr;
+  if (window && !window_disk_->contains(key)) {
+    window_disk_->put(key, parent, tokens, std::vector<std::byte>(window, window + pool_.window_part_bytes()));
+  }
 }
 
 int Engine::load_from_disk(PrefixCache::Match& m, const std::vector<int32_t>& prompt) {
@@ -136,6 +151,9 @@ int Engine::load_from_disk(PrefixCache::Match& m, const std::vector<int32_t>& pr
     if (!disk_->contains(key)) break;
     const int block = pool_.allocate();
     if (block < 0) break;
+    // Its window part (allocate holds one for a sequence) comes later, and only where the
+    // match's window needs it: load_window_parts.
+    if (window_disk_) pool_.unhold_window(block, /*drop=*/true);
     if (!disk_->get(key, parent, tokens, pool_.block_data(block))) {
       pool_.release(block);
       break;
@@ -148,6 +166,25 @@ int Engine::load_from_disk(PrefixCache::Match& m, const std::vector<int32_t>& pr
   }
   if (loaded > 0) m.drop_partial();  // the partial candidate followed the RAM part only
   return loaded;
+}
+
+void Engine::load_window_parts(PrefixCache::Match& m, const std::vector<int32_t>& prompt) {
+  constexpr int BT = KvPool::kBlockTokens;
+  for (int i = pool_.first_window_block(m.full_tokens(), 0); i < static_cast<int>(m.blocks.size()); ++i) {
+    const int block = m.blocks[i];
+    if (pool_.has_window_part(block)) continue;
+    const uint64_t parent = i == 0 ? 0 : m.keys[i - 1];
+    const int32_t* tokens = prompt.data() + static_cast<size_t>(i) * BT;
+    if (window_disk_->contains(m.keys[i]) && pool_.attach_window_part(block)) {
+      if (window_disk_->get(m.keys[i], parent, tokens, pool_.window_data(block))) continue;
+      pool_.unhold_window(block, /*drop=*/true);  // back to no part: never read as loaded
+    }
+    // The match ends before this block; the window of that shorter prefix starts earlier.
+    m.blocks.resize(i);
+    m.keys.resize(i);
+    m.drop_partial();
+    i = pool_.first_window_block(m.full_tokens(), 0) - 1;
+  }
 }
 
 Engine::~Engine() { shutdown(); }
@@ -386,6 +423,17 @@ EngineStats Engine::stats() {
     s.queued_requests = static_cast<int>(waiting_.size());
   }
   if (disk_) s.kv_disk = disk_->stats();
+  if (window_disk_) {  // one tier to a user: both directories' blocks together
+    const DiskTierStats w = window_disk_->stats();
+    s.kv_disk.read_blocks += w.read_blocks;
+    s.kv_disk.read_bytes += w.read_bytes;
+    s.kv_disk.written_blocks += w.written_blocks;
+    s.kv_disk.written_bytes += w.written_bytes;
+    s.kv_disk.dropped_blocks += w.dropped_blocks;
+    s.kv_disk.corrupt_files += w.corrupt_files;
+    s.kv_disk.evicted_files += w.evicted_files;
+    s.kv_disk.files += w.files;
+  }
   s.attention_paths = model_->attention_paths();  // atomic counters: no lock needed
   return s;
 }
@@ -439,13 +487,17 @@ void Engine::admit(Sequence& seq) {
   // allocating blocks to load into cannot evict them; adopt() below takes the sequence's own
   // references.
   int from_disk = 0;
+  std::vector<int> held;  // released after adopt()
   if (disk_) {
     for (int b : m.blocks) pool_.retain(b);
     const int partial = m.partial_block;
     if (partial >= 0) pool_.retain(partial);
     from_disk = load_from_disk(m, prompt);  // each loaded block comes with one reference too
+    held = m.blocks;
+    if (window_disk_) load_window_parts(m, prompt);
     if (partial >= 0) pool_.release(partial);
   }
+  const int first_from_disk = static_cast<int>(held.size()) - from_disk;
   // Recurrent state exists only at block boundaries (snapshots): no partial block.
   if (recurrent_) m.drop_partial();
   // Sliding-window layers need the window before the reuse point: shorten the match to a
@@ -470,9 +522,9 @@ void Engine::admit(Sequence& seq) {
     }
   }
   seq.kv->adopt(m.blocks, m.full_tokens());
-  if (disk_) {
-    for (int b : m.blocks) pool_.release(b);
-  }
+  for (int b : held) pool_.release(b);
+  // Blocks from disk the match still uses (a window may have cut it).
+  if (from_disk > 0) from_disk = std::max(0, static_cast<int>(m.blocks.size()) - first_from_disk);
   if (m.partial_block >= 0 && !copy_into_next_block(*seq.kv, m.partial_block, m.tokens())) m.drop_partial();
   if (m.tokens() == 0) return;
   if (state) seq.kv->state = state->clone();

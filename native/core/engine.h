@@ -213,6 +213,7 @@ class Engine {
   // Waits until every block queued for the disk tier is written (tests, benchmarks).
   void flush_kv_disk() {
     if (disk_) disk_->flush();
+    if (window_disk_) window_disk_->flush();
   }
 
   // Synchronous helper for tests and parity scripts (teacher forcing): runs `tokens` as one
@@ -282,6 +283,10 @@ class Engine {
   std::string disk_tier_off_reason() const;
   void save_to_disk(uint64_t key, uint64_t parent, const int32_t* tokens, int block);
   int load_from_disk(PrefixCache::Match& m, const std::vector<int32_t>& prompt);
+  // Sliding-window models: the window parts the match's end reads, loaded from the window tier
+  // into the blocks that have none; the match ends before the first block whose part is on
+  // neither (its blocks stay referenced by the caller, who held them).
+  void load_window_parts(PrefixCache::Match& m, const std::vector<int32_t>& prompt);
   // A finished sequence's partly filled last block, into the prefix cache as a reusable head
   // (PrefixCache::insert_partial).
   void index_partial_tail(const Sequence& seq);
@@ -349,6 +354,9 @@ class Engine {
   PrefixCache prefix_cache_;
   SessionPins session_pins_;  // after pool_: released before it
   std::unique_ptr<DiskKvTier> disk_;  // null when off (disk_off_reason_ says why)
+  // Sliding-window models: every full block's window part too, in a directory of its own
+  // (the same chain keys, the same bound over the whole root). Null without windows.
+  std::unique_ptr<DiskKvTier> window_disk_;
   std::string disk_off_reason_;
 
   std::mutex mutex_;  // guards waiting_, cancels_, stop_, events_

@@ -182,6 +182,15 @@ void KvPool::release(int block) {
   }
 }
 
+bool KvPool::attach_window_part(int block) {
+  if (window_elements_ == 0 || window_slot_[block] >= 0) return true;
+  const int slot = take_window_slot();
+  if (slot < 0) return false;
+  window_slot_[block] = slot;
+  window_holds_[block] = 0;
+  return true;
+}
+
 void KvPool::copy_block(int src, int dst) {
   if (block_elements_ > 0) std::memcpy(storage_[dst].get(), storage_[src].get(), block_bytes());
   if (window_elements_ > 0) {

@@ -193,6 +193,14 @@ class KvPool {
   // Every byte of a block's full-attention layers (block_bytes() of them), as the disk tier
   // writes and reads them back. Host storage only.
   std::byte* block_data(int block) { return storage_[block].get(); }
+  // Every byte of a block's window part (window_part_bytes()), null when it has none; and a
+  // window part held by no one given to a block that has none (KV loaded from disk: kept for
+  // the prefix cache like a finished sequence's), false when the budget has no room. Host
+  // storage only.
+  std::byte* window_data(int block) {
+    return window_slot(block) >= 0 ? window_storage_[window_slot_[block]].get() : nullptr;
+  }
+  bool attach_window_part(int block);
 
  private:
   void* at(int block, int layer, int kv, int head) {

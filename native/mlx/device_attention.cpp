@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <limits>
 
+#include "../core/hadamard.h"
 #include "decoder.h"
 #include "device_weight.h"
 
@@ -90,6 +91,15 @@ mx::array dequantize_rows(const mx::array& codes, const mx::array& scales, KvTyp
   return mx::astype(mx::reshape(x, {rows, blocks * 32}), dt);
 }
 
+// Rows x [rows, width] with each run of n numbers rotated by the Hadamard matrix h [n, n], in
+// float32 (quantized KV: keys and values before they are stored, queries before they meet the
+// rotated keys, outputs back from the rotated values). h is symmetric, so x h is h x per run.
+mx::array hadamard_rows(const mx::array& x, const mx::array& h) {
+  const int rows = x.shape(0), width = x.shape(1), n = h.shape(0);
+  const mx::array runs = mx::reshape(mx::astype(x, mx::float32), {rows, width / n, n});
+  return mx::reshape(mx::matmul(runs, h), {rows, width});
+}
+
 // Width in elements of a layer's code array for `type` (two 4-bit codes a byte).
 int code_width(KvType type, int width) { return type == KvType::Q4_0 ? width / 2 : width; }
 
@@ -120,6 +130,19 @@ DecodeLanes* DeviceKvStore::lanes() {
   if (keys_.empty()) return nullptr;
   if (!lanes_) lanes_ = std::make_unique<DecodeLanes>(shape_, device_compute_dtype());
   return lanes_.get();
+}
+
+const mx::array& DeviceKvStore::hadamard(int n) {
+  auto it = hadamard_.find(n);
+  if (it == hadamard_.end()) {
+    std::vector<float> m(static_cast<size_t>(n) * n, 0.f);
+    for (int i = 0; i < n; ++i) {  // row i: H e_i (H is symmetric)
+      m[static_cast<size_t>(i) * n + i] = 1.f;
+      hadamard::transform(m.data() + static_cast<size_t>(i) * n, n);
+    }
+    it = hadamard_.emplace(n, mx::array(m.begin(), {n, n}, mx::float32)).first;
+  }
+  return it->second;
 }
 
 void DeviceKvStore::ensure(const KvPool& pool) {
@@ -320,13 +343,19 @@ mx::array device_attention(const mx::array& qkv, const DeviceAttentionPlan& plan
   mx::array qk = mx::reshape(mx::slice(x, {0, 0}, {rows, rotated * hd}), {rows, rotated, 1, hd});
   qk = mx::fast::rope(qk, rope.dims, rope.interleaved, std::nullopt, 1.f, plan.positions, plan.rope_freqs);
   mx::array q = write_kv ? mx::slice(qk, {0, 0, 0, 0}, {rows, H, 1, hd}) : qk;
+  const bool quantized = kv_type_quantized(kv.type());
+  // Quantized KV holds rotated keys and values (core/hadamard.h): queries turn as keys do.
+  const int k_rot = hadamard::key_block(hd), v_rot = hadamard::value_block(hd);
+  if (quantized) {
+    q = mx::reshape(mx::astype(hadamard_rows(mx::reshape(q, {rows, qw}), kv.hadamard(k_rot)), dt), {rows, H, 1, hd});
+  }
   // The store's arrays are replaced by the scattered ones, so MLX updates them in place.
   mx::array& keys = kv.keys(layer);
   mx::array& values = kv.values(layer);
   const KvType type = kv.type();
-  const bool quantized = kv_type_quantized(type);
   // This step's keys and values, [rows, kw] (written to the store, and to lanes: with a
-  // quantized store, the rows its codes dequantize to, which is what every later read sees).
+  // quantized store, the rows its codes dequantize to (in the rotated basis, as queries are),
+  // which is what every later read sees).
   mx::array new_k(0.f), new_v(0.f);
   if (write_kv) {
     new_k = mx::reshape(mx::slice(qk, {0, H, 0, 0}, {rows, H + KVH, 1, hd}), {rows, kw});
@@ -337,8 +366,8 @@ mx::array device_attention(const mx::array& qkv, const DeviceAttentionPlan& plan
       store = mx::scatter(store, {plan.write_slots}, mx::expand_dims(r, 1), {0});
     };
     if (quantized) {
-      auto [kq, ks] = quantize_rows(k, type);
-      auto [vq, vs] = quantize_rows(v, type);
+      auto [kq, ks] = quantize_rows(hadamard_rows(k, kv.hadamard(k_rot)), type);
+      auto [vq, vs] = quantize_rows(hadamard_rows(v, kv.hadamard(v_rot)), type);
       put(keys, kq);
       put(values, vq);
       put(kv.key_scales(layer), ks);
@@ -413,6 +442,7 @@ mx::array device_attention(const mx::array& qkv, const DeviceAttentionPlan& plan
     start_writes(writes);
   }
   mx::array out = outs.size() == 1 ? outs[0] : mx::concatenate(outs, 0);
+  if (quantized) out = mx::astype(hadamard_rows(out, kv.hadamard(v_rot)), dt);  // back from rotated values
   return qkv.dtype() == dt ? out : mx::astype(out, qkv.dtype());  // back to the caller's stream dtype
 }
 

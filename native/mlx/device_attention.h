@@ -14,6 +14,7 @@
 // with each row's own position.
 #pragma once
 
+#include <map>
 #include <memory>
 #include <optional>
 #include <vector>
@@ -56,6 +57,9 @@ class DeviceKvStore {
   AttentionPathCounts* counts() const { return counts_; }
   // The decode lanes (created on first use, once the store has its arrays).
   DecodeLanes* lanes();
+  // The orthonormal Hadamard matrix of size n, float32 [n, n] (created on first use): quantized
+  // KV stores keys and values rotated by it, as the CPU kernels do (core/hadamard.h).
+  const mx::array& hadamard(int n);
 
  private:
   void grow(bool windowed, size_t& have, size_t need, size_t max);
@@ -69,6 +73,7 @@ class DeviceKvStore {
   std::vector<mx::array> value_scales_;
   AttentionPathCounts* counts_;
   std::unique_ptr<DecodeLanes> lanes_;
+  std::map<int, mx::array> hadamard_;
 };
 
 // Index arrays of one step, built once on the host and shared by every layer.

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <stdexcept>
 
+#include "../core/hadamard.h"
 #include "../core/kv_quant.h"
 #include "../core/op_profile.h"
 #include "../core/thread_pool.h"
@@ -98,11 +99,15 @@ void PagedAttention::eval_cpu(const std::vector<mx::array>& inputs, mx::array& o
 
     const KvType kv_type = pool.shape().type;
     const AttentionKernels& kernels = attention_kernels();
+    // Quantized KV holds Hadamard-rotated keys and values (hadamard.h): queries are rotated as
+    // the keys are, and each output rotated back after attention.
+    const bool rotated = kv_type_quantized(kv_type);
+    const int k_rot = hadamard::key_block(hd), v_rot = hadamard::value_block(hd);
 
     // Phase 1: rotate keys into the (transposed) KV blocks, values as they are (unless the
     // layer only reads another's KV), converted to the pool's element type (q8_0 / q4_0: per
     // 32-number block of one position, kv_quant.h); rotate and pre-scale queries into a
-    // scratch copy.
+    // scratch copy (quantized KV: keys, values and queries Hadamard-rotated first).
     thread_local std::vector<float> queries;
     queries.resize(static_cast<size_t>(rows) * H * hd);
     std::vector<std::pair<const AttentionBatch::Segment*, int>> row_seg(rows);
@@ -111,7 +116,7 @@ void PagedAttention::eval_cpu(const std::vector<mx::array>& inputs, mx::array& o
     }
     float* qs = queries.data();
     threads.parallel_for(rows, [&](int r0, int r1) {
-      std::vector<float> k(hd);
+      std::vector<float> k(hd), v_rotated(rotated ? hd : 0);
       std::vector<uint16_t> k_half(hd);
       for (int row = r0; row < r1; ++row) {
         const auto [seg, pos] = row_seg[row];
@@ -124,6 +129,12 @@ void PagedAttention::eval_cpu(const std::vector<mx::array>& inputs, mx::array& o
           std::memcpy(k.data(), src + (H + g) * hd, hd * sizeof(float));
           rope->rotate(k.data(), ct, st);
           const float* v = src + (H + G + g) * hd;
+          if (rotated) {
+            hadamard::rotate(k.data(), hd, k_rot);
+            std::memcpy(v_rotated.data(), v, hd * sizeof(float));
+            hadamard::rotate(v_rotated.data(), hd, v_rot);
+            v = v_rotated.data();
+          }
           if (kv_type_quantized(kv_type)) {
             kv_quant::write_key(kv_type, pool.keys(block, layer, g), off, k.data(), hd, BT);
             kv_quant::write_value(kv_type, pool.values(block, layer, g), off, v, hd, BT);
@@ -145,6 +156,7 @@ void PagedAttention::eval_cpu(const std::vector<mx::array>& inputs, mx::array& o
           std::memcpy(q, src + h * hd, hd * sizeof(float));
           rope->rotate(q, ct, st);
           for (int d = 0; d < hd; ++d) q[d] *= shape.scale;
+          if (rotated) hadamard::rotate(q, hd, k_rot);
         }
       }
     });
@@ -208,6 +220,9 @@ void PagedAttention::eval_cpu(const std::vector<mx::array>& inputs, mx::array& o
           vb[b] = pool.values(blocks[b], layer, g);
         }
         attend(at, kb.data(), vb.data(), hd, BT, scratch.data());
+        if (rotated) {
+          for (int q = 0; q < at.rows; ++q) hadamard::rotate(at.out[q], hd, v_rot);
+        }
       }
     });
   });

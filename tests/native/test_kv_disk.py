@@ -143,3 +143,67 @@ def test_the_bound_holds_and_keeps_the_most_recent_prefix(model_path, reference,
     fresh = _engine(model_path, tmp_path, kv_disk_bytes=bound)
     last = _generate(fresh, [1, 103, *prompt[2:]], "last", max_tokens=1)
     assert last["done"]["cached_tokens"] == (len(prompt) - 1) // BLOCK * BLOCK
+
+
+def _gemma3_engine(checkpoint: Path, disk: Path):  # type: ignore[no-untyped-def]
+    from llmd.worker.host import hf_config
+
+    return _engine(
+        checkpoint,
+        disk,
+        context_length=1024,
+        kv_budget_bytes=16 << 20,
+        hf_config=hf_config(str(checkpoint)),
+    )
+
+
+def test_a_sliding_window_model_loads_its_prefix_and_only_the_window_it_reads(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The tiny Gemma 3 (two sliding layers with a 5-position window, one full layer): a new
+    engine (a restarted worker) loads every block's full-attention layers from disk but the
+    sliding layers' window parts only for the window before the reuse point, and gives the
+    cold tokens; without that window's part on disk, the reuse point moves back a block."""
+    from .tiny_models import LONG_TOKENS, write_checkpoint
+
+    checkpoint = tmp_path / "gemma3"
+    write_checkpoint(checkpoint, "gemma3_text")
+    disk = tmp_path / "kv"
+    first = _gemma3_engine(checkpoint, disk)
+    assert first.stats()["kv_disk"]["enabled"], first.stats()["kv_disk"]
+    cold = _generate(first, LONG_TOKENS)  # 300 tokens: 4 full blocks
+    full_dir = Path(first.stats()["kv_disk"]["dir"])
+    del first
+    (window_dir,) = [d for d in disk.iterdir() if d != full_dir]
+    # Every block's full-attention layers; window parts of the blocks that still had one when
+    # they were written, as in RAM: the window and the pool's two-block margin at the end of
+    # the prefill (blocks 2 and 3).
+    assert len(list(full_dir.glob("*.kvb"))) == 4
+    assert len(list(window_dir.glob("*.kvb"))) == 2
+
+    second = _gemma3_engine(checkpoint, disk)
+    warm = _generate(second, LONG_TOKENS, "again")
+    assert warm["tokens"] == cold["tokens"]
+    assert warm["done"]["cached_tokens"] == 4 * BLOCK
+    stats = second.stats()["kv_disk"]
+    assert stats["hits"] == 1 and stats["hit_tokens"] == 4 * BLOCK
+    assert stats["read_blocks"] == 4 + 1  # the last block's window part: positions 252..255
+    del second
+
+    # The fourth block's window part gone: its prefix cannot continue there; three blocks
+    # (and the third's window part) still can.
+    last = sorted(full_dir.glob("*.kvb"), key=lambda p: p.stat().st_mtime_ns)[3].name
+    (window_dir / last).unlink()
+    third = _gemma3_engine(checkpoint, disk)
+    again = _generate(third, LONG_TOKENS, "third")
+    assert again["tokens"] == cold["tokens"]
+    assert again["done"]["cached_tokens"] == 3 * BLOCK
+    assert third.stats()["kv_disk"]["hit_tokens"] == 3 * BLOCK
+    del third
+
+    # The next turn of the conversation (the prompt and more): from disk, then as a cold
+    # engine without the tier computes it. The third engine rewrote the fourth block's part.
+    turn = [*LONG_TOKENS, *cold["tokens"], 5, 9, 77, 31]
+    fourth = _gemma3_engine(checkpoint, disk)
+    resumed = _generate(fourth, turn, "turn")
+    assert resumed["done"]["cached_tokens"] == 4 * BLOCK
+    plain = _gemma3_engine(checkpoint, tmp_path / "other")
+    assert resumed["tokens"] == _generate(plain, turn, "plain")["tokens"]

@@ -128,10 +128,11 @@ def f16_log_probs(model_path: Path, text_tokens: list[int]) -> np.ndarray:
     return _log_probs(model_path, "f16", text_tokens)
 
 
-# Measured here: q8_0 top-1 0.95, mean KL 0.0064; q4_0 top-1 0.71, mean KL 0.27 (this 135M
-# model's keys have outlier channels that 4 bits per number cannot hold; bench/README.md has
+# Measured here with Hadamard-rotated KV (core/hadamard.h): q8_0 top-1 0.96, mean KL 0.0059;
+# q4_0 top-1 0.88, mean KL 0.074 (plain blocks gave 0.71 and 0.27: this 135M model's keys have
+# outlier channels that 4 bits per number cannot hold unrotated; bench/README.md has
 # llama.cpp's figures for the same file). Broken KV would give KL of several nats.
-@pytest.mark.parametrize("kv_type,top1,max_kl", [("q8_0", 0.9, 0.02), ("q4_0", 0.6, 0.5)])
+@pytest.mark.parametrize("kv_type,top1,max_kl", [("q8_0", 0.9, 0.02), ("q4_0", 0.8, 0.15)])
 def test_quantized_kv_next_token_distributions_stay_close_to_f16(
     model_path: Path,
     text_tokens: list[int],
@@ -228,8 +229,10 @@ def test_device_backend_stores_quantized_kv(
 
     lb, lo = log_probs(base), log_probs(other)
     kl = (np.exp(lb) * (lb - lo)).sum(-1).mean()
-    assert kl <= (0.02 if kv_type == "q8_0" else 0.5), kl
-    assert (lb.argmax(-1) == lo.argmax(-1)).mean() >= (0.85 if kv_type == "q8_0" else 0.6)
+    # Measured with Hadamard-rotated KV: q8_0 KL 0.0003, q4_0 0.097 (top-1 0.83); plain
+    # blocks gave q4_0 0.21 (top-1 0.77), so a device path that stopped rotating fails here.
+    assert kl <= (0.02 if kv_type == "q8_0" else 0.18), kl
+    assert (lb.argmax(-1) == lo.argmax(-1)).mean() >= (0.85 if kv_type == "q8_0" else 0.7)
     prompt = text_tokens[:100]
     run_all(engine, {"a": {"prompt": prompt[:70], "max_tokens": 1}})
     reused = run_all(engine, {"b": {"prompt": prompt, "max_tokens": 6}})["b"]
