@@ -30,7 +30,7 @@ const std::map<std::string, GgufLoader>& gguf_loaders() {
       {"qwen2", load_qwen2_gguf},
       {"qwen3", load_qwen3_gguf},
       {"gemma3", load_gemma3_gguf},
-      {"qwen35moe", load_qwen3_5_moe_gguf},  // refused with a message naming it
+      {"qwen35moe", load_qwen3_5_moe_gguf},
       {"gemma4", load_gemma4_gguf},  // refused with a clear message
       {"bert", load_bert_gguf},
       {"nomic-bert", load_nomic_bert_gguf},

@@ -39,13 +39,14 @@
 // (row, expert) pairs sorted by expert, so each expert's rows of all sequences are one group.
 //
 // The experts, the convolution and the delta rule are MLX ops on both backends ("cpu" runs the
-// projections as MLX float matmuls too: safetensors weights only; GGUF is refused).
+// projections as MLX float matmuls for safetensors weights, llmd's GGUF kernels for a GGUF's).
 #include <algorithm>
 #include <array>
 #include <cmath>
 #include <map>
 #include <optional>
 #include <stdexcept>
+#include <variant>
 
 #include "../core/op_profile.h"
 #include "architectures.h"
@@ -64,6 +65,11 @@ struct Qwen35Config {
   bool norm_topk = true;
   int rope_dims = 0;
   std::vector<int> rope_axis;  // per rotated frequency: 0 (t), 1 (h) or 2 (w), the M-RoPE split
+  // Value head j*k_heads + g reads key head g (llama.cpp's converter reorders the value heads
+  // this way, "tiled", so ggml broadcasts instead of repeating); else Hugging Face's grouped
+  // order, value head g*(v_heads/k_heads) + j reading key head g. Every per-value-head tensor
+  // of a file is in the same order, so only the key-to-value-head map differs.
+  bool tiled_v = false;
   int conv_dim() const { return 2 * k_heads * k_dim + v_heads * v_dim; }
   int n_full() const { return static_cast<int>(std::count(linear.begin(), linear.end(), false)); }
 };
@@ -490,12 +496,13 @@ class Qwen35MoeModel : public Model {
     }
 
     // q, k L2-normalised per head (q also by k_dim^-0.5), each k head shared by nv / nk
-    // consecutive value heads.
+    // value heads: consecutive ones, or every nk-th in the tiled order (Qwen35Config::tiled_v).
     const auto l2 = [](const mx::array& t) {
       return mx::multiply(t, mx::rsqrt(mx::add(mx::sum(mx::square(t), -1, true), mx::array(1e-6f))));
     };
     const auto spread = [&](const mx::array& t) {
       if (nk == nv) return t;
+      if (cfg_.tiled_v) return mx::reshape(mx::broadcast_to(mx::expand_dims(t, 1), {T, nv / nk, nk, dk}), {T, nv, dk});
       return mx::reshape(mx::broadcast_to(mx::expand_dims(t, 2), {T, nk, nv / nk, dk}), {T, nv, dk});
     };
     mx::array q = spread(mx::multiply(l2(mx::reshape(mx::slice(conv, {0, 0}, {T, kw}), {T, nk, dk})),
@@ -617,6 +624,28 @@ class Qwen35MoeModel : public Model {
   DeviceState mtp_device_;  // the MTP head's KV on the device (a pool of its own)
 };
 
+// M-RoPE's split (mrope_section, or GGUF rope.dimension_sections): see the file comment.
+void set_rope_axes(Qwen35Config& c, const std::array<int, 3>& section) {
+  c.rope_axis.assign(c.rope_dims / 2, 0);
+  for (int j = 0; j < c.rope_dims / 2; ++j) {
+    if (j % 3 == 1 && j < 3 * section[1]) c.rope_axis[j] = 1;
+    if (j % 3 == 2 && j < 3 * section[2]) c.rope_axis[j] = 2;
+  }
+}
+
+// Float experts gate_up [E, 2F, H] (gate rows then up rows) and down [E, H, F], as gather_mm
+// multiplies x [.., 1, H] by them: [H, 2F] and [F, H] per expert, in `dtype`.
+void set_float_experts(MoeWeights& moe, const mx::array& gate_up, const mx::array& down, const Qwen35Config& c,
+                       mx::Dtype dtype, const std::string& what) {
+  const int E = c.n_experts, F = c.dims.ffn_size, H = c.dims.hidden_size;
+  if (gate_up.shape() != mx::Shape{E, 2 * F, H} || down.shape() != mx::Shape{E, H, F}) {
+    throw std::runtime_error("qwen3_5_moe expert tensors of " + what + " do not match num_experts x moe_intermediate_size");
+  }
+  moe.gate_up = mx::contiguous(mx::astype(mx::swapaxes(gate_up, 1, 2), dtype));
+  moe.down = mx::contiguous(mx::astype(mx::swapaxes(down, 1, 2), dtype));
+  mx::eval({moe.gate_up, moe.down});
+}
+
 std::string prefix_of(const Checkpoint& w) {
   // Text-only checkpoints (Qwen3_5MoeForCausalLM) name the decoder `model.`; multimodal ones
   // (Qwen3_5MoeForConditionalGeneration) nest it as `model.language_model.`.
@@ -696,11 +725,7 @@ std::unique_ptr<Model> load_qwen3_5_moe_safetensors(const std::string& dir, cons
     }
     break;
   }
-  c.rope_axis.assign(c.rope_dims / 2, 0);
-  for (int j = 0; j < c.rope_dims / 2; ++j) {
-    if (j % 3 == 1 && j < 3 * section[1]) c.rope_axis[j] = 1;
-    if (j % 3 == 2 && j < 3 * section[2]) c.rope_axis[j] = 2;
-  }
+  set_rope_axes(c, section);
   auto rope = std::make_shared<Rope>();
   rope->dims = c.rope_dims;
   rope->interleaved = false;  // rotate-half over the rotated dims
@@ -822,15 +847,7 @@ std::unique_ptr<Model> load_qwen3_5_moe_safetensors(const std::string& dir, cons
       gate_up = mx::stack(gu, 0);
       down = mx::stack(dn, 0);
     }
-    if (!L.moe.bits) {
-      if (gate_up.shape() != mx::Shape{E, 2 * F, H} || down.shape() != mx::Shape{E, H, F}) {
-        throw std::runtime_error("qwen3_5_moe expert tensors of " + what +
-                                 " do not match num_experts x moe_intermediate_size");
-      }
-      // gather_mm multiplies x [.., 1, H] by [H, 2F] and [F, H] per expert.
-      L.moe.gate_up = plain(mx::contiguous(mx::astype(mx::swapaxes(gate_up, 1, 2), expert_dtype)));
-      L.moe.down = plain(mx::contiguous(mx::astype(mx::swapaxes(down, 1, 2), expert_dtype)));
-    }
+    if (!L.moe.bits) set_float_experts(L.moe, gate_up, down, c, expert_dtype, what);
     const std::string s = p + "shared_expert.";
     // Interleaved only where llmd's kernels fuse the SwiGLU (a quantized CPU weight).
     L.moe.shared_gate_up = w.linear({s + "gate_proj", s + "up_proj"}, dev, /*interleave_pairs=*/true);
@@ -868,10 +885,191 @@ std::unique_ptr<Model> load_qwen3_5_moe_safetensors(const std::string& dir, cons
                                           rope, expert_dtype, std::move(mtp));
 }
 
-std::unique_ptr<Model> load_qwen3_5_moe_gguf(const GgufFile&, const LoadOptions&) {
-  throw std::runtime_error(
-      "GGUF files of architecture 'qwen35moe' (Qwen3.5-MoE) are not supported yet: llmd runs Qwen3.5-MoE from "
-      "Hugging Face safetensors directories only");
+// llama.cpp's `qwen35moe` GGUF (convert_hf_to_gguf.py, Qwen3_5MoeTextModel): the same model
+// under llama.cpp's names, with what its converter changed undone or adopted:
+//  - the value heads of the linear layers are reordered from grouped to tiled (see
+//    Qwen35Config::tiled_v): in attn_qkv's v rows, attn_gate (z), ssm_beta / ssm_alpha rows,
+//    ssm_a, ssm_dt.bias, ssm_conv1d's v channels and ssm_out's columns. All of them
+//    consistently, so the model is the same with key head g read by value heads g, g + nk, ...
+//    (adopted: ssm_out's columns could not be permuted back inside quantized blocks);
+//  - ssm_a holds -exp(A_log) (what DeltaNetWeights::neg_a is), conv1d is squeezed to
+//    [conv_dim, kernel], dt_bias is ssm_dt.bias;
+//  - every RMSNorm weight except the linear layers' gated ssm_norm holds 1 + w (folded in, as
+//    here);
+//  - q_proj stays attn_q with each head's query rows then its gate rows (regrouped below, row
+//    runs of the stored blocks: exact for quantized files), k and v apart;
+//  - experts as ffn_{gate,up,down}_exps [E, F, H] / [E, H, F] (dequantized to float here:
+//    gather_mm has no GGUF block types), the router ffn_gate_inp, the shared expert *_shexp and
+//    its gate ffn_gate_inp_shexp;
+//  - the MTP head (qwen35moe.nextn_predict_layers) as the last block: nextn.eh_proj (fc),
+//    nextn.enorm / hnorm (the embedding's and the hidden state's norms), nextn.shared_head_norm,
+//    and the block's own full-attention layer and MoE.
+std::unique_ptr<Model> load_qwen3_5_moe_gguf(const GgufFile& file, const LoadOptions& options) {
+  const Metadata& m = file.metadata();
+  const std::string p = "qwen35moe.";
+  const auto ints = [&](const std::string& key) -> std::vector<int64_t> {
+    if (!m.has(key)) return {};
+    const auto* v = std::get_if<std::vector<int64_t>>(&m.values().at(key));
+    if (!v) throw std::runtime_error("qwen35moe metadata " + key + " is not an array of integers");
+    return *v;
+  };
+  Qwen35Config c;
+  DecoderDims& d = c.dims;
+  const int n_mtp = static_cast<int>(m.get_int(p + "nextn_predict_layers").value_or(0));
+  d.n_layers = static_cast<int>(m.require_int(p + "block_count")) - n_mtp;
+  d.hidden_size = static_cast<int>(m.require_int(p + "embedding_length"));
+  d.n_heads = static_cast<int>(m.require_int(p + "attention.head_count"));
+  d.n_kv_heads = static_cast<int>(m.get_int(p + "attention.head_count_kv").value_or(d.n_heads));
+  d.head_dim = static_cast<int>(m.get_int(p + "attention.key_length").value_or(256));
+  d.rms_eps = static_cast<float>(m.get_float(p + "attention.layer_norm_rms_epsilon").value_or(1e-6));
+  d.context_length = static_cast<int>(m.get_int(p + "context_length").value_or(32768));
+  const TensorView& embd = file.tensor("token_embd.weight");
+  d.vocab_size = static_cast<int>(embd.shape[1]);
+  d.ffn_size = static_cast<int>(m.require_int(p + "expert_feed_forward_length"));
+  c.shared_ffn = static_cast<int>(m.require_int(p + "expert_shared_feed_forward_length"));
+  c.n_experts = static_cast<int>(m.require_int(p + "expert_count"));
+  c.top_k = static_cast<int>(m.require_int(p + "expert_used_count"));
+  c.conv_kernel = static_cast<int>(m.require_int(p + "ssm.conv_kernel"));
+  c.k_dim = static_cast<int>(m.require_int(p + "ssm.state_size"));
+  c.k_heads = static_cast<int>(m.require_int(p + "ssm.group_count"));
+  c.v_heads = static_cast<int>(m.require_int(p + "ssm.time_step_rank"));
+  c.v_dim = c.v_heads > 0 ? static_cast<int>(m.require_int(p + "ssm.inner_size")) / c.v_heads : 0;
+  c.tiled_v = true;
+  d.check("qwen35moe");
+  if (n_mtp < 0 || n_mtp > 1) {
+    throw std::runtime_error("qwen35moe with " + std::to_string(n_mtp) + " MTP layers is not supported (expected 0 or 1)");
+  }
+  if (c.n_experts <= 0 || c.top_k <= 0 || c.top_k > c.n_experts || c.shared_ffn <= 0 || c.k_heads <= 0 ||
+      c.v_heads <= 0 || c.v_heads % c.k_heads != 0 || c.k_dim <= 0 || c.v_dim <= 0 || c.conv_kernel < 2) {
+    throw std::runtime_error("inconsistent qwen35moe hyperparameters (experts, top-k or linear attention)");
+  }
+  const std::vector<int64_t> recurrent = ints(p + "attention.recurrent_layers");
+  const int every = static_cast<int>(m.get_int(p + "full_attention_interval").value_or(4));
+  for (int i = 0; i < d.n_layers; ++i) {
+    c.linear.push_back(recurrent.empty() ? (i + 1) % every != 0 : recurrent.at(i) != 0);
+  }
+  c.rope_dims = static_cast<int>(m.get_int(p + "rope.dimension_count").value_or(d.head_dim / 4));
+  if (c.rope_dims <= 0 || c.rope_dims % 2 != 0 || c.rope_dims > d.head_dim) {
+    throw std::runtime_error("qwen35moe rope.dimension_count " + std::to_string(c.rope_dims) + " is not supported");
+  }
+  std::array<int, 3> section = {11, 11, 10};
+  const std::vector<int64_t> sections = ints(p + "rope.dimension_sections");
+  for (size_t a = 0; a < 3 && a < sections.size(); ++a) section[a] = static_cast<int>(sections[a]);
+  set_rope_axes(c, section);
+  if (const auto scaling = m.get_string(p + "rope.scaling.type"); scaling && *scaling != "none") {
+    throw std::runtime_error("qwen35moe rope scaling type '" + *scaling + "' is not supported yet");
+  }
+  auto rope = std::make_shared<Rope>();
+  rope->dims = c.rope_dims;
+  rope->interleaved = false;  // rotate-half (llama.cpp's IMROPE is NEOX-style)
+  rope->inv_freq = rope_inv_freq(c.rope_dims, m.get_float(p + "rope.freq_base").value_or(10000000.0));
+
+  const bool dev = options.on_device();
+  const mx::Dtype expert_dtype = dev ? device_compute_dtype() : mx::float32;
+  const auto t = [&](const std::string& name) -> const TensorView* { return &file.tensor(name); };
+  const auto vec = [&](const std::string& name) { return dequantize_tensor(file.tensor(name)); };
+  auto load_layer = [&](int i, bool linear, int slot) {
+    const std::string b = "blk." + std::to_string(i) + ".";
+    const std::string what = "block " + std::to_string(i);
+    Layer L;
+    L.linear = linear;
+    L.slot = slot;
+    L.in_norm = vec(b + "attn_norm.weight");
+    L.post_norm = vec(b + "post_attention_norm.weight");
+    if (linear) {
+      L.dn.in_proj = Linear::from_gguf({t(b + "attn_qkv.weight"), t(b + "attn_gate.weight"), t(b + "ssm_beta.weight"),
+                                        t(b + "ssm_alpha.weight")},
+                                       false, dev);
+      if (L.dn.in_proj.out_features() != c.conv_dim() + c.v_heads * c.v_dim + 2 * c.v_heads) {
+        throw std::runtime_error("qwen35moe linear attention projections of " + what + " do not match the head counts");
+      }
+      mx::array conv = vec(b + "ssm_conv1d.weight");  // [conv_dim, kernel]
+      if (conv.shape() != mx::Shape{c.conv_dim(), c.conv_kernel}) {
+        throw std::runtime_error("qwen35moe ssm_conv1d of " + what + " is not [conv_dim, conv_kernel]");
+      }
+      L.dn.conv = mx::contiguous(mx::transpose(conv));
+      L.dn.neg_a = vec(b + "ssm_a");
+      L.dn.dt_bias = vec(b + "ssm_dt.bias");
+      L.dn.norm = vec(b + "ssm_norm.weight");
+      L.dn.out = Linear::from_gguf({t(b + "ssm_out.weight")}, false, dev);
+      mx::eval({L.dn.conv});
+    } else {
+      // attn_q's rows are per head [query (head_dim), gate (head_dim)]: views of each head's
+      // two row runs, stacked as all queries | k | v | all gates.
+      const TensorView& q = file.tensor(b + "attn_q.weight");
+      if (q.shape.size() != 2 || q.shape[1] != 2LL * d.n_heads * d.head_dim) {
+        throw std::runtime_error("qwen35moe attn_q of " + what + " is not [2 * heads * head_dim, hidden]");
+      }
+      const size_t row = q.n_bytes / static_cast<size_t>(q.shape[1]);
+      std::vector<TensorView> runs;
+      for (int which = 0; which < 2; ++which) {
+        for (int h = 0; h < d.n_heads; ++h) {
+          TensorView v = q;
+          v.name = q.name + (which ? ".gate." : ".query.") + std::to_string(h);
+          v.shape = {q.shape[0], d.head_dim};
+          v.data = q.data + (static_cast<size_t>(2 * h + which) * d.head_dim) * row;
+          v.n_bytes = row * d.head_dim;
+          runs.push_back(std::move(v));
+        }
+      }
+      std::vector<const TensorView*> parts;
+      for (int h = 0; h < d.n_heads; ++h) parts.push_back(&runs[h]);
+      parts.push_back(t(b + "attn_k.weight"));
+      parts.push_back(t(b + "attn_v.weight"));
+      for (int h = 0; h < d.n_heads; ++h) parts.push_back(&runs[d.n_heads + h]);
+      L.attn.qkvg = Linear::from_gguf(parts, false, dev);
+      L.attn.q_norm = vec(b + "attn_q_norm.weight");
+      L.attn.k_norm = vec(b + "attn_k_norm.weight");
+      L.attn.wo = Linear::from_gguf({t(b + "attn_output.weight")}, false, dev);
+    }
+    L.moe.router = Linear::from_gguf({t(b + "ffn_gate_inp.weight"), t(b + "ffn_gate_inp_shexp.weight")}, false, dev);
+    const bool merged = file.find(b + "ffn_gate_up_exps.weight") != nullptr;
+    const std::vector<int64_t> up_shape = {d.hidden_size, (merged ? 2 : 1) * d.ffn_size, c.n_experts};
+    for (const char* name : {"ffn_gate_up_exps", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"}) {
+      if (merged != (std::string(name) == "ffn_gate_up_exps") && std::string(name) != "ffn_down_exps") continue;
+      const std::vector<int64_t> want =
+          std::string(name) == "ffn_down_exps" ? std::vector<int64_t>{d.ffn_size, d.hidden_size, c.n_experts} : up_shape;
+      if (file.tensor(b + name + ".weight").shape != want) {
+        throw std::runtime_error("qwen35moe " + std::string(name) + " of " + what +
+                                 " does not match expert_count x expert_feed_forward_length");
+      }
+    }
+    if (!SkipWeightBytes::active()) {  // the pull-time check keeps no bytes: no float experts either
+      mx::array gate_up = merged ? vec(b + "ffn_gate_up_exps.weight")
+                                 : mx::concatenate({vec(b + "ffn_gate_exps.weight"), vec(b + "ffn_up_exps.weight")}, 1);
+      set_float_experts(L.moe, gate_up, vec(b + "ffn_down_exps.weight"), c, expert_dtype, what);
+    }
+    L.moe.shared_gate_up =
+        Linear::from_gguf({t(b + "ffn_gate_shexp.weight"), t(b + "ffn_up_shexp.weight")}, /*interleave_pairs=*/true, dev);
+    L.moe.shared_down = Linear::from_gguf({t(b + "ffn_down_shexp.weight")}, false, dev);
+    return L;
+  };
+  std::vector<Layer> layers(d.n_layers);
+  int n_linear = 0, n_full = 0;
+  for (int i = 0; i < d.n_layers; ++i) layers[i] = load_layer(i, c.linear[i], c.linear[i] ? n_linear++ : n_full++);
+  mx::array out_norm = vec("output_norm.weight");
+  const TensorView* output = file.find("output.weight");
+  Linear lm_head = Linear::from_gguf({output ? output : &embd}, false, dev);
+  Embedding embed = (!output && lm_head.quantized() && !dev) ? Embedding::tied_to(lm_head)
+                                                             : Embedding(copy_bytes(embd), embd.type, d.hidden_size);
+  std::optional<MtpWeights> mtp;
+  if (n_mtp == 1) {
+    const std::string b = "blk." + std::to_string(d.n_layers) + ".nextn.";
+    MtpWeights& h = mtp.emplace();
+    h.pre_embedding = vec(b + "enorm.weight");
+    h.pre_hidden = vec(b + "hnorm.weight");
+    h.fc = Linear::from_gguf({t(b + "eh_proj.weight")}, false, dev);
+    if (h.fc.out_features() != d.hidden_size) {
+      throw std::runtime_error("qwen35moe nextn.eh_proj does not map 2 x hidden_size to hidden_size");
+    }
+    h.layer = load_layer(d.n_layers, false, 0);
+    h.norm = file.find(b + "shared_head_norm.weight") ? vec(b + "shared_head_norm.weight") : out_norm;
+  }
+  ModelInfo info = make_info(d, "qwen3_5_moe", "gguf:" + type_name(file.tensor("blk.0.ffn_down_shexp.weight").type),
+                             options);
+  info.weight_bytes = file.file_size();
+  return std::make_unique<Qwen35MoeModel>(c, info, std::move(layers), out_norm, std::move(lm_head), std::move(embed),
+                                          rope, expert_dtype, std::move(mtp));
 }
 
 }  // namespace llmd
