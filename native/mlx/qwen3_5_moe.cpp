@@ -1022,7 +1022,10 @@ std::unique_ptr<Model> load_qwen3_5_moe_gguf(const GgufFile& file, const LoadOpt
       L.attn.k_norm = vec(b + "attn_k_norm.weight");
       L.attn.wo = Linear::from_gguf({t(b + "attn_output.weight")}, false, dev);
     }
-    L.moe.router = Linear::from_gguf({t(b + "ffn_gate_inp.weight"), t(b + "ffn_gate_inp_shexp.weight")}, false, dev);
+    // The shared expert's gate is one row; llama-quantize writes it back 1-D ({hidden}).
+    TensorView shexp_gate = file.tensor(b + "ffn_gate_inp_shexp.weight");
+    if (shexp_gate.shape.size() == 1) shexp_gate.shape.push_back(1);
+    L.moe.router = Linear::from_gguf({t(b + "ffn_gate_inp.weight"), &shexp_gate}, false, dev);
     const bool merged = file.find(b + "ffn_gate_up_exps.weight") != nullptr;
     const std::vector<int64_t> up_shape = {d.hidden_size, (merged ? 2 : 1) * d.ffn_size, c.n_experts};
     for (const char* name : {"ffn_gate_up_exps", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"}) {
@@ -1065,8 +1068,10 @@ std::unique_ptr<Model> load_qwen3_5_moe_gguf(const GgufFile& file, const LoadOpt
     h.layer = load_layer(d.n_layers, false, 0);
     h.norm = file.find(b + "shared_head_norm.weight") ? vec(b + "shared_head_norm.weight") : out_norm;
   }
-  ModelInfo info = make_info(d, "qwen3_5_moe", "gguf:" + type_name(file.tensor("blk.0.ffn_down_shexp.weight").type),
-                             options);
+  // Named by the experts' type: the bulk of the weights (llama-quantize leaves the narrow ones in F16).
+  const TensorView* bulk = file.find("blk.0.ffn_up_exps.weight");
+  if (!bulk) bulk = &file.tensor("blk.0.ffn_gate_up_exps.weight");
+  ModelInfo info = make_info(d, "qwen3_5_moe", "gguf:" + type_name(bulk->type), options);
   info.weight_bytes = file.file_size();
   return std::make_unique<Qwen35MoeModel>(c, info, std::move(layers), out_norm, std::move(lm_head), std::move(embed),
                                           rope, expert_dtype, std::move(mtp));

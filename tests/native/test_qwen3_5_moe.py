@@ -1,7 +1,8 @@
 """Qwen3.5-MoE beyond the per-architecture tests of test_architectures.py: logits against
 transformers while batched with other sequences (prefill chunks and decode rows of other lengths
 in the same steps), the engine's rule for reusing a cached prefix of a model with recurrent
-state, sessions evicted and resumed, the multimodal checkpoint layouts, and the GGUF refusal.
+state, sessions evicted and resumed, and the multimodal checkpoint layouts (GGUF files:
+test_qwen3_5_gguf.py).
 
 The prefix rule (engine.cpp, prefix_cache.h): KV of the full-attention layers is reused only up
 to a block boundary where a snapshot of the recurrent state at exactly that position exists.
@@ -28,7 +29,6 @@ from .tiny_models import (
     weights,
     write_checkpoint,
     write_multimodal_checkpoint,
-    write_stub_gguf,
 )
 
 native = pytest.importorskip("llmd._engine")
@@ -255,10 +255,3 @@ def test_experts_run_batched_gather_mm(checkpoint: Path) -> None:
     paths = _engine(checkpoint, "cpu").matmul_paths()
     assert paths["blk.0.ffn_gate_up_exps"].startswith("mlx:gather_mm")
     assert "blk.0.ssm_in" in paths and "blk.3.attn_qkv" in paths and "blk.3.ssm_in" not in paths
-
-
-def test_gguf_is_refused_with_a_clear_error(tmp_path: Path) -> None:
-    path = tmp_path / "qwen35moe.gguf"
-    write_stub_gguf(path, "qwen35moe")
-    with pytest.raises(Exception, match="qwen35moe.*not supported"):
-        native.Engine(str(path), context_length=64, backend="cpu")

@@ -25,8 +25,8 @@ from gguf import GGMLQuantizationType as T
 # `general.architecture` values (GGUF) / `model_type` values (config.json) the engine runs
 # (native/mlx/model_registry.cpp). Gemma 3 is `gemma3` in GGUF and in multimodal configs (whose
 # text_config is a `gemma3_text`), `gemma3_text` in text-only configs; Gemma 4 likewise;
-# Qwen3.5-MoE is `qwen3_5_moe` (multimodal, safetensors only: its GGUF `qwen35moe` is
-# refused) and `qwen3_5_moe_text`.
+# Qwen3.5-MoE is `qwen3_5_moe` (multimodal) and `qwen3_5_moe_text` in configs, `qwen35moe` in
+# GGUF (llama.cpp's converter; its vision tower is a `qwen3vl_merger` mmproj beside it).
 SUPPORTED_ARCHITECTURES: tuple[str, ...] = (
     "llama",
     "qwen2",
@@ -35,6 +35,7 @@ SUPPORTED_ARCHITECTURES: tuple[str, ...] = (
     "gemma3_text",
     "qwen3_5_moe",
     "qwen3_5_moe_text",
+    "qwen35moe",
     "gemma4",
     "gemma4_text",
     # encoders (embedding only): BERT / XLM-RoBERTa (GGUF `bert` holds both), nomic-bert
