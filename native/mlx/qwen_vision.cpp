@@ -16,7 +16,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <stdexcept>
+#include <variant>
 
 #include <mlx/mlx.h>
 
@@ -230,6 +232,98 @@ class QwenVisionTower : public VisionTower {
   mx::Device device_;
 };
 
+// The tower's weights by their Hugging Face names under `model.visual.` ("blocks.0.attn.qkv",
+// "merger.linear_fc1", ...), from a checkpoint directory or an mmproj file (its name map
+// below): one loader for both.
+struct VisionWeights {
+  std::function<mx::array(const std::string&)> vec;         // a float tensor ("...bias", "pos_embed.weight")
+  std::function<Linear(const std::string&)> linear;         // a module's weight ("blocks.0.attn.qkv")
+  std::function<bool(const std::string&)> has;              // whether the tensor exists
+  std::function<mx::array()> patch;                         // [hidden, channels, temporal, patch, patch]
+};
+
+std::unique_ptr<VisionTower> build_tower(QwenVisionConfig c, const VisionWeights& w, const std::string& arch,
+                                         bool dev) {
+  const int side = static_cast<int>(std::lround(std::sqrt(static_cast<double>(c.positions))));
+  if (c.hidden <= 0 || c.heads <= 0 || c.hidden % c.heads != 0 || c.head_dim() % 4 != 0 || c.depth <= 0 ||
+      c.patch <= 0 || c.temporal <= 0 || c.merge <= 0 || side * side != c.positions) {
+    throw std::runtime_error("qwen3.5 vision settings do not describe its encoder (heads, patches or positions)");
+  }
+  auto vec = [&](const std::string& name) {
+    mx::array a = w.vec(name);
+    a.eval();
+    return a;
+  };
+  mx::array conv = w.patch();
+  if (conv.ndim() != 5 || conv.shape(0) != c.hidden || conv.shape(1) != c.channels || conv.shape(2) != c.temporal ||
+      conv.shape(3) != c.patch || conv.shape(4) != c.patch) {
+    throw std::runtime_error("qwen3.5 vision patch embedding has an unexpected shape");
+  }
+  Linear patch = Linear::from_float(mx::reshape(conv, {c.hidden, c.patch_values()}), dev);
+  if (!dev) patch.use_host_float_gemm();
+  mx::array table = vec("pos_embed.weight");
+  if (table.ndim() != 2 || table.shape(0) != c.positions || table.shape(1) != c.hidden) {
+    throw std::runtime_error("qwen3.5 vision position embeddings do not match num_position_embeddings x hidden_size");
+  }
+  std::vector<Block> blocks(c.depth);
+  for (int i = 0; i < c.depth; ++i) {
+    const std::string b = "blocks." + std::to_string(i) + ".";
+    Block& B = blocks[i];
+    B.norm1 = {vec(b + "norm1.weight"), vec(b + "norm1.bias")};
+    B.norm2 = {vec(b + "norm2.weight"), vec(b + "norm2.bias")};
+    B.qkv = w.linear(b + "attn.qkv");
+    B.qkv_bias = vec(b + "attn.qkv.bias");
+    B.proj = w.linear(b + "attn.proj");
+    B.proj_bias = vec(b + "attn.proj.bias");
+    B.fc1 = w.linear(b + "mlp.linear_fc1");
+    B.fc1_bias = vec(b + "mlp.linear_fc1.bias");
+    B.fc2 = w.linear(b + "mlp.linear_fc2");
+    B.fc2_bias = vec(b + "mlp.linear_fc2.bias");
+  }
+  if (w.has("merger.norm.weight") && vec("merger.norm.weight").shape(0) != c.hidden) {
+    throw std::runtime_error("qwen3.5 vision merger norms after the merge (use_postshuffle_norm): not supported");
+  }
+  Norm merge_norm{vec("merger.norm.weight"), vec("merger.norm.bias")};
+  Linear fc1 = w.linear("merger.linear_fc1");
+  Linear fc2 = w.linear("merger.linear_fc2");
+  mx::array fc2_bias = vec("merger.linear_fc2.bias");
+  if (fc2_bias.shape(0) != c.out_hidden) {
+    throw std::runtime_error("qwen3.5 vision merger output does not match out_hidden_size");
+  }
+  VisionInfo info;
+  info.architecture = arch;
+  info.channels = c.channels;
+  info.hidden_size = c.out_hidden;
+  info.patch_values = c.patch_values();
+  info.merge_size = c.merge;
+  return std::make_unique<QwenVisionTower>(c, info, std::move(patch), vec("patch_embed.proj.bias"), table,
+                                           std::move(blocks), merge_norm, std::move(fc1), vec("merger.linear_fc1.bias"),
+                                           std::move(fc2), fc2_bias, dev);
+}
+
+// llama.cpp's names for the tower's tensors in an mmproj (conversion/qwen3vl.py and its
+// tensor map): Hugging Face name (under model.visual.) -> GGUF name.
+std::string mmproj_name(const std::string& hf) {
+  static const std::vector<std::pair<std::string, std::string>> top = {
+      {"patch_embed.proj.bias", "v.patch_embd.bias"}, {"pos_embed.weight", "v.position_embd.weight"},
+      {"merger.norm.", "v.post_ln."},                  {"merger.linear_fc1.", "mm.0."},
+      {"merger.linear_fc2.", "mm.2."}};
+  for (const auto& [from, to] : top) {
+    if (hf.rfind(from, 0) == 0) return to + hf.substr(from.size());
+  }
+  static const std::vector<std::pair<std::string, std::string>> layer = {
+      {"norm1.", "ln1."},         {"norm2.", "ln2."},          {"attn.qkv.", "attn_qkv."},
+      {"attn.proj.", "attn_out."}, {"mlp.linear_fc1.", "ffn_up."}, {"mlp.linear_fc2.", "ffn_down."}};
+  if (hf.rfind("blocks.", 0) == 0) {
+    const size_t dot = hf.find('.', 7);
+    const std::string rest = hf.substr(dot + 1);
+    for (const auto& [from, to] : layer) {
+      if (rest.rfind(from, 0) == 0) return "v.blk." + hf.substr(7, dot - 7) + "." + to + rest.substr(from.size());
+    }
+  }
+  throw std::logic_error("qwen3.5 vision: no mmproj name for '" + hf + "'");
+}
+
 }  // namespace
 
 std::unique_ptr<VisionTower> load_qwen_vision(const std::string& dir, const Metadata& config,
@@ -256,12 +350,6 @@ std::unique_ptr<VisionTower> load_qwen_vision(const std::string& dir, const Meta
   } else if (act != "gelu_pytorch_tanh" && act != "gelu_new" && act != "gelu_fast") {
     throw std::runtime_error("qwen3.5 vision activation '" + act + "' is not supported (GELU or GELU-tanh)");
   }
-  const int side = static_cast<int>(std::lround(std::sqrt(static_cast<double>(c.positions))));
-  if (c.hidden <= 0 || c.heads <= 0 || c.hidden % c.heads != 0 || c.head_dim() % 4 != 0 || c.depth <= 0 ||
-      c.patch <= 0 || c.temporal <= 0 || c.merge <= 0 || side * side != c.positions) {
-    throw std::runtime_error("qwen3.5 vision settings do not describe its encoder (heads, patches or positions)");
-  }
-
   const Checkpoint w(dir, &config);
   std::string m;
   for (const char* prefix : {"model.visual.", "visual."}) {
@@ -271,62 +359,87 @@ std::unique_ptr<VisionTower> load_qwen_vision(const std::string& dir, const Meta
     throw std::runtime_error("this checkpoint has no vision tower (no tensor 'model.visual.patch_embed.proj.weight')");
   }
   const bool dev = options.on_device();
-  auto vec = [&](const std::string& name) {
-    mx::array a = w.get(name);
-    a.eval();
-    return a;
-  };
-  auto linear = [&](const std::string& module) {
-    Linear l = w.linear({module}, dev);
+  VisionWeights weights;
+  weights.vec = [&](const std::string& name) { return w.get(m + name); };
+  weights.has = [&](const std::string& name) { return w.has(m + name); };
+  weights.linear = [&](const std::string& module) {
+    Linear l = w.linear({m + module}, dev);
     if (!dev) l.use_host_float_gemm();
     return l;
   };
-  mx::array conv = w.get(m + "patch_embed.proj.weight");  // [hidden, channels, temporal, patch, patch]
-  if (conv.ndim() != 5 || conv.shape(0) != c.hidden || conv.shape(1) != c.channels || conv.shape(2) != c.temporal ||
-      conv.shape(3) != c.patch || conv.shape(4) != c.patch) {
-    throw std::runtime_error("qwen3.5 vision patch embedding has an unexpected shape");
+  weights.patch = [&] { return w.get(m + "patch_embed.proj.weight"); };
+  return build_tower(c, weights, config.get_string("model_type").value_or("qwen3_5_moe"), dev);
+}
+
+// llama.cpp's mmproj for Qwen3.5 (`convert_hf_to_gguf.py --mmproj`: clip.projector_type
+// "qwen3vl_merger"). Its sizes are `clip.vision.*` keys; the position grid is the stored table's
+// (num_position_embeddings rows); the patch embedding's temporal frames are one tensor each
+// (v.patch_embd.weight, .weight.1, ...), stacked back here; deepstack layers (Qwen3-VL) are
+// refused; RoPE's base is 10000, which llama.cpp's graph (tools/mtmd/models/qwen3vl.cpp) fixes too.
+std::unique_ptr<VisionTower> load_qwen_mmproj(const GgufFile& file, const std::string& path, const LoadOptions& options) {
+  const Metadata& m = file.metadata();
+  auto need = [&](const std::string& key) {
+    const std::optional<int64_t> x = m.get_int(key);
+    if (!x) throw std::runtime_error(path + " lacks '" + key + "'");
+    return static_cast<int>(*x);
+  };
+  if (!m.get_bool("clip.has_vision_encoder").value_or(false)) {
+    throw std::runtime_error(path + " has no vision encoder (clip.has_vision_encoder)");
   }
-  Linear patch = Linear::from_float(mx::reshape(conv, {c.hidden, c.patch_values()}), dev);
-  if (!dev) patch.use_host_float_gemm();
-  mx::array table = vec(m + "pos_embed.weight");
-  if (table.ndim() != 2 || table.shape(0) != c.positions || table.shape(1) != c.hidden) {
-    throw std::runtime_error("qwen3.5 vision position embeddings do not match num_position_embeddings x hidden_size");
+  if (m.has("clip.vision.is_deepstack_layers")) {
+    const auto* deep = std::get_if<std::vector<int64_t>>(&m.values().at("clip.vision.is_deepstack_layers"));
+    if (deep && std::any_of(deep->begin(), deep->end(), [](int64_t x) { return x != 0; })) {
+      throw std::runtime_error(path + " has deepstack layers (Qwen3-VL): llmd runs Qwen3.5's tower only");
+    }
   }
-  std::vector<Block> blocks(c.depth);
-  for (int i = 0; i < c.depth; ++i) {
-    const std::string b = m + "blocks." + std::to_string(i) + ".";
-    Block& B = blocks[i];
-    B.norm1 = {vec(b + "norm1.weight"), vec(b + "norm1.bias")};
-    B.norm2 = {vec(b + "norm2.weight"), vec(b + "norm2.bias")};
-    B.qkv = linear(b + "attn.qkv");
-    B.qkv_bias = vec(b + "attn.qkv.bias");
-    B.proj = linear(b + "attn.proj");
-    B.proj_bias = vec(b + "attn.proj.bias");
-    B.fc1 = linear(b + "mlp.linear_fc1");
-    B.fc1_bias = vec(b + "mlp.linear_fc1.bias");
-    B.fc2 = linear(b + "mlp.linear_fc2");
-    B.fc2_bias = vec(b + "mlp.linear_fc2.bias");
+  QwenVisionConfig c;
+  c.hidden = need("clip.vision.embedding_length");
+  c.ffn = need("clip.vision.feed_forward_length");
+  c.depth = need("clip.vision.block_count");
+  c.heads = need("clip.vision.attention.head_count");
+  c.patch = need("clip.vision.patch_size");
+  c.out_hidden = need("clip.vision.projection_dim");
+  c.merge = static_cast<int>(m.get_int("clip.vision.spatial_merge_size").value_or(2));
+  c.temporal = 0;
+  while (file.find("v.patch_embd.weight" + (c.temporal ? "." + std::to_string(c.temporal) : std::string()))) {
+    ++c.temporal;
   }
-  const std::string g = m + "merger.";
-  if (w.has(g + "norm.weight") && w.get(g + "norm.weight").shape(0) != c.hidden) {
-    throw std::runtime_error("qwen3.5 vision merger norms after the merge (use_postshuffle_norm): not supported");
+  if (c.temporal == 0) throw std::runtime_error(path + " has no tensor 'v.patch_embd.weight'");
+  const TensorView* table = file.find("v.position_embd.weight");
+  if (!table || table->shape.size() != 2) throw std::runtime_error(path + " has no 2-D 'v.position_embd.weight'");
+  c.positions = static_cast<int>(table->shape[1]);
+  const TensorView& frame0 = file.tensor("v.patch_embd.weight");  // GGUF {patch, patch, channels, hidden}
+  if (frame0.shape.size() != 4) throw std::runtime_error(path + ": v.patch_embd.weight is not 4-D");
+  c.channels = static_cast<int>(frame0.shape[2]);
+  if (const auto eps = m.get_float("clip.vision.attention.layer_norm_epsilon"); eps && std::abs(*eps - kEps) > 1e-9) {
+    throw std::runtime_error(path + ": layer_norm_epsilon " + std::to_string(*eps) + " (Qwen3.5's towers use 1e-6)");
   }
-  Norm merge_norm{vec(g + "norm.weight"), vec(g + "norm.bias")};
-  Linear fc1 = linear(g + "linear_fc1");
-  Linear fc2 = linear(g + "linear_fc2");
-  mx::array fc2_bias = vec(g + "linear_fc2.bias");
-  if (fc2_bias.shape(0) != c.out_hidden) {
-    throw std::runtime_error("qwen3.5 vision merger output does not match out_hidden_size");
-  }
-  VisionInfo info;
-  info.architecture = config.get_string("model_type").value_or("qwen3_5_moe");
-  info.channels = c.channels;
-  info.hidden_size = c.out_hidden;
-  info.patch_values = c.patch_values();
-  info.merge_size = c.merge;
-  return std::make_unique<QwenVisionTower>(c, info, std::move(patch), vec(m + "patch_embed.proj.bias"), table,
-                                           std::move(blocks), merge_norm, std::move(fc1),
-                                           vec(g + "linear_fc1.bias"), std::move(fc2), fc2_bias, dev);
+  const bool dev = options.on_device();
+  auto t = [&](const std::string& name) -> const TensorView& {
+    const TensorView* x = file.find(name);
+    if (!x) throw std::runtime_error(path + " has no tensor '" + name + "'");
+    return *x;
+  };
+  VisionWeights weights;
+  weights.vec = [&](const std::string& name) { return dequantize_tensor(t(mmproj_name(name))); };
+  weights.has = [&](const std::string& name) { return file.find(mmproj_name(name)) != nullptr; };
+  weights.linear = [&](const std::string& module) {
+    const TensorView& x = t(mmproj_name(module + ".weight"));
+    if (x.type == TensorType::F32) {  // float weights: the host GEMM, as the checkpoint's
+      Linear l = Linear::from_float(dequantize_tensor(x), dev);
+      if (!dev) l.use_host_float_gemm();
+      return l;
+    }
+    return Linear::from_gguf({&x}, false, dev);  // F16 / quantized blocks stay as stored
+  };
+  weights.patch = [&] {
+    std::vector<mx::array> frames;  // each [hidden, channels, patch, patch]
+    for (int f = 0; f < c.temporal; ++f) {
+      frames.push_back(dequantize_tensor(t("v.patch_embd.weight" + (f ? "." + std::to_string(f) : std::string()))));
+    }
+    return mx::stack(frames, 2);
+  };
+  return build_tower(c, weights, "qwen3_5_moe", dev);
 }
 
 }  // namespace llmd

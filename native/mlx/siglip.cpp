@@ -300,8 +300,9 @@ std::unique_ptr<VisionTower> load_gemma3_mmproj(const std::string& path, const L
   const GgufFile file(path);
   const Metadata& m = file.metadata();
   const std::string projector = m.get_string("clip.projector_type").value_or("");
+  if (projector == "qwen3vl_merger") return load_qwen_mmproj(file, path, options);
   if (projector != "gemma3") {
-    throw std::runtime_error(path + " is not a Gemma 3 mmproj (clip.projector_type '" + projector + "')");
+    throw std::runtime_error(path + " is not a Gemma 3 or Qwen3.5 mmproj (clip.projector_type '" + projector + "')");
   }
   if (!m.get_bool("clip.has_vision_encoder").value_or(false)) {
     throw std::runtime_error(path + " has no vision encoder (clip.has_vision_encoder)");

@@ -140,7 +140,7 @@ def test_mmproj_of_another_projector_is_refused(tmp_path: Path) -> None:
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    with pytest.raises(RuntimeError, match="not a Gemma 3 mmproj.*qwen2vl_merger"):
+    with pytest.raises(RuntimeError, match="not a Gemma 3 or Qwen3.5 mmproj.*qwen2vl_merger"):
         native.VisionTower(str(path), {})
 
 

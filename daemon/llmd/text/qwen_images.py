@@ -68,6 +68,32 @@ class QwenImageConfig:
                 fields[key] = tuple(float(v) for v in value)
         return cls(**{k: v for k, v in fields.items() if v is not None})
 
+    @classmethod
+    def from_mmproj(cls, meta: dict[str, Any]) -> QwenImageConfig:
+        """From llama.cpp's mmproj GGUF metadata (`clip.vision.*`, converter's
+        `qwen3vl_merger`): patch and merge sizes, mean and std. An mmproj keeps no pixel
+        limits; llama.cpp's clip.cpp bounds Qwen-VL images to 8..4096 merged tokens
+        (`image_min_pixels` / `image_max_pixels` when the file names them), and so does llmd
+        for such a file, so an image gives the tokens it gives under llama-server. ValueError
+        for an mmproj of another projector."""
+        projector = meta.get("clip.projector_type")
+        if projector != "qwen3vl_merger":
+            raise ValueError(f"the mmproj's projector is {projector!r}, not Qwen3.5's")
+        patch = int(meta["clip.vision.patch_size"])
+        merge = int(meta.get("clip.vision.spatial_merge_size", 2))
+        token_pixels = (patch * merge) ** 2
+        fields: dict[str, Any] = {
+            "patch_size": patch,
+            "merge_size": merge,
+            "min_pixels": int(meta.get("clip.vision.image_min_pixels", 8 * token_pixels)),
+            "max_pixels": int(meta.get("clip.vision.image_max_pixels", 4096 * token_pixels)),
+        }
+        for key in ("image_mean", "image_std"):
+            value = meta.get(f"clip.vision.{key}")
+            if value is not None:
+                fields[key] = tuple(float(v) for v in value)
+        return cls(**fields)
+
     @property
     def patch_values(self) -> int:
         """Values per flattened patch: 3 channels x frames x patch x patch."""

@@ -113,7 +113,7 @@ def _stop_ids(tokenizer: Tokenizer, declared: list[int | None]) -> list[int]:
 
 def load_gguf_text_model(path: Path, mmproj: Path | None = None) -> TextModel:
     """A GGUF file's text side; with `mmproj` (llama.cpp's vision tower file beside a
-    Gemma 3 GGUF), how its images are preprocessed and laid out too."""
+    Gemma 3 or Qwen3.5-MoE GGUF), how its images are preprocessed and laid out too."""
     meta = read_gguf_metadata(path)
     arch = meta.get("general.architecture", "llama")
     tokens: list[str] = meta["tokenizer.ggml.tokens"]
@@ -141,14 +141,21 @@ def load_gguf_text_model(path: Path, mmproj: Path | None = None) -> TextModel:
     )
 
 
-def _mmproj_image_config(mmproj: Path, arch: str, tokens: list[str]) -> Gemma3ImageConfig | None:
-    """The image settings of a GGUF Gemma 3 with an mmproj whose tower the worker runs; None
-    (images refused) for another architecture or a vocabulary without Gemma 3's image
-    tokens or an mmproj llmd cannot read (the worker then runs no tower either)."""
-    if arch != "gemma3" or "<image_soft_token>" not in tokens:
+def _mmproj_image_config(
+    mmproj: Path, arch: str, tokens: list[str]
+) -> Gemma3ImageConfig | QwenImageConfig | None:
+    """The image settings of a GGUF Gemma 3 or Qwen3.5-MoE with an mmproj whose tower the
+    worker runs; None (images refused) for another architecture or a vocabulary without the
+    model's image tokens or an mmproj llmd cannot read (the worker then runs no tower
+    either)."""
+    if arch == "qwen35moe" and "<|image_pad|>" in tokens:
+        reader = QwenImageConfig.from_mmproj
+    elif arch == "gemma3" and "<image_soft_token>" in tokens:
+        reader = Gemma3ImageConfig.from_mmproj
+    else:
         return None
     try:
-        return Gemma3ImageConfig.from_mmproj(read_gguf_metadata(mmproj))
+        return reader(read_gguf_metadata(mmproj))
     except (OSError, ValueError, KeyError) as exc:  # the text model still serves
         log.warning("images off: the mmproj %s cannot be read: %s", mmproj, exc)
         return None

@@ -122,6 +122,16 @@ def gemma3_gguf_layout(tokens: list[str], rows: int) -> ImageLayout:
     return ImageLayout(token, rows, True)
 
 
+def qwen_gguf_layout(tokens: list[str], merge: int) -> ImageLayout:
+    """A GGUF Qwen3.5-MoE's, its vision tower from an mmproj: as qwen_layout, the image token
+    found in the vocabulary (`<|image_pad|>`, which llama.cpp's GGUFs keep)."""
+    try:
+        token = tokens.index("<|image_pad|>")
+    except ValueError:
+        raise ValueError("the model's vocabulary has no <|image_pad|>") from None
+    return ImageLayout(token, 0, False, merge)
+
+
 def decode_pixels(data: str, shape: list[int]) -> np.ndarray:
     """An ImageInput's base64 float32 pixels as a (channels, height, width) array; ValueError
     when the bytes do not fill the shape or hold a non-finite value."""
@@ -208,11 +218,18 @@ class ImageEncoder:
             from llmd.store.gguf_metadata import read_gguf_metadata
 
             arch = engine.info()["architecture"]
-            if arch != "gemma3":
-                raise ValueError(f"llmd runs mmproj vision towers for gemma3 only, not {arch}")
+            if arch not in ("gemma3", "qwen3_5_moe"):
+                raise ValueError(
+                    f"llmd runs mmproj vision towers for gemma3 and qwen35moe only, not {arch}"
+                )
             tower = _engine.VisionTower(mmproj, {}, backend=backend)
+            if tower.architecture != arch:
+                raise ValueError(f"the mmproj is a {tower.architecture} tower, the model {arch}")
             tokens = read_gguf_metadata(model_path).get("tokenizer.ggml.tokens", [])
-            layout = gemma3_gguf_layout(tokens, tower.tokens_per_image)
+            if arch == "gemma3":
+                layout = gemma3_gguf_layout(tokens, tower.tokens_per_image)
+            else:
+                layout = qwen_gguf_layout(tokens, tower.merge_size)
         elif config is not None and config.get("model_type") == "gemma3":
             tower = _engine.VisionTower(model_path, config, backend=backend)
             layout = gemma3_layout(config)
