@@ -185,12 +185,17 @@ def write_qwen35moe_gguf(
     quant: str = "F32",
     mtp: bool = True,
     tensor_data: Callable[[str, np.ndarray], tuple[np.ndarray, Any] | None] | None = None,
+    vocabulary: dict[int, tuple[str, int]] | None = None,
+    merges: list[str] | None = None,
+    template: str = TEMPLATE,
 ) -> Path:
     """The tiny Qwen3.5-MoE as `convert_hf_to_gguf.py --outtype f32` writes it (its keys, in
     its order). `quant` "Q8_0": 2-D and 3-D weights whose rows fill 32-value blocks in Q8_0,
     as llama-quantize's Q8_0 leaves norms, ssm_a / ssm_conv1d / biases, the router and other
     rows (48 wide) in F32/F16. `tensor_data(name, values)` may return (data, raw type) to
-    store a tensor its own way (write_exact_twin). `mtp`: with the MTP block."""
+    store a tensor its own way (write_exact_twin). `mtp`: with the MTP block. `vocabulary`
+    {id: (token, llama.cpp type)}, `merges` and `template` replace those of the converted
+    tokenizer (a served test's byte-level words)."""
     from gguf import GGMLQuantizationType, GGUFWriter, quantize
 
     c = TEXT
@@ -225,14 +230,18 @@ def write_qwen35moe_gguf(
     w.add_rope_dimension_count(int(c["head_dim"] * c["rope_parameters"]["partial_rotary_factor"]))
     w.add_quantization_version(2)
     tokens, types = _vocabulary()
+    for i, (token, kind) in (vocabulary or {}).items():
+        tokens[i], types[i] = token, kind
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("qwen35")
     w.add_token_list(tokens)
     w.add_token_types(types)
+    if merges:
+        w.add_token_merges(merges)
     w.add_bos_token_id(SPECIALS["<bos>"])
     w.add_eos_token_id(SPECIALS["<eos>"])
     w.add_add_bos_token(False)
-    w.add_chat_template(TEMPLATE)
+    w.add_chat_template(template)
     for name, x in text_tensors(mtp).items():
         custom = tensor_data(name, x) if tensor_data else None
         if custom is not None:

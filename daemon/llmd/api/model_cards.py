@@ -47,15 +47,18 @@ def served_context(registry: ModelRegistry, record: ModelRecord) -> int | None:
 
 def sees_images(record: ModelRecord) -> bool:
     """Whether the worker will run a vision tower for the model (worker/vision.py): a GGUF
-    Gemma 3 pulled with its repo's llama.cpp mmproj, or a Gemma 3 multimodal checkpoint
-    directory. What clients read before they offer image input (Ollama's `vision`)."""
+    Gemma 3 or Qwen3.5-MoE pulled with its repo's llama.cpp mmproj, or a Gemma 3 or Qwen3.5
+    multimodal checkpoint directory. What clients read before they offer image input
+    (Ollama's `vision`)."""
     if record.format == "gguf":
-        return bool(record.mmproj) and record.architecture == "gemma3"
+        return bool(record.mmproj) and record.architecture in ("gemma3", "qwen35moe")
     try:
         config = json.loads((Path(record.path) / "config.json").read_text())
     except (OSError, ValueError):
         return False
-    return config.get("model_type") == "gemma3" and isinstance(config.get("vision_config"), dict)
+    return config.get("model_type") in ("gemma3", "qwen3_5", "qwen3_5_moe") and isinstance(
+        config.get("vision_config"), dict
+    )
 
 
 def capabilities(record: ModelRecord) -> dict[str, bool]:
