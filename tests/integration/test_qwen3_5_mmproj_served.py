@@ -102,7 +102,6 @@ def _reference(files: dict[str, Path], image: str) -> tuple[list[int], np.ndarra
     from llmd.text.images import decode_image
     from llmd.text.qwen_images import QwenImageConfig, preprocess
     from llmd.worker.vision import content_digest, surrogate_ids
-
     from tests.native.test_qwen3_5_vision import _first_logprobs
 
     cfg = QwenImageConfig.from_mmproj(read_gguf_metadata(files["mmproj"]))
