@@ -26,6 +26,10 @@ std::unique_ptr<Model> load_gemma3_safetensors(const std::string& dir, const Met
 std::unique_ptr<Model> load_qwen3_5_moe_gguf(const GgufFile& file, const LoadOptions& options);
 std::unique_ptr<Model> load_qwen3_5_moe_safetensors(const std::string& dir, const Metadata& hf,
                                                     const LoadOptions& options);
+// Dense Qwen3.5 (the same hybrid layers, a SwiGLU MLP per layer): GGUF `qwen35`, configs
+// `qwen3_5_text` / `qwen3_5`.
+std::unique_ptr<Model> load_qwen3_5_gguf(const GgufFile& file, const LoadOptions& options);
+std::unique_ptr<Model> load_qwen3_5_safetensors(const std::string& dir, const Metadata& hf, const LoadOptions& options);
 
 std::unique_ptr<Model> load_gemma4_gguf(const GgufFile& file, const LoadOptions& options);
 std::unique_ptr<Model> load_gemma4_safetensors(const std::string& dir, const Metadata& hf, const LoadOptions& options);

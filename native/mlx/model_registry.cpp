@@ -31,6 +31,7 @@ const std::map<std::string, GgufLoader>& gguf_loaders() {
       {"qwen3", load_qwen3_gguf},
       {"gemma3", load_gemma3_gguf},
       {"qwen35moe", load_qwen3_5_moe_gguf},
+      {"qwen35", load_qwen3_5_gguf},
       {"gemma4", load_gemma4_gguf},  // refused with a clear message
       {"bert", load_bert_gguf},
       {"nomic-bert", load_nomic_bert_gguf},
@@ -46,6 +47,8 @@ const std::map<std::string, HfLoader>& hf_loaders() {
       {"gemma3_text", load_gemma3_safetensors},
       {"qwen3_5_moe_text", load_qwen3_5_moe_safetensors},
       {"qwen3_5_moe", load_qwen3_5_moe_safetensors},
+      {"qwen3_5_text", load_qwen3_5_safetensors},
+      {"qwen3_5", load_qwen3_5_safetensors},
       {"gemma4_text", load_gemma4_safetensors},
       {"bert", load_bert_safetensors},
       {"xlm-roberta", load_xlm_roberta_safetensors},

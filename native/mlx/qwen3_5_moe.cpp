@@ -57,7 +57,8 @@ namespace llmd {
 namespace {
 
 struct Qwen35Config {
-  DecoderDims dims;          // n_layers: all layers; ffn_size: moe_intermediate_size
+  DecoderDims dims;          // n_layers: all layers; ffn_size: moe_intermediate_size (dense: intermediate_size)
+  bool dense = false;        // Qwen3.5 (dense): a SwiGLU MLP per layer instead of the experts
   std::vector<bool> linear;  // per layer: linear attention (else full attention)
   int conv_kernel = 4;
   int k_heads = 0, v_heads = 0, k_dim = 0, v_dim = 0;
@@ -110,6 +111,8 @@ struct Layer {
   DeltaNetWeights dn;
   AttentionWeights attn;
   MoeWeights moe;
+  Linear mlp_gate_up;  // dense Qwen3.5: gate and up rows (interleaved where the kernels fuse SwiGLU)
+  Linear mlp_down;
 };
 
 // Qwen3.5's multi-token-prediction head (`mtp.*`; as vLLM's Qwen3.5 MTP runs it): entry i reads
@@ -196,7 +199,7 @@ class Qwen35MoeModel : public Model {
     std::map<std::string, std::string> paths;
     std::string experts = std::string("mlx:gather_mm:") + (expert_dtype_ == mx::float32 ? "f32" : "f16") +
                           (device_.on_device() ? "" : ":cpu");
-    if (!layers_.empty() && layers_[0].moe.bits) {
+    if (!layers_.empty() && layers_[0].moe.bits && !cfg_.dense) {
       const MoeWeights& m = layers_[0].moe;
       experts = "mlx:gather_qmm:affine" + std::to_string(m.bits) + "g" + std::to_string(m.group) + ":" +
                 (mx::default_device() == mx::Device::gpu ? "gpu" : "cpu");
@@ -210,6 +213,11 @@ class Qwen35MoeModel : public Model {
       } else {
         paths[p + "attn_qkv"] = L.attn.qkvg.path();
         paths[p + "attn_output"] = L.attn.wo.path();
+      }
+      if (cfg_.dense) {
+        paths[p + "ffn_gate_up"] = L.mlp_gate_up.path();
+        paths[p + "ffn_down"] = L.mlp_down.path();
+        continue;
       }
       paths[p + "ffn_gate_inp"] = L.moe.router.path();
       paths[p + "ffn_gate_up_exps"] = experts;
@@ -276,7 +284,7 @@ class Qwen35MoeModel : public Model {
       } else {
         x = mx::add(x, attention(L, x, rows, plan, device_kv, ashape, mrope));
       }
-      x = mx::add(x, moe(L.moe, mx::fast::rms_norm(x, L.post_norm, d.rms_eps)));
+      x = mx::add(x, ffn(L, x));
     }
     std::optional<mx::array> all_hidden;
     if (!rows.hidden_spans.empty()) {
@@ -338,7 +346,7 @@ class Qwen35MoeModel : public Model {
     // The head runs on 1-D positions even after an image (M-RoPE rows): it only drafts, so a
     // position mismatch there costs acceptance, never correctness (the target verifies).
     x = mx::add(x, attention(m.layer, x, rows, plan, device_kv, ashape, std::nullopt));
-    x = mx::add(x, moe(m.layer.moe, mx::fast::rms_norm(x, m.layer.post_norm, d.rms_eps)));
+    x = mx::add(x, ffn(m.layer, x));
     logits.clear();
     hidden_out.clear();
     if (rows.logit_rows.empty()) {
@@ -579,6 +587,15 @@ class Qwen35MoeModel : public Model {
     return L.attn.wo(mx::multiply(a, mx::sigmoid(gate)));
   }
 
+  // The layer's feed-forward of the residual stream x: its post-attention norm, then the
+  // dense SwiGLU (Qwen3.5) or the experts (Qwen3.5-MoE).
+  mx::array ffn(const Layer& L, const mx::array& x) const {
+    if (cfg_.dense) {
+      return L.mlp_down(L.mlp_gate_up(x, {.rms_norm_weight = L.post_norm, .eps = cfg_.dims.rms_eps, .swiglu = true}));
+    }
+    return moe(L.moe, mx::fast::rms_norm(x, L.post_norm, cfg_.dims.rms_eps));
+  }
+
   // Routed experts plus the gated shared expert of normalised rows xn [T, hidden].
   mx::array moe(const MoeWeights& w, const mx::array& xn) const {
     const int T = xn.shape(0), H = cfg_.dims.hidden_size, E = cfg_.n_experts, K = cfg_.top_k;
@@ -655,11 +672,12 @@ std::string prefix_of(const Checkpoint& w) {
   throw std::runtime_error("qwen3_5_moe checkpoint has no embed_tokens.weight under model. or model.language_model.");
 }
 
-}  // namespace
-
-std::unique_ptr<Model> load_qwen3_5_moe_safetensors(const std::string& dir, const Metadata& hf,
-                                                    const LoadOptions& options) {
+// A Hugging Face directory of either model: `dense` for Qwen3.5 (`qwen3_5_text` / `qwen3_5`).
+std::unique_ptr<Model> load_qwen35_safetensors(const std::string& dir, const Metadata& hf, const LoadOptions& options,
+                                               bool dense) {
+  const std::string arch = dense ? "qwen3_5" : "qwen3_5_moe";
   Qwen35Config c;
+  c.dense = dense;
   DecoderDims& d = c.dims;
   d.n_layers = static_cast<int>(hf.require_int("num_hidden_layers"));
   d.hidden_size = static_cast<int>(hf.require_int("hidden_size"));
@@ -669,7 +687,8 @@ std::unique_ptr<Model> load_qwen3_5_moe_safetensors(const std::string& dir, cons
   d.rms_eps = static_cast<float>(hf.get_float("rms_norm_eps").value_or(1e-6));
   d.context_length = static_cast<int>(hf.get_int("max_position_embeddings").value_or(32768));
   d.vocab_size = static_cast<int>(hf.require_int("vocab_size"));
-  d.ffn_size = static_cast<int>(hf.get_int("moe_intermediate_size").value_or(512));
+  d.ffn_size = static_cast<int>(dense ? hf.require_int("intermediate_size")
+                                       : hf.get_int("moe_intermediate_size").value_or(512));
   c.shared_ffn = static_cast<int>(hf.get_int("shared_expert_intermediate_size").value_or(512));
   c.n_experts = static_cast<int>(hf.get_int("num_experts").value_or(256));
   c.top_k = static_cast<int>(hf.get_int("num_experts_per_tok").value_or(8));
@@ -685,9 +704,10 @@ std::unique_ptr<Model> load_qwen3_5_moe_safetensors(const std::string& dir, cons
   if (hf.get_bool("attention_bias").value_or(false)) {
     throw std::runtime_error("qwen3_5_moe with attention_bias is not supported (Qwen3.5 checkpoints have none)");
   }
-  if (c.n_experts <= 0 || c.top_k <= 0 || c.top_k > c.n_experts || c.shared_ffn <= 0 || c.k_heads <= 0 ||
-      c.v_heads <= 0 || c.v_heads % c.k_heads != 0 || c.k_dim <= 0 || c.v_dim <= 0 || c.conv_kernel < 2) {
-    throw std::runtime_error("inconsistent qwen3_5_moe hyperparameters (experts, top-k or linear attention)");
+  if ((!dense && (c.n_experts <= 0 || c.top_k <= 0 || c.top_k > c.n_experts || c.shared_ffn <= 0)) ||
+      c.k_heads <= 0 || c.v_heads <= 0 || c.v_heads % c.k_heads != 0 || c.k_dim <= 0 || c.v_dim <= 0 ||
+      c.conv_kernel < 2) {
+    throw std::runtime_error("inconsistent " + arch + " hyperparameters (experts, top-k or linear attention)");
   }
   if (hf.has("layer_types.0")) {
     for (int i = 0; hf.has("layer_types." + std::to_string(i)); ++i) {
@@ -806,6 +826,12 @@ std::unique_ptr<Model> load_qwen3_5_moe_safetensors(const std::string& dir, cons
       L.attn.wo = w.linear({a + "o_proj"}, dev);
     }
     const std::string p = b + "mlp.";
+    if (dense) {
+      // Interleaved where llmd's kernels fuse the SwiGLU (a quantized CPU weight), as the shared expert.
+      L.mlp_gate_up = w.linear({p + "gate_proj", p + "up_proj"}, dev, /*interleave_pairs=*/true);
+      L.mlp_down = w.linear({p + "down_proj"}, dev);
+      return L;
+    }
     L.moe.router = w.linear({p + "gate", p + "shared_expert_gate"}, dev);
     mx::array gate_up{0.f}, down{0.f};
     const std::string sw = p + "switch_mlp.";
@@ -880,7 +906,7 @@ std::unique_ptr<Model> load_qwen3_5_moe_safetensors(const std::string& dir, cons
     t.layer = load_layer("mtp.layers.0.", false, 0, "the MTP layer");
     t.norm = norm("mtp.norm.weight");
   }
-  ModelInfo info = make_info(d, "qwen3_5_moe", w.format(), options);
+  ModelInfo info = make_info(d, arch, w.format(), options);
   return std::make_unique<Qwen35MoeModel>(c, info, std::move(layers), out_norm, std::move(lm_head), std::move(embed),
                                           rope, expert_dtype, std::move(mtp));
 }
@@ -904,9 +930,10 @@ std::unique_ptr<Model> load_qwen3_5_moe_safetensors(const std::string& dir, cons
 //  - the MTP head (qwen35moe.nextn_predict_layers) as the last block: nextn.eh_proj (fc),
 //    nextn.enorm / hnorm (the embedding's and the hidden state's norms), nextn.shared_head_norm,
 //    and the block's own full-attention layer and MoE.
-std::unique_ptr<Model> load_qwen3_5_moe_gguf(const GgufFile& file, const LoadOptions& options) {
+std::unique_ptr<Model> load_qwen35_gguf(const GgufFile& file, const LoadOptions& options, bool dense) {
   const Metadata& m = file.metadata();
-  const std::string p = "qwen35moe.";
+  const std::string gguf_arch = dense ? "qwen35" : "qwen35moe";
+  const std::string p = gguf_arch + ".";
   const auto ints = [&](const std::string& key) -> std::vector<int64_t> {
     if (!m.has(key)) return {};
     const auto* v = std::get_if<std::vector<int64_t>>(&m.values().at(key));
@@ -925,23 +952,29 @@ std::unique_ptr<Model> load_qwen3_5_moe_gguf(const GgufFile& file, const LoadOpt
   d.context_length = static_cast<int>(m.get_int(p + "context_length").value_or(32768));
   const TensorView& embd = file.tensor("token_embd.weight");
   d.vocab_size = static_cast<int>(embd.shape[1]);
-  d.ffn_size = static_cast<int>(m.require_int(p + "expert_feed_forward_length"));
-  c.shared_ffn = static_cast<int>(m.require_int(p + "expert_shared_feed_forward_length"));
-  c.n_experts = static_cast<int>(m.require_int(p + "expert_count"));
-  c.top_k = static_cast<int>(m.require_int(p + "expert_used_count"));
+  c.dense = dense;
+  if (dense) {
+    d.ffn_size = static_cast<int>(m.require_int(p + "feed_forward_length"));
+  } else {
+    d.ffn_size = static_cast<int>(m.require_int(p + "expert_feed_forward_length"));
+    c.shared_ffn = static_cast<int>(m.require_int(p + "expert_shared_feed_forward_length"));
+    c.n_experts = static_cast<int>(m.require_int(p + "expert_count"));
+    c.top_k = static_cast<int>(m.require_int(p + "expert_used_count"));
+  }
   c.conv_kernel = static_cast<int>(m.require_int(p + "ssm.conv_kernel"));
   c.k_dim = static_cast<int>(m.require_int(p + "ssm.state_size"));
   c.k_heads = static_cast<int>(m.require_int(p + "ssm.group_count"));
   c.v_heads = static_cast<int>(m.require_int(p + "ssm.time_step_rank"));
   c.v_dim = c.v_heads > 0 ? static_cast<int>(m.require_int(p + "ssm.inner_size")) / c.v_heads : 0;
   c.tiled_v = true;
-  d.check("qwen35moe");
+  d.check(gguf_arch);
   if (n_mtp < 0 || n_mtp > 1) {
-    throw std::runtime_error("qwen35moe with " + std::to_string(n_mtp) + " MTP layers is not supported (expected 0 or 1)");
+    throw std::runtime_error(gguf_arch + " with " + std::to_string(n_mtp) + " MTP layers is not supported (expected 0 or 1)");
   }
-  if (c.n_experts <= 0 || c.top_k <= 0 || c.top_k > c.n_experts || c.shared_ffn <= 0 || c.k_heads <= 0 ||
-      c.v_heads <= 0 || c.v_heads % c.k_heads != 0 || c.k_dim <= 0 || c.v_dim <= 0 || c.conv_kernel < 2) {
-    throw std::runtime_error("inconsistent qwen35moe hyperparameters (experts, top-k or linear attention)");
+  if ((!dense && (c.n_experts <= 0 || c.top_k <= 0 || c.top_k > c.n_experts || c.shared_ffn <= 0)) ||
+      c.k_heads <= 0 || c.v_heads <= 0 || c.v_heads % c.k_heads != 0 || c.k_dim <= 0 || c.v_dim <= 0 ||
+      c.conv_kernel < 2) {
+    throw std::runtime_error("inconsistent " + gguf_arch + " hyperparameters (experts, top-k or linear attention)");
   }
   const std::vector<int64_t> recurrent = ints(p + "attention.recurrent_layers");
   const int every = static_cast<int>(m.get_int(p + "full_attention_interval").value_or(4));
@@ -1022,6 +1055,11 @@ std::unique_ptr<Model> load_qwen3_5_moe_gguf(const GgufFile& file, const LoadOpt
       L.attn.k_norm = vec(b + "attn_k_norm.weight");
       L.attn.wo = Linear::from_gguf({t(b + "attn_output.weight")}, false, dev);
     }
+    if (dense) {
+      L.mlp_gate_up = Linear::from_gguf({t(b + "ffn_gate.weight"), t(b + "ffn_up.weight")}, /*interleave_pairs=*/true, dev);
+      L.mlp_down = Linear::from_gguf({t(b + "ffn_down.weight")}, false, dev);
+      return L;
+    }
     // The shared expert's gate is one row; llama-quantize writes it back 1-D ({hidden}).
     TensorView shexp_gate = file.tensor(b + "ffn_gate_inp_shexp.weight");
     if (shexp_gate.shape.size() == 1) shexp_gate.shape.push_back(1);
@@ -1068,13 +1106,33 @@ std::unique_ptr<Model> load_qwen3_5_moe_gguf(const GgufFile& file, const LoadOpt
     h.layer = load_layer(d.n_layers, false, 0);
     h.norm = file.find(b + "shared_head_norm.weight") ? vec(b + "shared_head_norm.weight") : out_norm;
   }
-  // Named by the experts' type: the bulk of the weights (llama-quantize leaves the narrow ones in F16).
-  const TensorView* bulk = file.find("blk.0.ffn_up_exps.weight");
+  // Named by the experts' (or the MLP's) type: the bulk of the weights (llama-quantize leaves the
+  // narrow ones in F16).
+  const TensorView* bulk = file.find(dense ? "blk.0.ffn_up.weight" : "blk.0.ffn_up_exps.weight");
   if (!bulk) bulk = &file.tensor("blk.0.ffn_gate_up_exps.weight");
-  ModelInfo info = make_info(d, "qwen3_5_moe", "gguf:" + type_name(bulk->type), options);
+  ModelInfo info = make_info(d, dense ? "qwen3_5" : "qwen3_5_moe", "gguf:" + type_name(bulk->type), options);
   info.weight_bytes = file.file_size();
   return std::make_unique<Qwen35MoeModel>(c, info, std::move(layers), out_norm, std::move(lm_head), std::move(embed),
                                           rope, expert_dtype, std::move(mtp));
+}
+
+}  // namespace
+
+std::unique_ptr<Model> load_qwen3_5_moe_safetensors(const std::string& dir, const Metadata& hf,
+                                                    const LoadOptions& options) {
+  return load_qwen35_safetensors(dir, hf, options, /*dense=*/false);
+}
+
+std::unique_ptr<Model> load_qwen3_5_safetensors(const std::string& dir, const Metadata& hf, const LoadOptions& options) {
+  return load_qwen35_safetensors(dir, hf, options, /*dense=*/true);
+}
+
+std::unique_ptr<Model> load_qwen3_5_moe_gguf(const GgufFile& file, const LoadOptions& options) {
+  return load_qwen35_gguf(file, options, /*dense=*/false);
+}
+
+std::unique_ptr<Model> load_qwen3_5_gguf(const GgufFile& file, const LoadOptions& options) {
+  return load_qwen35_gguf(file, options, /*dense=*/true);
 }
 
 }  // namespace llmd

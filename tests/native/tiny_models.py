@@ -174,6 +174,18 @@ CONFIGS: dict[str, dict] = {
         "tie_word_embeddings": False,
     },
 }
+# Dense Qwen3.5 text model: the same hybrid layers as qwen3_5_moe_text with a SwiGLU MLP in
+# every layer instead of the experts.
+CONFIGS["qwen3_5_text"] = {
+    **{
+        k: v
+        for k, v in CONFIGS["qwen3_5_moe_text"].items()
+        if not k.startswith(("num_experts", "moe_", "shared_expert"))
+    },
+    "model_type": "qwen3_5_text",
+    "architectures": ["Qwen3_5ForCausalLM"],
+    "intermediate_size": 96,
+}
 
 # Token ids every architecture is scored on: longer than Gemma's window, so windowing shows.
 TOKENS = [1, 17, 99, 5, 64, 2, 120, 33, 8, 71, 44, 90, 12, 7, 101, 56, 23, 88, 3, 65]
@@ -197,8 +209,8 @@ def _bf16_bits(a: np.ndarray) -> np.ndarray:
 def weights(arch: str, seed: int = 0, config: dict | None = None) -> dict[str, np.ndarray]:
     """Hugging Face tensor names -> float32 arrays (bf16-representable values). `config`
     replaces CONFIGS[arch] (other sizes of the same architecture)."""
-    if arch == "qwen3_5_moe_text":
-        return _qwen3_5_moe_weights(seed, config)
+    if arch in ("qwen3_5_moe_text", "qwen3_5_text"):
+        return _qwen3_5_moe_weights(seed, config or CONFIGS[arch])
     c = config or CONFIGS[arch]
     rng = np.random.default_rng(seed)
     if c["model_type"] == "gemma4_text":
@@ -251,7 +263,13 @@ def _qwen3_5_moe_weights(seed: int, config: dict | None = None) -> dict[str, np.
     nk, nv = c["linear_num_key_heads"], c["linear_num_value_heads"]
     dk, dv = c["linear_key_head_dim"], c["linear_value_head_dim"]
     conv_dim = 2 * nk * dk + nv * dv
-    e, f, fs = c["num_experts"], c["moe_intermediate_size"], c["shared_expert_intermediate_size"]
+    dense = "num_experts" not in c  # Qwen3.5 (dense): a SwiGLU MLP per layer
+    if not dense:
+        e, f, fs = (
+            c["num_experts"],
+            c["moe_intermediate_size"],
+            c["shared_expert_intermediate_size"],
+        )
 
     def norm(n: int) -> np.ndarray:  # stored w of (1 + w)
         return 0.1 * rng.normal(size=n)
@@ -288,6 +306,12 @@ def _qwen3_5_moe_weights(seed: int, config: dict | None = None) -> dict[str, np.
             w[a + "q_norm.weight"] = norm(hd)
             w[a + "k_norm.weight"] = norm(hd)
         m = p + "mlp."
+        if dense:
+            ff = c["intermediate_size"]
+            w[m + "gate_proj.weight"] = mat(ff, h)
+            w[m + "up_proj.weight"] = mat(ff, h)
+            w[m + "down_proj.weight"] = mat(h, ff, scale=0.1)
+            continue
         w[m + "gate.weight"] = mat(e, h, scale=0.3)
         w[m + "experts.gate_up_proj"] = mat(e, 2 * f, h)
         w[m + "experts.down_proj"] = mat(e, h, f)

@@ -78,6 +78,9 @@ _LAYER = {
     "mlp.shared_expert.gate_proj": "ffn_gate_shexp",
     "mlp.shared_expert.up_proj": "ffn_up_shexp",
     "mlp.shared_expert.down_proj": "ffn_down_shexp",
+    "mlp.gate_proj": "ffn_gate",  # dense Qwen3.5's MLP
+    "mlp.up_proj": "ffn_up",
+    "mlp.down_proj": "ffn_down",
 }
 _MTP = {
     "mtp.fc.weight": "nextn.eh_proj.weight",
@@ -96,13 +99,15 @@ def _tiled(x: np.ndarray, axis: int, head_dim: int) -> np.ndarray:
     return np.ascontiguousarray(np.swapaxes(y, axis, axis + 1)).reshape(shape)
 
 
-def text_tensors(mtp: bool = True) -> dict[str, np.ndarray]:
+def text_tensors(mtp: bool = True, dense: bool = False) -> dict[str, np.ndarray]:
     """The text model's (and MTP head's) tensors under llama.cpp's names, float32, converted
-    as the converter converts them, in numpy's (row-major, outermost first) shapes."""
+    as the converter converts them, in numpy's (row-major, outermost first) shapes. `dense`:
+    the dense Qwen3.5 (tiny_models' qwen3_5_text, no MTP head)."""
     n = TEXT["num_hidden_layers"]
     dv = TEXT["linear_value_head_dim"]
     kw = TEXT["linear_num_key_heads"] * TEXT["linear_key_head_dim"]
-    src = dict(weights("qwen3_5_moe_text"))
+    src = dict(weights("qwen3_5_text" if dense else "qwen3_5_moe_text"))
+    mtp = mtp and not dense
     if mtp:
         for k, v in qwen3_5_moe_mtp_weights().items():
             if k.startswith("mtp.layers.0."):
@@ -188,6 +193,7 @@ def write_qwen35moe_gguf(
     vocabulary: dict[int, tuple[str, int]] | None = None,
     merges: list[str] | None = None,
     template: str = TEMPLATE,
+    dense: bool = False,
 ) -> Path:
     """The tiny Qwen3.5-MoE as `convert_hf_to_gguf.py --outtype f32` writes it (its keys, in
     its order). `quant` "Q8_0": 2-D and 3-D weights whose rows fill 32-value blocks in Q8_0,
@@ -195,28 +201,37 @@ def write_qwen35moe_gguf(
     rows (48 wide) in F32/F16. `tensor_data(name, values)` may return (data, raw type) to
     store a tensor its own way (write_exact_twin). `mtp`: with the MTP block. `vocabulary`
     {id: (token, llama.cpp type)}, `merges` and `template` replace those of the converted
-    tokenizer (a served test's byte-level words)."""
+    tokenizer (a served test's byte-level words). `dense`: the dense Qwen3.5 as `qwen35`
+    (converted with `--no-mtp`: the tiny dense checkpoint has no head)."""
     from gguf import GGMLQuantizationType, GGUFWriter, quantize
 
-    c = TEXT
+    c = CONFIGS["qwen3_5_text"] if dense else TEXT
+    mtp = mtp and not dense
+    arch = "qwen35" if dense else ARCH
     n = c["num_hidden_layers"]
-    w = GGUFWriter(str(path), ARCH)
+    w = GGUFWriter(str(path), arch)
     w.add_type("model")
     w.add_block_count(n + (1 if mtp else 0))
     w.add_context_length(c["max_position_embeddings"])
     w.add_embedding_length(c["hidden_size"])
+    if dense:
+        w.add_feed_forward_length(c["intermediate_size"])
     w.add_head_count(c["num_attention_heads"])
     w.add_head_count_kv(c["num_key_value_heads"])
-    w.add_rope_dimension_sections([*MROPE_SECTION, 0])
+    # The text-only dense checkpoint names no mrope_section: the converter writes Qwen3.5's
+    # default (which changes nothing for text rows, t = h = w).
+    w.add_rope_dimension_sections([11, 11, 10, 0] if dense else [*MROPE_SECTION, 0])
     w.add_rope_freq_base(c["rope_parameters"]["rope_theta"])
     w.add_layer_norm_rms_eps(c["rms_norm_eps"])
-    w.add_expert_count(c["num_experts"])
-    w.add_expert_used_count(c["num_experts_per_tok"])
+    if not dense:
+        w.add_expert_count(c["num_experts"])
+        w.add_expert_used_count(c["num_experts_per_tok"])
     w.add_key_length(c["head_dim"])
     w.add_value_length(c["head_dim"])
     w.add_file_type({"F32": 0, "Q8_0": 7}[quant])
-    w.add_expert_feed_forward_length(c["moe_intermediate_size"])
-    w.add_expert_shared_feed_forward_length(c["shared_expert_intermediate_size"])
+    if not dense:
+        w.add_expert_feed_forward_length(c["moe_intermediate_size"])
+        w.add_expert_shared_feed_forward_length(c["shared_expert_intermediate_size"])
     if mtp:
         w.add_nextn_predict_layers(1)
     w.add_ssm_conv_kernel(c["linear_conv_kernel_dim"])
@@ -225,8 +240,8 @@ def write_qwen35moe_gguf(
     w.add_ssm_time_step_rank(c["linear_num_value_heads"])
     w.add_ssm_inner_size(c["linear_value_head_dim"] * c["linear_num_value_heads"])
     recurrent = [t == "linear_attention" for t in c["layer_types"]] + ([False] if mtp else [])
-    w.add_array(f"{ARCH}.attention.recurrent_layers", recurrent)
-    w.add_uint32(f"{ARCH}.full_attention_interval", 4)
+    w.add_array(f"{arch}.attention.recurrent_layers", recurrent)
+    w.add_uint32(f"{arch}.full_attention_interval", 4)
     w.add_rope_dimension_count(int(c["head_dim"] * c["rope_parameters"]["partial_rotary_factor"]))
     w.add_quantization_version(2)
     tokens, types = _vocabulary()
@@ -242,7 +257,7 @@ def write_qwen35moe_gguf(
     w.add_eos_token_id(SPECIALS["<eos>"])
     w.add_add_bos_token(False)
     w.add_chat_template(template)
-    for name, x in text_tensors(mtp).items():
+    for name, x in text_tensors(mtp, dense).items():
         custom = tensor_data(name, x) if tensor_data else None
         if custom is not None:
             data, raw = custom

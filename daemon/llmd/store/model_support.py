@@ -26,7 +26,8 @@ from gguf import GGMLQuantizationType as T
 # (native/mlx/model_registry.cpp). Gemma 3 is `gemma3` in GGUF and in multimodal configs (whose
 # text_config is a `gemma3_text`), `gemma3_text` in text-only configs; Gemma 4 likewise;
 # Qwen3.5-MoE is `qwen3_5_moe` (multimodal) and `qwen3_5_moe_text` in configs, `qwen35moe` in
-# GGUF (llama.cpp's converter; its vision tower is a `qwen3vl_merger` mmproj beside it).
+# GGUF (llama.cpp's converter; its vision tower is a `qwen3vl_merger` mmproj beside it); the
+# dense Qwen3.5 likewise `qwen3_5`, `qwen3_5_text` and `qwen35`.
 SUPPORTED_ARCHITECTURES: tuple[str, ...] = (
     "llama",
     "qwen2",
@@ -36,6 +37,9 @@ SUPPORTED_ARCHITECTURES: tuple[str, ...] = (
     "qwen3_5_moe",
     "qwen3_5_moe_text",
     "qwen35moe",
+    "qwen3_5",
+    "qwen3_5_text",
+    "qwen35",
     "gemma4",
     "gemma4_text",
     # encoders (embedding only): BERT / XLM-RoBERTa (GGUF `bert` holds both), nomic-bert
