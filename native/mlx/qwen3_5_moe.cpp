@@ -1,7 +1,9 @@
 // Qwen3.5-MoE text decoder (Hugging Face `qwen3_5_moe_text` / Qwen3_5MoeForCausalLM, and the
 // language model of the multimodal `qwen3_5_moe` / Qwen3_5MoeForConditionalGeneration, whose
-// nested text_config is what we serve). Hybrid layers (config layer_types, by default three of
-// every four linear):
+// nested text_config is what we serve; llama.cpp's `qwen35moe` GGUF, load_qwen35_gguf), and the
+// dense Qwen3.5 (`qwen3_5_text` / `qwen3_5`, GGUF `qwen35`): the same layers with a SwiGLU MLP
+// where the MoE block is. Hybrid layers (config layer_types, by default three of every four
+// linear):
 //  - "linear_attention": a gated delta-rule linear attention (Gated DeltaNet). One projection
 //    gives q|k|v (through a short causal depthwise convolution and SiLU), the output gate z,
 //    and per value head beta (sigmoid) and the decay g = -exp(A_log) * softplus(a + dt_bias).
@@ -12,7 +14,8 @@
 //  - "full_attention": attention whose q_proj also yields a per-head output gate (sigmoid),
 //    QK-norm, RoPE on the first partial_rotary_factor of each head (rotate-half), GQA.
 //  - every layer: a sparse MoE block: softmax router, top-k experts (weights renormalised to
-//    sum 1), SwiGLU experts, plus a shared SwiGLU expert scaled by sigmoid(shared_expert_gate).
+//    sum 1), SwiGLU experts, plus a shared SwiGLU expert scaled by sigmoid(shared_expert_gate)
+//    (the dense model: one SwiGLU MLP).
 // Norms are RMSNorm times (1 + w) (the 1 folded in at load), except the gated norm above.
 //
 // Multimodal RoPE (mrope_section): each rotated frequency takes its angle from the temporal,
