@@ -34,7 +34,7 @@ native = pytest.importorskip("llmd._engine", reason="the native engine (llmd._en
 
 FIXTURES = Path(__file__).parents[1] / "fixtures"
 IMAGES = np.load(FIXTURES / "gemma3_images_transformers.npz")
-CASES = ["pan_crops_too_small", "small_tiny_upscaled"]  # 21 and 8 image tokens: within the context
+CASES = ["pan_crops_too_small", "small_tiny_upscaled"]  # 24 and 12 image tokens: within the context
 REPO = "test-org/tiny-qwen3.5-vision-GGUF"
 MODEL = f"hf.co/{REPO}:F32"
 F16_TOLERANCE = 2e-3  # the served worker keeps KV in float16

@@ -80,3 +80,30 @@ def test_prompt_layout() -> None:
     assert f"{VISION_START}{IMAGE_PAD * 3}{VISION_END}hi{VISION_START}{IMAGE_PAD * 2}" in out
     with pytest.raises(ValueError, match="2 image markers for 1 images"):
         expand_image_markers(rendered, [3])
+
+
+def test_mmproj_settings_bound_images_as_llama_cpp_does() -> None:
+    """An mmproj keeps no pixel limits: llama.cpp's clip.cpp bounds Qwen-VL images to 8..4096
+    merged tokens, and so does llmd for such a file (the released patch 16, merge 2: 8192 to
+    4,194,304 pixels). A 7x5 image is upscaled to 24x32 pixels, 12 tokens, what llama-server laid out for it
+    from the tiny mmproj (tests/native/tiny_qwen35_gguf.py's, patch 4), measured."""
+    released = QwenImageConfig.from_mmproj(
+        {
+            "clip.projector_type": "qwen3vl_merger",
+            "clip.vision.patch_size": 16,
+            "clip.vision.spatial_merge_size": 2,
+            "clip.vision.image_mean": [0.5, 0.5, 0.5],
+            "clip.vision.image_std": [0.5, 0.5, 0.5],
+        }
+    )
+    assert (released.min_pixels, released.max_pixels) == (8 * 32 * 32, 4096 * 32 * 32)
+    tiny = QwenImageConfig.from_mmproj(
+        {"clip.projector_type": "qwen3vl_merger", "clip.vision.patch_size": 4}
+    )
+    images = np.load(IMAGES)
+    pixels = decode_image(images["small_tiny_upscaled.png"].tobytes(), "p").pixels
+    assert pixels.size == (7, 5)
+    _, (_, h, w) = preprocess(pixels, tiny)
+    assert (h // 2, w // 2) == (3, 4)
+    with pytest.raises(ValueError, match="not Qwen3.5's"):
+        QwenImageConfig.from_mmproj({"clip.projector_type": "gemma3"})
