@@ -34,7 +34,7 @@ native = pytest.importorskip("llmd._engine")
 FIXTURE = Path(__file__).parents[1] / "fixtures" / "gemma4_vision_transformers.npz"
 IMAGES = Path(__file__).parents[1] / "fixtures" / "gemma3_images_transformers.npz"
 TOLERANCE = 1e-4
-F16_TOLERANCE = 2e-3
+F16_TOLERANCE = 4e-3
 
 
 @pytest.fixture(scope="module")
@@ -129,7 +129,7 @@ def test_image_prompt_logits_match_transformers(
     each image's 60 rows kept in one of them (they see one another)."""
     ref = np.load(FIXTURE)
     prompt, embedded = _image_prompt(checkpoint, backend)
-    assert [(first, bidir) for first, _, bidir in embedded] == [(5, True), (68, True)]
+    assert [(first, bidir) for first, _, bidir in embedded] == [(5, True), (69, True)]
     lp, done = vs.first_logprobs(
         vs.engine(checkpoint, backend, step_token_budget=budget), "a", prompt, embedded
     )
@@ -172,14 +172,26 @@ def test_causal_images_prefill_in_chunks_through_an_image(
     assert np.abs(logprobs[1] - vs.log_softmax(ref["causal_next_logits"])).max() / scale < TOLERANCE
 
 
-def test_same_images_reuse_the_cache(checkpoint: Path) -> None:
+def test_same_images_reuse_the_cache_and_other_images_do_not(checkpoint: Path) -> None:
+    """The same images again: their rows come from the prefix cache (Gemma 4 reuses whole
+    64-row KV blocks, here two: the first image and all but the last row of the second, as a
+    text prompt of the same length reuses) and the answer is the same. The images swapped:
+    other surrogate ids from the first image on, so nothing past the text before it."""
     engine = vs.engine(checkpoint)
     prompt, embedded = _image_prompt(checkpoint)
     first, done = vs.first_logprobs(engine, "a", prompt, embedded)
     assert done["cached_tokens"] == 0
     again, done = vs.first_logprobs(engine, "b", prompt, embedded)
-    assert done["cached_tokens"] == len(prompt) - 1
+    assert done["cached_tokens"] == 128
     assert np.abs(again - first).max() < 1e-5
+    swapped = [
+        (first_row, emb, bidir)
+        for (first_row, _, bidir), (_, emb, _) in zip(embedded, embedded[::-1], strict=True)
+    ]
+    other = list(prompt)
+    other[5:65], other[69:129] = prompt[69:129], prompt[5:65]
+    _, done = vs.first_logprobs(engine, "c", other, swapped)
+    assert done["cached_tokens"] < 5
 
 
 def test_worker_takes_gemma4_images(checkpoint: Path) -> None:
@@ -198,10 +210,11 @@ def test_worker_takes_gemma4_images(checkpoint: Path) -> None:
         top = dict(tokens[0]["logprobs"][0]["top"])
         want = vs.log_softmax(ref["logits"][-1])
         scale = float(np.abs(ref["logits"][-1]).max())
-        # The worker keeps KV in float16 (2^-11 relative rounding per key and value).
+        # The worker keeps KV in float16 (2^-11 relative rounding per key and value): 2.7e-3
+        # here, the same as the engine with float16 KV in process (Gemma 3's model: < 2e-3).
         assert max(abs(v - want[t]) for t, v in top.items()) / scale < F16_TOLERANCE
         bad = [vs.image_input(np.zeros((4, 9, 48), dtype=np.float32))] * 2
         _, err = vs.worker_turn(proc, "b", prompt, bad)
         assert err["type"] == "error" and "the grid in multiples of 3" in err["message"]
         _, again = vs.worker_turn(proc, "c", prompt, images)
-        assert again["type"] == "done" and again["cached_tokens"] == len(prompt) - 1
+        assert again["type"] == "done" and again["cached_tokens"] == 128
