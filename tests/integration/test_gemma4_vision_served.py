@@ -32,8 +32,9 @@ ollama = pytest.importorskip("ollama")
 pytest.importorskip("llmd._engine", reason="the native engine (llmd._engine) is not built")
 
 FIXTURES = Path(__file__).parents[1] / "fixtures"
-# The served worker keeps KV in float16 (2^-11 relative rounding per key and value).
-F16_TOLERANCE = 2e-3
+# The served worker keeps KV in float16 (2^-11 relative rounding per key and value): on this
+# model up to 2.7e-3 of the largest logit over the whole vocabulary (test_gemma4_vision.py).
+F16_TOLERANCE = 4e-3
 TEMPLATE = (
     "{{ bos_token }}{% for m in messages %}{% if m.content is string %}{{ m.content }} "
     "{% else %}{% for c in m.content %}{% if c.type == 'image' %}<|image|>"
