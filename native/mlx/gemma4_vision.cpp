@@ -184,7 +184,8 @@ class Gemma4VisionTower : public VisionTower {
         kk = mx::repeat(kk, H / c_.kv_heads, 1);
         v = mx::repeat(v, H / c_.kv_heads, 1);
       }
-      mx::array a = on_device_ || !supports_encoder_attention(hd) ? sdpa(q, kk, v, grids) : host_attention(q, kk, v, spans);
+      const bool host = !on_device_ && supports_encoder_attention(hd);
+      mx::array a = host ? host_attention(q, kk, v, spans) : sdpa(q, kk, v, grids);
       x = mx::add(x, mx::fast::rms_norm(L.o(a), L.post_attn_norm, c_.eps));
       y = mx::fast::rms_norm(x, L.pre_ffn_norm, c_.eps);
       // The host backend: llmd's vectorized GELU (MLX's CPU tanh runs one float at a time).
