@@ -51,6 +51,11 @@ struct Gemma4Config {
   int top_k = 0;
   int moe_ffn = 0;
   float final_softcap = 0.f;
+  // Images: the token whose per-layer embedding image rows take (transformers looks the
+  // multimodal rows up as pad_token_id), and whether an image's rows see the whole image on
+  // the sliding layers (use_bidirectional_attention "vision"; full layers stay causal).
+  int pad_token = 0;
+  bool image_bidirectional = false;
 
   int head_dim(int l) const { return sliding[l] ? dims.head_dim : global_head_dim; }
   int kv_heads(int l) const { return sliding[l] ? dims.n_kv_heads : global_kv_heads; }
@@ -141,6 +146,9 @@ class Gemma4Model : public Model {
 
   std::map<std::string, uint64_t> attention_paths() const override { return device_.attention_paths(); }
 
+  // Images (gemma4_vision.cpp's rows): both backends' attention honour their bidirectional rows.
+  bool accepts_embeddings() const override { return true; }
+
   std::map<std::string, std::string> matmul_paths() const override {
     std::map<std::string, std::string> paths = decoder_matmul_paths(layers_, lm_head_);
     if (cfg_.ple_dim > 0) paths["per_layer_model_proj"] = ple_model_proj_.path();
@@ -172,6 +180,12 @@ class Gemma4Model : public Model {
     std::shared_ptr<AttentionBatch> global = rows.batch;
     auto local = std::make_shared<AttentionBatch>(*global);
     local->window = cfg_.sliding_window;
+    // An image's rows see past themselves only where transformers' mask lets them: on the
+    // sliding layers with use_bidirectional_attention "vision", never on the full layers.
+    for (auto& seg : global->segments) seg.attend_to.clear();
+    if (!cfg_.image_bidirectional) {
+      for (auto& seg : local->segments) seg.attend_to.clear();
+    }
     if (!device_.on_device()) {  // host cos/sin for the CPU backend; the device path uses mx::fast::rope
       global->build_rope_tables(*global_rope_);
       local->build_rope_tables(*local_rope_);
@@ -239,7 +253,13 @@ class Gemma4Model : public Model {
     const int T = x.shape(0), LP = cfg_.dims.n_layers * P;
     std::vector<int32_t> tokens;
     tokens.reserve(T);
-    for (const StepSegment& seg : step.segments) tokens.insert(tokens.end(), seg.tokens.begin(), seg.tokens.end());
+    for (const StepSegment& seg : step.segments) {
+      for (size_t i = 0; i < seg.tokens.size(); ++i) {
+        // Image rows (surrogate ids) take the pad token's per-layer embedding, as transformers'.
+        const bool image = !seg.embeddings.empty() && seg.embeddings[i] != nullptr;
+        tokens.push_back(image ? cfg_.pad_token : seg.tokens[i]);
+      }
+    }
     std::vector<float> table(static_cast<size_t>(T) * LP);
     ple_embed_.lookup(tokens, table.data(), std::sqrt(static_cast<float>(P)));
     mx::array tok(table.begin(), {T, LP}, mx::float32);
@@ -415,6 +435,11 @@ std::unique_ptr<Model> load_gemma4_safetensors(const std::string& dir, const Met
   if (bidir == "all") {
     throw std::runtime_error("gemma4 with use_bidirectional_attention 'all' (an embedding model) is not supported");
   }
+  if (!bidir.empty() && bidir != "vision") {
+    throw std::runtime_error("gemma4 use_bidirectional_attention '" + bidir + "' is not supported");
+  }
+  c.image_bidirectional = bidir == "vision";
+  c.pad_token = static_cast<int>(hf.get_int("pad_token_id").value_or(0));
   require_gelu_tanh(hf, "gemma4");
   c.sliding_window = static_cast<int>(hf.get_int("sliding_window").value_or(512));
   c.sliding = hf_sliding_layers(hf, d.n_layers, 6, "gemma4");  // transformers' default 5:1

@@ -20,6 +20,7 @@
 
 #include "decoder.h"
 #include "encoder_ops.h"
+#include "gemma4_vision.h"
 #include "qwen_vision.h"
 
 namespace llmd {
@@ -419,6 +420,7 @@ std::unique_ptr<VisionTower> load_vision_tower(const std::string& dir, const Met
   const std::string type = config.get_string("model_type").value_or("");
   if (type == "gemma3") return load_gemma3_vision(dir, config, options);
   if (type == "qwen3_5_moe" || type == "qwen3_5") return load_qwen_vision(dir, config, options);
+  if (type == "gemma4") return load_gemma4_vision(dir, config, options);
   throw std::runtime_error("llmd cannot run the vision tower of model type '" + type + "' yet");
 }
 

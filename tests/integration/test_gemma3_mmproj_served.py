@@ -116,14 +116,15 @@ def pulled(server, hub: FakeHub) -> str:  # type: ignore[no-untyped-def]
 def _reference(model: Path, image: str) -> np.ndarray:
     """First-token log-probabilities of PROMPT with transformers' embeddings of `image`."""
     from llmd.worker.vision import gemma3_layout, layout_images
-    from tests.native.test_gemma3_vision import _first_logprobs, _pixels
+    from tests.native.test_gemma3_vision import _pixels
+    from tests.native.vision_scaffold import first_logprobs
 
     pixels = _pixels([image])
     ids, embedded = layout_images(
         PROMPT, [REF[f"{image}.embeddings"]], list(pixels), gemma3_layout(GEMMA3_MULTIMODAL)
     )
     engine = native.Engine(str(model), context_length=256, max_sequences=2, kv_type="f32")
-    return _first_logprobs(engine, "ref", ids, embedded)[0]
+    return first_logprobs(engine, "ref", ids, embedded)[0]
 
 
 def test_pull_fetches_the_mmproj_into_the_manifest(server, hub: FakeHub, pulled: str) -> None:  # type: ignore[no-untyped-def]

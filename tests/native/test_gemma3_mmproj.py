@@ -23,7 +23,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from .test_gemma3_vision import FIXTURE, TOLERANCE, _first_logprobs, _pixels, _rel
+from . import vision_scaffold as vs
+from .test_gemma3_vision import FIXTURE, TOLERANCE, _pixels
 from .tiny_models import CONFIGS, GEMMA3_MULTIMODAL, write_gemma3_multimodal, write_gguf
 
 native = pytest.importorskip("llmd._engine")
@@ -46,8 +47,8 @@ def test_llamacpp_mmproj_embeddings_match_transformers(backend: str) -> None:
     out = tower.encode(_pixels(names))
     assert out.shape == (2, 16, 64)
     for i, name in enumerate(names):
-        assert _rel(out[i], ref[f"{name}.embeddings"]) < TOLERANCE, name
-    assert _rel(out[0], out[1]) > 0.1
+        assert vs.rel(out[i], ref[f"{name}.embeddings"]) < TOLERANCE, name
+    assert vs.rel(out[0], out[1]) > 0.1
 
 
 def test_written_mmproj_is_what_llamacpp_writes(tmp_path: Path) -> None:
@@ -88,7 +89,7 @@ def test_f32_mmproj_encodes_as_the_checkpoint_does(tmp_path: Path) -> None:
     pixels = _pixels(_names())
     ours = native.VisionTower(str(tmp_path / "mmproj.gguf"), {}).encode(pixels)
     hf_tower = native.VisionTower(str(tmp_path / "hf"), multimodal_config(str(tmp_path / "hf")))
-    assert _rel(ours, hf_tower.encode(pixels)) < 1e-5
+    assert vs.rel(ours, hf_tower.encode(pixels)) < 1e-5
 
 
 @pytest.mark.parametrize("backend", ["cpu", "mlx-cpu"])
@@ -105,7 +106,7 @@ def test_q8_0_mmproj_stays_close_to_transformers(tmp_path: Path, backend: str) -
     tower = native.VisionTower(str(tmp_path / "mmproj-Q8_0.gguf"), {}, backend=backend)
     out = tower.encode(_pixels(names))
     for i, name in enumerate(names):
-        assert _rel(out[i], ref[f"{name}.embeddings"]) < 2e-2, name
+        assert vs.rel(out[i], ref[f"{name}.embeddings"]) < 2e-2, name
 
 
 def test_head_size_off_the_kernels_multiple_encodes_as_mlx_sdpa(tmp_path: Path) -> None:
@@ -122,10 +123,10 @@ def test_head_size_off_the_kernels_multiple_encodes_as_mlx_sdpa(tmp_path: Path) 
     host = native.VisionTower(str(tmp_path / "mmproj.gguf"), {}, backend="cpu").encode(pixels)
     sdpa = native.VisionTower(str(tmp_path / "mmproj.gguf"), {}, backend="mlx-cpu").encode(pixels)
     assert host.shape == (2, 16, 64)
-    assert _rel(host, sdpa) < 1e-5
+    assert vs.rel(host, sdpa) < 1e-5
     alone = native.VisionTower(str(tmp_path / "mmproj.gguf"), {}, backend="cpu").encode(pixels[1:])
-    assert _rel(host[1], alone[0]) < 1e-5
-    assert _rel(host[0], host[1]) > 0.1
+    assert vs.rel(host[1], alone[0]) < 1e-5
+    assert vs.rel(host[0], host[1]) > 0.1
 
 
 def test_mmproj_of_another_projector_is_refused(tmp_path: Path) -> None:
@@ -176,7 +177,7 @@ def test_gguf_model_with_mmproj_answers_as_with_transformers_embeddings(
         engine = native.Engine(  # one engine each: the same image ids would hit its cache
             str(model), context_length=256, max_sequences=8, backend=backend, kv_type="f32"
         )
-        return _first_logprobs(engine, "a", prompt, embedded)[0]
+        return vs.first_logprobs(engine, "a", prompt, embedded)[0]
 
     tower = native.VisionTower(str(LLAMACPP_MMPROJ), {}, backend=backend)
     ours = first_logprobs(list(tower.encode(pixels)))

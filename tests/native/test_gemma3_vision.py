@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from . import vision_scaffold as vs
 from .tiny_models import GEMMA3_VISION, write_gemma3_multimodal
 
 native = pytest.importorskip("llmd._engine")
@@ -30,14 +31,6 @@ FIXTURE = Path(__file__).parents[1] / "fixtures" / "gemma3_vision_transformers.n
 IMAGES = Path(__file__).parents[1] / "fixtures" / "gemma3_images_transformers.npz"
 TOLERANCE = 1e-4
 F16_TOLERANCE = 2e-3
-
-
-def _tower(path: Path, backend: str):  # type: ignore[no-untyped-def]
-    from llmd.worker.host import multimodal_config
-
-    config = multimodal_config(str(path))
-    assert config is not None
-    return native.VisionTower(str(path), config, backend=backend)
 
 
 def _pixels(names: list[str]) -> np.ndarray:
@@ -58,10 +51,6 @@ def _pixels(names: list[str]) -> np.ndarray:
     return np.stack(out)
 
 
-def _rel(ours: np.ndarray, ref: np.ndarray) -> float:
-    return float(np.abs(ours - ref).max() / np.abs(ref).max())
-
-
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("gemma3_mm")
@@ -77,15 +66,15 @@ def test_image_embeddings_match_transformers(checkpoint: Path, backend: str) -> 
     # Same pixels as transformers' processor saw, so a mismatch below is the tower's.
     for i, name in enumerate(names):
         assert np.abs(pixels[i] - ref[f"{name}.pixels"]).max() < 1e-6
-    tower = _tower(checkpoint, backend)
+    tower = vs.tower(checkpoint, backend)
     assert (tower.architecture, tower.image_size) == ("gemma3", GEMMA3_VISION["image_size"])
     assert (tower.tokens_per_image, tower.hidden_size) == (16, 64)
     out = tower.encode(pixels)  # both images in one batched pass
     assert out.shape == (2, 16, 64)
     for i, name in enumerate(names):
-        assert _rel(out[i], ref[f"{name}.embeddings"]) < TOLERANCE, name
+        assert vs.rel(out[i], ref[f"{name}.embeddings"]) < TOLERANCE, name
     # The two images differ, and so do their embeddings (nothing collapsed to a constant).
-    assert _rel(out[0], out[1]) > 0.1
+    assert vs.rel(out[0], out[1]) > 0.1
 
 
 def test_an_image_encodes_the_same_alone_or_batched(checkpoint: Path) -> None:
@@ -94,7 +83,7 @@ def test_an_image_encodes_the_same_alone_or_batched(checkpoint: Path) -> None:
     ref = np.load(FIXTURE)
     names = json.loads(ref["cases"].tobytes())
     pixels = _pixels(names)
-    tower = _tower(checkpoint, "cpu")
+    tower = vs.tower(checkpoint, "cpu")
     both = tower.encode(pixels)
     for i in range(2):
         alone = tower.encode(pixels[i : i + 1])[0]
@@ -102,7 +91,7 @@ def test_an_image_encodes_the_same_alone_or_batched(checkpoint: Path) -> None:
 
 
 def test_wrong_pixel_shape_is_refused(checkpoint: Path) -> None:
-    tower = _tower(checkpoint, "cpu")
+    tower = vs.tower(checkpoint, "cpu")
     with pytest.raises(ValueError, match=r"pixels must be \[n, 3, 64, 64\]"):
         tower.encode(np.zeros((1, 3, 32, 32), dtype=np.float32))
 
@@ -125,26 +114,12 @@ def test_checkpoint_without_a_vision_tower_is_refused(tmp_path: Path) -> None:
         vision_config=config["vision_config"],
     )
     with pytest.raises(RuntimeError, match="no vision tower"):
-        _tower(tmp_path, "cpu")
+        vs.tower(tmp_path, "cpu")
 
 
 # The engine: image rows spliced into a prompt (worker/vision.py lays them out), against
 # transformers' logits for the fixture's two-image prompt (image tokens attending to their
 # whole image, as transformers' generate does with the processor's token_type_ids).
-
-
-def _engine(path: Path, backend: str = "cpu", **kw):  # type: ignore[no-untyped-def]
-    from llmd.worker.host import hf_config
-
-    kw.setdefault("kv_type", "f32")  # float32 references at 1e-4 (see test_architectures)
-    return native.Engine(
-        str(path),
-        context_length=256,
-        max_sequences=8,
-        backend=backend,
-        hf_config=hf_config(str(path)),
-        **kw,
-    )
 
 
 def _image_prompt(checkpoint: Path, order: tuple[int, int] = (0, 1)) -> tuple[list[int], list]:
@@ -153,33 +128,9 @@ def _image_prompt(checkpoint: Path, order: tuple[int, int] = (0, 1)) -> tuple[li
 
     ref = np.load(FIXTURE)
     pixels = _pixels(json.loads(ref["cases"].tobytes()))[list(order)]
-    embeddings = _tower(checkpoint, "cpu").encode(pixels)
+    embeddings = vs.tower(checkpoint, "cpu").encode(pixels)
     layout = gemma3_layout(multimodal_config(str(checkpoint)) or {})
     return layout_images(ref["prompt_ids"].tolist(), list(embeddings), list(pixels), layout)
-
-
-def _first_logprobs(engine, rid: str, prompt: list[int], embedded: list) -> tuple[np.ndarray, dict]:  # type: ignore[no-untyped-def]
-    """Log-probabilities of the whole vocabulary for the first generated token, and the done
-    event."""
-    engine.submit(rid, prompt, 1, top_logprobs=128, embedded=embedded)
-    lp, done = None, None
-    while done is None:
-        for ev in engine.poll(1000):
-            assert ev["type"] != "error", ev
-            if ev["type"] == "tokens" and lp is None:
-                lp = np.full(128, -np.inf, dtype=np.float64)
-                for t, v in ev["logprobs"][0]["top"]:
-                    lp[t] = v
-            elif ev["type"] == "done":
-                done = ev
-    assert lp is not None
-    return lp, done
-
-
-def _log_softmax(x: np.ndarray) -> np.ndarray:
-    x = x.astype(np.float64)
-    m = x.max()
-    return x - m - np.log(np.exp(x - m).sum())
 
 
 @pytest.mark.parametrize("budget", [512, 8])
@@ -193,21 +144,21 @@ def test_image_prompt_logits_match_transformers(
     prompt, embedded = _image_prompt(checkpoint)
     assert [first for first, _, _ in embedded] == [5, 25]
     assert all(t < 0 for t in prompt[5:21]) and prompt[4] == 125 and prompt[21] == 126
-    engine = _engine(checkpoint, backend, step_token_budget=budget)
-    lp, done = _first_logprobs(engine, "a", prompt, embedded)
-    want = _log_softmax(ref["logits"][-1])
+    engine = vs.engine(checkpoint, backend, step_token_budget=budget)
+    lp, done = vs.first_logprobs(engine, "a", prompt, embedded)
+    want = vs.log_softmax(ref["logits"][-1])
     scale = float(np.abs(ref["logits"][-1]).max())
     assert np.abs(lp - want).max() / scale < TOLERANCE
     assert done["prompt_tokens"] == len(prompt)
     # Plain causal attention over the image rows gives other logits: the test can tell.
-    assert np.abs(lp - _log_softmax(ref["causal_logits"][-1])).max() / scale > 1e-2
+    assert np.abs(lp - vs.log_softmax(ref["causal_logits"][-1])).max() / scale > 1e-2
 
 
 def test_same_image_reuses_the_cache_and_another_does_not(checkpoint: Path) -> None:
-    engine = _engine(checkpoint)
+    engine = vs.engine(checkpoint)
     prompt, embedded = _image_prompt(checkpoint)
-    first, _ = _first_logprobs(engine, "a", prompt, embedded)
-    again, done = _first_logprobs(engine, "b", prompt, embedded)
+    first, _ = vs.first_logprobs(engine, "a", prompt, embedded)
+    again, done = vs.first_logprobs(engine, "b", prompt, embedded)
     # The second turn with the same images prefills nothing but its last row.
     assert done["cached_tokens"] == len(prompt) - 1
     assert np.abs(again - first).max() < 1e-5
@@ -215,7 +166,7 @@ def test_same_image_reuses_the_cache_and_another_does_not(checkpoint: Path) -> N
     # from another image, so the cache stops where that image starts.
     other, other_runs = _image_prompt(checkpoint, order=(0, 0))
     assert other[:25] == prompt[:25] and other[25:41] != prompt[25:41]
-    _, done = _first_logprobs(engine, "c", other, other_runs)
+    _, done = vs.first_logprobs(engine, "c", other, other_runs)
     assert done["cached_tokens"] == 25
 
 
@@ -228,39 +179,11 @@ def test_image_rows_are_refused_where_the_model_cannot_take_them(
 
     prompt, embedded = _image_prompt(checkpoint)
     write_checkpoint(tmp_path, "qwen3")
-    engine = _engine(tmp_path)
+    engine = vs.engine(tmp_path)
     engine.submit("a", prompt, 1, embedded=embedded)  # qwen3's hidden size is 64 too
     events = engine.poll(5000)
     assert [e["type"] for e in events] == ["error"]
     assert "cannot take image" in events[0]["message"]
-
-
-def _image_input(pixels: np.ndarray) -> dict:
-    import base64
-
-    data = np.ascontiguousarray(pixels, dtype="<f4").tobytes()
-    return {"pixels": base64.b64encode(data).decode(), "shape": list(pixels.shape)}
-
-
-def _worker_turn(proc, rid: str, prompt: list[int], images: list[dict]) -> tuple[list, dict]:  # type: ignore[no-untyped-def]
-    from .conftest import read_event, send
-
-    send(
-        proc,
-        {
-            "type": "generate",
-            "id": rid,
-            "prompt": prompt,
-            "max_tokens": 1,
-            "sampling": {"top_logprobs": 127},
-            "images": images,
-        },
-    )
-    tokens: list = []
-    while (event := read_event(proc))["type"] not in ("done", "error"):
-        if event["type"] == "tokens":
-            tokens.append(event)
-    return tokens, event
 
 
 def test_worker_takes_images_with_the_request(checkpoint: Path) -> None:
@@ -274,22 +197,22 @@ def test_worker_takes_images_with_the_request(checkpoint: Path) -> None:
     names = json.loads(ref["cases"].tobytes())
     pixels = _pixels(names)
     prompt = ref["prompt_ids"].tolist()  # the placeholders as the daemon's tokenizer writes them
-    images = [_image_input(p) for p in pixels]
+    images = [vs.image_input(p) for p in pixels]
     with worker_process(checkpoint, "cpu") as (proc, ready):
         assert "vision" in ready["features"]
-        tokens, done = _worker_turn(proc, "a", prompt, images)
+        tokens, done = vs.worker_turn(proc, "a", prompt, images)
         assert done["type"] == "done", done
         top = dict(tokens[0]["logprobs"][0]["top"])
-        want = _log_softmax(ref["logits"][-1])
+        want = vs.log_softmax(ref["logits"][-1])
         scale = float(np.abs(ref["logits"][-1]).max())
         # The worker keeps KV in float16 (2^-11 relative rounding per key and value).
         assert max(abs(v - want[t]) for t, v in top.items()) / scale < F16_TOLERANCE
-        _, again = _worker_turn(proc, "b", prompt, images)
+        _, again = vs.worker_turn(proc, "b", prompt, images)
         assert again["cached_tokens"] == len(prompt) - 1
-        bad = [_image_input(np.zeros((3, 32, 32), dtype=np.float32))] * 2
-        _, err = _worker_turn(proc, "c", prompt, bad)
+        bad = [vs.image_input(np.zeros((3, 32, 32), dtype=np.float32))] * 2
+        _, err = vs.worker_turn(proc, "c", prompt, bad)
         assert err["type"] == "error" and "this model reads [3, 64, 64]" in err["message"]
-        _, err = _worker_turn(proc, "d", prompt, images[:1])
+        _, err = vs.worker_turn(proc, "d", prompt, images[:1])
         assert err["type"] == "error" and "more image runs than the 1 images" in err["message"]
         # Two requests at once (encoded on the image thread, together when both wait), and a
         # cancel of a third that has images: each ends as it would alone.
@@ -336,7 +259,7 @@ def test_text_only_worker_refuses_images(tmp_path: Path) -> None:
     pixels = np.zeros((3, 64, 64), dtype=np.float32)
     with worker_process(tmp_path, "cpu") as (proc, ready):
         assert "vision" not in ready["features"]
-        _, err = _worker_turn(proc, "a", [1, 5, 127, 9], [_image_input(pixels)])
+        _, err = vs.worker_turn(proc, "a", [1, 5, 127, 9], [vs.image_input(pixels)])
         assert err["type"] == "error" and err["code"] == "model_cannot_see"
 
 
@@ -350,11 +273,11 @@ def test_device_backend_worker_sees(checkpoint: Path) -> None:
     pixels = _pixels(json.loads(ref["cases"].tobytes()))
     with worker_process(checkpoint, "mlx-cpu") as (proc, ready):
         assert "vision" in ready["features"]
-        tokens, done = _worker_turn(
-            proc, "a", ref["prompt_ids"].tolist(), [_image_input(p) for p in pixels]
+        tokens, done = vs.worker_turn(
+            proc, "a", ref["prompt_ids"].tolist(), [vs.image_input(p) for p in pixels]
         )
         assert done["type"] == "done", done
     top = dict(tokens[0]["logprobs"][0]["top"])
-    want = _log_softmax(ref["logits"][-1])
+    want = vs.log_softmax(ref["logits"][-1])
     scale = float(np.abs(ref["logits"][-1]).max())
     assert max(abs(v - want[t]) for t, v in top.items()) / scale < F16_TOLERANCE

@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from . import vision_scaffold as vs
 from .tiny_models import QWEN3_5_MULTIMODAL, QWEN3_5_PREPROCESSOR, write_qwen3_5_moe_multimodal
 
 native = pytest.importorskip("llmd._engine")
@@ -27,7 +28,6 @@ native = pytest.importorskip("llmd._engine")
 FIXTURE = Path(__file__).parents[1] / "fixtures" / "qwen3_5_vision_transformers.npz"
 IMAGES = Path(__file__).parents[1] / "fixtures" / "gemma3_images_transformers.npz"
 TOLERANCE = 1e-4
-VOCAB = 128
 
 
 @pytest.fixture(scope="module")
@@ -35,14 +35,6 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("qwen3_5_mm")
     write_qwen3_5_moe_multimodal(path)
     return path
-
-
-def _tower(path: Path, backend: str):  # type: ignore[no-untyped-def]
-    from llmd.worker.host import multimodal_config
-
-    config = multimodal_config(str(path))
-    assert config is not None
-    return native.VisionTower(str(path), config, backend=backend)
 
 
 def _images(names: list[str]) -> list[tuple[np.ndarray, tuple[int, int, int]]]:
@@ -55,23 +47,19 @@ def _images(names: list[str]) -> list[tuple[np.ndarray, tuple[int, int, int]]]:
     return [preprocess(decode_image(images[f"{n}.png"].tobytes(), "p").pixels, cfg) for n in names]
 
 
-def _rel(ours: np.ndarray, ref: np.ndarray) -> float:
-    return float(np.abs(ours - ref).max() / np.abs(ref).max())
-
-
 @pytest.mark.parametrize("backend", ["cpu", "mlx-cpu"])
 def test_image_embeddings_match_transformers(checkpoint: Path, backend: str) -> None:
     ref = np.load(FIXTURE)
     names = json.loads(ref["cases"].tobytes())
     images = _images(names)
-    tower = _tower(checkpoint, backend)
+    tower = vs.tower(checkpoint, backend)
     assert (tower.architecture, tower.image_size, tower.hidden_size) == ("qwen3_5_moe", 0, 64)
     assert (tower.patch_values, tower.merge_size) == (96, 2)
     # Both images, of different grids, in one pass.
     out = tower.encode_patches(np.concatenate([p for p, _ in images]), [g for _, g in images])
     assert [o.shape for o in out] == [(12, 64), (10, 64)]
     for emb, name in zip(out, names, strict=True):
-        assert _rel(emb, ref[f"{name}.embeddings"]) < TOLERANCE, name
+        assert vs.rel(emb, ref[f"{name}.embeddings"]) < TOLERANCE, name
     # Alone, an image encodes the same: attention stays inside each image.
     alone = tower.encode_patches(images[1][0], [images[1][1]])[0]
     assert np.abs(alone - out[1]).max() <= 1e-5 * np.abs(out[1]).max()
@@ -83,13 +71,13 @@ def test_a_large_image_matches_transformers(checkpoint: Path) -> None:
     ref = np.load(FIXTURE)
     grid = tuple(ref["big.grid_thw"].tolist())
     patches = np.random.default_rng(5).normal(size=(grid[1] * grid[2], 96)).astype(np.float32)
-    out = _tower(checkpoint, "mlx-cpu").encode_patches(patches, [grid])[0]
+    out = vs.tower(checkpoint, "mlx-cpu").encode_patches(patches, [grid])[0]
     assert out.shape == (528, 64)
-    assert _rel(out, ref["big.embeddings"]) < TOLERANCE
+    assert vs.rel(out, ref["big.embeddings"]) < TOLERANCE
 
 
 def test_bad_patches_are_refused(checkpoint: Path) -> None:
-    tower = _tower(checkpoint, "cpu")
+    tower = vs.tower(checkpoint, "cpu")
     with pytest.raises(ValueError, match=r"patches must be \[48 \(the grids' patches\), 96\]"):
         tower.encode_patches(np.zeros((40, 96), dtype=np.float32), [(1, 6, 8)])
     with pytest.raises(ValueError, match="does not merge 2x2"):
@@ -98,20 +86,6 @@ def test_bad_patches_are_refused(checkpoint: Path) -> None:
         tower.encode_patches(np.zeros((96, 96), dtype=np.float32), [(2, 6, 8)])
     with pytest.raises(ValueError, match="any size as patches"):
         tower.encode(np.zeros((1, 3, 32, 32), dtype=np.float32))
-
-
-def _engine(path: Path, backend: str = "cpu", **kw):  # type: ignore[no-untyped-def]
-    from llmd.worker.host import hf_config
-
-    kw.setdefault("kv_type", "f32")
-    return native.Engine(
-        str(path),
-        context_length=256,
-        max_sequences=8,
-        backend=backend,
-        hf_config=hf_config(str(path)),
-        **kw,
-    )
 
 
 def _image_prompt(
@@ -123,7 +97,7 @@ def _image_prompt(
     ref = np.load(FIXTURE)
     names = json.loads(ref["cases"].tobytes())
     images = _images(names)
-    out = _tower(checkpoint, backend).encode_patches(
+    out = vs.tower(checkpoint, backend).encode_patches(
         np.concatenate([p for p, _ in images]), [g for _, g in images]
     )
     prompt = ref["prompt_ids"].tolist()
@@ -137,28 +111,6 @@ def _image_prompt(
     return prompt, runs
 
 
-def _first_logprobs(engine, rid: str, prompt: list[int], embedded: list) -> tuple[np.ndarray, dict]:  # type: ignore[no-untyped-def]
-    engine.submit(rid, prompt, 1, top_logprobs=VOCAB, embedded=embedded)
-    lp, done = None, None
-    while done is None:
-        for ev in engine.poll(1000):
-            assert ev["type"] != "error", ev
-            if ev["type"] == "tokens" and lp is None:
-                lp = np.full(VOCAB, -np.inf, dtype=np.float64)
-                for t, v in ev["logprobs"][0]["top"]:
-                    lp[t] = v
-            elif ev["type"] == "done":
-                done = ev
-    assert lp is not None
-    return lp, done
-
-
-def _log_softmax(x: np.ndarray) -> np.ndarray:
-    x = x.astype(np.float64)
-    m = x.max()
-    return x - m - np.log(np.exp(x - m).sum())
-
-
 @pytest.mark.parametrize("budget", [512, 7])
 @pytest.mark.parametrize("backend", ["cpu", "mlx-cpu"])
 def test_image_prompt_logits_match_transformers(
@@ -169,14 +121,14 @@ def test_image_prompt_logits_match_transformers(
     that cut through the images."""
     ref = np.load(FIXTURE)
     prompt, embedded = _image_prompt(checkpoint, backend)
-    engine = _engine(checkpoint, backend, step_token_budget=budget)
-    lp, done = _first_logprobs(engine, "a", prompt, embedded)
-    want = _log_softmax(ref["logits"][-1])
+    engine = vs.engine(checkpoint, backend, step_token_budget=budget)
+    lp, done = vs.first_logprobs(engine, "a", prompt, embedded)
+    want = vs.log_softmax(ref["logits"][-1])
     scale = float(np.abs(ref["logits"][-1]).max())
     assert np.abs(lp - want).max() / scale < TOLERANCE
     assert done["prompt_tokens"] == len(prompt)
     # With plain 1-D positions the logits differ: the test tells M-RoPE from no M-RoPE.
-    plain = _log_softmax(ref["text_position_logits"][-1])
+    plain = vs.log_softmax(ref["text_position_logits"][-1])
     assert np.abs(lp - plain).max() / scale > 1e-2
 
 
@@ -187,32 +139,23 @@ def test_decode_continues_at_the_shifted_position(checkpoint: Path, backend: str
     prompt plus that token."""
     ref = np.load(FIXTURE)
     prompt, embedded = _image_prompt(checkpoint, backend)
-    engine = _engine(checkpoint, backend)
-    engine.submit("a", prompt, 2, top_logprobs=VOCAB, embedded=embedded)
-    events: list = []
-    while not any(e["type"] == "done" for e in events):
-        events += engine.poll(1000)
-    assert not [e for e in events if e["type"] == "error"], events
-    tokens = [t for e in events if e["type"] == "tokens" for t in e["tokens"]]
-    logprobs = [lp for e in events if e["type"] == "tokens" for lp in e["logprobs"]]
+    tokens, logprobs, _ = vs.generate(vs.engine(checkpoint, backend), "a", prompt, embedded, 2)
     assert tokens[0] == int(ref["next_token"][0])  # greedy, as the recording
-    second = np.full(VOCAB, -np.inf)
-    for t, v in logprobs[1]["top"]:
-        second[t] = v
+    second = logprobs[1]
     scale = float(np.abs(ref["next_logits"]).max())
-    assert np.abs(second - _log_softmax(ref["next_logits"])).max() / scale < TOLERANCE
+    assert np.abs(second - vs.log_softmax(ref["next_logits"])).max() / scale < TOLERANCE
 
 
 def test_same_images_reuse_the_cache(checkpoint: Path) -> None:
     """A second turn with the same images past the first KV block (64 rows; the recurrent
     state is kept at block boundaries) reuses the block, images and shifted text positions
     included, and answers the same."""
-    engine = _engine(checkpoint)
+    engine = vs.engine(checkpoint)
     prompt, embedded = _image_prompt(checkpoint)
     prompt += [int(t) for t in np.random.default_rng(3).integers(3, 120, 40)]
-    first, done = _first_logprobs(engine, "a", prompt, embedded)
+    first, done = vs.first_logprobs(engine, "a", prompt, embedded)
     assert done["cached_tokens"] == 0
-    again, done = _first_logprobs(engine, "b", prompt, embedded)
+    again, done = vs.first_logprobs(engine, "b", prompt, embedded)
     assert done["cached_tokens"] == 64
     assert np.abs(again - first).max() < 1e-5
 
@@ -222,7 +165,7 @@ def test_grids_are_refused_by_models_without_mrope(checkpoint: Path, tmp_path: P
 
     prompt, embedded = _image_prompt(checkpoint)
     write_checkpoint(tmp_path, "gemma3_text")
-    engine = _engine(tmp_path)
+    engine = vs.engine(tmp_path)
     engine.submit("a", prompt, 1, embedded=embedded)
     events = engine.poll(5000)
     assert [e["type"] for e in events] == ["error"]

@@ -634,6 +634,125 @@ def write_qwen3_5_moe_multimodal(path: Path) -> dict:
     return config
 
 
+# Gemma 4's vision encoder at toy size: 4x4-pixel patches pooled 3x3 into one soft token (so
+# images come in multiples of 12 pixels a side, any aspect), grouped heads (2 query heads, 1
+# K/V head), clipped linears whose bounds bite, standardized soft tokens; position tables of 64
+# a side (the toy budget's tallest grid is 36 patches).
+GEMMA4_VISION = {
+    "model_type": "gemma4_vision",
+    "hidden_size": 32,
+    "intermediate_size": 48,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 1,
+    "head_dim": 16,
+    "patch_size": 4,
+    "pooling_kernel_size": 3,
+    "position_embedding_size": 64,
+    "rms_norm_eps": 1e-6,
+    "hidden_activation": "gelu_pytorch_tanh",
+    "use_clipped_linears": True,
+    "standardize": True,
+    "rope_parameters": {"rope_type": "axial", "rope_theta": 100.0},
+}
+# The wrapper's own keys: the image and audio markers inside the tiny 128-token vocabulary.
+GEMMA4_MULTIMODAL = {
+    "image_token_id": 127,
+    "boi_token_id": 125,
+    "eoi_token_id": 126,
+    "video_token_id": 124,
+    "audio_token_id": 123,
+    "boa_token_id": 122,
+    "eoa_token_index": 121,
+}
+# The image processor's settings for the toy encoder (preprocessor_config.json): the smallest
+# budget the processor takes (70 soft tokens: 630 patches).
+GEMMA4_PREPROCESSOR = {
+    "patch_size": 4,
+    "pooling_kernel_size": 3,
+    "max_soft_tokens": 70,
+    "do_normalize": False,
+    "image_processor_type": "Gemma4ImageProcessor",
+    "processor_class": "Gemma4Processor",
+}
+
+
+def gemma4_vision_weights(seed: int = 3) -> dict[str, np.ndarray]:
+    """The vision encoder and embedder of a tiny Gemma 4, under transformers' names
+    (bf16-representable values; the clip bounds are 0-d, as transformers' buffers)."""
+    c = GEMMA4_VISION
+    rng = np.random.default_rng(seed)
+    d, f, hd = c["hidden_size"], c["intermediate_size"], c["head_dim"]
+    q, kv = c["num_attention_heads"] * hd, c["num_key_value_heads"] * hd
+    text_hidden = CONFIGS["gemma4_text"]["hidden_size"]
+    m = "model.vision_tower."
+
+    def norm(size: int) -> np.ndarray:  # Gemma4RMSNorm multiplies by w
+        return 1 + 0.1 * rng.normal(size=size)
+
+    w: dict[str, np.ndarray] = {
+        m + "patch_embedder.input_proj.weight": rng.normal(0, 0.15, (d, 3 * c["patch_size"] ** 2)),
+        m + "patch_embedder.position_embedding_table": rng.normal(
+            0, 0.5, (2, c["position_embedding_size"], d)
+        ),
+        m + "std_bias": rng.normal(0, 0.5, d),
+        m + "std_scale": rng.uniform(0.5, 1.5, d),
+        "model.embed_vision.embedding_projection.weight": rng.normal(0, 0.2, (text_hidden, d)),
+    }
+    for i in range(c["num_hidden_layers"]):
+        b = f"{m}encoder.layers.{i}."
+        for name in ("input", "post_attention", "pre_feedforward", "post_feedforward"):
+            w[f"{b}{name}_layernorm.weight"] = norm(d)
+        w[b + "self_attn.q_norm.weight"] = norm(hd)
+        w[b + "self_attn.k_norm.weight"] = norm(hd)
+        shapes = {
+            "self_attn.q_proj": (q, d),
+            "self_attn.k_proj": (kv, d),
+            "self_attn.v_proj": (kv, d),
+            "self_attn.o_proj": (d, q),
+            "mlp.gate_proj": (f, d),
+            "mlp.up_proj": (f, d),
+            "mlp.down_proj": (d, f),
+        }
+        for module, shape in shapes.items():
+            w[f"{b}{module}.linear.weight"] = rng.normal(0, 0.3, shape)
+            # Bounds inside the activations' range, so clamping changes the result.
+            w[f"{b}{module}.input_min"] = np.asarray(-1.5)
+            w[f"{b}{module}.input_max"] = np.asarray(2.0)
+            w[f"{b}{module}.output_min"] = np.asarray(-2.0)
+            w[f"{b}{module}.output_max"] = np.asarray(1.5)
+    return {k: bf16_round(x.astype(np.float32)).reshape(x.shape) for k, x in w.items()}
+
+
+def write_gemma4_multimodal(path: Path, bidirectional: str | None = "vision") -> dict:
+    """A tiny Gemma4ForConditionalGeneration directory: the gemma4_text weights as its language
+    model (`model.language_model.*`), gemma4_vision_weights() as its vision half, no audio
+    tower, the image processor's settings beside it. `bidirectional`: the text config's
+    use_bidirectional_attention ("vision": an image's rows see the whole image on the sliding
+    layers; None: causal, as the small released models). Returns the config."""
+    path.mkdir(parents=True, exist_ok=True)
+    tensors = {
+        ("model.language_model." + k.removeprefix("model.") if k.startswith("model.") else k): v
+        for k, v in weights("gemma4_text").items()
+    }
+    tensors.update(gemma4_vision_weights())
+    config = write_multimodal_checkpoint(
+        path,
+        "gemma4_text",
+        tensors,
+        model_type="gemma4",
+        architecture="Gemma4ForConditionalGeneration",
+        vision_type="gemma4_vision",
+        drop=(),
+        vision_config=GEMMA4_VISION,
+        extra={**GEMMA4_MULTIMODAL, "audio_config": None},
+    )
+    config["text_config"]["use_bidirectional_attention"] = bidirectional
+    (path / "config.json").write_text(json.dumps(config))
+    (path / "preprocessor_config.json").write_text(json.dumps(GEMMA4_PREPROCESSOR))
+    return config
+
+
 # llama.cpp's names for the SigLIP layer modules in an mmproj GGUF (its tensor_mapping.py).
 _MMPROJ_LAYER_NAMES = {
     "layer_norm1": "ln1",

@@ -138,3 +138,24 @@ def test_qwen_layout_takes_each_images_own_row_count_and_grid() -> None:
         ValueError, match="an image takes 6 image tokens; the prompt has a run of 5"
     ):
         layout_images([1, *[9] * 5, 3, *[9] * 2], embeddings, pixels, layout)
+
+
+def test_gemma4_layout_follows_the_text_configs_bidirectional_setting() -> None:
+    """Gemma 4's images differ in size: each run of `<|image|>` is as long as its image's
+    embeddings, with no grid (its rotary is 1-D); the rows see their whole image only where
+    the text config asks for it ("vision"), else they are causal like text."""
+    from llmd.worker.vision import gemma4_layout
+
+    pixels = [np.zeros((3, 6, 4), np.float32), np.ones((6, 3, 4), np.float32)]
+    embeddings = [np.zeros((2, 8), np.float32), np.zeros((2, 8), np.float32)]
+    prompt = [1, 5, 125, 9, 9, 126, 7, 125, 9, 9, 126]
+    for setting, bidirectional in (("vision", True), (None, False)):
+        config = {"image_token_id": 9, "text_config.use_bidirectional_attention": setting}
+        ids, runs = layout_images(prompt, embeddings, pixels, gemma4_layout(config))
+        assert [(first, len(e), bi) for first, e, bi in runs] == [
+            (3, 2, bidirectional),
+            (8, 2, bidirectional),
+        ]
+        assert ids[3:5] != ids[8:10]  # different pixels, different surrogate ids
+    with pytest.raises(ValueError, match="names no image_token_id"):
+        gemma4_layout({})

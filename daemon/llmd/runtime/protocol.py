@@ -54,7 +54,7 @@ class ImageInput(_Message):
     """One preprocessed image (or pan-and-scan crop) for the worker's vision tower: float32
     pixels, little-endian, base64; shape (channels, height, width) for a tower of fixed-size
     images (Gemma 3), (grid height, grid width, values per patch) of flattened patches for one
-    of any size (Qwen3.5). Its rows in the prompt are the next run of the model's image
+    of any size (Qwen3.5, Gemma 4). Its rows in the prompt are the next run of the model's image
     placeholder tokens (one run per image, in order)."""
 
     pixels: str

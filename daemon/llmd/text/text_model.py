@@ -17,6 +17,7 @@ from llmd.errors import ApiError, server_error
 from llmd.store.gguf_metadata import read_gguf_metadata
 from llmd.store.manifests import ModelRecord
 from llmd.text.gemma3_images import Gemma3ImageConfig
+from llmd.text.gemma4_images import Gemma4ImageConfig
 from llmd.text.logprobs import TokenTexts
 from llmd.text.qwen_images import QwenImageConfig
 from llmd.text.spm_tokenizer import CONTROL
@@ -63,8 +64,9 @@ class TextModel:
     # that token). A Hugging Face tokenizer does it in its post-processor instead.
     add_eos_id: int | None = None
     # How the model's images are preprocessed and laid out in the prompt (gemma3_images.py,
-    # qwen_images.py), for a multimodal checkpoint whose vision half llmd runs; None otherwise.
-    image_config: Gemma3ImageConfig | QwenImageConfig | None = None
+    # gemma4_images.py, qwen_images.py), for a multimodal checkpoint whose vision half llmd
+    # runs; None otherwise.
+    image_config: Gemma3ImageConfig | Gemma4ImageConfig | QwenImageConfig | None = None
 
     def encode(self, text: str, *, add_bos: bool | None = None) -> list[int]:
         """Token ids of `text`, with the model's BOS when it wants one (and lacks it)."""
@@ -221,18 +223,28 @@ def load_dir_text_model(path: Path) -> TextModel:
     )
 
 
-def _image_config(path: Path, config: dict[str, Any]) -> Gemma3ImageConfig | QwenImageConfig | None:
-    """A Gemma 3 or Qwen3.5 multimodal checkpoint's image settings (its
-    preprocessor_config.json, the processor's defaults where it has none)."""
+def _image_config(
+    path: Path, config: dict[str, Any]
+) -> Gemma3ImageConfig | Gemma4ImageConfig | QwenImageConfig | None:
+    """A Gemma 3, Gemma 4 or Qwen3.5 multimodal checkpoint's image settings (its
+    preprocessor_config.json, or processor_config.json's `image_processor`, the processor's
+    defaults where it has neither)."""
     kind = config.get("model_type")
-    if kind not in ("gemma3", "qwen3_5", "qwen3_5_moe"):
+    if kind not in ("gemma3", "gemma4", "qwen3_5", "qwen3_5_moe"):
         return None
     if not isinstance(config.get("vision_config"), dict):
         return None
     pre_file = path / "preprocessor_config.json"
-    pre = json.loads(pre_file.read_text()) if pre_file.exists() else {}
+    processor_file = path / "processor_config.json"
+    pre: dict[str, Any] = {}
+    if pre_file.exists():
+        pre = json.loads(pre_file.read_text())
+    elif processor_file.exists():
+        pre = json.loads(processor_file.read_text()).get("image_processor") or {}
     if kind == "gemma3":
         return Gemma3ImageConfig.from_hf(pre, config)
+    if kind == "gemma4":
+        return Gemma4ImageConfig.from_hf(pre)
     return QwenImageConfig.from_hf(pre)
 
 

@@ -45,8 +45,8 @@ def surrogate_ids(digest: bytes, rows: int) -> list[int]:
 @dataclass(frozen=True)
 class ImageLayout:
     """Where each image's rows go: the token the template repeats per row, how many rows an
-    image has (0: each image its own, its embeddings' count: Qwen3.5), whether an image's rows
-    attend to one another (Gemma 3), and for towers of any image size the patches merged per
+    image has (0: each image its own, its embeddings' count: Qwen3.5, Gemma 4), whether an
+    image's rows attend to one another (Gemma 3, Gemma 4), and for towers of any image size the patches merged per
     token along a side (0: none), whose merged grid places the rows for M-RoPE (Qwen3.5)."""
 
     image_token: int
@@ -109,6 +109,18 @@ def qwen_layout(config: dict[str, Any], merge: int) -> ImageLayout:
     if token is None:
         raise ValueError("the Qwen3.5 config names no image_token_id")
     return ImageLayout(int(token), 0, False, merge)
+
+
+def gemma4_layout(config: dict[str, Any]) -> ImageLayout:
+    """Gemma 4's: `image_token_id` (`<|image|>`) once per soft token, a count per image (its
+    pooled grid), the rows seeing their whole image where the text config says so
+    (use_bidirectional_attention "vision": transformers' mm_token_type_ids mask; the decoder
+    applies it on its sliding layers only), else causal like text (the small released models)."""
+    token = config.get("image_token_id")
+    if token is None:
+        raise ValueError("the Gemma 4 config names no image_token_id")
+    bidirectional = config.get("text_config.use_bidirectional_attention") == "vision"
+    return ImageLayout(int(token), 0, bidirectional)
 
 
 def gemma3_gguf_layout(tokens: list[str], rows: int) -> ImageLayout:
@@ -233,6 +245,9 @@ class ImageEncoder:
         elif config is not None and config.get("model_type") == "gemma3":
             tower = _engine.VisionTower(model_path, config, backend=backend)
             layout = gemma3_layout(config)
+        elif config is not None and config.get("model_type") == "gemma4":
+            tower = _engine.VisionTower(model_path, config, backend=backend)
+            layout = gemma4_layout(config)
         elif config is not None and config.get("model_type") in ("qwen3_5", "qwen3_5_moe"):
             tower = _engine.VisionTower(model_path, config, backend=backend)
             layout = qwen_layout(config, tower.merge_size)

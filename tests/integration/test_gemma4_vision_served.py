@@ -1,0 +1,200 @@
+"""Gemma 4 sees, through `llmd serve` as a user reaches it (issue 26): a tiny random
+Gemma4ForConditionalGeneration directory (tests/native/tiny_models.py) pulled into the
+running daemon and asked about two images of different shapes with the OpenAI client. The
+first generated token's log-probabilities equal transformers'
+(tests/fixtures/gemma4_vision_transformers.npz, recorded by
+tests/fixtures/record_gemma4_vision.py for the same prompt and images): the daemon resized and
+patched each image as transformers' processor does (keeping its aspect ratio within the soft
+token budget), laid out `<|image>`, one `<|image|>` per soft token and `<image|>`, and the
+worker encoded them and let each image's rows see one another on the sliding layers.
+Anthropic's image blocks get transformers' greedy answer; Ollama's `images` reach the same
+layout; audio parts stay a 400.
+
+The tiny tokenizer maps word `wN` to id N; its chat template writes `<|image|>` for each image
+part, as the released template does."""
+
+from __future__ import annotations
+
+import base64
+import json
+from pathlib import Path
+
+import anthropic
+import numpy as np
+import openai
+import pytest
+from openai import OpenAI
+
+from tests.conftest import run_llmd
+from tests.native.tiny_models import CONFIGS, GEMMA4_MULTIMODAL, write_gemma4_multimodal
+
+ollama = pytest.importorskip("ollama")
+pytest.importorskip("llmd._engine", reason="the native engine (llmd._engine) is not built")
+
+FIXTURES = Path(__file__).parents[1] / "fixtures"
+# The served worker keeps KV in float16 (2^-11 relative rounding per key and value): on this
+# model up to 2.7e-3 of the largest logit over the whole vocabulary (test_gemma4_vision.py).
+F16_TOLERANCE = 4e-3
+TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}{% if m.content is string %}{{ m.content }} "
+    "{% else %}{% for c in m.content %}{% if c.type == 'image' %}<|image|>"
+    "{% else %}{{ c.text }} {% endif %}{% endfor %}{% endif %}{% endfor %}"
+)
+MODEL = "tiny-gemma4-vision"
+REF = np.load(FIXTURES / "gemma4_vision_transformers.npz")
+IMAGES = np.load(FIXTURES / "gemma3_images_transformers.npz")
+CASES = json.loads(REF["cases"].tobytes())
+PROMPT = REF["prompt_ids"].tolist()
+SOFT_TOKENS = 60  # each of the two images: 18x30 and 36x15 patches pooled 3x3
+
+
+def _tokenizer(directory: Path) -> dict[str, int]:
+    """Words wN -> N, Gemma 4's image and audio markers at the config's ids, as special
+    tokens. Returns the vocabulary."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    mm = GEMMA4_MULTIMODAL
+    specials = {
+        "<bos>": 1,
+        "<eos>": 2,
+        "<|image>": mm["boi_token_id"],
+        "<image|>": mm["eoi_token_id"],
+        "<|image|>": mm["image_token_id"],
+        "<|video|>": mm["video_token_id"],
+        "<|audio|>": mm["audio_token_id"],
+    }
+    words = {f"w{i}": i for i in range(CONFIGS["gemma4_text"]["vocab_size"])}
+    for special, i in specials.items():
+        del words[f"w{i}"]
+        words[special] = i
+    tk = Tokenizer(models.WordLevel(words, unk_token="w0"))
+    tk.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tk.add_special_tokens(list(specials))
+    tk.save(str(directory / "tokenizer.json"))
+    (directory / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "chat_template": TEMPLATE,
+                "bos_token": "<bos>",
+                "eos_token": "<eos>",
+                "add_bos_token": False,
+            }
+        )
+    )
+    return words
+
+
+def _log_softmax(x: np.ndarray) -> np.ndarray:
+    x = x.astype(np.float64)
+    return x - x.max() - np.log(np.exp(x - x.max()).sum())
+
+
+def _png(name: str) -> str:
+    return base64.b64encode(IMAGES[f"{name}.png"].tobytes()).decode()
+
+
+@pytest.fixture(scope="module")
+def vocab(server, tmp_path_factory: pytest.TempPathFactory) -> dict[str, int]:  # type: ignore[no-untyped-def]
+    """The tiny multimodal Gemma 4 (its preprocessor_config.json beside it) pulled into the
+    daemon; its vocabulary."""
+    path = tmp_path_factory.mktemp("tiny-gemma4-vision")
+    write_gemma4_multimodal(path)
+    words = _tokenizer(path)
+    pulled = run_llmd(server.env, "pull", str(path), "--name", MODEL, timeout=300)
+    assert pulled.returncode == 0, pulled.stderr
+    return words
+
+
+def test_openai_image_url_answers_like_transformers(server, vocab: dict[str, int]) -> None:  # type: ignore[no-untyped-def]
+    token = {i: t for t, i in vocab.items()}
+    # The fixture's prompt: w5 w17 w33, image 1 (60 tokens), w40 w41, image 2 (60), w9 w60 w61.
+    content = [
+        {"type": "text", "text": "w5 w17 w33"},
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64," + _png(CASES[0])}},
+        {"type": "text", "text": "w40 w41"},
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64," + _png(CASES[1])}},
+        {"type": "text", "text": "w9 w60 w61"},
+    ]
+    client = OpenAI(base_url=server.base_url + "/v1", api_key="unused", max_retries=0, timeout=300)
+    out = client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": content}],  # type: ignore[misc,list-item]
+        max_tokens=1,
+        temperature=0,
+        logprobs=True,
+        top_logprobs=20,
+    )
+    want = _log_softmax(REF["logits"][-1])
+    scale = float(np.abs(REF["logits"][-1]).max())
+    assert out.usage is not None and out.usage.prompt_tokens == len(PROMPT)
+    first = out.choices[0].logprobs.content[0]  # type: ignore[union-attr,index]
+    assert first.token == token[int(np.argmax(want))]
+    assert len(first.top_logprobs) == 20
+    for alt in first.top_logprobs:
+        assert abs(alt.logprob - want[vocab[alt.token]]) / scale < F16_TOLERANCE, alt
+    # With causal image rows the answer would be measurably different.
+    causal = _log_softmax(REF["causal_logits"][-1])
+    assert max(abs(a.logprob - causal[vocab[a.token]]) for a in first.top_logprobs) / scale > 1e-2
+
+
+def test_anthropic_image_blocks_answer_like_transformers(server, vocab: dict[str, int]) -> None:  # type: ignore[no-untyped-def]
+    """Anthropic's base64 image blocks in the fixture's order: the same prompt, and greedy
+    decoding gives transformers' first two tokens."""
+    token = {i: t for t, i in vocab.items()}
+    claude = anthropic.Anthropic(base_url=server.base_url, api_key="unused", max_retries=0)
+
+    def image(name: str) -> dict:
+        return {
+            "type": "image",
+            "source": {"type": "base64", "media_type": "image/png", "data": _png(name)},
+        }
+
+    out = claude.messages.create(
+        model=MODEL,
+        max_tokens=2,
+        extra_body={"temperature": 0},
+        messages=[
+            {
+                "role": "user",
+                "content": [  # type: ignore[list-item]
+                    {"type": "text", "text": "w5 w17 w33"},
+                    image(CASES[0]),
+                    {"type": "text", "text": "w40 w41"},
+                    image(CASES[1]),
+                    {"type": "text", "text": "w9 w60 w61"},
+                ],
+            }
+        ],
+    )
+    assert out.usage.input_tokens + (out.usage.cache_read_input_tokens or 0) == len(PROMPT)
+    first, second = int(REF["next_token"][0]), int(np.argmax(REF["next_logits"]))
+    assert out.content[0].text.split() == [token[first], token[second]]  # type: ignore[union-attr]
+
+
+def test_ollama_images_are_seen(server, vocab: dict[str, int]) -> None:  # type: ignore[no-untyped-def]
+    """Ollama's `images` (base64) on /api/chat and /api/generate: placed before the message's
+    text, as Ollama does, each laid out as its markers and one row per soft token."""
+    olla = ollama.Client(host=server.base_url)
+    pngs = [_png(CASES[0]), _png(CASES[1])]
+    chat = olla.chat(
+        model=MODEL,
+        messages=[{"role": "user", "content": "w5 w17 w33", "images": pngs}],
+        options={"num_predict": 1, "temperature": 0},
+    )
+    assert chat.prompt_eval_count == 1 + 2 * (2 + SOFT_TOKENS) + 3
+    gen = olla.generate(model=MODEL, prompt="w5 w17 w33", images=pngs, options={"num_predict": 1})
+    assert gen.prompt_eval_count == 1 + 2 * (2 + SOFT_TOKENS) + 3
+
+
+def test_audio_is_refused(server, vocab: dict[str, int]) -> None:  # type: ignore[no-untyped-def]
+    """Gemma 4 checkpoints can carry an audio tower; llmd runs none, and says so rather than
+    dropping the sound."""
+    client = OpenAI(base_url=server.base_url + "/v1", api_key="unused", max_retries=0)
+    audio = {"type": "input_audio", "input_audio": {"data": "UklGRg==", "format": "wav"}}
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": [{"type": "text", "text": "w5"}, audio]}],  # type: ignore[misc,list-item]
+            max_tokens=1,
+        )
+    assert "input_audio" in str(err.value)
