@@ -235,7 +235,7 @@ def test_gguf_without_an_mmproj_refuses_images(server, pulled: str) -> None:  # 
 
 def test_the_vision_tower_loads_with_the_model(server, pulled: str) -> None:  # type: ignore[no-untyped-def]
     """The mmproj's tower is read and laid out for the kernels while the model loads, not by
-    the first image request, and /status and `llmd ps` say so with its share of the load: a
+    the first image request, and /status and `llmd status` say so with its share of the load: a
     text request is enough to have it loaded."""
     client = OpenAI(base_url=server.base_url + "/v1", api_key="unused", max_retries=0)
     client.chat.completions.create(
@@ -247,5 +247,5 @@ def test_the_vision_tower_loads_with_the_model(server, pulled: str) -> None:  # 
     assert vision["architecture"] == "gemma3"
     assert vision["tokens_per_image"] == 16  # the tiny tower's pooled grid: PROMPT's image rows
     assert 0 < vision["load_ms"] <= models[pulled]["load_ms"]
-    shown = run_llmd(server.env, "ps")
+    shown = run_llmd(server.env, "status")
     assert "vision tower gemma3 loaded" in shown.stdout, shown.stdout
