@@ -21,6 +21,11 @@ logs "image slice encoded in N ms" (the tower and projector; the prefill of the 
 "image decoded" line), llmd counts `llmd_image_encode_seconds` on /metrics (the tower and
 projector, pixels in, rows out).
 
+Both servers are timed from ready: llama-server answers /health once its model and mmproj are
+loaded, llmd is started with `--preload` and the bench waits for /status to show the model
+loaded and warmed up (each row of a first image records that start, and llmd's load and
+warmup, apart). Without it llmd's first image carried the model's on-demand load (3-6 s).
+
 On a 2-core machine one encode takes minutes, so one invocation measures one server (its
 first image, then `--images` more) and a run alternates invocations, each under
 /tmp/w/quiet.sh, with the model written once into `--dir`:
@@ -233,6 +238,23 @@ def llama_prefill_ms(log: str) -> list[float]:
     return [float(x) for x in re.findall(r"image decoded \(batch \d+/\d+\) in (\d+) ms", log)]
 
 
+def llmd_wait_loaded(base_url: str, model: str, timeout: float = 600.0) -> dict:
+    """The /status entry of `model` once its --preload load and warmup are done (llama-server
+    answers /health only once its model and mmproj are loaded: llmd's first image is then
+    timed from the same point, not with the model's load in it)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with urllib.request.urlopen(base_url + "/status", timeout=30) as r:
+            models = {m["name"]: m for m in json.loads(r.read()).get("models", [])}
+        entry = models.get(model)
+        if entry and entry.get("state") == "ready":
+            return entry
+        if entry and entry.get("last_error"):
+            raise RuntimeError(f"llmd could not load {model}: {entry['last_error']}")
+        time.sleep(0.2)
+    raise RuntimeError(f"llmd did not load {model} within {timeout:.0f} s")
+
+
 def measure(args: argparse.Namespace) -> None:
     text, mmproj = write_models(args.dir, args.layers)
     home = llmd_home(args.dir, args.layers)
@@ -242,6 +264,7 @@ def measure(args: argparse.Namespace) -> None:
         port = free_port()
         argv = [sys.executable, "-m", "llmd", "serve", "--port", str(port)]
         argv += ["--threads", str(args.threads), "--max-sequences", "1"]
+        argv += ["--preload", LLMD_BENCH_MODEL]
         server = ManagedServer("llmd", argv, port, env=llmd_env(home))
         model = LLMD_BENCH_MODEL
     else:
@@ -255,7 +278,13 @@ def measure(args: argparse.Namespace) -> None:
         )
         model = "bench"
     with server:
+        started = time.perf_counter()
         server.start(timeout=600)
+        load: dict = {}
+        if args.server == "llmd":
+            entry = llmd_wait_loaded(server.base_url, model)
+            load = {"load_ms": entry["load_ms"], "warmup_ms": (entry.get("warmup") or {}).get("ms")}
+        start_ms = round(1000 * (time.perf_counter() - started), 1)
         for i in range(args.images + 1):
             jpeg = image(seeds + i)
             before = llmd_encode_seconds(server.base_url) if args.server == "llmd" else 0.0
@@ -275,6 +304,9 @@ def measure(args: argparse.Namespace) -> None:
                 "ttft_ms": round(1000 * ttft, 1),
                 "encode_ms": round(encode_ms, 1),
                 "image_prefill_ms": prefill_ms,
+                # Spawn to ready (llmd: its --preload model loaded and warmed up): not in the TTFT.
+                "start_ms": start_ms if i == 0 else None,
+                **(load if i == 0 else {}),
                 "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             }
             print(json.dumps(row), flush=True)

@@ -6,11 +6,13 @@
 
 #include <cstring>
 #include <mutex>
+#include <optional>
 #include <stdexcept>
 #include <string_view>
 
 #include "../mlx/attention_kernels.h"
 #include "../mlx/device_sampler.h"
+#include "../mlx/float_gemm_check.h"
 #include "../mlx/kernels/pack8.h"
 #include "../mlx/kernels/qgemm.h"
 #include "../mlx/siglip.h"
@@ -373,6 +375,28 @@ std::pair<py::array_t<float>, py::array_t<float>> kv_roundtrip(py::array_t<float
     kv_quant::read_position(type, kp.data(), vp.data(), j % BT, hd, BT, ko.mutable_data() + at, vo.mutable_data() + at);
   }
   return {ko, vo};
+}
+
+// float_gemm.h on numpy arrays (tests): x [rows, k] @ w [n, k]^T with the epilogue, the weight
+// packed in float16 panels when `half` (its values must be float16 values), else float32.
+using FloatArray = py::array_t<float, py::array::c_style | py::array::forcecast>;
+py::array_t<float> float_gemm_numpy(FloatArray x, FloatArray w, bool half, std::optional<FloatArray> bias,
+                                    bool gelu_tanh, std::optional<FloatArray> residual) {
+  if (x.ndim() != 2 || w.ndim() != 2 || x.shape(1) != w.shape(1)) throw std::invalid_argument("x [rows, k], w [n, k]");
+  const int rows = static_cast<int>(x.shape(0)), k = static_cast<int>(x.shape(1)), n = static_cast<int>(w.shape(0));
+  if (bias && bias->size() != n) throw std::invalid_argument("bias must be [n]");
+  if (residual && residual->size() != static_cast<py::ssize_t>(rows) * n) {
+    throw std::invalid_argument("residual must be [rows, n]");
+  }
+  std::vector<float> result;
+  {
+    py::gil_scoped_release release;
+    result = float_gemm_check(x.data(), rows, k, w.data(), n, half, bias ? bias->data() : nullptr, gelu_tanh,
+                              residual ? residual->data() : nullptr);
+  }
+  py::array_t<float> out({rows, n});
+  std::memcpy(out.mutable_data(), result.data(), result.size() * sizeof(float));
+  return out;
 }
 
 py::array_t<float> kernel_gemm(const std::string& type, py::array_t<uint8_t, py::array::c_style> w, int n, int k,
@@ -906,6 +930,11 @@ PYBIND11_MODULE(_engine, m) {
     for (const auto* t : kernels::runnable_tables()) names.emplace_back(t->isa);
     return names;
   });
+  m.def("float_gemm", &float_gemm_numpy, py::arg("x"), py::arg("w"), py::arg("half") = false,
+        py::arg("bias") = std::nullopt, py::arg("gelu_tanh") = false, py::arg("residual") = std::nullopt,
+        "llmd's float GEMM (float_gemm.h): x [rows, k] @ w [n, k]^T, + bias, GELU-tanh, + residual; the "
+        "weight in float16 panels with half (float16_panels_supported()).");
+  m.def("float16_panels_supported", &float16_panels_supported);
   m.def("kernel_gemm", &kernel_gemm, py::arg("type"), py::arg("weight"), py::arg("n"), py::arg("k"),
         py::arg("x"), py::arg("isa") = "", py::arg("packed") = false,
         "out[r, j] = dot(weight row j, x row r) with llmd's kernel for `type` on path `isa` "

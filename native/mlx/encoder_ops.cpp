@@ -45,11 +45,8 @@ using namespace simd;
   return 0.5f * x * (x < 0.f ? c : 2.f - c);
 }
 
-// The tanh form: x/2 * (1 + tanh(u)) = x * sigmoid(2u), u = sqrt(2/pi) * (x + 0.044715 x^3).
-[[gnu::always_inline]] inline vf gelu_tanh(vf x) {
-  const vf u = 0.7978845608028654f * (x + 0.044715f * x * x * x);
-  return x / (1.f + vexp(-2.f * u));
-}
+// The tanh form (simd.h).
+[[gnu::always_inline]] inline vf gelu_tanh(vf x) { return gelu_tanh_n<vf, vfi>(x); }
 
 // A row's vectors: whole ones loaded and stored directly, the tail through a zero-padded
 // copy that goes through the same arithmetic (a variable-length memcpy per vector cost more

@@ -1,11 +1,13 @@
 #include "linear.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <stdexcept>
 
 #include "../core/dequantize.h"
 #include "../core/huge_pages.h"
+#include "encoder_ops.h"
 #include "float_gemm.h"
 #include "kernels/pack8.h"
 #include "quantized_matmul.h"
@@ -355,6 +357,26 @@ mx::array Linear::operator()(const mx::array& x, const Fused& fused) const {
   return y;
 }
 
+mx::array Linear::with_epilogue(const mx::array& x, const FloatGemmEpilogue& e) const {
+  if (float_panels_) return float_gemm(x, weight_, n_, k_, e);
+  mx::array y = (*this)(x);
+  if (e.gelu_tanh) {
+    if (on_device()) {
+      if (e.bias) y = mx::add(y, *e.bias);
+      const float c = std::sqrt(2.f / static_cast<float>(M_PI));
+      mx::array cube = mx::multiply(mx::multiply(y, y), y);
+      mx::array inner = mx::multiply(mx::array(c), mx::add(y, mx::multiply(mx::array(0.044715f), cube)));
+      y = mx::multiply(mx::multiply(mx::array(0.5f), y), mx::add(mx::array(1.f), mx::tanh(inner)));
+    } else {
+      y = bias_gelu(y, e.bias, true);  // MLX's CPU tanh runs one float at a time
+    }
+  } else if (e.bias) {
+    y = mx::add(y, *e.bias);
+  }
+  if (e.residual) y = mx::add(*e.residual, y);
+  return y;
+}
+
 size_t Linear::resident_bytes() const {
   if (!pieces_.empty()) {
     size_t n = 0;
@@ -380,12 +402,15 @@ std::string Linear::path() const {
   if (quantized_) {
     return std::string("llmd:") + t + ":" + kernels::active_table().isa + (packed_ ? ":x8" : "");
   }
-  return float_panels_ ? "llmd:f32:gemm" : "mlx:matmul:f32";
+  if (float_panels_) return weight_.dtype() == mx::float16 ? "llmd:f16:gemm" : "llmd:f32:gemm";
+  return "mlx:matmul:f32";
 }
 
 void Linear::use_host_float_gemm() {
   if (!pieces_.empty() || device_ || quantized_ || float_panels_ || SkipWeightBytes::active()) return;
-  weight_ = pack_float_panels(weight_);
+  // An F16 tensor's float32 copy holds float16 values only: the float16 panels are exact.
+  weight_ = type_ == TensorType::F16 && float16_panels_supported() ? pack_float16_panels(weight_)
+                                                                   : pack_float_panels(weight_);
   float_panels_ = true;
 }
 

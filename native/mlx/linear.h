@@ -14,6 +14,7 @@
 #include "../core/gguf_file.h"
 #include "../core/tensor_types.h"
 #include "device_weight.h"
+#include "float_gemm.h"
 
 namespace llmd {
 
@@ -59,9 +60,16 @@ class Linear {
   mx::array operator()(const mx::array& x, const Fused& fused) const;
   mx::array operator()(const mx::array& x) const { return (*this)(x, Fused{}); }
 
+  // gelu?(x @ W^T + bias) + residual: an encoder layer's work around a matmul. Host float
+  // panels (use_host_float_gemm) do it inside the GEMM, as the output is stored; other weights
+  // run the same maths as separate ops after the product.
+  mx::array with_epilogue(const mx::array& x, const FloatGemmEpilogue& epilogue) const;
+
   // Float weights on the host backend: run llmd's own GEMM (float_gemm.h, on llmd's threads)
   // instead of MLX's matmul (the linked BLAS, whose threads contend with llmd's), its panels
-  // replacing the [n, k] copy. Nothing changes for quantized, device or split weights.
+  // replacing the [n, k] copy; F16 GGUF weights stay float16 in the panels where the kernel
+  // takes them (float16_panels_supported). Nothing changes for quantized, device or split
+  // weights.
   void use_host_float_gemm();
 
   int out_features() const { return n_; }
@@ -78,7 +86,7 @@ class Linear {
   bool on_device() const {
     return pieces_.empty() ? device_.has_value() && !host_mlx_ : pieces_.front().on_device();
   }
-  // "llmd:q4_1:avx512vnni", "mlx:matmul:f32", or on the device backend
+  // "llmd:q4_1:avx512vnni", "mlx:matmul:f32", "llmd:f16:gemm", or on the device backend
   // "mlx:qmm:q4_1->affine4:gpu"; MLX-quantized checkpoints run "mlx:qmm:affine4g64:gpu" (or
   // ":cpu" where MLX's kernel runs on the CPU backend) or "llmd:q4_1:<isa>".
   // A split Linear reports its runs' paths joined by '+'.

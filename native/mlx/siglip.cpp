@@ -70,7 +70,15 @@ class Gemma3VisionTower : public VisionTower {
       : c_(c), info_(std::move(info)), patch_(std::move(patch)), patch_bias_(std::move(patch_bias)),
         positions_(std::move(positions)), layers_(std::move(layers)), post_norm_(std::move(post_norm)),
         soft_norm_(std::move(soft_norm)), projection_(std::move(projection)), on_device_(on_device),
-        device_(mx::default_device()) {}
+        device_(mx::default_device()) {
+    if (on_device_) return;
+    // F16 mmproj weights too run llmd's float GEMM (float16 panels where its AVX-512 kernel
+    // runs), not MLX's matmul through the BLAS: the fused epilogues need it, and the BLAS's
+    // threads spin beside llmd's. A no-op for weights already packed or quantized.
+    for (SiglipLayer& L : layers_) {
+      for (Linear* l : {&L.qkv, &L.out, &L.fc1, &L.fc2}) l->use_host_float_gemm();
+    }
+  }
 
   const VisionInfo& info() const override { return info_; }
 
@@ -92,8 +100,13 @@ class Gemma3VisionTower : public VisionTower {
     // Patches as rows of channel-major pixels (the convolution kernel's layout), row by row.
     x = mx::reshape(x, {n, C, g, p, g, p});
     x = mx::reshape(mx::transpose(x, {0, 2, 4, 1, 3, 5}), {n * P, C * p * p});
-    x = mx::add(patch_(x), patch_bias_);
-    x = mx::reshape(mx::add(mx::reshape(x, {n, P, D}), positions_), {n * P, D});
+    if (on_device_) {
+      x = mx::add(patch_(x), patch_bias_);
+      x = mx::reshape(mx::add(mx::reshape(x, {n, P, D}), positions_), {n * P, D});
+    } else {
+      const mx::array pos = n == 1 ? positions_ : mx::reshape(mx::broadcast_to(positions_, {n, P, D}), {n * P, D});
+      x = patch_.with_epilogue(x, {.bias = patch_bias_, .residual = pos});
+    }
     const float scale = 1.f / std::sqrt(static_cast<float>(hd));
     auto heads = [&](const mx::array& qkv, int part) {
       mx::array t = mx::slice(qkv, {0, part * D}, {n * P, (part + 1) * D});
@@ -111,14 +124,24 @@ class Gemma3VisionTower : public VisionTower {
       spans = std::move(s);
     }
     for (const SiglipLayer& L : layers_) {
-      mx::array h = mx::fast::layer_norm(x, L.norm1.w, L.norm1.b, c_.eps);
-      mx::array a = on_device_ ? device_attention(mx::add(L.qkv(h), L.qkv_bias))
-                               : host_attention(L.qkv(h), L.qkv_bias, spans, n * P);
-      x = mx::add(x, mx::add(L.out(a), L.out_bias));
-      h = mx::fast::layer_norm(x, L.norm2.w, L.norm2.b, c_.eps);
-      // The host backend: llmd's vectorized GELU (MLX's CPU tanh runs one float at a time).
-      h = on_device_ ? gelu_tanh(mx::add(L.fc1(h), L.fc1_bias)) : bias_gelu(L.fc1(h), L.fc1_bias, true);
-      x = mx::add(x, mx::add(L.fc2(h), L.fc2_bias));
+      if (on_device_) {
+        mx::array h = mx::fast::layer_norm(x, L.norm1.w, L.norm1.b, c_.eps);
+        mx::array a = device_attention(mx::add(L.qkv(h), L.qkv_bias));
+        x = mx::add(x, mx::add(L.out(a), L.out_bias));
+        h = mx::fast::layer_norm(x, L.norm2.w, L.norm2.b, c_.eps);
+        h = gelu_tanh(mx::add(L.fc1(h), L.fc1_bias));
+        x = mx::add(x, mx::add(L.fc2(h), L.fc2_bias));
+        continue;
+      }
+      // The host backend: each matmul's bias, GELU and residual inside the float GEMM
+      // (float_gemm.h: the output written once), LayerNorms on llmd's threads (encoder_ops.h;
+      // MLX's CPU LayerNorm runs on one), attention on llmd's flash kernels.
+      mx::array h = add_layer_norm(x, std::nullopt, std::nullopt, L.norm1.w, L.norm1.b, c_.eps);
+      mx::array a = host_attention(L.qkv.with_epilogue(h, {.bias = L.qkv_bias}), spans, n * P);
+      x = L.out.with_epilogue(a, {.bias = L.out_bias, .residual = x});
+      h = add_layer_norm(x, std::nullopt, std::nullopt, L.norm2.w, L.norm2.b, c_.eps);
+      h = L.fc1.with_epilogue(h, {.bias = L.fc1_bias, .gelu_tanh = true});
+      x = L.fc2.with_epilogue(h, {.bias = L.fc2_bias, .residual = x});
     }
     x = mx::fast::layer_norm(x, post_norm_.w, post_norm_.b, c_.eps);
     // Average pooling of k x k patch squares, tokens row by row (AvgPool2d over the grid).
@@ -139,11 +162,11 @@ class Gemma3VisionTower : public VisionTower {
   // took 3.3 s of a layer's 4.2 s. The kernels take head sizes in multiples of 16; SigLIP's
   // (1152 / 16 = 72) gets zero columns (unchanged dot products and outputs), its queries
   // scaled by sqrt(padded / head size) so the kernels' 1 / sqrt(padded) is the model's scale.
-  mx::array host_attention(const mx::array& qkv, const mx::array& bias, const std::shared_ptr<const EncoderSpans>& spans,
-                           int rows) const {
+  // `qkv` has its biases added.
+  mx::array host_attention(const mx::array& qkv, const std::shared_ptr<const EncoderSpans>& spans, int rows) const {
     const int H = c_.heads, hd = c_.hidden / H, padded = (hd + 15) / 16 * 16;
-    if (padded == hd) return encoder_attention(qkv, bias, spans, H, hd, nullptr);
-    mx::array t = mx::reshape(mx::add(qkv, bias), {rows, 3, H, hd});
+    if (padded == hd) return encoder_attention(qkv, std::nullopt, spans, H, hd, nullptr);
+    mx::array t = mx::reshape(qkv, {rows, 3, H, hd});
     const float q_scale = std::sqrt(static_cast<float>(padded) / static_cast<float>(hd));
     t = mx::multiply(t, mx::reshape(mx::array({q_scale, 1.f, 1.f}), {1, 3, 1, 1}));
     t = mx::pad(t, std::vector<int>{3}, mx::Shape{0}, mx::Shape{padded - hd}, mx::array(0.f));

@@ -57,4 +57,13 @@ template <class V, class VI>
 
 [[gnu::always_inline]] inline vf vexp(vf x) { return vexp_n<vf, vfi>(x); }
 
+// GELU's tanh form at any vector width (the float GEMM's fused epilogue and encoder_ops' row
+// kernel give the same bits): x/2 * (1 + tanh(u)) = x * sigmoid(2u), u = sqrt(2/pi) * (x +
+// 0.044715 x^3).
+template <class V, class VI>
+[[gnu::always_inline]] inline V gelu_tanh_n(V x) {
+  const V u = 0.7978845608028654f * (x + 0.044715f * x * x * x);
+  return x / (1.f + vexp_n<V, VI>(-2.f * u));
+}
+
 }  // namespace llmd::simd

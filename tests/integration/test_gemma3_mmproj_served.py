@@ -232,3 +232,21 @@ def test_gguf_without_an_mmproj_refuses_images(server, pulled: str) -> None:  # 
             max_tokens=1,
         )
     assert err.value.code == "model_cannot_see"
+
+
+def test_the_vision_tower_loads_with_the_model(server, pulled: str) -> None:  # type: ignore[no-untyped-def]
+    """The mmproj's tower is read and laid out for the kernels while the model loads, not by
+    the first image request, and /status and `llmd status` say so with its share of the load: a
+    text request is enough to have it loaded."""
+    client = OpenAI(base_url=server.base_url + "/v1", api_key="unused", max_retries=0)
+    client.chat.completions.create(
+        model=pulled, messages=[{"role": "user", "content": "ab"}], max_tokens=1
+    )
+    with urllib.request.urlopen(server.base_url + "/status", timeout=30) as r:
+        models = {m["name"]: m for m in json.loads(r.read())["models"]}
+    vision = models[pulled]["vision"]
+    assert vision["architecture"] == "gemma3"
+    assert vision["tokens_per_image"] == 16  # the tiny tower's pooled grid: PROMPT's image rows
+    assert 0 < vision["load_ms"] <= models[pulled]["load_ms"]
+    shown = run_llmd(server.env, "status")
+    assert "vision tower gemma3 loaded" in shown.stdout, shown.stdout

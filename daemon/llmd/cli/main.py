@@ -372,6 +372,10 @@ def status(as_json: bool) -> None:
             f"{m.get('restarts', 0)} restart(s)"
             + (f", warmup {m['warmup']['ms']:.0f} ms" if m.get("warmup") else "")
         )
+        if v := m.get("vision"):
+            click.echo(
+                f"  vision tower {v['architecture']} loaded ({v['load_ms']:.0f} ms of the load)"
+            )
         if m.get("context_length"):
             trained = m.get("trained_context_length")
             click.echo(

@@ -155,6 +155,16 @@ class ModelFacts(_Message):
     weight_format: str  # e.g. "gguf:Q4_1", "safetensors:bf16"
 
 
+class VisionFacts(_Message):
+    """The vision tower the worker loaded beside the model (images in), as part of the model's
+    load: its weights are read and laid out for the kernels before `ready`, so no image
+    request pays for that."""
+
+    architecture: str  # "gemma3", "qwen3_5"
+    tokens_per_image: int  # prompt rows per image (0: a count per image, from its size)
+    load_ms: float  # its share of the load
+
+
 class Ready(_Message):
     type: Literal["ready"] = "ready"
     backend: (
@@ -181,6 +191,8 @@ class Ready(_Message):
     threads: int = 0
     # Resident memory of the worker before and after the weights were loaded (bytes).
     memory: dict[str, int] = {}
+    # The vision tower loaded with the model (None: the model takes no images).
+    vision: VisionFacts | None = None
 
 
 class Fatal(_Message):

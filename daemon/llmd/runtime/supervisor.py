@@ -232,12 +232,15 @@ class ModelSupervisor:
         self._served_baseline = worker.completed
         self.state = ModelState.READY
         log.info(
-            "loaded %s in %.0f ms (backend=%s kernels=%s threads=%d)%s",
+            "loaded %s in %.0f ms (backend=%s kernels=%s threads=%d)%s%s",
             self.name,
             self.load_ms,
             ready.backend,
             ready.kernels.get("isa"),
             ready.threads,
+            f"; vision tower ({ready.vision.architecture}) {ready.vision.load_ms:.0f} ms of it"
+            if ready.vision
+            else "",
             f"; warmup {self.warmup['ms']:.0f} ms" if self.warmup else "",
         )
         warning = context_warning(ready)
@@ -402,6 +405,7 @@ class ModelSupervisor:
                 kv_capacity_tokens=ready.kv_capacity_tokens,
                 kv_disk_bytes=ready.kv_disk_bytes,
                 memory=ready.memory,
+                vision=ready.vision.model_dump() if ready.vision else None,
                 speculative=speculative_status(
                     self.speculative_max_draft,
                     ready.features,

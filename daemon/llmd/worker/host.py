@@ -478,6 +478,7 @@ def main(argv: list[str] | None = None) -> int:
             kv_capacity_tokens=kv["capacity_tokens"],
             kv_disk_bytes=kv_disk if disk["enabled"] else 0,
             threads=_engine.thread_count(),
+            vision=p.VisionFacts(**encoder.facts()) if encoder is not None else None,
             memory={
                 "rss_before_load": rss_before,
                 "rss_after_load": (process_rss() or 0),

@@ -207,6 +207,15 @@ class ImageEncoder:
         self.encoded = 0  # images run through the tower
         self.cache_hits = 0  # images whose embeddings came from the cache
         self.encode_seconds = 0.0  # wall time in the tower (pixels in, rows out)
+        self.load_ms = 0.0  # what loading the tower took (set by load)
+
+    def facts(self) -> dict[str, Any]:
+        """What the worker's `ready` says of the tower."""
+        return {
+            "architecture": self._tower.architecture,
+            "tokens_per_image": self._tower.tokens_per_image,
+            "load_ms": round(self.load_ms, 1),
+        }
 
     @classmethod
     def load(
@@ -224,6 +233,8 @@ class ImageEncoder:
         if not engine.accepts_embeddings:
             return None
         from llmd import _engine
+
+        started = time.perf_counter()
 
         backend = engine.info()["backend"]
         if mmproj:
@@ -258,7 +269,9 @@ class ImageEncoder:
                 f"the vision projector gives {tower.hidden_size} values per row, "
                 f"the text model takes {engine.info()['hidden_size']}"
             )
-        return cls(tower, layout, engine)
+        encoder = cls(tower, layout, engine)
+        encoder.load_ms = (time.perf_counter() - started) * 1000
+        return encoder
 
     def pixels(self, images: list[Any]) -> list[np.ndarray]:
         """A request's ImageInputs decoded; ValueError naming one the tower cannot read."""
