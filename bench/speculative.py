@@ -24,6 +24,14 @@ found from its --help (`--spec-type ngram-*`, or `--lookup-*`), one configuratio
 
 With --draft, llmd loads the draft in the model's worker (`--draft-model`) and requests pick
 the drafter; llama-server gets `-md DRAFT` at its default draft length and at --max-draft.
+
+Another model (a random-weight 1B-shaped GGUF of bench/realistic.py) with --model; --tokens
+caps each workload's output, --llama-modes keeps a few of llama-server's n-gram modes, so a
+run on a slower model fits a quiet window:
+
+  python -m bench.speculative --model bench/.realistic/llama3.2-1b-q4_0.gguf --tokens 160 \
+      --workloads edit --llama-modes ngram-map-k4v --rounds 2
+  python -m bench.speculative --model bench/.realistic/llama3.2-1b-q4_0.gguf --draft 2 --draft-only
 """
 
 from __future__ import annotations
@@ -172,9 +180,14 @@ def llama_spec_modes(binary: Path) -> dict[str, list[str]]:
 
 
 async def one_case(
-    target: loadgen.Target, workload: str, streams: int, extra: dict[str, Any]
+    target: loadgen.Target,
+    workload: str,
+    streams: int,
+    extra: dict[str, Any],
+    max_tokens: int | None = None,
 ) -> dict[str, Any]:
-    messages, max_tokens = WORKLOADS[workload]
+    messages, default_tokens = WORKLOADS[workload]
+    max_tokens = min(default_tokens, max_tokens or default_tokens)
     async with loadgen.client_session() as session:
         start = asyncio.get_running_loop().time()
         results = await asyncio.gather(
@@ -218,12 +231,30 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--draft-only", action="store_true", help="leave out the n-gram modes")
     ap.add_argument("--streams", default="1,4")
     ap.add_argument("--workloads", default="edit,free")
+    ap.add_argument(
+        "--model", type=Path, default=None, help="a GGUF to serve (default: the test model)"
+    )
+    ap.add_argument("--tokens", type=int, default=0, help="cap each workload's output tokens")
+    ap.add_argument(
+        "--skip",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="leave out a configuration by name (e.g. 'llama.cpp'), to split a long run",
+    )
+    ap.add_argument(
+        "--llama-modes",
+        default="",
+        help="comma-separated llama-server n-gram modes to keep (e.g. ngram-map-k4v; "
+        "default: every mode this build lists)",
+    )
     return ap.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    gguf = servers.default_gguf()
+    gguf = args.model or servers.default_gguf()
+    model_name = servers.LLMD_BENCH_MODEL if args.model else "smollm2-135m"
     streams = [int(s) for s in args.streams.split(",")]
     workloads = args.workloads.split(",")
     draft = draft_file(gguf, args.draft) if args.draft else None
@@ -236,6 +267,7 @@ def main(argv: list[str] | None = None) -> int:
         context_length=4096,
         extra=extra,
         installs={DRAFT_NAME: draft} if draft is not None else None,
+        gguf=args.model,
     )
     configs: list[tuple[str, Any, dict[str, Any]]] = []  # (name, server, extra body)
     if not args.no_llama and not args.llama_server.exists():
@@ -251,7 +283,9 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_llama:
         modes = {"llama.cpp": []}
         if not args.draft_only:
-            modes |= llama_spec_modes(args.llama_server)
+            keep = {f"llama.cpp {m}" for m in args.llama_modes.split(",") if m}
+            detected = llama_spec_modes(args.llama_server)
+            modes |= {k: v for k, v in detected.items() if not keep or k in keep}
         if draft is not None:
             md = ["-md", str(draft), "-td", str(args.threads), "-tbd", str(args.threads)]
             modes["llama.cpp -md"] = md
@@ -273,6 +307,7 @@ def main(argv: list[str] | None = None) -> int:
                 name=name,
             )
             configs.append((name, srv, {}))
+    configs = [c for c in configs if c[0] not in args.skip]
     results: dict[str, Any] = {"rounds": [], "config": vars(args)}
     refused: set[str] = set()
     try:
@@ -294,11 +329,18 @@ def main(argv: list[str] | None = None) -> int:
                         refused.add(name)
                         continue
                 try:
-                    target = loadgen.Target(name, srv.base_url, "smollm2-135m")
-                    asyncio.run(one_case(target, "edit", 1, extra))  # warm: prompt cached
+                    target = loadgen.Target(name, srv.base_url, model_name)
+                    # Warm: each prompt prefilled (then cached) by as many concurrent requests
+                    # as the most streams measured (llama-server caches a prompt per slot), the
+                    # edit run whole as before (a drafter that learns across requests sees it).
+                    for w in workloads:
+                        cap = args.tokens if w == "edit" else 2
+                        asyncio.run(one_case(target, w, max(streams), extra, max_tokens=cap))
                     for w in workloads:
                         for n in streams:
-                            row[f"{name}|{w}|{n}"] = asyncio.run(one_case(target, w, n, extra))
+                            row[f"{name}|{w}|{n}"] = asyncio.run(
+                                one_case(target, w, n, extra, max_tokens=args.tokens)
+                            )
                             print(name, w, n, row[f"{name}|{w}|{n}"], flush=True)
                 finally:
                     if srv is not llmd:

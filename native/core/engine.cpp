@@ -611,11 +611,15 @@ void Engine::restore_state(Sequence& seq, int start, int kept) {
 }
 
 bool Engine::mtp_reads(Sequence& seq, int start) {
-  // The head needs the model's hidden state at every position from 0: a sequence that starts
-  // anywhere else (a cached prefix, a sibling of n > 1) decodes without it.
+  // The head reads the model's hidden state at every position the sequence computes, from its
+  // first segment on: position 0, or past a cached prefix, a session's history or a sibling's
+  // prompt, none of which the model ran here (mtp_drafter.h, DraftSequence::start).
   if (!mtp_ || !seq.request.mtp || seq.request.max_draft <= 0) return false;
-  if (!seq.drafting && start == 0) seq.drafting = mtp_->open(seq.request.sampling);
-  return seq.drafting != nullptr;
+  if (!seq.drafting) {
+    seq.drafting = mtp_->open(seq.request.sampling);
+    seq.drafting->start = start;
+  }
+  return true;
 }
 
 std::vector<int> Engine::snapshot_positions(const Sequence& seq, int start, int n) const {
@@ -1082,7 +1086,12 @@ void Engine::draft_all(const std::vector<Sequence*>& decoding, const std::vector
   }
   if (!jobs.empty()) {
     // The draft model's catch-up (a prompt it has not seen) takes at most one step's budget.
-    drafter_->propose(jobs, options_.step_token_budget);
+    // Its forwards build and evaluate MLX graphs as the target's do: under the same mutex, so
+    // never beside score(), the MTP probe or an image encoder (between_steps) on another thread.
+    {
+      std::lock_guard<std::mutex> lock(forward_mutex_);
+      drafter_->propose(jobs, options_.step_token_budget);
+    }
     size_t j = 0;
     for (size_t i = 0; i < decoding.size(); ++i) {
       Sequence& seq = *decoding[i];

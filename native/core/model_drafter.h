@@ -34,8 +34,12 @@ struct DraftSequence {
   Sampler sampler;
   std::vector<std::vector<float>> q;
   // MTP head only (mtp_drafter.h): the model's final hidden states at the positions from
-  // kv.length() on that the head has not read yet, hidden_size floats each.
+  // start + kv.length() on that the head has not read yet, hidden_size floats each.
   std::vector<float> hidden;
+  // MTP head only: the sequence's position of the head's entry 0. A sequence that reuses KV it
+  // did not compute (a cached prefix, a session's history, a sibling's prompt) has no hidden
+  // states there, so its head starts where the model starts computing them (mtp_drafter.h).
+  int start = 0;
 };
 
 class ModelDrafter {

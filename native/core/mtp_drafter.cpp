@@ -44,7 +44,7 @@ void MtpDrafter::propose(std::vector<Job>& jobs, int catch_up_budget) {
       StepSegment s;
       s.kv = &st.kv;
       s.start_pos = st.kv.length();
-      for (int i = 0; i < chunk; ++i) s.tokens.push_back(job.token_at(s.start_pos + 1 + i));
+      for (int i = 0; i < chunk; ++i) s.tokens.push_back(job.token_at(st.start + s.start_pos + 1 + i));
       s.want_logits = chunk == lag && job.want > 0;
       if (!st.kv.reserve(s.start_pos + chunk)) continue;  // no room: it reads them another step
       catch_up_budget -= chunk;

@@ -17,6 +17,16 @@
 // entries' KV is dropped at once (the head's KV keeps only entries made from the model's hidden
 // states; they are made again from the model's, one step later, for the drafts it accepts), so
 // nothing of a rejected draft survives in the head.
+//
+// A sequence that starts past position 0 (its prompt's head reused from the prefix cache or a
+// session, or a sibling of n > 1 that starts from its first choice's KV) has no hidden states
+// for the reused positions: the model never ran them in this sequence, and keeping every
+// position's hidden state in the cache would cost as much as its KV again. Its head starts at
+// the first position the model computes (DraftSequence::start): entry 0 of its KV is that
+// position, the entries are fed at positions shifted down by `start` (rotary attention depends
+// only on the distance between positions, so the shift changes nothing), and the head attends
+// to the positions from there on only. Its guesses can be worse than with the whole history,
+// never wrong: the verifier keeps only what the model itself would take.
 #pragma once
 
 #include <cstdint>

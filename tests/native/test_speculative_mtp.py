@@ -10,7 +10,10 @@ back to the snapshot at the last kept position when a draft is rejected).
   sequences batched together in steps of 16 tokens (prefill chunks beside decode rows), with
   the random head (it drafts, nearly every draft is rejected: the state rollback runs at almost
   every step) and with a head built to agree with the model (most drafts kept); seeded sampled
-  output follows the same distribution (chi-square, as test_speculative_draft_model.py).
+  output follows the same distribution (chi-square: speculative_sampling.py, shared with the
+  draft-model tests).
+- A cached prefix, a session's next turn and a sibling of n > 1 draft with the head too (it
+  starts where the model starts computing hidden states), lossless.
 - Reported: drafted and accepted tokens in the done event and the engine's stats.
 - Refused: an MTP request on a model without a head.
 """
@@ -18,14 +21,13 @@ back to the snapshot at the last kept position when a draft is rejected).
 from __future__ import annotations
 
 import json
-from collections import Counter
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from .conftest import run_all
-from .test_speculative_draft_model import _chi_square_z
+from .speculative_sampling import assert_same_distribution, sampled_positions
 from .tiny_models import (
     CONFIGS,
     TOKENS,
@@ -186,20 +188,19 @@ def test_a_head_that_agrees_with_the_model_gets_its_drafts_kept(
     print(f"\n{backend}: accepted {accepted}/{drafted}, steps {stats['steps']} vs {plain_steps}")
 
 
-def test_cached_prefixes_and_siblings_decode_the_same_without_the_head(agreeing_head: Path) -> None:
-    """The head reads the model's hidden state at every position from 0, which a prefix reused
-    from the cache (or a sibling of n > 1, which starts from its first choice's KV) never
-    computed: those sequences decode without drafts (mtp_drafter.h), giving the same tokens;
-    the sequence that prefilled the prompt itself drafts."""
+def test_cached_prefixes_sessions_and_siblings_draft_with_the_head(agreeing_head: Path) -> None:
+    """A sequence that reuses KV the model did not compute for it (a prefix from the cache, a
+    session's earlier turn, a sibling of n > 1 starting from its first choice's KV) has no
+    hidden states there: its head starts at the first position the model computes
+    (mtp_drafter.h). Each of them drafts, gets drafts kept, and gives the tokens of a plain
+    run of the same prompt."""
     prompt = _prompts(23, (100,))[0]  # a recurrent-state snapshot at 64: reusable
+    fresh = _prompts(29, (40,))[0]
     engine = _engine(agreeing_head)
     plain = _engine(agreeing_head)
     try:
-        want = _greedy(plain, [prompt], {}, max_tokens=20)[0]["tokens"]
         first = run_all(engine, {"a": {"prompt": prompt, "max_tokens": 20, **MTP}})["a"]
         again = run_all(engine, {"b": {"prompt": prompt, "max_tokens": 20, **MTP}})["b"]
-        fresh = _prompts(29, (40,))[0]
-        want_fresh = _greedy(plain, [fresh], {}, max_tokens=20)[0]["tokens"]
         siblings = run_all(
             engine,
             {
@@ -207,55 +208,41 @@ def test_cached_prefixes_and_siblings_decode_the_same_without_the_head(agreeing_
                 "c": {"prompt": fresh, "max_tokens": 20, "prefill_of": "p", **MTP},
             },
         )
+        turn1 = _prompts(31, (90,))[0]
+        t1 = run_all(engine, {"t1": {"prompt": turn1, "max_tokens": 20, "session": "s", **MTP}})
+        turn2 = turn1 + t1["t1"]["tokens"] + _prompts(37, (30,))[0]
+        t2 = run_all(engine, {"t2": {"prompt": turn2, "max_tokens": 24, "session": "s", **MTP}})
+        engine.unpin("s")
+        want = _greedy(plain, [prompt, fresh, turn1], {}, max_tokens=20)
+        want_turn2 = _greedy(plain, [turn2], {}, max_tokens=24)[0]["tokens"]
     finally:
         engine.shutdown()
         plain.shutdown()
-    assert first["tokens"] == again["tokens"] == want
-    assert first["done"]["drafted_tokens"] > 0
-    assert again["done"]["cached_tokens"] == 64 and again["done"]["drafted_tokens"] == 0
-    assert siblings["p"]["tokens"] == siblings["c"]["tokens"] == want_fresh
-    assert siblings["p"]["done"]["drafted_tokens"] > 0
+    assert first["tokens"] == again["tokens"] == want[0]["tokens"]
+    assert first["done"]["cached_tokens"] == 0 and again["done"]["cached_tokens"] == 64
+    assert siblings["p"]["tokens"] == siblings["c"]["tokens"] == want[1]["tokens"]
+    assert siblings["c"]["done"]["cached_tokens"] == len(fresh)  # it prefilled nothing
+    assert t1["t1"]["tokens"] == want[2]["tokens"]
+    assert t2["t2"]["tokens"] == want_turn2
+    assert t2["t2"]["done"]["cached_tokens"] >= 64
+    for done in (again["done"], siblings["c"]["done"], t2["t2"]["done"]):
+        assert done["accepted_tokens"] > 0, done
+        assert done["drafted_tokens"] > done["accepted_tokens"] // 2, done
 
 
 def test_sampled_output_follows_the_same_distribution_with_the_head(agreeing_head: Path) -> None:
     """500 seeded draws each way at temperature 1 (different seeds each way: distributions are
-    compared, not draws), positions 1-3 of each continuation (position 0 comes from the
-    prefill, never from a verification)."""
+    compared, not draws), positions 1-3 of each continuation (speculative_sampling.py)."""
     prompt = _prompts(3, (12,))[0]
     engine = _engine(agreeing_head)
     draws = 500
-    hist = {}
     try:
-        for name, spec, base in (("mtp", MTP, 0), ("plain", {}, 10**6)):
-            before = engine.stats()["draft_accepted_tokens"]
-            counts = [Counter(), Counter(), Counter()]
-            for start in range(0, draws, 64):
-                reqs = {
-                    f"{name}{seed}": {
-                        "prompt": prompt,
-                        "max_tokens": 4,
-                        "temperature": 1.0,
-                        "seed": base + seed,
-                        **spec,
-                    }
-                    for seed in range(start, min(start + 64, draws))
-                }
-                for res in run_all(engine, reqs).values():
-                    for i, token in enumerate(res["tokens"][1:4]):
-                        counts[i][token] += 1
-            hist[name] = counts
-            if name == "mtp":
-                assert engine.stats()["draft_accepted_tokens"] > before
+        with_head = sampled_positions(engine, prompt, MTP, draws)
+        assert engine.stats()["draft_accepted_tokens"] > 0
+        plain = sampled_positions(engine, prompt, {}, draws, seed_base=10**6)
     finally:
         engine.shutdown()
-    tested = 0
-    for i in range(3):
-        z = _chi_square_z(hist["mtp"][i], hist["plain"][i])
-        if z is None:
-            continue
-        tested += 1
-        assert z < 4.0, (i, z, hist["mtp"][i].most_common(5), hist["plain"][i].most_common(5))
-    assert tested >= 2
+    assert_same_distribution(with_head, plain, "mtp")
 
 
 def test_ngram_drafts_on_the_recurrent_model_are_lossless(random_head: Path) -> None:
