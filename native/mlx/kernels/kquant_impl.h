@@ -613,8 +613,11 @@ inline __m512 broadcast_pair(const float* p) {
 // One activation row's super-block for dot8_q45k_zmm, from per-256 activations (qgemm.h): the
 // quants of block pairs 2p, 2p + 1 interleaved by dwords as KqPair's (pair p at 64p), the
 // blocks' integer sums as the vpdpwssd operands of the mins (bsum[4h .. 4h + 3] = the sums of
-// blocks 4h, 4h + 2, 4h + 1, 4h + 3) and the super-block's one scale.
-struct KqSuper {
+// blocks 4h, 4h + 2, 4h + 1, 4h + 3) and the super-block's one scale. Cache-line aligned (276 ->
+// 320 bytes): packed 276 bytes apart, every other super-block's qword broadcasts sat at 4 mod 8
+// and one in eight of them straddled two cache lines (aligned, a copy of the 8-row Q5_K kernel
+// went 267-270 -> 283 GMAC/s on a Zen 5 core; bench/README.md, issue 31).
+struct alignas(64) KqSuper {
   int8_t q[kSuper];
   int16_t bsum[kSubBlocks];
   float d;

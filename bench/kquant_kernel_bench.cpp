@@ -1,0 +1,79 @@
+// Times llmd's packed K-quant GEMM kernels alone, one thread, weights packed once (excluded from
+// the time), activations quantized once. Why a separate binary: rebuilding the extension takes
+// 15+ minutes on a shared 2-core box, this compiles in seconds of CPU, and it times exactly the
+// kernel functions the engine calls (qgemm_impl.h included the way qgemm_<isa>.cpp includes it).
+//
+// Build (AVX-512 VNNI path; add -DKB_AVX2 and drop the avx512 flags for the AVX2 path):
+//   g++ -O3 -std=gnu++20 -mavx2 -mfma -mf16c -mavx512f -mavx512bw -mavx512vl -mavx512vnni \
+//       -Inative bench/kquant_kernel_bench.cpp native/mlx/kernels/pack8.cpp \
+//       native/core/tensor_types.cpp -o /tmp/kquant_kernel_bench
+// Run: /tmp/kquant_kernel_bench q5k 512 2048 2048 20   (type rows n k reps; prints best GMAC/s)
+#define LLMD_ISA_X86 1
+#if defined(KB_AVX2)
+#define LLMD_ISA_NAMESPACE avx2
+#define KB_ISA_NAME "avx2"
+#else
+#define LLMD_ISA_VNNI 1
+#define LLMD_ISA_NAMESPACE avx512vnni
+#define KB_ISA_NAME "avx512vnni"
+#endif
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "mlx/kernels/qgemm_impl.h"
+
+namespace isa = llmd::kernels::LLMD_ISA_NAMESPACE;
+using llmd::TensorType;
+using llmd::kernels::ActBlock;
+
+int main(int argc, char** argv) {
+  if (argc != 6) {
+    std::fprintf(stderr, "usage: %s q4k|q5k|q6k rows n k reps\n", argv[0]);
+    return 2;
+  }
+  const std::string ty = argv[1];
+  const int rows = std::atoi(argv[2]), n = std::atoi(argv[3]), k = std::atoi(argv[4]), reps = std::atoi(argv[5]);
+  const TensorType tt = ty == "q5k" ? TensorType::Q5_K : ty == "q6k" ? TensorType::Q6_K : TensorType::Q4_K;
+  const size_t rb = llmd::row_bytes(tt, k);
+  const int block_bytes = tt == TensorType::Q6_K ? 210 : tt == TensorType::Q5_K ? 176 : 144;
+  std::vector<uint8_t> w(rb * n);
+  std::mt19937 rng(1);
+  for (auto& b : w) b = static_cast<uint8_t>(rng());
+  // Random bytes except the fp16 scales, kept finite and small (timing does not depend on them).
+  for (size_t o = 0; o < w.size(); o += block_bytes) {
+    const uint16_t h = static_cast<uint16_t>(0x2000 + (rng() & 0x3ff));
+    std::memcpy(&w[o + (tt == TensorType::Q6_K ? 208 : 0)], &h, 2);
+    if (tt != TensorType::Q6_K) std::memcpy(&w[o + 2], &h, 2);
+  }
+  std::vector<float> x(static_cast<size_t>(rows) * k);
+  std::normal_distribution<float> normal;
+  for (auto& v : x) v = normal(rng);
+  const int nb = k / llmd::kernels::kBlock;
+  std::vector<ActBlock> act(static_cast<size_t>(rows) * nb);
+  // As uses_superblock_activations (dispatch.cpp, not linked here): Q4_K and Q5_K per 256.
+  const auto quantize = tt != TensorType::Q6_K ? isa::quantize_row_k_simd : isa::quantize_row_simd;
+  for (int r = 0; r < rows; ++r) quantize(x.data() + static_cast<size_t>(r) * k, act.data() + static_cast<size_t>(r) * nb, k);
+#if defined(KB_AVX2)
+  constexpr auto layout = llmd::kernels::PackLayout::kDword;
+#else
+  constexpr auto layout = llmd::kernels::PackLayout::kQword;
+#endif
+  llmd::kernels::pack8_in_place(tt, w.data(), n, k, layout);
+  const auto gemm = tt == TensorType::Q5_K ? isa::gemm_q5_k_x8 : tt == TensorType::Q6_K ? isa::gemm_q6_k_x8 : isa::gemm_q4_k_x8;
+  std::vector<float> out(static_cast<size_t>(rows) * n);
+  double best = 1e30;
+  for (int i = 0; i < reps; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    gemm(w.data(), rb, act.data(), k, rows, 0, n, out.data(), n);
+    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  double checksum = 0;
+  for (float v : out) checksum += v;
+  std::printf("%s %s %d x %d x %d: best %.3f ms, %.1f GMAC/s (checksum %.6g)\n", argv[1],
+              KB_ISA_NAME, rows, n, k, best * 1e3, static_cast<double>(rows) * n * k / best / 1e9, checksum);
+  return 0;
+}
