@@ -126,6 +126,12 @@ Engine::Engine(std::unique_ptr<Model> model, EngineOptions options, std::unique_
           options_.kv_disk_read_delay_ms);
     } catch (const std::exception& ex) {
       disk_off_reason_ = std::string("cannot use ") + options_.kv_disk_dir + ": " + ex.what();
+      // Off means every part of it: no tier half made (a second directory that failed).
+      prefix_cache_.set_evict_hook(nullptr);
+      loader_.reset();
+      state_disk_.reset();
+      window_disk_.reset();
+      disk_.reset();
     }
   }
   {
@@ -263,17 +269,22 @@ bool Engine::start_disk_load(Sequence& seq, Admission& a) {
   // A device backend's reads land in staging buffers, copied into its store when done.
   const size_t n_staged = on_host ? 0 : a.loading.size() + a.window_blocks.size();
   a.staging.resize(n_staged);
+  // (A device pool has no host bytes: block_data and window_data are host storage only.)
   for (size_t i = 0; i < a.loading.size(); ++i) {
-    std::byte* dest = pool_.block_data(a.loading[i]);
-    if (!on_host) {
+    std::byte* dest = nullptr;
+    if (on_host) {
+      dest = pool_.block_data(a.loading[i]);
+    } else {
       a.staging[i].resize(pool_.block_bytes());
       dest = a.staging[i].data();
     }
     read(disk_.get(), ram + i, /*chain=*/1, dest);
   }
   for (size_t i = 0; i < a.window_blocks.size(); ++i) {
-    std::byte* dest = pool_.window_data(a.window_blocks[i]);
-    if (!on_host) {
+    std::byte* dest = nullptr;
+    if (on_host) {
+      dest = pool_.window_data(a.window_blocks[i]);
+    } else {
       auto& buf = a.staging[a.loading.size() + i];
       buf.resize(pool_.window_part_bytes());
       dest = buf.data();
