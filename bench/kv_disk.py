@@ -10,6 +10,12 @@ request is timed, so load time is in none of the figures. The block files were j
 so they are read from the OS page cache: a restart after a reboot reads them from the SSD.
 
     python -m bench.kv_disk [--rounds 3] [--words 7600] [--seed 0]
+
+`--engine BACKEND` (e.g. `mlx-cpu`, the device path on MLX's CPU device) times the same in
+process instead, on the native engine alone: a prompt of `--words` random token ids prefilled
+cold by one engine, which is then deleted (a worker restart), and the same prompt on a new
+engine over the same directory (from disk), then once more (from RAM); each TTFT is the wall
+time from submission to the one token of a one-token greedy request.
 """
 
 from __future__ import annotations
@@ -136,16 +142,85 @@ def one_round(seed: int, words: int, threads: int | None) -> dict:
     }
 
 
+def engine_round(backend: str, tokens: int, seed: int, kv_type: str) -> dict:
+    """One round on the native engine in this process (see the module docstring)."""
+    import random
+
+    from bench.step_bench import default_model
+    from llmd import _engine  # type: ignore[attr-defined]
+
+    model = default_model()
+    rng = random.Random(seed)
+    prompt = [1] + [rng.randrange(100, 40000) for _ in range(tokens - 1)]
+    disk = Path(tempfile.mkdtemp(prefix="llmd-kvd-"))
+
+    def make():  # type: ignore[no-untyped-def]
+        return _engine.Engine(
+            model,
+            context_length=8192,
+            backend=backend,
+            kv_type=kv_type,
+            kv_budget_bytes=4 << 30,
+            kv_disk_dir=str(disk),
+            kv_disk_bytes=20 << 30,
+            model_digest="sha256:" + "0" * 64,
+        )
+
+    def timed_one(engine, rid: str) -> tuple[float, list[int], dict]:  # type: ignore[no-untyped-def]
+        start = time.perf_counter()
+        engine.submit(rid, prompt=prompt, max_tokens=1)
+        out: list[int] = []
+        while True:
+            for ev in engine.poll(1000):
+                if ev["type"] == "tokens":
+                    out += ev["tokens"]
+                elif ev["type"] in ("done", "error"):
+                    if ev["type"] == "error":
+                        raise RuntimeError(ev["message"])
+                    return time.perf_counter() - start, out, ev
+
+    try:
+        first = make()
+        cold_s, cold_tokens, _ = timed_one(first, "cold")
+        first.flush_kv_disk()
+        del first
+        second = make()
+        restart_s, restart_tokens, done = timed_one(second, "restart")
+        ram_s, _, _ = timed_one(second, "ram")
+        disk_stats = second.stats()["kv_disk"]
+        del second
+    finally:
+        shutil.rmtree(disk, ignore_errors=True)
+    if restart_tokens != cold_tokens:
+        raise RuntimeError(f"the answer changed: {cold_tokens} vs {restart_tokens}")
+    return {
+        "prompt_tokens": tokens,
+        "cold_ttft_s": cold_s,
+        "restart_ttft_s": restart_s,
+        "restart_cached_tokens": done["cached_tokens"],
+        "ram_ttft_s": ram_s,
+        "disk_read_mb": disk_stats["read_bytes"] / 1e6,
+        "ratio": restart_s / cold_s,
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--words", type=int, default=7600, help="system prompt words (~tokens)")
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--seed", type=int, default=0, help="first round's prompt seed")
+    parser.add_argument(
+        "--engine", default=None, help="time the native engine in process on this backend"
+    )
+    parser.add_argument("--kv-type", default="f16", help="with --engine: the KV type")
     args = parser.parse_args()
     rows = []
     for seed in range(args.seed, args.seed + args.rounds):
-        rows.append(one_round(seed, args.words, args.threads))
+        if args.engine:
+            rows.append(engine_round(args.engine, args.words, seed, args.kv_type))
+        else:
+            rows.append(one_round(seed, args.words, args.threads))
         print(json.dumps(rows[-1]), flush=True)
     med = {k: statistics.median(r[k] for r in rows) for k in rows[0]}
     print(

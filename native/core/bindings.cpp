@@ -156,7 +156,7 @@ std::unique_ptr<Engine> make_engine(const std::string& path, int context_length,
                                     const std::string& backend, const std::string& kv_type,
                                     const std::string& kv_disk_dir, size_t kv_disk_bytes,
                                     const std::string& model_digest, const std::string& draft_model_path,
-                                    const py::dict& draft_hf_config) {
+                                    const py::dict& draft_hf_config, int kv_disk_read_delay_ms) {
   const KvType type = kv_type_named(kv_type);
   Metadata hf = metadata_from_dict(hf_config);
   Metadata draft_hf = metadata_from_dict(draft_hf_config);
@@ -182,6 +182,7 @@ std::unique_ptr<Engine> make_engine(const std::string& path, int context_length,
   opts.kv_disk_dir = kv_disk_dir;
   opts.kv_disk_bytes = kv_disk_bytes;
   opts.model_digest = model_digest;
+  opts.kv_disk_read_delay_ms = kv_disk_read_delay_ms;
   return std::make_unique<Engine>(std::move(model), opts, std::move(draft));
 }
 
@@ -445,7 +446,7 @@ PYBIND11_MODULE(_engine, m) {
            py::arg("kv_budget_bytes") = size_t{1} << 30, py::arg("hf_config") = py::dict(),
            py::arg("backend") = "auto", py::arg("kv_type") = "f16", py::arg("kv_disk_dir") = "",
            py::arg("kv_disk_bytes") = 0, py::arg("model_digest") = "", py::arg("draft_model_path") = "",
-           py::arg("draft_hf_config") = py::dict())
+           py::arg("draft_hf_config") = py::dict(), py::arg("kv_disk_read_delay_ms") = 0)
       .def(
           "submit",
           [](Engine& e, const std::string& id, std::vector<int32_t> prompt, int max_tokens, float temperature,
@@ -625,6 +626,9 @@ PYBIND11_MODULE(_engine, m) {
              if (s.kv_disk_enabled) disk["dir"] = s.kv_disk_dir;
              disk["hits"] = s.kv_disk_hits;
              disk["hit_tokens"] = s.kv_disk_hit_tokens;
+             disk["loads"] = s.kv_disk_loads;
+             disk["steps_during_loads"] = s.kv_disk_load_steps;
+             disk["state_hits"] = s.kv_disk_state_hits;
              disk["read_blocks"] = s.kv_disk.read_blocks;
              disk["read_bytes"] = s.kv_disk.read_bytes;
              disk["written_blocks"] = s.kv_disk.written_blocks;

@@ -89,6 +89,10 @@ Engine::Engine(std::unique_ptr<Model> model, EngineOptions options, std::unique_
     for (int l = 0; l < shape.n_layers; ++l) {
       identity += "," + std::to_string(shape.kv_heads_of(l)) + "x" + std::to_string(shape.head_dim_of(l));
     }
+    // A device backend's blocks are its store's rows (device_attention.h: each array's 64 rows
+    // in turn), not the host pool's transposed tiles: the same model and KV type on the CPU
+    // backend must never read them, nor they its.
+    if (!shape.host_storage) identity += "|device-rows";
     try {
       disk_ = std::make_unique<DiskKvTier>(options_.kv_disk_dir, identity, pool_.block_bytes(),
                                            options_.kv_disk_bytes);
@@ -99,11 +103,35 @@ Engine::Engine(std::unique_ptr<Model> model, EngineOptions options, std::unique_
         window_disk_ = std::make_unique<DiskKvTier>(options_.kv_disk_dir, identity + "|window-part",
                                                     pool_.window_part_bytes(), options_.kv_disk_bytes);
       }
+      if (recurrent_) {
+        // What a prefix of a recurrent model resumes from: the state after its last block, in
+        // the model's own serialisation (Model::save_state), beside the blocks.
+        state_disk_ = std::make_unique<DiskKvTier>(options_.kv_disk_dir, identity + "|recurrent-state",
+                                                   model_->state_bytes(), options_.kv_disk_bytes);
+      }
       prefix_cache_.set_evict_hook([this](uint64_t key, uint64_t parent, const int32_t* tokens, int block) {
         save_to_disk(key, parent, tokens, block);
+        // A snapshot not written yet (a decode snapshot of a sequence still running) goes with
+        // its block.
+        if (state_disk_ && !state_disk_->contains(key)) {
+          if (auto state = prefix_cache_.state_of(key)) save_state_to_disk(key, parent, tokens, *state);
+        }
       });
+      loader_ = std::make_unique<DiskLoader>(
+          [this] {
+            // Under mutex_, so the engine loop's wait cannot miss it.
+            std::lock_guard<std::mutex> lock(mutex_);
+            work_cv_.notify_all();
+          },
+          options_.kv_disk_read_delay_ms);
     } catch (const std::exception& ex) {
       disk_off_reason_ = std::string("cannot use ") + options_.kv_disk_dir + ": " + ex.what();
+      // Off means every part of it: no tier half made (a second directory that failed).
+      prefix_cache_.set_evict_hook(nullptr);
+      loader_.reset();
+      state_disk_.reset();
+      window_disk_.reset();
+      disk_.reset();
     }
   }
   {
@@ -120,52 +148,248 @@ std::string Engine::disk_tier_off_reason() const {
   if (options_.model_digest.empty()) return "no digest of the model file was given";
   const std::string& arch = model_->info().architecture;
   if (bidirectional_) return arch + " is an encoder: it has no prefix cache";
-  if (recurrent_) return "not implemented yet for models with recurrent state (" + arch + ")";
-  if (!pool_.shape().host_storage) return "not implemented yet for KV kept on the device (" + model_->info().backend + ")";
+  if (recurrent_ && model_->state_bytes() == 0) return "not implemented yet for the recurrent state of " + arch;
+  if (!model_->has_kv_block_io()) return "not implemented yet for KV kept on the " + model_->info().backend + " backend";
   if (pool_.block_bytes() == 0) return "every layer of " + arch + " is a sliding-window layer: not implemented yet";
   return "";
 }
 
 void Engine::save_to_disk(uint64_t key, uint64_t parent, const int32_t* tokens, int block) {
   if (!disk_) return;
-  // A copy, so the writer thread never reads a block the engine may reuse; ~1.5 MB for the
-  // test model, a memcpy, while the write itself happens off this thread.
-  const std::byte* data = pool_.block_data(block);
-  if (!disk_->contains(key)) disk_->put(key, parent, tokens, std::vector<std::byte>(data, data + pool_.block_bytes()));
+  const bool full = !disk_->contains(key);
   // The window part, while the block still has it (a block is saved when it fills, so every
   // full block's part is written: any later prompt may end right after it).
-  const std::byte* window = window_disk_ ? pool_.window_data(block) : nullptr;
-  if (window && !window_disk_->contains(key)) {
-    window_disk_->put(key, parent, tokens, std::vector<std::byte>(window, window + pool_.window_part_bytes()));
+  const bool window = window_disk_ && pool_.window_slot(block) >= 0 && !window_disk_->contains(key);
+  if (!full && !window) return;
+  // A copy, so the writer thread never reads a block the engine may reuse (~1.5 MB for the
+  // test model, a memcpy, or a read of the device store's rows), while the write itself happens
+  // off this thread. Device reads are MLX graphs: never beside another (forward_mutex_).
+  std::lock_guard<std::recursive_mutex> lock(forward_mutex_);
+  if (full) {
+    std::vector<std::byte> payload(pool_.block_bytes());
+    model_->read_kv_blocks(pool_, {block}, false, {payload.data()});
+    disk_->put(key, parent, tokens, std::move(payload));
+  }
+  if (window) {
+    std::vector<std::byte> payload(pool_.window_part_bytes());
+    model_->read_kv_blocks(pool_, {block}, true, {payload.data()});
+    window_disk_->put(key, parent, tokens, std::move(payload));
   }
 }
 
-int Engine::load_from_disk(PrefixCache::Match& m, const std::vector<int32_t>& prompt) {
+void Engine::save_state_to_disk(uint64_t key, uint64_t parent, const int32_t* tokens, const SequenceState& state) {
+  if (!state_disk_ || state_disk_->contains(key)) return;
+  std::vector<std::byte> payload(model_->state_bytes());
+  {
+    std::lock_guard<std::recursive_mutex> lock(forward_mutex_);
+    model_->save_state(state, payload.data());
+  }
+  state_disk_->put(key, parent, tokens, std::move(payload));
+}
+
+std::vector<int32_t> Engine::block_tokens(const Sequence& seq, size_t index) const {
   constexpr int BT = KvPool::kBlockTokens;
+  std::vector<int32_t> tokens(BT);
+  for (int i = 0; i < BT; ++i) tokens[i] = seq.token_at(static_cast<int>(index) * BT + i);
+  return tokens;
+}
+
+bool Engine::start_disk_load(Sequence& seq, Admission& a) {
+  constexpr int BT = KvPool::kBlockTokens;
+  const auto& prompt = seq.request.prompt;
   const int limit = static_cast<int>(prompt.size()) - 1;  // one token always runs
+  const bool on_host = pool_.shape().host_storage;
+  PrefixCache::Match& m = a.m;
+  // The chain on disk after the RAM blocks.
   uint64_t parent = m.keys.empty() ? 0 : m.keys.back();
-  int loaded = 0;
+  std::vector<uint64_t> keys;
   for (int start = m.full_tokens(); start + BT <= limit; start += BT) {
-    const int32_t* tokens = prompt.data() + start;
-    const uint64_t key = PrefixCache::chain(parent, tokens);
+    const uint64_t key = PrefixCache::chain(parent, prompt.data() + start);
     if (!disk_->contains(key)) break;
+    keys.push_back(key);
+    parent = key;
+  }
+  const size_t ram = m.blocks.size();
+  if (recurrent_) {
+    // KV is reusable only with the state at exactly its end: stop the chain at the last block
+    // whose snapshot is on disk, unless a longer prefix has one in RAM (then nothing is read).
+    size_t end = keys.size();
+    while (end > 0 && !state_disk_->contains(keys[end - 1])) --end;
+    keys.resize(end);
+    if (end == 0) return false;
+    a.state_key = keys.back();
+    a.state.resize(model_->state_bytes());
+  }
+  // Blocks to load into: each with one reference, so nothing evicts them meanwhile. Their
+  // window part (allocate holds one for a sequence) comes only where the match's window needs
+  // it, below.
+  for (uint64_t key : keys) {
     const int block = pool_.allocate();
     if (block < 0) break;
-    // Its window part (allocate holds one for a sequence) comes later, and only where the
-    // match's window needs it: load_window_parts.
     if (window_disk_) pool_.unhold_window(block, /*drop=*/true);
-    if (!disk_->get(key, parent, tokens, pool_.block_data(block))) {
-      pool_.release(block);
-      break;
-    }
-    prefix_cache_.insert(key, parent, tokens, block);
-    m.blocks.push_back(block);
-    m.keys.push_back(key);
-    parent = key;
-    ++loaded;
+    a.loading.push_back(block);
+    a.keys.push_back(key);
   }
-  if (loaded > 0) m.drop_partial();  // the partial candidate followed the RAM part only
-  return loaded;
+  if (recurrent_ && a.loading.size() < keys.size()) {  // the snapshot's block did not fit
+    for (int b : a.loading) pool_.release(b);
+    a.loading.clear();
+    a.keys.clear();
+    a.state_key = 0;
+    return false;
+  }
+  // The window parts the match's end reads (Gemma 3's sliding layers), where not in RAM.
+  std::vector<int> all = m.blocks;
+  all.insert(all.end(), a.loading.begin(), a.loading.end());
+  std::vector<uint64_t> all_keys = m.keys;
+  all_keys.insert(all_keys.end(), a.keys.begin(), a.keys.end());
+  std::vector<size_t> window_index;
+  if (window_disk_) {
+    const int end = static_cast<int>(all.size());
+    for (int i = pool_.first_window_block(end * BT, 0); i < end; ++i) {
+      if (pool_.has_window_part(all[i]) || !window_disk_->contains(all_keys[i])) continue;
+      if (!pool_.attach_window_part(all[i])) break;
+      a.window_blocks.push_back(all[i]);
+      window_index.push_back(static_cast<size_t>(i));
+    }
+  }
+  if (a.loading.empty() && a.window_blocks.empty()) return false;
+
+  auto job = std::make_shared<DiskLoad>();
+  const auto read = [&](DiskKvTier* tier, size_t index, int chain, std::byte* dest) {
+    DiskRead r;
+    r.tier = tier;
+    r.key = all_keys[index];
+    r.parent = index == 0 ? 0 : all_keys[index - 1];
+    std::copy(prompt.begin() + static_cast<long>(index) * BT, prompt.begin() + static_cast<long>(index + 1) * BT,
+              r.tokens.begin());
+    r.chain = chain;
+    r.dest = dest;
+    job->reads.push_back(r);
+  };
+  // A device backend's reads land in staging buffers, copied into its store when done.
+  const size_t n_staged = on_host ? 0 : a.loading.size() + a.window_blocks.size();
+  a.staging.resize(n_staged);
+  // (A device pool has no host bytes: block_data and window_data are host storage only.)
+  for (size_t i = 0; i < a.loading.size(); ++i) {
+    std::byte* dest = nullptr;
+    if (on_host) {
+      dest = pool_.block_data(a.loading[i]);
+    } else {
+      a.staging[i].resize(pool_.block_bytes());
+      dest = a.staging[i].data();
+    }
+    read(disk_.get(), ram + i, /*chain=*/1, dest);
+  }
+  for (size_t i = 0; i < a.window_blocks.size(); ++i) {
+    std::byte* dest = nullptr;
+    if (on_host) {
+      dest = pool_.window_data(a.window_blocks[i]);
+    } else {
+      auto& buf = a.staging[a.loading.size() + i];
+      buf.resize(pool_.window_part_bytes());
+      dest = buf.data();
+    }
+    read(window_disk_.get(), window_index[i], 0, dest);
+  }
+  if (a.state_key != 0) read(state_disk_.get(), ram + a.loading.size() - 1, 0, a.state.data());
+  a.job = job;
+  loader_->submit(std::move(job));
+  std::lock_guard<std::mutex> lock(stats_mutex_);
+  stats_.kv_disk_loads += 1;
+  return true;
+}
+
+void Engine::finish_disk_load(Sequence& seq) {
+  Admission& a = *seq.admission;
+  const auto& reads = a.job->reads;
+  const bool on_host = pool_.shape().host_storage;
+  const size_t n_windows = a.window_blocks.size();
+  if (a.cancelled) {  // nothing is adopted: every block held or loaded goes back
+    for (int b : a.window_blocks) pool_.unhold_window(b, /*drop=*/true);
+    for (int b : a.loading) pool_.release(b);
+    for (int b : a.held) pool_.release(b);
+    if (a.partial >= 0) pool_.release(a.partial);
+    seq.admission.reset();
+    return;
+  }
+  size_t loaded = 0;
+  while (loaded < a.loading.size() && reads[loaded].ok) ++loaded;
+  // Device backends: the reads that verified into the store, in one graph per part.
+  if (!on_host && (loaded > 0 || n_windows > 0)) {
+    std::lock_guard<std::recursive_mutex> lock(forward_mutex_);
+    if (loaded > 0) {
+      std::vector<const std::byte*> in;
+      for (size_t i = 0; i < loaded; ++i) in.push_back(a.staging[i].data());
+      model_->write_kv_blocks(pool_, std::vector<int>(a.loading.begin(), a.loading.begin() + loaded), false, in);
+    }
+    std::vector<int> parts;
+    std::vector<const std::byte*> in;
+    for (size_t i = 0; i < n_windows; ++i) {
+      if (!reads[a.loading.size() + i].ok) continue;
+      parts.push_back(a.window_blocks[i]);
+      in.push_back(a.staging[a.loading.size() + i].data());
+    }
+    if (!parts.empty()) model_->write_kv_blocks(pool_, parts, true, in);
+  }
+  // Window parts that failed go back to none (never read as loaded); a later check cuts the
+  // match where a window is missing.
+  for (size_t i = 0; i < n_windows; ++i) {
+    if (!reads[a.loading.size() + i].ok) pool_.unhold_window(a.window_blocks[i], /*drop=*/true);
+  }
+  const auto& prompt = seq.request.prompt;
+  constexpr int BT = KvPool::kBlockTokens;
+  for (size_t i = 0; i < a.loading.size(); ++i) {
+    if (i >= loaded) {
+      pool_.release(a.loading[i]);  // never indexed: back to the free list
+      continue;
+    }
+    const size_t index = a.m.blocks.size();
+    const uint64_t parent = a.m.keys.empty() ? 0 : a.m.keys.back();
+    prefix_cache_.insert(a.keys[i], parent, prompt.data() + index * BT, a.loading[i]);
+    a.m.blocks.push_back(a.loading[i]);
+    a.m.keys.push_back(a.keys[i]);
+    a.held.push_back(a.loading[i]);
+  }
+  a.from_disk = static_cast<int>(loaded);
+  if (loaded > 0) a.m.drop_partial();  // the partial candidate followed the RAM part only
+  // The snapshot, where its block made it: into the prefix cache, where the match finds it.
+  const DiskRead* state_read = a.state_key != 0 ? &reads.back() : nullptr;
+  if (state_read && state_read->ok && loaded == a.loading.size()) {
+    if (auto state = model_->load_state(a.state.data())) {
+      prefix_cache_.attach_state(a.state_key, std::shared_ptr<const SequenceState>(std::move(state)));
+      std::lock_guard<std::mutex> lock(stats_mutex_);
+      stats_.kv_disk_state_hits += 1;
+    }
+  }
+  a.staging.clear();
+  a.state.clear();
+  a.job.reset();
+  complete_admit(seq, a);
+  seq.admission.reset();
+}
+
+void Engine::collect_loads() {
+  for (auto it = loading_.begin(); it != loading_.end();) {
+    if (!(*it)->admission->job->done()) {
+      ++it;
+      continue;
+    }
+    std::unique_ptr<Sequence> seq = std::move(*it);
+    it = loading_.erase(it);
+    const bool cancelled = seq->admission->cancelled;
+    finish_disk_load(*seq);
+    if (cancelled) {
+      finish(*seq, "cancelled");
+      continue;
+    }
+    EngineEvent started;
+    started.kind = EngineEvent::Kind::Started;
+    started.id = seq->request.id;
+    started.prompt_tokens = static_cast<int>(seq->request.prompt.size());
+    started.cached_tokens = seq->cached;
+    emit(std::move(started));
+    active_.push_back(std::move(seq));
+  }
 }
 
 void Engine::load_window_parts(PrefixCache::Match& m, const std::vector<int32_t>& prompt) {
@@ -176,7 +400,18 @@ void Engine::load_window_parts(PrefixCache::Match& m, const std::vector<int32_t>
     const uint64_t parent = i == 0 ? 0 : m.keys[i - 1];
     const int32_t* tokens = prompt.data() + static_cast<size_t>(i) * BT;
     if (window_disk_->contains(m.keys[i]) && pool_.attach_window_part(block)) {
-      if (window_disk_->get(m.keys[i], parent, tokens, pool_.window_data(block))) continue;
+      // Synchronous: only where an asynchronous load's chain broke early (start_disk_load
+      // reads the parts of the window it expects).
+      if (pool_.shape().host_storage) {
+        if (window_disk_->get(m.keys[i], parent, tokens, pool_.window_data(block))) continue;
+      } else {
+        std::vector<std::byte> part(pool_.window_part_bytes());
+        if (window_disk_->get(m.keys[i], parent, tokens, part.data())) {
+          std::lock_guard<std::recursive_mutex> lock(forward_mutex_);
+          model_->write_kv_blocks(pool_, {block}, true, {part.data()});
+          continue;
+        }
+      }
       pool_.unhold_window(block, /*drop=*/true);  // back to no part: never read as loaded
     }
     // The match ends before this block; the window of that shorter prefix starts earlier.
@@ -196,6 +431,9 @@ void Engine::shutdown() {
   }
   work_cv_.notify_all();
   if (thread_.joinable()) thread_.join();
+  // After the engine thread: no new loads; the reads in flight write into the pool and the
+  // loading sequences' buffers, which must outlive them.
+  if (loader_) loader_->stop();
 }
 
 int Engine::embedded_chunk(const Sequence& seq, int n) const {
@@ -434,6 +672,15 @@ EngineStats Engine::stats() {
     s.kv_disk.evicted_files += w.evicted_files;
     s.kv_disk.files += w.files;
   }
+  if (state_disk_) {  // snapshots count as the tier's files, not as blocks read or written
+    const DiskTierStats w = state_disk_->stats();
+    s.kv_disk.corrupt_files += w.corrupt_files;
+    s.kv_disk.evicted_files += w.evicted_files;
+    s.kv_disk.dropped_blocks += w.dropped_blocks;
+    s.kv_disk.files += w.files;
+    s.kv_disk.read_bytes += w.read_bytes;
+    s.kv_disk.written_bytes += w.written_bytes;
+  }
   s.attention_paths = model_->attention_paths();  // atomic counters: no lock needed
   return s;
 }
@@ -455,6 +702,15 @@ void Engine::finish(Sequence& seq, const std::string& reason, std::vector<float>
   const bool has_first = seq.first_token.time_since_epoch().count() != 0;
   e.prefill_ms = ms_between(admitted, has_first ? seq.first_token : now);
   e.decode_ms = has_first ? ms_between(seq.first_token, now) : 0.0;
+  if (state_disk_ && seq.decode_snapshot_key != 0) {
+    // What the conversation's next turn (or its session) resumes from, after a restart too.
+    const auto at = std::find(seq.block_keys.begin(), seq.block_keys.end(), seq.decode_snapshot_key);
+    auto state = prefix_cache_.state_of(seq.decode_snapshot_key);
+    if (at != seq.block_keys.end() && state) {
+      const size_t index = static_cast<size_t>(at - seq.block_keys.begin());
+      save_state_to_disk(seq.decode_snapshot_key, parent_of(seq, index), block_tokens(seq, index).data(), *state);
+    }
+  }
   if (!seq.request.session.empty()) {
     // The full blocks the prefix cache indexed for this request stay held for the session.
     const auto& blocks = seq.kv->blocks();
@@ -468,35 +724,46 @@ void Engine::finish(Sequence& seq, const std::string& reason, std::vector<float>
   emit(std::move(e));
 }
 
-void Engine::admit(Sequence& seq) {
+bool Engine::admit(Sequence& seq) {
   // Reuse cached KV for the longest cached prefix (whole blocks, then the shared head of one
   // more cached block), always leaving at least one prompt token to run so the first sampled
   // token has fresh logits.
-  if (seq.fed > 0) return;  // a forked sibling waiting for room: its KV is already there
+  if (seq.fed > 0) return true;  // a forked sibling waiting for room: its KV is already there
   // Mean pooling sums the hidden state of every prompt position: none may come from the cache.
   // An encoder's positions all depend on the whole prompt: nothing is reusable.
-  if (bidirectional_) return;
+  if (bidirectional_) return true;
   if (seq.request.output == GenerateRequest::Output::Embedding &&
       seq.request.pooling == GenerateRequest::Pooling::Mean) {
-    return;
+    return true;
   }
   const auto& prompt = seq.request.prompt;
-  PrefixCache::Match m = prefix_cache_.match(prompt.data(), static_cast<int>(prompt.size()) - 1);
-  // The blocks on disk that continue the match (a prefix evicted from RAM, or computed by an
-  // earlier worker). The matched RAM blocks (and the partial candidate) are held meanwhile, so
-  // allocating blocks to load into cannot evict them; adopt() below takes the sequence's own
-  // references.
-  int from_disk = 0;
-  std::vector<int> held;  // released after adopt()
+  auto a = std::make_unique<Admission>();
+  a->m = prefix_cache_.match(prompt.data(), static_cast<int>(prompt.size()) - 1);
   if (disk_) {
-    for (int b : m.blocks) pool_.retain(b);
-    const int partial = m.partial_block;
-    if (partial >= 0) pool_.retain(partial);
-    from_disk = load_from_disk(m, prompt);  // each loaded block comes with one reference too
-    held = m.blocks;
-    if (window_disk_) load_window_parts(m, prompt);
-    if (partial >= 0) pool_.release(partial);
+    // The blocks on disk that continue the match (a prefix evicted from RAM, or computed by an
+    // earlier worker) are read off this thread. The matched RAM blocks (and the partial
+    // candidate) are held meanwhile, so nothing evicts them; adopt() takes the sequence's own
+    // references.
+    for (int b : a->m.blocks) pool_.retain(b);
+    a->held = a->m.blocks;
+    a->partial = a->m.partial_block;
+    if (a->partial >= 0) pool_.retain(a->partial);
+    if (start_disk_load(seq, *a)) {
+      seq.admission = std::move(a);
+      return false;
+    }
   }
+  complete_admit(seq, *a);
+  return true;
+}
+
+void Engine::complete_admit(Sequence& seq, Admission& a) {
+  const auto& prompt = seq.request.prompt;
+  PrefixCache::Match& m = a.m;
+  if (window_disk_) load_window_parts(m, prompt);
+  if (a.partial >= 0) pool_.release(a.partial);
+  const std::vector<int>& held = a.held;  // released after adopt()
+  int from_disk = a.from_disk;
   const int first_from_disk = static_cast<int>(held.size()) - from_disk;
   // Recurrent state exists only at block boundaries (snapshots): no partial block.
   if (recurrent_) m.drop_partial();
@@ -643,6 +910,10 @@ void Engine::keep_snapshots(Sequence& seq) {
     const size_t index = static_cast<size_t>(pos / BT) - 1;
     if (pos % BT != 0 || index >= seq.block_keys.size()) continue;
     const uint64_t key = seq.block_keys[index];
+    // The prompt's snapshot is written through at once (a restart resumes the prompt from
+    // it); a decode snapshot only when its sequence ends or its block leaves RAM, since the
+    // next one replaces it every block.
+    if (pos < prompt && state_disk_) save_state_to_disk(key, parent_of(seq, index), block_tokens(seq, index).data(), *state);
     prefix_cache_.attach_state(key, std::move(state));
     if (pos >= prompt) {
       if (seq.decode_snapshot_key != 0 && seq.decode_snapshot_key != key) {
@@ -655,13 +926,20 @@ void Engine::keep_snapshots(Sequence& seq) {
 }
 
 void Engine::loop() {
+  const auto load_done = [&] {
+    return std::any_of(loading_.begin(), loading_.end(), [](const auto& s) { return s->admission->job->done(); });
+  };
   while (true) {
     bool admitted_any = false;
+    collect_loads();
     {
       std::unique_lock<std::mutex> lock(mutex_);
       work_cv_.wait(lock, [&] {
-        return stop_ || !waiting_.empty() || !active_.empty() || !cancels_.empty() || !unpins_.empty() ||
-               !forks_.empty();
+        const bool room = static_cast<int>(active_.size() + loading_.size()) < options_.max_sequences;
+        // Waiting requests wake the loop only when there is room: sequences loading from disk
+        // hold their slots and need not step.
+        return stop_ || (!waiting_.empty() && room) || !active_.empty() || !cancels_.empty() || !unpins_.empty() ||
+               !forks_.empty() || load_done();
       });
       if (stop_) return;
       for (const std::string& s : unpins_) session_pins_.unpin(s);
@@ -693,6 +971,15 @@ void Engine::loop() {
             ++it;
           }
         }
+        // A sequence whose prefix is loading ends when its reads are done (they write into
+        // blocks it holds); the reads not started are skipped.
+        for (auto& seq : loading_) {
+          if (cancels_.count(seq->request.id)) {
+            cancels_.erase(seq->request.id);
+            seq->admission->cancelled = true;
+            seq->admission->job->cancel();
+          }
+        }
         for (auto& [parent, children] : forks_) {
           for (auto it = children.begin(); it != children.end();) {
             if (cancels_.count((*it)->request.id)) {
@@ -709,11 +996,14 @@ void Engine::loop() {
         cancels_.clear();  // ids of requests that already finished
       }
       settle_forks(lock);
-      while (!waiting_.empty() && static_cast<int>(active_.size()) < options_.max_sequences) {
+      while (!waiting_.empty() && static_cast<int>(active_.size() + loading_.size()) < options_.max_sequences) {
         auto seq = std::move(waiting_.front());
         waiting_.pop_front();
         seq->admitted = Clock::now();
-        admit(*seq);
+        if (!admit(*seq)) {  // reading its prefix from disk: Started comes when it joins
+          loading_.push_back(std::move(seq));
+          continue;
+        }
         EngineEvent started;  // pushed under the lock admission holds; notified below
         started.kind = EngineEvent::Kind::Started;
         started.id = seq->request.id;
@@ -868,7 +1158,7 @@ void Engine::step_once() {
   std::vector<float> logits;
   std::vector<float> hidden;
   {
-    std::lock_guard<std::mutex> lock(forward_mutex_);
+    std::lock_guard<std::recursive_mutex> lock(forward_mutex_);
     ScopedOpTimer timer(OpKind::Forward);
     if (step.hidden_rows() > 0) {
       model_->forward(step, pool_, logits, hidden);
@@ -1008,6 +1298,7 @@ void Engine::step_once() {
   {
     std::lock_guard<std::mutex> lock(stats_mutex_);
     stats_.steps += 1;
+    if (!loading_.empty()) stats_.kv_disk_load_steps += 1;
     stats_.tokens_generated += taken;
     stats_.device_sampled_tokens += on_device;
     stats_.host_sampled_tokens += on_host;
@@ -1116,7 +1407,7 @@ void Engine::draft_all(const std::vector<Sequence*>& decoding, const std::vector
   if (heads.empty()) return;
   {
     // The head builds and evaluates MLX graphs: never beside other MLX work (between_steps).
-    std::lock_guard<std::mutex> lock(forward_mutex_);
+    std::lock_guard<std::recursive_mutex> lock(forward_mutex_);
     mtp_->propose(heads, options_.step_token_budget);
   }
   for (size_t j = 0; j < heads.size(); ++j) of[j]->draft = std::move(heads[j].tokens);
@@ -1279,7 +1570,7 @@ void Engine::publish_gauges() {
 std::vector<float> Engine::mtp_probe(const std::vector<int32_t>& tokens, int chain, std::vector<int32_t>& chained) {
   if (!mtp_) throw std::invalid_argument("the model has no MTP head");
   if (tokens.size() < 2) throw std::invalid_argument("the MTP probe needs at least two tokens");
-  std::lock_guard<std::mutex> lock(forward_mutex_);
+  std::lock_guard<std::recursive_mutex> lock(forward_mutex_);
   SequenceKv kv(pool_);
   const int n = static_cast<int>(tokens.size()) - 1;  // the model runs tokens 0..n-1
   if (!kv.reserve(n)) throw std::runtime_error("KV budget exhausted while probing");
@@ -1295,7 +1586,7 @@ std::vector<float> Engine::mtp_probe(const std::vector<int32_t>& tokens, int cha
 }
 
 std::vector<float> Engine::score(const std::vector<int32_t>& tokens, int first_scored) {
-  std::lock_guard<std::mutex> lock(forward_mutex_);
+  std::lock_guard<std::recursive_mutex> lock(forward_mutex_);
   SequenceKv kv(pool_);
   std::vector<float> all;
   const int vocab = model_->info().vocab_size;

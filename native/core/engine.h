@@ -20,6 +20,7 @@
 
 #include "kv_cache.h"
 #include "kv_disk.h"
+#include "kv_disk_loader.h"
 #include "model.h"
 #include "model_drafter.h"
 #include "mtp_drafter.h"
@@ -126,6 +127,9 @@ struct EngineOptions {
   std::string kv_disk_dir;
   size_t kv_disk_bytes = 0;
   std::string model_digest;
+  // Tests only: every disk read waits this long first (a slow disk), so a load lasts long
+  // enough for a test to see other sequences step meanwhile.
+  int kv_disk_read_delay_ms = 0;
 };
 
 struct EngineStats {
@@ -168,6 +172,12 @@ struct EngineStats {
   std::string kv_disk_dir;  // this model's directory of block files
   uint64_t kv_disk_hits = 0;
   uint64_t kv_disk_hit_tokens = 0;
+  // Loads run off the engine thread (kv_disk_loader.h): how many were started, and how many
+  // steps ran while at least one was in flight (other sequences kept decoding meanwhile).
+  uint64_t kv_disk_loads = 0;
+  uint64_t kv_disk_load_steps = 0;
+  // Recurrent models: state snapshots read from disk and served with their prefix.
+  uint64_t kv_disk_state_hits = 0;
   DiskTierStats kv_disk;
   // Attention calls by the path that read KV (Model::attention_paths).
   std::map<std::string, uint64_t> attention_paths;
@@ -214,6 +224,7 @@ class Engine {
   void flush_kv_disk() {
     if (disk_) disk_->flush();
     if (window_disk_) window_disk_->flush();
+    if (state_disk_) state_disk_->flush();
   }
 
   // Synchronous helper for tests and parity scripts (teacher forcing): runs `tokens` as one
@@ -231,12 +242,28 @@ class Engine {
   // engine thread does.
   template <class F>
   auto between_steps(F&& fn) {
-    std::lock_guard<std::mutex> lock(forward_mutex_);
+    std::lock_guard<std::recursive_mutex> lock(forward_mutex_);
     return fn();
   }
 
  private:
   using Clock = std::chrono::steady_clock;
+  // A sequence's admission while its prefix loads from disk (admit, finish_disk_load): the
+  // match so far, the blocks it holds meanwhile, and the reads in flight.
+  struct Admission {
+    PrefixCache::Match m;
+    std::vector<int> held;     // matched RAM blocks, retained (then loaded ones too)
+    int partial = -1;          // the partial candidate, retained
+    int from_disk = 0;         // of `held`, the blocks loaded from disk (its tail)
+    std::vector<int> loading;  // blocks allocated for the disk chain, one reference each
+    std::vector<uint64_t> keys;
+    std::vector<int> window_blocks;  // blocks whose window part is read (attached already)
+    uint64_t state_key = 0;          // recurrent models: the snapshot read, 0: none
+    std::vector<std::byte> state;
+    std::vector<std::vector<std::byte>> staging;  // device backends: the reads' buffers
+    std::shared_ptr<DiskLoad> job;
+    bool cancelled = false;
+  };
   struct Sequence {
     GenerateRequest request;
     std::unique_ptr<SequenceKv> kv;
@@ -251,6 +278,7 @@ class Engine {
     DraftLength draft_length;       // speculative decoding: tokens to draft next
     std::vector<int32_t> draft;     // the tokens drafted for the step being run
     std::unique_ptr<DraftSequence> drafting;  // draft-model and MTP requests: draft KV, q rows
+    std::unique_ptr<Admission> admission;     // while its prefix loads from disk
     int drafted = 0, accepted = 0;  // totals, for the Done event
     Clock::time_point submitted, admitted, first_token;
     explicit Sequence(GenerateRequest r, KvPool& pool)
@@ -271,7 +299,17 @@ class Engine {
   void finish(Sequence& seq, const std::string& reason, std::vector<float> values = {});
   // An Embedding / TokenLogits sequence's result from its last chunk's outputs.
   std::vector<float> pooled_values(Sequence& seq, const float* hidden, const float* logits) const;
-  void admit(Sequence& seq);
+  // Matches the prompt against the prefix cache and adopts what it may reuse; false when part
+  // of it must come from disk first (the sequence then waits in loading_ until its reads are
+  // done: finish_disk_load completes the admission).
+  bool admit(Sequence& seq);
+  void complete_admit(Sequence& seq, Admission& a);
+  // Plans and starts the reads of the blocks (window parts, state snapshot) on disk that
+  // continue a's match; false when there is nothing to read.
+  bool start_disk_load(Sequence& seq, Admission& a);
+  void finish_disk_load(Sequence& seq);
+  // Loads whose reads are done: their sequences join active_ (or end, when cancelled).
+  void collect_loads();
   // Gives kv (on whole blocks, up to the one holding position length - 1) its own copy of
   // block src as that block, and length positions: a cached block's shared head, a forking
   // parent's partly filled last block. False when the KV budget has no room for it.
@@ -282,7 +320,11 @@ class Engine {
   // (each loaded into a newly allocated block with one reference, which the caller releases).
   std::string disk_tier_off_reason() const;
   void save_to_disk(uint64_t key, uint64_t parent, const int32_t* tokens, int block);
-  int load_from_disk(PrefixCache::Match& m, const std::vector<int32_t>& prompt);
+  // Recurrent models: a snapshot (the state after the block of `key`) queued for the disk tier.
+  void save_state_to_disk(uint64_t key, uint64_t parent, const int32_t* tokens, const SequenceState& state);
+  // A sequence's block `index`: its parent key and its tokens.
+  uint64_t parent_of(const Sequence& seq, size_t index) const { return index == 0 ? 0 : seq.block_keys[index - 1]; }
+  std::vector<int32_t> block_tokens(const Sequence& seq, size_t index) const;
   // Sliding-window models: the window parts the match's end reads, loaded from the window tier
   // into the blocks that have none; the match ends before the first block whose part is on
   // neither (its blocks stay referenced by the caller, who held them).
@@ -357,7 +399,10 @@ class Engine {
   // Sliding-window models: every full block's window part too, in a directory of its own
   // (the same chain keys, the same bound over the whole root). Null without windows.
   std::unique_ptr<DiskKvTier> window_disk_;
+  // Recurrent models: state snapshots at block boundaries, keyed by their block's chain key.
+  std::unique_ptr<DiskKvTier> state_disk_;
   std::string disk_off_reason_;
+  std::unique_ptr<DiskLoader> loader_;  // reads for admissions, off the engine thread
 
   std::mutex mutex_;  // guards waiting_, cancels_, stop_, events_
   std::condition_variable work_cv_;
@@ -370,9 +415,13 @@ class Engine {
   bool stop_ = false;
 
   std::vector<std::unique_ptr<Sequence>> active_;  // engine thread only
+  std::vector<std::unique_ptr<Sequence>> loading_;  // engine thread only: admitted, reading from disk
   std::mutex stats_mutex_;
   EngineStats stats_;
-  std::mutex forward_mutex_;  // serialises forward passes (engine thread vs score())
+  // Serialises forward passes and every other MLX graph of the process (engine thread vs
+  // score(), a vision tower); recursive because a block evicted inside a forward (the device
+  // path's decode lanes claiming room) is copied out of the device store for the disk tier.
+  std::recursive_mutex forward_mutex_;
   std::thread thread_;
 };
 

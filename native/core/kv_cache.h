@@ -201,6 +201,9 @@ class KvPool {
     return window_slot(block) >= 0 ? window_storage_[window_slot_[block]].get() : nullptr;
   }
   bool attach_window_part(int block);
+  // A block's full-attention part or its window part, as the disk tier moves them. Host storage only.
+  std::byte* part_data(int block, bool window) { return window ? window_data(block) : block_data(block); }
+  size_t part_bytes(bool window) const { return window ? window_part_bytes() : block_bytes(); }
 
  private:
   void* at(int block, int layer, int kv, int head) {

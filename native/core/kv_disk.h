@@ -9,6 +9,12 @@
 // the identity, the key, the parent key and the tokens; a read checks all of them against what
 // the caller expects, so neither a hash collision nor another model's file can ever be served.
 //
+// What a block file holds is the backend's own bytes of the block (the pool's tiles on the CPU
+// backend, the device store's rows on the MLX backend: Model::read_kv_blocks), named apart by the
+// identity; the engine keeps sliding-window parts and recurrent-state snapshots (models with
+// recurrent layers) in tiers of their own beside it, under the same keys and bound. Reads run on
+// a loader thread (kv_disk_loader.h), never on the engine's.
+//
 // Writes never block a decode step: the engine thread hands over a copy of the block and a
 // writer thread writes it (to a temporary name, then renamed); the queue is bounded in bytes
 // and a block that does not fit is dropped (counted). A torn or corrupt file (a crash

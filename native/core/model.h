@@ -2,6 +2,8 @@
 // the logits; an architecture file (native/mlx/<arch>.cpp) implements forward().
 #pragma once
 
+#include <algorithm>
+#include <cstddef>
 #include <map>
 #include <memory>
 #include <stdexcept>
@@ -99,6 +101,30 @@ class Model {
   // False for a backend that keeps KV only in floats (the cuda backend so far): the engine then
   // refuses --kv-type q8_0/q4_0 at construction instead of ignoring it.
   virtual bool supports_quantized_kv() const { return true; }
+  // The disk tier's access to KV blocks wherever this backend keeps them (kv_disk.h): copies
+  // every layer's keys and values of `blocks` out to `out` (one buffer per block), or in from
+  // `in`, as the pool counts them: a block's full-attention layers (block_bytes()), or with
+  // `window` its window part (window_part_bytes()). The layout inside a block is the backend's
+  // own (the engine names it in the tier's identity); host storage copies the pool's bytes.
+  // False from has_kv_block_io() where a backend cannot (the tier is then off).
+  virtual bool has_kv_block_io() const { return kv_shape().host_storage; }
+  virtual void read_kv_blocks(KvPool& pool, const std::vector<int>& blocks, bool window,
+                              const std::vector<std::byte*>& out) {
+    for (size_t i = 0; i < blocks.size(); ++i) {
+      const std::byte* from = pool.part_data(blocks[i], window);
+      std::copy(from, from + pool.part_bytes(window), out[i]);
+    }
+  }
+  virtual void write_kv_blocks(KvPool& pool, const std::vector<int>& blocks, bool window,
+                               const std::vector<const std::byte*>& in) {
+    for (size_t i = 0; i < blocks.size(); ++i) std::copy(in[i], in[i] + pool.part_bytes(window), pool.part_data(blocks[i], window));
+  }
+  // Models with recurrent state: the bytes of one state snapshot as the disk tier stores it
+  // (0: it cannot be stored, and the tier is off), a snapshot into them, and them back into a
+  // state. A snapshot is what a prefix of such a model resumes from (has_recurrent_state).
+  virtual size_t state_bytes() const { return 0; }
+  virtual void save_state(const SequenceState& /*state*/, std::byte* /*out*/) const {}
+  virtual std::unique_ptr<SequenceState> load_state(const std::byte* /*in*/) const { return nullptr; }
   // The model's own head over one pooled vector of hidden_size values, before any
   // normalisation: a cross-encoder's classifier turns it into its label scores. Models
   // without one leave it as it is.

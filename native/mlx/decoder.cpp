@@ -357,6 +357,30 @@ void DeviceState::copy_kv_block(KvPool& pool, const KvShape& shape, int src, int
   kv_->copy_block(pool, src, dst);
 }
 
+void DeviceState::read_kv_blocks(KvPool& pool, const KvShape& shape, const std::vector<int>& blocks, bool window,
+                                 const std::vector<std::byte*>& out) {
+  if (!on_device_) {
+    for (size_t i = 0; i < blocks.size(); ++i) {
+      const std::byte* from = pool.part_data(blocks[i], window);
+      std::copy(from, from + pool.part_bytes(window), out[i]);
+    }
+    return;
+  }
+  prepare(pool, shape).read_blocks(pool, blocks, window, out);
+}
+
+void DeviceState::write_kv_blocks(KvPool& pool, const KvShape& shape, const std::vector<int>& blocks, bool window,
+                                  const std::vector<const std::byte*>& in) {
+  if (!on_device_) {
+    for (size_t i = 0; i < blocks.size(); ++i) {
+      std::copy(in[i], in[i] + pool.part_bytes(window), pool.part_data(blocks[i], window));
+    }
+    return;
+  }
+  // A restarted worker's first request may load before any step made the store.
+  prepare(pool, shape).write_blocks(pool, blocks, window, in);
+}
+
 KvShape decoder_kv_shape(const DecoderDims& d, bool on_device) {
   // The device backend keeps KV in MLX arrays of its compute dtype (device_attention.h); the
   // CPU backend stores float16 in the pool's own blocks (kv_cache.h, KvType).

@@ -166,6 +166,12 @@ class DeviceState {
   // store cover every block the pool has handed out.
   DeviceKvStore& prepare(KvPool& pool, const KvShape& shape);
   void copy_kv_block(KvPool& pool, const KvShape& shape, int src, int dst);
+  // Model::read_kv_blocks / write_kv_blocks: the store's rows on the device (DeviceKvStore::
+  // read_blocks), the pool's own bytes on the CPU backend.
+  void read_kv_blocks(KvPool& pool, const KvShape& shape, const std::vector<int>& blocks, bool window,
+                      const std::vector<std::byte*>& out);
+  void write_kv_blocks(KvPool& pool, const KvShape& shape, const std::vector<int>& blocks, bool window,
+                       const std::vector<const std::byte*>& in);
   // Model::attention_paths: how the steps' attention read KV (decode_lanes.h).
   std::map<std::string, uint64_t> attention_paths() const { return paths_.snapshot(); }
 

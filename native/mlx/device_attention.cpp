@@ -1,7 +1,10 @@
 #include "device_attention.h"
 
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
 #include <limits>
+#include <stdexcept>
 
 #include "../core/hadamard.h"
 #include "decoder.h"
@@ -122,6 +125,79 @@ void DeviceKvStore::copy_block(const KvPool& pool, int src, int dst) {
       *a = mx::slice_update(*a, block, mx::Shape{to * BT, 0}, mx::Shape{(to + 1) * BT, w});
       all.push_back(*a);
     }
+  }
+  mx::eval(all);
+}
+
+std::vector<mx::array*> DeviceKvStore::part_arrays(bool windowed) {
+  std::vector<mx::array*> arrays;
+  for (int l = 0; l < shape_.n_layers; ++l) {
+    if (shape_.is_windowed(l) != windowed || shape_.kv_heads_of(l) * shape_.head_dim_of(l) == 0) continue;
+    arrays.insert(arrays.end(), {&keys_[l], &values_[l]});
+    if (kv_type_quantized(shape_.type)) arrays.insert(arrays.end(), {&key_scales_[l], &value_scales_[l]});
+  }
+  return arrays;
+}
+
+mx::array DeviceKvStore::part_rows(const KvPool& pool, const std::vector<int>& blocks, bool windowed) const {
+  std::vector<int32_t> rows;
+  rows.reserve(blocks.size() * BT);
+  for (int b : blocks) {
+    const int at = windowed ? pool.window_slot(b) : b;
+    if (at < 0) throw std::logic_error("KV disk tier: a block without the part asked for");
+    for (int i = 0; i < BT; ++i) rows.push_back(at * BT + i);
+  }
+  return int_array(rows, {static_cast<int>(rows.size())});
+}
+
+void DeviceKvStore::check_part_bytes(const KvPool& pool, bool windowed) {
+  size_t bytes = 0;
+  for (mx::array* a : part_arrays(windowed)) bytes += static_cast<size_t>(BT) * a->shape(1) * a->itemsize();
+  if (bytes != (windowed ? pool.window_part_bytes() : pool.block_bytes())) {
+    throw std::logic_error("KV disk tier: the device store's rows (" + std::to_string(bytes) +
+                           " bytes a block) are not the bytes the pool counts");
+  }
+}
+
+void DeviceKvStore::read_blocks(const KvPool& pool, const std::vector<int>& blocks, bool windowed,
+                                const std::vector<std::byte*>& out) {
+  ensure(pool);
+  if (blocks.empty()) return;
+  check_part_bytes(pool, windowed);
+  const mx::array rows = part_rows(pool, blocks, windowed);
+  std::vector<mx::array> got;
+  for (mx::array* a : part_arrays(windowed)) got.push_back(mx::contiguous(mx::take(*a, rows, 0)));
+  mx::eval(got);
+  size_t offset = 0;  // of each array's rows inside a block
+  for (const mx::array& g : got) {
+    const size_t bytes = static_cast<size_t>(BT) * g.shape(1) * g.itemsize();
+    const auto* from = g.data<std::byte>();
+    for (size_t j = 0; j < blocks.size(); ++j) std::memcpy(out[j] + offset, from + j * bytes, bytes);
+    offset += bytes;
+  }
+}
+
+void DeviceKvStore::write_blocks(const KvPool& pool, const std::vector<int>& blocks, bool windowed,
+                                 const std::vector<const std::byte*>& in) {
+  ensure(pool);
+  if (blocks.empty()) return;
+  check_part_bytes(pool, windowed);
+  const mx::array rows = part_rows(pool, blocks, windowed);
+  const int n = static_cast<int>(blocks.size()) * BT;
+  std::vector<mx::array> all;
+  size_t offset = 0;
+  for (mx::array* a : part_arrays(windowed)) {
+    const int width = a->shape(1);
+    const size_t bytes = static_cast<size_t>(BT) * width * a->itemsize();
+    // Each array's rows of every block gathered into one buffer MLX takes over (no copy on a
+    // CPU device), then scattered into the store as a step's writes are.
+    auto* buf = static_cast<std::byte*>(std::malloc(bytes * blocks.size()));
+    if (!buf) throw std::bad_alloc();
+    for (size_t j = 0; j < blocks.size(); ++j) std::memcpy(buf + j * bytes, in[j] + offset, bytes);
+    mx::array update(buf, {n, width}, a->dtype(), [](void* p) { std::free(p); });
+    *a = mx::scatter(*a, {rows}, mx::expand_dims(update, 1), {0});
+    all.push_back(*a);
+    offset += bytes;
   }
   mx::eval(all);
 }

@@ -49,6 +49,15 @@ class DeviceKvStore {
   void ensure(const KvPool& pool);
   // Every layer's slots of block `src` copied into block `dst`.
   void copy_block(const KvPool& pool, int src, int dst);
+  // The disk tier's bytes of `blocks` (Model::read_kv_blocks): their full-attention layers, or
+  // with `windowed` their window parts (by window slot). Inside a block, layer by layer: the
+  // keys' 64 rows, the values', then (quantized types) the key scales' and the value scales',
+  // each row as the store holds it; as many bytes as the pool counts for the part.
+  void read_blocks(const KvPool& pool, const std::vector<int>& blocks, bool windowed,
+                   const std::vector<std::byte*>& out);
+  // The same bytes back into the store's rows of `blocks`.
+  void write_blocks(const KvPool& pool, const std::vector<int>& blocks, bool windowed,
+                    const std::vector<const std::byte*>& in);
   mx::array& keys(int layer) { return keys_[layer]; }
   mx::array& values(int layer) { return values_[layer]; }
   mx::array& key_scales(int layer) { return key_scales_[layer]; }
@@ -63,6 +72,11 @@ class DeviceKvStore {
 
  private:
   void grow(bool windowed, size_t& have, size_t need, size_t max);
+  // The arrays of a part (read_blocks' order), and the store rows of `blocks` in them.
+  std::vector<mx::array*> part_arrays(bool windowed);
+  mx::array part_rows(const KvPool& pool, const std::vector<int>& blocks, bool windowed) const;
+  // Throws unless a block's rows of the part are the bytes the pool counts for it.
+  void check_part_bytes(const KvPool& pool, bool windowed);
 
   KvShape shape_;
   size_t blocks_ = 0;

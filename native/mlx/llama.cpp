@@ -112,6 +112,15 @@ class LlamaModel : public Model {
   }
 
   void copy_kv_block(KvPool& pool, int src, int dst) override { device_.copy_kv_block(pool, kv_shape(), src, dst); }
+  bool has_kv_block_io() const override { return true; }
+  void read_kv_blocks(KvPool& pool, const std::vector<int>& blocks, bool window,
+                      const std::vector<std::byte*>& out) override {
+    device_.read_kv_blocks(pool, kv_shape(), blocks, window, out);
+  }
+  void write_kv_blocks(KvPool& pool, const std::vector<int>& blocks, bool window,
+                       const std::vector<const std::byte*>& in) override {
+    device_.write_kv_blocks(pool, kv_shape(), blocks, window, in);
+  }
 
  private:
   // QK-norm: RMSNorm of every q and k head (not v) before attention rotates them.

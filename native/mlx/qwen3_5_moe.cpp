@@ -46,6 +46,7 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <cstring>
 #include <map>
 #include <optional>
 #include <stdexcept>
@@ -187,6 +188,40 @@ class Qwen35MoeModel : public Model {
   const ModelInfo& info() const override { return info_; }
   ModelInfo& mutable_info() override { return info_; }
   bool has_recurrent_state() const override { return true; }
+  // The disk tier's snapshot bytes: per linear layer (slot order) its conv state [kernel - 1,
+  // conv_dim] then its recurrent matrix [v_heads, k_dim, v_dim], float32.
+  size_t state_bytes() const override {
+    const size_t conv = static_cast<size_t>(cfg_.conv_kernel - 1) * cfg_.conv_dim();
+    const size_t rec = static_cast<size_t>(cfg_.v_heads) * cfg_.k_dim * cfg_.v_dim;
+    return static_cast<size_t>(n_linear_) * (conv + rec) * sizeof(float);
+  }
+  void save_state(const SequenceState& state, std::byte* out) const override {
+    const auto& st = dynamic_cast<const DeltaState&>(state);
+    std::vector<mx::array> parts;
+    for (int slot = 0; slot < n_linear_; ++slot) {
+      parts.push_back(mx::contiguous(mx::astype(st.conv.at(slot), mx::float32)));
+      parts.push_back(mx::contiguous(mx::astype(st.rec.at(slot), mx::float32)));
+    }
+    mx::eval(parts);
+    size_t at = 0;
+    for (const mx::array& a : parts) {
+      std::memcpy(out + at, a.data<float>(), a.nbytes());
+      at += a.nbytes();
+    }
+    if (at != state_bytes()) throw std::logic_error("qwen3_5_moe: a state snapshot of an unexpected size");
+  }
+  std::unique_ptr<SequenceState> load_state(const std::byte* in) const override {
+    auto st = std::make_unique<DeltaState>();
+    const int K = cfg_.conv_kernel, C = cfg_.conv_dim();
+    const auto* at = reinterpret_cast<const float*>(in);
+    for (int slot = 0; slot < n_linear_; ++slot) {
+      st->conv.emplace_back(at, mx::Shape{K - 1, C}, mx::float32);
+      at += static_cast<size_t>(K - 1) * C;
+      st->rec.emplace_back(at, mx::Shape{cfg_.v_heads, cfg_.k_dim, cfg_.v_dim}, mx::float32);
+      at += static_cast<size_t>(cfg_.v_heads) * cfg_.k_dim * cfg_.v_dim;
+    }
+    return st;
+  }
   bool accepts_embeddings() const override { return true; }
   bool uses_mrope() const override { return true; }
 
@@ -233,6 +268,15 @@ class Qwen35MoeModel : public Model {
   }
 
   void copy_kv_block(KvPool& pool, int src, int dst) override { device_.copy_kv_block(pool, kv_shape(), src, dst); }
+  bool has_kv_block_io() const override { return true; }
+  void read_kv_blocks(KvPool& pool, const std::vector<int>& blocks, bool window,
+                      const std::vector<std::byte*>& out) override {
+    device_.read_kv_blocks(pool, kv_shape(), blocks, window, out);
+  }
+  void write_kv_blocks(KvPool& pool, const std::vector<int>& blocks, bool window,
+                       const std::vector<const std::byte*>& in) override {
+    device_.write_kv_blocks(pool, kv_shape(), blocks, window, in);
+  }
 
   void forward(const Step& step, KvPool& pool, std::vector<float>& logits) override {
     std::vector<float> hidden;

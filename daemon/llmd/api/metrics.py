@@ -130,6 +130,8 @@ async def scrape(app: web.Application) -> list[Metric]:
         ("embedding_requests", "counter", "llmd_engine_embedding_sequences", "Embedding and rerank sequences the engine completed since its worker started."),
         ("kv_disk.hits", "counter", "llmd_kv_disk_hits", "Requests that loaded KV blocks from the disk tier since the worker started."),
         ("kv_disk.hit_tokens", "counter", "llmd_kv_disk_hit_tokens", "Prompt tokens whose KV was loaded from the disk tier since the worker started."),
+        ("kv_disk.loads", "counter", "llmd_kv_disk_loads", "Requests whose prefix was read from the disk tier off the engine thread since the worker started."),
+        ("kv_disk.steps_during_loads", "counter", "llmd_kv_disk_steps_during_loads", "Engine steps that ran while a disk-tier load was in flight since the worker started."),
         ("kv_disk.read_bytes", "counter", "llmd_kv_disk_read_bytes", "KV bytes read from the disk tier since the worker started."),
         ("kv_disk.written_bytes", "counter", "llmd_kv_disk_written_bytes", "Bytes the worker wrote to the KV disk tier since it started."),
         ("kv_disk.dropped_blocks", "counter", "llmd_kv_disk_dropped_blocks", "KV blocks not written to disk (write queue full or disk failing) since the worker started."),
