@@ -1188,13 +1188,20 @@ void Engine::step_once() {
   // there is the count of those before it (rows of rejected drafts are skipped, not read).
   int device_token = -1;
   uint64_t on_device = 0, on_host = 0;
+  // host_rows_before[r]: output rows before r whose logits came back (a prefix count, so
+  // finding a row's place is O(1) however many rows the step samples).
+  const auto& sampled_on_device = step.device_tokens;
+  std::vector<int32_t> host_rows_before;
+  if (!sampled_on_device.empty()) {
+    host_rows_before.resize(sampled_on_device.size() + 1, 0);
+    for (size_t r = 0; r < sampled_on_device.size(); ++r) {
+      host_rows_before[r + 1] = host_rows_before[r] + (sampled_on_device[r] < 0 ? 1 : 0);
+    }
+  }
   auto logits_of = [&](int r) -> float* {
-    const auto& sampled_on_device = step.device_tokens;
     device_token = sampled_on_device.empty() ? -1 : sampled_on_device[r];
     if (device_token >= 0) return nullptr;
-    const auto host_row = sampled_on_device.empty()
-                              ? r
-                              : std::count(sampled_on_device.begin(), sampled_on_device.begin() + r, -1);
+    const int host_row = sampled_on_device.empty() ? r : host_rows_before[r];
     return logits.data() + static_cast<size_t>(host_row) * vocab;
   };
   int sampled = 0;

@@ -9,6 +9,7 @@
 #include <stdexcept>
 
 #include "../core/dequantize.h"
+#include "compiled_ops.h"
 #include "device_sampler.h"
 #include "kernels/pack8.h"
 #include "kernels/qgemm.h"
@@ -477,9 +478,7 @@ void compute_outputs(const mx::array& x, const StepRows& step_rows, const Linear
     mx::array h = all_rows ? x : mx::take(x, mx::array(rows.begin(), {static_cast<int>(rows.size())}, mx::int32), 0);
     mx::array out = lm_head(h, {.rms_norm_weight = norm, .eps = eps});
     out = mx::astype(out, mx::float32);  // cast: the sampler reads float32 logits
-    if (softcap > 0.f) {
-      out = mx::multiply(mx::tanh(mx::multiply(out, mx::array(1.f / softcap))), mx::array(softcap));
-    }
+    if (softcap > 0.f) out = llmd::softcap(out, softcap);  // compiled_ops.h
     if (device_rows.empty()) {
       logits_at = static_cast<int>(outputs.size());
       outputs.push_back(out);

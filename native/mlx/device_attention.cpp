@@ -7,6 +7,7 @@
 #include <stdexcept>
 
 #include "../core/hadamard.h"
+#include "compiled_ops.h"
 #include "decoder.h"
 #include "device_weight.h"
 
@@ -414,11 +415,10 @@ mx::array device_attention(const mx::array& qkv, const DeviceAttentionPlan& plan
   // Cast (none when the caller's stream is already in the compute dtype): a float32 qkv from
   // a caller that keeps float32 activations; KV is stored in the compute dtype.
   const mx::array x = mx::astype(qkv, dt);
-  // Queries and keys rotated together, each row at its own position: [rows, heads, 1, hd].
-  const int rotated = write_kv ? H + KVH : H;
-  mx::array qk = mx::reshape(mx::slice(x, {0, 0}, {rows, rotated * hd}), {rows, rotated, 1, hd});
-  qk = mx::fast::rope(qk, rope.dims, rope.interleaved, std::nullopt, 1.f, plan.positions, plan.rope_freqs);
-  mx::array q = write_kv ? mx::slice(qk, {0, 0, 0, 0}, {rows, H, 1, hd}) : qk;
+  // Queries and keys rotated together, each row at its own position (q [rows, heads, 1, hd]),
+  // and the step's keys and values split off, as one compiled function (compiled_ops.h).
+  RopedRows roped = rope_rows(x, plan.positions, plan.rope_freqs, rope, H, KVH, hd, write_kv);
+  mx::array q = roped.q;
   const bool quantized = kv_type_quantized(kv.type());
   // Quantized KV holds rotated keys and values (core/hadamard.h): queries turn as keys do.
   const int k_rot = hadamard::key_block(hd), v_rot = hadamard::value_block(hd);
@@ -434,8 +434,8 @@ mx::array device_attention(const mx::array& qkv, const DeviceAttentionPlan& plan
   // which is what every later read sees).
   mx::array new_k(0.f), new_v(0.f);
   if (write_kv) {
-    new_k = mx::reshape(mx::slice(qk, {0, H, 0, 0}, {rows, H + KVH, 1, hd}), {rows, kw});
-    new_v = mx::slice(x, {0, qw + kw}, {rows, qw + 2 * kw});
+    new_k = roped.k;
+    new_v = roped.v;
     const mx::array& k = new_k;
     const mx::array& v = new_v;
     auto put = [&](mx::array& store, const mx::array& r) {

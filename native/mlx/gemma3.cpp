@@ -22,6 +22,7 @@
 
 #include "../core/op_profile.h"
 #include "architectures.h"
+#include "compiled_ops.h"
 #include "decoder.h"
 
 namespace llmd {
@@ -55,11 +56,7 @@ mx::array gelu_tanh_glu(const mx::array& gate_up, int ffn) {
   const int rows = gate_up.shape(0);
   mx::array g = mx::slice(gate_up, {0, 0}, {rows, ffn});
   mx::array u = mx::slice(gate_up, {0, ffn}, {rows, 2 * ffn});
-  const float c = std::sqrt(2.f / static_cast<float>(M_PI));
-  mx::array cube = mx::multiply(mx::multiply(g, g), g);
-  mx::array inner = mx::multiply(mx::array(c), mx::add(g, mx::multiply(mx::array(0.044715f), cube)));
-  mx::array gelu = mx::multiply(mx::multiply(mx::array(0.5f), g), mx::add(mx::array(1.f), mx::tanh(inner)));
-  return mx::multiply(gelu, u);
+  return gelu_tanh_mul(g, u);  // one compiled node (compiled_ops.h)
 }
 
 // Bidirectional attention over one prompt's rows: q [n, heads * hd], k and v [n, kv_heads * hd]
@@ -160,6 +157,10 @@ class Gemma3Model : public Model {
       local_plan = DeviceAttentionPlan::build(*local, *local_rope_, device_kv, &*global_plan);
     }
     const int hd = d.head_dim, qw = d.n_heads * hd, kw = d.n_kv_heads * hd;
+    // The post-norms: compiled on the device path (compiled_ops.h), MLX's op on the host backend.
+    auto post_norm = [&](const mx::array& v, const mx::array& w) {
+      return device_kv ? rms_norm(v, w, d.rms_eps) : mx::fast::rms_norm(v, w, d.rms_eps);
+    };
     mx::array x(rows.x.begin(), {rows.total, d.hidden_size}, mx::float32);
     for (int l = 0; l < d.n_layers; ++l) {
       const Layer& L = layers_[l];
@@ -176,9 +177,9 @@ class Gemma3Model : public Model {
       } else {
         a = paged_attention(qkv, sliding ? local : global, l, ashape, rope);
       }
-      x = mx::add(x, mx::fast::rms_norm(L.wo(a), L.post_attn_norm, d.rms_eps));
+      x = mx::add(x, post_norm(L.wo(a), L.post_attn_norm));
       mx::array h = gelu_tanh_glu(L.gate_up(x, {.rms_norm_weight = L.ffn_norm, .eps = d.rms_eps}), d.ffn_size);
-      x = mx::add(x, mx::fast::rms_norm(L.down(h), L.post_ffn_norm, d.rms_eps));
+      x = mx::add(x, post_norm(L.down(h), L.post_ffn_norm));
       if (device_kv) start_layer(x);
     }
     compute_outputs(x, rows, lm_head_, out_norm_, d.rms_eps, cfg_.final_softcap, logits, hidden, build_timer);

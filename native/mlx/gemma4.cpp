@@ -29,6 +29,7 @@
 
 #include "../core/op_profile.h"
 #include "architectures.h"
+#include "compiled_ops.h"
 #include "decoder.h"
 
 namespace llmd {
@@ -94,13 +95,6 @@ struct Layer {
   mx::array post_ffn_norm_2{0.f};
 };
 
-mx::array gelu_tanh(const mx::array& g) {
-  const float c = std::sqrt(2.f / static_cast<float>(M_PI));
-  mx::array cube = mx::multiply(mx::multiply(g, g), g);
-  mx::array inner = mx::multiply(mx::array(c), mx::add(g, mx::multiply(mx::array(0.044715f), cube)));
-  return mx::multiply(mx::multiply(mx::array(0.5f), g), mx::add(mx::array(1.f), mx::tanh(inner)));
-}
-
 // GELU-tanh of the gate half of the last axis times the up half.
 mx::array gelu_tanh_glu(const mx::array& gate_up, int ffn) {
   const int axis = gate_up.ndim() - 1;
@@ -109,7 +103,7 @@ mx::array gelu_tanh_glu(const mx::array& gate_up, int ffn) {
   mx::array g = mx::slice(gate_up, lo, mid);
   lo[axis] = ffn;
   mx::array u = mx::slice(gate_up, lo, hi);
-  return mx::multiply(gelu_tanh(g), u);
+  return gelu_tanh_mul(g, u);  // one compiled node (compiled_ops.h)
 }
 
 // RMSNorm of each head of x [rows, heads * head_dim], with a weight [head_dim] or none.
@@ -145,6 +139,7 @@ class Gemma4Model : public Model {
   }
 
   std::map<std::string, uint64_t> attention_paths() const override { return device_.attention_paths(); }
+  bool samples_on_device() const override { return device_.on_device(); }
 
   // Images (gemma4_vision.cpp's rows): both backends' attention honour their bidirectional rows.
   bool accepts_embeddings() const override { return true; }
@@ -200,6 +195,10 @@ class Gemma4Model : public Model {
     mx::array x(rows.x.begin(), {T, H}, mx::float32);
     std::optional<mx::array> ple = per_layer_inputs(step, x);
     const int P = cfg_.ple_dim;
+    // The post-norms: compiled on the device path (compiled_ops.h), MLX's op on the host backend.
+    auto post_norm = [&](const mx::array& v, const mx::array& w) {
+      return device_kv ? rms_norm(v, w, d.rms_eps) : mx::fast::rms_norm(v, w, d.rms_eps);
+    };
     for (int l = 0; l < d.n_layers; ++l) {
       const Layer& L = layers_[l];
       const bool sliding = cfg_.sliding[l];
@@ -224,23 +223,23 @@ class Gemma4Model : public Model {
       } else {
         a = paged_attention(q, sliding ? local : global, kv_layer, ashape, rope, !shared);
       }
-      x = mx::add(x, mx::fast::rms_norm(L.wo(a), L.post_attn_norm, d.rms_eps));
+      x = mx::add(x, post_norm(L.wo(a), L.post_attn_norm));
 
       mx::array h = L.down(gelu_tanh_glu(L.gate_up(x, {.rms_norm_weight = L.ffn_norm, .eps = d.rms_eps}), L.ffn));
       if (cfg_.moe) {
-        h = mx::add(mx::fast::rms_norm(h, L.post_ffn_norm_1, d.rms_eps),
-                    mx::fast::rms_norm(experts(L, x), L.post_ffn_norm_2, d.rms_eps));
+        h = mx::add(post_norm(h, L.post_ffn_norm_1), post_norm(experts(L, x), L.post_ffn_norm_2));
       }
-      x = mx::add(x, mx::fast::rms_norm(h, L.post_ffn_norm, d.rms_eps));
+      x = mx::add(x, post_norm(h, L.post_ffn_norm));
       if (ple) {
         mx::array pl = mx::slice(*ple, {0, l * P}, {T, (l + 1) * P});
         mx::array g = mx::multiply(gelu_tanh(L.ple_gate(x)), pl);
-        x = mx::add(x, mx::fast::rms_norm(L.ple_proj(g), L.ple_norm, d.rms_eps));
+        x = mx::add(x, post_norm(L.ple_proj(g), L.ple_norm));
       }
       x = mx::multiply(x, L.scalar);
       if (device_kv) start_layer(x);
     }
-    compute_logits(x, rows.logit_rows, lm_head_, out_norm_, d.rms_eps, cfg_.final_softcap, logits, build_timer);
+    std::vector<float> no_hidden;  // Gemma 4 serves no embeddings: only logits or device-sampled tokens
+    compute_outputs(x, rows, lm_head_, out_norm_, d.rms_eps, cfg_.final_softcap, logits, no_hidden, build_timer);
   }
 
   void copy_kv_block(KvPool& pool, int src, int dst) override { device_.copy_kv_block(pool, kv_shape(), src, dst); }

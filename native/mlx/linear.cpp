@@ -7,6 +7,7 @@
 
 #include "../core/dequantize.h"
 #include "../core/huge_pages.h"
+#include "compiled_ops.h"
 #include "encoder_ops.h"
 #include "float_gemm.h"
 #include "kernels/pack8.h"
@@ -36,17 +37,6 @@ bool SkipWeightBytes::active() { return skip_weight_bytes; }
 
 namespace {
 std::string device_name() { return mx::default_device() == mx::Device::gpu ? "gpu" : "cpu"; }
-
-// silu(g) * u as one compiled, shapeless MLX function: one graph node instead of four
-// (sigmoid, two multiplies and their broadcasts), as mlx-lm compiles its SwiGLU.
-mx::array silu_mul(const mx::array& g, const mx::array& u) {
-  static const auto fn = mx::compile(
-      [](const std::vector<mx::array>& in) {
-        return std::vector<mx::array>{mx::multiply(mx::multiply(in[0], mx::sigmoid(in[0])), in[1])};
-      },
-      /*shapeless=*/true);
-  return fn({g, u})[0];
-}
 
 // silu(gate) * up of y [rows, 2 * half]: gate and up in the two halves, or in adjacent
 // columns when `interleaved`.
@@ -308,7 +298,7 @@ mx::array Linear::device_forward(const mx::array& x, const Fused& fused) const {
   // The product runs in the compute dtype and the result comes back in x's: an architecture
   // whose residual stream is already in the compute dtype (llama.cpp on the device backend)
   // pays no cast here; one that keeps a float32 stream pays one cast in and one out.
-  mx::array h = fused.rms_norm_weight ? mx::fast::rms_norm(x, *fused.rms_norm_weight, fused.eps) : x;
+  mx::array h = fused.rms_norm_weight ? rms_norm(x, *fused.rms_norm_weight, fused.eps) : x;  // compiled_ops.h
   mx::array y = device_->matmul(mx::astype(h, device_compute_dtype()));
   if (y.dtype() != x.dtype()) y = mx::astype(y, x.dtype());
   if (fused.swiglu) y = swiglu(y, interleaved_);
@@ -317,7 +307,10 @@ mx::array Linear::device_forward(const mx::array& x, const Fused& fused) const {
 }
 
 mx::array Linear::split_forward(const mx::array& x, const Fused& fused) const {
-  mx::array h = fused.rms_norm_weight ? mx::fast::rms_norm(x, *fused.rms_norm_weight, fused.eps) : x;
+  // The device backend's norm compiled (compiled_ops.h); the host backend's as MLX's op.
+  mx::array h = !fused.rms_norm_weight ? x
+                : on_device()          ? rms_norm(x, *fused.rms_norm_weight, fused.eps)
+                                       : mx::fast::rms_norm(x, *fused.rms_norm_weight, fused.eps);
   std::vector<mx::array> ys;
   ys.reserve(pieces_.size());
   for (const Linear& piece : pieces_) ys.push_back(piece(h));

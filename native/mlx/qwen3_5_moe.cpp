@@ -232,6 +232,7 @@ class Qwen35MoeModel : public Model {
   }
 
   std::map<std::string, uint64_t> attention_paths() const override { return device_.attention_paths(); }
+  bool samples_on_device() const override { return device_.on_device(); }
 
   std::map<std::string, std::string> matmul_paths() const override {
     std::map<std::string, std::string> paths;
@@ -342,7 +343,11 @@ class Qwen35MoeModel : public Model {
       }
       all_hidden = mx::astype(mx::fast::rms_norm(mx::take(x, int_array(hidden_rows), 0), out_norm_, d.rms_eps), mx::float32);
     }
-    compute_logits(x, rows.logit_rows, lm_head_, out_norm_, d.rms_eps, 0.f, logits, build_timer);
+    // The hidden rows are taken above (every row, for the MTP head); compute_outputs gives the
+    // logits, or the tokens of the rows the device samples (device_sampler.h).
+    rows.hidden_spans.clear();
+    std::vector<float> no_hidden;
+    compute_outputs(x, rows, lm_head_, out_norm_, d.rms_eps, 0.f, logits, no_hidden, build_timer);
     hidden.clear();
     if (all_hidden) {
       all_hidden->eval();

@@ -322,6 +322,10 @@ def test_forked_siblings_copy_device_kv(device_engine, reference: dict) -> None:
     assert out["p"]["tokens"] == out["c"]["tokens"] == solo
 
 
+# SmolLM2-135M, batch-1 decode step on the CPU device: 90.5 primitives per layer op by op, ~63
+# with the compiled pieces (bench/README.md, issue 22).
+MAX_PRIMITIVES_PER_LAYER = 70
+
 _STEP_GRAPH = """
 import json, sys
 from llmd import _engine as native
@@ -361,6 +365,31 @@ def test_decode_step_graph_is_reported_and_reads_kv_in_place(model_path: Path) -
     assert graph["Sin"] == 30
     # The whole step stays below mlx-lm's 116 primitives per layer for this model.
     assert graph["total"] / 30 < 100
+
+
+def test_decode_step_runs_its_elementwise_pieces_compiled(model_path: Path) -> None:
+    """The device path's norms, SwiGLU and RoPE-with-KV-split are mx::compile'd functions
+    (native/mlx/compiled_ops.h): each run of elementwise ops is one fused `Compiled` node, so a
+    batch-1 decode step evaluates far fewer primitives than op by op (2,715 for this model
+    before, mlx-lm 3,488), with the same products and KV writes."""
+    pytest.importorskip("llmd._engine")
+    env = {k: v for k, v in os.environ.items() if k != "LLMD_PROFILE"}
+    out = subprocess.run(
+        [sys.executable, "-c", _STEP_GRAPH, str(model_path), "on"],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    graph = json.loads(out.stdout.strip().splitlines()[-1])
+    compiled = sum(v for k, v in graph.items() if k.startswith("Compiled"))
+    # Per layer at least: the two norms' tails, SwiGLU and RoPE's rotation; plus the final norm.
+    assert compiled >= 30 * 4 + 1, graph
+    # Every RMSNorm's rsqrt and scaling runs inside a compiled node, none op by op.
+    assert "Rsqrt" not in graph, graph
+    assert graph["QuantizedMatmul"] == 30 * 4 + 1
+    assert graph["Scatter"] == 30 * 2
+    assert graph["total"] / 30 < MAX_PRIMITIVES_PER_LAYER, graph
 
 
 def test_step_graph_recording_is_switched_on_per_request_without_the_profiler(

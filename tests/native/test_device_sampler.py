@@ -48,14 +48,17 @@ def test_device_sampler_greedy_is_the_first_largest_logit() -> None:
     assert native.device_sample_counts(logits, 2, temperature=1.0, top_k=1) == [0, 2, 0, 0, 0]
 
 
-@pytest.fixture(scope="module")
-def tiny_engine(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+# The llama family (Qwen3), Gemma 4 (sliding and full layers, KV sharing, per-layer inputs)
+# and Qwen3.5-MoE (recurrent linear-attention layers beside full attention): each forward
+# takes the step's sampling.
+@pytest.fixture(scope="module", params=["qwen3", "gemma4_text", "qwen3_5_moe_text"])
+def tiny_engine(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
     from llmd.worker.host import hf_config
 
     from .tiny_models import write_checkpoint
 
-    path: Path = tmp_path_factory.mktemp("tiny_sampler") / "qwen3"
-    write_checkpoint(path, "qwen3")
+    path: Path = tmp_path_factory.mktemp("tiny_sampler") / request.param
+    write_checkpoint(path, request.param)
     return native.Engine(
         str(path),
         context_length=256,
