@@ -6,18 +6,23 @@ Models are built once under `bench/.realistic/`: float16 weights written tensor 
 `llama-quantize` (built from the sdist by `bench/build_llamacpp.sh`), so the per-tensor type
 mix is exactly llama.cpp's. Then, per model, alternating rounds (the machines are noisy):
 
-- pp512, pp4096, pp16k: one prompt of that many tokens, prefill tokens/s. llmd: its engine in
+- pp512, pp4096, pp8k, pp16k: one prompt of that many tokens, prefill tokens/s. llmd: its engine in
   this process (`prefill_ms` of the request); llama.cpp: `llama-bench -p N -n 0`.
 - tg128: 128 tokens generated one at a time after a 1-token prompt (`llama-bench -n 128`),
   and the fraction of the machine's measured read bandwidth that speed implies (the bytes a
   decode step reads: every weight but the token-embedding lookup).
-- streams: 4 and 8 concurrent chat streams over HTTP, aggregate tokens/s
+- streams: 4 and 8 (`--streams`) concurrent chat streams over HTTP, aggregate tokens/s
   (`bench.compare_servers`, llama-server with as many slots as streams).
 - rss: the resident memory of llmd's worker and of llama-server after a 4-stream load.
 
     bench/build_llamacpp.sh                                    # once
     python -m bench.realistic --shapes llama3.2-1b --types Q4_K_M,Q5_K_M --rounds 3
     python -m bench.realistic --tests pp512,tg128 --rounds 2   # every shape and type
+    # llmd's AVX2 path against an AVX2-only llama.cpp build, on an AVX-512 machine:
+    bench/build_llamacpp.sh --avx2                             # once: bench/.llamacpp/build-avx2
+    python -m bench.realistic --cpu-path avx2 --llamacpp-bin bench/.llamacpp/build-avx2/bin
+
+Each table names llmd's kernel path and the ISA the llama.cpp build was compiled for.
 
 Prints one markdown table per model (with the machine's kernel path) and writes
 bench/results/realistic-<timestamp>.json.
@@ -52,16 +57,20 @@ LLAMA_BIN = HERE / ".llamacpp" / "build" / "bin"
 SHAPES = ("llama3.2-1b", "qwen3-4b")
 SMOKE_SHAPES = ("tiny",)  # make_random_gguf's few-MB preset: checks this script, measures nothing
 TYPES = ("Q4_0", "Q4_K_M", "Q5_K_M", "Q6_K", "Q8_0")
-PREFILLS = {"pp512": 512, "pp4096": 4096, "pp16k": 16384}
+TOOLS = ("llama-bench", "llama-server")  # what --llamacpp-bin must hold
+PREFILLS = {"pp512": 512, "pp4096": 4096, "pp8k": 8192, "pp16k": 16384}
 TESTS = (*PREFILLS, "tg128", "streams", "rss")
 STREAMS = (4, 8)
+CPU_PATHS = ("avx512vnni", "avx2", "scalar")  # what LLMD_CPU_PATH accepts on x86
 
 
 # --- models -------------------------------------------------------------------------------
 
 
 def build_model(shape: str, qtype: str, cache: Path = CACHE) -> Path:
-    """The GGUF of `shape` in recipe `qtype`, made (and kept) under `cache` if missing."""
+    """The GGUF of `shape` in recipe `qtype`, made (and kept) under `cache` if missing. Always
+    quantized by the default (native) build's `llama-quantize`: the file, not the tool's ISA,
+    is what both engines are measured on, so an AVX2-only build needs no quantizer of its own."""
     cache.mkdir(parents=True, exist_ok=True)
     f16 = cache / f"{shape}-f16.gguf"
     if not f16.exists():
@@ -180,11 +189,14 @@ class LlmdEngine:
         return n / (done["timings"]["decode_ms"] / 1000)
 
 
-def llama_bench(model: Path, threads: int, n_prompt: int, n_gen: int) -> float:
-    """llama-bench's tokens/s for one test (`-p n_prompt -n 0` or `-p 0 -n n_gen`)."""
+def llama_bench(
+    model: Path, threads: int, n_prompt: int, n_gen: int, bin_dir: Path = LLAMA_BIN
+) -> float:
+    """llama-bench's tokens/s for one test (`-p n_prompt -n 0` or `-p 0 -n n_gen`), from the
+    llama.cpp build in `bin_dir`."""
     out = subprocess.run(
         [
-            str(LLAMA_BIN / "llama-bench"),
+            str(bin_dir / "llama-bench"),
             "-m",
             str(model),
             "-p",
@@ -205,9 +217,17 @@ def llama_bench(model: Path, threads: int, n_prompt: int, n_gen: int) -> float:
     return float(json.loads(out.stdout)[0]["avg_ts"])
 
 
-def stream_aggregates(model: Path, threads: int, rounds: int, duration: float) -> dict[str, Any]:
-    """4- and 8-stream aggregate tokens/s over HTTP, both servers, from `bench.compare_servers`
-    (which alternates them), as {"c4": {"llmd": .., "llama.cpp": .., "ratio": ..}, ...}."""
+def stream_aggregates(
+    model: Path,
+    threads: int,
+    rounds: int,
+    duration: float,
+    streams: tuple[int, ...] = STREAMS,
+    bin_dir: Path = LLAMA_BIN,
+) -> dict[str, Any]:
+    """Aggregate tokens/s of `streams` concurrent streams over HTTP, both servers, from
+    `bench.compare_servers` (which alternates them; llmd's worker inherits LLMD_CPU_PATH), as
+    {"c4": {"llmd": .., "llama.cpp": .., "ratio": ..}, ...}."""
     out = CACHE / "streams" / dt.datetime.now().strftime("%Y%m%dT%H%M%S")
     subprocess.run(
         [
@@ -221,7 +241,7 @@ def stream_aggregates(model: Path, threads: int, rounds: int, duration: float) -
             "--duration",
             str(duration),
             "--concurrency",
-            ",".join(map(str, STREAMS)),
+            ",".join(map(str, streams)),
             "--turns",
             "0",
             "--max-tokens",
@@ -230,6 +250,8 @@ def stream_aggregates(model: Path, threads: int, rounds: int, duration: float) -
             "2048",
             "--threads",
             str(threads),
+            "--llama-server",
+            str(bin_dir / "llama-server"),
             "--out",
             str(out),
             "--no-plots",
@@ -239,7 +261,7 @@ def stream_aggregates(model: Path, threads: int, rounds: int, duration: float) -
     )
     got = json.loads((out / "results.json").read_text())
     table = {}
-    for c in STREAMS:
+    for c in streams:
         agg = got["medians"][f"c{c}"]["aggregate_tok_s"]
         ratio = got["ratios"]["llmd"][f"c{c}"]["aggregate_tok_s"]["median"]
         table[f"c{c}"] = {"llmd": agg["llmd"], "llama.cpp": agg["llama.cpp"], "ratio": ratio}
@@ -266,7 +288,9 @@ def _group_rss(pgid: int, match: Callable[[str], bool]) -> int:
     return total
 
 
-def server_rss(model: Path, threads: int, duration: float) -> dict[str, int]:
+def server_rss(
+    model: Path, threads: int, duration: float, bin_dir: Path = LLAMA_BIN
+) -> dict[str, int]:
     """Resident bytes of llmd's worker and of llama-server after `duration` s of 4 streams,
     each server alone on the machine (4 slots each, 2,048 tokens of context per slot)."""
     import asyncio
@@ -286,7 +310,7 @@ def server_rss(model: Path, threads: int, duration: float) -> dict[str, int]:
         (
             "llama.cpp",
             lambda: servers.llama_server(
-                LLAMA_BIN / "llama-server", model, threads=threads, slots=4, ctx_per_slot=2048
+                bin_dir / "llama-server", model, threads=threads, slots=4, ctx_per_slot=2048
             ),
             "model",
             lambda cmd: "llama-server" in cmd,
@@ -306,6 +330,8 @@ def server_rss(model: Path, threads: int, duration: float) -> dict[str, int]:
 
 
 def measure(model: Path, args: argparse.Namespace, bandwidth: float) -> dict[str, Any]:
+    from llmd import _engine  # after main() set LLMD_CPU_PATH: the path the worker runs too
+
     tests = args.tests
     rows: dict[str, dict[str, Any]] = {}
     prefills = {t: PREFILLS[t] for t in tests if t in PREFILLS}
@@ -324,17 +350,18 @@ def measure(model: Path, args: argparse.Namespace, bandwidth: float) -> dict[str
             for who in ("llmd", "llama.cpp") if i % 2 == 0 else ("llama.cpp", "llmd"):
                 for test, n in prefills.items():
                     got[who][test] = (
-                        llmd.prefill(n) if who == "llmd" else llama_bench(model, args.threads, n, 0)
+                        llmd.prefill(n)
+                        if who == "llmd"
+                        else llama_bench(model, args.threads, n, 0, args.llamacpp_bin)
                     )
                 if "tg128" in tests:
                     got[who]["tg128"] = (
                         llmd.decode(128)
                         if who == "llmd"
-                        else llama_bench(model, args.threads, 0, 128)
+                        else llama_bench(model, args.threads, 0, 128, args.llamacpp_bin)
                     )
             print(f"  round {i + 1}: {json.dumps(got)}", flush=True)
             rounds.append(got)
-        kernel_path = llmd.native.active_kernel_path()
         del llmd
         for test in [*prefills, *(["tg128"] if "tg128" in tests else [])]:
             ours = [r["llmd"][test] for r in rounds]
@@ -349,20 +376,27 @@ def measure(model: Path, args: argparse.Namespace, bandwidth: float) -> dict[str
             rows["tg128"]["bandwidth_fraction"] = {
                 who: rows["tg128"][who] * step_bytes / bandwidth for who in ("llmd", "llama.cpp")
             }
-    else:
-        kernel_path = ""
     if "streams" in tests:
-        for case, row in stream_aggregates(model, args.threads, args.rounds, args.duration).items():
+        got_streams = stream_aggregates(
+            model, args.threads, args.rounds, args.duration, args.streams, args.llamacpp_bin
+        )
+        for case, row in got_streams.items():
             rows[f"{case[1:]} streams"] = row
     if "rss" in tests:
-        rss = server_rss(model, args.threads, args.duration)
+        rss = server_rss(model, args.threads, args.duration, args.llamacpp_bin)
         rows["rss"] = {**rss, "ratio": rss["llmd"] / rss["llama.cpp"]}
-    return {"model": model.name, "kernel_path": kernel_path, "rows": rows}
+    return {
+        "model": model.name,
+        "kernel_path": _engine.active_kernel_path(),
+        "llamacpp": args.llamacpp_isa,
+        "rows": rows,
+    }
 
 
 def markdown(result: dict[str, Any]) -> str:
     lines = [
-        f"**{result['model']}** (llmd kernels: {result['kernel_path'] or 'n/a'})",
+        f"**{result['model']}** (llmd kernels: {result['kernel_path'] or 'n/a'}; "
+        f"llama.cpp: {result.get('llamacpp') or 'n/a'})",
         "",
         "| test | llmd | llama.cpp | llmd / llama.cpp |",
         "|---|---|---|---|",
@@ -378,6 +412,28 @@ def markdown(result: dict[str, Any]) -> str:
                 ref += f" ({frac['llama.cpp']:.0%} of bw)"
         lines.append(f"| {test} | {llmd} | {ref} | {row['ratio']:.2f}x |")
     return "\n".join(lines)
+
+
+def llamacpp_isa(bin_dir: Path) -> str:
+    """The ISA a llama.cpp build was compiled for, from its CPU backend's `ggml_cpu_has_*`
+    (compile-time flags, not the machine's), read in a child process so two builds' libraries
+    never share one: "AVX-512 VNNI build", "AVX2 build", ..."""
+    probe = (
+        "import ctypes, sys; lib = ctypes.CDLL(sys.argv[1]); "
+        "print(' '.join(f for f in ('avx512_vnni', 'avx512', 'avx2') "
+        "if getattr(lib, 'ggml_cpu_has_' + f)()))"
+    )
+    try:
+        out = subprocess.run(
+            [sys.executable, "-c", probe, str(bin_dir / "libggml-cpu.so")],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.split()
+    except (OSError, subprocess.CalledProcessError):
+        return f"{bin_dir} (ISA unknown)"
+    isa = "AVX-512 VNNI" if "avx512_vnni" in out else "AVX-512" if "avx512" in out else "AVX2"
+    return f"{isa} build" if out else "build without AVX2"
 
 
 def cpu_flags() -> str:
@@ -400,7 +456,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--duration", type=float, default=20.0, help="seconds per stream case")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--streams", default=",".join(map(str, STREAMS)), help="stream counts")
+    ap.add_argument(
+        "--llamacpp-bin",
+        type=Path,
+        default=LLAMA_BIN,
+        help="the llama.cpp build whose llama-bench and llama-server are measured (e.g. "
+        "bench/.llamacpp/build-avx2/bin); the models are quantized by the default build",
+    )
+    ap.add_argument(
+        "--cpu-path",
+        choices=CPU_PATHS,
+        default=None,
+        help="force llmd's kernel path (LLMD_CPU_PATH, for the engine and the server's worker)",
+    )
+    ap.add_argument("--cache", type=Path, default=CACHE, help="where the GGUF files are kept")
     args = ap.parse_args(argv)
+    args.streams = tuple(int(c) for c in args.streams.split(","))
     args.shapes = args.shapes.split(",")
     args.types = args.types.split(",")
     args.tests = args.tests.split(",")
@@ -417,9 +489,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    for tool in ("llama-quantize", "llama-bench", "llama-server"):
-        if not (LLAMA_BIN / tool).exists():
-            raise SystemExit(f"{LLAMA_BIN / tool} is missing: run bench/build_llamacpp.sh")
+    for tool in (LLAMA_BIN / "llama-quantize", *(args.llamacpp_bin / t for t in TOOLS)):
+        if not tool.exists():
+            raise SystemExit(f"{tool} is missing: run bench/build_llamacpp.sh")
+    if args.cpu_path:
+        # Before the engine is imported, and inherited by every server's worker.
+        os.environ["LLMD_CPU_PATH"] = args.cpu_path
+    args.llamacpp_isa = llamacpp_isa(args.llamacpp_bin)
     bandwidth = read_bandwidth(args.threads)
     copy = copy_bandwidth(args.threads)
     print(
@@ -430,7 +506,7 @@ def main(argv: list[str] | None = None) -> None:
     results = []
     for shape in args.shapes:
         for qtype in args.types:
-            model = build_model(shape, qtype)
+            model = build_model(shape, qtype, args.cache)
             print(f"{model.name}: {', '.join(args.tests)}", flush=True)
             result = measure(model, args, bandwidth)
             results.append(result)
