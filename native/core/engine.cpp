@@ -1387,7 +1387,7 @@ void Engine::draft_all(const std::vector<Sequence*>& decoding, const std::vector
     // Its forwards build and evaluate MLX graphs as the target's do: under the same mutex, so
     // never beside score(), the MTP probe or an image encoder (between_steps) on another thread.
     {
-      std::lock_guard<std::mutex> lock(forward_mutex_);
+      std::lock_guard<std::recursive_mutex> lock(forward_mutex_);
       drafter_->propose(jobs, options_.step_token_budget);
     }
     size_t j = 0;

@@ -13,7 +13,6 @@ each image out as transformers' processor does (gemma3_images.py)."""
 
 from __future__ import annotations
 
-import base64
 import json
 from pathlib import Path
 
@@ -23,67 +22,40 @@ import pytest
 from openai import OpenAI
 
 from tests.conftest import run_llmd
+from tests.integration.vision_served import FIXTURES, IMAGES, chat_template, write_word_tokenizer
+from tests.integration.vision_served import log_softmax as _log_softmax
+from tests.integration.vision_served import png_b64 as _png
 from tests.native.tiny_models import CONFIGS, GEMMA3_MULTIMODAL, write_gemma3_multimodal
 
 ollama = pytest.importorskip("ollama")
 pytest.importorskip("llmd._engine", reason="the native engine (llmd._engine) is not built")
 
-FIXTURES = Path(__file__).parents[1] / "fixtures"
 # The served worker keeps KV in float16 (2^-11 relative rounding per key and value).
 F16_TOLERANCE = 2e-3
-TEMPLATE = (
-    "{{ bos_token }}{% for m in messages %}{% if m.content is string %}{{ m.content }} "
-    "{% else %}{% for c in m.content %}{% if c.type == 'image' %}<start_of_image>"
-    "{% else %}{{ c.text }} {% endif %}{% endfor %}{% endif %}{% endfor %}"
-)
+
+
+TEMPLATE = chat_template("<start_of_image>")
 
 
 def _tokenizer(directory: Path) -> dict[str, int]:
-    """Words wN -> N, Gemma 3's image tokens at the config's ids, as special tokens. Returns
-    the vocabulary."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-
+    """Words wN -> N, Gemma 3's image tokens at the config's ids, as special tokens. Returns the vocabulary."""
     mm = GEMMA3_MULTIMODAL
-    images = {
-        "<start_of_image>": mm["boi_token_index"],
-        "<end_of_image>": mm["eoi_token_index"],
-        "<image_soft_token>": mm["image_token_id"],
-    }
-    words = {f"w{i}": i for i in range(CONFIGS["gemma3_text"]["vocab_size"])}
-    for special, i in {"<bos>": 1, "<eos>": 2, **images}.items():
-        del words[f"w{i}"]
-        words[special] = i
-    tk = Tokenizer(models.WordLevel(words, unk_token="w0"))
-    tk.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tk.add_special_tokens(["<bos>", "<eos>", *images])
-    tk.save(str(directory / "tokenizer.json"))
-    (directory / "tokenizer_config.json").write_text(
-        json.dumps(
-            {
-                "chat_template": TEMPLATE,
-                "bos_token": "<bos>",
-                "eos_token": "<eos>",
-                "add_bos_token": False,
-            }
-        )
+    return write_word_tokenizer(
+        directory,
+        CONFIGS["gemma3_text"]["vocab_size"],
+        {
+            "<start_of_image>": mm["boi_token_index"],
+            "<end_of_image>": mm["eoi_token_index"],
+            "<image_soft_token>": mm["image_token_id"],
+        },
+        TEMPLATE,
     )
-    return words
-
-
-def _log_softmax(x: np.ndarray) -> np.ndarray:
-    x = x.astype(np.float64)
-    return x - x.max() - np.log(np.exp(x - x.max()).sum())
 
 
 MODEL = "tiny-gemma3-vision"
 REF = np.load(FIXTURES / "gemma3_vision_transformers.npz")
-IMAGES = np.load(FIXTURES / "gemma3_images_transformers.npz")
 CASES = json.loads(REF["cases"].tobytes())
 PROMPT = REF["prompt_ids"].tolist()
-
-
-def _png(name: str) -> str:
-    return base64.b64encode(IMAGES[f"{name}.png"].tobytes()).decode()
 
 
 def _url(name: str) -> str:

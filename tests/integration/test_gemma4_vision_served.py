@@ -15,7 +15,6 @@ part, as the released template does."""
 
 from __future__ import annotations
 
-import base64
 import json
 from pathlib import Path
 
@@ -26,71 +25,43 @@ import pytest
 from openai import OpenAI
 
 from tests.conftest import run_llmd
+from tests.integration.vision_served import FIXTURES, chat_template, write_word_tokenizer
+from tests.integration.vision_served import log_softmax as _log_softmax
+from tests.integration.vision_served import png_b64 as _png
 from tests.native.tiny_models import CONFIGS, GEMMA4_MULTIMODAL, write_gemma4_multimodal
 
 ollama = pytest.importorskip("ollama")
 pytest.importorskip("llmd._engine", reason="the native engine (llmd._engine) is not built")
 
-FIXTURES = Path(__file__).parents[1] / "fixtures"
 # The served worker keeps KV in float16 (2^-11 relative rounding per key and value): on this
 # model up to 2.7e-3 of the largest logit over the whole vocabulary (test_gemma4_vision.py).
 F16_TOLERANCE = 4e-3
-TEMPLATE = (
-    "{{ bos_token }}{% for m in messages %}{% if m.content is string %}{{ m.content }} "
-    "{% else %}{% for c in m.content %}{% if c.type == 'image' %}<|image|>"
-    "{% else %}{{ c.text }} {% endif %}{% endfor %}{% endif %}{% endfor %}"
-)
-MODEL = "tiny-gemma4-vision"
-REF = np.load(FIXTURES / "gemma4_vision_transformers.npz")
-IMAGES = np.load(FIXTURES / "gemma3_images_transformers.npz")
-CASES = json.loads(REF["cases"].tobytes())
-PROMPT = REF["prompt_ids"].tolist()
-SOFT_TOKENS = 60  # each of the two images: 18x30 and 36x15 patches pooled 3x3
+
+TEMPLATE = chat_template("<|image|>")
 
 
 def _tokenizer(directory: Path) -> dict[str, int]:
-    """Words wN -> N, Gemma 4's image and audio markers at the config's ids, as special
-    tokens. Returns the vocabulary."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-
+    """Words wN -> N, Gemma 4's image and audio markers at the config's ids, as special tokens. Returns the vocabulary."""
     mm = GEMMA4_MULTIMODAL
-    specials = {
-        "<bos>": 1,
-        "<eos>": 2,
-        "<|image>": mm["boi_token_id"],
-        "<image|>": mm["eoi_token_id"],
-        "<|image|>": mm["image_token_id"],
-        "<|video|>": mm["video_token_id"],
-        "<|audio|>": mm["audio_token_id"],
-    }
-    words = {f"w{i}": i for i in range(CONFIGS["gemma4_text"]["vocab_size"])}
-    for special, i in specials.items():
-        del words[f"w{i}"]
-        words[special] = i
-    tk = Tokenizer(models.WordLevel(words, unk_token="w0"))
-    tk.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tk.add_special_tokens(list(specials))
-    tk.save(str(directory / "tokenizer.json"))
-    (directory / "tokenizer_config.json").write_text(
-        json.dumps(
-            {
-                "chat_template": TEMPLATE,
-                "bos_token": "<bos>",
-                "eos_token": "<eos>",
-                "add_bos_token": False,
-            }
-        )
+    return write_word_tokenizer(
+        directory,
+        CONFIGS["gemma4_text"]["vocab_size"],
+        {
+            "<|image>": mm["boi_token_id"],
+            "<image|>": mm["eoi_token_id"],
+            "<|image|>": mm["image_token_id"],
+            "<|video|>": mm["video_token_id"],
+            "<|audio|>": mm["audio_token_id"],
+        },
+        TEMPLATE,
     )
-    return words
 
 
-def _log_softmax(x: np.ndarray) -> np.ndarray:
-    x = x.astype(np.float64)
-    return x - x.max() - np.log(np.exp(x - x.max()).sum())
-
-
-def _png(name: str) -> str:
-    return base64.b64encode(IMAGES[f"{name}.png"].tobytes()).decode()
+MODEL = "tiny-gemma4-vision"
+REF = np.load(FIXTURES / "gemma4_vision_transformers.npz")
+CASES = json.loads(REF["cases"].tobytes())
+PROMPT = REF["prompt_ids"].tolist()
+SOFT_TOKENS = 60  # each of the two images: 18x30 and 36x15 patches pooled 3x3
 
 
 @pytest.fixture(scope="module")

@@ -7,29 +7,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
-
 from .conftest import run_all
+from .test_kv_disk import _engine, _long_prompt
 
 BLOCK = 64
-DIGEST = "sha256:" + "ab" * 32
-
-
-def _engine(model_path: Path, disk: Path, **options):  # type: ignore[no-untyped-def]
-    native = pytest.importorskip("llmd._engine")
-    settings = {
-        "context_length": 2048,
-        "kv_disk_dir": str(disk),
-        "kv_disk_bytes": 1 << 30,
-        "model_digest": DIGEST,
-        "backend": "cpu",
-        **options,
-    }
-    return native.Engine(str(model_path), **settings)
-
-
-def _long_prompt(reference: dict) -> list[int]:
-    return next(c["prompt_ids"] for c in reference["cases"] if c["name"] == "long_1000")
 
 
 def _written(model_path: Path, disk: Path, prompt: list[int]) -> dict:

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from .conftest import run_all
+from .test_kv_disk import _engine as _cpu_backend_engine
 
 BLOCK = 64
-DIGEST = "sha256:" + "ab" * 32
 
 
 def _prompt(reference: dict) -> list[int]:
@@ -22,16 +22,10 @@ def _prompt(reference: dict) -> list[int]:
 
 
 def _engine(model_path: Path, disk: Path, **options):  # type: ignore[no-untyped-def]
-    native = pytest.importorskip("llmd._engine")
-    settings = {
-        "context_length": 1024,
-        "kv_disk_dir": str(disk),
-        "kv_disk_bytes": 1 << 30,
-        "model_digest": DIGEST,
-        "backend": "mlx-cpu",
-        **options,
-    }
-    return native.Engine(str(model_path), **settings)
+    """test_kv_disk's engine on the device path, with a shorter context (MLX's CPU device is slow)."""
+    return _cpu_backend_engine(
+        model_path, disk, **{"context_length": 1024, "backend": "mlx-cpu", **options}
+    )
 
 
 def _generate(engine, prompt: list[int], rid: str, max_tokens: int = 12) -> dict:  # type: ignore[no-untyped-def]

@@ -1,0 +1,60 @@
+"""What the served vision tests (Gemma 3, Gemma 4, Qwen3.5) share: the tiny checkpoints'
+word-level tokenizer with a family's image markers as special tokens, and the fixture
+images as base64 PNG. One writer, so a change to how tiny vision models are tokenized is
+made once (the last review found three copies)."""
+
+from __future__ import annotations
+
+import base64
+import json
+from pathlib import Path
+
+import numpy as np
+
+from tests.native.vision_scaffold import log_softmax  # noqa: F401 (re-exported for the served tests)
+
+FIXTURES = Path(__file__).parents[1] / "fixtures"
+IMAGES = np.load(FIXTURES / "gemma3_images_transformers.npz")
+
+
+def chat_template(image_marker: str) -> str:
+    """A chat template that writes each text part followed by a space and `image_marker` for
+    each image part, as the released templates place an image's placeholder."""
+    return (
+        "{{ bos_token }}{% for m in messages %}{% if m.content is string %}{{ m.content }} "
+        "{% else %}{% for c in m.content %}{% if c.type == 'image' %}"
+        + image_marker
+        + "{% else %}{{ c.text }} {% endif %}{% endfor %}{% endif %}{% endfor %}"
+    )
+
+
+def write_word_tokenizer(
+    directory: Path, vocab_size: int, image_tokens: dict[str, int], template: str
+) -> dict[str, int]:
+    """Words wN -> N, `<bos>` 1, `<eos>` 2 and `image_tokens` at their config ids, all special
+    tokens; writes tokenizer.json and tokenizer_config.json into `directory`. Returns the
+    vocabulary."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    specials = {"<bos>": 1, "<eos>": 2, **image_tokens}
+    words = {f"w{i}": i for i in range(vocab_size)}
+    for special, i in specials.items():
+        del words[f"w{i}"]
+        words[special] = i
+    tk = Tokenizer(models.WordLevel(words, unk_token="w0"))
+    tk.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tk.add_special_tokens(list(specials))
+    tk.save(str(directory / "tokenizer.json"))
+    config = {
+        "chat_template": template,
+        "bos_token": "<bos>",
+        "eos_token": "<eos>",
+        "add_bos_token": False,
+    }
+    (directory / "tokenizer_config.json").write_text(json.dumps(config))
+    return words
+
+
+def png_b64(name: str) -> str:
+    """The fixture image `name` as base64 PNG, as a client would send it."""
+    return base64.b64encode(IMAGES[f"{name}.png"].tobytes()).decode()
