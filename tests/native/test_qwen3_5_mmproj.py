@@ -23,16 +23,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from .test_qwen3_5_vision import (
-    FIXTURE,
-    TOLERANCE,
-    _first_logprobs,
-    _images,
-    _log_softmax,
-    _rel,
-)
+from .test_qwen3_5_vision import FIXTURE, TOLERANCE, _images
 from .tiny_models import QWEN3_5_MULTIMODAL, write_qwen3_5_moe_multimodal
 from .tiny_qwen35_gguf import write_qwen3_5_mmproj, write_qwen35moe_gguf
+from .vision_scaffold import first_logprobs as _first_logprobs
+from .vision_scaffold import log_softmax as _log_softmax
+from .vision_scaffold import rel as _rel
 
 native = pytest.importorskip("llmd._engine")
 
