@@ -182,6 +182,28 @@ class DeviceState {
   std::unique_ptr<DeviceKvStore> kv_;
 };
 
+// A model whose KV lives where its DeviceState says (the device store's rows, or the pool's
+// bytes on the CPU backend): copying a block and the disk tier's block I/O go through that
+// state, the same way for every such model, so they are written once here.
+class DeviceStateModel : public Model {
+ public:
+  void copy_kv_block(KvPool& pool, int src, int dst) override {
+    device_state().copy_kv_block(pool, kv_shape(), src, dst);
+  }
+  bool has_kv_block_io() const override { return true; }
+  void read_kv_blocks(KvPool& pool, const std::vector<int>& blocks, bool window,
+                      const std::vector<std::byte*>& out) override {
+    device_state().read_kv_blocks(pool, kv_shape(), blocks, window, out);
+  }
+  void write_kv_blocks(KvPool& pool, const std::vector<int>& blocks, bool window,
+                       const std::vector<const std::byte*>& in) override {
+    device_state().write_kv_blocks(pool, kv_shape(), blocks, window, in);
+  }
+
+ protected:
+  virtual DeviceState& device_state() = 0;
+};
+
 // Which matmul path each weight of a decoder's layers runs (the engine reports it; tests check
 // that no fp32 copy or MLX quantized_matmul is on a GGUF model's hot path). `Layer` has the
 // fused projections qkv, wo, gate_up and down.

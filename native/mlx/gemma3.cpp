@@ -92,7 +92,7 @@ mx::array rope_periods(const Rope& rope) {
   return mx::array(periods.begin(), {static_cast<int>(periods.size())}, mx::float32);
 }
 
-class Gemma3Model : public Model {
+class Gemma3Model : public DeviceStateModel {
  public:
   Gemma3Model(Gemma3Config cfg, ModelInfo info, std::vector<Layer> layers, mx::array out_norm, Linear lm_head,
               Embedding embed, std::shared_ptr<const Rope> global_rope, std::shared_ptr<const Rope> local_rope)
@@ -185,16 +185,7 @@ class Gemma3Model : public Model {
     compute_outputs(x, rows, lm_head_, out_norm_, d.rms_eps, cfg_.final_softcap, logits, hidden, build_timer);
   }
 
-  void copy_kv_block(KvPool& pool, int src, int dst) override { device_.copy_kv_block(pool, kv_shape(), src, dst); }
-  bool has_kv_block_io() const override { return true; }
-  void read_kv_blocks(KvPool& pool, const std::vector<int>& blocks, bool window,
-                      const std::vector<std::byte*>& out) override {
-    device_.read_kv_blocks(pool, kv_shape(), blocks, window, out);
-  }
-  void write_kv_blocks(KvPool& pool, const std::vector<int>& blocks, bool window,
-                       const std::vector<const std::byte*>& in) override {
-    device_.write_kv_blocks(pool, kv_shape(), blocks, window, in);
-  }
+  DeviceState& device_state() override { return device_; }
 
  private:
   // EmbeddingGemma: each segment a whole prompt (the engine feeds a bidirectional() model

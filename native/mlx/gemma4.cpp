@@ -113,7 +113,7 @@ mx::array head_norm(const mx::array& x, const std::optional<mx::array>& weight, 
                      {rows, heads * head_dim});
 }
 
-class Gemma4Model : public Model {
+class Gemma4Model : public DeviceStateModel {
  public:
   Gemma4Model(Gemma4Config cfg, ModelInfo info, std::vector<Layer> layers, mx::array out_norm, Linear lm_head,
               Embedding embed, Embedding ple_embed, Linear ple_model_proj, mx::array ple_proj_norm,
@@ -242,16 +242,7 @@ class Gemma4Model : public Model {
     compute_outputs(x, rows, lm_head_, out_norm_, d.rms_eps, cfg_.final_softcap, logits, no_hidden, build_timer);
   }
 
-  void copy_kv_block(KvPool& pool, int src, int dst) override { device_.copy_kv_block(pool, kv_shape(), src, dst); }
-  bool has_kv_block_io() const override { return true; }
-  void read_kv_blocks(KvPool& pool, const std::vector<int>& blocks, bool window,
-                      const std::vector<std::byte*>& out) override {
-    device_.read_kv_blocks(pool, kv_shape(), blocks, window, out);
-  }
-  void write_kv_blocks(KvPool& pool, const std::vector<int>& blocks, bool window,
-                       const std::vector<const std::byte*>& in) override {
-    device_.write_kv_blocks(pool, kv_shape(), blocks, window, in);
-  }
+  DeviceState& device_state() override { return device_; }
 
  private:
   // [T, layers * P]: (norm(projection of the embeddings) + the token's per-layer embedding) / sqrt(2).

@@ -29,7 +29,7 @@ struct Layer {
   Linear down;
 };
 
-class LlamaModel : public Model {
+class LlamaModel : public DeviceStateModel {
  public:
   LlamaModel(DecoderDims dims, ModelInfo info, std::vector<Layer> layers, mx::array out_norm, Linear lm_head,
              Embedding embed, std::shared_ptr<const Rope> rope)
@@ -111,16 +111,7 @@ class LlamaModel : public Model {
     compute_outputs(x, rows, lm_head_, out_norm_, dims_.rms_eps, 0.f, logits, hidden, build_timer);
   }
 
-  void copy_kv_block(KvPool& pool, int src, int dst) override { device_.copy_kv_block(pool, kv_shape(), src, dst); }
-  bool has_kv_block_io() const override { return true; }
-  void read_kv_blocks(KvPool& pool, const std::vector<int>& blocks, bool window,
-                      const std::vector<std::byte*>& out) override {
-    device_.read_kv_blocks(pool, kv_shape(), blocks, window, out);
-  }
-  void write_kv_blocks(KvPool& pool, const std::vector<int>& blocks, bool window,
-                       const std::vector<const std::byte*>& in) override {
-    device_.write_kv_blocks(pool, kv_shape(), blocks, window, in);
-  }
+  DeviceState& device_state() override { return device_; }
 
  private:
   // QK-norm: RMSNorm of every q and k head (not v) before attention rotates them.

@@ -171,7 +171,7 @@ struct LinearPlan {
   std::vector<Snapshot> snapshots;
 };
 
-class Qwen35MoeModel : public Model {
+class Qwen35MoeModel : public DeviceStateModel {
  public:
   Qwen35MoeModel(Qwen35Config cfg, ModelInfo info, std::vector<Layer> layers, mx::array out_norm, Linear lm_head,
                  Embedding embed, std::shared_ptr<const Rope> rope, mx::Dtype expert_dtype,
@@ -268,16 +268,7 @@ class Qwen35MoeModel : public Model {
     return paths;
   }
 
-  void copy_kv_block(KvPool& pool, int src, int dst) override { device_.copy_kv_block(pool, kv_shape(), src, dst); }
-  bool has_kv_block_io() const override { return true; }
-  void read_kv_blocks(KvPool& pool, const std::vector<int>& blocks, bool window,
-                      const std::vector<std::byte*>& out) override {
-    device_.read_kv_blocks(pool, kv_shape(), blocks, window, out);
-  }
-  void write_kv_blocks(KvPool& pool, const std::vector<int>& blocks, bool window,
-                       const std::vector<const std::byte*>& in) override {
-    device_.write_kv_blocks(pool, kv_shape(), blocks, window, in);
-  }
+  DeviceState& device_state() override { return device_; }
 
   void forward(const Step& step, KvPool& pool, std::vector<float>& logits) override {
     std::vector<float> hidden;

@@ -4,6 +4,7 @@ the engine's gauges are there. The server is shared with other tests: deltas, no
 
 from __future__ import annotations
 
+import time
 import urllib.request
 from typing import Any
 
@@ -52,7 +53,19 @@ def test_streamed_chat_moves_the_metrics(server) -> None:  # type: ignore[no-unt
         if chunk.usage is not None:
             usage = chunk.usage
     assert usage is not None and usage.completion_tokens > 0
+    # The HTTP counter is recorded when the handler returns, just after the last chunk reached
+    # the client: on a loaded machine the first scrape can come before it, so wait for it.
+    ok = {"route": "/v1/chat/completions", "method": "POST", "status": "200"}
+    deadline = time.monotonic() + 10
     after = scrape(server.base_url)
+    while value(after, "llmd_http_requests_total", **ok) == value(
+        before, "llmd_http_requests_total", **ok
+    ):
+        assert time.monotonic() < deadline, (
+            "the streamed request never reached llmd_http_requests_total"
+        )
+        time.sleep(0.05)
+        after = scrape(server.base_url)
 
     def delta(name: str, **labels: str) -> float:
         return value(after, name, **labels) - value(before, name, **labels)
@@ -61,7 +74,6 @@ def test_streamed_chat_moves_the_metrics(server) -> None:  # type: ignore[no-unt
     assert delta("llmd_prompt_tokens_total", model=MODEL) == usage.prompt_tokens
     assert delta("llmd_time_to_first_token_seconds_count", model=MODEL) == 1
     assert delta("llmd_request_duration_seconds_count", model=MODEL) == 1
-    ok = {"route": "/v1/chat/completions", "method": "POST", "status": "200"}
     assert delta("llmd_http_requests_total", **ok) == 1
 
     labels = (("model", MODEL),)

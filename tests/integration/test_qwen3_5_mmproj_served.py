@@ -102,7 +102,7 @@ def _reference(files: dict[str, Path], image: str) -> tuple[list[int], np.ndarra
     from llmd.text.images import decode_image
     from llmd.text.qwen_images import QwenImageConfig, preprocess
     from llmd.worker.vision import content_digest, surrogate_ids
-    from tests.native.test_qwen3_5_vision import _first_logprobs
+    from tests.native.vision_scaffold import first_logprobs as _first_logprobs
 
     cfg = QwenImageConfig.from_mmproj(read_gguf_metadata(files["mmproj"]))
     patches, (_, h, w) = preprocess(decode_image(_png(image), "p").pixels, cfg)
