@@ -25,7 +25,13 @@ import pytest
 from openai import OpenAI
 
 from tests.conftest import run_llmd
-from tests.integration.vision_served import FIXTURES, chat_template, write_word_tokenizer
+from tests.integration.vision_served import (
+    FIXTURES,
+    assert_first_token_matches,
+    chat_template,
+    openai_two_image_answer,
+    write_word_tokenizer,
+)
 from tests.integration.vision_served import log_softmax as _log_softmax
 from tests.integration.vision_served import png_b64 as _png
 from tests.native.tiny_models import CONFIGS, GEMMA4_MULTIMODAL, write_gemma4_multimodal
@@ -77,32 +83,11 @@ def vocab(server, tmp_path_factory: pytest.TempPathFactory) -> dict[str, int]:  
 
 
 def test_openai_image_url_answers_like_transformers(server, vocab: dict[str, int]) -> None:  # type: ignore[no-untyped-def]
-    token = {i: t for t, i in vocab.items()}
     # The fixture's prompt: w5 w17 w33, image 1 (60 tokens), w40 w41, image 2 (60), w9 w60 w61.
-    content = [
-        {"type": "text", "text": "w5 w17 w33"},
-        {"type": "image_url", "image_url": {"url": "data:image/png;base64," + _png(CASES[0])}},
-        {"type": "text", "text": "w40 w41"},
-        {"type": "image_url", "image_url": {"url": "data:image/png;base64," + _png(CASES[1])}},
-        {"type": "text", "text": "w9 w60 w61"},
-    ]
-    client = OpenAI(base_url=server.base_url + "/v1", api_key="unused", max_retries=0, timeout=300)
-    out = client.chat.completions.create(
-        model=MODEL,
-        messages=[{"role": "user", "content": content}],  # type: ignore[misc,list-item]
-        max_tokens=1,
-        temperature=0,
-        logprobs=True,
-        top_logprobs=20,
+    out = openai_two_image_answer(server.base_url, MODEL, CASES)
+    first, scale = assert_first_token_matches(
+        out, vocab, REF["logits"][-1], len(PROMPT), F16_TOLERANCE
     )
-    want = _log_softmax(REF["logits"][-1])
-    scale = float(np.abs(REF["logits"][-1]).max())
-    assert out.usage is not None and out.usage.prompt_tokens == len(PROMPT)
-    first = out.choices[0].logprobs.content[0]  # type: ignore[union-attr,index]
-    assert first.token == token[int(np.argmax(want))]
-    assert len(first.top_logprobs) == 20
-    for alt in first.top_logprobs:
-        assert abs(alt.logprob - want[vocab[alt.token]]) / scale < F16_TOLERANCE, alt
     # With causal image rows the answer would be measurably different.
     causal = _log_softmax(REF["causal_logits"][-1])
     assert max(abs(a.logprob - causal[vocab[a.token]]) for a in first.top_logprobs) / scale > 1e-2

@@ -8,10 +8,11 @@ from __future__ import annotations
 import base64
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from tests.native.vision_scaffold import log_softmax  # noqa: F401 (re-exported for the served tests)
+from tests.native.vision_scaffold import log_softmax
 
 FIXTURES = Path(__file__).parents[1] / "fixtures"
 IMAGES = np.load(FIXTURES / "gemma3_images_transformers.npz")
@@ -58,3 +59,45 @@ def write_word_tokenizer(
 def png_b64(name: str) -> str:
     """The fixture image `name` as base64 PNG, as a client would send it."""
     return base64.b64encode(IMAGES[f"{name}.png"].tobytes()).decode()
+
+
+def openai_two_image_answer(base_url: str, model: str, cases: list[str]) -> Any:
+    """The fixtures' prompt (w5 w17 w33, image 1, w40 w41, image 2, w9 w60 w61) sent with the
+    OpenAI client as `image_url` data URLs: one greedy token with its top 20 logprobs."""
+    from openai import OpenAI
+
+    url = "data:image/png;base64,"
+    content = [
+        {"type": "text", "text": "w5 w17 w33"},
+        {"type": "image_url", "image_url": {"url": url + png_b64(cases[0])}},
+        {"type": "text", "text": "w40 w41"},
+        {"type": "image_url", "image_url": {"url": url + png_b64(cases[1])}},
+        {"type": "text", "text": "w9 w60 w61"},
+    ]
+    client = OpenAI(base_url=base_url + "/v1", api_key="unused", max_retries=0, timeout=300)
+    return client.chat.completions.create(
+        model=model,
+        messages=[{"role": "user", "content": content}],  # type: ignore[misc,list-item]
+        max_tokens=1,
+        temperature=0,
+        logprobs=True,
+        top_logprobs=20,
+    )
+
+
+def assert_first_token_matches(
+    out: Any, vocab: dict[str, int], logits: np.ndarray, prompt_tokens: int, tolerance: float
+) -> tuple[Any, float]:
+    """The answer's prompt length, greedy token and 20 top logprobs equal the reference's
+    (within `tolerance` of its largest logit). Returns the first token's logprobs and that
+    scale, for the caller's own check that the reference differs from an ablated one."""
+    want = log_softmax(logits)
+    scale = float(np.abs(logits).max())
+    token = {i: t for t, i in vocab.items()}
+    assert out.usage is not None and out.usage.prompt_tokens == prompt_tokens
+    first = out.choices[0].logprobs.content[0]
+    assert first.token == token[int(np.argmax(want))]
+    assert len(first.top_logprobs) == 20
+    for alt in first.top_logprobs:
+        assert abs(alt.logprob - want[vocab[alt.token]]) / scale < tolerance, alt
+    return first, scale
