@@ -31,6 +31,7 @@
 
 #include "decoder.h"
 #include "encoder_ops.h"
+#include "vision_tower_common.h"
 
 namespace llmd {
 
@@ -70,15 +71,6 @@ struct Layer {
   ClippedLinear q, k, v, o, gate, up, down;
 };
 
-constexpr int kQueryRows = 2048;  // queries per attention chunk on the device path (see encode_patches)
-
-mx::array gelu_tanh(const mx::array& x) {
-  const float c = std::sqrt(2.f / static_cast<float>(M_PI));
-  mx::array cube = mx::multiply(mx::multiply(x, x), x);
-  mx::array inner = mx::multiply(mx::array(c), mx::add(x, mx::multiply(mx::array(0.044715f), cube)));
-  return mx::multiply(mx::multiply(mx::array(0.5f), x), mx::add(mx::array(1.f), mx::tanh(inner)));
-}
-
 class Gemma4VisionTower : public VisionTower {
  public:
   Gemma4VisionTower(Gemma4VisionConfig c, VisionInfo info, Linear patch, mx::array pos_x, mx::array pos_y,
@@ -86,12 +78,7 @@ class Gemma4VisionTower : public VisionTower {
                     Linear projection, bool on_device)
       : c_(c), info_(std::move(info)), patch_(std::move(patch)), pos_x_(std::move(pos_x)), pos_y_(std::move(pos_y)),
         layers_(std::move(layers)), standardize_(std::move(standardize)), projection_(std::move(projection)),
-        on_device_(on_device), device_(mx::default_device()) {
-    const int quarter = c_.head_dim / 4;  // frequencies per axis
-    for (int i = 0; i < quarter; ++i) {
-      inv_freq_.push_back(std::pow(c_.theta, -static_cast<double>(2 * i) / static_cast<double>(c_.head_dim / 2)));
-    }
-  }
+        inv_freq_(axial_inv_freq(c_.theta, c_.head_dim)), on_device_(on_device), device_(mx::default_device()) {}
 
   const VisionInfo& info() const override { return info_; }
 
@@ -99,31 +86,11 @@ class Gemma4VisionTower : public VisionTower {
     throw std::invalid_argument("Gemma 4 vision towers read images of any size as patches (encode_patches)");
   }
 
-  std::vector<float> encode_patches(const float* patches, const std::vector<std::array<int, 3>>& grids) const override {
+  std::vector<float> encode_patches(const float* patches, const PatchGrids& grids) const override {
     const int k = c_.pool, D = c_.hidden, H = c_.heads, hd = c_.head_dim, quarter = hd / 4;
-    int N = 0;
-    for (const auto& [t, h, w] : grids) {
-      if (t != 1) throw std::invalid_argument("Gemma 4 vision: only still images (grid t = 1), not video");
-      if (h <= 0 || w <= 0 || h % k != 0 || w % k != 0) {
-        throw std::invalid_argument("Gemma 4 vision: a patch grid of " + std::to_string(h) + "x" + std::to_string(w) +
-                                    " does not pool " + std::to_string(k) + "x" + std::to_string(k));
-      }
-      if (h > c_.positions || w > c_.positions) {
-        throw std::invalid_argument("Gemma 4 vision: a patch grid of " + std::to_string(h) + "x" + std::to_string(w) +
-                                    " exceeds the position table's " + std::to_string(c_.positions) + " a side");
-      }
-      N += h * w;
-    }
+    const int N = grid_patches(grids, k, "Gemma 4", "pool", c_.positions);
     if (N == 0) return {};
-    if (on_device_) {
-      // As siglip.cpp: the worker encodes on a thread of its own, which needs its own stream.
-      mx::set_default_device(device_);
-      thread_local bool has_stream = false;
-      if (!has_stream) {
-        mx::set_default_stream(mx::new_stream(device_));
-        has_stream = true;
-      }
-    }
+    if (on_device_) use_device_on_this_thread(device_);
     // Host-side tables per patch (row-major within each image): its column and row, and the
     // rotary cos/sin of each axis' angles.
     std::vector<int32_t> xs(N), ys(N);
@@ -185,7 +152,9 @@ class Gemma4VisionTower : public VisionTower {
         v = mx::repeat(v, H / c_.kv_heads, 1);
       }
       const bool host = !on_device_ && supports_encoder_attention(hd);
-      mx::array a = host ? host_attention(q, kk, v, spans) : sdpa(q, kk, v, grids);
+      // Scale 1: q and k come RMS-normed. MLX's SDPA on the device backend, or for head sizes
+      // the host kernels do not take.
+      mx::array a = host ? host_attention(q, kk, v, spans) : per_image_attention(q, kk, v, grids, 1.f);
       x = mx::add(x, mx::fast::rms_norm(L.o(a), L.post_attn_norm, c_.eps));
       y = mx::fast::rms_norm(x, L.pre_ffn_norm, c_.eps);
       // The host backend: llmd's vectorized GELU (MLX's CPU tanh runs one float at a time).
@@ -206,39 +175,10 @@ class Gemma4VisionTower : public VisionTower {
     x = mx::multiply(x, mx::array(std::sqrt(static_cast<float>(D))));
     if (standardize_) x = mx::multiply(mx::subtract(x, standardize_->first), standardize_->second);
     x = mx::fast::rms_norm(x, std::nullopt, c_.eps);
-    x = mx::contiguous(mx::astype(projection_(x), mx::float32));
-    x.eval();
-    return std::vector<float>(x.data<float>(), x.data<float>() + x.size());
+    return host_rows(projection_(x));
   }
 
  private:
-  // MLX's attention per image (the device backend, or head sizes the host kernels do not take),
-  // queries in chunks: a released-size image's scores at once (12 heads x 10080^2 patches,
-  // float32) would be ~5 GiB; a chunk's are 1 GiB at most.
-  mx::array sdpa(const mx::array& q, const mx::array& k, const mx::array& v,
-                 const std::vector<std::array<int, 3>>& grids) const {
-    const int H = c_.heads, hd = c_.head_dim;
-    std::vector<mx::array> outs;
-    int at = 0;
-    for (const auto& g : grids) {
-      const int n = g[1] * g[2];
-      auto part = [&](const mx::array& t) {
-        return mx::expand_dims(mx::transpose(mx::slice(t, {at, 0, 0}, {at + n, H, hd}), {1, 0, 2}), 0);
-      };
-      const mx::array qi = part(q), ki = part(k), vi = part(v);
-      std::vector<mx::array> chunks;
-      for (int r0 = 0; r0 < n; r0 += kQueryRows) {
-        const int r1 = std::min(n, r0 + kQueryRows);
-        chunks.push_back(mx::fast::scaled_dot_product_attention(
-            n > kQueryRows ? mx::slice(qi, {0, 0, r0, 0}, {1, H, r1, hd}) : qi, ki, vi, 1.f));
-      }
-      mx::array a = chunks.size() == 1 ? chunks[0] : mx::concatenate(chunks, 2);
-      outs.push_back(mx::reshape(mx::transpose(mx::squeeze(a, 0), {1, 0, 2}), {n, H * hd}));
-      at += n;
-    }
-    return outs.size() == 1 ? outs[0] : mx::concatenate(outs, 0);
-  }
-
   // The host backend: llmd's flash-attention tile kernels (encoder_ops.h) over each image's
   // span, as siglip.cpp runs SigLIP's (MLX's CPU SDPA runs its softmax one float at a time).
   // The kernels scale scores by 1 / sqrt(head_dim); Gemma 4's scale is 1, so the queries come
@@ -269,28 +209,25 @@ class Gemma4VisionTower : public VisionTower {
 std::unique_ptr<VisionTower> load_gemma4_vision(const std::string& dir, const Metadata& config,
                                                 const LoadOptions& options) {
   Gemma4VisionConfig c;
-  const std::string v = "vision_config.";
-  auto get = [&](const std::string& key, int fallback) {
-    return static_cast<int>(config.get_int(v + key).value_or(fallback));
-  };
-  c.hidden = get("hidden_size", c.hidden);
-  c.ffn = get("intermediate_size", c.ffn);
-  c.layers = get("num_hidden_layers", c.layers);
-  c.heads = get("num_attention_heads", c.heads);
-  c.kv_heads = get("num_key_value_heads", c.heads);
-  c.head_dim = get("head_dim", c.head_dim);
-  c.patch = get("patch_size", c.patch);
-  c.pool = get("pooling_kernel_size", c.pool);
-  c.positions = get("position_embedding_size", c.positions);
-  c.eps = static_cast<float>(config.get_float(v + "rms_norm_eps").value_or(c.eps));
-  c.theta = config.get_float(v + "rope_parameters.rope_theta").value_or(c.theta);
-  const std::string rope = config.get_string(v + "rope_parameters.rope_type").value_or("axial");
+  const TowerConfig v(config);
+  c.hidden = v.integer("hidden_size", c.hidden);
+  c.ffn = v.integer("intermediate_size", c.ffn);
+  c.layers = v.integer("num_hidden_layers", c.layers);
+  c.heads = v.integer("num_attention_heads", c.heads);
+  c.kv_heads = v.integer("num_key_value_heads", c.heads);
+  c.head_dim = v.integer("head_dim", c.head_dim);
+  c.patch = v.integer("patch_size", c.patch);
+  c.pool = v.integer("pooling_kernel_size", c.pool);
+  c.positions = v.integer("position_embedding_size", c.positions);
+  c.eps = v.real("rms_norm_eps", c.eps);
+  c.theta = v.real("rope_parameters.rope_theta", c.theta);
+  const std::string rope = v.text("rope_parameters.rope_type", "axial");
   if (rope != "axial") throw std::runtime_error("gemma4 vision rope type '" + rope + "' is not supported (axial)");
-  const std::string act = config.get_string(v + "hidden_activation").value_or("gelu_pytorch_tanh");
-  if (act != "gelu_pytorch_tanh" && act != "gelu_new" && act != "gelu_fast") {
+  const std::string act = v.text("hidden_activation", "gelu_pytorch_tanh");
+  if (!is_gelu_tanh(act)) {
     throw std::runtime_error("gemma4 vision activation '" + act + "' is not supported (only GELU-tanh)");
   }
-  if (config.get_bool(v + "attention_bias").value_or(false)) {
+  if (v.flag("attention_bias", false)) {
     throw std::runtime_error("gemma4 vision with attention_bias is not supported (Gemma 4 checkpoints have none)");
   }
   if (c.hidden <= 0 || c.heads <= 0 || c.kv_heads <= 0 || c.heads % c.kv_heads != 0 || c.head_dim <= 0 ||
@@ -298,22 +235,12 @@ std::unique_ptr<VisionTower> load_gemma4_vision(const std::string& dir, const Me
     throw std::runtime_error("gemma4 vision settings do not describe its encoder (heads, head_dim, patches, pooling)");
   }
 
-  const Checkpoint w(dir, &config);
-  std::string m;
-  for (const char* prefix : {"model.vision_tower.", "vision_tower."}) {
-    if (w.has(std::string(prefix) + "patch_embedder.input_proj.weight")) m = prefix;
-  }
-  if (m.empty()) {
-    throw std::runtime_error(
-        "this checkpoint has no vision tower (no tensor 'model.vision_tower.patch_embedder.input_proj.weight')");
-  }
+  const Checkpoint checkpoint(dir, &config);
+  const std::string m = find_prefix(checkpoint, {"model.vision_tower.", "vision_tower."},
+                                    "patch_embedder.input_proj.weight", "vision tower");
   const std::string e = m == "vision_tower." ? "embed_vision." : "model.embed_vision.";
   const bool dev = options.on_device();
-  auto vec = [&](const std::string& name) {
-    mx::array a = w.get(name);
-    a.eval();
-    return a;
-  };
+  const TowerCheckpoint w(checkpoint, dev);
   auto bound = [&](const std::string& lo, const std::string& hi) -> std::optional<std::pair<float, float>> {
     if (!w.has(lo) || !w.has(hi)) return std::nullopt;
     const float a = w.get(lo).item<float>(), b = w.get(hi).item<float>();
@@ -322,8 +249,7 @@ std::unique_ptr<VisionTower> load_gemma4_vision(const std::string& dir, const Me
   };
   auto linear = [&](const std::string& module, int out, int in) {
     ClippedLinear l;
-    l.map = w.linear({module + ".linear"}, dev);
-    if (!dev) l.map.use_host_float_gemm();
+    l.map = w.linear({module + ".linear"});
     if (l.map.out_features() != out) {
       throw std::runtime_error("gemma4 vision " + module + " has " + std::to_string(l.map.out_features()) +
                                " outputs, expected " + std::to_string(out) + " (of " + std::to_string(in) + " inputs)");
@@ -336,8 +262,7 @@ std::unique_ptr<VisionTower> load_gemma4_vision(const std::string& dir, const Me
   if (input_proj.ndim() != 2 || input_proj.shape(0) != c.hidden || input_proj.shape(1) != c.patch_values()) {
     throw std::runtime_error("gemma4 vision patch embedding is not [hidden_size, 3 * patch_size^2]");
   }
-  Linear patch = Linear::from_float(input_proj, dev);
-  if (!dev) patch.use_host_float_gemm();
+  Linear patch = tower_linear(input_proj, dev);
   mx::array table = w.get(m + "patch_embedder.position_embedding_table");
   if (table.ndim() != 3 || table.shape(0) != 2 || table.shape(1) != c.positions || table.shape(2) != c.hidden) {
     throw std::runtime_error("gemma4 vision position table is not [2, position_embedding_size, hidden_size]");
@@ -350,12 +275,12 @@ std::unique_ptr<VisionTower> load_gemma4_vision(const std::string& dir, const Me
   for (int i = 0; i < c.layers; ++i) {
     const std::string b = m + "encoder.layers." + std::to_string(i) + ".";
     Layer& L = layers[i];
-    L.input_norm = vec(b + "input_layernorm.weight");
-    L.post_attn_norm = vec(b + "post_attention_layernorm.weight");
-    L.pre_ffn_norm = vec(b + "pre_feedforward_layernorm.weight");
-    L.post_ffn_norm = vec(b + "post_feedforward_layernorm.weight");
-    L.q_norm = vec(b + "self_attn.q_norm.weight");
-    L.k_norm = vec(b + "self_attn.k_norm.weight");
+    L.input_norm = w.vec(b + "input_layernorm.weight");
+    L.post_attn_norm = w.vec(b + "post_attention_layernorm.weight");
+    L.pre_ffn_norm = w.vec(b + "pre_feedforward_layernorm.weight");
+    L.post_ffn_norm = w.vec(b + "post_feedforward_layernorm.weight");
+    L.q_norm = w.vec(b + "self_attn.q_norm.weight");
+    L.k_norm = w.vec(b + "self_attn.k_norm.weight");
     L.q = linear(b + "self_attn.q_proj", qw, c.hidden);
     L.k = linear(b + "self_attn.k_proj", kw, c.hidden);
     L.v = linear(b + "self_attn.v_proj", kw, c.hidden);
@@ -365,11 +290,10 @@ std::unique_ptr<VisionTower> load_gemma4_vision(const std::string& dir, const Me
     L.down = linear(b + "mlp.down_proj", c.hidden, c.ffn);
   }
   std::optional<std::pair<mx::array, mx::array>> standardize;
-  if (config.get_bool(v + "standardize").value_or(false)) {
-    standardize = std::make_pair(vec(m + "std_bias"), vec(m + "std_scale"));
+  if (v.flag("standardize", false)) {
+    standardize = std::make_pair(w.vec(m + "std_bias"), w.vec(m + "std_scale"));
   }
-  Linear projection = w.linear({e + "embedding_projection"}, dev);
-  if (!dev) projection.use_host_float_gemm();
+  Linear projection = w.linear({e + "embedding_projection"});
   VisionInfo info;
   info.architecture = "gemma4";
   info.channels = 3;

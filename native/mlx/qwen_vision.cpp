@@ -23,6 +23,7 @@
 #include <mlx/mlx.h>
 
 #include "decoder.h"
+#include "vision_tower_common.h"
 
 namespace llmd {
 
@@ -45,29 +46,13 @@ struct QwenVisionConfig {
   int patch_values() const { return channels * temporal * patch * patch; }
 };
 
-struct Norm {
-  mx::array w{0.f}, b{0.f};
-};
-
 struct Block {
-  Norm norm1, norm2;
+  LayerNormWeights norm1, norm2;
   Linear qkv, proj, fc1, fc2;
   mx::array qkv_bias{0.f}, proj_bias{0.f}, fc1_bias{0.f}, fc2_bias{0.f};
 };
 
 constexpr float kEps = 1e-6f;  // transformers' LayerNorms here: fixed, not in the config
-constexpr int kQueryRows = 2048;  // patches per attention chunk (see encode_patches)
-
-mx::array gelu(const mx::array& x, bool tanh_approx) {
-  if (tanh_approx) {
-    const float c = std::sqrt(2.f / static_cast<float>(M_PI));
-    mx::array cube = mx::multiply(mx::multiply(x, x), x);
-    mx::array inner = mx::multiply(mx::array(c), mx::add(x, mx::multiply(mx::array(0.044715f), cube)));
-    return mx::multiply(mx::multiply(mx::array(0.5f), x), mx::add(mx::array(1.f), mx::tanh(inner)));
-  }
-  mx::array e = mx::erf(mx::multiply(x, mx::array(static_cast<float>(M_SQRT1_2))));
-  return mx::multiply(mx::multiply(mx::array(0.5f), x), mx::add(mx::array(1.f), e));
-}
 
 // Row and column of patch i of an h x w grid listed in merge-block order (block row, block
 // column, row in block, column in block), as the processor flattens them.
@@ -80,17 +65,12 @@ std::pair<int, int> patch_place(int i, int w, int m) {
 class QwenVisionTower : public VisionTower {
  public:
   QwenVisionTower(QwenVisionConfig c, VisionInfo info, Linear patch, mx::array patch_bias, mx::array pos_table,
-                  std::vector<Block> blocks, Norm merge_norm, Linear fc1, mx::array fc1_bias, Linear fc2,
+                  std::vector<Block> blocks, LayerNormWeights merge_norm, Linear fc1, mx::array fc1_bias, Linear fc2,
                   mx::array fc2_bias, bool on_device)
       : c_(c), info_(std::move(info)), patch_(std::move(patch)), patch_bias_(std::move(patch_bias)),
         pos_table_(std::move(pos_table)), blocks_(std::move(blocks)), merge_norm_(std::move(merge_norm)),
         fc1_(std::move(fc1)), fc1_bias_(std::move(fc1_bias)), fc2_(std::move(fc2)), fc2_bias_(std::move(fc2_bias)),
-        on_device_(on_device), device_(mx::default_device()) {
-    const int quarter = c_.head_dim() / 4;  // frequencies per axis
-    for (int i = 0; i < quarter; ++i) {
-      inv_freq_.push_back(std::pow(c_.theta, -static_cast<double>(2 * i) / static_cast<double>(c_.head_dim() / 2)));
-    }
-  }
+        inv_freq_(axial_inv_freq(c_.theta, c_.head_dim())), on_device_(on_device), device_(mx::default_device()) {}
 
   const VisionInfo& info() const override { return info_; }
 
@@ -98,27 +78,11 @@ class QwenVisionTower : public VisionTower {
     throw std::invalid_argument("Qwen3.5 vision towers read images of any size as patches (encode_patches)");
   }
 
-  std::vector<float> encode_patches(const float* patches, const std::vector<std::array<int, 3>>& grids) const override {
+  std::vector<float> encode_patches(const float* patches, const PatchGrids& grids) const override {
     const int m = c_.merge, D = c_.hidden, H = c_.heads, hd = c_.head_dim(), half = hd / 2;
-    int N = 0;
-    for (const auto& [t, h, w] : grids) {
-      if (t != 1) throw std::invalid_argument("Qwen3.5 vision: only still images (grid t = 1), not video");
-      if (h <= 0 || w <= 0 || h % m != 0 || w % m != 0) {
-        throw std::invalid_argument("Qwen3.5 vision: a patch grid of " + std::to_string(h) + "x" + std::to_string(w) +
-                                    " does not merge " + std::to_string(m) + "x" + std::to_string(m));
-      }
-      N += h * w;
-    }
+    const int N = grid_patches(grids, m, "Qwen3.5", "merge");
     if (N == 0) return {};
-    if (on_device_) {
-      // As siglip.cpp: the worker encodes on a thread of its own, which needs its own stream.
-      mx::set_default_device(device_);
-      thread_local bool has_stream = false;
-      if (!has_stream) {
-        mx::set_default_stream(mx::new_stream(device_));
-        has_stream = true;
-      }
-    }
+    if (on_device_) use_device_on_this_thread(device_);
     // Host-side tables per patch: the 4 bilinear taps into the learned position grid and their
     // weights, and the rotary cos/sin at the patch's (row, column).
     const int side = static_cast<int>(std::lround(std::sqrt(static_cast<double>(c_.positions))));
@@ -181,27 +145,7 @@ class QwenVisionTower : public VisionTower {
       mx::array k = rotate(mx::reshape(mx::slice(qkv, {0, D}, {N, 2 * D}), {N, H, hd}));
       mx::array v = mx::reshape(mx::slice(qkv, {0, 2 * D}, {N, 3 * D}), {N, H, hd});
       // Each image's patches see every patch of the same image and nothing else.
-      std::vector<mx::array> outs;
-      int at = 0;
-      for (const auto& g : grids) {
-        const int n = g[1] * g[2];
-        auto part = [&](const mx::array& t) {
-          return mx::expand_dims(mx::transpose(mx::slice(t, {at, 0, 0}, {at + n, H, hd}), {1, 0, 2}), 0);
-        };
-        // Queries in chunks: the scores of a released-size 4096x4096 image at once (16 heads x
-        // 16384^2 patches, float32) would be 16 GiB; a chunk's are 2 GiB at most.
-        const mx::array qi = part(q), ki = part(k), vi = part(v);
-        std::vector<mx::array> chunks;
-        for (int r0 = 0; r0 < n; r0 += kQueryRows) {
-          const int r1 = std::min(n, r0 + kQueryRows);
-          chunks.push_back(mx::fast::scaled_dot_product_attention(
-              n > kQueryRows ? mx::slice(qi, {0, 0, r0, 0}, {1, H, r1, hd}) : qi, ki, vi, scale));
-        }
-        mx::array a = chunks.size() == 1 ? chunks[0] : mx::concatenate(chunks, 2);
-        outs.push_back(mx::reshape(mx::transpose(mx::squeeze(a, 0), {1, 0, 2}), {n, D}));
-        at += n;
-      }
-      mx::array a = outs.size() == 1 ? outs[0] : mx::concatenate(outs, 0);
+      mx::array a = per_image_attention(q, k, v, grids, scale);
       x = mx::add(x, mx::add(B.proj(a), B.proj_bias));
       y = mx::fast::layer_norm(x, B.norm2.w, B.norm2.b, kEps);
       y = gelu(mx::add(B.fc1(y), B.fc1_bias), c_.tanh_gelu);
@@ -210,9 +154,7 @@ class QwenVisionTower : public VisionTower {
     x = mx::fast::layer_norm(x, merge_norm_.w, merge_norm_.b, kEps);
     x = mx::reshape(x, {N / (m * m), D * m * m});  // the merge block's patches are consecutive rows
     x = gelu(mx::add(fc1_(x), fc1_bias_), false);
-    x = mx::contiguous(mx::astype(mx::add(fc2_(x), fc2_bias_), mx::float32));
-    x.eval();
-    return std::vector<float>(x.data<float>(), x.data<float>() + x.size());
+    return host_rows(mx::add(fc2_(x), fc2_bias_));
   }
 
  private:
@@ -222,7 +164,7 @@ class QwenVisionTower : public VisionTower {
   mx::array patch_bias_;
   mx::array pos_table_;  // [positions, hidden]
   std::vector<Block> blocks_;
-  Norm merge_norm_;
+  LayerNormWeights merge_norm_;
   Linear fc1_;
   mx::array fc1_bias_;
   Linear fc2_;
@@ -259,8 +201,7 @@ std::unique_ptr<VisionTower> build_tower(QwenVisionConfig c, const VisionWeights
       conv.shape(3) != c.patch || conv.shape(4) != c.patch) {
     throw std::runtime_error("qwen3.5 vision patch embedding has an unexpected shape");
   }
-  Linear patch = Linear::from_float(mx::reshape(conv, {c.hidden, c.patch_values()}), dev);
-  if (!dev) patch.use_host_float_gemm();
+  Linear patch = tower_linear(mx::reshape(conv, {c.hidden, c.patch_values()}), dev);
   mx::array table = vec("pos_embed.weight");
   if (table.ndim() != 2 || table.shape(0) != c.positions || table.shape(1) != c.hidden) {
     throw std::runtime_error("qwen3.5 vision position embeddings do not match num_position_embeddings x hidden_size");
@@ -283,7 +224,7 @@ std::unique_ptr<VisionTower> build_tower(QwenVisionConfig c, const VisionWeights
   if (w.has("merger.norm.weight") && vec("merger.norm.weight").shape(0) != c.hidden) {
     throw std::runtime_error("qwen3.5 vision merger norms after the merge (use_postshuffle_norm): not supported");
   }
-  Norm merge_norm{vec("merger.norm.weight"), vec("merger.norm.bias")};
+  LayerNormWeights merge_norm{vec("merger.norm.weight"), vec("merger.norm.bias")};
   Linear fc1 = w.linear("merger.linear_fc1");
   Linear fc2 = w.linear("merger.linear_fc2");
   mx::array fc2_bias = vec("merger.linear_fc2.bias");
@@ -329,44 +270,33 @@ std::string mmproj_name(const std::string& hf) {
 std::unique_ptr<VisionTower> load_qwen_vision(const std::string& dir, const Metadata& config,
                                               const LoadOptions& options) {
   QwenVisionConfig c;
-  const std::string v = "vision_config.";
-  auto get = [&](const std::string& key, int fallback) {
-    return static_cast<int>(config.get_int(v + key).value_or(fallback));
-  };
-  c.hidden = get("hidden_size", c.hidden);
-  c.ffn = get("intermediate_size", c.ffn);
-  c.depth = get("depth", get("num_hidden_layers", c.depth));
-  c.heads = get("num_heads", get("num_attention_heads", c.heads));
-  c.channels = get("in_channels", c.channels);
-  c.patch = get("patch_size", c.patch);
-  c.temporal = get("temporal_patch_size", c.temporal);
-  c.merge = get("spatial_merge_size", c.merge);
-  c.out_hidden = get("out_hidden_size", c.out_hidden);
-  c.positions = get("num_position_embeddings", c.positions);
-  c.theta = config.get_float(v + "rope_parameters.rope_theta").value_or(c.theta);
-  const std::string act = config.get_string(v + "hidden_act").value_or("gelu_pytorch_tanh");
+  const TowerConfig v(config);
+  c.hidden = v.integer("hidden_size", c.hidden);
+  c.ffn = v.integer("intermediate_size", c.ffn);
+  c.depth = v.integer("depth", v.integer("num_hidden_layers", c.depth));
+  c.heads = v.integer("num_heads", v.integer("num_attention_heads", c.heads));
+  c.channels = v.integer("in_channels", c.channels);
+  c.patch = v.integer("patch_size", c.patch);
+  c.temporal = v.integer("temporal_patch_size", c.temporal);
+  c.merge = v.integer("spatial_merge_size", c.merge);
+  c.out_hidden = v.integer("out_hidden_size", c.out_hidden);
+  c.positions = v.integer("num_position_embeddings", c.positions);
+  c.theta = v.real("rope_parameters.rope_theta", c.theta);
+  const std::string act = v.text("hidden_act", "gelu_pytorch_tanh");
   if (act == "gelu") {
     c.tanh_gelu = false;
-  } else if (act != "gelu_pytorch_tanh" && act != "gelu_new" && act != "gelu_fast") {
+  } else if (!is_gelu_tanh(act)) {
     throw std::runtime_error("qwen3.5 vision activation '" + act + "' is not supported (GELU or GELU-tanh)");
   }
-  const Checkpoint w(dir, &config);
-  std::string m;
-  for (const char* prefix : {"model.visual.", "visual."}) {
-    if (w.has(std::string(prefix) + "patch_embed.proj.weight")) m = prefix;
-  }
-  if (m.empty()) {
-    throw std::runtime_error("this checkpoint has no vision tower (no tensor 'model.visual.patch_embed.proj.weight')");
-  }
+  const Checkpoint checkpoint(dir, &config);
+  const std::string m =
+      find_prefix(checkpoint, {"model.visual.", "visual."}, "patch_embed.proj.weight", "vision tower");
   const bool dev = options.on_device();
+  const TowerCheckpoint w(checkpoint, dev);
   VisionWeights weights;
   weights.vec = [&](const std::string& name) { return w.get(m + name); };
   weights.has = [&](const std::string& name) { return w.has(m + name); };
-  weights.linear = [&](const std::string& module) {
-    Linear l = w.linear({m + module}, dev);
-    if (!dev) l.use_host_float_gemm();
-    return l;
-  };
+  weights.linear = [&](const std::string& module) { return w.linear({m + module}); };
   weights.patch = [&] { return w.get(m + "patch_embed.proj.weight"); };
   return build_tower(c, weights, config.get_string("model_type").value_or("qwen3_5_moe"), dev);
 }
@@ -377,15 +307,8 @@ std::unique_ptr<VisionTower> load_qwen_vision(const std::string& dir, const Meta
 // (v.patch_embd.weight, .weight.1, ...), stacked back here; deepstack layers (Qwen3-VL) are
 // refused; RoPE's base is 10000, which llama.cpp's graph (tools/mtmd/models/qwen3vl.cpp) fixes too.
 std::unique_ptr<VisionTower> load_qwen_mmproj(const GgufFile& file, const std::string& path, const LoadOptions& options) {
+  const MmprojFile mmproj(file, path);
   const Metadata& m = file.metadata();
-  auto need = [&](const std::string& key) {
-    const std::optional<int64_t> x = m.get_int(key);
-    if (!x) throw std::runtime_error(path + " lacks '" + key + "'");
-    return static_cast<int>(*x);
-  };
-  if (!m.get_bool("clip.has_vision_encoder").value_or(false)) {
-    throw std::runtime_error(path + " has no vision encoder (clip.has_vision_encoder)");
-  }
   if (m.has("clip.vision.is_deepstack_layers")) {
     const auto* deep = std::get_if<std::vector<int64_t>>(&m.values().at("clip.vision.is_deepstack_layers"));
     if (deep && std::any_of(deep->begin(), deep->end(), [](int64_t x) { return x != 0; })) {
@@ -393,12 +316,12 @@ std::unique_ptr<VisionTower> load_qwen_mmproj(const GgufFile& file, const std::s
     }
   }
   QwenVisionConfig c;
-  c.hidden = need("clip.vision.embedding_length");
-  c.ffn = need("clip.vision.feed_forward_length");
-  c.depth = need("clip.vision.block_count");
-  c.heads = need("clip.vision.attention.head_count");
-  c.patch = need("clip.vision.patch_size");
-  c.out_hidden = need("clip.vision.projection_dim");
+  c.hidden = mmproj.need("clip.vision.embedding_length");
+  c.ffn = mmproj.need("clip.vision.feed_forward_length");
+  c.depth = mmproj.need("clip.vision.block_count");
+  c.heads = mmproj.need("clip.vision.attention.head_count");
+  c.patch = mmproj.need("clip.vision.patch_size");
+  c.out_hidden = mmproj.need("clip.vision.projection_dim");
   c.merge = static_cast<int>(m.get_int("clip.vision.spatial_merge_size").value_or(2));
   c.temporal = 0;
   while (file.find("v.patch_embd.weight" + (c.temporal ? "." + std::to_string(c.temporal) : std::string()))) {
@@ -415,27 +338,18 @@ std::unique_ptr<VisionTower> load_qwen_mmproj(const GgufFile& file, const std::s
     throw std::runtime_error(path + ": layer_norm_epsilon " + std::to_string(*eps) + " (Qwen3.5's towers use 1e-6)");
   }
   const bool dev = options.on_device();
-  auto t = [&](const std::string& name) -> const TensorView& {
-    const TensorView* x = file.find(name);
-    if (!x) throw std::runtime_error(path + " has no tensor '" + name + "'");
-    return *x;
-  };
   VisionWeights weights;
-  weights.vec = [&](const std::string& name) { return dequantize_tensor(t(mmproj_name(name))); };
-  weights.has = [&](const std::string& name) { return file.find(mmproj_name(name)) != nullptr; };
+  weights.vec = [&](const std::string& name) { return mmproj.vec(mmproj_name(name)); };
+  weights.has = [&](const std::string& name) { return mmproj.has(mmproj_name(name)); };
   weights.linear = [&](const std::string& module) {
-    const TensorView& x = t(mmproj_name(module + ".weight"));
-    if (x.type == TensorType::F32) {  // float weights: the host GEMM, as the checkpoint's
-      Linear l = Linear::from_float(dequantize_tensor(x), dev);
-      if (!dev) l.use_host_float_gemm();
-      return l;
-    }
-    return Linear::from_gguf({&x}, false, dev);  // F16 / quantized blocks stay as stored
+    // mmproj_name maps a module's weight; the GGUF module is that name less ".weight".
+    std::string name = mmproj_name(module + ".weight");
+    return mmproj.linear({name.substr(0, name.size() - 7)}, dev);
   };
   weights.patch = [&] {
     std::vector<mx::array> frames;  // each [hidden, channels, patch, patch]
     for (int f = 0; f < c.temporal; ++f) {
-      frames.push_back(dequantize_tensor(t("v.patch_embd.weight" + (f ? "." + std::to_string(f) : std::string()))));
+      frames.push_back(mmproj.vec("v.patch_embd.weight" + (f ? "." + std::to_string(f) : std::string())));
     }
     return mx::stack(frames, 2);
   };

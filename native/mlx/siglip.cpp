@@ -13,6 +13,7 @@
 
 #include <cmath>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <stdexcept>
 
@@ -22,6 +23,7 @@
 #include "encoder_ops.h"
 #include "gemma4_vision.h"
 #include "qwen_vision.h"
+#include "vision_tower_common.h"
 
 namespace llmd {
 
@@ -39,12 +41,8 @@ struct SiglipConfig {
   int tokens_per_image = 256;
 };
 
-struct LayerNorm {
-  mx::array w{0.f}, b{0.f};
-};
-
 struct SiglipLayer {
-  LayerNorm norm1, norm2;
+  LayerNormWeights norm1, norm2;
   Linear qkv;  // q | k | v rows
   mx::array qkv_bias{0.f};
   Linear out;
@@ -55,17 +53,10 @@ struct SiglipLayer {
   mx::array fc2_bias{0.f};
 };
 
-mx::array gelu_tanh(const mx::array& x) {
-  const float c = std::sqrt(2.f / static_cast<float>(M_PI));
-  mx::array cube = mx::multiply(mx::multiply(x, x), x);
-  mx::array inner = mx::multiply(mx::array(c), mx::add(x, mx::multiply(mx::array(0.044715f), cube)));
-  return mx::multiply(mx::multiply(mx::array(0.5f), x), mx::add(mx::array(1.f), mx::tanh(inner)));
-}
-
 class Gemma3VisionTower : public VisionTower {
  public:
   Gemma3VisionTower(SiglipConfig c, VisionInfo info, Linear patch, mx::array patch_bias, mx::array positions,
-                    std::vector<SiglipLayer> layers, LayerNorm post_norm, mx::array soft_norm, Linear projection,
+                    std::vector<SiglipLayer> layers, LayerNormWeights post_norm, mx::array soft_norm, Linear projection,
                     bool on_device)
       : c_(c), info_(std::move(info)), patch_(std::move(patch)), patch_bias_(std::move(patch_bias)),
         positions_(std::move(positions)), layers_(std::move(layers)), post_norm_(std::move(post_norm)),
@@ -84,16 +75,7 @@ class Gemma3VisionTower : public VisionTower {
 
   std::vector<float> encode(const float* pixels, int n) const override {
     if (n <= 0) return {};
-    if (on_device_) {
-      // As the engine's steps (DeviceState::prepare): MLX's GPU streams belong to the thread
-      // that made them, and the worker encodes on a thread of its own.
-      mx::set_default_device(device_);
-      thread_local bool has_stream = false;
-      if (!has_stream) {
-        mx::set_default_stream(mx::new_stream(device_));
-        has_stream = true;
-      }
-    }
+    if (on_device_) use_device_on_this_thread(device_);
     const int S = c_.image_size, p = c_.patch_size, g = S / p, P = g * g, D = c_.hidden, C = c_.channels;
     const int H = c_.heads, hd = D / H;
     mx::array x(pixels, {n, C, S, S}, mx::float32);
@@ -150,9 +132,7 @@ class Gemma3VisionTower : public VisionTower {
     x = mx::mean(mx::reshape(x, {n, t, k, t, k, D}), std::vector<int>{2, 4});
     x = mx::reshape(x, {n * t * t, D});
     x = mx::fast::rms_norm(x, soft_norm_, c_.eps);
-    x = mx::contiguous(mx::astype(projection_(x), mx::float32));
-    x.eval();
-    return std::vector<float>(x.data<float>(), x.data<float>() + x.size());
+    return host_rows(projection_(x));
   }
 
  private:
@@ -181,25 +161,12 @@ class Gemma3VisionTower : public VisionTower {
   mx::array patch_bias_;
   mx::array positions_;  // [patches, hidden]
   std::vector<SiglipLayer> layers_;
-  LayerNorm post_norm_;
+  LayerNormWeights post_norm_;
   mx::array soft_norm_;  // 1 + w
   Linear projection_;    // [text hidden, vision hidden]
   bool on_device_;
   mx::Device device_;
 };
-
-// The first of `prefixes` under which the checkpoint has `probe`; throws naming `what` if none.
-std::string find_prefix(const Checkpoint& w, const std::vector<std::string>& prefixes, const std::string& probe,
-                        const std::string& what) {
-  for (const std::string& p : prefixes) {
-    if (w.has(p + probe)) return p;
-  }
-  throw std::runtime_error("this checkpoint has no " + what + " (no tensor '" + prefixes.front() + probe + "')");
-}
-
-int config_int(const Metadata& m, const std::string& key, int fallback) {
-  return static_cast<int>(m.get_int(key).value_or(fallback));
-}
 
 // Checks shared by both loaders: the numbers describe a SigLIP encoder whose patch grid pools
 // evenly into tokens_per_image tokens.
@@ -217,97 +184,107 @@ void check_siglip(const SiglipConfig& c) {
   }
 }
 
-std::unique_ptr<VisionTower> load_gemma3_vision(const std::string& dir, const Metadata& config,
-                                                const LoadOptions& options) {
-  SiglipConfig c;
-  const std::string v = "vision_config.";
-  c.hidden = config_int(config, v + "hidden_size", c.hidden);
-  c.ffn = config_int(config, v + "intermediate_size", c.ffn);
-  c.layers = config_int(config, v + "num_hidden_layers", c.layers);
-  c.heads = config_int(config, v + "num_attention_heads", c.heads);
-  c.channels = config_int(config, v + "num_channels", c.channels);
-  c.image_size = config_int(config, v + "image_size", c.image_size);
-  c.patch_size = config_int(config, v + "patch_size", c.patch_size);
-  c.eps = static_cast<float>(config.get_float(v + "layer_norm_eps").value_or(c.eps));
-  c.tokens_per_image = config_int(config, "mm_tokens_per_image", c.tokens_per_image);
-  const std::string act = config.get_string(v + "hidden_act").value_or("gelu_pytorch_tanh");
-  if (act != "gelu_pytorch_tanh" && act != "gelu_new" && act != "gelu_fast") {
-    throw std::runtime_error("gemma3 vision tower activation '" + act + "' is not supported (only GELU-tanh)");
-  }
-  check_siglip(c);
-  const int side = c.image_size / c.patch_size;
+// One SigLIP layer's module names: the checkpoint's or the mmproj's.
+struct SiglipNames {
+  std::string norm1, norm2, q, k, v, out, fc1, fc2;
+};
 
-  const Checkpoint w(dir, &config);
-  const std::string m = find_prefix(w, {"vision_tower.vision_model.", "model.vision_tower.vision_model.",
-                                        "model.vision_tower.", "vision_tower."},
-                                    "embeddings.patch_embedding.weight", "vision tower");
-  const std::string pj = find_prefix(w, {"multi_modal_projector.", "model.multi_modal_projector."},
-                                     "mm_input_projection_weight", "multimodal projector");
-  const bool dev = options.on_device();
-  auto vec = [&](const std::string& name) {
-    mx::array a = w.get(name);
-    a.eval();
-    return a;
-  };
-  auto linear = [&](const std::vector<std::string>& modules) {
-    Linear l = w.linear(modules, dev);
-    if (!dev) l.use_host_float_gemm();
-    return l;
-  };
-  auto stacked_bias = [&](const std::vector<std::string>& modules) {
-    std::vector<mx::array> parts;
-    for (const std::string& mod : modules) parts.push_back(w.get(mod + ".bias"));
-    mx::array b = mx::concatenate(parts, 0);
-    b.eval();
-    return b;
-  };
-
-  mx::array conv = w.get(m + "embeddings.patch_embedding.weight");
-  if (conv.ndim() != 4 || conv.shape(0) != c.hidden || conv.shape(1) != c.channels ||
-      conv.shape(2) != c.patch_size || conv.shape(3) != c.patch_size) {
-    throw std::runtime_error("gemma3 vision patch embedding has an unexpected shape");
-  }
-  Linear patch = Linear::from_float(mx::reshape(conv, {c.hidden, c.channels * c.patch_size * c.patch_size}), dev);
-  if (!dev) patch.use_host_float_gemm();
-  mx::array positions = vec(m + "embeddings.position_embedding.weight");
-  if (positions.ndim() != 2 || positions.shape(0) != side * side || positions.shape(1) != c.hidden) {
-    throw std::runtime_error("gemma3 vision position embeddings do not match the patch grid");
-  }
-
-  std::vector<SiglipLayer> layers(c.layers);
-  for (int i = 0; i < c.layers; ++i) {
-    const std::string b = m + "encoder.layers." + std::to_string(i) + ".";
+// `count` SigLIP layers, layer N's modules under `prefix` + N + "." (`vec`: a float tensor;
+// `linear`: the modules' weights stacked into one Linear).
+std::vector<SiglipLayer> siglip_layers(int count, const std::string& prefix, const SiglipNames& n,
+                                       const std::function<mx::array(const std::string&)>& vec,
+                                       const std::function<Linear(const std::vector<std::string>&)>& linear) {
+  std::vector<SiglipLayer> layers(count);
+  for (int i = 0; i < count; ++i) {
+    const std::string b = prefix + std::to_string(i) + ".";
     SiglipLayer& L = layers[i];
-    L.norm1 = {vec(b + "layer_norm1.weight"), vec(b + "layer_norm1.bias")};
-    L.norm2 = {vec(b + "layer_norm2.weight"), vec(b + "layer_norm2.bias")};
-    const std::vector<std::string> qkv = {b + "self_attn.q_proj", b + "self_attn.k_proj", b + "self_attn.v_proj"};
+    L.norm1 = {vec(b + n.norm1 + ".weight"), vec(b + n.norm1 + ".bias")};
+    L.norm2 = {vec(b + n.norm2 + ".weight"), vec(b + n.norm2 + ".bias")};
+    const std::vector<std::string> qkv = {b + n.q, b + n.k, b + n.v};
     L.qkv = linear(qkv);
-    L.qkv_bias = stacked_bias(qkv);
-    L.out = linear({b + "self_attn.out_proj"});
-    L.out_bias = vec(b + "self_attn.out_proj.bias");
-    L.fc1 = linear({b + "mlp.fc1"});
-    L.fc1_bias = vec(b + "mlp.fc1.bias");
-    L.fc2 = linear({b + "mlp.fc2"});
-    L.fc2_bias = vec(b + "mlp.fc2.bias");
+    L.qkv_bias = mx::concatenate({vec(qkv[0] + ".bias"), vec(qkv[1] + ".bias"), vec(qkv[2] + ".bias")}, 0);
+    L.qkv_bias.eval();
+    L.out = linear({b + n.out});
+    L.out_bias = vec(b + n.out + ".bias");
+    L.fc1 = linear({b + n.fc1});
+    L.fc1_bias = vec(b + n.fc1 + ".bias");
+    L.fc2 = linear({b + n.fc2});
+    L.fc2_bias = vec(b + n.fc2 + ".bias");
   }
-  LayerNorm post{vec(m + "post_layernorm.weight"), vec(m + "post_layernorm.bias")};
-  mx::array soft_norm = mx::add(w.get(pj + "mm_soft_emb_norm.weight"), mx::array(1.f));  // Gemma RMSNorm
-  soft_norm.eval();
-  // Stored [vision hidden, text hidden] (a matmul's right operand): as a Linear, its transpose.
-  mx::array proj = w.get(pj + "mm_input_projection_weight");
-  if (proj.ndim() != 2 || proj.shape(0) != c.hidden) {
-    throw std::runtime_error("gemma3 mm_input_projection_weight does not start at the vision hidden size");
-  }
-  const int text_hidden = proj.shape(1);
-  Linear projection = Linear::from_float(mx::contiguous(mx::transpose(proj)), dev);
-  if (!dev) projection.use_host_float_gemm();
+  return layers;
+}
 
+// The projector's matrix, stored [vision hidden, text hidden] (a matmul's right operand), as a
+// Linear: its transpose. `what` names it in the error.
+Linear gemma3_projection(const mx::array& proj, const SiglipConfig& c, const std::string& what, bool dev) {
+  if (proj.ndim() != 2 || proj.shape(0) != c.hidden) {
+    throw std::runtime_error(what + " does not start at the vision hidden size");
+  }
+  return tower_linear(mx::contiguous(mx::transpose(proj)), dev);
+}
+
+VisionInfo gemma3_info(const SiglipConfig& c, int text_hidden) {
   VisionInfo info;
   info.architecture = "gemma3";
   info.image_size = c.image_size;
   info.channels = c.channels;
   info.tokens_per_image = c.tokens_per_image;
   info.hidden_size = text_hidden;
+  return info;
+}
+
+std::unique_ptr<VisionTower> load_gemma3_vision(const std::string& dir, const Metadata& config,
+                                                const LoadOptions& options) {
+  SiglipConfig c;
+  const TowerConfig v(config);
+  c.hidden = v.integer("hidden_size", c.hidden);
+  c.ffn = v.integer("intermediate_size", c.ffn);
+  c.layers = v.integer("num_hidden_layers", c.layers);
+  c.heads = v.integer("num_attention_heads", c.heads);
+  c.channels = v.integer("num_channels", c.channels);
+  c.image_size = v.integer("image_size", c.image_size);
+  c.patch_size = v.integer("patch_size", c.patch_size);
+  c.eps = v.real("layer_norm_eps", c.eps);
+  c.tokens_per_image = TowerConfig(config, "").integer("mm_tokens_per_image", c.tokens_per_image);
+  const std::string act = v.text("hidden_act", "gelu_pytorch_tanh");
+  if (!is_gelu_tanh(act)) {
+    throw std::runtime_error("gemma3 vision tower activation '" + act + "' is not supported (only GELU-tanh)");
+  }
+  check_siglip(c);
+  const int side = c.image_size / c.patch_size;
+
+  const Checkpoint checkpoint(dir, &config);
+  const std::string m = find_prefix(checkpoint, {"vision_tower.vision_model.", "model.vision_tower.vision_model.",
+                                        "model.vision_tower.", "vision_tower."},
+                                    "embeddings.patch_embedding.weight", "vision tower");
+  const std::string pj = find_prefix(checkpoint, {"multi_modal_projector.", "model.multi_modal_projector."},
+                                     "mm_input_projection_weight", "multimodal projector");
+  const bool dev = options.on_device();
+  const TowerCheckpoint w(checkpoint, dev);
+  auto vec = [&](const std::string& name) { return w.vec(name); };
+
+  mx::array conv = w.get(m + "embeddings.patch_embedding.weight");
+  if (conv.ndim() != 4 || conv.shape(0) != c.hidden || conv.shape(1) != c.channels ||
+      conv.shape(2) != c.patch_size || conv.shape(3) != c.patch_size) {
+    throw std::runtime_error("gemma3 vision patch embedding has an unexpected shape");
+  }
+  Linear patch = tower_linear(mx::reshape(conv, {c.hidden, c.channels * c.patch_size * c.patch_size}), dev);
+  mx::array positions = vec(m + "embeddings.position_embedding.weight");
+  if (positions.ndim() != 2 || positions.shape(0) != side * side || positions.shape(1) != c.hidden) {
+    throw std::runtime_error("gemma3 vision position embeddings do not match the patch grid");
+  }
+
+  std::vector<SiglipLayer> layers = siglip_layers(
+      c.layers, m + "encoder.layers.",
+      {"layer_norm1", "layer_norm2", "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.out_proj",
+       "mlp.fc1", "mlp.fc2"},
+      vec, [&](const std::vector<std::string>& modules) { return w.linear(modules); });
+  LayerNormWeights post{vec(m + "post_layernorm.weight"), vec(m + "post_layernorm.bias")};
+  mx::array soft_norm = mx::add(w.get(pj + "mm_soft_emb_norm.weight"), mx::array(1.f));  // Gemma RMSNorm
+  soft_norm.eval();
+  mx::array proj = w.get(pj + "mm_input_projection_weight");
+  Linear projection = gemma3_projection(proj, c, "gemma3 mm_input_projection_weight", dev);
+  const VisionInfo info = gemma3_info(c, proj.shape(1));
   mx::array patch_bias = vec(m + "embeddings.patch_embedding.bias");
   return std::make_unique<Gemma3VisionTower>(c, info, std::move(patch), patch_bias, positions, std::move(layers), post,
                                              soft_norm, std::move(projection), dev);
@@ -328,14 +305,8 @@ std::unique_ptr<VisionTower> load_gemma3_mmproj(const std::string& path, const L
   if (projector != "gemma3") {
     throw std::runtime_error(path + " is not a Gemma 3 or Qwen3.5 mmproj (clip.projector_type '" + projector + "')");
   }
-  if (!m.get_bool("clip.has_vision_encoder").value_or(false)) {
-    throw std::runtime_error(path + " has no vision encoder (clip.has_vision_encoder)");
-  }
-  auto need = [&](const std::string& key) {
-    const std::optional<int64_t> v = m.get_int(key);
-    if (!v) throw std::runtime_error(path + " lacks '" + key + "'");
-    return static_cast<int>(*v);
-  };
+  const MmprojFile mmproj(file, path);
+  auto need = [&](const std::string& key) { return mmproj.need(key); };
   SiglipConfig c;
   c.hidden = need("clip.vision.embedding_length");
   c.ffn = need("clip.vision.feed_forward_length");
@@ -356,31 +327,7 @@ std::unique_ptr<VisionTower> load_gemma3_mmproj(const std::string& path, const L
   }
 
   const bool dev = options.on_device();
-  auto t = [&](const std::string& name) -> const TensorView& {
-    const TensorView* v = file.find(name);
-    if (!v) throw std::runtime_error(path + " has no tensor '" + name + "'");
-    return *v;
-  };
-  auto vec = [&](const std::string& name) { return dequantize_tensor(t(name)); };
-  auto linear = [&](const std::vector<std::string>& names) {
-    std::vector<const TensorView*> parts;
-    for (const std::string& n : names) parts.push_back(&t(n + ".weight"));
-    if (parts[0]->type == TensorType::F32) {  // float weights: the host GEMM, as the HF path
-      std::vector<mx::array> rows;
-      for (const TensorView* p : parts) rows.push_back(dequantize_tensor(*p));
-      Linear l = Linear::from_float(rows.size() == 1 ? rows[0] : mx::concatenate(rows, 0), dev);
-      if (!dev) l.use_host_float_gemm();
-      return l;
-    }
-    return Linear::from_gguf(parts, false, dev);  // F16 / quantized blocks stay as stored
-  };
-  auto stacked_bias = [&](const std::vector<std::string>& names) {
-    std::vector<mx::array> parts;
-    for (const std::string& n : names) parts.push_back(vec(n + ".bias"));
-    mx::array b = mx::concatenate(parts, 0);
-    b.eval();
-    return b;
-  };
+  auto vec = [&](const std::string& name) { return mmproj.vec(name); };
 
   mx::array conv = vec("v.patch_embd.weight");  // [hidden, channels, patch, patch]
   if (conv.ndim() != 4 || conv.shape(0) != c.hidden || conv.shape(2) != c.patch_size ||
@@ -388,45 +335,20 @@ std::unique_ptr<VisionTower> load_gemma3_mmproj(const std::string& path, const L
     throw std::runtime_error(path + ": v.patch_embd.weight has an unexpected shape");
   }
   c.channels = conv.shape(1);
-  Linear patch = Linear::from_float(mx::reshape(conv, {c.hidden, c.channels * c.patch_size * c.patch_size}), dev);
-  if (!dev) patch.use_host_float_gemm();
+  Linear patch = tower_linear(mx::reshape(conv, {c.hidden, c.channels * c.patch_size * c.patch_size}), dev);
   const int side = c.image_size / c.patch_size;
   mx::array positions = vec("v.position_embd.weight");
   if (positions.ndim() != 2 || positions.shape(0) != side * side || positions.shape(1) != c.hidden) {
     throw std::runtime_error(path + ": v.position_embd.weight does not match the patch grid");
   }
-  std::vector<SiglipLayer> layers(c.layers);
-  for (int i = 0; i < c.layers; ++i) {
-    const std::string b = "v.blk." + std::to_string(i) + ".";
-    SiglipLayer& L = layers[i];
-    L.norm1 = {vec(b + "ln1.weight"), vec(b + "ln1.bias")};
-    L.norm2 = {vec(b + "ln2.weight"), vec(b + "ln2.bias")};
-    const std::vector<std::string> qkv = {b + "attn_q", b + "attn_k", b + "attn_v"};
-    L.qkv = linear(qkv);
-    L.qkv_bias = stacked_bias(qkv);
-    L.out = linear({b + "attn_out"});
-    L.out_bias = vec(b + "attn_out.bias");
-    L.fc1 = linear({b + "ffn_up"});
-    L.fc1_bias = vec(b + "ffn_up.bias");
-    L.fc2 = linear({b + "ffn_down"});
-    L.fc2_bias = vec(b + "ffn_down.bias");
-  }
-  LayerNorm post{vec("v.post_ln.weight"), vec("v.post_ln.bias")};
+  std::vector<SiglipLayer> layers =
+      siglip_layers(c.layers, "v.blk.", {"ln1", "ln2", "attn_q", "attn_k", "attn_v", "attn_out", "ffn_up", "ffn_down"},
+                    vec, [&](const std::vector<std::string>& names) { return mmproj.linear(names, dev); });
+  LayerNormWeights post{vec("v.post_ln.weight"), vec("v.post_ln.bias")};
   mx::array soft_norm = vec("mm.soft_emb_norm.weight");  // already 1 + w
   mx::array proj = vec("mm.input_projection.weight");    // [vision hidden, text hidden], as HF stores it
-  if (proj.ndim() != 2 || proj.shape(0) != c.hidden) {
-    throw std::runtime_error(path + ": mm.input_projection.weight does not start at the vision hidden size");
-  }
-  const int text_hidden = proj.shape(1);
-  Linear projection = Linear::from_float(mx::contiguous(mx::transpose(proj)), dev);
-  if (!dev) projection.use_host_float_gemm();
-
-  VisionInfo info;
-  info.architecture = "gemma3";
-  info.image_size = c.image_size;
-  info.channels = c.channels;
-  info.tokens_per_image = c.tokens_per_image;
-  info.hidden_size = text_hidden;
+  Linear projection = gemma3_projection(proj, c, path + ": mm.input_projection.weight", dev);
+  const VisionInfo info = gemma3_info(c, proj.shape(1));
   return std::make_unique<Gemma3VisionTower>(c, info, std::move(patch), vec("v.patch_embd.bias"), positions,
                                              std::move(layers), post, soft_norm, std::move(projection), dev);
 }
