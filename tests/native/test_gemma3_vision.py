@@ -98,16 +98,12 @@ def test_wrong_pixel_shape_is_refused(checkpoint: Path) -> None:
 
 def test_checkpoint_without_a_vision_tower_is_refused(tmp_path: Path) -> None:
     config = write_gemma3_multimodal(tmp_path)
-    from .tiny_models import weights, write_multimodal_checkpoint
+    from .tiny_models import multimodal_text_weights, write_multimodal_checkpoint
 
-    text_only = {
-        ("language_model.model." + k.removeprefix("model.") if k.startswith("model.") else k): v
-        for k, v in weights("gemma3_text").items()
-    }
     write_multimodal_checkpoint(
         tmp_path,
         "gemma3_text",
-        text_only,
+        multimodal_text_weights("gemma3_text", "language_model.model."),
         model_type="gemma3",
         architecture="Gemma3ForConditionalGeneration",
         vision_type="siglip_vision_model",

@@ -13,11 +13,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import numpy as np
 import pytest
 
-from .test_qwen3_5_gguf import _collect, _compare
-from .tiny_models import TOKENS, write_checkpoint
+from .test_qwen3_5_gguf import _compare, assert_matches_transformers
+from .tiny_models import write_checkpoint
 from .tiny_qwen35_gguf import digest, write_qwen35moe_gguf
 
 native = pytest.importorskip("llmd._engine")
@@ -26,7 +25,6 @@ ARCH = "qwen3_5_text"
 FIXTURES = Path(__file__).parents[1] / "fixtures"
 FIXTURE = FIXTURES / f"{ARCH}_transformers.json"
 BACKENDS = ["cpu", "mlx-cpu"]
-TIGHT = 1e-4
 
 
 @pytest.fixture(scope="module")
@@ -55,34 +53,11 @@ def test_gguf_writer_writes_what_the_converter_writes(tmp_path: Path) -> None:
 def test_logits_and_greedy_tokens_match_transformers(
     models: dict[str, Path], backend: str, form: str
 ) -> None:
-    ref = json.loads(FIXTURE.read_text())
-    want = np.array(ref["logits"], dtype=np.float32)
-    greedy_want = np.array(ref["greedy_logits"], dtype=np.float32)
     engine = _engine(models[form], backend)
     info = engine.info()
     assert info["architecture"] == "qwen3_5"
     assert not engine.has_mtp
-    ours = np.asarray(engine.score(TOKENS, 1))[: len(TOKENS)]
-    scale = float(np.abs(want).max())
-    prefill = float(np.abs(ours - want).max())
-    assert prefill < TIGHT * scale, (prefill, scale)
-    out = _collect(
-        engine,
-        {
-            "g": {
-                "prompt": ref["greedy_prompt"],
-                "max_tokens": len(ref["greedy"]),
-                "top_logprobs": 20,
-            }
-        },
-    )["g"]
-    assert out["tokens"] == ref["greedy"]
-    worst = 0.0
-    for step, row in zip(out["logprobs"], greedy_want, strict=True):
-        x = row.astype(np.float64)
-        lp = x - x.max() - np.log(np.exp(x - x.max()).sum())
-        worst = max(worst, max(abs(p - lp[t]) for t, p in step["top"]))
-    assert worst < TIGHT * scale, worst
+    prefill, worst, scale = assert_matches_transformers(engine, FIXTURE)
     print(f"\n{form} {backend}: prefill {prefill:.2e}, greedy {worst:.2e} (scale {scale:.2f})")
 
 

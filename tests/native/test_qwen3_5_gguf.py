@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 
 from .conftest import run_all
+from .test_qwen3_5_moe import _collect  # run_all with each request's logprobs as well
 from .tiny_models import TOKENS, write_checkpoint
 from .tiny_qwen35_gguf import (
     digest,
@@ -47,21 +48,36 @@ def _engine(path: Path, backend: str, **kw):  # type: ignore[no-untyped-def]
     return native.Engine(str(path), backend=backend, hf_config=config, **opts)
 
 
-def _collect(engine, requests: dict[str, dict]) -> dict[str, dict]:  # type: ignore[no-untyped-def]
-    """run_all with each request's logprobs as well."""
-    for rid, r in requests.items():
-        engine.submit(rid, **r)
-    out: dict[str, dict] = {rid: {"tokens": [], "logprobs": [], "done": None} for rid in requests}
-    while any(r["done"] is None for r in out.values()):
-        for ev in engine.poll(1000):
-            r = out[ev["id"]]
-            if ev["type"] == "tokens":
-                r["tokens"] += ev["tokens"]
-                r["logprobs"] += ev.get("logprobs", [])
-            else:
-                assert ev["type"] == "done", ev
-                r["done"] = ev
-    return out
+def assert_matches_transformers(engine, fixture: Path) -> tuple[float, float, float]:  # type: ignore[no-untyped-def]
+    """The engine's logits at every position of the 20-token prompt, and its greedy tokens with
+    their logprobs (one decode step each), within TIGHT of the largest |logit| of transformers'
+    in `fixture` (a record_transformers.py recording). Returns (prefill error, greedy logprob
+    error, scale) for the test to print."""
+    ref = json.loads(fixture.read_text())
+    want = np.array(ref["logits"], dtype=np.float32)
+    greedy_want = np.array(ref["greedy_logits"], dtype=np.float32)
+    ours = np.asarray(engine.score(TOKENS, 1))[: len(TOKENS)]
+    scale = float(np.abs(want).max())
+    prefill = float(np.abs(ours - want).max())
+    assert prefill < TIGHT * scale, (prefill, scale)
+    out = _collect(
+        engine,
+        {
+            "g": {
+                "prompt": ref["greedy_prompt"],
+                "max_tokens": len(ref["greedy"]),
+                "top_logprobs": 20,
+            }
+        },
+    )["g"]
+    assert out["tokens"] == ref["greedy"]
+    worst = 0.0
+    for step, row in zip(out["logprobs"], greedy_want, strict=True):
+        x = row.astype(np.float64)
+        lp = x - x.max() - np.log(np.exp(x - x.max()).sum())
+        worst = max(worst, max(abs(p - lp[t]) for t, p in step["top"]))
+    assert worst < TIGHT * scale, worst
+    return prefill, worst, scale
 
 
 @pytest.fixture(scope="module")
@@ -91,33 +107,10 @@ def test_writers_write_what_llamacpps_converter_writes(tmp_path: Path) -> None:
 def test_gguf_logits_and_greedy_tokens_match_transformers(gguf: Path, backend: str) -> None:
     """Every position of the 20-token prompt and the 16 greedy tokens with their logits (one
     decode step each), as transformers computed them on the safetensors checkpoint."""
-    ref = json.loads(TEXT_FIXTURE.read_text())
-    want = np.array(ref["logits"], dtype=np.float32)
-    greedy_want = np.array(ref["greedy_logits"], dtype=np.float32)
     engine = _engine(gguf, backend)
     info = engine.info()
     assert (info["architecture"], info["weight_format"]) == ("qwen3_5_moe", "gguf:F32")
-    ours = np.asarray(engine.score(TOKENS, 1))[: len(TOKENS)]
-    scale = float(np.abs(want).max())
-    prefill = float(np.abs(ours - want).max())
-    assert prefill < TIGHT * scale, (prefill, scale)
-    out = _collect(
-        engine,
-        {
-            "g": {
-                "prompt": ref["greedy_prompt"],
-                "max_tokens": len(ref["greedy"]),
-                "top_logprobs": 20,
-            }
-        },
-    )["g"]
-    assert out["tokens"] == ref["greedy"]
-    worst = 0.0
-    for step, row in zip(out["logprobs"], greedy_want, strict=True):
-        x = row.astype(np.float64)
-        lp = x - x.max() - np.log(np.exp(x - x.max()).sum())
-        worst = max(worst, max(abs(p - lp[t]) for t, p in step["top"]))
-    assert worst < TIGHT * scale, worst
+    prefill, worst, scale = assert_matches_transformers(engine, TEXT_FIXTURE)
     print(f"\n{backend}: prefill {prefill:.2e}, greedy logprobs {worst:.2e} (scale {scale:.2f})")
 
 

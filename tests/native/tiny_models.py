@@ -412,22 +412,39 @@ def write_multimodal_checkpoint(
     drop: tuple[str, ...] = ("tie_word_embeddings",),
     vision_config: dict | None = None,
     extra: dict | None = None,
+    text_update: dict | None = None,
+    preprocessor: dict | None = None,
 ) -> dict:
     """A ...ForConditionalGeneration directory: `tensors` (already under the multimodal
-    names, vision tower included) and a config nesting `text_arch`'s config (less `drop`) as
-    its text_config beside `vision_config` (a stub when not given) and the `extra` top-level
-    keys, the head untied by the outer config. Returns the config."""
+    names, vision tower included) and a config nesting `text_arch`'s config (less `drop`, with
+    `text_update`'s keys) as its text_config beside `vision_config` (a stub when not given) and
+    the `extra` top-level keys, the head untied by the outer config; `preprocessor`, when given,
+    as preprocessor_config.json beside it. Returns the config."""
+    path.mkdir(parents=True, exist_ok=True)
     write_safetensors(path / "model.safetensors", tensors)
+    text_config = {k: v for k, v in CONFIGS[text_arch].items() if k not in drop}
     config = {
         "model_type": model_type,
         "architectures": [architecture],
-        "text_config": {k: v for k, v in CONFIGS[text_arch].items() if k not in drop},
+        "text_config": {**text_config, **(text_update or {})},
         "vision_config": vision_config or {"model_type": vision_type, "hidden_size": 8},
         "tie_word_embeddings": False,
         **(extra or {}),
     }
     (path / "config.json").write_text(json.dumps(config))
+    if preprocessor is not None:
+        (path / "preprocessor_config.json").write_text(json.dumps(preprocessor))
     return config
+
+
+def multimodal_text_weights(text_arch: str, prefix: str) -> dict[str, np.ndarray]:
+    """`text_arch`'s tiny weights as a ...ForConditionalGeneration's language model: the
+    `model.*` tensors under `prefix` ("language_model.model.": transformers 4's names, as the
+    Gemma 3 releases; "model.language_model.": transformers 5's), the head's as they are."""
+    return {
+        (prefix + k.removeprefix("model.") if k.startswith("model.") else k): v
+        for k, v in weights(text_arch).items()
+    }
 
 
 # Gemma 3's SigLIP tower at toy size: 64x64 images in 4x4-pixel patches (a 16x16 grid),
@@ -501,16 +518,13 @@ def write_gemma3_multimodal(path: Path) -> dict:
     """A tiny Gemma3ForConditionalGeneration directory (transformers 4 names, as the released
     checkpoints): the gemma3_text weights as its language model, gemma3_vision_weights() as
     its vision half. Returns the config."""
-    path.mkdir(parents=True, exist_ok=True)
-    tensors = {
-        ("language_model.model." + k.removeprefix("model.") if k.startswith("model.") else k): v
-        for k, v in weights("gemma3_text").items()
-    }
-    tensors.update(gemma3_vision_weights())
-    config = write_multimodal_checkpoint(
+    return write_multimodal_checkpoint(
         path,
         "gemma3_text",
-        tensors,
+        {
+            **multimodal_text_weights("gemma3_text", "language_model.model."),
+            **gemma3_vision_weights(),
+        },
         model_type="gemma3",
         architecture="Gemma3ForConditionalGeneration",
         vision_type="siglip_vision_model",
@@ -519,12 +533,10 @@ def write_gemma3_multimodal(path: Path) -> dict:
         drop=(),
         vision_config=GEMMA3_VISION,
         extra=GEMMA3_MULTIMODAL,
+        # No final soft-capping, as the released checkpoints: transformers 5.23's
+        # Gemma3ForConditionalGeneration ignores the setting (its ForCausalLM applies it).
+        text_update={"final_logit_softcapping": None},
     )
-    # No final soft-capping, as the released checkpoints: transformers 5.23's
-    # Gemma3ForConditionalGeneration ignores the setting (its ForCausalLM applies it).
-    config["text_config"]["final_logit_softcapping"] = None
-    (path / "config.json").write_text(json.dumps(config))
-    return config
 
 
 # Qwen3.5's vision encoder at toy size: 4x4-pixel patches over 2 frames (a still image is
@@ -607,31 +619,26 @@ def write_qwen3_5_moe_multimodal(path: Path) -> dict:
     the text rotary split by mrope_section [2, 1, 1] over its 4 frequencies (interleaved
     t, h, w, t, as transformers lays them out), and the image processor's settings beside it.
     Returns the config."""
-    path.mkdir(parents=True, exist_ok=True)
-    tensors = {
-        ("model.language_model." + k.removeprefix("model.") if k.startswith("model.") else k): v
-        for k, v in weights("qwen3_5_moe_text").items()
-    }
-    tensors.update(qwen3_5_vision_weights())
-    config = write_multimodal_checkpoint(
+    text_arch = "qwen3_5_moe_text"
+    return write_multimodal_checkpoint(
         path,
-        "qwen3_5_moe_text",
-        tensors,
+        text_arch,
+        {**multimodal_text_weights(text_arch, "model.language_model."), **qwen3_5_vision_weights()},
         model_type="qwen3_5_moe",
         architecture="Qwen3_5MoeForConditionalGeneration",
         vision_type="qwen3_5_moe_vision",
         drop=(),
         vision_config=QWEN3_5_VISION,
         extra=QWEN3_5_MULTIMODAL,
+        text_update={
+            "rope_parameters": {
+                **CONFIGS[text_arch]["rope_parameters"],
+                "mrope_section": [2, 1, 1],
+                "mrope_interleaved": True,
+            }
+        },
+        preprocessor=QWEN3_5_PREPROCESSOR,
     )
-    config["text_config"]["rope_parameters"] = {
-        **config["text_config"]["rope_parameters"],
-        "mrope_section": [2, 1, 1],
-        "mrope_interleaved": True,
-    }
-    (path / "config.json").write_text(json.dumps(config))
-    (path / "preprocessor_config.json").write_text(json.dumps(QWEN3_5_PREPROCESSOR))
-    return config
 
 
 # Gemma 4's vision encoder at toy size: 4x4-pixel patches pooled 3x3 into one soft token (so
@@ -730,27 +737,22 @@ def write_gemma4_multimodal(path: Path, bidirectional: str | None = "vision") ->
     tower, the image processor's settings beside it. `bidirectional`: the text config's
     use_bidirectional_attention ("vision": an image's rows see the whole image on the sliding
     layers; None: causal, as the small released models). Returns the config."""
-    path.mkdir(parents=True, exist_ok=True)
-    tensors = {
-        ("model.language_model." + k.removeprefix("model.") if k.startswith("model.") else k): v
-        for k, v in weights("gemma4_text").items()
-    }
-    tensors.update(gemma4_vision_weights())
-    config = write_multimodal_checkpoint(
+    return write_multimodal_checkpoint(
         path,
         "gemma4_text",
-        tensors,
+        {
+            **multimodal_text_weights("gemma4_text", "model.language_model."),
+            **gemma4_vision_weights(),
+        },
         model_type="gemma4",
         architecture="Gemma4ForConditionalGeneration",
         vision_type="gemma4_vision",
         drop=(),
         vision_config=GEMMA4_VISION,
         extra={**GEMMA4_MULTIMODAL, "audio_config": None},
+        text_update={"use_bidirectional_attention": bidirectional},
+        preprocessor=GEMMA4_PREPROCESSOR,
     )
-    config["text_config"]["use_bidirectional_attention"] = bidirectional
-    (path / "config.json").write_text(json.dumps(config))
-    (path / "preprocessor_config.json").write_text(json.dumps(GEMMA4_PREPROCESSOR))
-    return config
 
 
 # llama.cpp's names for the SigLIP layer modules in an mmproj GGUF (its tensor_mapping.py).
@@ -1063,6 +1065,39 @@ def write_mlx_quantized_checkpoint(
     )
 
 
+def _split_experts(out: dict[str, np.ndarray], key: str, x: np.ndarray, switch: str) -> bool:
+    """mlx-lm's sanitize of stacked experts: `...experts.gate_up_proj` [E, 2F, D] as
+    `...{switch}gate_proj.weight` and `up_proj.weight` (its halves), `...experts.down_proj` as
+    `...{switch}down_proj.weight`, into `out`. False (nothing written) for any other tensor."""
+    if key.endswith("experts.gate_up_proj"):
+        sw = key.removesuffix("experts.gate_up_proj") + switch
+        mid = x.shape[1] // 2
+        out[sw + "gate_proj.weight"], out[sw + "up_proj.weight"] = x[:, :mid], x[:, mid:]
+        return True
+    if key.endswith("experts.down_proj"):
+        out[key.removesuffix("experts.down_proj") + switch + "down_proj.weight"] = x
+        return True
+    return False
+
+
+def _join_experts(
+    out: dict[str, np.ndarray], dq: dict[str, np.ndarray], key: str, name: str, switch: str
+) -> bool:
+    """The inverse of _split_experts on the dequantized tensors `dq`: tensor `key` (named `name`
+    in the Hugging Face layout) back as `...experts.gate_up_proj` / `down_proj` in `out`. False
+    (nothing written) when it is not a `switch` tensor."""
+    if switch not in name:
+        return False
+    base = name.split(switch)[0] + "experts."
+    if "gate_proj" in name:
+        out[base + "gate_up_proj"] = np.concatenate(
+            [dq[key], dq[key.replace("gate_proj", "up_proj")]], 1
+        )
+    elif "down_proj" in name:
+        out[base + "down_proj"] = dq[key]
+    return True
+
+
 _QWEN3_5_NORMS = (
     ".input_layernorm.weight",
     ".post_attention_layernorm.weight",
@@ -1085,13 +1120,7 @@ def write_mlx_lm_qwen3_5_moe(
     mlx: dict[str, np.ndarray] = {}
     for name, x in weights(arch, seed).items():
         key = "language_model." + name
-        if name.endswith("experts.gate_up_proj"):
-            sw = key.removesuffix("experts.gate_up_proj") + "switch_mlp."
-            mid = x.shape[1] // 2
-            mlx[sw + "gate_proj.weight"], mlx[sw + "up_proj.weight"] = x[:, :mid], x[:, mid:]
-            continue
-        if name.endswith("experts.down_proj"):
-            mlx[key.removesuffix("experts.down_proj") + "switch_mlp.down_proj.weight"] = x
+        if _split_experts(mlx, key, x, "switch_mlp."):
             continue
         if name.endswith("conv1d.weight"):
             x = np.moveaxis(x, 2, 1)
@@ -1107,13 +1136,7 @@ def write_mlx_lm_qwen3_5_moe(
     ref: dict[str, np.ndarray] = {}
     for key, x in dq.items():
         name = key.removeprefix("language_model.")
-        if ".switch_mlp." in name:
-            base = name.split("switch_mlp.")[0] + "experts."
-            if "gate_proj" in name:
-                up = dq[key.replace("gate_proj", "up_proj")]
-                ref[base + "gate_up_proj"] = np.concatenate([x, up], 1)
-            elif "down_proj" in name:
-                ref[base + "down_proj"] = x
+        if _join_experts(ref, dq, key, name, "switch_mlp."):
             continue
         if name.endswith("conv1d.weight"):
             x = np.moveaxis(x, 1, 2)
@@ -1145,15 +1168,8 @@ def write_mlx_lm_gemma4(
         if any(s in name for s in (".self_attn.k_proj", ".self_attn.v_proj", ".self_attn.k_norm")):
             if int(name.split("layers.")[1].split(".")[0]) >= first_shared:
                 continue
-        if name.endswith(".experts.gate_up_proj"):
-            base = name.removesuffix(".gate_up_proj") + ".switch_glu."
-            mid = x.shape[1] // 2
-            mlx[base + "gate_proj.weight"], mlx[base + "up_proj.weight"] = x[:, :mid], x[:, mid:]
-            continue
-        if name.endswith(".experts.down_proj"):
-            mlx[name.removesuffix(".down_proj") + ".switch_glu.down_proj.weight"] = x
-            continue
-        mlx[name] = x
+        if not _split_experts(mlx, name, x, "experts.switch_glu."):
+            mlx[name] = x
     routers = {
         f"model.layers.{i}.router.proj": (8, 64)
         for i in range(c["num_hidden_layers"])
@@ -1162,15 +1178,8 @@ def write_mlx_lm_gemma4(
     quantized, dq = mlx_quantize(mlx, bits, group_size, routers)
     ref: dict[str, np.ndarray] = {}
     for name, x in dq.items():
-        if ".switch_glu." in name:
-            base = name.split("switch_glu.")[0]
-            if "gate_proj" in name:
-                up = dq[name.replace("gate_proj", "up_proj")]
-                ref[base + "gate_up_proj"] = np.concatenate([x, up], 1)
-            elif "down_proj" in name:
-                ref[base + "down_proj"] = x
-            continue
-        ref[name] = x
+        if not _join_experts(ref, dq, name, name, "experts.switch_glu."):
+            ref[name] = x
     _write_quantized_pair(
         directory, dequantized_directory, c, quantized, ref, bits, group_size, routers
     )

@@ -4,13 +4,10 @@ and configs (tests/fixtures/record_gemma3_images.py recorded them)."""
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-from tokenizers import Regex, Tokenizer, models, pre_tokenizers
 
 from llmd.text.gemma3_images import (
     BOI_TOKEN,
@@ -20,20 +17,19 @@ from llmd.text.gemma3_images import (
     pan_and_scan_boxes,
     preprocess,
 )
-from llmd.text.images import decode_image
 
-FIXTURE = Path(__file__).parents[1] / "fixtures" / "gemma3_images_transformers.npz"
-REF = np.load(FIXTURE)
-CASES: list[dict[str, Any]] = json.loads(REF["cases"].tobytes())
+from .image_recordings import ImageRecording
+
+RECORDING = ImageRecording("gemma3_images_transformers.npz")
+REF = RECORDING.ref
 
 
 def _case(name: str) -> tuple[Any, Gemma3ImageConfig]:
-    case = next(c for c in CASES if c["name"] == name)
-    image = decode_image(REF[f"{name}.png"].tobytes(), "p").pixels  # the daemon's own decoding
+    image, case = RECORDING.case(name)
     return image, Gemma3ImageConfig.from_hf(case["config"])
 
 
-@pytest.mark.parametrize("name", [c["name"] for c in CASES])
+@pytest.mark.parametrize("name", RECORDING.names)
 def test_pixel_values_match_transformers(name: str) -> None:
     image, cfg = _case(name)
     ours = preprocess(image, cfg)
@@ -46,17 +42,11 @@ def test_pixel_values_match_transformers(name: str) -> None:
     assert crop_count(image.size, cfg) == int(REF[f"{name}.num_crops"][0])
 
 
-@pytest.mark.parametrize("name", [c["name"] for c in CASES])
+@pytest.mark.parametrize("name", RECORDING.names)
 def test_prompt_layout_matches_the_processor(name: str) -> None:
     image, cfg = _case(name)
-    # The recording's tokenizer: words, each space and newline a token (so the layout's blank
-    # lines count), special tokens whole.
-    tok = Tokenizer(models.WordLevel(json.loads(REF["vocab"].tobytes()), unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"\s"), behavior="isolated")
-    tok.add_special_tokens(json.loads(REF["special"].tobytes()))
-    prompt = REF["prompt"].tobytes().decode()
-    expanded = expand_image_markers(prompt, [crop_count(image.size, cfg)], cfg)
-    assert tok.encode(expanded).ids == REF[f"{name}.input_ids"].tolist()
+    expanded = expand_image_markers(RECORDING.prompt, [crop_count(image.size, cfg)], cfg)
+    assert RECORDING.tokenizer.encode(expanded).ids == REF[f"{name}.input_ids"].tolist()
 
 
 def test_released_config_gives_256_soft_tokens_between_the_markers() -> None:

@@ -5,14 +5,11 @@ transformers' Gemma4ImageProcessorPil and Gemma4Processor made of the same image
 from __future__ import annotations
 
 import hashlib
-import json
 import re
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-from tokenizers import Regex, Tokenizer, models, pre_tokenizers
 
 from llmd.text.gemma4_images import (
     IMAGE_TOKEN,
@@ -22,20 +19,19 @@ from llmd.text.gemma4_images import (
     soft_token_count,
     target_size,
 )
-from llmd.text.images import decode_image
 
-FIXTURE = Path(__file__).parents[1] / "fixtures" / "gemma4_images_transformers.npz"
-REF = np.load(FIXTURE)
-CASES: list[dict[str, Any]] = json.loads(REF["cases"].tobytes())
+from .image_recordings import ImageRecording
+
+RECORDING = ImageRecording("gemma4_images_transformers.npz")
+REF = RECORDING.ref
 
 
 def _case(name: str) -> tuple[Any, Gemma4ImageConfig]:
-    case = next(c for c in CASES if c["name"] == name)
-    image = decode_image(REF[f"{name}.png"].tobytes(), "p").pixels  # the daemon's own decoding
+    image, case = RECORDING.case(name)
     return image, Gemma4ImageConfig.from_hf(case["settings"])
 
 
-@pytest.mark.parametrize("name", [c["name"] for c in CASES])
+@pytest.mark.parametrize("name", RECORDING.names)
 def test_patches_and_positions_match_transformers(name: str) -> None:
     image, cfg = _case(name)
     ours = preprocess(image, cfg)
@@ -53,15 +49,11 @@ def test_patches_and_positions_match_transformers(name: str) -> None:
     assert ours.grid[0] * ours.grid[1] == len(ours.patches) <= int(REF[f"{name}.padded_to"])
 
 
-@pytest.mark.parametrize("name", [c["name"] for c in CASES])
+@pytest.mark.parametrize("name", RECORDING.names)
 def test_prompt_layout_matches_the_processor(name: str) -> None:
     image, cfg = _case(name)
-    tok = Tokenizer(models.WordLevel(json.loads(REF["vocab"].tobytes()), unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"\s"), behavior="isolated")
-    tok.add_special_tokens(json.loads(REF["special"].tobytes()))
-    prompt = REF["prompt"].tobytes().decode()
-    expanded = expand_image_tokens(prompt, [soft_token_count(image.size, cfg)])
-    assert tok.encode(expanded).ids == REF[f"{name}.input_ids"].tolist()
+    expanded = expand_image_tokens(RECORDING.prompt, [soft_token_count(image.size, cfg)])
+    assert RECORDING.tokenizer.encode(expanded).ids == REF[f"{name}.input_ids"].tolist()
 
 
 def test_default_budget_keeps_the_aspect_ratio() -> None:

@@ -6,12 +6,10 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
 
-from llmd.text.images import decode_image
 from llmd.text.qwen_images import (
     IMAGE_PAD,
     VISION_END,
@@ -23,8 +21,10 @@ from llmd.text.qwen_images import (
     token_count,
 )
 
+from .image_recordings import ImageRecording
+
 FIXTURE = Path(__file__).parents[1] / "fixtures" / "qwen3_5_vision_transformers.npz"
-IMAGES = Path(__file__).parents[1] / "fixtures" / "gemma3_images_transformers.npz"
+IMAGES = ImageRecording("gemma3_images_transformers.npz")  # the test images Gemma 3's tests use
 REF = np.load(FIXTURE)
 CASES: list[str] = json.loads(REF["preprocess_cases"].tobytes())
 # tests/native/tiny_models.py's QWEN3_5_PREPROCESSOR, as its preprocessor_config.json.
@@ -38,15 +38,10 @@ TINY = {
 }
 
 
-def _image(name: str) -> Any:
-    data = np.load(IMAGES)[f"{name}.png"].tobytes()
-    return decode_image(data, "p").pixels  # the daemon's own decoding
-
-
 @pytest.mark.parametrize("name", CASES)
 def test_patches_match_transformers(name: str) -> None:
     cfg = QwenImageConfig.from_hf(TINY)
-    patches, grid = preprocess(_image(name), cfg)
+    patches, grid = preprocess(IMAGES.image(name), cfg)
     want = REF[f"{name}.pixel_values"]
     assert grid == tuple(REF[f"{name}.grid_thw"].tolist())
     assert patches.shape == want.shape == (grid[1] * grid[2], 96)
@@ -59,7 +54,7 @@ def test_released_settings_match_transformers() -> None:
     """A 640x480 screenshot with the released checkpoints' preprocessor: 40x30 patches of
     16 pixels (1536 values each: 3 channels, 2 frames), 300 image tokens."""
     cfg = QwenImageConfig()
-    patches, grid = preprocess(_image("released_square"), cfg)
+    patches, grid = preprocess(IMAGES.image("released_square"), cfg)
     assert grid == tuple(REF["released_square.grid_thw"].tolist()) == (1, 30, 40)
     assert np.abs(patches[:64] - REF["released_square.pixel_rows"]).max() <= 1e-6
     assert token_count(grid, cfg) == 300
@@ -100,8 +95,7 @@ def test_mmproj_settings_bound_images_as_llama_cpp_does() -> None:
     tiny = QwenImageConfig.from_mmproj(
         {"clip.projector_type": "qwen3vl_merger", "clip.vision.patch_size": 4}
     )
-    images = np.load(IMAGES)
-    pixels = decode_image(images["small_tiny_upscaled.png"].tobytes(), "p").pixels
+    pixels = IMAGES.image("small_tiny_upscaled")
     assert pixels.size == (7, 5)
     _, (_, h, w) = preprocess(pixels, tiny)
     assert (h // 2, w // 2) == (3, 4)
