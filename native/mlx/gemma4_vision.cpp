@@ -37,16 +37,11 @@ namespace llmd {
 
 namespace {
 
-struct Gemma4VisionConfig {
-  int hidden = 768;  // Gemma4VisionConfig's defaults where a config leaves a key out
-  int ffn = 3072;
-  int layers = 16;
-  int heads = 12;
-  int kv_heads = 12;
-  int head_dim = 64;
-  int patch = 16;
-  int pool = 3;
-  int positions = 10240;
+struct Gemma4VisionConfig : EncoderSizes {
+  // Gemma4VisionConfig's defaults where a config leaves a key out.
+  Gemma4VisionConfig() : EncoderSizes{768, 3072, 16, 12} {}
+  int kv_heads = 12, head_dim = 64;
+  int patch = 16, pool = 3, positions = 10240;  // pixels a side, patches pooled a side, table rows a side
   float eps = 1e-6f;
   double theta = 100.0;
   int patch_values() const { return 3 * patch * patch; }
@@ -71,16 +66,14 @@ struct Layer {
   ClippedLinear q, k, v, o, gate, up, down;
 };
 
-class Gemma4VisionTower : public VisionTower {
+class Gemma4VisionTower : public TowerBase<Gemma4VisionConfig> {
  public:
   Gemma4VisionTower(Gemma4VisionConfig c, VisionInfo info, Linear patch, mx::array pos_x, mx::array pos_y,
                     std::vector<Layer> layers, std::optional<std::pair<mx::array, mx::array>> standardize,
                     Linear projection, bool on_device)
-      : c_(c), info_(std::move(info)), patch_(std::move(patch)), pos_x_(std::move(pos_x)), pos_y_(std::move(pos_y)),
-        layers_(std::move(layers)), standardize_(std::move(standardize)), projection_(std::move(projection)),
-        inv_freq_(axial_inv_freq(c_.theta, c_.head_dim)), on_device_(on_device), device_(mx::default_device()) {}
-
-  const VisionInfo& info() const override { return info_; }
+      : TowerBase(c, std::move(info), on_device), patch_(std::move(patch)), pos_x_(std::move(pos_x)),
+        pos_y_(std::move(pos_y)), layers_(std::move(layers)), standardize_(std::move(standardize)),
+        projection_(std::move(projection)), inv_freq_(axial_inv_freq(c_.theta, c_.head_dim)) {}
 
   std::vector<float> encode(const float*, int) const override {
     throw std::invalid_argument("Gemma 4 vision towers read images of any size as patches (encode_patches)");
@@ -90,7 +83,7 @@ class Gemma4VisionTower : public VisionTower {
     const int k = c_.pool, D = c_.hidden, H = c_.heads, hd = c_.head_dim, quarter = hd / 4;
     const int N = grid_patches(grids, k, "Gemma 4", "pool", c_.positions);
     if (N == 0) return {};
-    if (on_device_) use_device_on_this_thread(device_);
+    prepare_thread();
     // Host-side tables per patch (row-major within each image): its column and row, and the
     // rotary cos/sin of each axis' angles.
     std::vector<int32_t> xs(N), ys(N);
@@ -192,16 +185,12 @@ class Gemma4VisionTower : public VisionTower {
     return encoder_attention(qkv, std::nullopt, spans, H, hd, nullptr);
   }
 
-  Gemma4VisionConfig c_;
-  VisionInfo info_;
   Linear patch_;
   mx::array pos_x_, pos_y_;  // [positions, hidden] each
   std::vector<Layer> layers_;
   std::optional<std::pair<mx::array, mx::array>> standardize_;  // (std_bias, std_scale)
   Linear projection_;                                            // embed_vision: [text hidden, hidden]
   std::vector<double> inv_freq_;
-  bool on_device_;
-  mx::Device device_;
 };
 
 }  // namespace
@@ -210,15 +199,10 @@ std::unique_ptr<VisionTower> load_gemma4_vision(const std::string& dir, const Me
                                                 const LoadOptions& options) {
   Gemma4VisionConfig c;
   const TowerConfig v(config);
-  c.hidden = v.integer("hidden_size", c.hidden);
-  c.ffn = v.integer("intermediate_size", c.ffn);
-  c.layers = v.integer("num_hidden_layers", c.layers);
-  c.heads = v.integer("num_attention_heads", c.heads);
-  c.kv_heads = v.integer("num_key_value_heads", c.heads);
-  c.head_dim = v.integer("head_dim", c.head_dim);
-  c.patch = v.integer("patch_size", c.patch);
-  c.pool = v.integer("pooling_kernel_size", c.pool);
-  c.positions = v.integer("position_embedding_size", c.positions);
+  v.sizes(c);
+  v.integers({{"head_dim", &c.head_dim}, {"patch_size", &c.patch}, {"pooling_kernel_size", &c.pool},
+              {"position_embedding_size", &c.positions}});
+  c.kv_heads = v.integer("num_key_value_heads", c.heads);  // defaults to the query heads read above
   c.eps = v.real("rms_norm_eps", c.eps);
   c.theta = v.real("rope_parameters.rope_theta", c.theta);
   const std::string rope = v.text("rope_parameters.rope_type", "axial");

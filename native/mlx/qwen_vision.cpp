@@ -29,17 +29,13 @@ namespace llmd {
 
 namespace {
 
-struct QwenVisionConfig {
-  int hidden = 1152;  // Qwen3_5VisionConfig's defaults where a config leaves a key out
-  int ffn = 4304;
-  int depth = 27;
-  int heads = 16;
-  int channels = 3;
-  int patch = 16;
-  int temporal = 2;
-  int merge = 2;
+struct QwenVisionConfig : EncoderSizes {
+  // Qwen3_5VisionConfig's defaults where a config leaves a key out.
+  QwenVisionConfig() : EncoderSizes{1152, 4304, 27, 16} {}
+  int channels = 3, patch = 16, temporal = 2;  // a patch: channels x temporal frames x patch x patch
+  int merge = 2;                               // patches merged a side into one token
   int out_hidden = 3584;
-  int positions = 2304;
+  int positions = 2304;  // learned positions: a square grid
   double theta = 10000.0;
   bool tanh_gelu = true;
   int head_dim() const { return hidden / heads; }
@@ -62,17 +58,15 @@ std::pair<int, int> patch_place(int i, int w, int m) {
   return {block_row * m + in_row, block_col * m + in_col};
 }
 
-class QwenVisionTower : public VisionTower {
+class QwenVisionTower : public TowerBase<QwenVisionConfig> {
  public:
   QwenVisionTower(QwenVisionConfig c, VisionInfo info, Linear patch, mx::array patch_bias, mx::array pos_table,
                   std::vector<Block> blocks, LayerNormWeights merge_norm, Linear fc1, mx::array fc1_bias, Linear fc2,
                   mx::array fc2_bias, bool on_device)
-      : c_(c), info_(std::move(info)), patch_(std::move(patch)), patch_bias_(std::move(patch_bias)),
+      : TowerBase(c, std::move(info), on_device), patch_(std::move(patch)), patch_bias_(std::move(patch_bias)),
         pos_table_(std::move(pos_table)), blocks_(std::move(blocks)), merge_norm_(std::move(merge_norm)),
         fc1_(std::move(fc1)), fc1_bias_(std::move(fc1_bias)), fc2_(std::move(fc2)), fc2_bias_(std::move(fc2_bias)),
-        inv_freq_(axial_inv_freq(c_.theta, c_.head_dim())), on_device_(on_device), device_(mx::default_device()) {}
-
-  const VisionInfo& info() const override { return info_; }
+        inv_freq_(axial_inv_freq(c_.theta, c_.head_dim())) {}
 
   std::vector<float> encode(const float*, int) const override {
     throw std::invalid_argument("Qwen3.5 vision towers read images of any size as patches (encode_patches)");
@@ -82,7 +76,7 @@ class QwenVisionTower : public VisionTower {
     const int m = c_.merge, D = c_.hidden, H = c_.heads, hd = c_.head_dim(), half = hd / 2;
     const int N = grid_patches(grids, m, "Qwen3.5", "merge");
     if (N == 0) return {};
-    if (on_device_) use_device_on_this_thread(device_);
+    prepare_thread();
     // Host-side tables per patch: the 4 bilinear taps into the learned position grid and their
     // weights, and the rotary cos/sin at the patch's (row, column).
     const int side = static_cast<int>(std::lround(std::sqrt(static_cast<double>(c_.positions))));
@@ -158,8 +152,6 @@ class QwenVisionTower : public VisionTower {
   }
 
  private:
-  QwenVisionConfig c_;
-  VisionInfo info_;
   Linear patch_;
   mx::array patch_bias_;
   mx::array pos_table_;  // [positions, hidden]
@@ -170,8 +162,6 @@ class QwenVisionTower : public VisionTower {
   Linear fc2_;
   mx::array fc2_bias_;
   std::vector<double> inv_freq_;
-  bool on_device_;
-  mx::Device device_;
 };
 
 // The tower's weights by their Hugging Face names under `model.visual.` ("blocks.0.attn.qkv",
@@ -187,7 +177,7 @@ struct VisionWeights {
 std::unique_ptr<VisionTower> build_tower(QwenVisionConfig c, const VisionWeights& w, const std::string& arch,
                                          bool dev) {
   const int side = static_cast<int>(std::lround(std::sqrt(static_cast<double>(c.positions))));
-  if (c.hidden <= 0 || c.heads <= 0 || c.hidden % c.heads != 0 || c.head_dim() % 4 != 0 || c.depth <= 0 ||
+  if (c.hidden <= 0 || c.heads <= 0 || c.hidden % c.heads != 0 || c.head_dim() % 4 != 0 || c.layers <= 0 ||
       c.patch <= 0 || c.temporal <= 0 || c.merge <= 0 || side * side != c.positions) {
     throw std::runtime_error("qwen3.5 vision settings do not describe its encoder (heads, patches or positions)");
   }
@@ -206,8 +196,8 @@ std::unique_ptr<VisionTower> build_tower(QwenVisionConfig c, const VisionWeights
   if (table.ndim() != 2 || table.shape(0) != c.positions || table.shape(1) != c.hidden) {
     throw std::runtime_error("qwen3.5 vision position embeddings do not match num_position_embeddings x hidden_size");
   }
-  std::vector<Block> blocks(c.depth);
-  for (int i = 0; i < c.depth; ++i) {
+  std::vector<Block> blocks(c.layers);
+  for (int i = 0; i < c.layers; ++i) {
     const std::string b = "blocks." + std::to_string(i) + ".";
     Block& B = blocks[i];
     B.norm1 = {vec(b + "norm1.weight"), vec(b + "norm1.bias")};
@@ -271,16 +261,11 @@ std::unique_ptr<VisionTower> load_qwen_vision(const std::string& dir, const Meta
                                               const LoadOptions& options) {
   QwenVisionConfig c;
   const TowerConfig v(config);
-  c.hidden = v.integer("hidden_size", c.hidden);
-  c.ffn = v.integer("intermediate_size", c.ffn);
-  c.depth = v.integer("depth", v.integer("num_hidden_layers", c.depth));
-  c.heads = v.integer("num_heads", v.integer("num_attention_heads", c.heads));
-  c.channels = v.integer("in_channels", c.channels);
-  c.patch = v.integer("patch_size", c.patch);
-  c.temporal = v.integer("temporal_patch_size", c.temporal);
-  c.merge = v.integer("spatial_merge_size", c.merge);
-  c.out_hidden = v.integer("out_hidden_size", c.out_hidden);
-  c.positions = v.integer("num_position_embeddings", c.positions);
+  v.sizes(c);
+  // Qwen's own names for the depth and heads (depth, num_heads) win over the common ones.
+  v.integers({{"depth", &c.layers}, {"num_heads", &c.heads}, {"in_channels", &c.channels}, {"patch_size", &c.patch},
+              {"temporal_patch_size", &c.temporal}, {"spatial_merge_size", &c.merge},
+              {"out_hidden_size", &c.out_hidden}, {"num_position_embeddings", &c.positions}});
   c.theta = v.real("rope_parameters.rope_theta", c.theta);
   const std::string act = v.text("hidden_act", "gelu_pytorch_tanh");
   if (act == "gelu") {
@@ -318,7 +303,7 @@ std::unique_ptr<VisionTower> load_qwen_mmproj(const GgufFile& file, const std::s
   QwenVisionConfig c;
   c.hidden = mmproj.need("clip.vision.embedding_length");
   c.ffn = mmproj.need("clip.vision.feed_forward_length");
-  c.depth = mmproj.need("clip.vision.block_count");
+  c.layers = mmproj.need("clip.vision.block_count");
   c.heads = mmproj.need("clip.vision.attention.head_count");
   c.patch = mmproj.need("clip.vision.patch_size");
   c.out_hidden = mmproj.need("clip.vision.projection_dim");

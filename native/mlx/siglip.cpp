@@ -29,11 +29,9 @@ namespace llmd {
 
 namespace {
 
-struct SiglipConfig {
-  int hidden = 768;  // SiglipVisionConfig's defaults where a config leaves a key out
-  int ffn = 3072;
-  int layers = 12;
-  int heads = 12;
+struct SiglipConfig : EncoderSizes {
+  // SiglipVisionConfig's defaults where a config leaves a key out.
+  SiglipConfig() : EncoderSizes{768, 3072, 12, 12} {}
   int channels = 3;
   int image_size = 224;
   int patch_size = 16;
@@ -53,15 +51,14 @@ struct SiglipLayer {
   mx::array fc2_bias{0.f};
 };
 
-class Gemma3VisionTower : public VisionTower {
+class Gemma3VisionTower : public TowerBase<SiglipConfig> {
  public:
   Gemma3VisionTower(SiglipConfig c, VisionInfo info, Linear patch, mx::array patch_bias, mx::array positions,
                     std::vector<SiglipLayer> layers, LayerNormWeights post_norm, mx::array soft_norm, Linear projection,
                     bool on_device)
-      : c_(c), info_(std::move(info)), patch_(std::move(patch)), patch_bias_(std::move(patch_bias)),
+      : TowerBase(c, std::move(info), on_device), patch_(std::move(patch)), patch_bias_(std::move(patch_bias)),
         positions_(std::move(positions)), layers_(std::move(layers)), post_norm_(std::move(post_norm)),
-        soft_norm_(std::move(soft_norm)), projection_(std::move(projection)), on_device_(on_device),
-        device_(mx::default_device()) {
+        soft_norm_(std::move(soft_norm)), projection_(std::move(projection)) {
     if (on_device_) return;
     // F16 mmproj weights too run llmd's float GEMM (float16 panels where its AVX-512 kernel
     // runs), not MLX's matmul through the BLAS: the fused epilogues need it, and the BLAS's
@@ -71,11 +68,9 @@ class Gemma3VisionTower : public VisionTower {
     }
   }
 
-  const VisionInfo& info() const override { return info_; }
-
   std::vector<float> encode(const float* pixels, int n) const override {
     if (n <= 0) return {};
-    if (on_device_) use_device_on_this_thread(device_);
+    prepare_thread();
     const int S = c_.image_size, p = c_.patch_size, g = S / p, P = g * g, D = c_.hidden, C = c_.channels;
     const int H = c_.heads, hd = D / H;
     mx::array x(pixels, {n, C, S, S}, mx::float32);
@@ -155,8 +150,6 @@ class Gemma3VisionTower : public VisionTower {
     return mx::reshape(mx::slice(a, {0, 0, 0}, {rows, H, hd}), {rows, c_.hidden});
   }
 
-  SiglipConfig c_;
-  VisionInfo info_;
   Linear patch_;
   mx::array patch_bias_;
   mx::array positions_;  // [patches, hidden]
@@ -164,8 +157,6 @@ class Gemma3VisionTower : public VisionTower {
   LayerNormWeights post_norm_;
   mx::array soft_norm_;  // 1 + w
   Linear projection_;    // [text hidden, vision hidden]
-  bool on_device_;
-  mx::Device device_;
 };
 
 // Checks shared by both loaders: the numbers describe a SigLIP encoder whose patch grid pools
@@ -237,13 +228,8 @@ std::unique_ptr<VisionTower> load_gemma3_vision(const std::string& dir, const Me
                                                 const LoadOptions& options) {
   SiglipConfig c;
   const TowerConfig v(config);
-  c.hidden = v.integer("hidden_size", c.hidden);
-  c.ffn = v.integer("intermediate_size", c.ffn);
-  c.layers = v.integer("num_hidden_layers", c.layers);
-  c.heads = v.integer("num_attention_heads", c.heads);
-  c.channels = v.integer("num_channels", c.channels);
-  c.image_size = v.integer("image_size", c.image_size);
-  c.patch_size = v.integer("patch_size", c.patch_size);
+  v.sizes(c);
+  v.integers({{"num_channels", &c.channels}, {"image_size", &c.image_size}, {"patch_size", &c.patch_size}});
   c.eps = v.real("layer_norm_eps", c.eps);
   c.tokens_per_image = TowerConfig(config, "").integer("mm_tokens_per_image", c.tokens_per_image);
   const std::string act = v.text("hidden_act", "gelu_pytorch_tanh");

@@ -25,6 +25,17 @@ int TowerConfig::integer(const std::string& key, int fallback) const {
   return static_cast<int>(config_.get_int(prefix_ + key).value_or(fallback));
 }
 
+void TowerConfig::integers(std::initializer_list<std::pair<const char*, int*>> fields) const {
+  for (const auto& [key, field] : fields) *field = integer(key, *field);
+}
+
+void TowerConfig::sizes(EncoderSizes& s) const {
+  integers({{"hidden_size", &s.hidden},
+            {"intermediate_size", &s.ffn},
+            {"num_hidden_layers", &s.layers},
+            {"num_attention_heads", &s.heads}});
+}
+
 float TowerConfig::real(const std::string& key, float fallback) const {
   return static_cast<float>(config_.get_float(prefix_ + key).value_or(fallback));
 }

@@ -6,16 +6,20 @@
 #pragma once
 
 #include <array>
+#include <initializer_list>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <mlx/mlx.h>
 
 #include "../core/gguf_file.h"
 #include "../core/metadata.h"
+#include "../core/model.h"
 #include "decoder.h"
 #include "linear.h"
+#include "siglip.h"
 
 namespace llmd {
 
@@ -37,6 +41,12 @@ inline mx::array gelu_tanh(const mx::array& x) { return gelu(x, true); }
 // Whether a config's `hidden_act` names the tanh-approximated GELU (transformers' three names for it).
 bool is_gelu_tanh(const std::string& act);
 
+// The sizes every tower's encoder has: each tower's settings derive from it, with the defaults
+// of its transformers config class.
+struct EncoderSizes {
+  int hidden, ffn, layers, heads;
+};
+
 // A tower's settings in a flattened config.json: `prefix` + key ("vision_config.hidden_size"),
 // or `fallback` (the transformers config class's default) where the config leaves the key out.
 class TowerConfig {
@@ -44,6 +54,11 @@ class TowerConfig {
   explicit TowerConfig(const Metadata& config, std::string prefix = "vision_config.")
       : config_(config), prefix_(std::move(prefix)) {}
   int integer(const std::string& key, int fallback) const;
+  // Each (key, field) pair's setting read into the field, the field's value the fallback: a
+  // tower's sizes as one table.
+  void integers(std::initializer_list<std::pair<const char*, int*>> fields) const;
+  // hidden_size, intermediate_size, num_hidden_layers and num_attention_heads.
+  void sizes(EncoderSizes& s) const;
   float real(const std::string& key, float fallback) const;
   double real(const std::string& key, double fallback) const;
   std::string text(const std::string& key, const std::string& fallback) const;
@@ -122,5 +137,26 @@ mx::array per_image_attention(const mx::array& q, const mx::array& k, const mx::
 
 // The tower's output rows as host float32, row-major (evaluated here).
 std::vector<float> host_rows(const mx::array& x);
+
+// What every tower class holds: its settings, what it tells the engine, and where it runs (the
+// default device when it was loaded; `on_device`: the device backend, not llmd's host kernels).
+template <class Config>
+class TowerBase : public VisionTower {
+ public:
+  const VisionInfo& info() const override { return info_; }
+
+ protected:
+  TowerBase(Config c, VisionInfo info, bool on_device)
+      : c_(c), info_(std::move(info)), on_device_(on_device), device_(mx::default_device()) {}
+  // First thing in each encode: the device backend's stream for the calling thread.
+  void prepare_thread() const {
+    if (on_device_) use_device_on_this_thread(device_);
+  }
+
+  Config c_;
+  VisionInfo info_;
+  bool on_device_;
+  mx::Device device_;
+};
 
 }  // namespace llmd
