@@ -82,9 +82,10 @@ inline void kq45_expand(const uint8_t* t, uint8_t* s) {
                   _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(t))));
   _mm256_store_ps(reinterpret_cast<float*>(s + 2336),
                   _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(t + 16))));
-  const __m256i mn[2] = {
-      _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(lo0, 4), m4), _mm256_and_si256(_mm256_slli_epi16(hb, 2), m30)),
-      _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(lo1, 4), m4), _mm256_and_si256(_mm256_srli_epi16(hb, 2), m30))};
+  const __m256i mn[2] = {_mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(lo0, 4), m4),
+                                         _mm256_and_si256(_mm256_slli_epi16(hb, 2), m30)),
+                         _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(lo1, 4), m4),
+                                         _mm256_and_si256(_mm256_srli_epi16(hb, 2), m30))};
 #pragma GCC unroll 4
   for (int u = 0; u < 4; ++u) store32(s + 2368 + 32 * u, bytes8_pair16(mn[u >> 1], 2 * (u & 1)));
 }
@@ -169,10 +170,11 @@ inline void dot8_q45k_x(const uint8_t* s, size_t gbytes, const KqSumRow* a, int 
         __m256i imin = _mm256_madd_epi16(load32(sg + 2368), broadcast4(reinterpret_cast<const int8_t*>(bs)));
 #pragma GCC unroll 4
         for (int u = 1; u < 4; ++u) {
-          imin = _mm256_add_epi32(
-              imin, _mm256_madd_epi16(load32(sg + 2368 + 32 * u), broadcast4(reinterpret_cast<const int8_t*>(bs + 2 * u))));
+          const __m256i b = broadcast4(reinterpret_cast<const int8_t*>(bs + 2 * u));
+          imin = _mm256_add_epi32(imin, _mm256_madd_epi16(load32(sg + 2368 + 32 * u), b));
         }
-        const __m256 x = _mm256_fmsub_ps(_mm256_cvtepi32_ps(isc[r][g]), dg, _mm256_mul_ps(_mm256_cvtepi32_ps(imin), dmg));
+        const __m256 x =
+            _mm256_fmsub_ps(_mm256_cvtepi32_ps(isc[r][g]), dg, _mm256_mul_ps(_mm256_cvtepi32_ps(imin), dmg));
         acc[r][g] = _mm256_fmadd_ps(x, _mm256_set1_ps(a[r].b[sb * kSubBlocks].d), acc[r][g]);
       }
     }

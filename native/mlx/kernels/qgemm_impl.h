@@ -356,7 +356,8 @@ inline void dot8_q8(const uint8_t* w, size_t stride, const ActBlock* const* a, i
 #if defined(LLMD_ISA_VNNI)
           isum[r][g] = _mm256_dpbusd_epi32(isum[r][g], wabs[g], as);
 #else
-          isum[r][g] = add32_chain(isum[r][g], _mm256_madd_epi16(_mm256_maddubs_epi16(wabs[g], as), _mm256_set1_epi16(1)));
+          const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(wabs[g], as), _mm256_set1_epi16(1));
+          isum[r][g] = add32_chain(isum[r][g], p);
 #endif
         }
       }
