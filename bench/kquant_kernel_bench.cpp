@@ -1,4 +1,4 @@
-// Times llmd's packed K-quant GEMM kernels alone, one thread, weights packed once (excluded from
+// Times llmd's packed K-quant (and Q8_0) GEMM kernels alone, one thread, weights packed once (excluded from
 // the time), activations quantized once. Why a separate binary: rebuilding the extension takes
 // 15+ minutes on a shared 2-core box, this compiles in seconds of CPU, and it times exactly the
 // kernel functions the engine calls (qgemm_impl.h included the way qgemm_<isa>.cpp includes it).
@@ -20,6 +20,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -32,14 +33,20 @@ using llmd::kernels::ActBlock;
 
 int main(int argc, char** argv) {
   if (argc != 6) {
-    std::fprintf(stderr, "usage: %s q4k|q5k|q6k rows n k reps\n", argv[0]);
+    std::fprintf(stderr, "usage: %s q4k|q5k|q6k|q8_0 rows n k reps\n", argv[0]);
     return 2;
   }
   const std::string ty = argv[1];
   const int rows = std::atoi(argv[2]), n = std::atoi(argv[3]), k = std::atoi(argv[4]), reps = std::atoi(argv[5]);
-  const TensorType tt = ty == "q5k" ? TensorType::Q5_K : ty == "q6k" ? TensorType::Q6_K : TensorType::Q4_K;
+  const TensorType tt = ty == "q5k"    ? TensorType::Q5_K
+                        : ty == "q6k"  ? TensorType::Q6_K
+                        : ty == "q8_0" ? TensorType::Q8_0
+                                       : TensorType::Q4_K;
   const size_t rb = llmd::row_bytes(tt, k);
-  const int block_bytes = tt == TensorType::Q6_K ? 210 : tt == TensorType::Q5_K ? 176 : 144;
+  const int block_bytes = tt == TensorType::Q6_K   ? 210
+                          : tt == TensorType::Q5_K ? 176
+                          : tt == TensorType::Q8_0 ? 34
+                                                   : 144;
   std::vector<uint8_t> w(rb * n);
   std::mt19937 rng(1);
   for (auto& b : w) b = static_cast<uint8_t>(rng());
@@ -47,7 +54,7 @@ int main(int argc, char** argv) {
   for (size_t o = 0; o < w.size(); o += block_bytes) {
     const uint16_t h = static_cast<uint16_t>(0x2000 + (rng() & 0x3ff));
     std::memcpy(&w[o + (tt == TensorType::Q6_K ? 208 : 0)], &h, 2);
-    if (tt != TensorType::Q6_K) std::memcpy(&w[o + 2], &h, 2);
+    if (tt == TensorType::Q4_K || tt == TensorType::Q5_K) std::memcpy(&w[o + 2], &h, 2);
   }
   std::vector<float> x(static_cast<size_t>(rows) * k);
   std::normal_distribution<float> normal;
@@ -55,7 +62,8 @@ int main(int argc, char** argv) {
   const int nb = k / llmd::kernels::kBlock;
   std::vector<ActBlock> act(static_cast<size_t>(rows) * nb);
   // As uses_superblock_activations (dispatch.cpp, not linked here): Q4_K and Q5_K per 256.
-  const auto quantize = tt != TensorType::Q6_K ? isa::quantize_row_k_simd : isa::quantize_row_simd;
+  const bool per256 = tt == TensorType::Q4_K || tt == TensorType::Q5_K;
+  const auto quantize = per256 ? isa::quantize_row_k_simd : isa::quantize_row_simd;
   for (int r = 0; r < rows; ++r) quantize(x.data() + static_cast<size_t>(r) * k, act.data() + static_cast<size_t>(r) * nb, k);
 #if defined(KB_AVX2)
   constexpr auto layout = llmd::kernels::PackLayout::kDword;
@@ -63,7 +71,18 @@ int main(int argc, char** argv) {
   constexpr auto layout = llmd::kernels::PackLayout::kQword;
 #endif
   llmd::kernels::pack8_in_place(tt, w.data(), n, k, layout);
-  const auto gemm = tt == TensorType::Q5_K ? isa::gemm_q5_k_x8 : tt == TensorType::Q6_K ? isa::gemm_q6_k_x8 : isa::gemm_q4_k_x8;
+  // The functions make_table puts in each path's KernelTable (qgemm_impl.h).
+#if defined(KB_AVX2)
+  const auto gemm = tt == TensorType::Q5_K   ? isa::gemm_q5_k_x8_expanded
+                    : tt == TensorType::Q6_K ? isa::gemm_q6_k_x8_expanded
+                    : tt == TensorType::Q8_0 ? isa::gemm_q8_0_x8
+                                             : isa::gemm_q4_k_x8_expanded;
+#else
+  const auto gemm = tt == TensorType::Q5_K   ? isa::gemm_q5_k_x8
+                    : tt == TensorType::Q6_K ? isa::gemm_q6_k_x8
+                    : tt == TensorType::Q8_0 ? isa::gemm_q8_0_x8_zmm
+                                             : isa::gemm_q4_k_x8;
+#endif
   std::vector<float> out(static_cast<size_t>(rows) * n);
   double best = 1e30;
   for (int i = 0; i < reps; ++i) {
@@ -72,8 +91,15 @@ int main(int argc, char** argv) {
     best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
   double checksum = 0;
-  for (float v : out) checksum += v;
-  std::printf("%s %s %d x %d x %d: best %.3f ms, %.1f GMAC/s (checksum %.6g)\n", argv[1],
-              KB_ISA_NAME, rows, n, k, best * 1e3, static_cast<double>(rows) * n * k / best / 1e9, checksum);
+  uint64_t bits = 1469598103934665603ull;  // FNV-1a of the outputs' bytes: equal only if bit-identical
+  for (float v : out) {
+    checksum += v;
+    uint32_t u;
+    std::memcpy(&u, &v, 4);
+    bits = (bits ^ u) * 1099511628211ull;
+  }
+  std::printf("%s %s %d x %d x %d: best %.3f ms, %.1f GMAC/s (checksum %.6g, bits %016llx)\n", argv[1],
+              KB_ISA_NAME, rows, n, k, best * 1e3, static_cast<double>(rows) * n * k / best / 1e9, checksum,
+              static_cast<unsigned long long>(bits));
   return 0;
 }

@@ -175,12 +175,30 @@ def test_packed_rows_are_bit_identical_whatever_the_batch(path: str, type_name: 
         ), r
 
 
+@pytest.mark.parametrize("path", PACKED_PATHS)
+@pytest.mark.parametrize("type_name", list(TYPES))
+def test_prefill_rows_across_row_chunks_equal_decode_rows(path: str, type_name: str) -> None:
+    """A prefill (many rows) and decode (one row at a time) give every row the same bits, past
+    the first row chunk too. On the AVX2 path the two run different kernels (prefill over
+    weights expanded once per chunk of up to 128 rows, decode over the packed tile), so this is
+    what keeps a prompt's last logits equal to those of the same tokens decoded one by one."""
+    rng = np.random.default_rng(17)
+    n, k = 40, 512  # 5 groups; rows go in chunks of 128 at k = 512 (packed_row_chunk): 2 chunks
+    packed, _ = _weights(rng, n, k, type_name, "random_bytes")
+    x = rng.standard_normal((131, k), dtype=np.float32)
+    batched = _packed_kernel(type_name, packed, n, k, x, path)
+    for r in (0, 3, 4, 126, 127, 128, 130):
+        alone = _packed_kernel(type_name, packed, n, k, x[r : r + 1], path)[0]
+        assert np.array_equal(alone, batched[r]), r
+
+
 # ------------------------------------------------------------------ SIMD paths against scalar
 #
 # Q4_K and Q5_K quantize activations per 256 (one int8 scale per super-block, llama.cpp's Q8_K)
-# on every path, bit-identically, so a SIMD path and the scalar path see the same integers and
-# may differ only in the order float partial sums are added: far inside the activation-rounding
-# tolerance above, and what keeps the paths' logprobs as close as test_simd_spread asks.
+# on every path, bit-identically (Q6_K per 32, likewise), so a SIMD path and the scalar path see
+# the same integers and may differ only in the order float partial sums are added: far inside
+# the activation-rounding tolerance above, and what keeps the paths' logprobs as close as
+# test_simd_spread asks.
 
 SIMD_PATHS = [p for p in PATHS if p != "scalar"]
 
@@ -192,7 +210,7 @@ def _float_order_bound(x: np.ndarray, w_deq: np.ndarray) -> np.ndarray:
 
 @pytest.mark.skipif(not SIMD_PATHS, reason="no SIMD kernel path runs on this CPU")
 @pytest.mark.parametrize("path", SIMD_PATHS)
-@pytest.mark.parametrize("type_name", ["Q4_K", "Q5_K"])
+@pytest.mark.parametrize("type_name", list(TYPES))
 @pytest.mark.parametrize("packed", [False, True])
 @pytest.mark.parametrize("n,k", [(8, 256), (40, 1280), (24, 2304)])
 def test_simd_paths_match_the_scalar_path_to_float_rounding(

@@ -206,6 +206,17 @@ inline void dot_q8(const uint8_t* w, const ActBlock* const* a, int nb, float* ou
 
 constexpr int kPrefetchBlocks = 8;
 
+// An int32 add the compiler keeps where it is written. GCC expands _mm256_add_epi32 into generic
+// vector arithmetic, which its reassociation pass regrouped into a tree over all of a block's
+// products in the multi-row kernels (every vpmaddwd result of a block live at once: spilled to
+// the stack). The empty asm makes the sum opaque, so a chain keeps its order and one register;
+// integer sums are exact, so the result is the same either way.
+inline __m256i add32_chain(__m256i acc, __m256i v) {
+  __m256i r = _mm256_add_epi32(acc, v);
+  asm("" : "+x"(r));
+  return r;
+}
+
 inline __m256i broadcast4(const int8_t* p) {
   int32_t v;
   std::memcpy(&v, p, sizeof(v));
@@ -345,8 +356,8 @@ inline void dot8_q8(const uint8_t* w, size_t stride, const ActBlock* const* a, i
 #if defined(LLMD_ISA_VNNI)
           isum[r][g] = _mm256_dpbusd_epi32(isum[r][g], wabs[g], as);
 #else
-          isum[r][g] = _mm256_add_epi32(isum[r][g],
-                                        _mm256_madd_epi16(_mm256_maddubs_epi16(wabs[g], as), _mm256_set1_epi16(1)));
+          const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(wabs[g], as), _mm256_set1_epi16(1));
+          isum[r][g] = add32_chain(isum[r][g], p);
 #endif
         }
       }
@@ -711,6 +722,7 @@ inline void gemm_q8_0(const uint8_t* w, size_t rb, const ActBlock* a, int k, int
 }  // namespace llmd::kernels::LLMD_ISA_NAMESPACE
 
 #include "kquant_impl.h"
+#include "kquant_avx2_tiles.h"
 #include "legacy_zmm_impl.h"
 
 namespace llmd::kernels::LLMD_ISA_NAMESPACE {
@@ -735,12 +747,15 @@ inline const KernelTable* make_table(const char* isa) {
                                  .q4_1_x8 = gemm_q4_1_x8,
                                  .q8_0_x8 = gemm_q8_0_x8,
 #endif
+#if defined(LLMD_ISA_VNNI)
                                  .q4_k_x8 = gemm_q4_k_x8,
                                  .q5_k_x8 = gemm_q5_k_x8,
                                  .q6_k_x8 = gemm_q6_k_x8,
-#if defined(LLMD_ISA_VNNI)
                                  .pack_layout = PackLayout::kQword};
 #else
+                                 .q4_k_x8 = gemm_q4_k_x8_expanded,
+                                 .q5_k_x8 = gemm_q5_k_x8_expanded,
+                                 .q6_k_x8 = gemm_q6_k_x8_expanded,
                                  .pack_layout = PackLayout::kDword};
 #endif
 #else
