@@ -361,7 +361,7 @@ inline void kb_run_tile(int n, const typename Kind::Super* ws, const typename Ki
 constexpr int kKbMinRows = 48;
 
 // Packed groups of 8 weight rows, [n0, n1) multiples of 8, rows >= kKbMinRows. Per chunk of
-// activation rows (packed_row_chunk, as gemm_packed) and block of kKbCols columns: super-blocks
+// activation rows (kKbChunk) and block of kKbCols columns: super-blocks
 // are expanded kKbSlab at a time, and every row tile of the chunk runs over them, carrying its
 // accumulators (accs) from slab to slab.
 template <class Kind, bool kFive = false>
