@@ -8,6 +8,9 @@
 //       -Inative bench/kquant_kernel_bench.cpp native/mlx/kernels/pack8.cpp \
 //       native/core/tensor_types.cpp -o /tmp/kquant_kernel_bench
 // Run: /tmp/kquant_kernel_bench q5k 512 2048 2048 20   (type rows n k reps; prints best GMAC/s)
+// The AVX-512 build times the function the engine's table holds (the register-blocked prefill
+// kernels of kquant_zmm_blocked.h) and checks its outputs bit for bit against the 8-column
+// kernels one row at a time (decode); a 6th argument `x8` times the 8-column kernels instead.
 #define LLMD_ISA_X86 1
 #if defined(KB_AVX2)
 #define LLMD_ISA_NAMESPACE avx2
@@ -32,8 +35,8 @@ using llmd::TensorType;
 using llmd::kernels::ActBlock;
 
 int main(int argc, char** argv) {
-  if (argc != 6) {
-    std::fprintf(stderr, "usage: %s q4k|q5k|q6k|q8_0 rows n k reps\n", argv[0]);
+  if (argc != 6 && argc != 7) {
+    std::fprintf(stderr, "usage: %s q4k|q5k|q6k|q8_0 rows n k reps [x8]\n", argv[0]);
     return 2;
   }
   const std::string ty = argv[1];
@@ -71,17 +74,28 @@ int main(int argc, char** argv) {
   constexpr auto layout = llmd::kernels::PackLayout::kQword;
 #endif
   llmd::kernels::pack8_in_place(tt, w.data(), n, k, layout);
-  // The functions make_table puts in each path's KernelTable (qgemm_impl.h).
+  // The functions make_table puts in each path's KernelTable (qgemm_impl.h); `x8` times the
+  // 8-column kernels the AVX-512 table used before the register-blocked ones.
 #if defined(KB_AVX2)
+  const auto x8 = tt == TensorType::Q5_K   ? isa::gemm_q5_k_x8
+                  : tt == TensorType::Q6_K ? isa::gemm_q6_k_x8
+                  : tt == TensorType::Q8_0 ? isa::gemm_q8_0_x8
+                                           : isa::gemm_q4_k_x8;
   const auto gemm = tt == TensorType::Q5_K   ? isa::gemm_q5_k_x8_expanded
                     : tt == TensorType::Q6_K ? isa::gemm_q6_k_x8_expanded
                     : tt == TensorType::Q8_0 ? isa::gemm_q8_0_x8
                                              : isa::gemm_q4_k_x8_expanded;
 #else
-  const auto gemm = tt == TensorType::Q5_K   ? isa::gemm_q5_k_x8
-                    : tt == TensorType::Q6_K ? isa::gemm_q6_k_x8
-                    : tt == TensorType::Q8_0 ? isa::gemm_q8_0_x8_zmm
-                                             : isa::gemm_q4_k_x8;
+  const auto x8 = tt == TensorType::Q5_K   ? isa::gemm_q5_k_x8
+                  : tt == TensorType::Q6_K ? isa::gemm_q6_k_x8
+                  : tt == TensorType::Q8_0 ? isa::gemm_q8_0_x8_zmm
+                                           : isa::gemm_q4_k_x8;
+  const bool old = argc == 7 && std::string(argv[6]) == "x8";
+  const auto blocked = tt == TensorType::Q5_K   ? isa::gemm_q5_k_x8_blocked
+                       : tt == TensorType::Q6_K ? isa::gemm_q6_k_x8_blocked
+                       : tt == TensorType::Q8_0 ? isa::gemm_q8_0_x8_zmm
+                                                : isa::gemm_q4_k_x8_blocked;
+  const auto gemm = old ? x8 : blocked;
 #endif
   std::vector<float> out(static_cast<size_t>(rows) * n);
   double best = 1e30;
@@ -98,6 +112,14 @@ int main(int argc, char** argv) {
     std::memcpy(&u, &v, 4);
     bits = (bits ^ u) * 1099511628211ull;
   }
+  // Each row alone through the one-row (decode) kernel: the prefill outputs must be the same bits.
+  int differ = 0;
+  std::vector<float> one(n);
+  for (int r = 0; r < rows; ++r) {
+    x8(w.data(), rb, act.data() + static_cast<size_t>(r) * nb, k, 1, 0, n, one.data(), n);
+    differ += std::memcmp(one.data(), out.data() + static_cast<size_t>(r) * n, n * sizeof(float)) != 0;
+  }
+  if (differ) std::printf("MISMATCH: %d of %d rows differ from the one-row kernel\n", differ, rows);
   std::printf("%s %s %d x %d x %d: best %.3f ms, %.1f GMAC/s (checksum %.6g, bits %016llx)\n", argv[1],
               KB_ISA_NAME, rows, n, k, best * 1e3, static_cast<double>(rows) * n * k / best / 1e9, checksum,
               static_cast<unsigned long long>(bits));

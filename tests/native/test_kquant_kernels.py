@@ -18,7 +18,11 @@ import pytest
 from gguf import GGMLQuantizationType
 from gguf.quants import dequantize
 
-from .kernel_checks import check_matches_reference
+from .kernel_checks import (
+    activation_block,
+    activation_rounding_tolerance,
+    check_matches_reference,
+)
 from .kquants import QUANTIZERS, f16
 
 engine = pytest.importorskip("llmd._engine")
@@ -228,3 +232,38 @@ def test_simd_paths_match_the_scalar_path_to_float_rounding(
     got = engine.kernel_gemm(type_name, weights, n, k, x, path, packed=packed)
     excess = np.abs(got.astype(np.float64) - scalar) - _float_order_bound(x, w_deq)
     assert (excess <= 0).all(), f"{path} {type_name} packed={packed}: max excess {excess.max()}"
+
+
+# ------------------------------------------------------------------ prefill-sized products
+#
+# From 48 rows on, the AVX-512 path runs register-blocked kernels (kquant_zmm_blocked.h): 32
+# columns per block of weights expanded per call, tiles of 6 (Q4_K/Q5_K) or 4 (Q6_K) rows, row
+# chunks of 192. These shapes leave every kind of remainder: a lone group (n = 8, 40), three
+# groups in the last block (24, 56), tiles of 1 to 5 rows, a second chunk (200 rows), and
+# k from one super-block to ffn_down's 8192 (slabs of 4 super-blocks and a partial one).
+PREFILL_SHAPES = [(49, 8, 256), (53, 24, 2304), (67, 40, 8192), (200, 56, 1536)]
+
+
+@pytest.mark.parametrize("path", PACKED_PATHS)
+@pytest.mark.parametrize("type_name", list(TYPES))
+@pytest.mark.parametrize("rows,n,k", PREFILL_SHAPES)
+def test_prefill_rows_are_the_bits_of_one_row_decode(
+    path: str, type_name: str, rows: int, n: int, k: int
+) -> None:
+    """A prompt's row must come out of a prefill-sized product with exactly the bits a lone
+    decode step gives it (so a cached prefix and a recomputed one agree), and both must match
+    the scalar path to float rounding and the float64 reference to activation rounding."""
+    rng = np.random.default_rng(rows * 7 + n + k)
+    packed, w_deq = _weights(rng, n, k, type_name, "random_bytes")
+    x = rng.standard_normal((rows, k), dtype=np.float32)
+    x[:, ::5] *= 20.0
+    batched = _packed_kernel(type_name, packed, n, k, x, path)
+    for r in range(rows):
+        alone = _packed_kernel(type_name, packed, n, k, x[r : r + 1], path)[0]
+        assert np.array_equal(alone, batched[r]), f"{path} {type_name} row {r}"
+    scalar = engine.kernel_gemm(type_name, packed, n, k, x, "scalar")
+    excess = np.abs(batched.astype(np.float64) - scalar) - _float_order_bound(x, w_deq)
+    assert (excess <= 0).all(), f"{path} {type_name}: max excess over scalar {excess.max()}"
+    err = np.abs(batched - x.astype(np.float64) @ w_deq.T)
+    tol = activation_rounding_tolerance(x, w_deq, activation_block(type_name))
+    assert (err <= tol).all(), f"{path} {type_name}: max excess {(err - tol).max()}"

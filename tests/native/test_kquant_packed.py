@@ -95,3 +95,26 @@ def test_q4_k_m_model_runs_packed_kernels_and_matches_the_dequantized_model(
         clear = (top2[:, 1] - top2[:, 0]) > 2 * Q8_BOUND * float(np.max(np.abs(ref)))
         assert clear.sum() >= len(TOKENS) // 4
         assert (ours.argmax(1) == ref.argmax(1))[clear].all()
+
+
+@pytest.mark.skipif("avx512vnni" not in X86_PATHS, reason="the AVX-512 path does not run here")
+def test_a_long_prompt_in_one_step_gives_the_logits_of_small_steps(tmp_path: Path) -> None:
+    """On the AVX-512 path a prompt of 48 tokens or more reaches the register-blocked K-quant
+    kernels (kquant_zmm_blocked.h) in one prefill step, and steps of 8 tokens the 8-column
+    kernels decode uses: every position's logits, and so the greedy choices, must not depend
+    on which ran (the two give each row the same bits)."""
+    q_path, _ = _write_pair(tmp_path, _config(128))
+    tokens = (TOKENS * 5)[:96]
+    code = (
+        "import json; from llmd import _engine as e; "
+        "run = lambda budget: e.Engine("
+        f"{str(q_path)!r}, context_length=256, max_sequences=4, backend='cpu', "
+        "kv_budget_bytes=16 << 20, step_token_budget=budget)"
+        f".score({tokens!r}, 1).tolist(); "
+        "print(json.dumps({'one': run(512), 'small': run(8)}))"
+    )
+    got = on_kernel_path("avx512vnni", code)
+    one = np.array(got["one"], dtype=np.float32)
+    small = np.array(got["small"], dtype=np.float32)
+    assert one.shape == (len(tokens), 128)
+    assert np.array_equal(one, small), np.abs(one - small).max()

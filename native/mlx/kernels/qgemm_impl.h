@@ -724,6 +724,7 @@ inline void gemm_q8_0(const uint8_t* w, size_t rb, const ActBlock* a, int k, int
 #include "kquant_impl.h"
 #include "kquant_avx2_tiles.h"
 #include "legacy_zmm_impl.h"
+#include "kquant_zmm_blocked.h"
 
 namespace llmd::kernels::LLMD_ISA_NAMESPACE {
 
@@ -748,9 +749,9 @@ inline const KernelTable* make_table(const char* isa) {
                                  .q8_0_x8 = gemm_q8_0_x8,
 #endif
 #if defined(LLMD_ISA_VNNI)
-                                 .q4_k_x8 = gemm_q4_k_x8,
-                                 .q5_k_x8 = gemm_q5_k_x8,
-                                 .q6_k_x8 = gemm_q6_k_x8,
+                                 .q4_k_x8 = gemm_q4_k_x8_blocked,
+                                 .q5_k_x8 = gemm_q5_k_x8_blocked,
+                                 .q6_k_x8 = gemm_q6_k_x8_blocked,
                                  .pack_layout = PackLayout::kQword};
 #else
                                  .q4_k_x8 = gemm_q4_k_x8_expanded,

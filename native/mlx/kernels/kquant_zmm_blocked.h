@@ -1,0 +1,449 @@
+// Register-blocked Q4_K / Q5_K / Q6_K prefill kernels on 512-bit vectors (AVX-512 VNNI path).
+// Included by qgemm_impl.h after kquant_impl.h, whose per-row activations (KqSuperRows,
+// KqPairRows) and one-row kernels (decode: gemm_q*_k_x8) these share.
+//
+// Why: the 8-column kernels of kquant_impl.h issue one activation load and qword broadcast per
+// vpdpbusd (a tile's weight vector meets each of its rows once), and that, not the unpacking,
+// is what a prefill product pays for (bench/README.md, issue 31: with one activation register
+// shared by all rows a copy of the Q5_K kernel went 278 -> 378-388 GMAC/s). Here a weight
+// vector is 16 columns x 4 elements of ONE sub-block, so one activation dword broadcast serves
+// every column vector of the tile, and each weight vector serves kKbRows rows: a 4-row x
+// 2-vector tile keeps 8 int32 chains in registers and issues 8 vpdpbusd per 2 weight loads
+// and 4 broadcasts. Those vectors do not exist in the packed tile (8 columns x 2 sub-blocks, 4
+// bits a weight), so each call expands the weights it needs, per row chunk and a few
+// super-blocks at a time, into a byte-per-weight scratch (Q5_K's fifth and Q6_K's high two bits
+// merged there once for the whole chunk's rows); the RSS target leaves no room for an expanded
+// copy made at load time.
+//
+// Bit-identical to the one-row kernels: per (row, column) the integer sums are exact (so their
+// order is free) and the float operations are those of dot8_q45k_zmm / dot8_q6k_zmm in the same
+// order: even and odd sub-blocks in two accumulators, each fed super-block by super-block
+// (Q6_K: block by block) with the same fma/fmsub/mul expressions, added at the end.
+#pragma once
+
+#if defined(LLMD_ISA_VNNI)
+
+#include <type_traits>
+#include <vector>
+
+namespace llmd::kernels::LLMD_ISA_NAMESPACE {
+
+// Tile and blocking sizes, each the fastest of those tried in bench/kquant_kernel_bench.cpp
+// (512 x 2048 x 2048 and x 8192, one Zen 5 core, quiet; bench/README.md, issue 31): 4 rows x 2
+// vectors (16 int32 chains; 6 x 2 tied at k = 2048 and lost 10% at 8192, 5 x 2 in between),
+// slabs of 4 super-blocks (40 KiB of expanded weights that every row tile rereads from L1; 2
+// and 3 were slower) and row chunks of 192 (the chunk's activations for one slab stay in L2;
+// packed_row_chunk's 32 rows at k = 8192 left the expansion costing more than it saved).
+constexpr int kKbRows = 4;                  // activation rows per register tile
+constexpr int kKbVecs = 2;                  // 16-column vectors per register tile
+constexpr int kKbCols = 16 * kKbVecs;       // columns per block of expanded weights (4 groups)
+constexpr int kKbGroups = kKbCols / 8;
+constexpr int kKbSlab = 4;                  // super-blocks expanded at a time
+constexpr int kKbChunk = 192;               // activation rows per chunk
+
+// Q4_K / Q5_K super-block of kKbCols columns, expanded. q[e][p][t][v]: dword c of vector v is
+// column 16v + c's elements 4t .. 4t + 3 of sub-block 2p + e (fifth bit merged), so a sub-block
+// is 8 consecutive steps t; sc: lane c the sub-block's 6-bit scale; mn[e][h][v]: lane c the
+// int16 pair (m[4h + e], m[4h + e + 2]), the vpdpwssd operand against KqSuper::bsum's dword
+// 2h + e; d, dmin: lane c the column's fp16 scales.
+struct alignas(64) Kb45Super {
+  __m512i q[2][4][8][kKbVecs];
+  __m512i sc[2][4][kKbVecs];
+  __m512i mn[2][2][kKbVecs];
+  __m512 d[kKbVecs];
+  __m512 dmin[kKbVecs];
+};
+
+// Q6_K super-block of kKbCols columns, expanded: q as Kb45Super's (q in [0, 63], the chains
+// seeded with -32 * sum(a)), ds[e][p][hf][v]: lane c column 16v + c's d * scale of half hf of
+// block 2p + e, the product dot8_q6k_zmm forms.
+struct alignas(64) Kb6Super {
+  __m512i q[2][4][8][kKbVecs];
+  __m512 ds[2][4][2][kKbVecs];
+};
+
+// The two groups' int32 lanes 2c + e (8 columns x 2 sub-blocks each) regrouped into one
+// sub-block's 16 columns: e = 0 takes the even lanes, e = 1 the odd.
+inline __m512i kb_columns(__m512i a, __m512i b, int e) {
+  const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+  const __m512i odd = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+  return _mm512_permutex2var_epi32(a, e == 0 ? even : odd, b);
+}
+
+// 8 bytes of group A then 8 of group B, widened to int32 lanes.
+inline __m512i kb_bytes16(const uint8_t* a, const uint8_t* b) {
+  const __m128i lo = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(a));
+  const __m128i hi = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(b));
+  return _mm512_cvtepu8_epi32(_mm_unpacklo_epi64(lo, hi));
+}
+
+// 8 fp16 of group A then 8 of group B.
+inline __m512 kb_halves16(const uint8_t* a, const uint8_t* b) {
+  const __m128i lo = _mm_loadu_si128(reinterpret_cast<const __m128i*>(a));
+  const __m128i hi = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b));
+  return _mm512_cvtph_ps(_mm256_inserti128_si256(_mm256_castsi128_si256(lo), hi, 1));
+}
+
+// Super-block `sb` of `ng` (1 .. 4) packed groups starting at w (stride bytes apart); the
+// lanes of missing groups get zero weights and scales (their outputs are not stored).
+template <bool kFive>
+inline void kb45_expand(const uint8_t* w, size_t stride, int ng, int sb, Kb45Super& o) {
+  constexpr int kTile = 8 * (kFive ? kQ5KBytes : kQ4KBytes);
+  alignas(64) static constexpr uint8_t kZero[kTile] = {};
+  const uint8_t* t[kKbGroups];
+  for (int g = 0; g < kKbGroups; ++g) t[g] = g < ng ? w + g * stride + static_cast<size_t>(sb) * kTile : kZero;
+  // The 6-bit scales and mins as bytes 8j + c (as dot8_q45k_zmm decodes them).
+  alignas(32) uint8_t sc[kKbGroups][64], mn[kKbGroups][64];
+  const __m256i m4y = _mm256_set1_epi8(0x0f);
+  const __m256i m30y = _mm256_set1_epi8(0x30);
+  for (int g = 0; g < kKbGroups; ++g) {
+    const __m256i lo0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(t[g] + 32));
+    const __m256i lo1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(t[g] + 64));
+    const __m256i hb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(t[g] + 96));
+    _mm256_store_si256(reinterpret_cast<__m256i*>(sc[g]),
+                       _mm256_or_si256(_mm256_and_si256(lo0, m4y), _mm256_and_si256(_mm256_slli_epi16(hb, 4), m30y)));
+    _mm256_store_si256(reinterpret_cast<__m256i*>(sc[g] + 32),
+                       _mm256_or_si256(_mm256_and_si256(lo1, m4y), _mm256_and_si256(hb, m30y)));
+    _mm256_store_si256(reinterpret_cast<__m256i*>(mn[g]), _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(lo0, 4), m4y),
+                                                                          _mm256_and_si256(_mm256_slli_epi16(hb, 2), m30y)));
+    _mm256_store_si256(reinterpret_cast<__m256i*>(mn[g] + 32), _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(lo1, 4), m4y),
+                                                                               _mm256_and_si256(_mm256_srli_epi16(hb, 2), m30y)));
+  }
+  for (int v = 0; v < kKbVecs; ++v) {
+    const int ga = 2 * v, gb = 2 * v + 1;
+    o.d[v] = kb_halves16(t[ga], t[gb]);
+    o.dmin[v] = kb_halves16(t[ga] + 16, t[gb] + 16);
+    for (int j = 0; j < kSubBlocks; ++j) o.sc[j & 1][j >> 1][v] = kb_bytes16(sc[ga] + 8 * j, sc[gb] + 8 * j);
+    for (int e = 0; e < 2; ++e) {
+      for (int h = 0; h < 2; ++h) {
+        const int j = 4 * h + e;
+        o.mn[e][h][v] = _mm512_or_si512(kb_bytes16(mn[ga] + 8 * j, mn[gb] + 8 * j),
+                                        _mm512_slli_epi32(kb_bytes16(mn[ga] + 8 * j + 16, mn[gb] + 8 * j + 16), 16));
+      }
+    }
+  }
+  const __m512i m4 = _mm512_set1_epi8(0x0f);
+  const __m512i v16 = _mm512_set1_epi8(0x10);
+#pragma GCC unroll 4
+  for (int p = 0; p < 4; ++p) {
+#pragma GCC unroll 4
+    for (int s = 0; s < 4; ++s) {
+      __m512i lo[kKbGroups], hi[kKbGroups];
+#pragma GCC unroll 4
+      for (int g = 0; g < kKbGroups; ++g) {
+        // As dot8_q45k_zmm unpacks a slice: lanes 2c + e hold steps 2s (lo) and 2s + 1 (hi).
+        const __m512i q = _mm512_loadu_si512(t[g] + 128 + 256 * p + 64 * s);
+        lo[g] = _mm512_and_si512(q, m4);
+        hi[g] = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4);
+        if constexpr (kFive) {
+          const uint8_t* mk = t[g] + 1152 + 64 * p + 16 * s;
+          lo[g] = _mm512_mask_add_epi8(lo[g], _cvtu64_mask64(load_u64(mk)), lo[g], v16);
+          hi[g] = _mm512_mask_add_epi8(hi[g], _cvtu64_mask64(load_u64(mk + 8)), hi[g], v16);
+        }
+      }
+#pragma GCC unroll 2
+      for (int v = 0; v < kKbVecs; ++v) {
+        for (int e = 0; e < 2; ++e) {
+          o.q[e][p][2 * s][v] = kb_columns(lo[2 * v], lo[2 * v + 1], e);
+          o.q[e][p][2 * s + 1][v] = kb_columns(hi[2 * v], hi[2 * v + 1], e);
+        }
+      }
+    }
+  }
+}
+
+inline void kb6_expand(const uint8_t* w, size_t stride, int ng, int sb, Kb6Super& o) {
+  constexpr int kTile = 8 * kQ6KBytes;
+  alignas(64) static constexpr uint8_t kZero[kTile] = {};
+  const uint8_t* t[kKbGroups];
+  for (int g = 0; g < kKbGroups; ++g) t[g] = g < ng ? w + g * stride + static_cast<size_t>(sb) * kTile : kZero;
+  for (int v = 0; v < kKbVecs; ++v) {
+    const uint8_t* ta = t[2 * v];
+    const uint8_t* tb = t[2 * v + 1];
+    const __m512 dg = kb_halves16(ta, tb);  // lane c: column 16v + c's d
+    for (int p = 0; p < 4; ++p) {
+      for (int hf = 0; hf < 2; ++hf) {
+        // Lanes 2c + e of each group, as dot8_q6k_zmm loads them, regrouped by sub-block.
+        const int off = 16 + 32 * p + 16 * hf;
+        const __m512i sa = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(ta + off)));
+        const __m512i sbv = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(tb + off)));
+        for (int e = 0; e < 2; ++e) o.ds[e][p][hf][v] = _mm512_mul_ps(dg, _mm512_cvtepi32_ps(kb_columns(sa, sbv, e)));
+      }
+    }
+  }
+  const __m512i m4 = _mm512_set1_epi8(0x0f);
+  const __m512i m30 = _mm512_set1_epi8(0x30);
+#pragma GCC unroll 4
+  for (int p = 0; p < 4; ++p) {
+#pragma GCC unroll 2
+    for (int u = 0; u < 2; ++u) {
+#pragma GCC unroll 2
+      for (int v = 0; v < 2; ++v) {
+        const int sl = 2 * u + v;
+        __m512i lo[kKbGroups], hi[kKbGroups];
+#pragma GCC unroll 4
+        for (int g = 0; g < kKbGroups; ++g) {
+          // As dot8_q6k_zmm unpacks slice sl: lanes 2c + e hold steps 2sl (lo) and 2sl + 1 (hi).
+          const __m512i qh = _mm512_loadu_si512(t[g] + 1168 + 128 * p + 64 * u);
+          const __m512i ql = _mm512_loadu_si512(t[g] + 144 + 256 * p + 64 * sl);
+          const __m512i hlo = v == 0 ? _mm512_slli_epi16(qh, 4) : qh;
+          const __m512i hhi = v == 0 ? _mm512_slli_epi16(qh, 2) : _mm512_srli_epi16(qh, 2);
+          lo[g] = _mm512_or_si512(_mm512_and_si512(ql, m4), _mm512_and_si512(hlo, m30));
+          hi[g] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ql, 4), m4), _mm512_and_si512(hhi, m30));
+        }
+#pragma GCC unroll 2
+        for (int c = 0; c < kKbVecs; ++c) {
+          for (int e = 0; e < 2; ++e) {
+            o.q[e][p][2 * sl][c] = kb_columns(lo[2 * c], lo[2 * c + 1], e);
+            o.q[e][p][2 * sl + 1][c] = kb_columns(hi[2 * c], hi[2 * c + 1], e);
+          }
+        }
+      }
+    }
+  }
+}
+
+inline __m512i kb_bcast(const void* p) {
+  int32_t v;
+  std::memcpy(&v, p, sizeof(v));
+  return _mm512_set1_epi32(v);
+}
+
+// R rows x G vectors over super-blocks [sb0, sb1) of the expanded weights ws (indexed from
+// sb0). acc[e][r][g]: the even / odd sub-blocks' float accumulators, carried between slabs.
+// Per parity e: the 4 sub-blocks' exact integer dots, scaled in int32 and summed (isc); the
+// mins' int32 sum (imin); then acc = fma(isc * d - imin * dmin, a.d, acc) as dot8_q45k_zmm.
+template <int R, int G>
+inline void kb45_tile(const Kb45Super* ws, const KqSuper* const* a, int sb0, int sb1, __m512 (*acc)[kKbRows][kKbVecs]) {
+  for (int sb = sb0; sb < sb1; ++sb) {
+    const Kb45Super& w = ws[sb - sb0];
+#pragma GCC unroll 2
+    for (int e = 0; e < 2; ++e) {
+      __m512i isc[R][G];
+#pragma GCC unroll 4
+      for (int p = 0; p < 4; ++p) {
+        __m512i ch[R][G];
+#pragma GCC unroll 8
+        for (int t = 0; t < 8; ++t) {
+          __m512i wv[G];
+#pragma GCC unroll 2
+          for (int g = 0; g < G; ++g) wv[g] = _mm512_load_si512(&w.q[e][p][t][g]);
+#pragma GCC unroll 6
+          for (int r = 0; r < R; ++r) {
+            const __m512i av = kb_bcast(a[r][sb].q + 64 * p + 8 * t + 4 * e);
+#pragma GCC unroll 2
+            for (int g = 0; g < G; ++g) {
+              ch[r][g] = _mm512_dpbusd_epi32(t == 0 ? _mm512_setzero_si512() : ch[r][g], wv[g], av);
+            }
+          }
+        }
+#pragma GCC unroll 6
+        for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 2
+          for (int g = 0; g < G; ++g) {
+            const __m512i v = _mm512_mullo_epi32(ch[r][g], w.sc[e][p][g]);
+            isc[r][g] = p == 0 ? v : _mm512_add_epi32(isc[r][g], v);
+            // Here, not after the last sub-block: GCC otherwise sinks the products to the end
+            // of the parity and spills the 4 sub-blocks' chains to the stack meanwhile.
+            asm volatile("" : "+v"(isc[r][g]));
+          }
+        }
+      }
+#pragma GCC unroll 6
+      for (int r = 0; r < R; ++r) {
+        const KqSuper& as = a[r][sb];
+        const __m512i b0 = kb_bcast(as.bsum + 2 * e);
+        const __m512i b1 = kb_bcast(as.bsum + 4 + 2 * e);
+        const __m512 ad = _mm512_set1_ps(as.d);
+#pragma GCC unroll 2
+        for (int g = 0; g < G; ++g) {
+          const __m512i imin = _mm512_dpwssd_epi32(_mm512_madd_epi16(w.mn[e][0][g], b0), w.mn[e][1][g], b1);
+          const __m512 x =
+              _mm512_fmsub_ps(_mm512_cvtepi32_ps(isc[r][g]), w.d[g], _mm512_mul_ps(_mm512_cvtepi32_ps(imin), w.dmin[g]));
+          acc[e][r][g] = _mm512_fmadd_ps(x, ad, acc[e][r][g]);
+        }
+      }
+    }
+  }
+}
+
+// Q6_K: per block 2p + e and half hf, the exact integer dot of q - 32 (chains seeded with
+// -32 * sum(a)); then acc = fma(h1 * ds1 + h0 * ds0, a.d, acc) as dot8_q6k_zmm, block by block.
+template <int R, int G>
+inline void kb6_tile(const Kb6Super* ws, const KqPair* const* a, int sb0, int sb1, __m512 (*acc)[kKbRows][kKbVecs]) {
+  for (int sb = sb0; sb < sb1; ++sb) {
+    const Kb6Super& w = ws[sb - sb0];
+#pragma GCC unroll 2
+    for (int e = 0; e < 2; ++e) {
+#pragma GCC unroll 4
+      for (int p = 0; p < 4; ++p) {
+        const int pi = sb * (kSubBlocks / 2) + p;
+        __m512 y0[R][G];
+#pragma GCC unroll 2
+        for (int hf = 0; hf < 2; ++hf) {
+          __m512i ch[R][G];
+#pragma GCC unroll 6
+          for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 2
+            for (int g = 0; g < G; ++g) ch[r][g] = kb_bcast(&a[r][pi].seed[hf][e]);
+          }
+#pragma GCC unroll 4
+          for (int t = 4 * hf; t < 4 * hf + 4; ++t) {
+            __m512i wv[G];
+#pragma GCC unroll 2
+            for (int g = 0; g < G; ++g) wv[g] = _mm512_load_si512(&w.q[e][p][t][g]);
+#pragma GCC unroll 6
+            for (int r = 0; r < R; ++r) {
+              const __m512i av = kb_bcast(a[r][pi].q + 8 * t + 4 * e);
+#pragma GCC unroll 2
+              for (int g = 0; g < G; ++g) ch[r][g] = _mm512_dpbusd_epi32(ch[r][g], wv[g], av);
+            }
+          }
+#pragma GCC unroll 6
+          for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 2
+            for (int g = 0; g < G; ++g) {
+              if (hf == 0) {
+                y0[r][g] = _mm512_mul_ps(_mm512_cvtepi32_ps(ch[r][g]), w.ds[e][p][0][g]);
+              } else {
+                const __m512 x = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ch[r][g]), w.ds[e][p][1][g], y0[r][g]);
+                acc[e][r][g] = _mm512_fmadd_ps(x, _mm512_set1_ps(a[r][pi].d[e]), acc[e][r][g]);
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+struct Kb45Kind {
+  using Rows = KqSuperRows;
+  using Super = Kb45Super;
+};
+struct Kb6Kind {
+  using Rows = KqPairRows<PairSeeds::kHalves32>;
+  using Super = Kb6Super;
+};
+
+template <class Kind, bool kFive>
+inline void kb_expand(const uint8_t* w, size_t stride, int ng, int sb, typename Kind::Super& o) {
+  if constexpr (std::is_same_v<Kind, Kb6Kind>) {
+    kb6_expand(w, stride, ng, sb, o);
+  } else {
+    kb45_expand<kFive>(w, stride, ng, sb, o);
+  }
+}
+
+template <class Kind, int R, int G>
+inline void kb_tile(const typename Kind::Super* ws, const typename Kind::Rows::Row* a, int sb0, int sb1,
+                    __m512 (*acc)[kKbRows][kKbVecs]) {
+  if constexpr (std::is_same_v<Kind, Kb6Kind>) {
+    kb6_tile<R, G>(ws, a, sb0, sb1, acc);
+  } else {
+    kb45_tile<R, G>(ws, a, sb0, sb1, acc);
+  }
+}
+
+// A tile of n (1 .. kKbRows) rows as a call with a compile-time row count.
+template <class Kind, int G, int kMax = kKbRows>
+inline void kb_run_tile(int n, const typename Kind::Super* ws, const typename Kind::Rows::Row* a, int sb0, int sb1,
+                        __m512 (*acc)[kKbRows][kKbVecs]) {
+  if constexpr (kMax > 1) {
+    if (n < kMax) return kb_run_tile<Kind, G, kMax - 1>(n, ws, a, sb0, sb1, acc);
+  }
+  kb_tile<Kind, kMax, G>(ws, a, sb0, sb1, acc);
+}
+
+// Rows below which a product keeps the 8-column kernels: the expansion is paid once per row
+// chunk and does not pay off over a few sequences' decode rows (16 rows of Q5_K: 274 -> 230
+// GMAC/s; 32: equal; 48: 300 -> 316, Q6_K 258 -> 306).
+constexpr int kKbMinRows = 48;
+
+// Packed groups of 8 weight rows, [n0, n1) multiples of 8, rows >= kKbMinRows. Per chunk of
+// activation rows (kKbChunk) and block of kKbCols columns: super-blocks
+// are expanded kKbSlab at a time, and every row tile of the chunk runs over them, carrying its
+// accumulators (accs) from slab to slab.
+template <class Kind, bool kFive = false>
+inline void gemm_kb(const uint8_t* w, size_t w_row_bytes, const ActBlock* a, int k, int rows, int n0, int n1,
+                    float* out, int ldo) {
+  using Rows = typename Kind::Rows;
+  using Row = typename Rows::Row;
+  using Super = typename Kind::Super;
+  const int nb = k / kBlock;
+  const int nsb = k / kSuper;
+  const size_t stride = 8 * w_row_bytes;
+  const Rows act(a, rows, nb);
+  const int chunk = kKbChunk;
+  constexpr int kRows = kKbRows;
+  thread_local std::vector<Super> ws;
+  ws.resize(kKbSlab);
+  struct alignas(64) TileAcc {
+    __m512 v[2][kKbRows][kKbVecs];
+  };
+  thread_local std::vector<TileAcc> accs;
+  accs.resize((chunk + kRows - 1) / kRows);
+  for (int r0 = 0; r0 < rows; r0 += chunk) {
+    const int r1 = std::min(rows, r0 + chunk);
+    const int tiles = (r1 - r0 + kRows - 1) / kRows;
+    for (int n = n0; n < n1; n += kKbCols) {
+      const int ng = std::min(kKbGroups, (n1 - n) / 8);
+      const uint8_t* group = w + static_cast<size_t>(n) * w_row_bytes;
+      for (int i = 0; i < tiles; ++i) {
+        for (auto& x : accs[i].v) {
+          for (auto& y : x) {
+            for (auto& z : y) z = _mm512_setzero_ps();
+          }
+        }
+      }
+      for (int sb0 = 0; sb0 < nsb; sb0 += kKbSlab) {
+        const int sb1 = std::min(nsb, sb0 + kKbSlab);
+        for (int sb = sb0; sb < sb1; ++sb) kb_expand<Kind, kFive>(group, stride, ng, sb, ws[sb - sb0]);
+        for (int i = 0; i < tiles; ++i) {
+          const int r = r0 + i * kRows;
+          const int t_rows = std::min(kRows, r1 - r);
+          Row rows_a[kKbRows];
+          for (int t = 0; t < t_rows; ++t) rows_a[t] = act.row(r + t);
+          if (ng > 2) {
+            kb_run_tile<Kind, 2>(t_rows, ws.data(), rows_a, sb0, sb1, accs[i].v);
+          } else {
+            kb_run_tile<Kind, 1>(t_rows, ws.data(), rows_a, sb0, sb1, accs[i].v);
+          }
+        }
+      }
+      for (int i = 0; i < tiles; ++i) {
+        const int r = r0 + i * kRows;
+        const int t_rows = std::min(kRows, r1 - r);
+        for (int t = 0; t < t_rows; ++t) {
+          float* o = out + static_cast<size_t>(r + t) * ldo + n;
+          for (int v = 0; v < (ng + 1) / 2; ++v) {
+            // out = acc[even] + acc[odd], as the one-row kernels end.
+            const __m512 sum = _mm512_add_ps(accs[i].v[0][t][v], accs[i].v[1][t][v]);
+            const __mmask16 keep = 2 * v + 1 < ng ? 0xffff : 0x00ff;
+            _mm512_mask_storeu_ps(o + 16 * v, keep, sum);
+          }
+        }
+      }
+    }
+  }
+}
+
+inline void gemm_q4_k_x8_blocked(const uint8_t* w, size_t rb, const ActBlock* a, int k, int rows, int n0, int n1,
+                                 float* out, int ldo) {
+  if (rows < kKbMinRows) return gemm_q4_k_x8(w, rb, a, k, rows, n0, n1, out, ldo);
+  gemm_kb<Kb45Kind, false>(w, rb, a, k, rows, n0, n1, out, ldo);
+}
+inline void gemm_q5_k_x8_blocked(const uint8_t* w, size_t rb, const ActBlock* a, int k, int rows, int n0, int n1,
+                                 float* out, int ldo) {
+  if (rows < kKbMinRows) return gemm_q5_k_x8(w, rb, a, k, rows, n0, n1, out, ldo);
+  gemm_kb<Kb45Kind, true>(w, rb, a, k, rows, n0, n1, out, ldo);
+}
+inline void gemm_q6_k_x8_blocked(const uint8_t* w, size_t rb, const ActBlock* a, int k, int rows, int n0, int n1,
+                                 float* out, int ldo) {
+  if (rows < kKbMinRows) return gemm_q6_k_x8(w, rb, a, k, rows, n0, n1, out, ldo);
+  gemm_kb<Kb6Kind>(w, rb, a, k, rows, n0, n1, out, ldo);
+}
+
+}  // namespace llmd::kernels::LLMD_ISA_NAMESPACE
+
+#endif
