@@ -190,10 +190,16 @@ class LlmdEngine:
 
 
 def llama_bench(
-    model: Path, threads: int, n_prompt: int, n_gen: int, bin_dir: Path = LLAMA_BIN
+    model: Path,
+    threads: int,
+    n_prompt: int,
+    n_gen: int,
+    bin_dir: Path = LLAMA_BIN,
+    warmup: bool = True,
 ) -> float:
     """llama-bench's tokens/s for one test (`-p n_prompt -n 0` or `-p 0 -n n_gen`), from the
-    llama.cpp build in `bin_dir`."""
+    llama.cpp build in `bin_dir`. Its warmup runs the whole test once more (a 16k prefill
+    twice), so `warmup=False` (`--no-warmup`) is what lets a pp16k pair fit one window."""
     out = subprocess.run(
         [
             str(bin_dir / "llama-bench"),
@@ -209,6 +215,7 @@ def llama_bench(
             "1",
             "-o",
             "json",
+            *([] if warmup else ["--no-warmup"]),
         ],
         capture_output=True,
         text=True,
@@ -352,14 +359,21 @@ def measure(model: Path, args: argparse.Namespace, bandwidth: float) -> dict[str
                     got[who][test] = (
                         llmd.prefill(n)
                         if who == "llmd"
-                        else llama_bench(model, args.threads, n, 0, args.llamacpp_bin)
+                        else llama_bench(
+                            model, args.threads, n, 0, args.llamacpp_bin, args.llama_warmup
+                        )
                     )
+                    # Each figure as it lands: a window that ends mid-round keeps it.
+                    print(f"    {who} {test}: {got[who][test]:.1f} tok/s", flush=True)
                 if "tg128" in tests:
                     got[who]["tg128"] = (
                         llmd.decode(128)
                         if who == "llmd"
-                        else llama_bench(model, args.threads, 0, 128, args.llamacpp_bin)
+                        else llama_bench(
+                            model, args.threads, 0, 128, args.llamacpp_bin, args.llama_warmup
+                        )
                     )
+                    print(f"    {who} tg128: {got[who]['tg128']:.1f} tok/s", flush=True)
             print(f"  round {i + 1}: {json.dumps(got)}", flush=True)
             rounds.append(got)
         del llmd
@@ -471,6 +485,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="force llmd's kernel path (LLMD_CPU_PATH, for the engine and the server's worker)",
     )
     ap.add_argument("--cache", type=Path, default=CACHE, help="where the GGUF files are kept")
+    ap.add_argument(
+        "--no-llama-warmup",
+        dest="llama_warmup",
+        action="store_false",
+        help="pass --no-warmup to llama-bench (its warmup repeats the whole test: a pp16k pair "
+        "then needs twice the window)",
+    )
     args = ap.parse_args(argv)
     args.streams = tuple(int(c) for c in args.streams.split(","))
     args.shapes = args.shapes.split(",")

@@ -41,3 +41,27 @@ def test_a_build_without_the_tools_is_refused_by_name(
 
 def test_the_isa_of_a_folder_without_ggml_is_unknown(tmp_path: Path) -> None:
     assert realistic.llamacpp_isa(tmp_path) == f"{tmp_path} (ISA unknown)"
+
+
+def test_no_llama_warmup_reaches_llama_bench(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """llama-bench's warmup repeats the whole test (a 16k prefill twice), so the pp16k pair only
+    fits one window without it: the option must reach llama-bench's command line."""
+    seen: list[list[str]] = []
+
+    class Done:
+        stdout = '[{"avg_ts": 42.0}]'
+
+    def run(cmd: list[str], **_: object) -> Done:
+        seen.append(cmd)
+        return Done()
+
+    monkeypatch.setattr(realistic.subprocess, "run", run)
+    args = realistic.parse_args(["--tests", "pp16k", "--no-llama-warmup"])
+    assert (
+        realistic.llama_bench(tmp_path / "m.gguf", 2, 16384, 0, tmp_path, args.llama_warmup) == 42.0
+    )
+    assert realistic.llama_bench(tmp_path / "m.gguf", 2, 16384, 0, tmp_path) == 42.0
+    assert "--no-warmup" in seen[0]
+    assert "--no-warmup" not in seen[1]  # the default keeps llama-bench's warmup
