@@ -389,7 +389,9 @@ KvShape decoder_kv_shape(const DecoderDims& d, bool on_device) {
   return {d.n_layers, d.n_kv_heads, d.head_dim, !on_device, type};
 }
 
-mx::array head_rms_norm(const mx::array& x, const mx::array& weight, int heads, int head_dim, float eps) {
+mx::array head_rms_norm(const mx::array& x, const std::optional<mx::array>& weight, int heads, int head_dim, float eps,
+                        bool compiled) {
+  if (compiled) return rms_norm_heads(x, weight, heads, head_dim, eps);
   const int rows = x.shape(0);
   return mx::reshape(mx::fast::rms_norm(mx::reshape(x, {rows, heads, head_dim}), weight, eps),
                      {rows, heads * head_dim});
@@ -431,6 +433,21 @@ void record_step_graph(const std::vector<mx::array>& outputs) {
   t_step_graph = {};
 }
 }  // namespace
+
+std::optional<mx::array> keep_output_rows(StepRows& rows) {
+  if (!rows.hidden_spans.empty() || rows.logit_rows.empty()) return std::nullopt;
+  // Rows in increasing order, each once (speculative verification reads several rows of a
+  // segment; they stay in step order).
+  std::vector<int32_t> kept(rows.logit_rows);
+  std::sort(kept.begin(), kept.end());
+  kept.erase(std::unique(kept.begin(), kept.end()), kept.end());
+  if (static_cast<int>(kept.size()) >= rows.total) return std::nullopt;
+  for (int32_t& r : rows.logit_rows) {
+    r = static_cast<int32_t>(std::lower_bound(kept.begin(), kept.end(), r) - kept.begin());
+  }
+  const int n = static_cast<int>(kept.size());
+  return mx::array(kept.begin(), {n}, mx::int32);
+}
 
 void start_layer(const mx::array& x) {
   if (OpProfile::step_graph_recording()) count_step_graph({x});

@@ -235,8 +235,19 @@ size_t decoder_weight_bytes(const std::vector<Layer>& layers, const Linear& lm_h
 // KV layout of a model whose layers all have `n_kv_heads` x `head_dim` keys and values.
 KvShape decoder_kv_shape(const DecoderDims& d, bool on_device);
 
-// RMSNorm of each head of x [rows, heads * head_dim] with one weight [head_dim] (QK-norm).
-mx::array head_rms_norm(const mx::array& x, const mx::array& weight, int heads, int head_dim, float eps);
+// RMSNorm of each head of x [rows, heads * head_dim] with one weight [head_dim] (QK-norm), or
+// none (Gemma 4's value norm). On the device path (`compiled`) one compiled function
+// (compiled_ops.h); on the host backend MLX's op.
+mx::array head_rms_norm(const mx::array& x, const std::optional<mx::array>& weight, int heads, int head_dim, float eps,
+                        bool compiled);
+
+// Device backend, last layer: the rows the step's outputs read, when they are fewer than all
+// (a prefill chunk samples only its last row). After the last layer's attention, which still
+// writes every row's keys and values, only these rows go through the output projection and
+// the feed-forward; llama.cpp skips the same work (its `inp_out_ids`), mlx-lm does not. On
+// `rows` the logits rows are renumbered into the kept rows. Nothing is kept apart (nullopt)
+// when every row is read, or when an embedding segment reads hidden states.
+std::optional<mx::array> keep_output_rows(StepRows& rows);
 
 // Device backend: starts evaluating a layer's output while the host builds the next layer's
 // graph. Without it the device idles until the whole step is built (graph building is ~1% of

@@ -53,48 +53,6 @@ mx::array attend(const mx::array& q, const mx::array& k, const mx::array& v, flo
   return mx::reshape(o, {b, h, lq, hd});
 }
 
-// GGML's q8_0 / q4_0 rounding (kv_quant.h) of rows x [rows, width] in MLX ops: the codes
-// ([rows, width] int8, or [rows, width / 2] uint8 in GGML's nibble order) and the float16
-// scales [rows, width / 32].
-std::pair<mx::array, mx::array> quantize_rows(const mx::array& x, KvType type) {
-  const int rows = x.shape(0), width = x.shape(1), blocks = width / 32;
-  const mx::array b = mx::reshape(mx::astype(x, mx::float32), {rows, blocks, 32});
-  const mx::array zero(0.f);
-  if (type == KvType::Q8_0) {
-    const mx::array d = mx::divide(mx::max(mx::abs(b), -1, true), mx::array(127.f));
-    const mx::array id = mx::where(mx::equal(d, zero), zero, mx::reciprocal(d));
-    // roundf: halves away from zero (mx::round rounds them to even).
-    const mx::array y = mx::multiply(b, id);
-    const mx::array q = mx::multiply(mx::sign(y), mx::floor(mx::add(mx::abs(y), mx::array(0.5f))));
-    return {mx::reshape(mx::astype(q, mx::int8), {rows, width}), mx::reshape(mx::astype(d, mx::float16), {rows, blocks})};
-  }
-  // q4_0: d = (the number of largest magnitude) / -8; code = min(15, trunc(x / d + 8.5)).
-  const mx::array m = mx::take_along_axis(b, mx::argmax(mx::abs(b), -1, true), -1);
-  const mx::array d = mx::divide(m, mx::array(-8.f));
-  const mx::array id = mx::where(mx::equal(d, zero), zero, mx::reciprocal(d));
-  const mx::array q = mx::astype(mx::minimum(mx::floor(mx::add(mx::multiply(b, id), mx::array(8.5f))), mx::array(15.f)),
-                                 mx::uint8);
-  const mx::array lo = mx::slice(q, {0, 0, 0}, {rows, blocks, 16});
-  const mx::array hi = mx::slice(q, {0, 0, 16}, {rows, blocks, 32});
-  const mx::array packed = mx::bitwise_or(lo, mx::left_shift(hi, mx::array(4, mx::uint8)));
-  return {mx::reshape(packed, {rows, width / 2}), mx::reshape(mx::astype(d, mx::float16), {rows, blocks})};
-}
-
-// Rows of codes and their scales back to numbers [rows, width] in dtype `dt` (the product is
-// exact in float32, then rounded once to dt).
-mx::array dequantize_rows(const mx::array& codes, const mx::array& scales, KvType type, mx::Dtype dt) {
-  const int rows = codes.shape(0), blocks = scales.shape(1);
-  mx::array q = type == KvType::Q8_0 ? mx::reshape(codes, {rows, blocks, 32}) : mx::array(0);
-  if (type == KvType::Q4_0) {
-    const mx::array b = mx::reshape(codes, {rows, blocks, 16});
-    const mx::array lo = mx::bitwise_and(b, mx::array(15, mx::uint8));
-    const mx::array hi = mx::right_shift(b, mx::array(4, mx::uint8));
-    q = mx::subtract(mx::astype(mx::concatenate({lo, hi}, -1), mx::float32), mx::array(8.f));
-  }
-  const mx::array x = mx::multiply(mx::astype(q, mx::float32), mx::expand_dims(mx::astype(scales, mx::float32), -1));
-  return mx::astype(mx::reshape(x, {rows, blocks * 32}), dt);
-}
-
 // Rows x [rows, width] with each run of n numbers rotated by the Hadamard matrix h [n, n], in
 // float32 (quantized KV: keys and values before they are stored, queries before they meet the
 // rotated keys, outputs back from the rotated values). h is symmetric, so x h is h x per run.
@@ -442,15 +400,15 @@ mx::array device_attention(const mx::array& qkv, const DeviceAttentionPlan& plan
       store = mx::scatter(store, {plan.write_slots}, mx::expand_dims(r, 1), {0});
     };
     if (quantized) {
-      auto [kq, ks] = quantize_rows(hadamard_rows(k, kv.hadamard(k_rot)), type);
-      auto [vq, vs] = quantize_rows(hadamard_rows(v, kv.hadamard(v_rot)), type);
+      auto [kq, ks] = quantize_kv_rows(hadamard_rows(k, kv.hadamard(k_rot)), type);
+      auto [vq, vs] = quantize_kv_rows(hadamard_rows(v, kv.hadamard(v_rot)), type);
       put(keys, kq);
       put(values, vq);
       put(kv.key_scales(layer), ks);
       put(kv.value_scales(layer), vs);
       if (!plan.lane_groups.empty()) {
-        new_k = dequantize_rows(kq, ks, type, dt);
-        new_v = dequantize_rows(vq, vs, type, dt);
+        new_k = dequantize_kv_rows(kq, ks, type, dt);
+        new_v = dequantize_kv_rows(vq, vs, type, dt);
       }
     } else {
       put(keys, k);
@@ -462,7 +420,7 @@ mx::array device_attention(const mx::array& qkv, const DeviceAttentionPlan& plan
   auto kv_rows = [&](bool of_keys, const auto& pick) {
     mx::array& store = of_keys ? keys : values;
     if (!quantized) return pick(store);
-    return dequantize_rows(pick(store), pick(of_keys ? kv.key_scales(layer) : kv.value_scales(layer)), type, dt);
+    return dequantize_kv_rows(pick(store), pick(of_keys ? kv.key_scales(layer) : kv.value_scales(layer)), type, dt);
   };
 
   std::vector<mx::array> outs;

@@ -167,8 +167,9 @@ class Gemma3Model : public DeviceStateModel {
       const bool sliding = cfg_.sliding[l];
       mx::array qkv = L.qkv(x, {.rms_norm_weight = L.attn_norm, .eps = d.rms_eps});
       const int T = rows.total;
-      mx::array q = head_rms_norm(mx::slice(qkv, {0, 0}, {T, qw}), L.q_norm, d.n_heads, hd, d.rms_eps);
-      mx::array k = head_rms_norm(mx::slice(qkv, {0, qw}, {T, qw + kw}), L.k_norm, d.n_kv_heads, hd, d.rms_eps);
+      const bool dev = device_kv != nullptr;
+      mx::array q = head_rms_norm(mx::slice(qkv, {0, 0}, {T, qw}), L.q_norm, d.n_heads, hd, d.rms_eps, dev);
+      mx::array k = head_rms_norm(mx::slice(qkv, {0, qw}, {T, qw + kw}), L.k_norm, d.n_kv_heads, hd, d.rms_eps, dev);
       qkv = mx::concatenate({q, k, mx::slice(qkv, {0, qw + kw}, {T, qw + 2 * kw})}, 1);
       const auto& rope = sliding ? local_rope_ : global_rope_;
       mx::array a{0.f};
@@ -176,6 +177,13 @@ class Gemma3Model : public DeviceStateModel {
         a = device_attention(qkv, sliding ? *local_plan : *global_plan, l, ashape, *rope, *device_kv);
       } else {
         a = paged_attention(qkv, sliding ? local : global, l, ashape, rope);
+      }
+      if (l == d.n_layers - 1 && device_kv) {
+        // Past the last KV write only the rows the outputs read matter (decoder.h).
+        if (std::optional<mx::array> kept = keep_output_rows(rows)) {
+          a = mx::take(a, *kept, 0);
+          x = mx::take(x, *kept, 0);
+        }
       }
       x = mx::add(x, post_norm(L.wo(a), L.post_attn_norm));
       mx::array h = gelu_tanh_glu(L.gate_up(x, {.rms_norm_weight = L.ffn_norm, .eps = d.rms_eps}), d.ffn_size);
@@ -227,10 +235,12 @@ class Gemma3Model : public DeviceStateModel {
       const Layer& L = layers_[l];
       const bool sliding = cfg_.sliding[l];
       mx::array qkv = L.qkv(x, {.rms_norm_weight = L.attn_norm, .eps = d.rms_eps});
-      mx::array q = rotate(head_rms_norm(mx::slice(qkv, {0, 0}, {T, qw}), L.q_norm, d.n_heads, hd, d.rms_eps),
-                           d.n_heads, sliding);
-      mx::array k = rotate(head_rms_norm(mx::slice(qkv, {0, qw}, {T, qw + kw}), L.k_norm, d.n_kv_heads, hd, d.rms_eps),
-                           d.n_kv_heads, sliding);
+      const bool dev = device_.on_device();
+      const mx::array q_normed = head_rms_norm(mx::slice(qkv, {0, 0}, {T, qw}), L.q_norm, d.n_heads, hd, d.rms_eps, dev);
+      const mx::array k_normed =
+          head_rms_norm(mx::slice(qkv, {0, qw}, {T, qw + kw}), L.k_norm, d.n_kv_heads, hd, d.rms_eps, dev);
+      mx::array q = rotate(q_normed, d.n_heads, sliding);
+      mx::array k = rotate(k_normed, d.n_kv_heads, sliding);
       mx::array v = mx::slice(qkv, {0, qw + kw}, {T, qw + 2 * kw});
       std::vector<mx::array> outs;
       for (const auto& [first, n] : spans) {

@@ -106,13 +106,6 @@ mx::array gelu_tanh_glu(const mx::array& gate_up, int ffn) {
   return gelu_tanh_mul(g, u);  // one compiled node (compiled_ops.h)
 }
 
-// RMSNorm of each head of x [rows, heads * head_dim], with a weight [head_dim] or none.
-mx::array head_norm(const mx::array& x, const std::optional<mx::array>& weight, int heads, int head_dim, float eps) {
-  const int rows = x.shape(0);
-  return mx::reshape(mx::fast::rms_norm(mx::reshape(x, {rows, heads, head_dim}), weight, eps),
-                     {rows, heads * head_dim});
-}
-
 class Gemma4Model : public DeviceStateModel {
  public:
   Gemma4Model(Gemma4Config cfg, ModelInfo info, std::vector<Layer> layers, mx::array out_norm, Linear lm_head,
@@ -206,12 +199,13 @@ class Gemma4Model : public DeviceStateModel {
       const int hd = cfg_.head_dim(l), kvh = cfg_.kv_heads(l);
       const int qw = d.n_heads * hd, kw = kvh * hd;
       mx::array qkv = L.qkv(x, {.rms_norm_weight = L.attn_norm, .eps = d.rms_eps});
-      mx::array q = head_norm(mx::slice(qkv, {0, 0}, {T, qw}), L.q_norm, d.n_heads, hd, d.rms_eps);
+      const bool dev = device_kv != nullptr;
+      mx::array q = head_rms_norm(mx::slice(qkv, {0, 0}, {T, qw}), L.q_norm, d.n_heads, hd, d.rms_eps, dev);
       if (!shared) {
         mx::array k_raw = mx::slice(qkv, {0, qw}, {T, qw + kw});
         mx::array v_raw = (cfg_.k_eq_v && !sliding) ? k_raw : mx::slice(qkv, {0, qw + kw}, {T, qw + 2 * kw});
-        mx::array k = head_norm(k_raw, L.k_norm, kvh, hd, d.rms_eps);
-        mx::array v = head_norm(v_raw, std::nullopt, kvh, hd, d.rms_eps);
+        mx::array k = head_rms_norm(k_raw, L.k_norm, kvh, hd, d.rms_eps, dev);
+        mx::array v = head_rms_norm(v_raw, std::nullopt, kvh, hd, d.rms_eps, dev);
         q = mx::concatenate({q, k, v}, 1);
       }
       const AttentionShape ashape{d.n_heads, kvh, hd, 1.f};
@@ -223,6 +217,14 @@ class Gemma4Model : public DeviceStateModel {
       } else {
         a = paged_attention(q, sliding ? local : global, kv_layer, ashape, rope, !shared);
       }
+      std::optional<mx::array> kept;
+      if (l == d.n_layers - 1 && device_kv) {
+        // Past the last KV write only the rows the outputs read matter (decoder.h).
+        if ((kept = keep_output_rows(rows))) {
+          a = mx::take(a, *kept, 0);
+          x = mx::take(x, *kept, 0);
+        }
+      }
       x = mx::add(x, post_norm(L.wo(a), L.post_attn_norm));
 
       mx::array h = L.down(gelu_tanh_glu(L.gate_up(x, {.rms_norm_weight = L.ffn_norm, .eps = d.rms_eps}), L.ffn));
@@ -232,6 +234,7 @@ class Gemma4Model : public DeviceStateModel {
       x = mx::add(x, post_norm(h, L.post_ffn_norm));
       if (ple) {
         mx::array pl = mx::slice(*ple, {0, l * P}, {T, (l + 1) * P});
+        if (kept) pl = mx::take(pl, *kept, 0);
         mx::array g = mx::multiply(gelu_tanh(L.ple_gate(x)), pl);
         x = mx::add(x, post_norm(L.ple_proj(g), L.ple_norm));
       }

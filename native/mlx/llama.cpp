@@ -102,6 +102,13 @@ class LlamaModel : public DeviceStateModel {
       if (L.q_norm) qkv = norm_qk(qkv, L);
       mx::array a = plan ? device_attention(qkv, *plan, l, ashape, *rope_, *device_kv)
                          : paged_attention(qkv, rows.batch, l, ashape, rope_);
+      if (l == dims_.n_layers - 1 && plan) {
+        // Past the last KV write only the rows the outputs read matter (decoder.h).
+        if (std::optional<mx::array> kept = keep_output_rows(rows)) {
+          a = mx::take(a, *kept, 0);
+          x = mx::take(x, *kept, 0);
+        }
+      }
       x = L.wo(a, {.residual = x});
       if (L.wo_bias) x = mx::add(x, *L.wo_bias);
       mx::array h = L.gate_up(x, {.rms_norm_weight = L.ffn_norm, .eps = dims_.rms_eps, .swiglu = true});
@@ -121,8 +128,8 @@ class LlamaModel : public DeviceStateModel {
     mx::array q = mx::slice(qkv, {0, 0}, {rows, qw});
     mx::array k = mx::slice(qkv, {0, qw}, {rows, qw + kw});
     mx::array v = mx::slice(qkv, {0, qw + kw}, {rows, qw + 2 * kw});
-    return mx::concatenate({head_rms_norm(q, *L.q_norm, dims_.n_heads, hd, dims_.rms_eps),
-                            head_rms_norm(k, *L.k_norm, dims_.n_kv_heads, hd, dims_.rms_eps), v},
+    return mx::concatenate({head_rms_norm(q, L.q_norm, dims_.n_heads, hd, dims_.rms_eps, device_.on_device()),
+                            head_rms_norm(k, L.k_norm, dims_.n_kv_heads, hd, dims_.rms_eps, device_.on_device()), v},
                            1);
   }
 

@@ -616,8 +616,10 @@ class Qwen35MoeModel : public DeviceStateModel {
     const DecoderDims& d = cfg_.dims;
     const int T = x.shape(0), hd = d.head_dim, qw = d.n_heads * hd, kw = d.n_kv_heads * hd;
     mx::array qkvg = L.attn.qkvg(x, {.rms_norm_weight = L.in_norm, .eps = d.rms_eps});
-    mx::array q = head_rms_norm(mx::slice(qkvg, {0, 0}, {T, qw}), L.attn.q_norm, d.n_heads, hd, d.rms_eps);
-    mx::array k = head_rms_norm(mx::slice(qkvg, {0, qw}, {T, qw + kw}), L.attn.k_norm, d.n_kv_heads, hd, d.rms_eps);
+    const bool dev = device_kv != nullptr;
+    mx::array q = head_rms_norm(mx::slice(qkvg, {0, 0}, {T, qw}), L.attn.q_norm, d.n_heads, hd, d.rms_eps, dev);
+    mx::array k =
+        head_rms_norm(mx::slice(qkvg, {0, qw}, {T, qw + kw}), L.attn.k_norm, d.n_kv_heads, hd, d.rms_eps, dev);
     mx::array v = mx::slice(qkvg, {0, qw + kw}, {T, qw + 2 * kw});
     mx::array gate = mx::slice(qkvg, {0, qw + 2 * kw}, {T, 2 * qw + 2 * kw});
     if (mrope) {

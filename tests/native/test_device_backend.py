@@ -392,6 +392,53 @@ def test_decode_step_runs_its_elementwise_pieces_compiled(model_path: Path) -> N
     assert graph["total"] / 30 < MAX_PRIMITIVES_PER_LAYER, graph
 
 
+# Tiny checkpoints (tests/native/tiny_models.py, float weights), batch-1 decode step on the CPU
+# device: primitives per layer before the head norms and the quantized-KV rounding were
+# compiled, and the bound each now stays under (bench/README.md, issue 22).
+_HEAD_NORM_STEPS = [
+    # arch, KV type, layers, per layer op by op (before), bound
+    ("qwen3", "f16", 2, 97.5, 90),
+    ("gemma3_text", "f16", 3, 105.3, 97),
+    ("qwen3", "q8_0", 2, 185.5, 150),
+    ("qwen3", "q4_0", 2, 209.5, 180),
+]
+
+
+@pytest.mark.parametrize(("arch", "kv_type", "layers", "before", "bound"), _HEAD_NORM_STEPS)
+def test_head_norms_and_quantized_kv_rounding_run_compiled(
+    tmp_path: Path, arch: str, kv_type: str, layers: int, before: float, bound: float
+) -> None:
+    """Qwen3 and Gemma 3 normalise every query and key head (QK-norm), and a quantized KV
+    store rounds every written row to q8_0 / q4_0 codes: on the device path both are compiled
+    functions (native/mlx/compiled_ops.h), so a decode step runs no RMSNorm op by op (no Rsqrt
+    node outside a fused one) and evaluates fewer primitives per layer than op by op did."""
+    from llmd.worker.host import hf_config
+
+    from .tiny_models import write_checkpoint
+
+    native = pytest.importorskip("llmd._engine")
+    write_checkpoint(tmp_path, arch)
+    engine = native.Engine(
+        str(tmp_path),
+        context_length=256,
+        max_sequences=2,
+        kv_budget_bytes=16 << 20,
+        backend="mlx-cpu",
+        kv_type=kv_type,
+        hf_config=hf_config(str(tmp_path)),
+    )
+    native.record_step_graphs(True)
+    try:
+        run_all(engine, {"a": {"prompt": list(range(5, 40)), "max_tokens": 3}})
+        graph = native.last_step_graph()
+    finally:
+        native.record_step_graphs(False)
+    assert "Rsqrt" not in graph, graph
+    assert graph["Scatter"] == layers * (4 if kv_type != "f16" else 2), graph  # codes and scales
+    assert before > bound
+    assert graph["total"] / layers < bound, graph
+
+
 def test_step_graph_recording_is_switched_on_per_request_without_the_profiler(
     model_path: Path,
 ) -> None:
