@@ -434,7 +434,7 @@ void record_step_graph(const std::vector<mx::array>& outputs) {
 }
 }  // namespace
 
-std::optional<mx::array> keep_output_rows(StepRows& rows) {
+std::optional<mx::array> keep_output_rows(StepRows& rows, mx::array& attention_out, mx::array& residual) {
   if (!rows.hidden_spans.empty() || rows.logit_rows.empty()) return std::nullopt;
   // Rows in increasing order, each once (speculative verification reads several rows of a
   // segment; they stay in step order).
@@ -445,8 +445,10 @@ std::optional<mx::array> keep_output_rows(StepRows& rows) {
   for (int32_t& r : rows.logit_rows) {
     r = static_cast<int32_t>(std::lower_bound(kept.begin(), kept.end(), r) - kept.begin());
   }
-  const int n = static_cast<int>(kept.size());
-  return mx::array(kept.begin(), {n}, mx::int32);
+  const mx::array indices(kept.begin(), {static_cast<int>(kept.size())}, mx::int32);
+  attention_out = mx::take(attention_out, indices, 0);
+  residual = mx::take(residual, indices, 0);
+  return indices;
 }
 
 void start_layer(const mx::array& x) {

@@ -245,9 +245,11 @@ mx::array head_rms_norm(const mx::array& x, const std::optional<mx::array>& weig
 // (a prefill chunk samples only its last row). After the last layer's attention, which still
 // writes every row's keys and values, only these rows go through the output projection and
 // the feed-forward; llama.cpp skips the same work (its `inp_out_ids`), mlx-lm does not. On
-// `rows` the logits rows are renumbered into the kept rows. Nothing is kept apart (nullopt)
-// when every row is read, or when an embedding segment reads hidden states.
-std::optional<mx::array> keep_output_rows(StepRows& rows);
+// `rows` the logits rows are renumbered into the kept rows, and the attention output and the
+// residual are cut to them; the kept indices are returned for any other per-row input the
+// layer still reads. Nothing is cut (nullopt) when every row is read, or when an embedding
+// segment reads hidden states.
+std::optional<mx::array> keep_output_rows(StepRows& rows, mx::array& attention_out, mx::array& residual);
 
 // Device backend: starts evaluating a layer's output while the host builds the next layer's
 // graph. Without it the device idles until the whole step is built (graph building is ~1% of

@@ -180,10 +180,7 @@ class Gemma3Model : public DeviceStateModel {
       }
       if (l == d.n_layers - 1 && device_kv) {
         // Past the last KV write only the rows the outputs read matter (decoder.h).
-        if (std::optional<mx::array> kept = keep_output_rows(rows)) {
-          a = mx::take(a, *kept, 0);
-          x = mx::take(x, *kept, 0);
-        }
+        keep_output_rows(rows, a, x);
       }
       x = mx::add(x, post_norm(L.wo(a), L.post_attn_norm));
       mx::array h = gelu_tanh_glu(L.gate_up(x, {.rms_norm_weight = L.ffn_norm, .eps = d.rms_eps}), d.ffn_size);

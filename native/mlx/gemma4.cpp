@@ -220,10 +220,7 @@ class Gemma4Model : public DeviceStateModel {
       std::optional<mx::array> kept;
       if (l == d.n_layers - 1 && device_kv) {
         // Past the last KV write only the rows the outputs read matter (decoder.h).
-        if ((kept = keep_output_rows(rows))) {
-          a = mx::take(a, *kept, 0);
-          x = mx::take(x, *kept, 0);
-        }
+        kept = keep_output_rows(rows, a, x);
       }
       x = mx::add(x, post_norm(L.wo(a), L.post_attn_norm));
 

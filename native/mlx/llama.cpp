@@ -104,10 +104,7 @@ class LlamaModel : public DeviceStateModel {
                          : paged_attention(qkv, rows.batch, l, ashape, rope_);
       if (l == dims_.n_layers - 1 && plan) {
         // Past the last KV write only the rows the outputs read matter (decoder.h).
-        if (std::optional<mx::array> kept = keep_output_rows(rows)) {
-          a = mx::take(a, *kept, 0);
-          x = mx::take(x, *kept, 0);
-        }
+        keep_output_rows(rows, a, x);
       }
       x = L.wo(a, {.residual = x});
       if (L.wo_bias) x = mx::add(x, *L.wo_bias);
