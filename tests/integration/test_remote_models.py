@@ -298,7 +298,9 @@ def test_key_is_sent_upstream_but_never_stored_or_shown(
         .message.content
     )
     assert answer == "recorded"
-    sent = recorder.requests[before]
+    # Other remotes on this recorder (an earlier test's "far") health-check its /models at any
+    # time: the chat request is the one sent to /chat/completions.
+    sent = next(r for r in recorder.requests[before:] if r["path"].endswith("/chat/completions"))
     assert sent["headers"]["Authorization"] == f"Bearer {KEY}"
     assert sent["body"]["model"] == "rec"
     # The add-time probe sent it too; the client's own key ("unused") never travels on.
