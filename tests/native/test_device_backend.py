@@ -201,19 +201,22 @@ def test_quantized_kv_decodes_from_lanes(model_path: Path, reference: dict) -> N
     _lanes_keep_solo_tokens(engine, prompts, 5, late="emoji")
 
 
-def _run_batched(engine, requests: dict[str, dict]) -> dict[str, dict]:  # type: ignore[no-untyped-def]
+def _run_batched(engine, requests: dict[str, dict], lanes_held: bool = False) -> dict[str, dict]:  # type: ignore[no-untyped-def]
     """run_all until a decode step held both requests. The engine starts the first request the
     moment it is submitted; a 10-token answer of a tiny model takes a few milliseconds, so on a
     loaded machine it can end before the second is submitted, and no step batches them (a 20 ms
-    pause between the two submits does that every time)."""
+    pause between the two submits does that every time). `lanes_held`: also until the last step
+    was batched, so the lanes are still held (one that started a step late ends a step late,
+    and its last step alone gives the lanes back)."""
     for _ in range(8):
         before = engine.stats()["attention_paths"]
         got = run_all(engine, requests)
         after = engine.stats()["attention_paths"]
-        if (
+        batched = (
             after["decode_lanes"] + after["decode_gather"]
             > before["decode_lanes"] + before["decode_gather"]
-        ):
+        )
+        if batched and (not lanes_held or engine.stats()["kv_lane_bytes"] > 0):
             return got
     pytest.fail("the two requests never shared a decode step in 8 tries")
 
@@ -246,7 +249,9 @@ def test_lane_memory_counts_in_the_kv_budget(tmp_path: Path) -> None:
         "b": {"prompt": LONG_TOKENS[:30], "max_tokens": 10},
     }
     solo = {rid: run_all(roomy, {rid: r})[rid]["tokens"] for rid, r in pair.items()}
-    assert _run_batched(roomy, pair) == {rid: {"tokens": solo[rid], "done": ANY} for rid in pair}
+    assert _run_batched(roomy, pair, lanes_held=True) == {
+        rid: {"tokens": solo[rid], "done": ANY} for rid in pair
+    }
     lane_bytes = roomy.stats()["kv_lane_bytes"]  # still held: no step has run since
     assert lane_bytes > 0
     assert roomy.stats()["kv_bytes"] >= lane_bytes + 2 * block  # the pair's blocks and the lanes
