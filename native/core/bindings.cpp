@@ -435,6 +435,23 @@ py::array_t<float> kernel_gemm(const std::string& type, py::array_t<uint8_t, py:
   return out;
 }
 
+// A request's `output`: tokens (only where generating is allowed), a pooled embedding, or
+// the logits of chosen tokens.
+GenerateRequest::Output parse_output(const std::string& output, bool tokens_allowed) {
+  if (output == "embedding") return GenerateRequest::Output::Embedding;
+  if (output == "token_logits") return GenerateRequest::Output::TokenLogits;
+  if (tokens_allowed && output == "tokens") return GenerateRequest::Output::Tokens;
+  throw std::invalid_argument(std::string("output must be ") + (tokens_allowed ? "tokens, " : "") +
+                              "embedding or token_logits, not " + output);
+}
+
+GenerateRequest::Pooling parse_pooling(const std::string& pooling) {
+  if (pooling == "mean") return GenerateRequest::Pooling::Mean;
+  if (pooling == "cls") return GenerateRequest::Pooling::Cls;
+  if (pooling == "last") return GenerateRequest::Pooling::Last;
+  throw std::invalid_argument("pooling must be last, mean or cls, not " + pooling);
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_engine, m) {
@@ -481,20 +498,8 @@ PYBIND11_MODULE(_engine, m) {
             r.max_draft = max_draft;
             r.draft_model = draft_model;
             r.mtp = mtp;
-            if (output == "embedding") {
-              r.output = GenerateRequest::Output::Embedding;
-            } else if (output == "token_logits") {
-              r.output = GenerateRequest::Output::TokenLogits;
-            } else if (output != "tokens") {
-              throw std::invalid_argument("output must be tokens, embedding or token_logits, not " + output);
-            }
-            if (pooling == "mean") {
-              r.pooling = GenerateRequest::Pooling::Mean;
-            } else if (pooling == "cls") {
-              r.pooling = GenerateRequest::Pooling::Cls;
-            } else if (pooling != "last") {
-              throw std::invalid_argument("pooling must be last, mean or cls, not " + pooling);
-            }
+            r.output = parse_output(output, /*tokens_allowed=*/true);
+            r.pooling = parse_pooling(pooling);
             r.normalize = normalize;
             r.logit_tokens = std::move(logit_tokens);
             r.id = id;
@@ -535,20 +540,8 @@ PYBIND11_MODULE(_engine, m) {
              const std::vector<int32_t>& logit_tokens) {
             if (ids.size() != prompts.size()) throw std::invalid_argument("one id per prompt");
             GenerateRequest base;
-            if (output == "embedding") {
-              base.output = GenerateRequest::Output::Embedding;
-            } else if (output == "token_logits") {
-              base.output = GenerateRequest::Output::TokenLogits;
-            } else {
-              throw std::invalid_argument("output must be embedding or token_logits, not " + output);
-            }
-            if (pooling == "mean") {
-              base.pooling = GenerateRequest::Pooling::Mean;
-            } else if (pooling == "cls") {
-              base.pooling = GenerateRequest::Pooling::Cls;
-            } else if (pooling != "last") {
-              throw std::invalid_argument("pooling must be last, mean or cls, not " + pooling);
-            }
+            base.output = parse_output(output, /*tokens_allowed=*/false);
+            base.pooling = parse_pooling(pooling);
             base.normalize = normalize;
             base.logit_tokens = logit_tokens;
             std::vector<GenerateRequest> batch;

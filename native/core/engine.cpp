@@ -661,26 +661,10 @@ EngineStats Engine::stats() {
     s.queued_requests = static_cast<int>(waiting_.size());
   }
   if (disk_) s.kv_disk = disk_->stats();
-  if (window_disk_) {  // one tier to a user: both directories' blocks together
-    const DiskTierStats w = window_disk_->stats();
-    s.kv_disk.read_blocks += w.read_blocks;
-    s.kv_disk.read_bytes += w.read_bytes;
-    s.kv_disk.written_blocks += w.written_blocks;
-    s.kv_disk.written_bytes += w.written_bytes;
-    s.kv_disk.dropped_blocks += w.dropped_blocks;
-    s.kv_disk.corrupt_files += w.corrupt_files;
-    s.kv_disk.evicted_files += w.evicted_files;
-    s.kv_disk.files += w.files;
-  }
-  if (state_disk_) {  // snapshots count as the tier's files, not as blocks read or written
-    const DiskTierStats w = state_disk_->stats();
-    s.kv_disk.corrupt_files += w.corrupt_files;
-    s.kv_disk.evicted_files += w.evicted_files;
-    s.kv_disk.dropped_blocks += w.dropped_blocks;
-    s.kv_disk.files += w.files;
-    s.kv_disk.read_bytes += w.read_bytes;
-    s.kv_disk.written_bytes += w.written_bytes;
-  }
+  // One tier to a user: the window parts' blocks count as blocks; recurrent-state snapshots
+  // count as the tier's files, not as blocks read or written.
+  if (window_disk_) s.kv_disk.add(window_disk_->stats(), /*blocks=*/true);
+  if (state_disk_) s.kv_disk.add(state_disk_->stats(), /*blocks=*/false);
   s.attention_paths = model_->attention_paths();  // atomic counters: no lock needed
   return s;
 }

@@ -48,6 +48,22 @@ struct DiskTierStats {
   uint64_t evicted_files = 0;   // files deleted to keep the bound
   size_t bytes = 0;             // bytes on disk under the root (this worker's count)
   size_t files = 0;             // block files of this identity
+
+  // Adds another directory's counts (the window parts' and recurrent states' tiers are one
+  // tier to a user). `blocks`: whether its files are blocks (counted as blocks read and
+  // written) or snapshots (only as files and bytes).
+  void add(const DiskTierStats& o, bool blocks) {
+    if (blocks) {
+      read_blocks += o.read_blocks;
+      written_blocks += o.written_blocks;
+    }
+    read_bytes += o.read_bytes;
+    written_bytes += o.written_bytes;
+    dropped_blocks += o.dropped_blocks;
+    corrupt_files += o.corrupt_files;
+    evicted_files += o.evicted_files;
+    files += o.files;
+  }
 };
 
 class DiskKvTier {

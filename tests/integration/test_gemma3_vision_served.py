@@ -21,8 +21,14 @@ import numpy as np
 import pytest
 from openai import OpenAI
 
-from tests.conftest import run_llmd
-from tests.integration.vision_served import FIXTURES, IMAGES, chat_template, write_word_tokenizer
+from tests.integration.vision_served import (
+    FIXTURES,
+    IMAGES,
+    anthropic_two_image_content,
+    assert_ollama_images_seen,
+    chat_template,
+    pull_tiny_vision,
+)
 from tests.integration.vision_served import log_softmax as _log_softmax
 from tests.integration.vision_served import png_b64 as _png
 from tests.native.tiny_models import CONFIGS, GEMMA3_MULTIMODAL, write_gemma3_multimodal
@@ -35,21 +41,6 @@ F16_TOLERANCE = 2e-3
 
 
 TEMPLATE = chat_template("<start_of_image>")
-
-
-def _tokenizer(directory: Path) -> dict[str, int]:
-    """Words wN -> N, Gemma 3's image tokens at the config's ids, as special tokens. Returns the vocabulary."""
-    mm = GEMMA3_MULTIMODAL
-    return write_word_tokenizer(
-        directory,
-        CONFIGS["gemma3_text"]["vocab_size"],
-        {
-            "<start_of_image>": mm["boi_token_index"],
-            "<end_of_image>": mm["eoi_token_index"],
-            "<image_soft_token>": mm["image_token_id"],
-        },
-        TEMPLATE,
-    )
 
 
 MODEL = "tiny-gemma3-vision"
@@ -65,15 +56,27 @@ def _url(name: str) -> str:
 @pytest.fixture(scope="module")
 def vocab(server, tmp_path_factory: pytest.TempPathFactory) -> dict[str, int]:  # type: ignore[no-untyped-def]
     """The tiny multimodal Gemma 3 pulled into the daemon; its vocabulary."""
-    path = tmp_path_factory.mktemp("tiny-gemma3-vision")
     configs = {c["name"]: c["config"] for c in json.loads(IMAGES["cases"].tobytes())}
-    write_gemma3_multimodal(path)
-    words = _tokenizer(path)
-    # The 64x64 processor settings the fixture's images were preprocessed with.
-    (path / "preprocessor_config.json").write_text(json.dumps(configs[CASES[0]]))
-    pulled = run_llmd(server.env, "pull", str(path), "--name", MODEL, timeout=300)
-    assert pulled.returncode == 0, pulled.stderr
-    return words
+
+    def write(path: Path) -> None:
+        write_gemma3_multimodal(path)
+        # The 64x64 processor settings the fixture's images were preprocessed with.
+        (path / "preprocessor_config.json").write_text(json.dumps(configs[CASES[0]]))
+
+    mm = GEMMA3_MULTIMODAL
+    return pull_tiny_vision(
+        server,
+        tmp_path_factory.mktemp("tiny-gemma3-vision"),
+        MODEL,
+        write,
+        CONFIGS["gemma3_text"]["vocab_size"],
+        {
+            "<start_of_image>": mm["boi_token_index"],
+            "<end_of_image>": mm["eoi_token_index"],
+            "<image_soft_token>": mm["image_token_id"],
+        },
+        TEMPLATE,
+    )
 
 
 def test_openai_image_url_answers_like_transformers(server, vocab: dict[str, int]) -> None:  # type: ignore[no-untyped-def]
@@ -126,19 +129,7 @@ def test_anthropic_image_blocks_reach_the_same_prompt(server, vocab: dict[str, i
     hashes), which it could not be if an image were dropped or read differently."""
     claude = anthropic.Anthropic(base_url=server.base_url, api_key="unused", max_retries=0)
 
-    def image(name: str) -> dict:
-        return {
-            "type": "image",
-            "source": {"type": "base64", "media_type": "image/png", "data": _png(name)},
-        }
-
-    content = [
-        {"type": "text", "text": "w5 w17 w33"},
-        image(CASES[0]),
-        {"type": "text", "text": "w40 w41"},
-        image(CASES[1]),
-        {"type": "text", "text": "w9 w60 w61"},
-    ]
+    content = anthropic_two_image_content(CASES)
     for _ in range(2):  # the first may follow the OpenAI test's turns or not: the second hits
         out = claude.messages.create(
             model=MODEL,
@@ -153,16 +144,7 @@ def test_anthropic_image_blocks_reach_the_same_prompt(server, vocab: dict[str, i
 def test_ollama_images_are_seen(server, vocab: dict[str, int]) -> None:  # type: ignore[no-untyped-def]
     """Ollama's `images` (base64) on /api/chat and /api/generate: placed before the message's
     text, as Ollama does, each laid out as 18 tokens (markers and 16 image rows)."""
-    olla = ollama.Client(host=server.base_url)
-    pngs = [_png(CASES[0]), _png(CASES[1])]
-    chat = olla.chat(
-        model=MODEL,
-        messages=[{"role": "user", "content": "w5 w17 w33", "images": pngs}],
-        options={"num_predict": 1, "temperature": 0},
-    )
-    assert chat.prompt_eval_count == 1 + 2 * 18 + 3
-    gen = olla.generate(model=MODEL, prompt="w5 w17 w33", images=pngs, options={"num_predict": 1})
-    assert gen.prompt_eval_count == 1 + 2 * 18 + 3
+    assert_ollama_images_seen(server.base_url, MODEL, CASES, 1 + 2 * 18 + 3)
 
 
 def test_responses_input_image_reaches_the_same_prompt(server, vocab: dict[str, int]) -> None:  # type: ignore[no-untyped-def]

@@ -16,24 +16,22 @@ part, as the released template does."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
-import anthropic
 import numpy as np
 import openai
 import pytest
 from openai import OpenAI
 
-from tests.conftest import run_llmd
 from tests.integration.vision_served import (
     FIXTURES,
+    assert_anthropic_answers_greedy,
     assert_first_token_matches,
+    assert_ollama_images_seen,
     chat_template,
     openai_two_image_answer,
-    write_word_tokenizer,
+    pull_tiny_vision,
 )
 from tests.integration.vision_served import log_softmax as _log_softmax
-from tests.integration.vision_served import png_b64 as _png
 from tests.native.tiny_models import CONFIGS, GEMMA4_MULTIMODAL, write_gemma4_multimodal
 
 ollama = pytest.importorskip("ollama")
@@ -44,23 +42,6 @@ pytest.importorskip("llmd._engine", reason="the native engine (llmd._engine) is 
 F16_TOLERANCE = 4e-3
 
 TEMPLATE = chat_template("<|image|>")
-
-
-def _tokenizer(directory: Path) -> dict[str, int]:
-    """Words wN -> N, Gemma 4's image and audio markers at the config's ids, as special tokens. Returns the vocabulary."""
-    mm = GEMMA4_MULTIMODAL
-    return write_word_tokenizer(
-        directory,
-        CONFIGS["gemma4_text"]["vocab_size"],
-        {
-            "<|image>": mm["boi_token_id"],
-            "<image|>": mm["eoi_token_id"],
-            "<|image|>": mm["image_token_id"],
-            "<|video|>": mm["video_token_id"],
-            "<|audio|>": mm["audio_token_id"],
-        },
-        TEMPLATE,
-    )
 
 
 MODEL = "tiny-gemma4-vision"
@@ -74,12 +55,22 @@ SOFT_TOKENS = 60  # each of the two images: 18x30 and 36x15 patches pooled 3x3
 def vocab(server, tmp_path_factory: pytest.TempPathFactory) -> dict[str, int]:  # type: ignore[no-untyped-def]
     """The tiny multimodal Gemma 4 (its preprocessor_config.json beside it) pulled into the
     daemon; its vocabulary."""
-    path = tmp_path_factory.mktemp("tiny-gemma4-vision")
-    write_gemma4_multimodal(path)
-    words = _tokenizer(path)
-    pulled = run_llmd(server.env, "pull", str(path), "--name", MODEL, timeout=300)
-    assert pulled.returncode == 0, pulled.stderr
-    return words
+    mm = GEMMA4_MULTIMODAL
+    return pull_tiny_vision(
+        server,
+        tmp_path_factory.mktemp("tiny-gemma4-vision"),
+        MODEL,
+        write_gemma4_multimodal,
+        CONFIGS["gemma4_text"]["vocab_size"],
+        {
+            "<|image>": mm["boi_token_id"],
+            "<image|>": mm["eoi_token_id"],
+            "<|image|>": mm["image_token_id"],
+            "<|video|>": mm["video_token_id"],
+            "<|audio|>": mm["audio_token_id"],
+        },
+        TEMPLATE,
+    )
 
 
 def test_openai_image_url_answers_like_transformers(server, vocab: dict[str, int]) -> None:  # type: ignore[no-untyped-def]
@@ -96,50 +87,13 @@ def test_openai_image_url_answers_like_transformers(server, vocab: dict[str, int
 def test_anthropic_image_blocks_answer_like_transformers(server, vocab: dict[str, int]) -> None:  # type: ignore[no-untyped-def]
     """Anthropic's base64 image blocks in the fixture's order: the same prompt, and greedy
     decoding gives transformers' first two tokens."""
-    token = {i: t for t, i in vocab.items()}
-    claude = anthropic.Anthropic(base_url=server.base_url, api_key="unused", max_retries=0)
-
-    def image(name: str) -> dict:
-        return {
-            "type": "image",
-            "source": {"type": "base64", "media_type": "image/png", "data": _png(name)},
-        }
-
-    out = claude.messages.create(
-        model=MODEL,
-        max_tokens=2,
-        extra_body={"temperature": 0},
-        messages=[
-            {
-                "role": "user",
-                "content": [  # type: ignore[list-item]
-                    {"type": "text", "text": "w5 w17 w33"},
-                    image(CASES[0]),
-                    {"type": "text", "text": "w40 w41"},
-                    image(CASES[1]),
-                    {"type": "text", "text": "w9 w60 w61"},
-                ],
-            }
-        ],
-    )
-    assert out.usage.input_tokens + (out.usage.cache_read_input_tokens or 0) == len(PROMPT)
-    first, second = int(REF["next_token"][0]), int(np.argmax(REF["next_logits"]))
-    assert out.content[0].text.split() == [token[first], token[second]]  # type: ignore[union-attr]
+    assert_anthropic_answers_greedy(server.base_url, MODEL, REF, vocab, len(PROMPT))
 
 
 def test_ollama_images_are_seen(server, vocab: dict[str, int]) -> None:  # type: ignore[no-untyped-def]
     """Ollama's `images` (base64) on /api/chat and /api/generate: placed before the message's
     text, as Ollama does, each laid out as its markers and one row per soft token."""
-    olla = ollama.Client(host=server.base_url)
-    pngs = [_png(CASES[0]), _png(CASES[1])]
-    chat = olla.chat(
-        model=MODEL,
-        messages=[{"role": "user", "content": "w5 w17 w33", "images": pngs}],
-        options={"num_predict": 1, "temperature": 0},
-    )
-    assert chat.prompt_eval_count == 1 + 2 * (2 + SOFT_TOKENS) + 3
-    gen = olla.generate(model=MODEL, prompt="w5 w17 w33", images=pngs, options={"num_predict": 1})
-    assert gen.prompt_eval_count == 1 + 2 * (2 + SOFT_TOKENS) + 3
+    assert_ollama_images_seen(server.base_url, MODEL, CASES, 1 + 2 * (2 + SOFT_TOKENS) + 3)
 
 
 def test_audio_is_refused(server, vocab: dict[str, int]) -> None:  # type: ignore[no-untyped-def]

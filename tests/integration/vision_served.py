@@ -101,3 +101,88 @@ def assert_first_token_matches(
     for alt in first.top_logprobs:
         assert abs(alt.logprob - want[vocab[alt.token]]) / scale < tolerance, alt
     return first, scale
+
+
+def pull_tiny_vision(
+    server: Any,
+    directory: Path,
+    model: str,
+    write_checkpoint: Any,
+    vocab_size: int,
+    image_tokens: dict[str, int],
+    template: str,
+) -> dict[str, int]:
+    """Write a tiny multimodal checkpoint (`write_checkpoint(directory)`) with the word
+    tokenizer, pull it into the running daemon as `model`, and return its vocabulary."""
+    from tests.conftest import run_llmd
+
+    write_checkpoint(directory)
+    words = write_word_tokenizer(directory, vocab_size, image_tokens, template)
+    pulled = run_llmd(server.env, "pull", str(directory), "--name", model, timeout=300)
+    assert pulled.returncode == 0, pulled.stderr
+    return words
+
+
+def anthropic_image(name: str) -> dict:
+    """The fixture image `name` as an Anthropic base64 image block."""
+    return {
+        "type": "image",
+        "source": {"type": "base64", "media_type": "image/png", "data": png_b64(name)},
+    }
+
+
+def anthropic_two_image_content(cases: list[str]) -> list[dict]:
+    """The fixtures' prompt as Anthropic content blocks, images in their order."""
+    return [
+        {"type": "text", "text": "w5 w17 w33"},
+        anthropic_image(cases[0]),
+        {"type": "text", "text": "w40 w41"},
+        anthropic_image(cases[1]),
+        {"type": "text", "text": "w9 w60 w61"},
+    ]
+
+
+def assert_anthropic_answers_greedy(
+    base_url: str, model: str, ref: Any, vocab: dict[str, int], prompt_tokens: int
+) -> None:
+    """Anthropic's base64 image blocks in the fixture's order make the same prompt, and greedy
+    decoding gives the reference's first two tokens (`next_token`, then the argmax of
+    `next_logits`)."""
+    import anthropic
+
+    token = {i: t for t, i in vocab.items()}
+    claude = anthropic.Anthropic(base_url=base_url, api_key="unused", max_retries=0)
+    out = claude.messages.create(
+        model=model,
+        max_tokens=2,
+        extra_body={"temperature": 0},
+        messages=[
+            {
+                "role": "user",
+                "content": anthropic_two_image_content(json.loads(ref["cases"].tobytes())),
+            }
+        ],  # type: ignore[typeddict-item]
+    )
+    assert out.usage.input_tokens + (out.usage.cache_read_input_tokens or 0) == prompt_tokens
+    first, second = int(ref["next_token"][0]), int(np.argmax(ref["next_logits"]))
+    assert out.content[0].text.split() == [token[first], token[second]]  # type: ignore[union-attr]
+
+
+def assert_ollama_images_seen(
+    base_url: str, model: str, cases: list[str], prompt_tokens: int
+) -> None:
+    """Ollama's `images` (base64) on /api/chat and /api/generate, placed before the message's
+    text as Ollama does: both prompts come to `prompt_tokens` (bos, each image's layout, the
+    three words)."""
+    import ollama
+
+    olla = ollama.Client(host=base_url)
+    pngs = [png_b64(cases[0]), png_b64(cases[1])]
+    chat = olla.chat(
+        model=model,
+        messages=[{"role": "user", "content": "w5 w17 w33", "images": pngs}],
+        options={"num_predict": 1, "temperature": 0},
+    )
+    assert chat.prompt_eval_count == prompt_tokens
+    gen = olla.generate(model=model, prompt="w5 w17 w33", images=pngs, options={"num_predict": 1})
+    assert gen.prompt_eval_count == prompt_tokens
