@@ -25,7 +25,7 @@ import pytest
 
 from . import vision_scaffold as vs
 from .test_gemma3_vision import FIXTURE, TOLERANCE, _pixels
-from .tiny_models import CONFIGS, GEMMA3_MULTIMODAL, write_gemma3_multimodal, write_gguf
+from .tiny_models import CONFIGS, GEMMA3_MULTIMODAL, close_gguf, write_gemma3_multimodal, write_gguf
 
 native = pytest.importorskip("llmd._engine")
 
@@ -137,10 +137,7 @@ def test_mmproj_of_another_projector_is_refused(tmp_path: Path) -> None:
     w.add_string("clip.projector_type", "qwen2vl_merger")
     w.add_bool("clip.has_vision_encoder", True)
     w.add_tensor("v.patch_embd.weight", np.zeros((4, 4), dtype=np.float32))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    close_gguf(w)
     with pytest.raises(RuntimeError, match="not a Gemma 3 or Qwen3.5 mmproj.*qwen2vl_merger"):
         native.VisionTower(str(path), {})
 

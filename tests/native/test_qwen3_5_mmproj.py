@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 
 from .test_qwen3_5_vision import FIXTURE, TOLERANCE, _images
-from .tiny_models import QWEN3_5_MULTIMODAL, write_qwen3_5_moe_multimodal
+from .tiny_models import QWEN3_5_MULTIMODAL, close_gguf, write_qwen3_5_moe_multimodal
 from .tiny_qwen35_gguf import write_qwen3_5_mmproj, write_qwen35moe_gguf
 from .vision_scaffold import first_logprobs as _first_logprobs
 from .vision_scaffold import log_softmax as _log_softmax
@@ -144,9 +144,6 @@ def test_an_mmproj_for_another_model_is_refused(files: dict[str, Path], tmp_path
     w.add_array("clip.vision.is_deepstack_layers", [True, False])
     for t in src.tensors:
         w.add_tensor(t.name, np.asarray(t.data))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    close_gguf(w)
     with pytest.raises(RuntimeError, match="deepstack"):
         native.VisionTower(str(tmp_path / "deep.gguf"), {})

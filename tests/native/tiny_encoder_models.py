@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tests.native.tiny_models import write_safetensors
+from tests.native.tiny_models import close_gguf, write_safetensors
 
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 VOCAB = 96
@@ -428,7 +428,4 @@ def write_encoder_gguf(
         else:
             q8 = GGMLQuantizationType.Q8_0
             w.add_tensor(name, quantize(x, q8), raw_dtype=q8)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    close_gguf(w)

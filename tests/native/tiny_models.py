@@ -787,6 +787,50 @@ def mmproj_name(hf_name: str) -> str:
     return f"v.blk.{layer}.{_MMPROJ_LAYER_NAMES[module]}.{suffix}"
 
 
+def mmproj_writer(
+    path: Path,
+    outtype: str,
+    projector: str,
+    *,
+    projection_dim: int,
+    image_size: int,
+    patch_size: int,
+    hidden: int,
+    ffn: int,
+    blocks: int,
+    heads: int,
+) -> Any:
+    """A GGUFWriter holding the vision keys every llama.cpp mmproj carries (as
+    `convert_hf_to_gguf.py --mmproj` writes them; image mean and std 0.5), for the caller to
+    add its projector's own keys and tensors, then `close_gguf`."""
+    from gguf import GGUFWriter
+
+    w = GGUFWriter(str(path), "clip")
+    w.add_type("mmproj")
+    w.add_file_type({"F32": 0, "F16": 1, "Q8_0": 7}[outtype])
+    w.add_bool("clip.has_vision_encoder", True)
+    w.add_uint32("clip.vision.projection_dim", projection_dim)
+    w.add_uint32("clip.vision.image_size", image_size)
+    w.add_uint32("clip.vision.patch_size", patch_size)
+    w.add_uint32("clip.vision.embedding_length", hidden)
+    w.add_uint32("clip.vision.feed_forward_length", ffn)
+    w.add_uint32("clip.vision.block_count", blocks)
+    w.add_uint32("clip.vision.attention.head_count", heads)
+    w.add_array("clip.vision.image_mean", [0.5, 0.5, 0.5])
+    w.add_array("clip.vision.image_std", [0.5, 0.5, 0.5])
+    w.add_string("clip.projector_type", projector)
+    w.add_bool("clip.use_gelu", True)
+    return w
+
+
+def close_gguf(w: Any) -> None:
+    """Writes a GGUFWriter's header, keys and tensors, and closes the file."""
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
 def write_gemma3_mmproj(
     path: Path,
     outtype: str = "F32",
@@ -802,26 +846,23 @@ def write_gemma3_mmproj(
     The 64 / 4 = 16-patch grid pools 4x4, llama.cpp's default, so no scale factor key.
     `vision`, `text_hidden` and `tensors` (gemma3_vision_weights of those sizes) write another
     shape the same way."""
-    from gguf import GGMLQuantizationType, GGUFWriter, quantize
+    from gguf import GGMLQuantizationType, quantize
 
     c = vision or GEMMA3_VISION
     text_hidden = text_hidden or CONFIGS["gemma3_text"]["hidden_size"]
-    w = GGUFWriter(str(path), "clip")
-    w.add_type("mmproj")
-    w.add_file_type({"F32": 0, "F16": 1, "Q8_0": 7}[outtype])
-    w.add_bool("clip.has_vision_encoder", True)
-    w.add_uint32("clip.vision.projection_dim", text_hidden)
-    w.add_uint32("clip.vision.image_size", c["image_size"])
-    w.add_uint32("clip.vision.patch_size", c["patch_size"])
-    w.add_uint32("clip.vision.embedding_length", c["hidden_size"])
-    w.add_uint32("clip.vision.feed_forward_length", c["intermediate_size"])
-    w.add_uint32("clip.vision.block_count", c["num_hidden_layers"])
-    w.add_uint32("clip.vision.attention.head_count", c["num_attention_heads"])
-    w.add_array("clip.vision.image_mean", [0.5, 0.5, 0.5])
-    w.add_array("clip.vision.image_std", [0.5, 0.5, 0.5])
-    w.add_string("clip.projector_type", "gemma3")
+    w = mmproj_writer(
+        path,
+        outtype,
+        "gemma3",
+        projection_dim=text_hidden,
+        image_size=c["image_size"],
+        patch_size=c["patch_size"],
+        hidden=c["hidden_size"],
+        ffn=c["intermediate_size"],
+        blocks=c["num_hidden_layers"],
+        heads=c["num_attention_heads"],
+    )
     w.add_float32("clip.vision.attention.layer_norm_epsilon", c["layer_norm_eps"])
-    w.add_bool("clip.use_gelu", True)
     for name, x in (tensors if tensors is not None else gemma3_vision_weights()).items():
         gname = mmproj_name(name)
         if gname == "mm.soft_emb_norm.weight":
@@ -838,10 +879,7 @@ def write_gemma3_mmproj(
             w.add_tensor(gname, quantize(x, q8), raw_dtype=q8)
             continue
         w.add_tensor(gname, x)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    close_gguf(w)
 
 
 def write_safetensors(
@@ -1306,10 +1344,7 @@ def write_gguf(
         w.add_string(key, value)
     for key, value in (extra_uints or {}).items():
         w.add_uint32(key, value)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    close_gguf(w)
 
 
 def write_with_exact_twin(
@@ -1398,10 +1433,7 @@ def write_stub_gguf(path: Path, arch: str) -> None:
     w = GGUFWriter(str(path), arch)
     w.add_block_count(1)
     w.add_tensor("token_embd.weight", np.zeros((4, 16), dtype=np.float32))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    close_gguf(w)
 
 
 def tiny_cpu_engine(path: Path, kv_type: str):  # type: ignore[no-untyped-def]

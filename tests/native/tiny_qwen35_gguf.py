@@ -33,6 +33,8 @@ from .tiny_models import (
     CONFIGS,
     QWEN3_5_MULTIMODAL,
     QWEN3_5_VISION,
+    close_gguf,
+    mmproj_writer,
     qwen3_5_moe_mtp_weights,
     qwen3_5_vision_weights,
     weights,
@@ -273,10 +275,7 @@ def write_qwen35moe_gguf(
             w.add_tensor(name, x.reshape(-1))  # llama-quantize writes the one-row gate 1-D
         else:
             w.add_tensor(name, x)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    close_gguf(w)
     return path
 
 
@@ -340,26 +339,19 @@ def mmproj_tensors() -> dict[str, np.ndarray]:
 def write_qwen3_5_mmproj(path: Path, outtype: str = "F32") -> Path:
     """The tiny Qwen3.5 vision tower as `convert_hf_to_gguf.py --mmproj --outtype f32|f16`
     writes it (F16: 2-D and larger weights in F16, position embeddings and vectors F32)."""
-    from gguf import GGUFWriter
-
     c = QWEN3_5_VISION
-    w = GGUFWriter(str(path), "clip")
-    w.add_type("mmproj")
-    w.add_file_type({"F32": 0, "F16": 1}[outtype])
-    w.add_bool("clip.has_vision_encoder", True)
-    w.add_uint32("clip.vision.projection_dim", c["out_hidden_size"])
-    w.add_uint32(
-        "clip.vision.image_size", c["patch_size"] * int(c["num_position_embeddings"] ** 0.5)
+    w = mmproj_writer(
+        path,
+        outtype,
+        "qwen3vl_merger",
+        projection_dim=c["out_hidden_size"],
+        image_size=c["patch_size"] * int(c["num_position_embeddings"] ** 0.5),
+        patch_size=c["patch_size"],
+        hidden=c["hidden_size"],
+        ffn=c["intermediate_size"],
+        blocks=c["depth"],
+        heads=c["num_heads"],
     )
-    w.add_uint32("clip.vision.patch_size", c["patch_size"])
-    w.add_uint32("clip.vision.embedding_length", c["hidden_size"])
-    w.add_uint32("clip.vision.feed_forward_length", c["intermediate_size"])
-    w.add_uint32("clip.vision.block_count", c["depth"])
-    w.add_uint32("clip.vision.attention.head_count", c["num_heads"])
-    w.add_array("clip.vision.image_mean", [0.5, 0.5, 0.5])
-    w.add_array("clip.vision.image_std", [0.5, 0.5, 0.5])
-    w.add_string("clip.projector_type", "qwen3vl_merger")
-    w.add_bool("clip.use_gelu", True)
     w.add_uint32("clip.vision.spatial_merge_size", c["spatial_merge_size"])
     w.add_float32("clip.vision.attention.layer_norm_epsilon", 1e-6)
     w.add_array("clip.vision.is_deepstack_layers", [False] * c["depth"])
@@ -368,10 +360,7 @@ def write_qwen3_5_mmproj(path: Path, outtype: str = "F32") -> Path:
         if outtype == "F16" and x.ndim >= 2 and name != "v.position_embd.weight":
             x = x.astype(np.float16)
         w.add_tensor(name, x)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    close_gguf(w)
     return path
 
 
