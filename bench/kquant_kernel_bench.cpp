@@ -64,8 +64,8 @@ int main(int argc, char** argv) {
   for (auto& v : x) v = normal(rng);
   const int nb = k / llmd::kernels::kBlock;
   std::vector<ActBlock> act(static_cast<size_t>(rows) * nb);
-  // As uses_superblock_activations (dispatch.cpp, not linked here): Q4_K and Q5_K per 256.
-  const bool per256 = tt == TensorType::Q4_K || tt == TensorType::Q5_K;
+  // As uses_superblock_activations (dispatch.cpp, not linked here): Q4_K, Q5_K and Q6_K per 256.
+  const bool per256 = tt == TensorType::Q4_K || tt == TensorType::Q5_K || tt == TensorType::Q6_K;
   const auto quantize = per256 ? isa::quantize_row_k_simd : isa::quantize_row_simd;
   for (int r = 0; r < rows; ++r) quantize(x.data() + static_cast<size_t>(r) * k, act.data() + static_cast<size_t>(r) * nb, k);
 #if defined(KB_AVX2)
