@@ -231,11 +231,12 @@ struct Q6XRows {
 // expansion stores it per block (scaled) and each block adds it to every row's sum. Bounds:
 // |u * w| <= 255 * 32 = 8160, so a vpmaddubsw pair is at most 16320 and two steps (4 products
 // per int16 lane) 32640: pairs of steps sum in int16, each pair widened and scaled by
-// vpmaddwd. A super-block's int32 sum is at most 256 * 32 * 127 * 128 < 2^28.
+// vpmaddwd. int32: a block's biased dot is at most 2 * 128 * 16 * 8160 < 2^26 and its weight
+// term 2 * 128 * 128 * 512 = 2^24, so a super-block's running sum stays below 2^30.
 // Why one float step per super-block: the float conversion, multiply and FMA per block and row
-// compete with the vpmaddubsw / vpmaddwd for the same vector ports (both kernels run at the
-// rate of their multiplies: Q4_K's 36 per 32 products, Q6_K's 48 plus 12 float ones per block);
-// 512 x 2048 x 2048 on a Zen 5 core, 122 -> 140 GMAC/s.
+// go to the vector ports the vpmaddubsw / vpmaddwd need. Per 32 vpmaddubsw of a 4-row tile this
+// kernel issued 20 vpmaddwd and 12 float operations (Q4_K's: ~4 and almost none), now 16 and
+// 1.5; 512 x 2048 x 2048 on a Zen 5 core (AVX2 code), 122 -> 143 GMAC/s (bench/README.md).
 template <int R, int G>
 inline void dot8_q6k_x(const uint8_t* s, size_t gbytes, const Q6XRow* a, int nsb, float* const* out) {
   __m256 acc[R][G];

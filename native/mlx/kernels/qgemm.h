@@ -42,7 +42,7 @@ using QuantizeRowFn = void (*)(const float* x, ActBlock* out, int k);
 // GMAC/s, AVX2 77-80 -> 87-89). The price is a coarser activation rounding where a block's
 // values are much smaller than its super-block's largest, the trade llama.cpp makes for every
 // K-quant. Q6_K too since its AVX2 prefill kernel sums a whole super-block in int32 (one float
-// step per super-block instead of 8: 122 -> 140 GMAC/s on a Zen 5 core, issue 31); its other
+// step per super-block instead of 8: 122 -> 143 GMAC/s on a Zen 5 core, issue 31); its other
 // kernels read each block's scale, the same for the 8 blocks. Every path quantizes the same
 // way, so SIMD and scalar paths see the same integers.
 bool uses_superblock_activations(TensorType type);
