@@ -1,4 +1,4 @@
-// Times llmd's packed K-quant (and Q8_0) GEMM kernels alone, one thread, weights packed once (excluded from
+// Times llmd's packed K-quant (and Q8_0, Q4_0) GEMM kernels alone, one thread, weights packed once (excluded from
 // the time), activations quantized once. Why a separate binary: rebuilding the extension takes
 // 15+ minutes on a shared 2-core box, this compiles in seconds of CPU, and it times exactly the
 // kernel functions the engine calls (qgemm_impl.h included the way qgemm_<isa>.cpp includes it).
@@ -36,7 +36,7 @@ using llmd::kernels::ActBlock;
 
 int main(int argc, char** argv) {
   if (argc != 6 && argc != 7) {
-    std::fprintf(stderr, "usage: %s q4k|q5k|q6k|q8_0 rows n k reps [x8]\n", argv[0]);
+    std::fprintf(stderr, "usage: %s q4k|q5k|q6k|q8_0|q4_0 rows n k reps [x8]\n", argv[0]);
     return 2;
   }
   const std::string ty = argv[1];
@@ -44,11 +44,13 @@ int main(int argc, char** argv) {
   const TensorType tt = ty == "q5k"    ? TensorType::Q5_K
                         : ty == "q6k"  ? TensorType::Q6_K
                         : ty == "q8_0" ? TensorType::Q8_0
+                        : ty == "q4_0" ? TensorType::Q4_0
                                        : TensorType::Q4_K;
   const size_t rb = llmd::row_bytes(tt, k);
   const int block_bytes = tt == TensorType::Q6_K   ? 210
                           : tt == TensorType::Q5_K ? 176
                           : tt == TensorType::Q8_0 ? 34
+                          : tt == TensorType::Q4_0 ? 18
                                                    : 144;
   std::vector<uint8_t> w(rb * n);
   std::mt19937 rng(1);
@@ -64,8 +66,8 @@ int main(int argc, char** argv) {
   for (auto& v : x) v = normal(rng);
   const int nb = k / llmd::kernels::kBlock;
   std::vector<ActBlock> act(static_cast<size_t>(rows) * nb);
-  // As uses_superblock_activations (dispatch.cpp, not linked here): Q4_K and Q5_K per 256.
-  const bool per256 = tt == TensorType::Q4_K || tt == TensorType::Q5_K;
+  // As uses_superblock_activations (dispatch.cpp, not linked here): Q4_K, Q5_K and Q6_K per 256.
+  const bool per256 = tt == TensorType::Q4_K || tt == TensorType::Q5_K || tt == TensorType::Q6_K;
   const auto quantize = per256 ? isa::quantize_row_k_simd : isa::quantize_row_simd;
   for (int r = 0; r < rows; ++r) quantize(x.data() + static_cast<size_t>(r) * k, act.data() + static_cast<size_t>(r) * nb, k);
 #if defined(KB_AVX2)
@@ -80,20 +82,24 @@ int main(int argc, char** argv) {
   const auto x8 = tt == TensorType::Q5_K   ? isa::gemm_q5_k_x8
                   : tt == TensorType::Q6_K ? isa::gemm_q6_k_x8
                   : tt == TensorType::Q8_0 ? isa::gemm_q8_0_x8
+                  : tt == TensorType::Q4_0 ? isa::gemm_q4_0_x8
                                            : isa::gemm_q4_k_x8;
   const auto gemm = tt == TensorType::Q5_K   ? isa::gemm_q5_k_x8_expanded
                     : tt == TensorType::Q6_K ? isa::gemm_q6_k_x8_expanded
                     : tt == TensorType::Q8_0 ? isa::gemm_q8_0_x8
+                    : tt == TensorType::Q4_0 ? isa::gemm_q4_0_x8
                                              : isa::gemm_q4_k_x8_expanded;
 #else
   const auto x8 = tt == TensorType::Q5_K   ? isa::gemm_q5_k_x8
                   : tt == TensorType::Q6_K ? isa::gemm_q6_k_x8
                   : tt == TensorType::Q8_0 ? isa::gemm_q8_0_x8_zmm
+                  : tt == TensorType::Q4_0 ? isa::gemm_q4_0_x8_zmm
                                            : isa::gemm_q4_k_x8;
   const bool old = argc == 7 && std::string(argv[6]) == "x8";
   const auto blocked = tt == TensorType::Q5_K   ? isa::gemm_q5_k_x8_blocked
                        : tt == TensorType::Q6_K ? isa::gemm_q6_k_x8_blocked
                        : tt == TensorType::Q8_0 ? isa::gemm_q8_0_x8_zmm
+                       : tt == TensorType::Q4_0 ? isa::gemm_q4_0_x8_zmm
                                                 : isa::gemm_q4_k_x8_blocked;
   const auto gemm = old ? x8 : blocked;
 #endif

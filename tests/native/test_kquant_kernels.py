@@ -5,8 +5,8 @@ quantizers (kquants.py). Their packing is checked first: the integers it chose, 
 formulas of ggml's block layouts, must equal what `gguf.quants.dequantize` reads back from the
 packed bytes, and the result must be close to the input. The kernels are then checked as in
 test_kernels.py: reference = x (float64) @ gguf-dequantized W.T, tolerance = the worst case of
-the int8 activation rounding (sum_i |w_i| * blockmax|x| / 254, blocks of 256 for Q4_K and Q5_K,
-whose activations share one scale per super-block) plus a small float term. Besides
+the int8 activation rounding (sum_i |w_i| * blockmax|x| / 254, blocks of 256: the activations
+of all three share one scale per super-block) plus a small float term. Besides
 quantized weights, blocks of random bytes (sane fp16 scales) reach every bit pattern: 6-bit
 scale high bits, Q5_K's fifth bits, negative Q6_K scales, q = 0 and q = 63.
 """
@@ -198,8 +198,8 @@ def test_prefill_rows_across_row_chunks_equal_decode_rows(path: str, type_name: 
 
 # ------------------------------------------------------------------ SIMD paths against scalar
 #
-# Q4_K and Q5_K quantize activations per 256 (one int8 scale per super-block, llama.cpp's Q8_K)
-# on every path, bit-identically (Q6_K per 32, likewise), so a SIMD path and the scalar path see
+# Q4_K, Q5_K and Q6_K quantize activations per 256 (one int8 scale per super-block, llama.cpp's
+# Q8_K) on every path, bit-identically, so a SIMD path and the scalar path see
 # the same integers and may differ only in the order float partial sums are added: far inside
 # the activation-rounding tolerance above, and what keeps the paths' logprobs as close as
 # test_simd_spread asks.
@@ -267,3 +267,36 @@ def test_prefill_rows_are_the_bits_of_one_row_decode(
     err = np.abs(batched - x.astype(np.float64) @ w_deq.T)
     tol = activation_rounding_tolerance(x, w_deq, activation_block(type_name))
     assert (err <= tol).all(), f"{path} {type_name}: max excess {(err - tol).max()}"
+
+
+@pytest.mark.parametrize("path", PACKED_PATHS)
+@pytest.mark.parametrize("q", [0, 63])
+def test_q6_k_prefill_at_the_int16_bounds(path: str, q: int) -> None:
+    """The AVX2 Q6_K prefill kernel sums pairs of vpmaddubsw steps in int16 (saturating adds):
+    every quant at an extreme (q - 32 = -32 or 31) against activations that all round to +-127
+    puts each lane at its bound (4 * 255 * 32 = 32640). A sum off by one bound would saturate
+    and show as a large error; exact sums give the scalar path's result to float rounding and
+    the one-row (decode) kernel's bits. Scales at -128 and 127 reach the scale products' ends."""
+    n, k = 16, 512
+    blocks = np.zeros((n * k // QK, BLOCK_BYTES["Q6_K"]), np.uint8)
+    # ql (128 bytes), then qh (64): q = 63 sets every 4 low and every 2 high bits.
+    blocks[:, :192] = 0xFF if q == 63 else 0
+    blocks[:, 192:208] = np.tile(np.array([127, -128], np.int8).view(np.uint8), 8)
+    blocks[:, 208:210] = f16(np.full((blocks.shape[0], 1), 1e-3)).view(np.uint8)
+    packed = np.ascontiguousarray(blocks.reshape(n, -1))
+    w_deq = dequantize(packed, TYPES["Q6_K"]).astype(np.float64)
+    assert np.abs(w_deq).max() == pytest.approx(1e-3 * 128 * abs(q - 32), rel=1e-3)
+    rng = np.random.default_rng(q)
+    x = np.ones((7, k), np.float32)
+    x[1] = -1.0  # every activation -127: u = a + 128 = 1
+    x[2:] = np.where(rng.random((5, k)) < 0.5, -1.0, 1.0)
+    batched = _packed_kernel("Q6_K", packed, n, k, x, path)
+    for r in range(len(x)):
+        assert np.array_equal(
+            _packed_kernel("Q6_K", packed, n, k, x[r : r + 1], path)[0], batched[r]
+        ), r
+    scalar = engine.kernel_gemm("Q6_K", packed, n, k, x, "scalar")
+    excess = np.abs(batched.astype(np.float64) - scalar) - _float_order_bound(x, w_deq)
+    assert (excess <= 0).all(), f"{path}: max excess over scalar {excess.max()}"
+    # +-1 activations quantize exactly (d = 1 / 127, q = +-127): the float64 product itself.
+    np.testing.assert_allclose(batched, x.astype(np.float64) @ w_deq.T, rtol=1e-5, atol=1e-3)

@@ -11,8 +11,11 @@ there, Q2_K: Q3_K/Q4_K/Q2_K, ...). Two tests:
   as a user would (types without a kernel are converted to Q8_0 at pull time, and only those:
   the Q5_K tensors of Q5_K_S/Q5_K_M/Q3_K_L/... stay Q5_K) and compares the
   engine's logits with the same model stored as F32 holding exactly the values the mixed file's
-  blocks dequantize to (gguf-py's dequantizer). Bound: test_mixed_quant_types' 8e-2 of the
-  largest |logit| (int8 activations; the pull's Q8_0 re-quantization adds ~1%).
+  blocks dequantize to (gguf-py's dequantizer). Bound: 9e-2 of the largest |logit| (int8
+  activations, one scale per 256 for the K-quants as llama.cpp's Q8_K: with hidden 256 that is
+  one scale per row; the pull's Q8_0 re-quantization adds ~1%). Measured on this model: the
+  all-Q6_K recipe 0.084 (0.046 while Q6_K's activations were per 32), Q5_K_M 0.079, Q4_K_M
+  0.069, Q8_0 0.059.
 - ``test_llama_quantize_files_agree_with_llama_cpp`` (opt-in: needs llama-quantize and
   llama-server from bench/build_llamacpp.sh, a ~20-minute build on 2 cores, so not in CI; set
   LLMD_LLAMACPP_BIN to another build): quantizes a random F16 model with each recipe, pulls
@@ -58,7 +61,7 @@ RECIPES = [
     "IQ4_NL",
     "IQ4_XS",
 ]
-BOUND = 8e-2
+BOUND = 9e-2
 # K-quant rows are 256 weights; 8 layers so a recipe's "more bits in some layers" rule shows.
 CONFIG = {
     **CONFIGS["qwen3"],

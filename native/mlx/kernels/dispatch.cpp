@@ -65,7 +65,7 @@ bool cpu_has_dotprod() {
 }  // namespace
 
 bool uses_superblock_activations(TensorType type) {
-  return type == TensorType::Q4_K || type == TensorType::Q5_K;
+  return type == TensorType::Q4_K || type == TensorType::Q5_K || type == TensorType::Q6_K;
 }
 
 QuantizeRowFn KernelTable::quantizer_for(TensorType type) const {

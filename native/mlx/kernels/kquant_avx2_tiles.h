@@ -31,11 +31,12 @@ namespace llmd::kernels::LLMD_ISA_NAMESPACE {
 //   [2368, 2496)  u = 0..3: 32 bytes at 2368 + 32u, int16 pair (m[2u][c], m[2u+1][c]) in lane c
 constexpr int kKq45XBytes = 2560;
 // Q6_K scratch for one group and one super-block (bytes):
-//   [0, 2048)     block j, step i: 32 bytes at 256j + 32i; column c's q in [0, 63] of elements
-//                 4i .. 4i+3 of activation block j at 4c
+//   [0, 2048)     block j, step i: 32 bytes at 256j + 32i; column c's w = q - 32 in [-32, 31] (int8)
+//                 of elements 4i .. 4i+3 of activation block j at 4c
 //   [2048, 2560)  block j, half hf: 32 bytes at 2048 + 64j + 32hf, column c's scales[2j + hf]
 //                 in int16 lanes 2c, 2c+1
-//   [2560, 2816)  block j: 32 bytes at 2560 + 32j, -32 * (scales[2j], scales[2j+1]) in lane c
+//   [2560, 2816)  block j: 32 bytes at 2560 + 32j, int32 lane c: -128 * (scales[2j] * sum(w of
+//                 the first 16) + scales[2j + 1] * sum(w of the second 16))
 //   [2816, 2848)  d as fp32 per column
 constexpr int kQ6XBytes = 2880;
 static_assert(kKq45XBytes % 64 == 0 && kQ6XBytes % 64 == 0);
@@ -90,24 +91,37 @@ inline void kq45_expand(const uint8_t* t, uint8_t* s) {
   for (int u = 0; u < 4; ++u) store32(s + 2368 + 32 * u, bytes8_pair16(mn[u >> 1], 2 * (u & 1)));
 }
 
-// One kDword tile super-block of Q6_K into its scratch.
+// One kDword tile super-block of Q6_K into its scratch: the quants centred (w = q - 32), and per
+// block the weight-only term that the activations' +128 bias adds (see dot8_q6k_x).
 inline void q6_expand(const uint8_t* t, uint8_t* s) {
+  const __m256i m32 = _mm256_set1_epi8(32);
   for (int hp = 0; hp < 4; ++hp) {
     const int h = hp >> 1, p = hp & 1;
 #pragma GCC unroll 8
     for (int i = 0; i < 8; ++i) {
       __m256i wa, wb;  // blocks 4h + p (low nibbles) and 4h + p + 2 (high nibbles)
       q6_slice(t + 144 + 512 * h + 256 * p + 32 * i, t + 1168 + 256 * h + 32 * i, p, wa, wb);
-      store32(s + 256 * (4 * h + p) + 32 * i, wa);
-      store32(s + 256 * (4 * h + p + 2) + 32 * i, wb);
+      store32(s + 256 * (4 * h + p) + 32 * i, _mm256_sub_epi8(wa, m32));
+      store32(s + 256 * (4 * h + p + 2) + 32 * i, _mm256_sub_epi8(wb, m32));
     }
   }
+  const __m256i ones8 = _mm256_set1_epi8(1);
 #pragma GCC unroll 8
   for (int j = 0; j < kSubBlocks; ++j) {
     const __m256i scp = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(t + 16 + 16 * j)));
-    store32(s + 2048 + 64 * j, _mm256_shufflehi_epi16(_mm256_shufflelo_epi16(scp, 0xa0), 0xa0));
-    store32(s + 2048 + 64 * j + 32, _mm256_shufflehi_epi16(_mm256_shufflelo_epi16(scp, 0xf5), 0xf5));
-    store32(s + 2560 + 32 * j, _mm256_mullo_epi16(scp, _mm256_set1_epi16(-32)));
+    const __m256i sc[2] = {_mm256_shufflehi_epi16(_mm256_shufflelo_epi16(scp, 0xa0), 0xa0),
+                           _mm256_shufflehi_epi16(_mm256_shufflelo_epi16(scp, 0xf5), 0xf5)};
+    __m256i corr = _mm256_setzero_si256();
+    for (int hf = 0; hf < 2; ++hf) {
+      store32(s + 2048 + 64 * j + 32 * hf, sc[hf]);
+      // int16 lanes 2c, 2c+1: column c's sum of w over the half (16 values of at most 32).
+      __m256i ws = _mm256_setzero_si256();
+      for (int i = 4 * hf; i < 4 * hf + 4; ++i) {
+        ws = _mm256_add_epi16(ws, _mm256_maddubs_epi16(ones8, load32(s + 256 * j + 32 * i)));
+      }
+      corr = _mm256_add_epi32(corr, _mm256_madd_epi16(ws, sc[hf]));
+    }
+    store32(s + 2560 + 32 * j, _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(corr, 7)));
   }
   _mm256_store_ps(reinterpret_cast<float*>(s + 2816),
                   _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(t))));
@@ -182,25 +196,64 @@ inline void dot8_q45k_x(const uint8_t* s, size_t gbytes, const KqSumRow* a, int 
   store_tiles(acc, out);
 }
 
-// Q6_K over the scratch: per block, lane c: -32 * (sc_lo * sum(first 16) + sc_hi * sum(second
-// 16)), plus pairs of steps in int16 (2 products of at most 63 * 127 per step: 32004 for two),
-// each widened and scaled by vpmaddwd against its half's scale; then dot8_q6k's float step,
-// blocks in its order 0, 2, 1, 3, 4, 6, 5, 7.
+// The activation rows of dot8_q6k_x: each block with its quants biased to unsigned (a + 128, the
+// bits of a ^ 0x80), so that vpmaddubsw's unsigned operand is the activation and its signed one
+// the centred weight. Built once per call for all rows (rows x k bytes).
+struct Q6XRow {
+  const ActBlock* b;
+};
+struct Q6XRows {
+  using Row = Q6XRow;
+  const ActBlock* biased;
+  int nb;
+  Q6XRows(const ActBlock* a, int rows, int nb_) : nb(nb_) {
+    thread_local std::vector<ActBlock> buf;
+    buf.resize(static_cast<size_t>(rows) * nb);
+    const __m256i bias = _mm256_set1_epi8(static_cast<char>(0x80));
+    for (size_t i = 0; i < buf.size(); ++i) {
+      buf[i].d = a[i].d;
+      buf[i].s = a[i].s;
+      const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a[i].q));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(buf[i].q), _mm256_xor_si256(q, bias));
+    }
+    biased = buf.data();
+  }
+  Row row(int r) const { return {biased + static_cast<size_t>(r) * nb}; }
+};
+
+// Q6_K over the scratch. Per block, lane c: sum over the two halves of scales[half] * dot(q - 32,
+// a), the integer dot8_q6k computes (there as -32 * sum(a) plus dot(q, a)); the 8 blocks' sums
+// added in int32 (the activations share one scale per super-block: uses_superblock_activations)
+// and one float step per super-block, dot8_q6k's (AVX2): the same bits.
+// Why the activations biased: dot8_q6k's -32 * sum(a) term takes a broadcast and a vpmaddwd
+// per (row, block). With u = a + 128 in [1, 255] and w = q - 32 in [-32, 31],
+// dot(w, a) = dot(u, w) - 128 * sum(w), and the second term depends on the weights alone: the
+// expansion stores it per block (scaled) and each block adds it to every row's sum. Bounds:
+// |u * w| <= 255 * 32 = 8160, so a vpmaddubsw pair is at most 16320 and two steps (4 products
+// per int16 lane) 32640: pairs of steps sum in int16, each pair widened and scaled by
+// vpmaddwd. int32: a block's biased dot is at most 2 * 128 * 16 * 8160 < 2^26 and its weight
+// term 2 * 128 * 128 * 512 = 2^24, so a super-block's running sum stays below 2^30.
+// Why one float step per super-block: the float conversion, multiply and FMA per block and row
+// go to the vector ports the vpmaddubsw / vpmaddwd need. Per 32 vpmaddubsw of a 4-row tile this
+// kernel issued 20 vpmaddwd and 12 float operations (Q4_K's: ~4 and almost none), now 16 and
+// 1.5; 512 x 2048 x 2048 on a Zen 5 core (AVX2 code), 122 -> 143 GMAC/s (bench/README.md).
 template <int R, int G>
-inline void dot8_q6k_x(const uint8_t* s, size_t gbytes, const Q6Row* a, int nsb, float* const* out) {
+inline void dot8_q6k_x(const uint8_t* s, size_t gbytes, const Q6XRow* a, int nsb, float* const* out) {
   __m256 acc[R][G];
   zero_tiles(acc);
   for (int sb = 0; sb < nsb; ++sb) {
     const uint8_t* ss = s + static_cast<size_t>(sb) * kQ6XBytes;
-    for (int jj = 0; jj < kSubBlocks; ++jj) {
-      const int j = (jj & 4) | ((jj & 1) << 1) | ((jj >> 1) & 1);  // 0, 2, 1, 3, 4, 6, 5, 7
-      const int blk = sb * kSubBlocks + j;
-      __m256i isum[R][G];
+    const ActBlock* ab[R];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) ab[r] = a[r].b + sb * kSubBlocks;
+    __m256i isum[R][G];
+#pragma GCC unroll 8
+    for (int j = 0; j < kSubBlocks; ++j) {
 #pragma GCC unroll 4
       for (int g = 0; g < G; ++g) {
-        const __m256i m32 = load32(ss + g * gbytes + 2560 + 32 * j);
+        const __m256i corr = load32(ss + g * gbytes + 2560 + 32 * j);
 #pragma GCC unroll 8
-        for (int r = 0; r < R; ++r) isum[r][g] = _mm256_madd_epi16(m32, _mm256_set1_epi32(a[r].hs[4 * blk + 2]));
+        for (int r = 0; r < R; ++r) isum[r][g] = j == 0 ? corr : add32_chain(isum[r][g], corr);
       }
       const uint8_t* sj = ss + 256 * j;
 #pragma GCC unroll 4
@@ -213,26 +266,26 @@ inline void dot8_q6k_x(const uint8_t* s, size_t gbytes, const Q6Row* a, int nsb,
         }
 #pragma GCC unroll 8
         for (int r = 0; r < R; ++r) {
-          const int8_t* q = a[r].b[blk].q;
+          const int8_t* q = ab[r][j].q;
           const __m256i a0 = broadcast4(q + 4 * i);
           const __m256i a1 = broadcast4(q + 4 * i + 4);
 #pragma GCC unroll 4
           for (int g = 0; g < G; ++g) {
-            const __m256i s16 = add16_chain(_mm256_maddubs_epi16(w0[g], a0), _mm256_maddubs_epi16(w1[g], a1));
+            const __m256i s16 = add16_chain(_mm256_maddubs_epi16(a0, w0[g]), _mm256_maddubs_epi16(a1, w1[g]));
             const __m256i sc = load32(ss + g * gbytes + 2048 + 64 * j + 32 * (i >> 2));
             isum[r][g] = add32_chain(isum[r][g], _mm256_madd_epi16(s16, sc));
           }
         }
       }
+    }
 #pragma GCC unroll 4
-      for (int g = 0; g < G; ++g) {
-        const __m256 dg = _mm256_load_ps(reinterpret_cast<const float*>(ss + g * gbytes + 2816));
+    for (int g = 0; g < G; ++g) {
+      const __m256 dg = _mm256_load_ps(reinterpret_cast<const float*>(ss + g * gbytes + 2816));
 #pragma GCC unroll 8
-        for (int r = 0; r < R; ++r) {
-          const float ad = a[r].b[blk].d;
-          acc[r][g] =
-              _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r][g]), _mm256_mul_ps(dg, _mm256_set1_ps(ad)), acc[r][g]);
-        }
+      for (int r = 0; r < R; ++r) {
+        const float ad = ab[r][0].d;
+        acc[r][g] =
+            _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r][g]), _mm256_mul_ps(dg, _mm256_set1_ps(ad)), acc[r][g]);
       }
     }
   }
@@ -269,7 +322,20 @@ inline void gemm_kq_expanded(const uint8_t* w, size_t rb, const ActBlock* a, int
           Expand(group + static_cast<size_t>(sb) * tile_bytes, s + g * gbytes + static_cast<size_t>(sb) * kXBytes);
         }
       }
+      // The next groups' packed bytes, a slice per tile, into L2 while these tiles run: the
+      // expansion reads a group (8 rows: 54 KB of Q6_K at k = 8192) once per row chunk, and
+      // left to the hardware prefetcher it waited on memory for most lines (27% of a
+      // 256 x 1024 x 8192 Q6_K product's samples, where the chunk is 32 rows: 8 tiles per group).
+      const int n_next = n + 8 * groups;
+      const size_t pf_lines =
+          n_next < n1 ? static_cast<size_t>(std::min(kG, (n1 - n_next) / 8)) * 8 * rb / 64 : 0;
+      const uint8_t* pf = w + static_cast<size_t>(n_next) * rb;
+      const int tiles = (r1 - r0 + kR - 1) / kR;
       for (int r = r0; r < r1; r += kR) {
+        const int t = (r - r0) / kR;
+        for (size_t l = pf_lines * t / tiles; l < pf_lines * (t + 1) / tiles; ++l) {
+          _mm_prefetch(reinterpret_cast<const char*>(pf + 64 * l), _MM_HINT_T1);
+        }
         const int t_rows = std::min(kR, r1 - r);
         Row rows_a[kR];
         float* outs[kR];
@@ -310,9 +376,9 @@ struct Kq45X {
 
 template <int R, int G>
 struct Q6X {
-  static void dispatch(int rows, int groups, const uint8_t* s, size_t gbytes, const Q6Row* a, int nsb,
+  static void dispatch(int rows, int groups, const uint8_t* s, size_t gbytes, const Q6XRow* a, int nsb,
                        float* const* out) {
-    dispatch_tile<R, G, Q6Row>(rows, groups, [&]<int R2, int G2>() { dot8_q6k_x<R2, G2>(s, gbytes, a, nsb, out); });
+    dispatch_tile<R, G, Q6XRow>(rows, groups, [&]<int R2, int G2>() { dot8_q6k_x<R2, G2>(s, gbytes, a, nsb, out); });
   }
 };
 
@@ -337,7 +403,7 @@ inline void gemm_q5_k_x8_expanded(const uint8_t* w, size_t rb, const ActBlock* a
 inline void gemm_q6_k_x8_expanded(const uint8_t* w, size_t rb, const ActBlock* a, int k, int rows, int n0, int n1,
                                   float* out, int ldo) {
   if (rows == 1) return gemm_q6_k_x8(w, rb, a, k, rows, n0, n1, out, ldo);
-  gemm_kq_expanded<kExpandedRows, 1, kQ6XBytes, Q6Rows, q6_expand, Q6X>(w, rb, a, k, rows, n0, n1, out, ldo,
+  gemm_kq_expanded<kExpandedRows, 1, kQ6XBytes, Q6XRows, q6_expand, Q6X>(w, rb, a, k, rows, n0, n1, out, ldo,
                                                                        8 * kQ6KBytes);
 }
 

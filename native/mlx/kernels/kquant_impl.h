@@ -892,9 +892,11 @@ inline void q6_slice(const uint8_t* ql, const uint8_t* qh, int p, __m256i& wa, _
 }
 
 // Q6_K: per block, lane c: isum = sc_lo * dot(q - 32, first 16) + sc_hi * dot(q - 32, second
-// 16) (exact), then acc = fma(isum, d * a.d, acc) — the row-major kernel's formula. Blocks
-// are accumulated in the order 0, 2, 1, 3, 4, 6, 5, 7 of each super-block (the order ql
-// pairs them), the same for every tile shape.
+// 16) (exact). The 256-bit VNNI build then does acc = fma(isum, d * a.d, acc) per block — the
+// row-major kernel's formula — in the order 0, 2, 1, 3, 4, 6, 5, 7 of each super-block (the
+// order ql pairs them), the same for every tile shape; the AVX2 build adds the 8 blocks' isum
+// in int32 (the activations share one scale per super-block) and does that step once per
+// super-block, as its multi-row kernel dot8_q6k_x does.
 template <int R, int G>
 inline void dot8_q6k(const uint8_t* w, size_t stride, const Q6Row* a, int nb, float* const* out, bool stream) {
   constexpr int kTile = 8 * kQ6KBytes;
@@ -908,6 +910,9 @@ inline void dot8_q6k(const uint8_t* w, size_t stride, const Q6Row* a, int nb, fl
       const uint8_t* t = w + g * stride + static_cast<size_t>(sb) * kTile;
       dg[g] = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(t)));
     }
+#if !defined(LLMD_ISA_VNNI)
+    __m256i ssum[R][G];  // the super-block's integer sum per (row, group)
+#endif
 #pragma GCC unroll 4
     for (int hp = 0; hp < 4; ++hp) {
       const int h = hp >> 1, p = hp & 1;
@@ -1011,6 +1016,7 @@ inline void dot8_q6k(const uint8_t* w, size_t stride, const Q6Row* a, int nb, fl
         }
       }
 #endif
+#if defined(LLMD_ISA_VNNI)
 #pragma GCC unroll 2
       for (int e = 0; e < 2; ++e) {
 #pragma GCC unroll 8
@@ -1023,7 +1029,30 @@ inline void dot8_q6k(const uint8_t* w, size_t stride, const Q6Row* a, int nb, fl
           }
         }
       }
+#else
+#pragma GCC unroll 8
+      for (int g = 0; g < G; ++g) {
+#pragma GCC unroll 8
+        for (int r = 0; r < R; ++r) {
+          const __m256i both = _mm256_add_epi32(isum[r][g][0], isum[r][g][1]);
+          ssum[r][g] = hp == 0 ? both : _mm256_add_epi32(ssum[r][g], both);
+        }
+      }
+#endif
     }
+#if !defined(LLMD_ISA_VNNI)
+    // The activations share one scale per super-block (uses_superblock_activations), so the
+    // 8 blocks' exact integer sums take one float step: dot8_q6k_x's, in the same form.
+#pragma GCC unroll 8
+    for (int g = 0; g < G; ++g) {
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) {
+        const float ad = a[r].b[sb * kSubBlocks].d;
+        acc[r][g] =
+            _mm256_fmadd_ps(_mm256_cvtepi32_ps(ssum[r][g]), _mm256_mul_ps(dg[g], _mm256_set1_ps(ad)), acc[r][g]);
+      }
+    }
+#endif
   }
   store_tiles(acc, out);
 }

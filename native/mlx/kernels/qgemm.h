@@ -33,7 +33,7 @@ struct ActBlock {
 
 using QuantizeRowFn = void (*)(const float* x, ActBlock* out, int k);
 
-// Q4_K and Q5_K take their activations per 256 (llama.cpp's Q8_K): the 8 blocks of a 256-wide
+// Q4_K, Q5_K and Q6_K take their activations per 256 (llama.cpp's Q8_K): the 8 blocks of a 256-wide
 // super-block share one scale d (x ~= d * q, s = d * sum(q) per block as above). Why: with one
 // activation scale per super-block, a kernel applies each sub-block's 6-bit weight scale to an
 // integer dot product and takes the mins from the blocks' integer sums, in integers until one
@@ -41,8 +41,10 @@ using QuantizeRowFn = void (*)(const float* x, ActBlock* out, int k);
 // 32-element block (bench/README.md, issue 31: the AVX-512 Q5_K kernel 244-254 -> 275-302
 // GMAC/s, AVX2 77-80 -> 87-89). The price is a coarser activation rounding where a block's
 // values are much smaller than its super-block's largest, the trade llama.cpp makes for every
-// K-quant. Q6_K stays per 32: its kernel measured slower this way. Every path quantizes the
-// same way, so SIMD and scalar paths see the same integers.
+// K-quant. Q6_K too since its AVX2 prefill kernel sums a whole super-block in int32 (one float
+// step per super-block instead of 8: 122 -> 143 GMAC/s on a Zen 5 core, issue 31); its other
+// kernels read each block's scale, the same for the 8 blocks. Every path quantizes the same
+// way, so SIMD and scalar paths see the same integers.
 bool uses_superblock_activations(TensorType type);
 
 // out[r * ldo + n] = dot(weight row n, activation row r) for r in [0, rows), n in [n0, n1).
