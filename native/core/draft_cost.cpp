@@ -22,7 +22,8 @@ void StepCost::observe(int rows, double seconds) {
   const double expected = fixed() ? -1.0 : estimate(rows);
   if (expected > 0.0) seconds = std::min(seconds, kMaxJump * expected);
   double& s = seconds_[rows];
-  s = fresh(rows) ? s + kWeight * (seconds - s) : seconds;  // a forgotten figure starts again
+  // Falls fast, rises slowly: other processes only ever add time to a step.
+  s = !fresh(rows) ? seconds : s + (seconds < s ? kFall : kRise) * (seconds - s);
   updated_[rows] = ++observations_;
 }
 
@@ -32,7 +33,7 @@ double StepCost::estimate(int rows) const {
   rows = std::clamp(rows, 1, n - 1);
   if (fresh(rows)) return seconds_[rows];
   int below = -1, above = -1, lowest = -1, highest = -1;
-  for (int r = 1; r < n; ++r) {
+  for (int r = std::max(1, rows - kReach); r < std::min(n, rows + kReach + 1); ++r) {
     if (!fresh(r)) continue;
     if (lowest < 0) lowest = r;
     highest = r;

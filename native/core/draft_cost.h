@@ -25,7 +25,7 @@ namespace llmd {
 
 // The wall time of an engine step as a function of its rows (tokens fed): a moving average per
 // row count, from the steps the engine ran. A row count not measured is estimated from the
-// measured ones: between two, on the line joining them; beyond the largest, on the line
+// measured ones within kReach rows of it: between two, on the line joining them; beyond the largest, on the line
 // through the largest and the smallest measured (flat when only one is: drafting looks free
 // until measured, so it is tried once); below the smallest, on the line through the smallest
 // and the largest (proportional to rows when only one is: plain decode looks cheap until
@@ -47,9 +47,15 @@ class StepCost {
   // The measured figures still in use (rows -> seconds), for stats.
   std::vector<std::pair<int, double>> measured() const;
 
-  static constexpr double kWeight = 0.25;      // of the newest step in a row count's average
+  // Weights of the newest step in a row count's average: a faster step counts more than a
+  // slower one, since other processes only ever add time to a step.
+  static constexpr double kFall = 0.5;
+  static constexpr double kRise = 0.2;
   static constexpr double kMaxJump = 2.0;      // a sample is clipped to this times the estimate
   static constexpr uint64_t kForgetAfter = 64; // steps
+  // Only figures this close in rows inform an estimate: a prefill chunk's cost per row says
+  // nothing about a decode step's.
+  static constexpr int kReach = 32;
 
  private:
   bool fresh(int rows) const;
