@@ -65,7 +65,10 @@ void DraftAcceptance::record(int drafted, int accepted) {
   if (accepted < drafted) observe(false);
 }
 
-void DraftAcceptance::observe(bool kept) { rate_ += kWeight * ((kept ? 1.0 : 0.0) - rate_); }
+void DraftAcceptance::observe(bool kept) {
+  rate_ += kWeight * ((kept ? 1.0 : 0.0) - rate_);
+  ++seen_;
+}
 
 std::vector<int> plan_drafts(const StepCost& cost, int rows, int tokens, const std::vector<DraftCandidate>& candidates) {
   std::vector<int> plan(candidates.size(), 0);
@@ -75,11 +78,18 @@ std::vector<int> plan_drafts(const StepCost& cost, int rows, int tokens, const s
     size_t sequence;
   };
   std::vector<Offer> offers;
+  double expected = tokens;
   for (size_t i = 0; i < candidates.size(); ++i) {
     double gain = 1.0;
     for (int j = 1; j <= candidates[i].tokens; ++j) {
       gain *= std::clamp(candidates[i].acceptance, 0.0, 1.0);
-      offers.push_back({gain, j, i});
+      if (candidates[i].always) {  // part of the step whatever the plan
+        expected += gain;
+        ++rows;
+        ++plan[i];
+      } else {
+        offers.push_back({gain, j, i});
+      }
     }
   }
   if (offers.empty()) return plan;
@@ -92,9 +102,8 @@ std::vector<int> plan_drafts(const StepCost& cost, int rows, int tokens, const s
   std::stable_sort(offers.begin(), offers.end(), [](const Offer& a, const Offer& b) {
     return a.gain != b.gain ? a.gain > b.gain : a.position < b.position;
   });
-  double best = tokens / cost.estimate(rows);
+  double best = expected / cost.estimate(rows);
   size_t chosen = 0;
-  double expected = tokens;
   for (size_t d = 1; d <= offers.size(); ++d) {
     expected += offers[d - 1].gain;
     const double rate = expected / cost.estimate(rows + static_cast<int>(d));

@@ -73,19 +73,29 @@ class StepCost {
 class DraftAcceptance {
  public:
   double rate() const { return rate_; }
+  // Whether enough positions were seen to trust rate(): until then the sequence drafts what
+  // its draft length allows, so a drafter that is often right (an MTP head, a draft model:
+  // nothing shows what a declined draft would have been) gets to show it.
+  bool known() const { return seen_ >= kEvidence; }
   void record(int drafted, int accepted);
   void observe(bool kept);
 
   static constexpr double kPrior = 0.5;
   static constexpr double kWeight = 0.15;
+  static constexpr int kEvidence = 8;
 
  private:
   double rate_ = kPrior;
+  int seen_ = 0;
 };
 
 struct DraftCandidate {
   int tokens = 0;          // drafts on offer (n-gram: found; draft model, MTP: asked for)
   double acceptance = 0;   // DraftAcceptance::rate
+  // Drafted whatever the cost: a sequence whose acceptance is not known yet, or one whose
+  // draws must not depend on timing (a sampled request: its seed's tokens depend on how many
+  // drafts each step verified).
+  bool always = false;
 };
 
 // How many of its candidate drafts each sequence verifies this step (the rule at the top).

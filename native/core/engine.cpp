@@ -1398,6 +1398,8 @@ void Engine::plan_drafts_of(const std::vector<Sequence*>& decoding, std::vector<
     }
     candidates[i].tokens = wants[i];
     candidates[i].acceptance = seq.acceptance.rate();
+    const SamplingParams& p = seq.request.sampling;
+    candidates[i].always = !seq.acceptance.known() || (p.temperature > 0.f && p.top_k != 1);
     any = any || wants[i] > 0;
   }
   if (!any) return;
