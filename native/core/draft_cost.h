@@ -82,7 +82,7 @@ class DraftAcceptance {
 
   static constexpr double kPrior = 0.5;
   static constexpr double kWeight = 0.15;
-  static constexpr int kEvidence = 8;
+  static constexpr int kEvidence = 4;
 
  private:
   double rate_ = kPrior;

@@ -95,8 +95,9 @@ def test_where_drafts_cannot_pay_none_are_verified_and_metrics_say_so(
     model_path, monkeypatch: pytest.MonkeyPatch
 ) -> None:  # type: ignore[no-untyped-def]
     """A worker whose every extra row costs a whole step (LLMD_DRAFT_ROW_COST=1, the cost
-    model's test hook: a fully compute-bound box) verifies no draft, so speculation cannot slow
-    it down; the drafts it declined show in /metrics, and the answer is unchanged."""
+    model's test hook: a fully compute-bound box) stops verifying drafts once the sequence's
+    acceptance is known (its first 4 positions), so speculation cannot slow it down; the
+    drafts it declined show in /metrics, and the answer is unchanged."""
     monkeypatch.setenv("LLMD_DRAFT_ROW_COST", "1")
     with serving("--speculative", "ngram", "--speculative-max-draft", "8") as live:
         before = scrape(live.base_url)
@@ -107,9 +108,10 @@ def test_where_drafts_cannot_pay_none_are_verified_and_metrics_say_so(
         assert status == 200, plain
         after = scrape(live.base_url)
     assert spec["choices"][0]["message"]["content"] == plain["choices"][0]["message"]["content"]
-    assert spec["usage"]["speculative"] == {"drafted_tokens": 0, "accepted_tokens": 0}
+    drafted = spec["usage"]["speculative"]["drafted_tokens"]
     name = "llmd_speculative_declined_tokens_total"
-    assert value(after, name, model=MODEL) - value(before, name, model=MODEL) > 0
+    declined = value(after, name, model=MODEL) - value(before, name, model=MODEL)
+    assert declined > 4 * drafted, (declined, drafted)
 
 
 def test_stop_strings_logprobs_and_n_are_the_same(spec_server: LiveServer) -> None:

@@ -77,21 +77,23 @@ def test_dear_rows_stop_rejected_drafts_and_keep_accepted_ones(model_path, promp
     assert edit["accepted_tokens"] * 2 > edit["drafted_tokens"], edit
 
 
-def test_rows_as_dear_as_a_step_never_draft(model_path, prompts) -> None:  # type: ignore[no-untyped-def]
+def test_rows_as_dear_as_a_step_stop_drafting(model_path, prompts) -> None:  # type: ignore[no-untyped-def]
     """Where every row costs a whole one-row step (a fully compute-bound box), no draft can
-    pay: nothing is verified, drafts on offer are counted as declined, and output is unchanged."""
+    pay. A sequence drafts only until its acceptance is known (DraftAcceptance::kEvidence = 4
+    positions verified: at most 4 drafting steps each), then not at all, even the edit whose
+    drafts are kept; drafts on offer are counted as declined, and output is unchanged."""
     engine = _engine(model_path, 1.0)
     try:
         plain, _ = _run(engine, prompts, 0)
+        before = engine.stats()["speculative_steps"]
         spec, declined = _run(engine, prompts, 8)
-        stats = engine.stats()
+        steps = engine.stats()["speculative_steps"] - before
     finally:
         engine.shutdown()
     for name in prompts:
         assert spec[name]["tokens"] == plain[name]["tokens"], name
-        assert spec[name]["done"]["drafted_tokens"] == 0, name
-    assert declined > 0
-    assert stats["speculative_steps"] == 0
+    assert 0 < steps <= 4 * len(prompts), steps
+    assert declined > 4 * sum(spec[n]["done"]["drafted_tokens"] for n in prompts), declined
 
 
 def test_the_measured_step_cost_is_reported(engine, prompts) -> None:  # type: ignore[no-untyped-def]
