@@ -42,7 +42,9 @@ def test_mtp_requests_draft_with_the_models_head(server, tmp_path: Path) -> None
     )
     assert spec.choices[0].message.content == plain.choices[0].message.content
     usage = spec.model_dump()["usage"]["speculative"]
-    assert usage["drafted_tokens"] > 0 and usage["accepted_tokens"] > usage["drafted_tokens"] // 2
+    # Half or more kept: which steps draft is the cost model's choice from measured step times
+    # (draft_cost.h), so the counts move with the machine's load (one loaded run kept 9 of 18).
+    assert usage["drafted_tokens"] > 0 and 2 * usage["accepted_tokens"] >= usage["drafted_tokens"]
     with urllib.request.urlopen(server.base_url + "/status", timeout=30) as r:
         status = next(m for m in json.loads(r.read())["models"] if m["name"] == name)
     assert "mtp" in status["speculative"]["available"]
