@@ -70,7 +70,8 @@ void DraftAcceptance::observe(bool kept) {
   ++seen_;
 }
 
-std::vector<int> plan_drafts(const StepCost& cost, int rows, int tokens, const std::vector<DraftCandidate>& candidates) {
+std::vector<int> plan_drafts(const StepCost& cost, int rows, int tokens,
+                             const std::vector<DraftCandidate>& candidates) {
   std::vector<int> plan(candidates.size(), 0);
   struct Offer {
     double gain;  // expected kept tokens: acceptance^position
