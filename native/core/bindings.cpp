@@ -156,7 +156,8 @@ std::unique_ptr<Engine> make_engine(const std::string& path, int context_length,
                                     const std::string& backend, const std::string& kv_type,
                                     const std::string& kv_disk_dir, size_t kv_disk_bytes,
                                     const std::string& model_digest, const std::string& draft_model_path,
-                                    const py::dict& draft_hf_config, int kv_disk_read_delay_ms) {
+                                    const py::dict& draft_hf_config, int kv_disk_read_delay_ms,
+                                    double draft_row_cost) {
   const KvType type = kv_type_named(kv_type);
   Metadata hf = metadata_from_dict(hf_config);
   Metadata draft_hf = metadata_from_dict(draft_hf_config);
@@ -183,6 +184,7 @@ std::unique_ptr<Engine> make_engine(const std::string& path, int context_length,
   opts.kv_disk_bytes = kv_disk_bytes;
   opts.model_digest = model_digest;
   opts.kv_disk_read_delay_ms = kv_disk_read_delay_ms;
+  opts.draft_row_cost = draft_row_cost;
   return std::make_unique<Engine>(std::move(model), opts, std::move(draft));
 }
 
@@ -463,7 +465,8 @@ PYBIND11_MODULE(_engine, m) {
            py::arg("kv_budget_bytes") = size_t{1} << 30, py::arg("hf_config") = py::dict(),
            py::arg("backend") = "auto", py::arg("kv_type") = "f16", py::arg("kv_disk_dir") = "",
            py::arg("kv_disk_bytes") = 0, py::arg("model_digest") = "", py::arg("draft_model_path") = "",
-           py::arg("draft_hf_config") = py::dict(), py::arg("kv_disk_read_delay_ms") = 0)
+           py::arg("draft_hf_config") = py::dict(), py::arg("kv_disk_read_delay_ms") = 0,
+           py::arg("draft_row_cost") = -1.0)
       .def(
           "submit",
           [](Engine& e, const std::string& id, std::vector<int32_t> prompt, int max_tokens, float temperature,
@@ -613,6 +616,10 @@ PYBIND11_MODULE(_engine, m) {
              d["draft_accepted_tokens"] = s.draft_accepted_tokens;
              d["speculative_steps"] = s.speculative_steps;
              d["drafting_rows_histogram"] = histogram_dict(s.drafting_rows_histogram);
+             d["draft_declined_tokens"] = s.draft_declined_tokens;
+             py::dict step_cost;  // rows -> milliseconds, as the cost model has measured them
+             for (const auto& [rows, seconds] : s.step_cost) step_cost[py::str(std::to_string(rows))] = seconds * 1e3;
+             d["step_cost_ms"] = step_cost;
              py::dict disk;
              disk["enabled"] = s.kv_disk_enabled;
              if (!s.kv_disk_enabled) disk["off_reason"] = s.kv_disk_off_reason;

@@ -74,6 +74,7 @@ Engine::Engine(std::unique_ptr<Model> model, EngineOptions options, std::unique_
       session_pins_(pool_) {
   if (options_.max_sequences < 1) options_.max_sequences = 1;
   if (options_.step_token_budget < options_.max_sequences) options_.step_token_budget = options_.max_sequences;
+  step_cost_ = StepCost(options_.step_token_budget, options_.draft_row_cost);
   // Recurrent-state snapshots (one whole state each) may hold a quarter of the KV budget
   // beyond the KV itself; snapshots of running sequences and sessions are never dropped.
   prefix_cache_.set_state_budget(options_.kv_budget_bytes / 4);
@@ -1020,6 +1021,7 @@ void Engine::loop() {
 }
 
 void Engine::step_once() {
+  const auto step_started = Clock::now();
   Step step;
   std::vector<Sequence*> in_step;
   int budget = options_.step_token_budget;
@@ -1043,6 +1045,15 @@ void Engine::step_once() {
       decoding.push_back(seq.get());
       wants.push_back(want);
     }
+  }
+  {
+    // The step's rows without drafts: the decode rows and the prefill it will take.
+    int prefill = 0;
+    for (auto& seq : active_) {
+      if (seq->prefilling()) prefill += static_cast<int>(seq->request.prompt.size()) - seq->fed;
+    }
+    const int plain = static_cast<int>(decoding.size());
+    plan_drafts_of(decoding, wants, plain + std::min(prefill, std::max(0, budget - plain)));
   }
   draft_all(decoding, wants);
   for (Sequence* seq : decoding) {
@@ -1229,6 +1240,7 @@ void Engine::step_once() {
       index_full_blocks(*seq);
       if (recurrent_) keep_snapshots(*seq);
       seq->draft_length.record(k, kept);
+      seq->acceptance.record(k, kept);
       drafted += k;
       accepted += kept;
       seq->draft.clear();
@@ -1280,6 +1292,10 @@ void Engine::step_once() {
     int token = -1;
     const std::string reason = take_token(*seq, row_logits, vocab, -1, &token, nullptr, token_on_device);
     if (token >= 0) ++taken;
+    // A declined draft's first token against the token the step took: free evidence of how
+    // the sequence's drafts would fare, so declining does not blind the cost model.
+    if (seq->declined_first >= 0 && token >= 0) seq->acceptance.observe(token == seq->declined_first);
+    seq->declined_first = -1;
     if (!reason.empty()) {
       finished.push_back(seq);
       reasons.push_back(reason);
@@ -1287,8 +1303,14 @@ void Engine::step_once() {
     }
   }
   {
+    int rows = 0;
+    for (const StepSegment& seg : step.segments) rows += static_cast<int>(seg.tokens.size());
+    step_cost_.observe(rows, std::chrono::duration<double>(Clock::now() - step_started).count());
+  }
+  {
     std::lock_guard<std::mutex> lock(stats_mutex_);
     stats_.steps += 1;
+    stats_.step_cost = step_cost_.measured();
     if (!loading_.empty()) stats_.kv_disk_load_steps += 1;
     stats_.tokens_generated += taken;
     stats_.device_sampled_tokens += on_device;
@@ -1345,19 +1367,54 @@ int Engine::draft_want(Sequence& seq, int room) {
   return std::max(0, std::min({seq.draft_length.next(), room, left}));
 }
 
+void Engine::plan_drafts_of(const std::vector<Sequence*>& decoding, std::vector<int>& wants, int rows) {
+  std::vector<DraftCandidate> candidates(decoding.size());
+  bool any = false;
+  for (size_t i = 0; i < decoding.size(); ++i) {
+    Sequence& seq = *decoding[i];
+    seq.draft.clear();
+    seq.declined_first = -1;
+    if (wants[i] <= 0) continue;
+    if (!seq.request.draft_model && !seq.request.mtp) {
+      const int length = static_cast<int>(seq.request.prompt.size() + seq.generated.size());
+      seq.draft = ngram_draft([&seq](int p) { return seq.token_at(p); }, length, wants[i]);
+      wants[i] = static_cast<int>(seq.draft.size());
+    }
+    candidates[i].tokens = wants[i];
+    candidates[i].acceptance = seq.acceptance.rate();
+    const SamplingParams& p = seq.request.sampling;
+    candidates[i].always = !seq.acceptance.known() || (p.temperature > 0.f && p.top_k != 1);
+    any = any || wants[i] > 0;
+  }
+  if (!any) return;
+  const std::vector<int> plan = plan_drafts(step_cost_, rows, static_cast<int>(decoding.size()), candidates);
+  uint64_t declined = 0;
+  for (size_t i = 0; i < decoding.size(); ++i) {
+    if (plan[i] >= wants[i]) continue;
+    Sequence& seq = *decoding[i];
+    declined += wants[i] - plan[i];
+    if (!seq.draft.empty()) {
+      if (plan[i] == 0) seq.declined_first = seq.draft[0];
+      seq.draft.resize(plan[i]);
+    }
+    wants[i] = plan[i];
+  }
+  if (declined > 0) {
+    std::lock_guard<std::mutex> lock(stats_mutex_);
+    stats_.draft_declined_tokens += declined;
+  }
+}
+
 void Engine::draft_all(const std::vector<Sequence*>& decoding, const std::vector<int>& wants) {
   std::vector<ModelDrafter::Job> jobs;
   for (size_t i = 0; i < decoding.size(); ++i) {
     Sequence& seq = *decoding[i];
+    // MTP below; n-gram drafts were made (and cut) by plan_drafts_of.
+    if (seq.request.mtp || !seq.request.draft_model) continue;
     seq.draft.clear();
-    if (seq.request.mtp) continue;  // below
     if (wants[i] <= 0) continue;
     const int length = static_cast<int>(seq.request.prompt.size() + seq.generated.size());
     const auto token_at = [&seq](int p) { return seq.token_at(p); };
-    if (!seq.request.draft_model) {
-      seq.draft = ngram_draft(token_at, length, wants[i]);
-      continue;
-    }
     if (!seq.drafting) seq.drafting = drafter_->open(seq.request.sampling);
     ModelDrafter::Job job;
     job.state = seq.drafting.get();

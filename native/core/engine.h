@@ -18,6 +18,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include "draft_cost.h"
 #include "kv_cache.h"
 #include "kv_disk.h"
 #include "kv_disk_loader.h"
@@ -130,6 +131,10 @@ struct EngineOptions {
   // Tests only: every disk read waits this long first (a slow disk), so a load lasts long
   // enough for a test to see other sequences step meanwhile.
   int kv_disk_read_delay_ms = 0;
+  // Speculative decoding's cost model (draft_cost.h): < 0 measures what a step's rows cost;
+  // >= 0 fixes it at 1 + draft_row_cost * (rows - 1) one-row steps (tests, benchmarks: 0 makes
+  // drafting free, as before the cost model).
+  double draft_row_cost = -1.0;
 };
 
 struct EngineStats {
@@ -165,6 +170,12 @@ struct EngineStats {
   uint64_t draft_accepted_tokens = 0;
   uint64_t speculative_steps = 0;
   std::map<int, uint64_t> drafting_rows_histogram;
+  // Draft tokens on offer (found by the n-gram lookup, or allowed by a sequence's draft length
+  // for a draft model or MTP head) that the cost model declined to verify: their rows were
+  // expected to cost more than they would save (draft_cost.h). And the step cost it works
+  // from: the measured wall time of a step by its rows (rows -> seconds).
+  uint64_t draft_declined_tokens = 0;
+  std::vector<std::pair<int, double>> step_cost;
   // The disk tier: whether it runs (else why not: kv_disk_off_reason), requests that loaded
   // blocks from it and the prompt tokens those blocks held, and its own counters.
   bool kv_disk_enabled = false;
@@ -276,6 +287,8 @@ class Engine {
     std::vector<double> hidden_sum;  // mean pooling: sum of the final-norm hidden rows so far
     TokenCounts counts;  // only filled when a penalty needs it
     DraftLength draft_length;       // speculative decoding: tokens to draft next
+    DraftAcceptance acceptance;     // and how its drafts fare, for the cost model
+    int32_t declined_first = -1;    // the first draft token the cost model declined this step
     std::vector<int32_t> draft;     // the tokens drafted for the step being run
     std::unique_ptr<DraftSequence> drafting;  // draft-model and MTP requests: draft KV, q rows
     std::unique_ptr<Admission> admission;     // while its prefix loads from disk
@@ -360,6 +373,10 @@ class Engine {
   // Fills the drafts of this step's decoding sequences (`wants`: draft_want's), the n-gram
   // ones by prompt lookup, the draft-model ones in the draft model's batched forwards.
   void draft_all(const std::vector<Sequence*>& decoding, const std::vector<int>& wants);
+  // Before draft_all: the n-gram drafts (cheap lookups, made here so the cost model sees what
+  // was found), then the cost model's cut of every sequence's drafts (`wants` lowered, n-gram
+  // drafts shortened). `rows`: the step's rows without drafts.
+  void plan_drafts_of(const std::vector<Sequence*>& decoding, std::vector<int>& wants, int rows);
   // Siblings waiting for `parent`'s prefill (mutex_ taken inside).
   std::vector<std::unique_ptr<Sequence>> take_forks(const std::string& parent);
   // Starts a sibling from parent's just-prefilled prompt: shared full blocks, a copy of the
@@ -389,6 +406,7 @@ class Engine {
   bool device_sampling_;  // model_->samples_on_device()
   EngineOptions options_;
   int context_length_;
+  StepCost step_cost_{1};  // engine thread only: what a step costs by its rows
   // Before every member that holds sequences: their draft KV lives in its pool.
   std::unique_ptr<ModelDrafter> drafter_;
   std::unique_ptr<MtpDrafter> mtp_;  // the model's MTP head, where it has one

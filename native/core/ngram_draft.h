@@ -29,7 +29,9 @@ inline constexpr int kNgramSearchWindow = 1 << 15;
 // How many tokens a sequence drafts next, from how its recent drafts fared: grow while whole
 // drafts are accepted, shrink to what was accepted when one is rejected part way, and after
 // repeated drafts of which nothing was accepted, draft nothing for a while (doubling the wait
-// each time) so text that drafts badly runs as plain decode.
+// each time) so text that drafts badly runs as plain decode. This is the most a sequence
+// drafts; the cost model (draft_cost.h) then verifies only the drafts expected to pay for
+// their rows in the step.
 class DraftLength {
  public:
   explicit DraftLength(int max_draft = 0) : max_(max_draft), next_(max_draft > 0 ? std::min(max_draft, 4) : 0) {}

@@ -91,6 +91,29 @@ def test_server_default_speculates_and_output_is_unchanged(spec_server: LiveServ
     assert model["speculative"] == {"drafter": "ngram", "max_draft": 8, "available": ["ngram"]}
 
 
+def test_where_drafts_cannot_pay_none_are_verified_and_metrics_say_so(
+    model_path, monkeypatch: pytest.MonkeyPatch
+) -> None:  # type: ignore[no-untyped-def]
+    """A worker whose every extra row costs a whole step (LLMD_DRAFT_ROW_COST=1, the cost
+    model's test hook: a fully compute-bound box) stops verifying drafts once the sequence's
+    acceptance is known (its first 4 positions), so speculation cannot slow it down; the
+    drafts it declined show in /metrics, and the answer is unchanged."""
+    monkeypatch.setenv("LLMD_DRAFT_ROW_COST", "1")
+    with serving("--speculative", "ngram", "--speculative-max-draft", "8") as live:
+        before = scrape(live.base_url)
+        body = {"messages": EDIT, "temperature": 0, "max_tokens": 60}
+        status, spec = post(live, body)
+        assert status == 200, spec
+        status, plain = post(live, {**body, "speculative": False})
+        assert status == 200, plain
+        after = scrape(live.base_url)
+    assert spec["choices"][0]["message"]["content"] == plain["choices"][0]["message"]["content"]
+    drafted = spec["usage"]["speculative"]["drafted_tokens"]
+    name = "llmd_speculative_declined_tokens_total"
+    declined = value(after, name, model=MODEL) - value(before, name, model=MODEL)
+    assert declined > 4 * drafted, (declined, drafted)
+
+
 def test_stop_strings_logprobs_and_n_are_the_same(spec_server: LiveServer) -> None:
     base = {
         "messages": EDIT,

@@ -44,7 +44,14 @@ def _engine(path: Path, backend: str, **kw):  # type: ignore[no-untyped-def]
     from llmd.worker.host import hf_config
 
     config = hf_config(str(path)) if path.is_dir() else {}
-    opts = {"context_length": 256, "max_sequences": 4, "kv_type": "f32", **kw}
+    # draft_row_cost 0: drafting priced as free, so the MTP check always drafts.
+    opts = {
+        "context_length": 256,
+        "max_sequences": 4,
+        "kv_type": "f32",
+        "draft_row_cost": 0.0,
+        **kw,
+    }
     return native.Engine(str(path), backend=backend, hf_config=config, **opts)
 
 

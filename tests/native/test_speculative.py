@@ -34,6 +34,21 @@ def merge(defaults, overrides):
 '''
 
 
+@pytest.fixture(scope="module")
+def engine(model_path):  # type: ignore[no-untyped-def]
+    """Drafting priced as free (`draft_row_cost=0`: the cost model never cuts a draft), so the
+    counts of drafts verified and kept below do not depend on how loaded the machine is; the
+    cost model itself is tested in test_draft_cost.py."""
+    native = pytest.importorskip("llmd._engine")
+    return native.Engine(
+        str(model_path),
+        context_length=4096,
+        max_sequences=8,
+        backend=TEST_BACKEND,
+        draft_row_cost=0.0,
+    )
+
+
 def chat(text_model, user: str) -> list[int]:  # type: ignore[no-untyped-def]
     rendered = f"<|im_start|>user\n{user}<|im_end|>\n<|im_start|>assistant\n"
     return text_model.encode_rendered_chat(rendered)
@@ -210,6 +225,7 @@ def test_speculation_across_prefill_chunks_and_a_small_step_budget(
         max_sequences=4,
         step_token_budget=24,
         backend=TEST_BACKEND,
+        draft_row_cost=0.0,
     )
     try:
         long_prompt = next(c["prompt_ids"] for c in reference["cases"] if c["name"] == "long_1000")

@@ -29,7 +29,14 @@ def cut_draft(model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Pat
 
 def _engine(model_path: Path, draft: Path, **kw):  # type: ignore[no-untyped-def]
     native = pytest.importorskip("llmd._engine")
-    opts = {"context_length": 4096, "max_sequences": 8, "backend": TEST_BACKEND, **kw}
+    # Drafting priced as free (no cost model cut): these tests count the drafts verified.
+    opts = {
+        "context_length": 4096,
+        "max_sequences": 8,
+        "backend": TEST_BACKEND,
+        "draft_row_cost": 0.0,
+        **kw,
+    }
     return native.Engine(str(model_path), draft_model_path=str(draft), **opts)
 
 

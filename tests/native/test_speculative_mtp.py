@@ -55,6 +55,7 @@ def _engine(path: Path, backend: str = "cpu", **kw):  # type: ignore[no-untyped-
         "kv_budget_bytes": 16 << 20,
         "kv_type": "f32",
         "step_token_budget": 16,
+        "draft_row_cost": 0.0,  # drafting priced as free: these tests count the drafts verified
         **kw,
     }
     return native.Engine(str(path), backend=backend, hf_config=hf_config(str(path)), **opts)

@@ -127,6 +127,7 @@ async def scrape(app: web.Application) -> list[Metric]:
         ("images_encoded", "counter", "llmd_images_encoded", "Images the vision tower encoded since the worker started (not those served from its cache of recent images)."),
         ("image_encode_seconds", "counter", "llmd_image_encode_seconds", "Seconds the vision tower spent encoding images since the worker started."),
         ("image_cache_hits", "counter", "llmd_image_cache_hits", "Images whose embeddings came from the worker's cache of recent images since it started."),
+        ("draft_declined_tokens", "counter", "llmd_speculative_declined_tokens", "Draft tokens on offer that speculative decoding's cost model did not verify (their rows were expected to cost more time than they would save) since the worker started."),
         ("embedding_requests", "counter", "llmd_engine_embedding_sequences", "Embedding and rerank sequences the engine completed since its worker started."),
         ("kv_disk.hits", "counter", "llmd_kv_disk_hits", "Requests that loaded KV blocks from the disk tier since the worker started."),
         ("kv_disk.hit_tokens", "counter", "llmd_kv_disk_hit_tokens", "Prompt tokens whose KV was loaded from the disk tier since the worker started."),

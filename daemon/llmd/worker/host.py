@@ -307,6 +307,14 @@ def _backend_name(engine_backend: str) -> str:
     return engine_backend
 
 
+def _draft_row_cost() -> float:
+    """LLMD_DRAFT_ROW_COST, a benchmark and test hook: a fixed cost of a step's extra row (in
+    one-row steps) for speculative decoding's cost model instead of the measured one; 0 drafts
+    whatever the draft length allows, as before the cost model. Unset: measured."""
+    value = os.environ.get("LLMD_DRAFT_ROW_COST", "")
+    return float(value) if value else -1.0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m llmd.worker", description=__doc__)
     parser.add_argument("--model", required=True, help="GGUF file or Hugging Face directory")
@@ -409,6 +417,7 @@ def main(argv: list[str] | None = None) -> int:
             model_digest=digest,
             draft_model_path=args.draft_model,
             draft_hf_config=hf_config(args.draft_model) if args.draft_model else {},
+            draft_row_cost=_draft_row_cost(),
         )
     except Exception as exc:  # noqa: BLE001 - every load failure is reported, then exit
         writer.send(p.Fatal(code="load_failed", message=str(exc)))

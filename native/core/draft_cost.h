@@ -1,0 +1,106 @@
+// Whether drafting pays inside a batched step: a cost model for speculative decoding.
+//
+// Why: verifying k drafted tokens adds k rows to the step. Where a step is bound by reading the
+// weights (a GPU, a small batch) extra rows cost about nothing, and drafting whatever the
+// sequence's recent acceptance allows (DraftLength) is right. Where it is bound by compute (a
+// CPU with a few cores once several rows run) every row costs real time, and drafts that are
+// mostly rejected make the whole batch slower: on 2 cores, the 1B model at 4 streams ran at
+// 0.92x of plain decode with n-gram drafts. So before drafting, the engine weighs what the
+// extra rows cost against the tokens they are expected to save.
+//
+// The rule (plan_drafts): a decoding sequence whose recent drafts were kept at a rate `a` per
+// position (DraftAcceptance) expects its j-th drafted token to be kept with probability a^j
+// (each drafted token counts only if all before it were kept). The step's plain rows yield one
+// token per decoding sequence. Candidate draft tokens, across all sequences, are taken in order
+// of that expected gain, best first, and the engine verifies the D best where D maximises
+//     (decoding sequences + expected kept drafts among the D best) / step cost(rows + D),
+// i.e. expected tokens per second of this step; D = 0 (no drafts) when no D beats plain decode.
+// The step cost is measured (StepCost): an average of the step's wall time per row count.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace llmd {
+
+// The wall time of an engine step as a function of its rows (tokens fed): a moving average per
+// row count, from the steps the engine ran. A row count not measured is estimated from the
+// measured ones within kReach rows of it: between two, on the line joining them; beyond the largest, on the line
+// through the largest and the smallest measured (flat when only one is: drafting looks free
+// until measured, so it is tried once); below the smallest, on the line through the smallest
+// and the largest (proportional to rows when only one is: plain decode looks cheap until
+// measured, so it is tried once). A sample counts at most kMaxJump times the estimate it
+// replaces (a step stalled by another process is not a cost of its rows), and a figure not
+// refreshed for kForgetAfter steps is forgotten, so an outlier or a context that has grown
+// since is measured again: on a box where drafts do not pay, that is one drafting step in
+// kForgetAfter.
+class StepCost {
+ public:
+  // `max_rows`: the most rows a step may have. `fixed_row_cost` >= 0 replaces the measurements
+  // by cost(rows) = 1 + fixed_row_cost * (rows - 1) (tests and benchmarks: 0 makes drafting
+  // free, 1 makes every row cost a whole one-row step).
+  explicit StepCost(int max_rows, double fixed_row_cost = -1.0);
+  void observe(int rows, double seconds);
+  // The estimated cost of a step of `rows` rows; < 0 when nothing has been measured.
+  double estimate(int rows) const;
+  bool fixed() const { return fixed_ >= 0.0; }
+  // The measured figures still in use (rows -> seconds), for stats.
+  std::vector<std::pair<int, double>> measured() const;
+
+  // Weights of the newest step in a row count's average: a faster step counts more than a
+  // slower one, since other processes only ever add time to a step.
+  static constexpr double kFall = 0.5;
+  static constexpr double kRise = 0.2;
+  static constexpr double kMaxJump = 2.0;      // a sample is clipped to this times the estimate
+  static constexpr uint64_t kForgetAfter = 64; // steps
+  // Only figures this close in rows inform an estimate: a prefill chunk's cost per row says
+  // nothing about a decode step's.
+  static constexpr int kReach = 32;
+
+ private:
+  bool fresh(int rows) const;
+  std::vector<double> seconds_;     // per row count; < 0: not measured
+  std::vector<uint64_t> updated_;   // the observation count at its last update
+  uint64_t observations_ = 0;
+  double fixed_ = -1.0;
+};
+
+// A sequence's recent acceptance per drafted position: the chance that a drafted token is kept
+// given that all before it were. A moving average over positions verified (each kept draft a
+// 1, the first rejected one a 0; positions after a rejection are not evidence), starting at
+// kPrior. A first draft token the cost model declined counts too, once the step shows what
+// the token really was (free evidence: no row paid for it).
+class DraftAcceptance {
+ public:
+  double rate() const { return rate_; }
+  // Whether enough positions were seen to trust rate(): until then the sequence drafts what
+  // its draft length allows, so a drafter that is often right (an MTP head, a draft model:
+  // nothing shows what a declined draft would have been) gets to show it.
+  bool known() const { return seen_ >= kEvidence; }
+  void record(int drafted, int accepted);
+  void observe(bool kept);
+
+  static constexpr double kPrior = 0.5;
+  static constexpr double kWeight = 0.15;
+  static constexpr int kEvidence = 4;
+
+ private:
+  double rate_ = kPrior;
+  int seen_ = 0;
+};
+
+struct DraftCandidate {
+  int tokens = 0;          // drafts on offer (n-gram: found; draft model, MTP: asked for)
+  double acceptance = 0;   // DraftAcceptance::rate
+  // Drafted whatever the cost: a sequence whose acceptance is not known yet, or one whose
+  // draws must not depend on timing (a sampled request: its seed's tokens depend on how many
+  // drafts each step verified).
+  bool always = false;
+};
+
+// How many of its candidate drafts each sequence verifies this step (the rule at the top).
+// `rows`: the step's rows without drafts; `tokens`: the tokens they yield (decoding sequences).
+// Without any measured cost every candidate is drafted (the step then measures it).
+std::vector<int> plan_drafts(const StepCost& cost, int rows, int tokens, const std::vector<DraftCandidate>& candidates);
+
+}  // namespace llmd

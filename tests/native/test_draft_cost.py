@@ -1,0 +1,108 @@
+"""Speculative decoding's cost model (native/core/draft_cost.h): before a step verifies drafts,
+the engine weighs what their rows cost against the tokens they are expected to save. With a
+fixed cost (the `draft_row_cost` engine option) the decisions are deterministic: where rows
+are dear, a sequence whose drafts are rejected stops drafting while one whose drafts are kept
+goes on, and greedy output stays token for token what plain decoding gives."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from .conftest import TEST_BACKEND, run_all
+from .test_speculative import SNIPPET, chat
+
+
+@pytest.fixture(scope="module")
+def prompts(text_model) -> dict[str, list[int]]:  # type: ignore[no-untyped-def]
+    edit = chat(
+        text_model,
+        "Here is a Python file:\n```python\n"
+        + SNIPPET
+        + "```\nRewrite the whole file, renaming `merge` to `merge_settings`. Output only the code.",
+    )
+    # Numbers the model does not copy: prompt lookup finds short matches in them, and the model
+    # mostly goes another way, so their drafts are rejected.
+    rng = random.Random(5)
+    numbers = " ".join(str(rng.randrange(1000)) for _ in range(120))
+    noise = chat(text_model, "Continue this list of numbers: " + numbers)
+    return {"edit": edit, "noise": noise}
+
+
+def _engine(model_path, row_cost: float):  # type: ignore[no-untyped-def]
+    native = pytest.importorskip("llmd._engine")
+    return native.Engine(
+        str(model_path),
+        context_length=4096,
+        max_sequences=4,
+        backend=TEST_BACKEND,
+        draft_row_cost=row_cost,
+    )
+
+
+def _run(engine, prompts: dict[str, list[int]], max_draft: int) -> tuple[dict, int]:  # type: ignore[no-untyped-def]
+    before = engine.stats()["draft_declined_tokens"]
+    out = run_all(
+        engine,
+        {k: {"prompt": p, "max_tokens": 120, "max_draft": max_draft} for k, p in prompts.items()},
+    )
+    return out, engine.stats()["draft_declined_tokens"] - before
+
+
+def test_dear_rows_stop_rejected_drafts_and_keep_accepted_ones(model_path, prompts) -> None:  # type: ignore[no-untyped-def]
+    """Each extra row costs half a one-row step: a draft token pays only when it is kept more
+    often than not. Against drafting priced as free (what the engine did before the cost model),
+    the sequence whose drafts are rejected drafts a fraction as much, the one copying its file
+    still drafts and keeps most of what it drafts, and every token is the same as without
+    speculation, batched."""
+    free, dear = _engine(model_path, 0.0), _engine(model_path, 0.5)
+    try:
+        plain, _ = _run(free, prompts, 0)
+        as_before, declined_free = _run(free, prompts, 8)
+        priced, declined = _run(dear, prompts, 8)
+    finally:
+        free.shutdown()
+        dear.shutdown()
+    for name in prompts:
+        assert as_before[name]["tokens"] == plain[name]["tokens"], name
+        assert priced[name]["tokens"] == plain[name]["tokens"], name
+    assert declined_free == 0  # free rows: every draft on offer is verified
+    assert declined > 0
+    noisy, noisy_free = priced["noise"]["done"], as_before["noise"]["done"]
+    assert noisy_free["drafted_tokens"] > 2 * noisy_free["accepted_tokens"], noisy_free
+    assert noisy["drafted_tokens"] * 3 <= noisy_free["drafted_tokens"], (noisy, noisy_free)
+    edit = priced["edit"]["done"]
+    assert edit["accepted_tokens"] >= len(priced["edit"]["tokens"]) // 5, edit
+    assert edit["accepted_tokens"] * 2 > edit["drafted_tokens"], edit
+
+
+def test_rows_as_dear_as_a_step_stop_drafting(model_path, prompts) -> None:  # type: ignore[no-untyped-def]
+    """Where every row costs a whole one-row step (a fully compute-bound box), no draft can
+    pay. A sequence drafts only until its acceptance is known (DraftAcceptance::kEvidence = 4
+    positions verified: at most 4 drafting steps each), then not at all, even the edit whose
+    drafts are kept; drafts on offer are counted as declined, and output is unchanged."""
+    engine = _engine(model_path, 1.0)
+    try:
+        plain, _ = _run(engine, prompts, 0)
+        before = engine.stats()["speculative_steps"]
+        spec, declined = _run(engine, prompts, 8)
+        steps = engine.stats()["speculative_steps"] - before
+    finally:
+        engine.shutdown()
+    for name in prompts:
+        assert spec[name]["tokens"] == plain[name]["tokens"], name
+    assert 0 < steps <= 4 * len(prompts), steps
+    assert declined > 4 * sum(spec[n]["done"]["drafted_tokens"] for n in prompts), declined
+
+
+def test_the_measured_step_cost_is_reported(engine, prompts) -> None:  # type: ignore[no-untyped-def]
+    """Without a fixed cost the engine measures its steps' wall time by rows (the cost model's
+    input, in stats as milliseconds); speculation stays lossless whatever it decides."""
+    plain = run_all(engine, {"p": {"prompt": prompts["edit"], "max_tokens": 60}})["p"]
+    spec = run_all(engine, {"s": {"prompt": prompts["edit"], "max_tokens": 60, "max_draft": 8}})[
+        "s"
+    ]
+    assert spec["tokens"] == plain["tokens"]
+    cost = engine.stats()["step_cost_ms"]
+    assert cost and all(int(rows) >= 1 and ms > 0 for rows, ms in cost.items()), cost
