@@ -23,6 +23,7 @@
 
 #if defined(LLMD_ISA_VNNI)
 
+#include <algorithm>
 #include <type_traits>
 #include <vector>
 
@@ -39,7 +40,18 @@ constexpr int kKbVecs = 2;                  // 16-column vectors per register ti
 constexpr int kKbCols = 16 * kKbVecs;       // columns per block of expanded weights (4 groups)
 constexpr int kKbGroups = kKbCols / 8;
 constexpr int kKbSlab = 4;                  // super-blocks expanded at a time
-constexpr int kKbChunk = 192;               // activation rows per chunk
+constexpr int kKbChunk = 192;               // activation rows per chunk, at most
+// ... and fewer where the chunk's activations (40 bytes per 32 of k) would outgrow this share of
+// the core's L2: every block of columns rereads them. At k = 8192 (ffn_down) 192 rows are 1.9
+// MiB; 64 rows ran 5-8% faster there (Q5_K 277 -> 285-298, Q6_K 234 -> 249-254 GMAC/s, the
+// engine's column tasks, one Zen 5 core, quiet), while at k = 2048 larger chunks were slower.
+constexpr int kKbChunkBytes = 640 << 10;
+constexpr int kKbMinChunk = 64;
+
+inline int kb_chunk_rows(int k) {
+  const int fit = kKbChunkBytes / (k / kBlock * static_cast<int>(sizeof(ActBlock))) / kKbRows * kKbRows;
+  return std::clamp(fit, kKbMinChunk, kKbChunk);
+}
 
 // Q4_K / Q5_K super-block of kKbCols columns, expanded. q[e][p][t][v]: dword c of vector v is
 // column 16v + c's elements 4t .. 4t + 3 of sub-block 2p + e (fifth bit merged), so a sub-block
@@ -415,7 +427,7 @@ inline void kb_run_tile(int n, const typename Kind::Super* ws, const KbRow<typen
 constexpr int kKbMinRows = 48;
 
 // Packed groups of 8 weight rows, [n0, n1) multiples of 8, rows >= kKbMinRows. Per chunk of
-// activation rows (kKbChunk) and block of kKbCols columns: super-blocks
+// activation rows (kb_chunk_rows) and block of kKbCols columns: super-blocks
 // are expanded kKbSlab at a time, and every row tile of the chunk runs over them, carrying its
 // accumulators (accs) from slab to slab.
 template <class Kind, bool kFive = false>
@@ -429,7 +441,7 @@ inline void gemm_kb(const uint8_t* w, size_t w_row_bytes, const ActBlock* a, int
   const int row_sums = nb / Kind::kBlocksPerSum;
   thread_local std::vector<Sums> sums;
   sums.resize(static_cast<size_t>(kKbChunk) * row_sums);
-  const int chunk = kKbChunk;
+  const int chunk = kb_chunk_rows(k);
   constexpr int kRows = kKbRows;
   thread_local std::vector<Super> ws;
   ws.resize(kKbSlab);
