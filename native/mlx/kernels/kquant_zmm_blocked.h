@@ -1,6 +1,6 @@
 // Register-blocked Q4_K / Q5_K / Q6_K prefill kernels on 512-bit vectors (AVX-512 VNNI path).
-// Included by qgemm_impl.h after kquant_impl.h, whose per-row activations (KqSuperRows,
-// KqPairRows) and one-row kernels (decode: gemm_q*_k_x8) these share.
+// Included by qgemm_impl.h after kquant_impl.h, whose one-row kernels (decode: gemm_q*_k_x8)
+// these must match bit for bit and fall back to below kKbMinRows.
 //
 // Why: the 8-column kernels of kquant_impl.h issue one activation load and qword broadcast per
 // vpdpbusd (a tile's weight vector meets each of its rows once), and that, not the unpacking,
@@ -33,8 +33,8 @@ namespace llmd::kernels::LLMD_ISA_NAMESPACE {
 // (512 x 2048 x 2048 and x 8192, one Zen 5 core, quiet; bench/README.md, issue 31): 4 rows x 2
 // vectors (16 int32 chains; 6 x 2 tied at k = 2048 and lost 10% at 8192, 5 x 2 in between),
 // slabs of 4 super-blocks (40 KiB of expanded weights that every row tile rereads from L1; 2
-// and 3 were slower) and row chunks of 192 (the chunk's activations for one slab stay in L2;
-// packed_row_chunk's 32 rows at k = 8192 left the expansion costing more than it saved).
+// and 3 were slower) and row chunks of 192 (the chunk's activations stay in L2; larger chunks
+// were slower at k = 2048; kb_chunk_rows takes fewer at large k).
 constexpr int kKbRows = 4;                  // activation rows per register tile
 constexpr int kKbVecs = 2;                  // 16-column vectors per register tile
 constexpr int kKbCols = 16 * kKbVecs;       // columns per block of expanded weights (4 groups)
