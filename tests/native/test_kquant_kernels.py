@@ -237,10 +237,11 @@ def test_simd_paths_match_the_scalar_path_to_float_rounding(
 # ------------------------------------------------------------------ prefill-sized products
 #
 # From 48 rows on, the AVX-512 path runs register-blocked kernels (kquant_zmm_blocked.h): 32
-# columns per block of weights expanded per call, tiles of 6 (Q4_K/Q5_K) or 4 (Q6_K) rows, row
-# chunks of 192. These shapes leave every kind of remainder: a lone group (n = 8, 40), three
-# groups in the last block (24, 56), tiles of 1 to 5 rows, a second chunk (200 rows), and
-# k from one super-block to ffn_down's 8192 (slabs of 4 super-blocks and a partial one).
+# columns per block of weights expanded per call, tiles of 4 rows, row chunks of 192 (fewer
+# where k is large: 64 at 8192). These shapes leave every kind of remainder: a lone group (n =
+# 8, 40), three groups in the last block (24, 56), tiles of 1 to 3 rows, a second chunk (200
+# rows; 67 at k = 8192, whose second chunk is 3 rows), and k from one super-block to ffn_down's
+# 8192 (slabs of 4 super-blocks and a partial one).
 PREFILL_SHAPES = [(49, 8, 256), (53, 24, 2304), (67, 40, 8192), (200, 56, 1536)]
 
 

@@ -1,6 +1,6 @@
 // Register-blocked Q4_K / Q5_K / Q6_K prefill kernels on 512-bit vectors (AVX-512 VNNI path).
-// Included by qgemm_impl.h after kquant_impl.h, whose per-row activations (KqSuperRows,
-// KqPairRows) and one-row kernels (decode: gemm_q*_k_x8) these share.
+// Included by qgemm_impl.h after kquant_impl.h, whose one-row kernels (decode: gemm_q*_k_x8)
+// these must match bit for bit and fall back to below kKbMinRows.
 //
 // Why: the 8-column kernels of kquant_impl.h issue one activation load and qword broadcast per
 // vpdpbusd (a tile's weight vector meets each of its rows once), and that, not the unpacking,
@@ -23,6 +23,7 @@
 
 #if defined(LLMD_ISA_VNNI)
 
+#include <algorithm>
 #include <type_traits>
 #include <vector>
 
@@ -32,14 +33,25 @@ namespace llmd::kernels::LLMD_ISA_NAMESPACE {
 // (512 x 2048 x 2048 and x 8192, one Zen 5 core, quiet; bench/README.md, issue 31): 4 rows x 2
 // vectors (16 int32 chains; 6 x 2 tied at k = 2048 and lost 10% at 8192, 5 x 2 in between),
 // slabs of 4 super-blocks (40 KiB of expanded weights that every row tile rereads from L1; 2
-// and 3 were slower) and row chunks of 192 (the chunk's activations for one slab stay in L2;
-// packed_row_chunk's 32 rows at k = 8192 left the expansion costing more than it saved).
+// and 3 were slower) and row chunks of 192 (the chunk's activations stay in L2; larger chunks
+// were slower at k = 2048; kb_chunk_rows takes fewer at large k).
 constexpr int kKbRows = 4;                  // activation rows per register tile
 constexpr int kKbVecs = 2;                  // 16-column vectors per register tile
 constexpr int kKbCols = 16 * kKbVecs;       // columns per block of expanded weights (4 groups)
 constexpr int kKbGroups = kKbCols / 8;
 constexpr int kKbSlab = 4;                  // super-blocks expanded at a time
-constexpr int kKbChunk = 192;               // activation rows per chunk
+constexpr int kKbChunk = 192;               // activation rows per chunk, at most
+// ... and fewer where the chunk's activations (40 bytes per 32 of k) would outgrow this share of
+// the core's L2: every block of columns rereads them. At k = 8192 (ffn_down) 192 rows are 1.9
+// MiB; 64 rows ran 5-8% faster there (Q5_K 277 -> 285-298, Q6_K 234 -> 249-254 GMAC/s, the
+// engine's column tasks, one Zen 5 core, quiet), while at k = 2048 larger chunks were slower.
+constexpr int kKbChunkBytes = 640 << 10;
+constexpr int kKbMinChunk = 64;
+
+inline int kb_chunk_rows(int k) {
+  const int fit = kKbChunkBytes / (k / kBlock * static_cast<int>(sizeof(ActBlock))) / kKbRows * kKbRows;
+  return std::clamp(fit, kKbMinChunk, kKbChunk);
+}
 
 // Q4_K / Q5_K super-block of kKbCols columns, expanded. q[e][p][t][v]: dword c of vector v is
 // column 16v + c's elements 4t .. 4t + 3 of sub-block 2p + e (fifth bit merged), so a sub-block
@@ -209,12 +221,64 @@ inline __m512i kb_bcast(const void* p) {
   return _mm512_set1_epi32(v);
 }
 
+// The kernels read a row's activations where the quantizer wrote them (ActBlocks, one dword
+// broadcast at a time, never across a cache line) and take the integer block sums they need from
+// a small per-chunk table. Why not kquant_impl.h's KqSuperRows / KqPairRows: those copy every
+// row's quants into an interleaved layout on each call, and the engine calls a product once per
+// column task (about 15 per op, each over all the prompt's rows): in a copy of the driver that
+// ran the tasks one after another the copies cost 6% of a 512 x 2048 x 2048 product.
+struct KbSums45 {
+  int16_t bsum[kSubBlocks];  // per super-block, in KqSuper::bsum's order (vpdpwssd operands of the mins)
+};
+struct KbSums6 {
+  int32_t seed[2];  // per block: -32 * the sum of each 16-element half (Q6_K's q - 32), as KqPair::seed
+};
+template <class Sums>
+struct KbRow {
+  const ActBlock* q;  // the row's blocks
+  const Sums* sums;   // per super-block (Q4_K / Q5_K) or block (Q6_K)
+};
+
+// Block b's quants summed by dwords (lane i: bytes 4i .. 4i + 3).
+inline __m256i kb_sums8(const ActBlock& b) {
+  return _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8(1),
+                             _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b.q)));
+}
+
+// Blocks i0 .. i3 by halves: lane j the sum of block i_j's first 16 quants, lane 4 + j of its last 16.
+inline __m256i kb_halves4(const ActBlock* b, int i0, int i1, int i2, int i3) {
+  return _mm256_hadd_epi32(_mm256_hadd_epi32(kb_sums8(b[i0]), kb_sums8(b[i1])),
+                           _mm256_hadd_epi32(kb_sums8(b[i2]), kb_sums8(b[i3])));
+}
+
+// One row's block sums, exact integers: the same values KqSuperRows / KqPairRows compute.
+inline void kb_row_sums(const ActBlock* b, int nb, KbSums45* o) {
+  for (int sb = 0; sb < nb / kSubBlocks; ++sb, b += kSubBlocks) {
+    // bsum's order: blocks 0, 2, 1, 3, then 4, 6, 5, 7.
+    const __m256i g0 = kb_halves4(b, 0, 2, 1, 3);
+    const __m256i g1 = kb_halves4(b, 4, 6, 5, 7);
+    const __m128i s0 = _mm_add_epi32(_mm256_castsi256_si128(g0), _mm256_extracti128_si256(g0, 1));
+    const __m128i s1 = _mm_add_epi32(_mm256_castsi256_si128(g1), _mm256_extracti128_si256(g1, 1));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(o[sb].bsum), _mm_packs_epi32(s0, s1));  // |sum| <= 32 * 127
+  }
+}
+inline void kb_row_sums(const ActBlock* b, int nb, KbSums6* o) {
+  const __m128i z = _mm_setzero_si128();
+  for (int i = 0; i < nb; i += 4) {
+    const __m256i g = kb_halves4(b + i, 0, 1, 2, 3);
+    const __m128i lo = _mm256_castsi256_si128(g), hi = _mm256_extracti128_si256(g, 1);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(o + i), _mm_sub_epi32(z, _mm_slli_epi32(_mm_unpacklo_epi32(lo, hi), 5)));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(o + i + 2),
+                     _mm_sub_epi32(z, _mm_slli_epi32(_mm_unpackhi_epi32(lo, hi), 5)));
+  }
+}
+
 // R rows x G vectors over super-blocks [sb0, sb1) of the expanded weights ws (indexed from
 // sb0). acc[e][r][g]: the even / odd sub-blocks' float accumulators, carried between slabs.
 // Per parity e: the 4 sub-blocks' exact integer dots, scaled in int32 and summed (isc); the
 // mins' int32 sum (imin); then acc = fma(isc * d - imin * dmin, a.d, acc) as dot8_q45k_zmm.
 template <int R, int G>
-inline void kb45_tile(const Kb45Super* ws, const KqSuper* const* a, int sb0, int sb1, __m512 (*acc)[kKbRows][kKbVecs]) {
+inline void kb45_tile(const Kb45Super* ws, const KbRow<KbSums45>* a, int sb0, int sb1, __m512 (*acc)[kKbRows][kKbVecs]) {
   for (int sb = sb0; sb < sb1; ++sb) {
     const Kb45Super& w = ws[sb - sb0];
 #pragma GCC unroll 2
@@ -230,7 +294,7 @@ inline void kb45_tile(const Kb45Super* ws, const KqSuper* const* a, int sb0, int
           for (int g = 0; g < G; ++g) wv[g] = _mm512_load_si512(&w.q[e][p][t][g]);
 #pragma GCC unroll 6
           for (int r = 0; r < R; ++r) {
-            const __m512i av = kb_bcast(a[r][sb].q + 64 * p + 8 * t + 4 * e);
+            const __m512i av = kb_bcast(a[r].q[sb * kSubBlocks + 2 * p + e].q + 4 * t);
 #pragma GCC unroll 2
             for (int g = 0; g < G; ++g) {
               ch[r][g] = _mm512_dpbusd_epi32(t == 0 ? _mm512_setzero_si512() : ch[r][g], wv[g], av);
@@ -251,10 +315,10 @@ inline void kb45_tile(const Kb45Super* ws, const KqSuper* const* a, int sb0, int
       }
 #pragma GCC unroll 6
       for (int r = 0; r < R; ++r) {
-        const KqSuper& as = a[r][sb];
-        const __m512i b0 = kb_bcast(as.bsum + 2 * e);
-        const __m512i b1 = kb_bcast(as.bsum + 4 + 2 * e);
-        const __m512 ad = _mm512_set1_ps(as.d);
+        const int16_t* bsum = a[r].sums[sb].bsum;
+        const __m512i b0 = kb_bcast(bsum + 2 * e);
+        const __m512i b1 = kb_bcast(bsum + 4 + 2 * e);
+        const __m512 ad = _mm512_set1_ps(a[r].q[sb * kSubBlocks].d);
 #pragma GCC unroll 2
         for (int g = 0; g < G; ++g) {
           const __m512i imin = _mm512_dpwssd_epi32(_mm512_madd_epi16(w.mn[e][0][g], b0), w.mn[e][1][g], b1);
@@ -270,7 +334,7 @@ inline void kb45_tile(const Kb45Super* ws, const KqSuper* const* a, int sb0, int
 // Q6_K: per block 2p + e and half hf, the exact integer dot of q - 32 (chains seeded with
 // -32 * sum(a)); then acc = fma(h1 * ds1 + h0 * ds0, a.d, acc) as dot8_q6k_zmm, block by block.
 template <int R, int G>
-inline void kb6_tile(const Kb6Super* ws, const KqPair* const* a, int sb0, int sb1, __m512 (*acc)[kKbRows][kKbVecs]) {
+inline void kb6_tile(const Kb6Super* ws, const KbRow<KbSums6>* a, int sb0, int sb1, __m512 (*acc)[kKbRows][kKbVecs]) {
   for (int sb = sb0; sb < sb1; ++sb) {
     const Kb6Super& w = ws[sb - sb0];
 #pragma GCC unroll 2
@@ -285,7 +349,7 @@ inline void kb6_tile(const Kb6Super* ws, const KqPair* const* a, int sb0, int sb
 #pragma GCC unroll 6
           for (int r = 0; r < R; ++r) {
 #pragma GCC unroll 2
-            for (int g = 0; g < G; ++g) ch[r][g] = kb_bcast(&a[r][pi].seed[hf][e]);
+            for (int g = 0; g < G; ++g) ch[r][g] = kb_bcast(&a[r].sums[2 * pi + e].seed[hf]);
           }
 #pragma GCC unroll 4
           for (int t = 4 * hf; t < 4 * hf + 4; ++t) {
@@ -294,7 +358,7 @@ inline void kb6_tile(const Kb6Super* ws, const KqPair* const* a, int sb0, int sb
             for (int g = 0; g < G; ++g) wv[g] = _mm512_load_si512(&w.q[e][p][t][g]);
 #pragma GCC unroll 6
             for (int r = 0; r < R; ++r) {
-              const __m512i av = kb_bcast(a[r][pi].q + 8 * t + 4 * e);
+              const __m512i av = kb_bcast(a[r].q[2 * pi + e].q + 4 * t);
 #pragma GCC unroll 2
               for (int g = 0; g < G; ++g) ch[r][g] = _mm512_dpbusd_epi32(ch[r][g], wv[g], av);
             }
@@ -307,7 +371,7 @@ inline void kb6_tile(const Kb6Super* ws, const KqPair* const* a, int sb0, int sb
                 y0[r][g] = _mm512_mul_ps(_mm512_cvtepi32_ps(ch[r][g]), w.ds[e][p][0][g]);
               } else {
                 const __m512 x = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ch[r][g]), w.ds[e][p][1][g], y0[r][g]);
-                acc[e][r][g] = _mm512_fmadd_ps(x, _mm512_set1_ps(a[r][pi].d[e]), acc[e][r][g]);
+                acc[e][r][g] = _mm512_fmadd_ps(x, _mm512_set1_ps(a[r].q[2 * pi + e].d), acc[e][r][g]);
               }
             }
           }
@@ -318,12 +382,14 @@ inline void kb6_tile(const Kb6Super* ws, const KqPair* const* a, int sb0, int sb
 }
 
 struct Kb45Kind {
-  using Rows = KqSuperRows;
+  using Sums = KbSums45;
   using Super = Kb45Super;
+  static constexpr int kBlocksPerSum = kSubBlocks;
 };
 struct Kb6Kind {
-  using Rows = KqPairRows<PairSeeds::kHalves32>;
+  using Sums = KbSums6;
   using Super = Kb6Super;
+  static constexpr int kBlocksPerSum = 1;
 };
 
 template <class Kind, bool kFive>
@@ -336,7 +402,7 @@ inline void kb_expand(const uint8_t* w, size_t stride, int ng, int sb, typename 
 }
 
 template <class Kind, int R, int G>
-inline void kb_tile(const typename Kind::Super* ws, const typename Kind::Rows::Row* a, int sb0, int sb1,
+inline void kb_tile(const typename Kind::Super* ws, const KbRow<typename Kind::Sums>* a, int sb0, int sb1,
                     __m512 (*acc)[kKbRows][kKbVecs]) {
   if constexpr (std::is_same_v<Kind, Kb6Kind>) {
     kb6_tile<R, G>(ws, a, sb0, sb1, acc);
@@ -347,7 +413,7 @@ inline void kb_tile(const typename Kind::Super* ws, const typename Kind::Rows::R
 
 // A tile of n (1 .. kKbRows) rows as a call with a compile-time row count.
 template <class Kind, int G, int kMax = kKbRows>
-inline void kb_run_tile(int n, const typename Kind::Super* ws, const typename Kind::Rows::Row* a, int sb0, int sb1,
+inline void kb_run_tile(int n, const typename Kind::Super* ws, const KbRow<typename Kind::Sums>* a, int sb0, int sb1,
                         __m512 (*acc)[kKbRows][kKbVecs]) {
   if constexpr (kMax > 1) {
     if (n < kMax) return kb_run_tile<Kind, G, kMax - 1>(n, ws, a, sb0, sb1, acc);
@@ -361,20 +427,21 @@ inline void kb_run_tile(int n, const typename Kind::Super* ws, const typename Ki
 constexpr int kKbMinRows = 48;
 
 // Packed groups of 8 weight rows, [n0, n1) multiples of 8, rows >= kKbMinRows. Per chunk of
-// activation rows (kKbChunk) and block of kKbCols columns: super-blocks
+// activation rows (kb_chunk_rows) and block of kKbCols columns: super-blocks
 // are expanded kKbSlab at a time, and every row tile of the chunk runs over them, carrying its
 // accumulators (accs) from slab to slab.
 template <class Kind, bool kFive = false>
 inline void gemm_kb(const uint8_t* w, size_t w_row_bytes, const ActBlock* a, int k, int rows, int n0, int n1,
                     float* out, int ldo) {
-  using Rows = typename Kind::Rows;
-  using Row = typename Rows::Row;
+  using Sums = typename Kind::Sums;
   using Super = typename Kind::Super;
   const int nb = k / kBlock;
   const int nsb = k / kSuper;
   const size_t stride = 8 * w_row_bytes;
-  const Rows act(a, rows, nb);
-  const int chunk = kKbChunk;
+  const int row_sums = nb / Kind::kBlocksPerSum;
+  thread_local std::vector<Sums> sums;
+  sums.resize(static_cast<size_t>(kKbChunk) * row_sums);
+  const int chunk = kb_chunk_rows(k);
   constexpr int kRows = kKbRows;
   thread_local std::vector<Super> ws;
   ws.resize(kKbSlab);
@@ -386,6 +453,9 @@ inline void gemm_kb(const uint8_t* w, size_t w_row_bytes, const ActBlock* a, int
   for (int r0 = 0; r0 < rows; r0 += chunk) {
     const int r1 = std::min(rows, r0 + chunk);
     const int tiles = (r1 - r0 + kRows - 1) / kRows;
+    for (int r = r0; r < r1; ++r) {
+      kb_row_sums(a + static_cast<size_t>(r) * nb, nb, sums.data() + static_cast<size_t>(r - r0) * row_sums);
+    }
     for (int n = n0; n < n1; n += kKbCols) {
       const int ng = std::min(kKbGroups, (n1 - n) / 8);
       const uint8_t* group = w + static_cast<size_t>(n) * w_row_bytes;
@@ -402,8 +472,10 @@ inline void gemm_kb(const uint8_t* w, size_t w_row_bytes, const ActBlock* a, int
         for (int i = 0; i < tiles; ++i) {
           const int r = r0 + i * kRows;
           const int t_rows = std::min(kRows, r1 - r);
-          Row rows_a[kKbRows];
-          for (int t = 0; t < t_rows; ++t) rows_a[t] = act.row(r + t);
+          KbRow<Sums> rows_a[kKbRows];
+          for (int t = 0; t < t_rows; ++t) {
+            rows_a[t] = {a + static_cast<size_t>(r + t) * nb, sums.data() + static_cast<size_t>(r + t - r0) * row_sums};
+          }
           if (ng > 2) {
             kb_run_tile<Kind, 2>(t_rows, ws.data(), rows_a, sb0, sb1, accs[i].v);
           } else {
