@@ -1409,10 +1409,8 @@ void Engine::draft_all(const std::vector<Sequence*>& decoding, const std::vector
   std::vector<ModelDrafter::Job> jobs;
   for (size_t i = 0; i < decoding.size(); ++i) {
     Sequence& seq = *decoding[i];
-    // MTP below; n-gram drafts were made (and cut) by plan_drafts_of.
-    if (seq.request.mtp || !seq.request.draft_model) continue;
-    seq.draft.clear();
-    if (wants[i] <= 0) continue;
+    // MTP below; n-gram drafts were made (and cut), and every draft cleared, by plan_drafts_of.
+    if (seq.request.mtp || !seq.request.draft_model || wants[i] <= 0) continue;
     const int length = static_cast<int>(seq.request.prompt.size() + seq.generated.size());
     const auto token_at = [&seq](int p) { return seq.token_at(p); };
     if (!seq.drafting) seq.drafting = drafter_->open(seq.request.sampling);

@@ -370,8 +370,9 @@ class Engine {
   bool device_samples(const Sequence& seq, const StepSegment& s) const;
   // How many tokens a decoding sequence drafts this step, at most `room`.
   int draft_want(Sequence& seq, int room);
-  // Fills the drafts of this step's decoding sequences (`wants`: draft_want's), the n-gram
-  // ones by prompt lookup, the draft-model ones in the draft model's batched forwards.
+  // Fills the draft-model and MTP drafts of this step's decoding sequences (`wants`: what
+  // plan_drafts_of left of draft_want's) in the draft model's and the head's batched forwards;
+  // the n-gram ones were made by plan_drafts_of.
   void draft_all(const std::vector<Sequence*>& decoding, const std::vector<int>& wants);
   // Before draft_all: the n-gram drafts (cheap lookups, made here so the cost model sees what
   // was found), then the cost model's cut of every sequence's drafts (`wants` lowered, n-gram
