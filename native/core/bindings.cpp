@@ -9,6 +9,7 @@
 #include <optional>
 #include <stdexcept>
 #include <string_view>
+#include <tuple>
 
 #include "../mlx/attention_kernels.h"
 #include "../mlx/device_sampler.h"
@@ -899,6 +900,20 @@ PYBIND11_MODULE(_engine, m) {
   m.def("ngram_draft", [](const std::vector<int32_t>& tokens, int max_tokens) {
     return ngram_draft([&tokens](int i) { return tokens[i]; }, static_cast<int>(tokens.size()), max_tokens);
   }, py::arg("tokens"), py::arg("max_tokens"), "The prompt-lookup drafter's proposal after `tokens`.");
+  m.def(
+      "plan_drafts",
+      [](const std::vector<std::pair<int, double>>& steps, int rows, int tokens,
+         const std::vector<std::tuple<int, double, bool>>& offers, int max_rows) {
+        StepCost cost(max_rows);
+        for (const auto& [r, seconds] : steps) cost.observe(r, seconds);
+        std::vector<DraftCandidate> candidates;
+        for (const auto& [n, acceptance, always] : offers) candidates.push_back({n, acceptance, always});
+        return plan_drafts(cost, rows, tokens, candidates);
+      },
+      py::arg("steps"), py::arg("rows"), py::arg("tokens"), py::arg("candidates"), py::arg("max_rows") = 512,
+      "The cost model's decision (draft_cost.h) after the engine measured `steps` ((rows, seconds) "
+      "in order): how many of each candidate's (tokens, acceptance, always) drafts a step of "
+      "`rows` plain rows yielding `tokens` tokens verifies.");
   m.def("check_model", &check_model, py::arg("model_path"), py::arg("hf_config") = py::dict(),
         py::arg("backend") = "auto",
         "Runs every check a load makes without reading weights; raises RuntimeError naming what "

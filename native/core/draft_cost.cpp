@@ -52,6 +52,15 @@ double StepCost::estimate(int rows) const {
   return std::max(0.0, line(above, highest));
 }
 
+bool StepCost::measured_above(int rows) const {
+  if (fixed()) return true;
+  const int n = static_cast<int>(seconds_.size());
+  for (int r = std::max(rows + 1, 1); r < std::min(n, rows + kReach + 1); ++r) {
+    if (fresh(r)) return true;
+  }
+  return false;
+}
+
 std::vector<std::pair<int, double>> StepCost::measured() const {
   std::vector<std::pair<int, double>> out;
   for (int r = 1; r < static_cast<int>(seconds_.size()); ++r) {
@@ -93,16 +102,19 @@ std::vector<int> plan_drafts(const StepCost& cost, int rows, int tokens,
       }
     }
   }
-  if (offers.empty()) return plan;
-  if (cost.estimate(rows) < 0.0) {  // nothing measured yet: draft, and measure
-    for (size_t i = 0; i < candidates.size(); ++i) plan[i] = candidates[i].tokens;
-    return plan;
-  }
+  // Nothing measured at this step's rows: decode plainly and measure them. Drafting is never
+  // guessed free: on a compute-bound box a whole unmeasured draft costs more than it can save.
+  if (offers.empty() || cost.estimate(rows) < 0.0) return plan;
   // Best first; a sequence's earlier positions first among equals, so each sequence's chosen
   // offers are always its first ones.
   std::stable_sort(offers.begin(), offers.end(), [](const Offer& a, const Offer& b) {
     return a.gain != b.gain ? a.gain > b.gain : a.position < b.position;
   });
+  // Nothing measured above: the best offer alone, whose extra row measures what a row costs.
+  if (!cost.measured_above(rows)) {
+    plan[offers[0].sequence] += 1;
+    return plan;
+  }
   double best = expected / cost.estimate(rows);
   size_t chosen = 0;
   for (size_t d = 1; d <= offers.size(); ++d) {

@@ -16,6 +16,10 @@
 //     (decoding sequences + expected kept drafts among the D best) / step cost(rows + D),
 // i.e. expected tokens per second of this step; D = 0 (no drafts) when no D beats plain decode.
 // The step cost is measured (StepCost): an average of the step's wall time per row count.
+// Until it is, drafting is not guessed free: a step whose plain rows are not measured verifies no
+// draft (it measures them), and one with nothing measured above its plain rows verifies the single
+// best draft token (it measures one extra row, from which the line extends). A figure forgotten
+// after kForgetAfter steps is measured again the same way: one row, not a whole draft.
 #pragma once
 
 #include <cstdint>
@@ -32,8 +36,8 @@ namespace llmd {
 // measured, so it is tried once). A sample counts at most kMaxJump times the estimate it
 // replaces (a step stalled by another process is not a cost of its rows), and a figure not
 // refreshed for kForgetAfter steps is forgotten, so an outlier or a context that has grown
-// since is measured again: on a box where drafts do not pay, that is one drafting step in
-// kForgetAfter.
+// since is measured again: on a box where drafts do not pay, that is one extra row in
+// kForgetAfter steps (plan_drafts).
 class StepCost {
  public:
   // `max_rows`: the most rows a step may have. `fixed_row_cost` >= 0 replaces the measurements
@@ -44,6 +48,9 @@ class StepCost {
   // The estimated cost of a step of `rows` rows; < 0 when nothing has been measured.
   double estimate(int rows) const;
   bool fixed() const { return fixed_ >= 0.0; }
+  // Whether a figure above `rows` (within kReach) is measured: what drafting on top of a step of
+  // `rows` rows costs is then known, not guessed.
+  bool measured_above(int rows) const;
   // The measured figures still in use (rows -> seconds), for stats.
   std::vector<std::pair<int, double>> measured() const;
 
@@ -100,7 +107,7 @@ struct DraftCandidate {
 
 // How many of its candidate drafts each sequence verifies this step (the rule at the top).
 // `rows`: the step's rows without drafts; `tokens`: the tokens they yield (decoding sequences).
-// Without any measured cost every candidate is drafted (the step then measures it).
+// Without a measured cost of `rows` no offer is drafted; with nothing measured above it, one.
 std::vector<int> plan_drafts(const StepCost& cost, int rows, int tokens, const std::vector<DraftCandidate>& candidates);
 
 }  // namespace llmd

@@ -656,6 +656,7 @@ EngineStats Engine::stats() {
   {
     std::lock_guard<std::mutex> lock(stats_mutex_);
     s = stats_;
+    s.step_cost = step_cost_.measured();
   }
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -1302,15 +1303,14 @@ void Engine::step_once() {
       results.emplace_back();
     }
   }
-  {
-    int rows = 0;
-    for (const StepSegment& seg : step.segments) rows += static_cast<int>(seg.tokens.size());
-    step_cost_.observe(rows, std::chrono::duration<double>(Clock::now() - step_started).count());
-  }
+  int rows = 0;
+  for (const StepSegment& seg : step.segments) rows += static_cast<int>(seg.tokens.size());
+  const double step_seconds = std::chrono::duration<double>(Clock::now() - step_started).count();
   {
     std::lock_guard<std::mutex> lock(stats_mutex_);
+    // Under the stats lock: stats() reads the measured costs when asked, not every step.
+    step_cost_.observe(rows, step_seconds);
     stats_.steps += 1;
-    stats_.step_cost = step_cost_.measured();
     if (!loading_.empty()) stats_.kv_disk_load_steps += 1;
     stats_.tokens_generated += taken;
     stats_.device_sampled_tokens += on_device;
@@ -1383,7 +1383,11 @@ void Engine::plan_drafts_of(const std::vector<Sequence*>& decoding, std::vector<
     candidates[i].tokens = wants[i];
     candidates[i].acceptance = seq.acceptance.rate();
     const SamplingParams& p = seq.request.sampling;
-    candidates[i].always = !seq.acceptance.known() || (p.temperature > 0.f && p.top_k != 1);
+    // A draft model's or MTP head's drafts are verified until their acceptance is known: a
+    // declined draft of theirs shows nothing. An n-gram draft needs no such start, as a declined
+    // one still teaches its acceptance (declined_first), so it is verified only when it pays.
+    const bool needs_evidence = (seq.request.draft_model || seq.request.mtp) && !seq.acceptance.known();
+    candidates[i].always = needs_evidence || (p.temperature > 0.f && p.top_k != 1);
     any = any || wants[i] > 0;
   }
   if (!any) return;

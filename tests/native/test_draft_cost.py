@@ -77,11 +77,12 @@ def test_dear_rows_stop_rejected_drafts_and_keep_accepted_ones(model_path, promp
     assert edit["accepted_tokens"] * 2 > edit["drafted_tokens"], edit
 
 
-def test_rows_as_dear_as_a_step_stop_drafting(model_path, prompts) -> None:  # type: ignore[no-untyped-def]
+def test_rows_as_dear_as_a_step_verify_no_ngram_draft(model_path, prompts) -> None:  # type: ignore[no-untyped-def]
     """Where every row costs a whole one-row step (a fully compute-bound box), no draft can
-    pay. A sequence drafts only until its acceptance is known (DraftAcceptance::kEvidence = 4
-    positions verified: at most 4 drafting steps each), then not at all, even the edit whose
-    drafts are kept; drafts on offer are counted as declined, and output is unchanged."""
+    pay, and no step verifies an n-gram draft at all, not even the edit's first ones: a
+    declined n-gram draft still shows its acceptance (its first token against the token the
+    step took), so it needs no unconditional start. Every draft on offer is counted as
+    declined, and output is unchanged."""
     engine = _engine(model_path, 1.0)
     try:
         plain, _ = _run(engine, prompts, 0)
@@ -92,8 +93,64 @@ def test_rows_as_dear_as_a_step_stop_drafting(model_path, prompts) -> None:  # t
         engine.shutdown()
     for name in prompts:
         assert spec[name]["tokens"] == plain[name]["tokens"], name
-    assert 0 < steps <= 4 * len(prompts), steps
-    assert declined > 4 * sum(spec[n]["done"]["drafted_tokens"] for n in prompts), declined
+        assert spec[name]["done"]["drafted_tokens"] == 0, spec[name]["done"]
+    assert steps == 0
+    assert declined > len(spec["edit"]["tokens"]), declined
+
+
+def test_a_draft_model_is_verified_until_its_acceptance_is_known(model_path, prompts) -> None:  # type: ignore[no-untyped-def]
+    """A draft model's declined draft shows nothing of how it would have fared, so at the same
+    dear rows a sequence drafting with one (here the model itself) verifies its drafts until
+    DraftAcceptance::kEvidence = 4 positions were seen: a few drafting steps, then none."""
+    native = pytest.importorskip("llmd._engine")
+    engine = native.Engine(
+        str(model_path),
+        draft_model_path=str(model_path),
+        context_length=4096,
+        max_sequences=4,
+        backend=TEST_BACKEND,
+        draft_row_cost=1.0,
+    )
+    try:
+        plain = run_all(engine, {"p": {"prompt": prompts["edit"], "max_tokens": 60}})["p"]
+        before = engine.stats()["speculative_steps"]
+        spec = run_all(
+            engine,
+            {
+                "s": {
+                    "prompt": prompts["edit"],
+                    "max_tokens": 60,
+                    "max_draft": 8,
+                    "draft_model": True,
+                }
+            },
+        )["s"]
+        steps = engine.stats()["speculative_steps"] - before
+    finally:
+        engine.shutdown()
+    assert spec["tokens"] == plain["tokens"]
+    assert 0 < steps <= 4, steps
+    assert spec["done"]["accepted_tokens"] >= 4, spec["done"]
+
+
+def test_drafting_is_measured_one_row_at_a_time_before_it_is_trusted() -> None:
+    """With measured step times the cost model never guesses drafting free: with nothing
+    measured at a step's rows it verifies no draft (the step measures plain decode); with
+    nothing measured above them, only the single most promising draft token (one extra row
+    measures what a row costs); then as many as pay for their measured rows. What a badly
+    drafting sequence pays for exploration is one row per re-measurement, not a whole draft."""
+    native = pytest.importorskip("llmd._engine")
+    plan = native.plan_drafts
+    offers = [(8, 0.3, False), (8, 0.9, False), (8, 0.3, False), (8, 0.3, False)]
+    assert plan([], 4, 4, offers) == [0, 0, 0, 0]
+    assert plan([(4, 0.040)], 4, 4, offers) == [0, 1, 0, 0]
+    # An extra row costs 15% of the step: only the well-drafting sequence's first tokens pay.
+    dear = plan([(4, 0.040), (5, 0.046)], 4, 4, offers)
+    assert dear[0] == dear[2] == dear[3] == 0 and 1 <= dear[1] < 8, dear
+    # Rows free (a bandwidth-bound step): every draft on offer is verified.
+    assert plan([(4, 0.040), (5, 0.040)], 4, 4, offers) == [8, 8, 8, 8]
+    # A sampled request (or a draft model still showing its acceptance) drafts whatever it costs.
+    assert plan([], 4, 4, [(3, 0.1, True), (8, 0.9, False)]) == [3, 0]
 
 
 def test_the_measured_step_cost_is_reported(engine, prompts) -> None:  # type: ignore[no-untyped-def]
