@@ -115,7 +115,8 @@ std::vector<int> plan_drafts(const StepCost& cost, int rows, int tokens,
     plan[offers[0].sequence] += 1;
     return plan;
   }
-  double best = expected / cost.estimate(rows);
+  const double plain = expected / cost.estimate(rows);
+  double best = plain;
   size_t chosen = 0;
   for (size_t d = 1; d <= offers.size(); ++d) {
     expected += offers[d - 1].gain;
@@ -125,6 +126,8 @@ std::vector<int> plan_drafts(const StepCost& cost, int rows, int tokens,
       chosen = d;
     }
   }
+  // With measured costs, drafts must promise kMargin more tokens per second than plain decode.
+  if (!cost.fixed() && best < (1.0 + kMargin) * plain) chosen = 0;
   for (size_t d = 0; d < chosen; ++d) plan[offers[d].sequence] += 1;
   return plan;
 }

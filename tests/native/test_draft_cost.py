@@ -133,33 +133,26 @@ def test_a_draft_model_is_verified_until_its_acceptance_is_known(model_path, pro
     assert spec["done"]["accepted_tokens"] >= 4, spec["done"]
 
 
-def test_drafting_is_measured_one_row_at_a_time_before_it_is_trusted() -> None:
+def test_drafting_is_measured_one_row_at_a_time_and_must_pay_by_a_margin() -> None:
     """With measured step times the cost model never guesses drafting free: with nothing
     measured at a step's rows it verifies no draft (the step measures plain decode); with
     nothing measured above them, only the single most promising draft token (one extra row
-    measures what a row costs); then as many as pay for their measured rows. What a badly
-    drafting sequence pays for exploration is one row per re-measurement, not a whole draft."""
+    measures what a row costs); then as many as pay for their measured rows, by at least 10%
+    more expected tokens per second than plain decode (its estimates are noisy, and it acts on
+    the high ones). What a badly drafting sequence pays for exploration is one row per
+    re-measurement, not a whole draft."""
     native = pytest.importorskip("llmd._engine")
     plan = native.plan_drafts
     offers = [(8, 0.3, False), (8, 0.9, False), (8, 0.3, False), (8, 0.3, False)]
     assert plan([], 4, 4, offers) == [0, 0, 0, 0]
     assert plan([(4, 0.040)], 4, 4, offers) == [0, 1, 0, 0]
-    # An extra row costs 15% of the step: only the well-drafting sequence's first tokens pay.
-    dear = plan([(4, 0.040), (5, 0.046)], 4, 4, offers)
-    assert dear[0] == dear[2] == dear[3] == 0 and 1 <= dear[1] < 8, dear
+    # An extra row costs 5% of the step: the well-drafting sequence drafts, the others do not.
+    cheap = plan([(4, 0.040), (5, 0.042)], 4, 4, offers)
+    assert cheap[0] == cheap[2] == cheap[3] == 0 and cheap[1] >= 4, cheap
+    # 20%: its drafts promise at most 2% more tokens per second than plain decode (one token,
+    # (4 + 0.9) / 1.2 = 4.08 tokens per plain step's time): not enough.
+    assert plan([(4, 0.040), (5, 0.048)], 4, 4, offers) == [0, 0, 0, 0]
     # Rows free (a bandwidth-bound step): every draft on offer is verified.
     assert plan([(4, 0.040), (5, 0.040)], 4, 4, offers) == [8, 8, 8, 8]
     # A sampled request (or a draft model still showing its acceptance) drafts whatever it costs.
     assert plan([], 4, 4, [(3, 0.1, True), (8, 0.9, False)]) == [3, 0]
-
-
-def test_the_measured_step_cost_is_reported(engine, prompts) -> None:  # type: ignore[no-untyped-def]
-    """Without a fixed cost the engine measures its steps' wall time by rows (the cost model's
-    input, in stats as milliseconds); speculation stays lossless whatever it decides."""
-    plain = run_all(engine, {"p": {"prompt": prompts["edit"], "max_tokens": 60}})["p"]
-    spec = run_all(engine, {"s": {"prompt": prompts["edit"], "max_tokens": 60, "max_draft": 8}})[
-        "s"
-    ]
-    assert spec["tokens"] == plain["tokens"]
-    cost = engine.stats()["step_cost_ms"]
-    assert cost and all(int(rows) >= 1 and ms > 0 for rows, ms in cost.items()), cost
