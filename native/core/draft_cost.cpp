@@ -126,7 +126,7 @@ std::vector<int> plan_drafts(const StepCost& cost, int rows, int tokens,
       chosen = d;
     }
   }
-  // With measured costs, drafts must promise kMargin more tokens per second than plain decode.
+  // With measured costs, drafts must promise kMargin (20%) more tokens per second than plain decode.
   if (!cost.fixed() && best < (1.0 + kMargin) * plain) chosen = 0;
   for (size_t d = 0; d < chosen; ++d) plan[offers[d].sequence] += 1;
   return plan;
