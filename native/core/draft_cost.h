@@ -81,9 +81,10 @@ class StepCost {
 class DraftAcceptance {
  public:
   double rate() const { return rate_; }
-  // Whether enough positions were seen to trust rate(): until then the sequence drafts what
-  // its draft length allows, so a drafter that is often right (an MTP head, a draft model:
-  // nothing shows what a declined draft would have been) gets to show it.
+  // Whether enough positions were seen to trust rate(): until then a sequence drafting with an
+  // MTP head or a draft model drafts what its draft length allows, so a drafter that is often
+  // right gets to show it (nothing shows what a declined draft of theirs would have been). An
+  // n-gram sequence does not wait for this: its declined drafts are evidence (observe).
   bool known() const { return seen_ >= kEvidence; }
   void record(int drafted, int accepted);
   void observe(bool kept);
@@ -100,9 +101,9 @@ class DraftAcceptance {
 struct DraftCandidate {
   int tokens = 0;          // drafts on offer (n-gram: found; draft model, MTP: asked for)
   double acceptance = 0;   // DraftAcceptance::rate
-  // Drafted whatever the cost: a sequence whose acceptance is not known yet, or one whose
-  // draws must not depend on timing (a sampled request: its seed's tokens depend on how many
-  // drafts each step verified).
+  // Drafted whatever the cost: a draft-model or MTP sequence whose acceptance is not known yet,
+  // or one whose draws must not depend on timing (a sampled request: its seed's tokens depend
+  // on how many drafts each step verified).
   bool always = false;
 };
 
