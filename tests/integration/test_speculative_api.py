@@ -49,8 +49,13 @@ EDIT = [
 
 @pytest.fixture(scope="module")
 def spec_server(model_path) -> Iterator[LiveServer]:  # type: ignore[no-untyped-def]
-    with serving("--speculative", "ngram", "--speculative-max-draft", "8") as live:
-        yield live
+    """Drafting priced free (LLMD_DRAFT_ROW_COST=0): these tests count the drafts verified and
+    check output with drafts in play, which measured step times on a loaded box would make
+    depend on the load (the cost model may decline every n-gram draft there)."""
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("LLMD_DRAFT_ROW_COST", "0")
+        with serving("--speculative", "ngram", "--speculative-max-draft", "8") as live:
+            yield live
 
 
 def post(server: LiveServer, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
