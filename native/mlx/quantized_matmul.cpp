@@ -15,9 +15,6 @@
 namespace llmd {
 
 namespace {
-// Output columns are handed out in multiples of 16 (even, so SwiGLU pairs never straddle
-// tasks; a multiple of 8, so packed groups never do either).
-constexpr int kColumnQuantum = 16;
 // Activation rows a SwiGLU task multiplies at a time (the packed kernels' largest row chunk,
 // qgemm_impl.h's packed_row_chunk).
 constexpr int kSwigluRows = 128;
@@ -28,19 +25,21 @@ constexpr int kSwigluRows = 128;
 // are large and the last few are one quantum: when one thread runs out of work the other is at
 // most a small task from done. With equal sixths per thread, a 512-token prefill spent ~12% of
 // its time in one thread waiting at the end of an op for the other's last task. Each column is
-// computed the same way whichever task or thread takes it.
-const std::vector<int>& column_tasks(int n, int threads) {
+// computed the same way whichever task or thread takes it. The quantum is the kernel table's
+// column_quantum (16, or 32 where the prefill kernels work on 32-column blocks).
+const std::vector<int>& column_tasks(int n, int threads, int quantum) {
   thread_local std::vector<int> starts;
-  thread_local int for_n = -1, for_threads = -1;
-  if (n == for_n && threads == for_threads) return starts;
+  thread_local int for_n = -1, for_threads = -1, for_quantum = -1;
+  if (n == for_n && threads == for_threads && quantum == for_quantum) return starts;
   starts.assign(1, 0);
   for (int at = 0; at < n;) {
     const int share = (n - at + 2 * threads - 1) / (2 * threads);
-    at = std::min(n, at + std::max(kColumnQuantum, (share + kColumnQuantum - 1) / kColumnQuantum * kColumnQuantum));
+    at = std::min(n, at + std::max(quantum, (share + quantum - 1) / quantum * quantum));
     starts.push_back(at);
   }
   for_n = n;
   for_threads = threads;
+  for_quantum = quantum;
   return starts;
 }
 
@@ -130,7 +129,7 @@ void QuantizedMatmul::eval_cpu(const std::vector<mx::array>& inputs, mx::array& 
     const uint8_t* wp = w.data<uint8_t>();
     float* op = out.data<float>();
     const int out_n = spec.out_features();
-    const std::vector<int>& starts = column_tasks(n, pool.size());
+    const std::vector<int>& starts = column_tasks(n, pool.size(), table->column_quantum);
     pool.parallel_for_dynamic(static_cast<int>(starts.size()) - 1, [&](int t0, int t1) {
       const int n0 = starts[t0];
       const int n1 = starts[t1];

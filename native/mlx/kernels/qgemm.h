@@ -72,6 +72,11 @@ struct KernelTable {
   GemmFn q6_k_x8 = nullptr;
   // How this path's packed kernels want the tile arranged (pack8.h): the engine packs with it.
   PackLayout pack_layout = PackLayout::kDword;
+  // Output columns the engine hands a thread at a time come in multiples of this (a multiple of
+  // 16: SwiGLU pairs and packed groups of 8 never straddle tasks). The AVX-512 prefill kernels
+  // (kquant_zmm_blocked.h) work on 32-column blocks: a 16-column task runs their 1-vector tile
+  // (4 int32 chains, too few to hide vpdpbusd's latency) over a half-empty expanded block.
+  int column_quantum = 16;
 
   // The activation quantizer the kernels of `type` expect (quantize_row or quantize_row_k).
   QuantizeRowFn quantizer_for(TensorType type) const;

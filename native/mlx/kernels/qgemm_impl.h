@@ -752,7 +752,8 @@ inline const KernelTable* make_table(const char* isa) {
                                  .q4_k_x8 = gemm_q4_k_x8_blocked,
                                  .q5_k_x8 = gemm_q5_k_x8_blocked,
                                  .q6_k_x8 = gemm_q6_k_x8_blocked,
-                                 .pack_layout = PackLayout::kQword};
+                                 .pack_layout = PackLayout::kQword,
+                                 .column_quantum = kKbCols};
 #else
                                  .q4_k_x8 = gemm_q4_k_x8_expanded,
                                  .q5_k_x8 = gemm_q5_k_x8_expanded,
