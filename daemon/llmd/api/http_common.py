@@ -39,6 +39,16 @@ ERROR_SHAPES = web.AppKey("error_shapes", list)
 # Seconds a started stream may stay silent before a keep-alive frame is sent: a long prefill
 # (an agent's 30k-token prompt on a CPU) must not trip a client's or a proxy's idle timeout.
 STREAM_KEEPALIVE = web.AppKey("stream_keepalive", float)
+# Set on a request once its stream's last frame is written (the HTTP status it was sent with):
+# a client that read the whole stream and hung up before the handler returned (its teardown,
+# `write_eof`) has its handler cancelled, and the metrics middleware then counts this status
+# instead of 499 ("the client went away first"), which it was not.
+# (web.RequestKey from aiohttp 3.14; a plain key before it.)
+STREAM_DELIVERED: Any = (
+    web.RequestKey("stream_delivered", int)
+    if hasattr(web, "RequestKey")
+    else "llmd.stream_delivered"
+)
 DEFAULT_STREAM_KEEPALIVE = 10.0
 # `--default-max-tokens`: the output limit of a chat request that names none (None: the rest
 # of the context). Codex sends no limit; a model that never ends its turn would fill the context.
@@ -232,18 +242,37 @@ async def relay(
     `frames` then cancels the generation in the worker. `keepalive`: the protocol's
     keep-alive frame, sent while the stream is silent (see STREAM_KEEPALIVE), from the start
     or `keepalive_after_first` frame."""
-    sent: AsyncIterator[bytes] = frames
+    source_returned = False
+
+    async def source() -> AsyncIterator[bytes]:
+        """`frames`, noting when it returns: the stream's last frame has then been handed over."""
+        nonlocal source_returned
+        async for frame in frames:
+            yield frame
+        source_returned = True
+
+    tracked = source()
+    sent: AsyncIterator[bytes] = tracked
     if keepalive is not None:
         interval = request.app.get(STREAM_KEEPALIVE, DEFAULT_STREAM_KEEPALIVE)
-        sent = with_keepalive(frames, interval, keepalive, after_first=keepalive_after_first)
+        sent = with_keepalive(sent, interval, keepalive, after_first=keepalive_after_first)
     try:
         await accepted
         resp = await start_stream(request, content_type)
         try:
             async for frame in sent:
                 await resp.write(frame)
+            request[STREAM_DELIVERED] = resp.status
         except ApiError as err:
             await resp.write(error_frame(err))
+            request[STREAM_DELIVERED] = resp.status
+        except asyncio.CancelledError:
+            # The client hung up and aiohttp cancelled this handler. If it came just after the
+            # last frame (the source had returned, the keep-alive wrapper not yet), the client
+            # read the whole stream: count it as sent.
+            if source_returned:
+                request[STREAM_DELIVERED] = resp.status
+            raise
         except ConnectionResetError:  # aiohttp's ClientConnectionResetError is one too
             log.info("client disconnected from %s mid-stream", request.path)
             return resp
@@ -251,8 +280,9 @@ async def relay(
             log.exception("error while streaming %s", request.path)
             await resp.write(error_frame(server_error(f"internal error: {exc}")))
     finally:
-        if sent is not frames:
+        if sent is not tracked:
             await sent.aclose()  # type: ignore[attr-defined]
+        await tracked.aclose()
         await frames.aclose()  # type: ignore[attr-defined]
     await resp.write_eof()
     return resp
@@ -278,6 +308,7 @@ async def stream_ndjson(request: web.Request, lines: AsyncIterator[Any]) -> web.
     resp = await start_stream(request, "application/x-ndjson")
     async for line in lines:
         await resp.write(ndjson(line))
+    request[STREAM_DELIVERED] = resp.status
     await resp.write_eof()
     return resp
 

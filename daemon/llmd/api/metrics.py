@@ -25,7 +25,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from llmd.api.http_common import METRICS, REGISTRY, SESSIONS
+from llmd.api.http_common import METRICS, REGISTRY, SESSIONS, STREAM_DELIVERED
 from llmd.api.pull_routes import PULLS
 from llmd.api.remote_routes import remote_status
 from llmd.runtime.counters import Metrics
@@ -44,7 +44,8 @@ async def metrics_middleware(
     request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
 ) -> web.StreamResponse:
     """Counts every request with its final status; put it first (outside the error
-    middleware). A streaming response counts when its handler returns."""
+    middleware). A streaming response counts when its handler returns, with the status it was
+    sent with once its last frame is written (STREAM_DELIVERED), else 499 if the client left."""
     status = 500
     try:
         response = await handler(request)
@@ -54,7 +55,9 @@ async def metrics_middleware(
         status = exc.status
         raise
     except asyncio.CancelledError:
-        status = 499  # the client disconnected and aiohttp cancelled the handler
+        # The client disconnected and aiohttp cancelled the handler: 499, unless it had already
+        # read the whole stream (hung up during the handler's teardown).
+        status = request.get(STREAM_DELIVERED, 499)
         raise
     finally:
         resource = request.match_info.route.resource
