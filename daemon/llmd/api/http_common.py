@@ -242,14 +242,14 @@ async def relay(
     `frames` then cancels the generation in the worker. `keepalive`: the protocol's
     keep-alive frame, sent while the stream is silent (see STREAM_KEEPALIVE), from the start
     or `keepalive_after_first` frame."""
-    source_returned = False
 
     async def source() -> AsyncIterator[bytes]:
-        """`frames`, noting when it returns: the stream's last frame has then been handed over."""
-        nonlocal source_returned
+        """`frames`, marking the request delivered when they end: a generator resumes only once
+        its last frame was written, so the client can have read the whole stream from here on,
+        even if it hangs up (and aiohttp cancels this handler) before the handler returns."""
         async for frame in frames:
             yield frame
-        source_returned = True
+        request[STREAM_DELIVERED] = resp.status  # `resp` exists once frames are asked for
 
     tracked = source()
     sent: AsyncIterator[bytes] = tracked
@@ -262,17 +262,9 @@ async def relay(
         try:
             async for frame in sent:
                 await resp.write(frame)
-            request[STREAM_DELIVERED] = resp.status
         except ApiError as err:
             await resp.write(error_frame(err))
             request[STREAM_DELIVERED] = resp.status
-        except asyncio.CancelledError:
-            # The client hung up and aiohttp cancelled this handler. If it came just after the
-            # last frame (the source had returned, the keep-alive wrapper not yet), the client
-            # read the whole stream: count it as sent.
-            if source_returned:
-                request[STREAM_DELIVERED] = resp.status
-            raise
         except ConnectionResetError:  # aiohttp's ClientConnectionResetError is one too
             log.info("client disconnected from %s mid-stream", request.path)
             return resp
