@@ -120,8 +120,12 @@ std::vector<int> plan_drafts(const StepCost& cost, int rows, int tokens,
   size_t chosen = 0;
   for (size_t d = 1; d <= offers.size(); ++d) {
     expected += offers[d - 1].gain;
-    const double rate = expected / cost.estimate(rows + static_cast<int>(d));
-    if (rate >= best) {  // ties draft more: free rows (a bandwidth-bound step) are drafted
+    const double step = cost.estimate(rows + static_cast<int>(d));
+    const double rate = expected / step;
+    // Ties draft more only where the extra rows cost nothing (a bandwidth-bound step: every
+    // draft is verified, even one that shows no promise). Where a row costs time, a draft that
+    // merely breaks even (acceptance 1 at a row priced like a whole step) is not verified.
+    if (rate > best || (rate == best && step <= cost.estimate(rows))) {
       best = rate;
       chosen = d;
     }
