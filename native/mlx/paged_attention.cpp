@@ -10,6 +10,7 @@
 #include "../core/hadamard.h"
 #include "../core/kv_quant.h"
 #include "../core/op_profile.h"
+#include "../core/scratch.h"
 #include "../core/thread_pool.h"
 #include "attention_kernels.h"
 #include "row_major.h"
@@ -109,7 +110,7 @@ void PagedAttention::eval_cpu(const std::vector<mx::array>& inputs, mx::array& o
     // 32-number block of one position, kv_quant.h); rotate and pre-scale queries into a
     // scratch copy (quantized KV: keys, values and queries Hadamard-rotated first).
     thread_local std::vector<float> queries;
-    queries.resize(static_cast<size_t>(rows) * H * hd);
+    grow_scratch(queries, static_cast<size_t>(rows) * H * hd);
     std::vector<std::pair<const AttentionBatch::Segment*, int>> row_seg(rows);
     for (const auto& seg : batch->segments) {
       for (int i = 0; i < seg.n_rows; ++i) row_seg[seg.row0 + i] = {&seg, seg.start_pos + i};

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "../core/op_profile.h"
+#include "../core/scratch.h"
 #include "../core/thread_pool.h"
 #include "row_major.h"
 #include "swiglu.h"
@@ -109,18 +110,18 @@ void QuantizedMatmul::eval_cpu(const std::vector<mx::array>& inputs, mx::array& 
     const float* norm_w = norm_rows ? norm_rows->data() : nullptr;
     const float* residual = residual_rows ? residual_rows->data() : nullptr;
     thread_local std::vector<kernels::ActBlock> act;
-    act.resize(static_cast<size_t>(rows) * nb);
+    kernels::ActBlock* ap = grow_scratch(act, static_cast<size_t>(rows) * nb);
     const float* xp = x_rows.data();
     auto& pool = ThreadPool::global();
-    kernels::ActBlock* ap = act.data();
     const kernels::QuantizeRowFn quantize = table->quantizer_for(spec.type);
     pool.parallel_for(rows, [&](int r0, int r1) {
-      std::vector<float> normed(norm_w ? k : 0);
+      thread_local std::vector<float> normed;
+      float* const normed_row = norm_w ? grow_scratch(normed, static_cast<size_t>(k)) : nullptr;
       for (int r = r0; r < r1; ++r) {
         const float* src = xp + static_cast<size_t>(r) * k;
         if (norm_w) {
-          rms_norm_row(src, norm_w, spec.eps, k, normed.data());
-          src = normed.data();
+          rms_norm_row(src, norm_w, spec.eps, k, normed_row);
+          src = normed_row;
         }
         quantize(src, ap + static_cast<size_t>(r) * nb, k);
       }
@@ -150,13 +151,13 @@ void QuantizedMatmul::eval_cpu(const std::vector<mx::array>& inputs, mx::array& 
       // the same bits whichever chunk computes it (qgemm.h's isolation).
       const int width = n1 - n0;
       thread_local std::vector<float> tmp;
-      tmp.resize(static_cast<size_t>(kSwigluRows) * width);
+      float* const chunk_out = grow_scratch(tmp, static_cast<size_t>(std::min(kSwigluRows, rows)) * width);
       for (int r0 = 0; r0 < rows; r0 += kSwigluRows) {
         const int rc = std::min(kSwigluRows, rows - r0);
         gemm(wp + static_cast<size_t>(n0) * row_bytes, row_bytes, ap + static_cast<size_t>(r0) * nb, k, rc, 0, width,
-             tmp.data(), width);
+             chunk_out, width);
         for (int r = 0; r < rc; ++r) {
-          const float* t = tmp.data() + static_cast<size_t>(r) * width;
+          const float* t = chunk_out + static_cast<size_t>(r) * width;
           float* o = op + static_cast<size_t>(r0 + r) * out_n + n0 / 2;
           swiglu_pairs(t, o, width / 2);
         }

@@ -208,9 +208,10 @@ struct Q6XRows {
   int nb;
   Q6XRows(const ActBlock* a, int rows, int nb_) : nb(nb_) {
     thread_local std::vector<ActBlock> buf;
-    buf.resize(static_cast<size_t>(rows) * nb);
+    const size_t n = static_cast<size_t>(rows) * nb;
+    grow_scratch(buf, n);
     const __m256i bias = _mm256_set1_epi8(static_cast<char>(0x80));
-    for (size_t i = 0; i < buf.size(); ++i) {
+    for (size_t i = 0; i < n; ++i) {
       buf[i].d = a[i].d;
       buf[i].s = a[i].s;
       const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a[i].q));
@@ -309,8 +310,7 @@ inline void gemm_kq_expanded(const uint8_t* w, size_t rb, const ActBlock* a, int
     uint8_t b[64];
   };
   thread_local std::vector<Line> scratch;  // cache-line aligned (the kernels' loads are aligned)
-  scratch.resize(kG * gbytes / sizeof(Line));
-  uint8_t* s = reinterpret_cast<uint8_t*>(scratch.data());
+  uint8_t* s = reinterpret_cast<uint8_t*>(grow_scratch(scratch, kG * gbytes / sizeof(Line)));
   const int chunk = packed_row_chunk(k);
   for (int r0 = 0; r0 < rows; r0 += chunk) {
     const int r1 = std::min(rows, r0 + chunk);

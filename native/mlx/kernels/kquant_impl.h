@@ -370,18 +370,19 @@ struct KqSumRows {
   const int16_t* sums;
   KqSumRows(const ActBlock* a_, int rows, int nb_) : a(a_), nb(nb_) {
     thread_local std::vector<int16_t> buf;
-    buf.resize(static_cast<size_t>(rows) * nb);
+    const size_t n = static_cast<size_t>(rows) * nb;
+    int16_t* const o = grow_scratch(buf, n);
     const __m256i ones8 = _mm256_set1_epi8(1);
     const __m256i ones16 = _mm256_set1_epi16(1);
-    for (size_t i = 0; i < buf.size(); ++i) {
+    for (size_t i = 0; i < n; ++i) {
       const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a[i].q));
       const __m256i s8 = _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, q), ones16);  // lanes of 4-byte sums
       __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s8), _mm256_extracti128_si256(s8, 1));
       s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
       s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xb1));
-      buf[i] = static_cast<int16_t>(_mm_cvtsi128_si32(s4));
+      o[i] = static_cast<int16_t>(_mm_cvtsi128_si32(s4));
     }
-    sums = buf.data();
+    sums = o;
   }
   Row row(int r) const { return {a + static_cast<size_t>(r) * nb, sums + static_cast<size_t>(r) * nb}; }
 };
@@ -566,10 +567,11 @@ struct KqPairRows {
   int np;
   KqPairRows(const ActBlock* a, int rows, int nb) : np(nb / 2) {
     thread_local std::vector<KqPair> buf;
-    buf.resize(static_cast<size_t>(rows) * np);
+    const size_t n = static_cast<size_t>(rows) * np;
+    grow_scratch(buf, n);
     const __m256i ones8 = _mm256_set1_epi8(1);
     const __m256i ones16 = _mm256_set1_epi16(1);
-    for (size_t i = 0; i < buf.size(); ++i) {
+    for (size_t i = 0; i < n; ++i) {
       const ActBlock& x = a[2 * i];
       const ActBlock& y = a[2 * i + 1];
       const __m256i qx = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.q));
@@ -638,11 +640,12 @@ struct KqSuperRows {
   int nsb;
   KqSuperRows(const ActBlock* a, int rows, int nb) : nsb(nb / kSubBlocks) {
     thread_local std::vector<KqSuper> buf;
-    buf.resize(static_cast<size_t>(rows) * nsb);
+    const size_t n = static_cast<size_t>(rows) * nsb;
+    grow_scratch(buf, n);
     const __m256i ones8 = _mm256_set1_epi8(1);
     const __m256i ones16 = _mm256_set1_epi16(1);
     constexpr int kSumSlot[kSubBlocks] = {0, 2, 1, 3, 4, 6, 5, 7};  // block j's place in bsum
-    for (size_t i = 0; i < buf.size(); ++i) {
+    for (size_t i = 0; i < n; ++i) {
       const ActBlock* b = a + kSubBlocks * i;
       KqSuper& o = buf[i];
       for (int p = 0; p < kSubBlocks / 2; ++p) {
@@ -864,7 +867,7 @@ struct Q6Rows {
   const int32_t* sums;
   Q6Rows(const ActBlock* a_, int rows, int nb_) : a(a_), nb(nb_) {
     thread_local std::vector<int32_t> buf;
-    buf.resize(static_cast<size_t>(rows) * nb * 4);
+    grow_scratch(buf, static_cast<size_t>(rows) * nb * 4);
     const __m256i ones8 = _mm256_set1_epi8(1);
     const __m256i ones16 = _mm256_set1_epi16(1);
     for (size_t i = 0; i < static_cast<size_t>(rows) * nb; ++i) {
@@ -1303,7 +1306,7 @@ inline void kq_gemm(const uint8_t* w, size_t w_row_bytes, const ActBlock* a, int
   const int nsb = k / kSuper;
   const int nb = k / kBlock;
   thread_local std::vector<KqAct> act;  // [super-block][row of the chunk]
-  act.resize(static_cast<size_t>(nsb) * kRowChunk);
+  grow_scratch(act, static_cast<size_t>(nsb) * kRowChunk);
   for (int r0 = 0; r0 < rows; r0 += kRowChunk) {
     const int rc = std::min(rows - r0, kRowChunk);
     for (int r = 0; r < rc; ++r) {

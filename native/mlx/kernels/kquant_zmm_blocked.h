@@ -440,16 +440,16 @@ inline void gemm_kb(const uint8_t* w, size_t w_row_bytes, const ActBlock* a, int
   const size_t stride = 8 * w_row_bytes;
   const int row_sums = nb / Kind::kBlocksPerSum;
   thread_local std::vector<Sums> sums;
-  sums.resize(static_cast<size_t>(kKbChunk) * row_sums);
+  grow_scratch(sums, static_cast<size_t>(kKbChunk) * row_sums);
   const int chunk = kb_chunk_rows(k);
   constexpr int kRows = kKbRows;
   thread_local std::vector<Super> ws;
-  ws.resize(kKbSlab);
+  grow_scratch(ws, kKbSlab);
   struct alignas(64) TileAcc {
     __m512 v[2][kKbRows][kKbVecs];
   };
   thread_local std::vector<TileAcc> accs;
-  accs.resize((chunk + kRows - 1) / kRows);
+  grow_scratch(accs, static_cast<size_t>((chunk + kRows - 1) / kRows));
   for (int r0 = 0; r0 < rows; r0 += chunk) {
     const int r1 = std::min(rows, r0 + chunk);
     const int tiles = (r1 - r0 + kRows - 1) / kRows;

@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "../../core/fp16.h"
+#include "../../core/scratch.h"
 #include "qgemm.h"
 
 #if defined(LLMD_ISA_X86)
