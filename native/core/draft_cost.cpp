@@ -115,7 +115,8 @@ std::vector<int> plan_drafts(const StepCost& cost, int rows, int tokens,
     plan[offers[0].sequence] += 1;
     return plan;
   }
-  const double plain = expected / cost.estimate(rows);
+  const double plain_step = cost.estimate(rows);
+  const double plain = expected / plain_step;
   double best = plain;
   size_t chosen = 0;
   for (size_t d = 1; d <= offers.size(); ++d) {
@@ -125,7 +126,7 @@ std::vector<int> plan_drafts(const StepCost& cost, int rows, int tokens,
     // Ties draft more only where the extra rows cost nothing (a bandwidth-bound step: every
     // draft is verified, even one that shows no promise). Where a row costs time, a draft that
     // merely breaks even (acceptance 1 at a row priced like a whole step) is not verified.
-    if (rate > best || (rate == best && step <= cost.estimate(rows))) {
+    if (rate > best || (rate == best && step <= plain_step)) {
       best = rate;
       chosen = d;
     }

@@ -349,8 +349,11 @@ inline float kq_finish(__m256 acc) { return hsum(acc); }
 // On an AVX2-only Zen 1 core (2.0 GHz, 2 cores reading ~24 GB/s) the same kernels wait on that
 // round trip: the next super-block's tile asked for while this one runs made a 1B decode 8-12%
 // faster (Q4_K_M 16.0-16.9 -> 17.5-18.3 tok/s, Q5_K_M 12.4-13.1 -> 14.4-14.6, Q6_K 12.0-12.4 ->
-// 13.0-13.5; two tiles ahead: between the two), so the AVX2 build looks one tile ahead. The
-// AVX-512 VNNI build keeps the measured 0. Prefetches change no result.
+// 13.0-13.5), so the AVX2 build looks one tile ahead. Two tiles ahead gained nothing more
+// (Q4_K_M 16.5-17.8, Q5_K_M 14.0-15.2, Q6_K 11.8-12.6: no better than none), and asking for the
+// next tile a quarter at a time over the super-block's four passes, instead of all at its start,
+// lost (Q6_K 12.2-13.4 -> 10.2-11.4 one ahead, 10.4-11.3 two ahead). The AVX-512 VNNI build
+// keeps the measured 0. Prefetches change no result.
 #if defined(LLMD_ISA_VNNI)
 constexpr int kKqPrefetchAhead = 0;
 #else
