@@ -207,18 +207,25 @@ def _run_batched(engine, requests: dict[str, dict], lanes_held: bool = False) ->
     moment it is submitted; a 10-token answer of a tiny model takes a few milliseconds, so on a
     loaded machine it can end before the second is submitted, and no step batches them (a 20 ms
     pause between the two submits does that every time). `lanes_held`: also until the last step
-    was batched, so the lanes are still held (one that started a step late ends a step late,
-    and its last step alone gives the lanes back)."""
-    for _ in range(8):
+    was batched, so the lanes are still held. Whether an idle engine wakes before the second
+    submit is a race, and one that started a step early ends a step early (its partner's last
+    step alone gives the lanes back), so every other try gives the first request one more
+    token: whichever way the race goes, one of the two shapes ends both on the same step.
+    Returns each request's tokens and done event, and the max_tokens it ran with."""
+    first = next(iter(requests))
+    for attempt in range(8):
+        shaped = {rid: dict(r) for rid, r in requests.items()}
+        if lanes_held and attempt % 2 == 1:
+            shaped[first]["max_tokens"] += 1
         before = engine.stats()["attention_paths"]
-        got = run_all(engine, requests)
+        got = run_all(engine, shaped)
         after = engine.stats()["attention_paths"]
         batched = (
             after["decode_lanes"] + after["decode_gather"]
             > before["decode_lanes"] + before["decode_gather"]
         )
         if batched and (not lanes_held or engine.stats()["kv_lane_bytes"] > 0):
-            return got
+            return {rid: {**got[rid], "max_tokens": shaped[rid]["max_tokens"]} for rid in got}
     pytest.fail("the two requests never shared a decode step in 8 tries")
 
 
@@ -250,8 +257,13 @@ def test_lane_memory_counts_in_the_kv_budget(tmp_path: Path) -> None:
         "b": {"prompt": LONG_TOKENS[:30], "max_tokens": 10},
     }
     solo = {rid: run_all(roomy, {rid: r})[rid]["tokens"] for rid, r in pair.items()}
-    assert _run_batched(roomy, pair, lanes_held=True) == {
-        rid: {"tokens": solo[rid], "done": ANY} for rid in pair
+    # One more token than asked, for the try that gives the first request one more.
+    longer = run_all(roomy, {"a": {**pair["a"], "max_tokens": 11}})["a"]["tokens"]
+    assert longer[:10] == solo["a"]
+    held = _run_batched(roomy, pair, lanes_held=True)
+    assert held == {
+        "a": {"tokens": longer[: held["a"]["max_tokens"]], "done": ANY, "max_tokens": ANY},
+        "b": {"tokens": solo["b"], "done": ANY, "max_tokens": 10},
     }
     lane_bytes = roomy.stats()["kv_lane_bytes"]  # still held: no step has run since
     assert lane_bytes > 0
