@@ -17,8 +17,9 @@ BLOCK = 64
 
 
 def _prompt(reference: dict) -> list[int]:
-    """Six full blocks and a few tokens (the device path on MLX's CPU device is slow)."""
-    return next(c["prompt_ids"] for c in reference["cases"] if c["name"] == "long_1000")[:400]
+    """Two full blocks and a few tokens: MLX's CPU device prefills ~7 tokens/s with this
+    model (its quantized matmul runs row by row), so every token here is CI time."""
+    return next(c["prompt_ids"] for c in reference["cases"] if c["name"] == "long_1000")[:134]
 
 
 def _engine(model_path: Path, disk: Path, **options):  # type: ignore[no-untyped-def]
@@ -63,8 +64,8 @@ def test_blocks_evicted_from_the_device_store_come_back_from_disk(
     probe = _engine(model_path, tmp_path / "probe")
     block_bytes = probe.kv_cache()["bytes_per_token"] * BLOCK
     del probe
-    # Room for 9 blocks: the second prompt (7 blocks) evicts most of the first one's.
-    engine = _engine(model_path, tmp_path, kv_budget_bytes=9 * block_bytes)
+    # Room for 4 blocks: the second prompt (3 blocks with its answer) evicts the first one's.
+    engine = _engine(model_path, tmp_path, kv_budget_bytes=4 * block_bytes)
     cold = _generate(engine, prompt, "a")
     _generate(engine, [7, *prompt[1:]], "b")
     again = _generate(engine, prompt, "c")
@@ -76,7 +77,7 @@ def test_blocks_evicted_from_the_device_store_come_back_from_disk(
 def test_device_files_never_match_another_type_model_or_the_cpu_layout(
     model_path, reference, tmp_path
 ) -> None:  # type: ignore[no-untyped-def]
-    prompt = _prompt(reference)[:200]
+    prompt = _prompt(reference)[:70]  # one full block
     # The CPU backend with float32 KV: the same KV type as the device path on MLX's CPU
     # device, in another layout (transposed key tiles): its files must not be read there.
     cpu = _engine(model_path, tmp_path, backend="cpu", kv_type="f32")

@@ -219,23 +219,35 @@ def test_seeded_sampling_with_a_draft_model_repeats_and_accepts(
 # ------------------------------------------------------------------ sampled output, statistically
 
 
+SAMPLED_DRAWS = 500
+
+
+@pytest.fixture(scope="module")
+def repeat_prompt(text_model) -> list[int]:  # type: ignore[no-untyped-def]
+    """A prompt whose continuation repeats, so the n-gram drafter drafts too."""
+    return chat(text_model, "Repeat after me exactly: the cat sat on the mat. the cat sat on the")
+
+
+@pytest.fixture(scope="module")
+def plain_positions(cut_engine, repeat_prompt: list[int]):  # type: ignore[no-untyped-def]
+    """The draws without speculation, made once for both drafters (same engine, same seeds)."""
+    return sampled_positions(cut_engine, repeat_prompt, {}, SAMPLED_DRAWS, seed_base=10**6)
+
+
 @pytest.mark.parametrize("drafter", ["ngram", "draft_model"])
 def test_sampled_positions_follow_the_same_distribution_with_and_without_speculation(
-    cut_engine, text_model, drafter: str
+    cut_engine, repeat_prompt: list[int], plain_positions, drafter: str
 ) -> None:  # type: ignore[no-untyped-def]
-    """500 seeded draws each way at temperature 1 on a prompt whose continuation repeats (so
-    the n-gram drafter drafts too); the seeds differ between the two runs, so the test
-    compares distributions, not draws. (The exact rule is checked over 200k draws below; this
-    checks the engine applies it at drafted positions of a real model.)"""
-    prompt = chat(text_model, "Repeat after me exactly: the cat sat on the mat. the cat sat on the")
+    """500 seeded draws each way at temperature 1; the seeds differ between the runs with and
+    without speculation, so the test compares distributions, not draws. (The exact rule is
+    checked over 200k draws below; this checks the engine applies it at drafted positions of
+    a real model.)"""
     spec = {"max_draft": 4, "draft_model": drafter == "draft_model"}
-    draws = 500
     before = cut_engine.stats()
-    with_spec = sampled_positions(cut_engine, prompt, spec, draws)
+    with_spec = sampled_positions(cut_engine, repeat_prompt, spec, SAMPLED_DRAWS)
     after = cut_engine.stats()
     assert after["draft_accepted_tokens"] > before["draft_accepted_tokens"]
-    plain = sampled_positions(cut_engine, prompt, {}, draws, seed_base=10**6)
-    assert_same_distribution(with_spec, plain, drafter)
+    assert_same_distribution(with_spec, plain_positions, drafter)
 
 
 @pytest.mark.parametrize(
