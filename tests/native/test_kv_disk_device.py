@@ -64,7 +64,8 @@ def test_blocks_evicted_from_the_device_store_come_back_from_disk(
     probe = _engine(model_path, tmp_path / "probe")
     block_bytes = probe.kv_cache()["bytes_per_token"] * BLOCK
     del probe
-    # Room for 4 blocks: the second prompt (3 blocks with its answer) evicts the first one's.
+    # Room for 4 blocks: the second prompt (3 blocks with its answer) evicts at least one of
+    # the first one's 2 cached blocks, which then comes back from disk.
     engine = _engine(model_path, tmp_path, kv_budget_bytes=4 * block_bytes)
     cold = _generate(engine, prompt, "a")
     _generate(engine, [7, *prompt[1:]], "b")

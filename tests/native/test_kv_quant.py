@@ -201,6 +201,10 @@ def test_unknown_kv_type_is_refused_by_name(model_path: Path) -> None:
         _engine(model_path, "q5_1")
 
 
+DEVICE_SCORED_TOKENS = 60  # short cases: MLX's CPU kernels are slow (test_device_backend.py)
+DEVICE_FIRST_SCORED = 31
+
+
 def _device_engine(model_path: Path, kv_type: str):  # type: ignore[no-untyped-def]
     return native.Engine(str(model_path), context_length=1024, backend="mlx-cpu", kv_type=kv_type)
 
@@ -209,7 +213,8 @@ def _device_engine(model_path: Path, kv_type: str):  # type: ignore[no-untyped-d
 def device_f16_scores(model_path: Path, text_tokens: list[int]) -> np.ndarray:
     """The device path's own f16-KV logits for the case both quantized types are held to
     (scored once: MLX's CPU device prefills ~7 tokens/s with this model)."""
-    return _device_engine(model_path, "f16").score(text_tokens[:60], 31).astype(np.float64)
+    tokens = text_tokens[:DEVICE_SCORED_TOKENS]
+    return _device_engine(model_path, "f16").score(tokens, DEVICE_FIRST_SCORED).astype(np.float64)
 
 
 @pytest.mark.parametrize("kv_type", QUANT_TYPES)
@@ -226,10 +231,9 @@ def test_device_backend_stores_quantized_kv(
     kv = engine.kv_cache()
     assert kv["type"] == kv_type and kv["attention"] == f"mlx:sdpa:{kv_type}"
     assert kv["bytes_per_token"] == SMOLLM2_KV_ELEMENTS_PER_TOKEN // 32 * BYTES_PER_32[kv_type]
-    # Short cases: MLX's CPU kernels are slow (test_device_backend.py).
-    tokens = text_tokens[:60]
     base = device_f16_scores
-    other = engine.score(tokens, 31).astype(np.float64)
+    tokens = text_tokens[:DEVICE_SCORED_TOKENS]
+    other = engine.score(tokens, DEVICE_FIRST_SCORED).astype(np.float64)
 
     def log_probs(x: np.ndarray) -> np.ndarray:
         m = x.max(axis=-1, keepdims=True)
