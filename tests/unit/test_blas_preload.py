@@ -37,6 +37,18 @@ def test_a_fixed_avx512_build_is_not_preloaded_on_an_avx2_cpu(tmp_path: Path) ->
     assert openblas_runs_here(build, AVX512, "x86_64")
 
 
+def test_a_target_counts_only_as_a_whole_word(tmp_path: Path) -> None:
+    """A target name inside a longer symbol (ZENITH, SKYLAKEX_KERNEL) is not a build target,
+    so it cannot stop a ZEN build from being preloaded on an AVX2 CPU."""
+    lib = _library(
+        tmp_path,
+        b"OpenBLAS 0.3.29 NO_AFFINITY ZEN",
+        b"ZENITH\x00SKYLAKEX_KERNEL\x00xHASWELL\x00ZEN",
+    )
+    assert openblas_build(lib) == (False, {"ZEN"})
+    assert openblas_runs_here(openblas_build(lib), {"avx", "avx2", "fma"}, "x86_64")
+
+
 def test_dynamic_builds_run_anywhere_and_unknown_ones_nowhere(tmp_path: Path) -> None:
     dynamic = _library(tmp_path, b"OpenBLAS 0.3.31 DYNAMIC_ARCH NO_AFFINITY Haswell", b"SKYLAKEX")
     assert openblas_runs_here(openblas_build(dynamic), {"sse2"}, "x86_64")

@@ -19,6 +19,7 @@ import platform
 import re
 import sys
 import sysconfig
+from collections.abc import Iterable
 from pathlib import Path
 
 
@@ -55,7 +56,28 @@ _TARGET_FLAGS = {
     "PRESCOTT": set(),
 }
 _CONFIG = re.compile(rb"OpenBLAS \d+\.\d+\.\d+[ A-Za-z0-9_=.]*")
-_TARGET_NAMES = re.compile(rb"\b(" + b"|".join(t.encode() for t in _TARGET_FLAGS) + rb")\b")
+
+
+def _is_word_byte(byte: bytes) -> bool:
+    return byte.isalnum() or byte == b"_"
+
+
+def _names_as_words(data: bytes, names: Iterable[str]) -> frozenset[str]:
+    """The names that occur in `data` as whole words (regex ``\\b`` semantics). A substring
+    search per name, not one alternation regex: over a 17 MB library the regex took ~0.5 s of
+    every daemon's first model load, `bytes.find` ~0.08 s."""
+    found = set()
+    for name in names:
+        word = name.encode()
+        at = data.find(word)
+        while at != -1:
+            before = data[at - 1 : at]  # b"" at the start: data[-1:0] is empty
+            after = data[at + len(word) : at + len(word) + 1]
+            if not _is_word_byte(before) and not _is_word_byte(after):
+                found.add(name)
+                break
+            at = data.find(word, at + 1)
+    return frozenset(found)
 
 
 @functools.cache  # the daemon asks at every worker start; the file does not change
@@ -71,7 +93,7 @@ def openblas_build(library: Path) -> tuple[bool, frozenset[str]] | None:
     if config is None:
         return None
     dynamic = b"DYNAMIC_ARCH" in config.group()
-    return dynamic, frozenset(m.decode() for m in _TARGET_NAMES.findall(data))
+    return dynamic, _names_as_words(data, _TARGET_FLAGS)
 
 
 def cpu_flags() -> set[str]:
