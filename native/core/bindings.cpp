@@ -618,6 +618,7 @@ PYBIND11_MODULE(_engine, m) {
              d["speculative_steps"] = s.speculative_steps;
              d["drafting_rows_histogram"] = histogram_dict(s.drafting_rows_histogram);
              d["draft_declined_tokens"] = s.draft_declined_tokens;
+             d["draft_cached_tokens"] = s.draft_cached_tokens;
              py::dict step_cost;  // rows -> milliseconds, as the cost model has measured them
              for (const auto& [rows, seconds] : s.step_cost) step_cost[py::str(std::to_string(rows))] = seconds * 1e3;
              d["step_cost_ms"] = step_cost;

@@ -663,6 +663,7 @@ EngineStats Engine::stats() {
     s.queued_requests = static_cast<int>(waiting_.size());
   }
   if (disk_) s.kv_disk = disk_->stats();
+  if (drafter_) s.draft_cached_tokens = drafter_->cached_tokens();
   // One tier to a user: the window parts' blocks count as blocks; recurrent-state snapshots
   // count as the tier's files, not as blocks read or written.
   if (window_disk_) s.kv_disk.add(window_disk_->stats(), /*blocks=*/true);
@@ -704,6 +705,9 @@ void Engine::finish(Sequence& seq, const std::string& reason, std::vector<float>
     session_pins_.pin(seq.request.session, std::vector<int>(blocks.begin(), blocks.begin() + n));
   }
   index_partial_tail(seq);
+  if (seq.drafting && drafter_ && seq.request.draft_model && !seq.request.mtp) {
+    drafter_->finish(*seq.drafting, [&seq](int p) { return seq.token_at(p); }, seq.kv->length());
+  }
   seq.kv->clear();
   if (seq.drafting) seq.drafting->kv.clear();
   publish_gauges();  // a client that saw `done` sees the KV it left behind in stats

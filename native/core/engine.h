@@ -175,6 +175,9 @@ struct EngineStats {
   // expected to cost more than they would save (draft_cost.h). And the step cost it works
   // from: the measured wall time of a step by its rows (rows -> seconds).
   uint64_t draft_declined_tokens = 0;
+  // Prompt positions draft-model sequences took from the draft model's own prefix cache
+  // instead of prefilling them in the draft model (model_drafter.h).
+  uint64_t draft_cached_tokens = 0;
   std::vector<std::pair<int, double>> step_cost;
   // The disk tier: whether it runs (else why not: kv_disk_off_reason), requests that loaded
   // blocks from it and the prompt tokens those blocks held, and its own counters.

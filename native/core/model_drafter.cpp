@@ -22,7 +22,73 @@ KvShape draft_shape(const Model& model, KvType kv_type) {
 DraftSequence::DraftSequence(KvPool& pool, const SamplingParams& params) : kv(pool), sampler(draft_params(params)) {}
 
 ModelDrafter::ModelDrafter(std::unique_ptr<Model> model, size_t kv_budget_bytes, KvType kv_type)
-    : model_(std::move(model)), pool_(draft_shape(*model_, kv_type), kv_budget_bytes) {}
+    : model_(std::move(model)),
+      pool_(draft_shape(*model_, kv_type), kv_budget_bytes),
+      cacheable_(!model_->has_recurrent_state()) {}
+
+void ModelDrafter::admit(Job& job) {
+  DraftSequence& state = *job.state;
+  state.admitted = true;
+  if (!cacheable_ || state.kv.length() > 0 || job.length < 2) return;
+  std::vector<int32_t> tokens(job.length);
+  for (int i = 0; i < job.length; ++i) tokens[i] = job.token_at(i);
+  PrefixCache::Match m = cache_.match(tokens.data(), job.length - 1);
+  // Sliding-window layers need the window before the reuse point (kv_cache.h, "Window parts").
+  if (m.partial_block >= 0) {
+    std::vector<int> with_partial = m.blocks;
+    with_partial.push_back(m.partial_block);
+    if (!pool_.has_window_for(with_partial, m.tokens())) m.drop_partial();
+  }
+  while (!m.blocks.empty() && !pool_.has_window_for(m.blocks, m.full_tokens())) {
+    m.blocks.pop_back();
+    m.keys.pop_back();
+    m.drop_partial();
+  }
+  state.kv.adopt(m.blocks, m.full_tokens());
+  state.block_keys = std::move(m.keys);
+  if (m.partial_block >= 0) {
+    // The head of a cached block is copied into the sequence's own block, never shared: the
+    // sequence writes the rest of it. Held meanwhile, so reserving cannot evict it.
+    pool_.retain(m.partial_block);
+    if (state.kv.reserve(m.tokens())) {
+      model_->copy_kv_block(pool_, m.partial_block, state.kv.blocks()[m.full_tokens() / KvPool::kBlockTokens]);
+      state.kv.set_length(m.tokens());
+    }
+    pool_.release(m.partial_block);
+  }
+  cached_tokens_.fetch_add(static_cast<uint64_t>(state.kv.length()), std::memory_order_relaxed);
+}
+
+void ModelDrafter::index_full_blocks(DraftSequence& state, const std::function<int32_t(int)>& token_at, int limit) {
+  if (!cacheable_) return;
+  constexpr int BT = KvPool::kBlockTokens;
+  limit = std::min(limit, state.kv.length());
+  std::vector<int32_t> tokens(BT);
+  while (static_cast<int>(state.block_keys.size() + 1) * BT <= limit) {
+    const int index = static_cast<int>(state.block_keys.size());
+    for (int i = 0; i < BT; ++i) tokens[i] = token_at(index * BT + i);
+    const uint64_t parent = index == 0 ? 0 : state.block_keys.back();
+    const uint64_t key = PrefixCache::chain(parent, tokens.data());
+    cache_.insert(key, parent, tokens.data(), state.kv.blocks()[index]);
+    state.block_keys.push_back(key);
+  }
+}
+
+void ModelDrafter::finish(DraftSequence& state, const std::function<int32_t(int)>& token_at, int length) {
+  constexpr int BT = KvPool::kBlockTokens;
+  keep(state, length);
+  index_full_blocks(state, token_at, length);
+  const int kept = state.kv.length();
+  const int full = kept / BT;
+  if (cacheable_ && static_cast<int>(state.block_keys.size()) == full &&
+      static_cast<int>(state.kv.blocks().size()) > full) {
+    std::vector<int32_t> tail(kept - full * BT);
+    for (size_t i = 0; i < tail.size(); ++i) tail[i] = token_at(full * BT + static_cast<int>(i));
+    cache_.insert_partial(full == 0 ? 0 : state.block_keys.back(), tail.data(), static_cast<int>(tail.size()),
+                          state.kv.blocks()[full]);
+  }
+  state.kv.clear();
+}
 
 void ModelDrafter::propose(std::vector<Job>& jobs, int catch_up_budget) {
   const int vocab = model_->info().vocab_size;
@@ -31,7 +97,9 @@ void ModelDrafter::propose(std::vector<Job>& jobs, int catch_up_budget) {
   for (Job& job : jobs) {
     job.tokens.clear();
     job.state->q.clear();
-    if (job.want > 0) live.push_back(&job);
+    if (job.want <= 0) continue;
+    if (!job.state->admitted) admit(job);
+    live.push_back(&job);
   }
   bool first = true;
   std::vector<float> logits;
@@ -61,6 +129,7 @@ void ModelDrafter::propose(std::vector<Job>& jobs, int catch_up_budget) {
       step.segments.push_back(std::move(s));
       in_step.push_back(job);
     }
+    const bool first_pass = first;
     first = false;
     if (step.segments.empty()) break;
     model_->forward(step, pool_, logits);
@@ -70,6 +139,8 @@ void ModelDrafter::propose(std::vector<Job>& jobs, int catch_up_budget) {
       const StepSegment& s = step.segments[i];
       Job* job = in_step[i];
       job->state->kv.set_length(s.start_pos + static_cast<int>(s.tokens.size()));
+      // Catch-up positions hold the sequence's own tokens: cacheable. Drafted ones never are.
+      if (first_pass) index_full_blocks(*job->state, job->token_at, job->length);
       if (!s.want_logits) continue;  // a partial catch-up: drafts start next step
       const float* row_logits = logits.data() + static_cast<size_t>(row++) * vocab;
       const int token = job->state->sampler.propose(row_logits, vocab, q);

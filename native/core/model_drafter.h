@@ -12,8 +12,18 @@
 // sequence its KV lacks (the prompt on the first draft, then the tokens the target kept) and
 // drafts from there; the draft KV of rejected drafts lies past the length the engine sets
 // back after verification, like the target's.
+//
+// The draft KV has a prefix cache of its own (prefix_cache.h, over the drafter's pool), for
+// the same reason the target has one: an agent's next turn repeats its whole conversation.
+// Without it the draft model prefilled every request's prompt from scratch, one step's token
+// budget at a time, and drafted nothing until it had caught up (a 20k-token agent prompt: 40
+// steps of 512 before the first draft), while the target reused its cached prefix. Only
+// positions holding the sequence's own tokens are indexed (prompt, then kept output), never
+// drafted ones; a draft model with recurrent state keeps no cache (its KV alone is not enough
+// to resume from).
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -21,6 +31,7 @@
 
 #include "kv_cache.h"
 #include "model.h"
+#include "prefix_cache.h"
 #include "sampler.h"
 
 namespace llmd {
@@ -40,6 +51,10 @@ struct DraftSequence {
   // did not compute (a cached prefix, a session's history, a sibling's prompt) has no hidden
   // states there, so its head starts where the model starts computing them (mtp_drafter.h).
   int start = 0;
+  // Draft model only: whether the draft prefix cache was asked for this sequence's prompt yet,
+  // and the chain keys of its full blocks that the cache holds, in order.
+  bool admitted = false;
+  std::vector<uint64_t> block_keys;
 };
 
 class ModelDrafter {
@@ -68,10 +83,27 @@ class ModelDrafter {
   static void keep(DraftSequence& state, int kept) {
     if (state.kv.length() > kept) state.kv.set_length(kept);
   }
+  // The sequence ends with `length` positions of its own tokens in the target's KV: the draft
+  // cache indexes the draft KV's full blocks among them and the head of its last, partly
+  // filled block (a chat preamble shorter than a block is then reused too), then the KV goes.
+  void finish(DraftSequence& state, const std::function<int32_t(int)>& token_at, int length);
+
+  // Prompt positions sequences took from the draft cache instead of running the draft model.
+  uint64_t cached_tokens() const { return cached_tokens_.load(std::memory_order_relaxed); }
 
  private:
+  // Starts a fresh sequence on the cached draft KV of its prompt's longest cached prefix
+  // (always leaving its last token to run, for the first draft's logits).
+  void admit(Job& job);
+  // Indexes the full blocks of the draft KV below `limit` (positions of the sequence's own
+  // tokens) that the cache does not hold for this sequence yet.
+  void index_full_blocks(DraftSequence& state, const std::function<int32_t(int)>& token_at, int limit);
+
   std::unique_ptr<Model> model_;
   KvPool pool_;
+  PrefixCache cache_{pool_};
+  const bool cacheable_;  // false for a model with recurrent state
+  std::atomic<uint64_t> cached_tokens_{0};
 };
 
 }  // namespace llmd

@@ -16,6 +16,7 @@ from bench.draft_gguf import write_requantized
 
 from ..conftest import LiveServer, run_llmd, serving
 from ..native.tiny_models import write_loadable_gguf
+from .test_metrics import scrape, value
 from .test_speculative_api import EDIT, MODEL, post
 
 pytest.importorskip("llmd._engine", reason="the native engine (llmd._engine) is not built")
@@ -64,9 +65,15 @@ def test_sampled_requests_draft_with_it_too(draft_server: LiveServer) -> None:
     }
     status, a = post(draft_server, body)
     assert status == 200, a
+    before = scrape(draft_server.base_url)
     _, b = post(draft_server, body)
+    after = scrape(draft_server.base_url)
     assert a["choices"][0]["message"]["content"] == b["choices"][0]["message"]["content"]
     assert a["usage"]["speculative"]["accepted_tokens"] > 0
+    # The repeated prompt's draft KV came from the draft model's own prefix cache.
+    name = "llmd_speculative_draft_cached_tokens_total"
+    reused = value(after, name, model=MODEL) - value(before, name, model=MODEL)
+    assert reused >= b["usage"]["prompt_tokens"] // 64 * 64 and reused > 0
 
 
 def test_a_model_own_draft_model_and_vocabulary_refusals(

@@ -89,6 +89,36 @@ def test_the_model_drafting_for_itself_is_token_for_token_the_same_and_nearly_al
         assert done["accepted_tokens"] >= 0.9 * done["drafted_tokens"], done
 
 
+def _draft_reusable(prompt_tokens: int) -> int:
+    """Positions a repeated prompt can take from the draft cache: the whole prompt (the first
+    draft comes after the target's first token, which the draft model runs for its logits),
+    unless the head shared with the next cached block is too short to copy
+    (PrefixCache::kMinPartialTokens, 8)."""
+    full = prompt_tokens // 64 * 64
+    return prompt_tokens if prompt_tokens - full >= 8 else full
+
+
+def test_a_repeated_prompt_is_not_prefilled_in_the_draft_model_again(
+    self_engine, prompts: dict[str, list[int]]
+) -> None:  # type: ignore[no-untyped-def]
+    """The draft model's own prefix cache: a prompt seen before (an agent's next request)
+    starts from the draft KV its earlier run left, whole blocks (the ~500-token edit prompt)
+    and the head of a block (the story prompt, shorter than one), and the output is the plain
+    output."""
+    for name in ("edit", "story"):
+        prompt = prompts[name]
+        plain = run_all(self_engine, {f"{name}-p": {"prompt": prompt, "max_tokens": 40}})
+        run_all(self_engine, {f"{name}-1": {"prompt": prompt, "max_tokens": 40, **_drafting()}})
+        before = self_engine.stats()["draft_cached_tokens"]
+        again = run_all(
+            self_engine, {f"{name}-2": {"prompt": prompt, "max_tokens": 40, **_drafting()}}
+        )[f"{name}-2"]
+        reused = self_engine.stats()["draft_cached_tokens"] - before
+        assert again["tokens"] == plain[f"{name}-p"]["tokens"], name
+        assert reused == _draft_reusable(len(prompt)) > 0, (name, len(prompt), reused)
+        assert again["done"]["accepted_tokens"] > 0
+
+
 def test_a_draft_that_differs_is_still_lossless_and_partly_accepted(
     cut_engine, prompts: dict[str, list[int]]
 ) -> None:  # type: ignore[no-untyped-def]
@@ -171,7 +201,8 @@ def test_prefix_cache_sessions_and_prefill_chunks_with_a_draft_model(
 ) -> None:  # type: ignore[no-untyped-def]
     """A 48-token step budget: the target prefills in chunks and the draft model catches up
     on the prompt in chunks too, beside sequences that draft. A session's second turn reuses
-    the target's cached KV (the draft re-reads the history) and equals a plain run."""
+    the target's cached KV, and the draft model its own cached KV of the first turn, and
+    equals a plain run."""
     small = _engine(model_path, cut_draft, max_sequences=4, step_token_budget=48)
     try:
         reqs = {k: {"prompt": prompts[k], "max_tokens": 70} for k in ("edit", "story", "code")}
@@ -188,10 +219,15 @@ def test_prefix_cache_sessions_and_prefill_chunks_with_a_draft_model(
         turn2 = (
             prompts["edit"] + first["tokens"] + chat(text_model, "Now add a docstring to merge.")
         )
+        drafts_cached = small.stats()["draft_cached_tokens"]
         second = run_all(
             small, {"t2": {"prompt": turn2, "max_tokens": 60, "session": "d", **_drafting()}}
         )["t2"]
         assert second["done"]["cached_tokens"] >= 64 * (len(prompts["edit"]) // 64)
+        # The first turn's draft KV: its prompt's whole blocks at least (the draft KV of its
+        # output may lag the target's by the tokens of its last steps).
+        draft_reused = small.stats()["draft_cached_tokens"] - drafts_cached
+        assert draft_reused >= 64 * (len(prompts["edit"]) // 64)
         alone = run_all(small, {"p2": {"prompt": turn2, "max_tokens": 60}})["p2"]
         assert second["tokens"] == alone["tokens"]
         small.unpin("d")

@@ -131,6 +131,7 @@ async def scrape(app: web.Application) -> list[Metric]:
         ("image_encode_seconds", "counter", "llmd_image_encode_seconds", "Seconds the vision tower spent encoding images since the worker started."),
         ("image_cache_hits", "counter", "llmd_image_cache_hits", "Images whose embeddings came from the worker's cache of recent images since it started."),
         ("draft_declined_tokens", "counter", "llmd_speculative_declined_tokens", "Draft tokens on offer that speculative decoding's cost model did not verify (their rows were expected to cost more time than they would save) since the worker started."),
+        ("draft_cached_tokens", "counter", "llmd_speculative_draft_cached_tokens", "Prompt tokens whose draft-model KV came from the draft model's own prefix cache (not run through the draft model again) since the worker started."),
         ("embedding_requests", "counter", "llmd_engine_embedding_sequences", "Embedding and rerank sequences the engine completed since its worker started."),
         ("kv_disk.hits", "counter", "llmd_kv_disk_hits", "Requests that loaded KV blocks from the disk tier since the worker started."),
         ("kv_disk.hit_tokens", "counter", "llmd_kv_disk_hit_tokens", "Prompt tokens whose KV was loaded from the disk tier since the worker started."),
