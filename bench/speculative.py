@@ -185,10 +185,11 @@ async def one_case(
     streams: int,
     extra: dict[str, Any],
     max_tokens: int | None = None,
+    timeout: float = 600.0,
 ) -> dict[str, Any]:
     messages, default_tokens = WORKLOADS[workload]
     max_tokens = min(default_tokens, max_tokens or default_tokens)
-    async with loadgen.client_session() as session:
+    async with loadgen.client_session(timeout) as session:
         start = asyncio.get_running_loop().time()
         results = await asyncio.gather(
             *(
@@ -235,6 +236,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--model", type=Path, default=None, help="a GGUF to serve (default: the test model)"
     )
     ap.add_argument("--tokens", type=int, default=0, help="cap each workload's output tokens")
+    ap.add_argument(
+        "--timeout",
+        type=float,
+        default=600.0,
+        help="seconds a request may take (llama-server's 4 slots prefill the 1B's 3,172-token "
+        "edit prompt one after another: ~11 min on a 2-core Zen 1)",
+    )
     ap.add_argument(
         "--skip",
         action="append",
@@ -335,11 +343,22 @@ def main(argv: list[str] | None = None) -> int:
                     # edit run whole as before (a drafter that learns across requests sees it).
                     for w in workloads:
                         cap = args.tokens if w == "edit" else 2
-                        asyncio.run(one_case(target, w, max(streams), extra, max_tokens=cap))
+                        asyncio.run(
+                            one_case(
+                                target, w, max(streams), extra, max_tokens=cap, timeout=args.timeout
+                            )
+                        )
                     for w in workloads:
                         for n in streams:
                             row[f"{name}|{w}|{n}"] = asyncio.run(
-                                one_case(target, w, n, extra, max_tokens=args.tokens)
+                                one_case(
+                                    target,
+                                    w,
+                                    n,
+                                    extra,
+                                    max_tokens=args.tokens,
+                                    timeout=args.timeout,
+                                )
                             )
                             print(name, w, n, row[f"{name}|{w}|{n}"], flush=True)
                 finally:
