@@ -757,18 +757,7 @@ void Engine::complete_admit(Sequence& seq, Admission& a) {
   const int first_from_disk = static_cast<int>(held.size()) - from_disk;
   // Recurrent state exists only at block boundaries (snapshots): no partial block.
   if (recurrent_) m.drop_partial();
-  // Sliding-window layers need the window before the reuse point: shorten the match to a
-  // prefix whose window parts still exist (kv_cache.h, "Window parts"), or reuse nothing.
-  if (m.partial_block >= 0) {
-    std::vector<int> with_partial = m.blocks;
-    with_partial.push_back(m.partial_block);
-    if (!pool_.has_window_for(with_partial, m.tokens())) m.drop_partial();
-  }
-  while (!m.blocks.empty() && !pool_.has_window_for(m.blocks, m.full_tokens())) {
-    m.blocks.pop_back();
-    m.keys.pop_back();
-    m.drop_partial();
-  }
+  m.fit_windows(pool_);
   std::shared_ptr<const SequenceState> state;
   if (recurrent_) {
     // KV is reusable only together with the recurrent state at exactly the same position:

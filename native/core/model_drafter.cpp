@@ -33,17 +33,7 @@ void ModelDrafter::admit(Job& job) {
   std::vector<int32_t> tokens(job.length);
   for (int i = 0; i < job.length; ++i) tokens[i] = job.token_at(i);
   PrefixCache::Match m = cache_.match(tokens.data(), job.length - 1);
-  // Sliding-window layers need the window before the reuse point (kv_cache.h, "Window parts").
-  if (m.partial_block >= 0) {
-    std::vector<int> with_partial = m.blocks;
-    with_partial.push_back(m.partial_block);
-    if (!pool_.has_window_for(with_partial, m.tokens())) m.drop_partial();
-  }
-  while (!m.blocks.empty() && !pool_.has_window_for(m.blocks, m.full_tokens())) {
-    m.blocks.pop_back();
-    m.keys.pop_back();
-    m.drop_partial();
-  }
+  m.fit_windows(pool_);
   state.kv.adopt(m.blocks, m.full_tokens());
   state.block_keys = std::move(m.keys);
   if (m.partial_block >= 0) {

@@ -65,6 +65,19 @@ PrefixCache::Match PrefixCache::match(const int32_t* tokens, int max_tokens) con
   return m;
 }
 
+void PrefixCache::Match::fit_windows(const KvPool& pool) {
+  if (partial_block >= 0) {
+    std::vector<int> with_partial = blocks;
+    with_partial.push_back(partial_block);
+    if (!pool.has_window_for(with_partial, tokens())) drop_partial();
+  }
+  while (!blocks.empty() && !pool.has_window_for(blocks, full_tokens())) {
+    blocks.pop_back();
+    keys.pop_back();
+    drop_partial();
+  }
+}
+
 void PrefixCache::insert(uint64_t key, uint64_t parent, const int32_t* tokens, int block) {
   if (by_key_.count(key) || key_of_block_.count(block)) return;  // already cached elsewhere
   Entry e{parent, {}, block};

@@ -59,6 +59,10 @@ class PrefixCache {
       partial_block = -1;
       partial_tokens = 0;
     }
+    // Sliding-window layers need the window before the reuse point: shortens the match to a
+    // prefix whose window parts still exist in `pool` (kv_cache.h, "Window parts"), possibly
+    // to nothing.
+    void fit_windows(const KvPool& pool);
   };
   // The longest run of cached blocks covering a prefix of tokens[0, max_tokens), then the
   // cached block sharing the longest head (>= kMinPartialTokens) with what follows.
