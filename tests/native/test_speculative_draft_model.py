@@ -102,7 +102,7 @@ def test_a_repeated_prompt_is_not_prefilled_in_the_draft_model_again(
     self_engine, prompts: dict[str, list[int]]
 ) -> None:  # type: ignore[no-untyped-def]
     """The draft model's own prefix cache: a prompt seen before (an agent's next request)
-    starts from the draft KV its earlier run left, whole blocks (the ~500-token edit prompt)
+    starts from the draft KV its earlier run left, whole blocks (the 210-token edit prompt)
     and the head of a block (the story prompt, shorter than one), and the output is the plain
     output."""
     for name in ("edit", "story"):
