@@ -787,46 +787,23 @@ void Engine::complete_admit(Sequence& seq, Admission& a) {
 }
 
 bool Engine::copy_into_next_block(SequenceKv& kv, int src, int length) {
-  // The source block may be idle in the cache: hold it so that allocating the sequence's own
-  // block cannot evict it before the copy.
-  pool_.retain(src);
-  const bool room = kv.reserve(length);
-  if (room) {
-    model_->copy_kv_block(pool_, src, kv.blocks()[(length - 1) / KvPool::kBlockTokens]);
-    kv.set_length(length);
-  }
-  pool_.release(src);
-  return room;
+  return kv.copy_head(src, length, [this](int from, int to) { model_->copy_kv_block(pool_, from, to); });
 }
 
 void Engine::index_full_blocks(Sequence& seq) {
-  constexpr int BT = KvPool::kBlockTokens;
-  std::vector<int32_t> tokens(BT);
-  while (static_cast<int>(seq.block_keys.size() + 1) * BT <= seq.kv->length()) {
-    const int index = static_cast<int>(seq.block_keys.size());
-    for (int i = 0; i < BT; ++i) tokens[i] = seq.token_at(index * BT + i);
-    const uint64_t parent = index == 0 ? 0 : seq.block_keys.back();
-    const uint64_t key = PrefixCache::chain(parent, tokens.data());
-    prefix_cache_.insert(key, parent, tokens.data(), seq.kv->blocks()[index]);
-    // Written through at once: a worker crash or a daemon restart loses only the queue.
-    save_to_disk(key, parent, tokens.data(), seq.kv->blocks()[index]);
-    seq.block_keys.push_back(key);
-  }
+  // Written through at once: a worker crash or a daemon restart loses only the queue.
+  prefix_cache_.index_blocks(
+      *seq.kv, [&seq](int p) { return seq.token_at(p); }, seq.kv->length(), seq.block_keys,
+      [this](uint64_t key, uint64_t parent, const int32_t* tokens, int block) {
+        save_to_disk(key, parent, tokens, block);
+      });
 }
 
 void Engine::index_partial_tail(const Sequence& seq) {
   // Recurrent state exists only at block boundaries, and an encoder's positions depend on what
   // follows them: neither can reuse a partial block.
   if (recurrent_ || bidirectional_) return;
-  constexpr int BT = KvPool::kBlockTokens;
-  const int length = seq.kv->length();
-  const int full = length / BT;
-  // The parent chain must be indexed up to the tail (it is, unless the sequence never ran).
-  if (static_cast<int>(seq.block_keys.size()) != full || static_cast<int>(seq.kv->blocks().size()) <= full) return;
-  std::vector<int32_t> tokens(length - full * BT);
-  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = seq.token_at(full * BT + static_cast<int>(i));
-  prefix_cache_.insert_partial(full == 0 ? 0 : seq.block_keys.back(), tokens.data(), static_cast<int>(tokens.size()),
-                               seq.kv->blocks()[full]);
+  prefix_cache_.index_tail(*seq.kv, [&seq](int p) { return seq.token_at(p); }, seq.block_keys);
 }
 
 std::vector<int> Engine::verify_snapshots(const Sequence& seq, int start, int drafts) const {

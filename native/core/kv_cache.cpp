@@ -253,6 +253,17 @@ void SequenceKv::adopt(const std::vector<int>& blocks, int length) {
   for (size_t i = window_from_; i < blocks_.size(); ++i) pool_->hold_window(blocks_[i]);
 }
 
+bool SequenceKv::copy_head(int src, int length, const std::function<void(int src, int dst)>& copy) {
+  pool_->retain(src);
+  const bool room = reserve(length);
+  if (room) {
+    copy(src, blocks_[(length - 1) / KvPool::kBlockTokens]);
+    set_length(length);
+  }
+  pool_->release(src);
+  return room;
+}
+
 void SequenceKv::set_length(int n) {
   length_ = n;
   const int keep_from = pool_->first_window_block(n, KvPool::kWindowMarginBlocks);

@@ -266,6 +266,12 @@ class SequenceKv {
   void adopt(const std::vector<int>& blocks, int length);
   // Records that positions [0, n) hold data; window parts the sequence no longer needs go.
   void set_length(int n);
+  // Takes its own copy of block `src` as the block holding position length - 1 (after whole
+  // blocks it already has) and `length` positions: a cached block's shared head, a forking
+  // parent's partly filled last block. `copy(src, dst)` copies one block's KV in the model's
+  // storage (Model::copy_kv_block). `src` is held meanwhile, so that allocating the new block
+  // cannot evict it. False when the budget has no room (the length is then unchanged).
+  bool copy_head(int src, int length, const std::function<void(int src, int dst)>& copy);
   // Releases the blocks and drops the recurrent state.
   void clear();
 

@@ -36,47 +36,23 @@ void ModelDrafter::admit(Job& job) {
   m.fit_windows(pool_);
   state.kv.adopt(m.blocks, m.full_tokens());
   state.block_keys = std::move(m.keys);
+  // The head of a cached block is copied into the sequence's own block, never shared: the
+  // sequence writes the rest of it.
   if (m.partial_block >= 0) {
-    // The head of a cached block is copied into the sequence's own block, never shared: the
-    // sequence writes the rest of it. Held meanwhile, so reserving cannot evict it.
-    pool_.retain(m.partial_block);
-    if (state.kv.reserve(m.tokens())) {
-      model_->copy_kv_block(pool_, m.partial_block, state.kv.blocks()[m.full_tokens() / KvPool::kBlockTokens]);
-      state.kv.set_length(m.tokens());
-    }
-    pool_.release(m.partial_block);
+    state.kv.copy_head(m.partial_block, m.tokens(),
+                       [this](int from, int to) { model_->copy_kv_block(pool_, from, to); });
   }
   cached_tokens_.fetch_add(static_cast<uint64_t>(state.kv.length()), std::memory_order_relaxed);
 }
 
 void ModelDrafter::index_full_blocks(DraftSequence& state, const std::function<int32_t(int)>& token_at, int limit) {
-  if (!cacheable_) return;
-  constexpr int BT = KvPool::kBlockTokens;
-  limit = std::min(limit, state.kv.length());
-  std::vector<int32_t> tokens(BT);
-  while (static_cast<int>(state.block_keys.size() + 1) * BT <= limit) {
-    const int index = static_cast<int>(state.block_keys.size());
-    for (int i = 0; i < BT; ++i) tokens[i] = token_at(index * BT + i);
-    const uint64_t parent = index == 0 ? 0 : state.block_keys.back();
-    const uint64_t key = PrefixCache::chain(parent, tokens.data());
-    cache_.insert(key, parent, tokens.data(), state.kv.blocks()[index]);
-    state.block_keys.push_back(key);
-  }
+  if (cacheable_) cache_.index_blocks(state.kv, token_at, limit, state.block_keys);
 }
 
 void ModelDrafter::finish(DraftSequence& state, const std::function<int32_t(int)>& token_at, int length) {
-  constexpr int BT = KvPool::kBlockTokens;
   keep(state, length);
   index_full_blocks(state, token_at, length);
-  const int kept = state.kv.length();
-  const int full = kept / BT;
-  if (cacheable_ && static_cast<int>(state.block_keys.size()) == full &&
-      static_cast<int>(state.kv.blocks().size()) > full) {
-    std::vector<int32_t> tail(kept - full * BT);
-    for (size_t i = 0; i < tail.size(); ++i) tail[i] = token_at(full * BT + static_cast<int>(i));
-    cache_.insert_partial(full == 0 ? 0 : state.block_keys.back(), tail.data(), static_cast<int>(tail.size()),
-                          state.kv.blocks()[full]);
-  }
+  if (cacheable_) cache_.index_tail(state.kv, token_at, state.block_keys);
   state.kv.clear();
 }
 

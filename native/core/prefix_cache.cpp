@@ -102,6 +102,32 @@ void PrefixCache::insert_partial(uint64_t parent, const int32_t* tokens, int n_t
   pool_.mark_cacheable(block);
 }
 
+void PrefixCache::index_blocks(const SequenceKv& kv, const TokenAt& token_at, int limit, std::vector<uint64_t>& keys,
+                               const BlockHook& on_indexed) {
+  constexpr int BT = KvPool::kBlockTokens;
+  limit = std::min(limit, kv.length());
+  std::vector<int32_t> tokens(BT);
+  while (static_cast<int>(keys.size() + 1) * BT <= limit) {
+    const size_t index = keys.size();
+    for (int i = 0; i < BT; ++i) tokens[i] = token_at(static_cast<int>(index) * BT + i);
+    const uint64_t parent = index == 0 ? 0 : keys.back();
+    const uint64_t key = chain(parent, tokens.data());
+    insert(key, parent, tokens.data(), kv.blocks()[index]);
+    if (on_indexed) on_indexed(key, parent, tokens.data(), kv.blocks()[index]);
+    keys.push_back(key);
+  }
+}
+
+void PrefixCache::index_tail(const SequenceKv& kv, const TokenAt& token_at, const std::vector<uint64_t>& keys) {
+  constexpr int BT = KvPool::kBlockTokens;
+  const int length = kv.length();
+  const int full = length / BT;
+  if (static_cast<int>(keys.size()) != full || static_cast<int>(kv.blocks().size()) <= full) return;
+  std::vector<int32_t> tokens(length - full * BT);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = token_at(full * BT + static_cast<int>(i));
+  insert_partial(full == 0 ? 0 : keys.back(), tokens.data(), static_cast<int>(tokens.size()), kv.blocks()[full]);
+}
+
 void PrefixCache::forget(int block) {
   auto it = key_of_block_.find(block);
   if (it == key_of_block_.end()) return;

@@ -77,6 +77,19 @@ class PrefixCache {
   // much prefill it every time (mlx-lm's and llama-server's caches reuse any common prefix).
   void insert_partial(uint64_t parent, const int32_t* tokens, int n_tokens, int block);
 
+  // A sequence's tokens by position (prompt, then kept output), for the two calls below.
+  using TokenAt = std::function<int32_t(int)>;
+  // Told about each block index_blocks indexes (the engine's disk tier writes it through).
+  using BlockHook = std::function<void(uint64_t key, uint64_t parent, const int32_t* tokens, int block)>;
+  // Indexes the full blocks of `kv` below position `limit` that `keys` (the chain keys of the
+  // sequence's blocks indexed so far, in order) does not cover yet, appending their keys. The
+  // engine and the draft model (model_drafter.h) index their sequences through this one walk.
+  void index_blocks(const SequenceKv& kv, const TokenAt& token_at, int limit, std::vector<uint64_t>& keys,
+                    const BlockHook& on_indexed = {});
+  // A finished sequence's partly filled last block as a reusable head (insert_partial), when
+  // `keys` covers every full block before it (a sequence that never ran has nothing indexed).
+  void index_tail(const SequenceKv& kv, const TokenAt& token_at, const std::vector<uint64_t>& keys);
+
   // Recurrent-state snapshots of cached blocks (ignored for a key not cached).
   void attach_state(uint64_t key, std::shared_ptr<const SequenceState> state);
   void detach_state(uint64_t key);
