@@ -2,31 +2,56 @@
 MLX's CPU device ("mlx-cpu") as the other device-path tests are: blocks written from the device
 store come back into it for a new engine (a restarted worker, a reloaded model) and after
 eviction from RAM, quantized KV included, with the greedy tokens of a cold prefill; files of
-another KV type, another model file or the CPU backend's layout are never served."""
+another KV type, another model file or the CPU backend's layout are never served.
+
+The model is the tiny random Qwen3 checkpoint of tiny_models.py, not the test model: what is
+checked here is block bookkeeping, file identity and that reloaded KV decodes exactly as the
+computed one did, which any model shows, and MLX's CPU device prefills the test model at ~7
+tokens/s (its quantized matmul runs row by row): these tests took ~150 s of the suite with it.
+The disk tier on the test model is tests/native/test_kv_disk.py's (CPU backend) and
+tests/integration/test_kv_disk_served.py's (served)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from .conftest import run_all
 from .test_kv_disk import _engine as _cpu_backend_engine
+from .tiny_models import CONFIGS, write_checkpoint
 
 BLOCK = 64
+ARCH = "qwen3"
 
 
-def _prompt(reference: dict) -> list[int]:
-    """Two full blocks and a few tokens: MLX's CPU device prefills ~7 tokens/s with this
-    model (its quantized matmul runs row by row), so every token here is CI time."""
-    return next(c["prompt_ids"] for c in reference["cases"] if c["name"] == "long_1000")[:134]
+@pytest.fixture(scope="module")
+def model_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("tiny") / ARCH
+    write_checkpoint(path, ARCH)
+    return path
+
+
+@pytest.fixture(scope="module")
+def prompt() -> list[int]:
+    """Two full blocks and a few tokens of the tiny vocabulary (no BOS/EOS ids)."""
+    rng = np.random.default_rng(7)
+    return rng.integers(3, CONFIGS[ARCH]["vocab_size"], size=2 * BLOCK + 6).tolist()
 
 
 def _engine(model_path: Path, disk: Path, **options):  # type: ignore[no-untyped-def]
-    """test_kv_disk's engine on the device path, with a shorter context (MLX's CPU device is slow)."""
-    return _cpu_backend_engine(
-        model_path, disk, **{"context_length": 1024, "backend": "mlx-cpu", **options}
-    )
+    """test_kv_disk's engine on the device path, within the tiny model's trained context."""
+    from llmd.worker.host import hf_config
+
+    context = CONFIGS[ARCH]["max_position_embeddings"]
+    options = {
+        "context_length": context,
+        "backend": "mlx-cpu",
+        "hf_config": hf_config(str(model_path)),
+        **options,
+    }
+    return _cpu_backend_engine(model_path, disk, **options)
 
 
 def _generate(engine, prompt: list[int], rid: str, max_tokens: int = 12) -> dict:  # type: ignore[no-untyped-def]
@@ -37,10 +62,10 @@ def _generate(engine, prompt: list[int], rid: str, max_tokens: int = 12) -> dict
 
 @pytest.mark.parametrize("kv_type", ["f16", "q8_0"])
 def test_a_new_device_engine_loads_the_prefix_into_its_store(
-    model_path, reference, tmp_path, kv_type
+    model_path, prompt, tmp_path, kv_type
 ) -> None:  # type: ignore[no-untyped-def]
-    prompt = _prompt(reference)
     first = _engine(model_path, tmp_path, kv_type=kv_type)
+    assert first.info()["backend"] == "mlx-cpu"  # the device path, on MLX's CPU device
     disk = first.stats()["kv_disk"]
     assert disk["enabled"], disk
     cold = _generate(first, prompt, "cold")
@@ -58,9 +83,8 @@ def test_a_new_device_engine_loads_the_prefix_into_its_store(
 
 
 def test_blocks_evicted_from_the_device_store_come_back_from_disk(
-    model_path, reference, tmp_path
+    model_path, prompt, tmp_path
 ) -> None:  # type: ignore[no-untyped-def]
-    prompt = _prompt(reference)
     probe = _engine(model_path, tmp_path / "probe")
     block_bytes = probe.kv_cache()["bytes_per_token"] * BLOCK
     del probe
@@ -76,9 +100,9 @@ def test_blocks_evicted_from_the_device_store_come_back_from_disk(
 
 
 def test_device_files_never_match_another_type_model_or_the_cpu_layout(
-    model_path, reference, tmp_path
+    model_path, prompt, tmp_path
 ) -> None:  # type: ignore[no-untyped-def]
-    prompt = _prompt(reference)[:70]  # one full block
+    prompt = prompt[:70]  # one full block
     # The CPU backend with float32 KV: the same KV type as the device path on MLX's CPU
     # device, in another layout (transposed key tiles): its files must not be read there.
     cpu = _engine(model_path, tmp_path, backend="cpu", kv_type="f32")
