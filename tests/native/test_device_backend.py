@@ -372,7 +372,8 @@ def run(rid, prompt, n):
         pass
 if len(sys.argv) > 2:  # switched on for this request only, as bench/mlx_vs_mlxlm.py does
     native.record_step_graphs(sys.argv[2] == "on")
-run("a", list(range(100, 170)), 3)
+prompt_tokens = int(sys.argv[3]) if len(sys.argv) > 3 else 70  # 70: KV over two blocks
+run("a", list(range(100, 100 + prompt_tokens)), 3)
 print(json.dumps(native.last_step_graph()))
 """
 
@@ -402,21 +403,34 @@ def test_decode_step_graph_is_reported_and_reads_kv_in_place(model_path: Path) -
     assert graph["total"] / 30 < 100
 
 
-def test_decode_step_runs_its_elementwise_pieces_compiled(model_path: Path) -> None:
-    """The device path's norms, SwiGLU and RoPE-with-KV-split are mx::compile'd functions
-    (native/mlx/compiled_ops.h): each run of elementwise ops is one fused `Compiled` node, so a
-    batch-1 decode step evaluates far fewer primitives than op by op (2,715 for this model
-    before, mlx-lm 3,488), with the same products and KV writes."""
+def _step_graph(model_path: Path, *args: str) -> dict:
+    """The last step's primitives from _STEP_GRAPH in a process of its own, without the
+    profiler (args: the recording switch, then the prompt length)."""
     pytest.importorskip("llmd._engine")
     env = {k: v for k, v in os.environ.items() if k != "LLMD_PROFILE"}
     out = subprocess.run(
-        [sys.executable, "-c", _STEP_GRAPH, str(model_path), "on"],
+        [sys.executable, "-c", _STEP_GRAPH, str(model_path), *args],
         env=env,
         capture_output=True,
         text=True,
         check=True,
     )
-    graph = json.loads(out.stdout.strip().splitlines()[-1])
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def recorded_step_graph(model_path: Path) -> dict:
+    """A decode step's graph, recording switched on for its request (each run prefills ~10 s
+    on MLX's CPU device: two tests read this one)."""
+    return _step_graph(model_path, "on")
+
+
+def test_decode_step_runs_its_elementwise_pieces_compiled(recorded_step_graph: dict) -> None:
+    """The device path's norms, SwiGLU and RoPE-with-KV-split are mx::compile'd functions
+    (native/mlx/compiled_ops.h): each run of elementwise ops is one fused `Compiled` node, so a
+    batch-1 decode step evaluates far fewer primitives than op by op (2,715 for this model
+    before, mlx-lm 3,488), with the same products and KV writes."""
+    graph = recorded_step_graph
     compiled = sum(v for k, v in graph.items() if k.startswith("Compiled"))
     # Per layer at least: the two norms' tails, SwiGLU and RoPE's rotation; plus the final norm.
     assert compiled >= 30 * 4 + 1, graph
@@ -475,26 +489,13 @@ def test_head_norms_and_quantized_kv_rounding_run_compiled(
 
 
 def test_step_graph_recording_is_switched_on_per_request_without_the_profiler(
-    model_path: Path,
+    model_path: Path, recorded_step_graph: dict
 ) -> None:
     """The benchmark times llmd without LLMD_PROFILE (whose per-step graph export would slow
     the timed steps) and switches graph recording on for the one step it counts: the whole
     step is then counted, though the device path hands each layer to MLX as it is built."""
-    pytest.importorskip("llmd._engine")
-    env = {k: v for k, v in os.environ.items() if k != "LLMD_PROFILE"}
-
-    def graph(switch: str) -> dict:
-        out = subprocess.run(
-            [sys.executable, "-c", _STEP_GRAPH, str(model_path), switch],
-            env=env,
-            capture_output=True,
-            text=True,
-            check=True,
-        )
-        return json.loads(out.stdout.strip().splitlines()[-1])
-
-    assert graph("off") == {}
-    on = graph("on")
+    assert _step_graph(model_path, "off", "3") == {}  # a short prompt: nothing is recorded anyway
+    on = recorded_step_graph
     assert on["QuantizedMatmul"] == 30 * 4 + 1  # every layer's products, not the last part's
     assert on["Scatter"] == 30 * 2
 
