@@ -166,20 +166,10 @@ def test_sliding_window_layers_decode_from_lane_rings(tmp_path: Path, kv_type: s
     """Gemma 3's sliding layers (window 5) read rings of the decode lanes: sequences far past
     the window, one joining mid-decode, get their solo greedy tokens, in float and in q8_0
     KV, and no step gathers."""
-    from llmd.worker.host import hf_config
-
-    from .tiny_models import LONG_TOKENS, TOKENS, write_checkpoint
+    from .tiny_models import LONG_TOKENS, TOKENS, tiny_engine, write_checkpoint
 
     write_checkpoint(tmp_path, "gemma3_text")
-    engine = native_engine(
-        str(tmp_path),
-        context_length=512,
-        max_sequences=4,
-        kv_budget_bytes=16 << 20,
-        backend="mlx-cpu",
-        kv_type=kv_type,
-        hf_config=hf_config(str(tmp_path)),
-    )
+    engine = tiny_engine(tmp_path, kv_type, backend="mlx-cpu", context_length=512, max_sequences=4)
     prompts = {"long": LONG_TOKENS[:150], "short": TOKENS, "late": LONG_TOKENS[::-1][:40]}
     _lanes_keep_solo_tokens(engine, prompts, 12, late="late")
 
@@ -189,20 +179,10 @@ def test_quantized_kv_decodes_from_lanes(tmp_path: Path) -> None:
     in place and each sequence keeps its solo greedy tokens. A tiny Qwen3 (every layer full
     attention; tiny_models.py): what is checked is the lanes' bookkeeping, and MLX's CPU device
     ran the test model's six prompts at ~7 tokens/s (21 s)."""
-    from llmd.worker.host import hf_config
-
-    from .tiny_models import LONG_TOKENS, TOKENS, write_checkpoint
+    from .tiny_models import LONG_TOKENS, TOKENS, tiny_engine, write_checkpoint
 
     write_checkpoint(tmp_path, "qwen3")
-    engine = native_engine(
-        str(tmp_path),
-        context_length=512,
-        max_sequences=4,
-        kv_budget_bytes=16 << 20,
-        backend="mlx-cpu",
-        kv_type="q8_0",
-        hf_config=hf_config(str(tmp_path)),
-    )
+    engine = tiny_engine(tmp_path, "q8_0", backend="mlx-cpu", context_length=512, max_sequences=4)
     assert engine.kv_cache()["type"] == "q8_0"
     prompts = {"long": LONG_TOKENS[:150], "short": TOKENS, "late": LONG_TOKENS[::-1][:40]}
     _lanes_keep_solo_tokens(engine, prompts, 5, late="late")

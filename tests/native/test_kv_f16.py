@@ -19,7 +19,7 @@ import pytest
 
 from .conftest import on_kernel_path, run_all
 from .kernel_checks import attention_case, attention_reference
-from .tiny_models import tiny_cpu_engine
+from .tiny_models import tiny_engine
 
 native = pytest.importorskip("llmd._engine")
 PATHS = native.runnable_kernel_paths()
@@ -141,8 +141,8 @@ def test_f16_kv_on_sliding_window_and_hybrid_models(tiny_checkpoints, arch: str)
     and interleaved sequences stay bit-identical to the same sequences run alone (no bleed)."""
     from .tiny_models import LONG_TOKENS, TOKENS
 
-    f16 = tiny_cpu_engine(tiny_checkpoints[arch], "f16")
-    f32 = tiny_cpu_engine(tiny_checkpoints[arch], "f32")
+    f16 = tiny_engine(tiny_checkpoints[arch], "f16")
+    f32 = tiny_engine(tiny_checkpoints[arch], "f32")
     assert f16.kv_cache()["type"] == "f16" and f32.kv_cache()["type"] == "f32"
     assert f16.kv_cache()["bytes_per_token"] * 2 == f32.kv_cache()["bytes_per_token"]
     a, b = f16.score(TOKENS, 1), f32.score(TOKENS, 1)
@@ -154,5 +154,5 @@ def test_f16_kv_on_sliding_window_and_hybrid_models(tiny_checkpoints, arch: str)
     }
     together = run_all(f16, requests)
     for rid, r in requests.items():
-        alone = run_all(tiny_cpu_engine(tiny_checkpoints[arch], "f16"), {rid: r})
+        alone = run_all(tiny_engine(tiny_checkpoints[arch], "f16"), {rid: r})
         assert alone[rid]["tokens"] == together[rid]["tokens"], (arch, rid)

@@ -20,7 +20,7 @@ import pytest
 
 from .conftest import run_all
 from .kernel_checks import attention_case, attention_reference
-from .tiny_models import tiny_cpu_engine
+from .tiny_models import tiny_engine
 
 native = pytest.importorskip("llmd._engine")
 PATHS = native.runnable_kernel_paths()
@@ -250,20 +250,12 @@ def test_device_backend_reuses_quantized_kv_as_computed(tmp_path: Path, kv_type:
     tokens) gives the tokens a fresh engine computes. On the tiny Qwen3 checkpoint
     (tiny_models.py, head_dim 32: one block per head): the reuse is bookkeeping any model
     shows, and the test model's three prefills took ~20 s per type on MLX's CPU device."""
-    from llmd.worker.host import hf_config
-
     from .tiny_models import LONG_TOKENS, write_checkpoint
 
     write_checkpoint(tmp_path, "qwen3")
 
     def engine():  # type: ignore[no-untyped-def]
-        e = native.Engine(
-            str(tmp_path),
-            context_length=512,
-            backend="mlx-cpu",
-            kv_type=kv_type,
-            hf_config=hf_config(str(tmp_path)),
-        )
+        e = tiny_engine(tmp_path, kv_type, backend="mlx-cpu", context_length=512)
         assert e.kv_cache()["type"] == kv_type
         return e
 
@@ -311,8 +303,8 @@ def test_q8_0_kv_on_sliding_window_and_hybrid_models(tiny_checkpoints, arch: str
     interleaved sequences stay bit-identical to the same sequences run alone (no bleed)."""
     from .tiny_models import LONG_TOKENS, TOKENS
 
-    q8 = tiny_cpu_engine(tiny_checkpoints[arch], "q8_0")
-    f16 = tiny_cpu_engine(tiny_checkpoints[arch], "f16")
+    q8 = tiny_engine(tiny_checkpoints[arch], "q8_0")
+    f16 = tiny_engine(tiny_checkpoints[arch], "f16")
     assert q8.kv_cache()["type"] == "q8_0"
     a, b = q8.score(TOKENS, 1), f16.score(TOKENS, 1)
     assert np.abs(a - b).max() <= 2e-1 * np.abs(b).max()
@@ -323,7 +315,7 @@ def test_q8_0_kv_on_sliding_window_and_hybrid_models(tiny_checkpoints, arch: str
     }
     together = run_all(q8, requests)
     for rid, r in requests.items():
-        alone = run_all(tiny_cpu_engine(tiny_checkpoints[arch], "q8_0"), {rid: r})
+        alone = run_all(tiny_engine(tiny_checkpoints[arch], "q8_0"), {rid: r})
         assert alone[rid]["tokens"] == together[rid]["tokens"], (arch, rid)
 
 
@@ -333,4 +325,4 @@ def test_quantized_kv_on_heads_smaller_than_a_block_is_refused(tiny_checkpoints)
     with pytest.raises(
         ValueError, match="needs a head size that is a multiple of 32.*--kv-type f16"
     ):
-        tiny_cpu_engine(tiny_checkpoints["gemma4_text"], "q8_0")
+        tiny_engine(tiny_checkpoints["gemma4_text"], "q8_0")

@@ -1436,18 +1436,19 @@ def write_stub_gguf(path: Path, arch: str) -> None:
     close_gguf(w)
 
 
-def tiny_cpu_engine(path: Path, kv_type: str):  # type: ignore[no-untyped-def]
-    """A CPU-backend engine over a tiny checkpoint with KV stored as `kv_type`: the small
-    context and budget the KV storage tests compare types on."""
-    from llmd import _engine as native
+def tiny_engine(path: Path, kv_type: str, backend: str = "cpu", **options):  # type: ignore[no-untyped-def]
+    """An engine over a tiny checkpoint with KV stored as `kv_type`, on `backend` ("mlx-cpu":
+    the device path on MLX's CPU device): the small context and budget the KV storage tests
+    compare types on, unless `options` say otherwise. Skips the test without a built engine."""
+    import pytest
+
     from llmd.worker.host import hf_config
 
+    native = pytest.importorskip(
+        "llmd._engine", reason="the native engine (llmd._engine) is not built"
+    )
+
+    settings = {"context_length": 1024, "max_sequences": 8, "kv_budget_bytes": 16 << 20, **options}
     return native.Engine(
-        str(path),
-        context_length=1024,
-        max_sequences=8,
-        kv_budget_bytes=16 << 20,
-        backend="cpu",
-        hf_config=hf_config(str(path)),
-        kv_type=kv_type,
+        str(path), backend=backend, hf_config=hf_config(str(path)), kv_type=kv_type, **settings
     )
