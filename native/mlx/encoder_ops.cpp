@@ -10,6 +10,7 @@
 
 #include "../core/kv_cache.h"
 #include "../core/op_profile.h"
+#include "../core/scratch.h"
 #include "../core/thread_pool.h"
 #include "attention_kernels.h"
 #include "row_major.h"
@@ -309,8 +310,9 @@ class EncoderAttention : public mx::UnaryPrimitive {
     const AttendTileFn attend = attention_kernels().attend_f32;
     const int tasks = static_cast<int>(tiles.size());
     threads.parallel_for_dynamic(tasks, [&](int t0, int t1) {
-      std::vector<const void*> kb, vb;
-      std::vector<float> scratch(attention_scratch_floats(hd));
+      thread_local std::vector<const void*> kb, vb;  // once per tile: kept (scratch.h)
+      thread_local std::vector<float> scratch_buffer;
+      float* const scratch = grow_scratch(scratch_buffer, attention_scratch_floats(hd));
       for (int t = t0; t < t1; ++t) {
         const Tile& tile = tiles[t];
         const int n = spans[tile.span].second;
@@ -330,7 +332,7 @@ class EncoderAttention : public mx::UnaryPrimitive {
           kb[b] = kp + block;
           vb[b] = vp + block;
         }
-        attend(at, kb.data(), vb.data(), hd, BT, scratch.data());
+        attend(at, kb.data(), vb.data(), hd, BT, scratch);
       }
     });
   }

@@ -44,13 +44,6 @@ static_assert(kKq45XBytes % 64 == 0 && kQ6XBytes % 64 == 0);
 inline void store32(uint8_t* p, __m256i v) { _mm256_store_si256(reinterpret_cast<__m256i*>(p), v); }
 inline __m256i load32(const uint8_t* p) { return _mm256_load_si256(reinterpret_cast<const __m256i*>(p)); }
 
-// An int16 add the compiler keeps where it is written. The sums never saturate (bounds at each
-// kernel), so the saturating add gives the plain sum; GCC expands _mm256_add_epi16 into generic
-// vector arithmetic, which its reassociation pass regrouped into a tree over all of a step's
-// products: every vpmaddubsw result of 8 steps live at once, spilled to the stack (~2 stack
-// references per vpmaddubsw). The saturating add is a builtin it leaves in order.
-inline __m256i add16_chain(__m256i acc, __m256i p) { return _mm256_adds_epi16(acc, p); }
-// (int32 sums have no saturating form: add32_chain, qgemm_impl.h.)
 
 // One kDword tile super-block (pack8.h) of Q4_K / Q5_K into its scratch.
 template <bool kFive>
