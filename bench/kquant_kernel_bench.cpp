@@ -36,7 +36,7 @@ using llmd::kernels::ActBlock;
 
 int main(int argc, char** argv) {
   if (argc != 6 && argc != 7) {
-    std::fprintf(stderr, "usage: %s q4k|q5k|q6k|q8_0|q4_0 rows n k reps [x8]\n", argv[0]);
+    std::fprintf(stderr, "usage: %s q4k|q5k|q6k|q8_0|q4_0|q4_1 rows n k reps [x8]\n", argv[0]);
     return 2;
   }
   const std::string ty = argv[1];
@@ -45,12 +45,14 @@ int main(int argc, char** argv) {
                         : ty == "q6k"  ? TensorType::Q6_K
                         : ty == "q8_0" ? TensorType::Q8_0
                         : ty == "q4_0" ? TensorType::Q4_0
+                        : ty == "q4_1" ? TensorType::Q4_1
                                        : TensorType::Q4_K;
   const size_t rb = llmd::row_bytes(tt, k);
   const int block_bytes = tt == TensorType::Q6_K   ? 210
                           : tt == TensorType::Q5_K ? 176
                           : tt == TensorType::Q8_0 ? 34
                           : tt == TensorType::Q4_0 ? 18
+                          : tt == TensorType::Q4_1 ? 20
                                                    : 144;
   std::vector<uint8_t> w(rb * n);
   std::mt19937 rng(1);
@@ -59,7 +61,7 @@ int main(int argc, char** argv) {
   for (size_t o = 0; o < w.size(); o += block_bytes) {
     const uint16_t h = static_cast<uint16_t>(0x2000 + (rng() & 0x3ff));
     std::memcpy(&w[o + (tt == TensorType::Q6_K ? 208 : 0)], &h, 2);
-    if (tt == TensorType::Q4_K || tt == TensorType::Q5_K) std::memcpy(&w[o + 2], &h, 2);
+    if (tt == TensorType::Q4_K || tt == TensorType::Q5_K || tt == TensorType::Q4_1) std::memcpy(&w[o + 2], &h, 2);
   }
   std::vector<float> x(static_cast<size_t>(rows) * k);
   std::normal_distribution<float> normal;
@@ -83,23 +85,27 @@ int main(int argc, char** argv) {
                   : tt == TensorType::Q6_K ? isa::gemm_q6_k_x8
                   : tt == TensorType::Q8_0 ? isa::gemm_q8_0_x8
                   : tt == TensorType::Q4_0 ? isa::gemm_q4_0_x8
+                  : tt == TensorType::Q4_1 ? isa::gemm_q4_1_x8
                                            : isa::gemm_q4_k_x8;
   const auto gemm = tt == TensorType::Q5_K   ? isa::gemm_q5_k_x8_expanded
                     : tt == TensorType::Q6_K ? isa::gemm_q6_k_x8_expanded
                     : tt == TensorType::Q8_0 ? isa::gemm_q8_0_x8
                     : tt == TensorType::Q4_0 ? isa::gemm_q4_0_x8
+                    : tt == TensorType::Q4_1 ? isa::gemm_q4_1_x8
                                              : isa::gemm_q4_k_x8_expanded;
 #else
   const auto x8 = tt == TensorType::Q5_K   ? isa::gemm_q5_k_x8
                   : tt == TensorType::Q6_K ? isa::gemm_q6_k_x8
                   : tt == TensorType::Q8_0 ? isa::gemm_q8_0_x8_zmm
                   : tt == TensorType::Q4_0 ? isa::gemm_q4_0_x8_zmm
+                  : tt == TensorType::Q4_1 ? isa::gemm_q4_1_x8
                                            : isa::gemm_q4_k_x8;
   const bool old = argc == 7 && std::string(argv[6]) == "x8";
   const auto blocked = tt == TensorType::Q5_K   ? isa::gemm_q5_k_x8_blocked
                        : tt == TensorType::Q6_K ? isa::gemm_q6_k_x8_blocked
                        : tt == TensorType::Q8_0 ? isa::gemm_q8_0_x8_zmm
                        : tt == TensorType::Q4_0 ? isa::gemm_q4_0_x8_zmm
+                       : tt == TensorType::Q4_1 ? isa::gemm_q4_1_x8
                                                 : isa::gemm_q4_k_x8_blocked;
   const auto gemm = old ? x8 : blocked;
 #endif

@@ -381,21 +381,31 @@ struct Q6X {
 // single row (decode) keeps gemm_packed's kernels, which stream the packed tile once.
 constexpr int kExpandedRows = 4;
 
+// A few rows (a batched decode step) also keep gemm_packed's kernels: the expansion of a
+// super-block is paid once per row chunk, and with a handful of rows it is not won back. One
+// Zen 1 core (AVX2 only), 2048 x 2048, GMAC/s for 2 / 4 / 8 / 16 / 32 rows, expanded vs packed:
+// Q4_K 15.2 / 19.3 / 22.0 / 23.7 / 24.8 vs 28.1 / 22.8-28.2 / 24.2 / 24.4 / 24.4; Q5_K 12.2 /
+// 16.3 / 19.8 / 22.1 / 23.5 vs 17.0 / 18.7 / 19.0 / 19.3 / 19.3; Q6_K 10.7 / 14.6 / 17.4 / 20.5 /
+// 22.1 vs 15.5 / 17.4-19.8 / 17.9 / 18.0 / 18.0. Both give the same bits (the same per-lane
+// operations), so the choice only moves time.
+constexpr int kPackedRowsQ4K = 8;
+constexpr int kPackedRowsQ56K = 4;
+
 inline void gemm_q4_k_x8_expanded(const uint8_t* w, size_t rb, const ActBlock* a, int k, int rows, int n0, int n1,
                                   float* out, int ldo) {
-  if (rows == 1) return gemm_q4_k_x8(w, rb, a, k, rows, n0, n1, out, ldo);
+  if (rows <= kPackedRowsQ4K) return gemm_q4_k_x8(w, rb, a, k, rows, n0, n1, out, ldo);
   gemm_kq_expanded<kExpandedRows, 1, kKq45XBytes, KqSumRows, kq45_expand<false>, Kq45X<false>::Tile>(
       w, rb, a, k, rows, n0, n1, out, ldo, 8 * kQ4KBytes);
 }
 inline void gemm_q5_k_x8_expanded(const uint8_t* w, size_t rb, const ActBlock* a, int k, int rows, int n0, int n1,
                                   float* out, int ldo) {
-  if (rows == 1) return gemm_q5_k_x8(w, rb, a, k, rows, n0, n1, out, ldo);
+  if (rows <= kPackedRowsQ56K) return gemm_q5_k_x8(w, rb, a, k, rows, n0, n1, out, ldo);
   gemm_kq_expanded<kExpandedRows, 1, kKq45XBytes, KqSumRows, kq45_expand<true>, Kq45X<true>::Tile>(
       w, rb, a, k, rows, n0, n1, out, ldo, 8 * kQ5KBytes);
 }
 inline void gemm_q6_k_x8_expanded(const uint8_t* w, size_t rb, const ActBlock* a, int k, int rows, int n0, int n1,
                                   float* out, int ldo) {
-  if (rows == 1) return gemm_q6_k_x8(w, rb, a, k, rows, n0, n1, out, ldo);
+  if (rows <= kPackedRowsQ56K) return gemm_q6_k_x8(w, rb, a, k, rows, n0, n1, out, ldo);
   gemm_kq_expanded<kExpandedRows, 1, kQ6XBytes, Q6XRows, q6_expand, Q6X>(w, rb, a, k, rows, n0, n1, out, ldo,
                                                                        8 * kQ6KBytes);
 }

@@ -474,8 +474,8 @@ inline void dot8_q45k(const uint8_t* w, size_t stride, const KqSumRow* a, int nb
             // 7874) and a lane sums 8 of them (30480 < 32767; Q5_K: 4 per chain, 31496).
             const __m256i l16 = _mm256_maddubs_epi16(lo[g], alo);
             const __m256i h16 = _mm256_maddubs_epi16(hi[g], ahi);
-            dst[0] = first_of_chain ? l16 : _mm256_add_epi16(dst[0], l16);
-            dst[1] = first_of_chain ? h16 : _mm256_add_epi16(dst[1], h16);
+            dst[0] = first_of_chain ? l16 : add16_chain(dst[0], l16);
+            dst[1] = first_of_chain ? h16 : add16_chain(dst[1], h16);
           }
         }
       }
@@ -1025,7 +1025,7 @@ inline void dot8_q6k(const uint8_t* w, size_t stride, const Q6Row* a, int nb, fl
 #pragma GCC unroll 8
             for (int g = 0; g < G; ++g) {
               const __m256i s16 = _mm256_add_epi16(_mm256_maddubs_epi16(w0[g][e], a0), _mm256_maddubs_epi16(w1[g][e], a1));
-              isum[r][g][e] = _mm256_add_epi32(isum[r][g][e], _mm256_madd_epi16(s16, sc16[g][e][i >> 2]));
+              isum[r][g][e] = add32_chain(isum[r][g][e], _mm256_madd_epi16(s16, sc16[g][e][i >> 2]));
             }
           }
         }
