@@ -44,7 +44,6 @@ static_assert(kKq45XBytes % 64 == 0 && kQ6XBytes % 64 == 0);
 inline void store32(uint8_t* p, __m256i v) { _mm256_store_si256(reinterpret_cast<__m256i*>(p), v); }
 inline __m256i load32(const uint8_t* p) { return _mm256_load_si256(reinterpret_cast<const __m256i*>(p)); }
 
-
 // One kDword tile super-block (pack8.h) of Q4_K / Q5_K into its scratch.
 template <bool kFive>
 inline void kq45_expand(const uint8_t* t, uint8_t* s) {

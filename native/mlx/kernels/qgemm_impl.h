@@ -222,9 +222,9 @@ inline __m256i add32_chain(__m256i acc, __m256i v) {
 // kernel), so the saturating add gives the plain sum; GCC expands _mm256_add_epi16 into generic
 // vector arithmetic, which its reassociation pass regrouped into a tree over all of a step's
 // products: every vpmaddubsw result of a block live at once, spilled to the stack (~2 stack
-// references per vpmaddubsw; the Q4_0/Q4_1 4-row tile ran at 27.9 GMAC/s on a Zen 1 core with
-// it, 30.7 without). The saturating add is a builtin it leaves in order. (int32 sums have no
-// saturating form: add32_chain above.)
+// references per vpmaddubsw; the Q4_1 4-row tile ran at 23.7 GMAC/s on a Zen 1 core so, 31 in
+// order). The saturating add is a builtin it leaves in order. (int32 sums have no saturating
+// form: add32_chain above.)
 inline __m256i add16_chain(__m256i acc, __m256i p) { return _mm256_adds_epi16(acc, p); }
 
 inline __m256i broadcast4(const int8_t* p) {
