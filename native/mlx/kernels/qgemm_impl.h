@@ -403,13 +403,17 @@ constexpr int kPlainRowTile = 8;
 constexpr int kPlainRowTile = 4;
 #endif
 
+// A single row streams one group at a time, as the K-quants do: the AVX2 path's 1B Q4_0
+// decode matvecs (one thread, 2 MiB pages, a throwaway harness) read 25.2 GB/s two groups at a
+// time and 31.7 one at a time (four: 27.4; a plain read: 40.7). On a Zen 1 core
+// (`bench/kquant_kernel_bench.cpp`, 1 row, two processes at once) Q4_1 went 9.7-10.0 -> 14.7-15.0
+// GMAC/s and Q8_0 7.4-7.5 -> 8.3-8.6 that way. The same operations per output either way, so
+// results are unchanged.
+constexpr int kPlainSingleRowGroups = 1;
+
 template <int R, int G>
 struct Dot8Q4_0 {
-  // A single row streams one group at a time, as the K-quants do: the AVX2 path's 1B Q4_0
-  // decode matvecs (one thread, 2 MiB pages, a throwaway harness) read 25.2 GB/s two groups
-  // at a time and 31.7 one at a time (four: 27.4; a plain read: 40.7). The same operations per
-  // output either way, so results are unchanged.
-  static constexpr int kSingleRowGroups = 1;
+  static constexpr int kSingleRowGroups = kPlainSingleRowGroups;
   static constexpr int kRowTile = kPlainRowTile;
   using Rows = PlainRows;
   static void run(const uint8_t* w, size_t stride, const ActBlock* const* a, int nb, float* const* out,
@@ -419,6 +423,7 @@ struct Dot8Q4_0 {
 };
 template <int R, int G>
 struct Dot8Q4_1 {
+  static constexpr int kSingleRowGroups = kPlainSingleRowGroups;
   static constexpr int kRowTile = kPlainRowTile;
   using Rows = PlainRows;
   static void run(const uint8_t* w, size_t stride, const ActBlock* const* a, int nb, float* const* out,
@@ -428,6 +433,7 @@ struct Dot8Q4_1 {
 };
 template <int R, int G>
 struct Dot8Q8_0 {
+  static constexpr int kSingleRowGroups = kPlainSingleRowGroups;
   static constexpr int kRowTile = kPlainRowTile;
   using Rows = PlainRows;
   static void run(const uint8_t* w, size_t stride, const ActBlock* const* a, int nb, float* const* out,
