@@ -57,6 +57,9 @@ LLAMA_BIN = HERE / ".llamacpp" / "build" / "bin"
 SHAPES = ("llama3.2-1b", "qwen3-4b")
 SMOKE_SHAPES = ("tiny",)  # make_random_gguf's few-MB preset: checks this script, measures nothing
 TYPES = ("Q4_0", "Q4_K_M", "Q5_K_M", "Q6_K", "Q8_0")
+# Recipes whose bulk has no llmd kernel: measured on request, llmd on the file a pull converts
+# them into (llmd_file), llama.cpp on the original.
+CONVERTED_TYPES = ("Q3_K_M", "Q3_K_L", "IQ4_XS", "IQ4_NL", "Q2_K")
 TOOLS = ("llama-bench", "llama-server")  # what --llamacpp-bin must hold
 PREFILLS = {"pp512": 512, "pp4096": 4096, "pp8k": 8192, "pp16k": 16384}
 TESTS = (*PREFILLS, "tg128", "streams", "rss")
@@ -101,6 +104,30 @@ def build_model(shape: str, qtype: str, cache: Path = CACHE) -> Path:
         )
         tmp.rename(out)
     return out
+
+
+def llmd_file(model: Path) -> Path:
+    """The file llmd runs for `model`: the model itself, or (for a recipe with types the engine
+    has no kernel for: Q3_K_M, IQ4_XS, ...) the copy a pull converts it into, made once beside
+    it. llama.cpp keeps the original; the table notes the conversion and both sizes."""
+    from llmd.store.convert import convert_gguf, plan_conversion
+    from llmd.store.gguf_layout import read_layout
+
+    layout = read_layout(model)
+    plan = plan_conversion(layout, model.stat().st_size)
+    if not plan.needed:
+        return model
+    out = model.with_name(f"{model.stem}.llmd.gguf")
+    if not out.exists():
+        print(f"converting {model.name} as a pull does: {plan.summary()}", flush=True)
+        tmp = out.with_suffix(".tmp")
+        convert_gguf(model, tmp, layout, plan)
+        tmp.rename(out)
+    return out
+
+
+def _sizes(converted: Path, model: Path) -> str:
+    return f"{converted.name} ({converted.stat().st_size / 1e6:.0f} MB, from {model.stat().st_size / 1e6:.0f} MB)"
 
 
 def decode_bytes(model: Path) -> int:
@@ -341,12 +368,13 @@ def measure(model: Path, args: argparse.Namespace, bandwidth: float) -> dict[str
 
     tests = args.tests
     rows: dict[str, dict[str, Any]] = {}
+    llmd_model = llmd_file(model)  # llama.cpp runs `model`, llmd what a pull installs from it
     prefills = {t: PREFILLS[t] for t in tests if t in PREFILLS}
     engine_tests = prefills or "tg128" in tests
     llmd = None
     if engine_tests:
         try:
-            llmd = LlmdEngine(model, args.threads, max(prefills.values(), default=512))
+            llmd = LlmdEngine(llmd_model, args.threads, max(prefills.values(), default=512))
         except RuntimeError as exc:  # a type the engine has no kernel for (a pull converts it)
             print(f"  llmd's engine refuses {model.name} as is ({exc}): engine tests skipped")
     if llmd is not None:
@@ -386,9 +414,10 @@ def measure(model: Path, args: argparse.Namespace, bandwidth: float) -> dict[str
                 "ratio": statistics.median(o / r for o, r in zip(ours, ref, strict=True)),
             }
         if "tg128" in tests:
-            step_bytes = decode_bytes(model)
+            step_bytes = {"llmd": decode_bytes(llmd_model), "llama.cpp": decode_bytes(model)}
             rows["tg128"]["bandwidth_fraction"] = {
-                who: rows["tg128"][who] * step_bytes / bandwidth for who in ("llmd", "llama.cpp")
+                who: rows["tg128"][who] * step_bytes[who] / bandwidth
+                for who in ("llmd", "llama.cpp")
             }
     if "streams" in tests:
         got_streams = stream_aggregates(
@@ -401,6 +430,7 @@ def measure(model: Path, args: argparse.Namespace, bandwidth: float) -> dict[str
         rows["rss"] = {**rss, "ratio": rss["llmd"] / rss["llama.cpp"]}
     return {
         "model": model.name,
+        "llmd_file": None if llmd_model == model else _sizes(llmd_model, model),
         "kernel_path": _engine.active_kernel_path(),
         "llamacpp": args.llamacpp_isa,
         "rows": rows,
@@ -410,7 +440,12 @@ def measure(model: Path, args: argparse.Namespace, bandwidth: float) -> dict[str
 def markdown(result: dict[str, Any]) -> str:
     lines = [
         f"**{result['model']}** (llmd kernels: {result['kernel_path'] or 'n/a'}; "
-        f"llama.cpp: {result.get('llamacpp') or 'n/a'})",
+        f"llama.cpp: {result.get('llamacpp') or 'n/a'})"
+        + (
+            f"; llmd runs the pull's conversion {result['llmd_file']}"
+            if result.get("llmd_file")
+            else ""
+        ),
         "",
         "| test | llmd | llama.cpp | llmd / llama.cpp |",
         "|---|---|---|---|",
@@ -499,7 +534,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.tests = args.tests.split(",")
     for name, given, known in (
         ("shape", args.shapes, SHAPES + SMOKE_SHAPES),
-        ("type", args.types, TYPES),
+        ("type", args.types, TYPES + CONVERTED_TYPES),
         ("test", args.tests, TESTS),
     ):
         unknown = sorted(set(given) - set(known))

@@ -1,10 +1,12 @@
 """Pull-time conversion of GGUF files whose tensor types the engine cannot run natively.
 
 Most GGUF files on the hub are K-quants (Q4_K_M, Q5_K_M, ...); the engine runs Q4_K, Q5_K and
-Q6_K natively but not Q3_K, Q2_K, Q5_0/Q5_1 or the IQ types. Such tensors are dequantized with
-gguf-py (``gguf.quants``, the llama.cpp project's own Python package) and re-quantized to the
-target chosen in ``model_support.CONVERSION_TARGET`` (Q8_0, for the reasons written there);
-every other tensor is copied byte for byte.
+Q6_K natively but not Q3_K, Q2_K, Q5_0/Q5_1 or the IQ types. Such tensors become the target
+chosen in ``model_support.CONVERSION_TARGET`` (for the reasons written there): re-encoded
+without loss where the source is a special case of the target (``block_repack.REPACKS``: Q3_K
+-> Q6_K, Q5_0 / IQ4_NL / IQ4_XS -> Q8_0), otherwise dequantized with gguf-py (``gguf.quants``,
+the llama.cpp project's own Python package) and re-quantized to Q8_0; every other tensor is
+copied byte for byte.
 
 Memory stays bounded: tensors are converted a few million weights at a time straight from a
 memory map of the source into the output file, never a whole model (or a whole embedding
@@ -29,6 +31,7 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, LlamaFileType
 from gguf.quants import dequantize, quantize
 
+from llmd.store.block_repack import REPACKS
 from llmd.store.gguf_layout import (
     MAGIC,
     STRING,
@@ -45,7 +48,7 @@ _CHUNK_ELEMENTS = 1 << 22  # weights per dequantize/quantize step (16 MiB of fp3
 _COPY_CHUNK = 1 << 24
 _FILE_TYPE_OF = {
     GGMLQuantizationType[t]: LlamaFileType[f"MOSTLY_{t}"]
-    for t in ("Q8_0", "Q5_0", "Q5_1", "Q4_0", "Q4_1", "F16", "BF16")
+    for t in ("Q8_0", "Q6_K", "Q5_0", "Q5_1", "Q4_0", "Q4_1", "F16", "BF16")
 }
 
 
@@ -240,6 +243,10 @@ def _convert_tensor(view: memoryview, t: TensorInfo, target: int, out, stop) -> 
     for r in range(0, rows, step):
         if stop is not None and stop.is_set():
             raise ConversionCancelled("the conversion was stopped")
+        repack = REPACKS.get((src_type, dst_type))
+        if repack is not None:
+            out.write(repack(raw[r : r + step]).tobytes())
+            continue
         weights = dequantize(raw[r : r + step], src_type).astype(np.float32, copy=False)
         if dst_type == GGMLQuantizationType.F16:
             out.write(weights.astype(np.float16).tobytes())

@@ -7,15 +7,16 @@ tokenizer is checked at pull time as well: ``gguf_tokenizer_problem`` below.)
 
 Conversion decision (measured, see ``CONVERSION_TARGET``): GGUF tensors of a type the engine
 has no kernel for are dequantized and re-quantized to **Q8_0** at pull time. On heavy-tailed
-weight-like rows (Student-t, 1024x4096) the relative RMS error of a Q5_0 source is 5.38 %;
-re-quantized to Q8_0 it becomes 5.43 % (+1 %), to Q4_1 10.6 % (2x), to Q4_0 14.2 %. Q5_1:
-4.35 % -> 4.40 % (Q8_0) vs 9.6 % (Q4_1). Q8_0's own error (0.7 %) adds in quadrature, so it
-keeps the quality the user chose for every source type, Q2_K/Q3_K/IQ* included, where a 4-bit
-target would add an error as large as the source's own. The price is memory (8.5 bits per
-weight instead of 2-6); the pull says so and names the ratio. gguf-py cannot quantize Q4_K or
-Q6_K, which would be the smaller targets for K-quant sources. Q5_K, the bulk of Q5_K_M/Q5_K_S
-files (and part of Q3_K_L's), has kernels of its own: converting it cost 8.5 bits per weight
-instead of 5.5 and made decode on such files memory-bound at ~1.5x llama.cpp's time.
+weight-like rows (Student-t, 1024x4096) the relative RMS error of a Q5_1 source is 4.35 %;
+re-quantized to Q8_0 it becomes 4.40 % (+1 %), to Q4_1 9.6 % (2x). Q8_0's own error (0.7 %)
+adds in quadrature, so it keeps the quality the user chose for every source type, Q2_K/IQ*
+included, where a 4-bit target would add an error as large as the source's own. The price is
+memory (8.5 bits per weight instead of 2-6); the pull says so and names the ratio. Sources that
+are a special case of a native type lose nothing (block_repack.py): Q5_0, IQ4_NL and IQ4_XS
+become Q8_0 blocks holding the very same weights, and Q3_K (the bulk of Q3_K_M/Q3_K_L files)
+becomes **Q6_K**, 6.5625 bits per weight instead of 8.5. Q5_K, the bulk of Q5_K_M/Q5_K_S files
+(and part of Q3_K_L's), has kernels of its own: converting it cost 8.5 bits per weight instead
+of 5.5 and made decode on such files memory-bound at ~1.5x llama.cpp's time.
 """
 
 from __future__ import annotations
@@ -65,6 +66,9 @@ _CONVERTED = (
     "TQ1_0 TQ2_0 MXFP4 NVFP4"
 ).split()
 CONVERSION_TARGET: dict[int, int] = {T[n]: T.Q8_0 for n in _CONVERTED if n in T.__members__}
+# Q3_K is a special case of Q6_K (same sub-blocks, a subset of its integers): re-encoded
+# without loss at 6.5625 bits per weight instead of Q8_0's 8.5 (block_repack.py).
+CONVERSION_TARGET[T.Q3_K] = T.Q6_K
 
 # Type ids llama.cpp used once and removed (ARM-repacked Q4_0); gguf-py no longer knows them.
 RETIRED_GGUF_TYPES: dict[int, str] = {31: "Q4_0_4_4", 32: "Q4_0_4_8", 33: "Q4_0_8_8"}
