@@ -55,6 +55,9 @@ HERE = Path(__file__).resolve().parent
 CACHE = HERE / ".realistic"
 LLAMA_BIN = HERE / ".llamacpp" / "build" / "bin"
 SHAPES = ("llama3.2-1b", "qwen3-4b")
+# Shapes measured on request: rows no multiple of 256 (llama.cpp's K-quant recipes fall back to
+# Q5_0 / Q5_1 / Q8_0 there, and llmd converts those).
+EXTRA_SHAPES = ("qwen2.5-0.5b",)
 SMOKE_SHAPES = ("tiny",)  # make_random_gguf's few-MB preset: checks this script, measures nothing
 TYPES = ("Q4_0", "Q4_K_M", "Q5_K_M", "Q6_K", "Q8_0")
 # Recipes whose bulk has no llmd kernel: measured on request, llmd on the file a pull converts
@@ -533,7 +536,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.types = args.types.split(",")
     args.tests = args.tests.split(",")
     for name, given, known in (
-        ("shape", args.shapes, SHAPES + SMOKE_SHAPES),
+        ("shape", args.shapes, SHAPES + EXTRA_SHAPES + SMOKE_SHAPES),
         ("type", args.types, TYPES + CONVERTED_TYPES),
         ("test", args.tests, TESTS),
     ):

@@ -63,6 +63,9 @@ PRESETS = {
     "llama3.2-1b": Shape(128256, 2048, 16, 32, 8, 8192, 8192, 500000.0),
     # Qwen3-4B's dimensions (head_dim 128 with a 2560 hidden size, QK-norm, tied embeddings).
     "qwen3-4b": Shape(151936, 2560, 36, 32, 8, 9728, 40960, 1000000.0, "qwen3", 128, True),
+    # Qwen2.5-0.5B's dimensions: hidden 896 is no multiple of 256, so llama-quantize's K-quant
+    # recipes fall back to Q5_0 / Q5_1 / Q8_0 for every tensor whose rows are 896 long.
+    "qwen2.5-0.5b": Shape(151936, 896, 24, 14, 2, 4864, 32768, 1000000.0, "qwen2", 64, True),
     # A few MB: for tests of this script and of loaders.
     "tiny": Shape(512, 128, 2, 4, 2, 256, 512, 10000.0),
     # Small models for the cuda backend's GPU tests (native/cuda/tests/test_model.cpp): head size

@@ -1,5 +1,6 @@
 #include "attention_kernels.h"
 
+#include "../core/scratch.h"
 #include "kernels/qgemm.h"
 
 namespace llmd {
@@ -12,6 +13,13 @@ const AttentionKernels& attention_kernels_for(const std::string& kernel_path) {
   if (kernel_path == "avx2") return *attention::avx2::kernels();
 #endif
   return *attention::generic::kernels();
+}
+
+AttentionTileScratch& attention_tile_scratch(int head_dim) {
+  thread_local AttentionTileScratch scratch;
+  thread_local std::vector<float> floats;
+  scratch.floats = grow_scratch(floats, attention_scratch_floats(head_dim));
+  return scratch;
 }
 
 const AttentionKernels& attention_kernels() {

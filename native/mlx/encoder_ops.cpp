@@ -10,7 +10,6 @@
 
 #include "../core/kv_cache.h"
 #include "../core/op_profile.h"
-#include "../core/scratch.h"
 #include "../core/thread_pool.h"
 #include "attention_kernels.h"
 #include "row_major.h"
@@ -310,9 +309,9 @@ class EncoderAttention : public mx::UnaryPrimitive {
     const AttendTileFn attend = attention_kernels().attend_f32;
     const int tasks = static_cast<int>(tiles.size());
     threads.parallel_for_dynamic(tasks, [&](int t0, int t1) {
-      thread_local std::vector<const void*> kb, vb;  // once per tile: kept (scratch.h)
-      thread_local std::vector<float> scratch_buffer;
-      float* const scratch = grow_scratch(scratch_buffer, attention_scratch_floats(hd));
+      AttentionTileScratch& scratch = attention_tile_scratch(hd);
+      auto& kb = scratch.k_blocks;
+      auto& vb = scratch.v_blocks;
       for (int t = t0; t < t1; ++t) {
         const Tile& tile = tiles[t];
         const int n = spans[tile.span].second;
@@ -332,7 +331,7 @@ class EncoderAttention : public mx::UnaryPrimitive {
           kb[b] = kp + block;
           vb[b] = vp + block;
         }
-        attend(at, kb.data(), vb.data(), hd, BT, scratch);
+        attend(at, kb.data(), vb.data(), hd, BT, scratch.floats);
       }
     });
   }
