@@ -106,6 +106,7 @@ def build_model(shape: str, qtype: str, cache: Path = CACHE) -> Path:
             capture_output=True,
         )
         tmp.rename(out)
+        _settle()
     return out
 
 
@@ -126,7 +127,15 @@ def llmd_file(model: Path) -> Path:
         tmp = out.with_suffix(".tmp")
         convert_gguf(model, tmp, layout, plan)
         tmp.rename(out)
+        _settle()
     return out
+
+
+def _settle() -> None:
+    """Write a just-made file's dirty pages out before anything is timed: measured while 1.5 GB
+    of a fresh conversion was still being written back, llmd's tg128 on it read 8.8 tok/s,
+    and 13.8 once the disk was quiet (Zen 1, 1B IQ4_XS)."""
+    os.sync()
 
 
 def _sizes(converted: Path, model: Path) -> str:
