@@ -65,3 +65,43 @@ def test_no_llama_warmup_reaches_llama_bench(
     assert realistic.llama_bench(tmp_path / "m.gguf", 2, 16384, 0, tmp_path) == 42.0
     assert "--no-warmup" in seen[0]
     assert "--no-warmup" not in seen[1]  # the default keeps llama-bench's warmup
+
+
+def test_converted_recipes_and_odd_shapes_are_accepted() -> None:
+    args = realistic.parse_args(["--types", "Q3_K_M,IQ4_XS", "--shapes", "qwen2.5-0.5b"])
+    assert args.types == ["Q3_K_M", "IQ4_XS"] and args.shapes == ["qwen2.5-0.5b"]
+
+
+def test_llmd_runs_what_a_pull_installs(tmp_path: Path) -> None:
+    """A file with a type llmd has no kernel for is measured as the pull converts it (made once,
+    beside it); a file that runs natively is measured as it is."""
+    import numpy as np
+    from gguf import GGMLQuantizationType as T
+    from gguf import GGUFReader, GGUFWriter
+    from gguf.quants import quantize
+
+    rng = np.random.default_rng(3)
+
+    def write(path: Path, q3k: bool) -> Path:
+        w = GGUFWriter(str(path), "llama")
+        x = rng.standard_normal((8, 256)).astype(np.float32)
+        w.add_tensor("blk.0.ffn_up.weight", quantize(x, T.Q8_0), raw_dtype=T.Q8_0)
+        if q3k:
+            raw = rng.integers(0, 256, size=(8, 110), dtype=np.uint8)
+            raw[:, 108:110] = np.frombuffer(np.float16(0.01).tobytes(), np.uint8)
+            w.add_tensor("blk.0.ffn_gate.weight", raw, raw_dtype=T.Q3_K)
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+        w.close()
+        return path
+
+    native = write(tmp_path / "m-q8_0.gguf", q3k=False)
+    assert realistic.llmd_file(native) == native
+    mixed = write(tmp_path / "m-q3_k_m.gguf", q3k=True)
+    ours = realistic.llmd_file(mixed)
+    assert ours == tmp_path / "m-q3_k_m.llmd.gguf"
+    types = {t.name: t.tensor_type for t in GGUFReader(ours).tensors}
+    assert types == {"blk.0.ffn_up.weight": T.Q8_0, "blk.0.ffn_gate.weight": T.Q6_K}
+    made = ours.stat().st_mtime_ns
+    assert realistic.llmd_file(mixed) == ours and ours.stat().st_mtime_ns == made  # kept
