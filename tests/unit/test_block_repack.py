@@ -1,8 +1,8 @@
 """Lossless pull-time re-encodings (block_repack.py), judged by gguf-py: the dequantized
 values of the source blocks and of their re-encoding must be the same floats.
 
-Blocks are random bytes with sane fp16 scales (every byte pattern is a valid block of these
-types; gguf-py cannot quantize to most of them), so every code and scale value occurs."""
+Blocks are random bytes with sane fp16 scales (gguf_files.random_blocks; gguf-py cannot
+quantize to most of these types), so every code and scale value occurs."""
 
 from __future__ import annotations
 
@@ -15,18 +15,13 @@ from gguf.quants import dequantize, quantize
 from llmd.store.block_repack import REPACKS
 from llmd.store.model_support import CONVERSION_TARGET
 
+from . import gguf_files
+
 RNG = np.random.default_rng(11)
 
 
 def random_blocks(qtype: T, rows: int, cols: int, scale: float) -> np.ndarray:
-    """Rows of random `qtype` blocks whose fp16 d (the first field, or Q3_K's last) is near
-    `scale`, varied per block so scales of every exponent and mantissa occur."""
-    block, nbytes = GGML_QUANT_SIZES[qtype]
-    raw = RNG.integers(0, 256, size=(rows, cols // block, nbytes), dtype=np.uint8)
-    d = (scale * RNG.uniform(0.5, 2.0, size=(rows, cols // block))).astype(np.float16)
-    at = nbytes - 2 if qtype == T.Q3_K else 0
-    raw[:, :, at : at + 2] = d.view(np.uint8).reshape(rows, cols // block, 2)
-    return raw.reshape(rows, -1)
+    return gguf_files.random_blocks(RNG, qtype, rows, cols, scale)
 
 
 @pytest.mark.parametrize("source", [T.Q3_K, T.Q5_0, T.IQ4_NL])

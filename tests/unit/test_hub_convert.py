@@ -18,6 +18,8 @@ from llmd.store.gguf_layout import Truncated, parse_layout, read_layout
 from llmd.store.install import check_gguf, check_hf_config
 from llmd.store.manifests import UnsupportedModel
 
+from .gguf_files import random_blocks, write_tensors
+
 RNG = np.random.default_rng(7)
 
 
@@ -27,14 +29,6 @@ def q5k_blocks(rows: int, cols: int) -> np.ndarray:
     raw = RNG.integers(0, 256, size=(rows, cols // 256, 176), dtype=np.uint8)
     raw[:, :, 0:2] = np.frombuffer(np.float16(0.01).tobytes(), np.uint8)
     raw[:, :, 2:4] = np.frombuffer(np.float16(0.004).tobytes(), np.uint8)
-    return raw.reshape(rows, -1)
-
-
-def q3k_blocks(rows: int, cols: int) -> np.ndarray:
-    """Valid Q3_K bytes (a K-quant the engine has no kernel for): random quants and 6-bit
-    scales with a sane fp16 super-block scale d (the block's last 2 of 110 bytes)."""
-    raw = RNG.integers(0, 256, size=(rows, cols // 256, 110), dtype=np.uint8)
-    raw[:, :, 108:110] = np.frombuffer(np.float16(0.01).tobytes(), np.uint8)
     return raw.reshape(rows, -1)
 
 
@@ -59,7 +53,7 @@ def make_gguf(path: Path, arch: str = "llama") -> dict[str, tuple[int, np.ndarra
         data = x if ttype == T.F32 else quantize(x, ttype)
         tensors[name] = (ttype, x if ttype == T.F32 else dequantize(data, ttype))
         w.add_tensor(name, data, raw_dtype=None if ttype == T.F32 else ttype)
-    k3 = q3k_blocks(8, 512)
+    k3 = random_blocks(RNG, T.Q3_K, 8, 512, 0.01)  # a K-quant the engine has no kernel for
     tensors["blk.0.ffn_gate.weight"] = (T.Q3_K, dequantize(k3, T.Q3_K))
     w.add_tensor("blk.0.ffn_gate.weight", k3, raw_dtype=T.Q3_K)
     k5 = q5k_blocks(8, 512)  # native since Q5_K has kernels: copied as is
@@ -132,15 +126,8 @@ def test_conversion_keeps_metadata_and_weights(tmp_path: Path) -> None:
 
 
 def test_native_files_need_no_conversion_and_others_are_refused(tmp_path: Path) -> None:
-    path = tmp_path / "q.gguf"
-    w = GGUFWriter(str(path), "llama")
-    w.add_tensor(
-        "w", quantize(RNG.standard_normal((32, 64)).astype(np.float32), T.Q8_0), raw_dtype=T.Q8_0
-    )
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    x = RNG.standard_normal((32, 64)).astype(np.float32)
+    path = write_tensors(tmp_path / "q.gguf", {"w": (quantize(x, T.Q8_0), T.Q8_0)})
     assert not plan_conversion(read_layout(path)).needed
 
     mamba = tmp_path / "mamba.gguf"

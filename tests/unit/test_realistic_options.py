@@ -77,24 +77,19 @@ def test_llmd_runs_what_a_pull_installs(tmp_path: Path) -> None:
     beside it); a file that runs natively is measured as it is."""
     import numpy as np
     from gguf import GGMLQuantizationType as T
-    from gguf import GGUFReader, GGUFWriter
+    from gguf import GGUFReader
     from gguf.quants import quantize
+
+    from .gguf_files import random_blocks, write_tensors
 
     rng = np.random.default_rng(3)
 
     def write(path: Path, q3k: bool) -> Path:
-        w = GGUFWriter(str(path), "llama")
         x = rng.standard_normal((8, 256)).astype(np.float32)
-        w.add_tensor("blk.0.ffn_up.weight", quantize(x, T.Q8_0), raw_dtype=T.Q8_0)
+        tensors = {"blk.0.ffn_up.weight": (quantize(x, T.Q8_0), T.Q8_0)}
         if q3k:
-            raw = rng.integers(0, 256, size=(8, 110), dtype=np.uint8)
-            raw[:, 108:110] = np.frombuffer(np.float16(0.01).tobytes(), np.uint8)
-            w.add_tensor("blk.0.ffn_gate.weight", raw, raw_dtype=T.Q3_K)
-        w.write_header_to_file()
-        w.write_kv_data_to_file()
-        w.write_tensors_to_file()
-        w.close()
-        return path
+            tensors["blk.0.ffn_gate.weight"] = (random_blocks(rng, T.Q3_K, 8, 256, 0.01), T.Q3_K)
+        return write_tensors(path, tensors)
 
     native = write(tmp_path / "m-q8_0.gguf", q3k=False)
     assert realistic.llmd_file(native) == native
