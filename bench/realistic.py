@@ -387,8 +387,8 @@ def measure(model: Path, args: argparse.Namespace, bandwidth: float) -> dict[str
     if engine_tests:
         try:
             llmd = LlmdEngine(llmd_model, args.threads, max(prefills.values(), default=512))
-        except RuntimeError as exc:  # a type the engine has no kernel for (a pull converts it)
-            print(f"  llmd's engine refuses {model.name} as is ({exc}): engine tests skipped")
+        except RuntimeError as exc:  # types are converted above: an architecture, say
+            print(f"  llmd's engine refuses {llmd_model.name} ({exc}): engine tests skipped")
     if llmd is not None:
         llmd.prefill(64)  # warm-up: weights paged in, kernels' scratch allocated
         rounds: list[dict[str, dict[str, float]]] = []

@@ -17,8 +17,7 @@ const AttentionKernels& attention_kernels_for(const std::string& kernel_path) {
 
 AttentionTileScratch& attention_tile_scratch(int head_dim) {
   thread_local AttentionTileScratch scratch;
-  thread_local std::vector<float> floats;
-  scratch.floats = grow_scratch(floats, attention_scratch_floats(head_dim));
+  grow_scratch(scratch.floats, attention_scratch_floats(head_dim));
   return scratch;
 }
 

@@ -47,9 +47,9 @@ constexpr size_t attention_scratch_floats(int head_dim) {
 struct AttentionTileScratch {
   std::vector<const void*> k_blocks;
   std::vector<const void*> v_blocks;
-  float* floats = nullptr;  // attention_scratch_floats(head_dim) of them
+  std::vector<float> floats;  // at least attention_scratch_floats(head_dim) (grow-only, scratch.h)
 };
-// This thread's scratch, its floats sized for head_dim.
+// This thread's scratch, its floats grown for head_dim.
 AttentionTileScratch& attention_tile_scratch(int head_dim);
 
 // k_blocks[b]: [head_dim][block_tokens] transposed keys of block b; v_blocks[b]:

@@ -331,7 +331,7 @@ class EncoderAttention : public mx::UnaryPrimitive {
           kb[b] = kp + block;
           vb[b] = vp + block;
         }
-        attend(at, kb.data(), vb.data(), hd, BT, scratch.floats);
+        attend(at, kb.data(), vb.data(), hd, BT, scratch.floats.data());
       }
     });
   }

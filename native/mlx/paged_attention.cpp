@@ -220,7 +220,7 @@ void PagedAttention::eval_cpu(const std::vector<mx::array>& inputs, mx::array& o
           kb[b] = pool.keys(blocks[b], layer, g);
           vb[b] = pool.values(blocks[b], layer, g);
         }
-        attend(at, kb.data(), vb.data(), hd, BT, scratch.floats);
+        attend(at, kb.data(), vb.data(), hd, BT, scratch.floats.data());
         if (rotated) {
           for (int q = 0; q < at.rows; ++q) hadamard::rotate(at.out[q], hd, v_rot);
         }

@@ -29,7 +29,6 @@ from collections.abc import Callable
 import numpy as np
 from gguf import GGMLQuantizationType as T
 
-QK_K = 256
 # IQ4_NL's (and IQ4_XS's) 16 non-linear levels, as llama.cpp defines them.
 IQ4_KVALUES = np.array(
     [-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], np.int8

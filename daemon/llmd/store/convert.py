@@ -240,10 +240,10 @@ def _convert_tensor(view: memoryview, t: TensorInfo, target: int, out, stop) -> 
     step = max(1, _CHUNK_ELEMENTS // row)
     src_type = GGMLQuantizationType(t.type)
     dst_type = GGMLQuantizationType(target)
+    repack = REPACKS.get((src_type, dst_type))  # lossless where the pair has one
     for r in range(0, rows, step):
         if stop is not None and stop.is_set():
             raise ConversionCancelled("the conversion was stopped")
-        repack = REPACKS.get((src_type, dst_type))
         if repack is not None:
             out.write(repack(raw[r : r + step]).tobytes())
             continue

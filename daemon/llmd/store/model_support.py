@@ -6,7 +6,9 @@ learns a new architecture or a new kernel, extend the constants here and nothing
 tokenizer is checked at pull time as well: ``gguf_tokenizer_problem`` below.)
 
 Conversion decision (measured, see ``CONVERSION_TARGET``): GGUF tensors of a type the engine
-has no kernel for are dequantized and re-quantized to **Q8_0** at pull time. On heavy-tailed
+has no kernel for are converted at pull time, re-encoded without loss where the source is a
+special case of a native type (below), otherwise dequantized and re-quantized to **Q8_0**. On
+heavy-tailed
 weight-like rows (Student-t, 1024x4096) the relative RMS error of a Q5_1 source is 4.35 %;
 re-quantized to Q8_0 it becomes 4.40 % (+1 %), to Q4_1 9.6 % (2x). Q8_0's own error (0.7 %)
 adds in quadrature, so it keeps the quality the user chose for every source type, Q2_K/IQ*
