@@ -4,6 +4,7 @@
 #include <stdexcept>
 
 #include "fp16.h"
+#include "iq4_nl.h"
 
 namespace llmd {
 
@@ -93,6 +94,16 @@ void dequantize_row(TensorType type, const uint8_t* src, float* dst, int64_t n) 
       }
       return;
     }
+    case TensorType::IQ4_NL:
+      for (int64_t b = 0; b < n / 32; ++b) {
+        const uint8_t* blk = src + b * kIq4nlBlockBytes;
+        const float d = half_to_float(read_u16(blk));
+        for (int i = 0; i < 16; ++i) {
+          dst[b * 32 + i] = d * kIq4nlValues[blk[2 + i] & 0x0f];
+          dst[b * 32 + i + 16] = d * kIq4nlValues[blk[2 + i] >> 4];
+        }
+      }
+      return;
     case TensorType::Q4_K: {
       uint8_t q[256];
       float scales[8], mins[8];

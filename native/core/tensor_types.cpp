@@ -21,6 +21,7 @@ BlockLayout block_layout(TensorType type) {
     case TensorType::Q5_K: return {256, 176};
     case TensorType::Q6_K: return {256, 210};
     case TensorType::Q8_K: return {256, 292};
+    case TensorType::IQ4_NL: return {32, 18};
   }
   throw std::runtime_error("unknown tensor type " + std::to_string(static_cast<uint32_t>(type)));
 }
@@ -42,6 +43,7 @@ std::string type_name(TensorType type) {
     case TensorType::Q5_K: return "Q5_K";
     case TensorType::Q6_K: return "Q6_K";
     case TensorType::Q8_K: return "Q8_K";
+    case TensorType::IQ4_NL: return "IQ4_NL";
   }
   return "type" + std::to_string(static_cast<uint32_t>(type));
 }

@@ -7,6 +7,7 @@
 
 #include "../core/dequantize.h"
 #include "../core/fp16.h"
+#include "../core/iq4_nl.h"
 #include "matmul.h"
 #include "matmul_internal.h"
 
@@ -103,6 +104,26 @@ HostLayout layout_gguf(TensorType type, const GgufPart* parts, int n_parts, int 
         for (size_t b = 0; b < nb; ++b) {
           std::memcpy(&aux[(r * nb + b) * 2], src + b * blk, 2);
           std::memcpy(&data[(r * nb + b) * qb], src + b * blk + 2, qb);
+        }
+      });
+      m.data = std::move(data);
+      m.aux = std::move(aux);
+      return m;
+    }
+    case TensorType::IQ4_NL: {
+      // Every level is an int8: each block becomes the Q8_0 block of the same d, exactly (no
+      // kernel of its own; 8.5 bits per weight on the device).
+      m.format = WeightFormat::Q8_0;
+      std::vector<uint8_t> data(size_t(rows) * nb * 32), aux(size_t(rows) * nb * 2);
+      for_each_row(parts, n_parts, rb, [&](const uint8_t* src, int r) {
+        for (size_t b = 0; b < nb; ++b) {
+          const uint8_t* blk = src + b * kIq4nlBlockBytes;
+          std::memcpy(&aux[(r * nb + b) * 2], blk, 2);
+          uint8_t* q = &data[(r * nb + b) * 32];
+          for (int i = 0; i < 16; ++i) {
+            q[i] = static_cast<uint8_t>(kIq4nlValues[blk[2 + i] & 0x0f]);
+            q[i + 16] = static_cast<uint8_t>(kIq4nlValues[blk[2 + i] >> 4]);
+          }
         }
       });
       m.data = std::move(data);

@@ -6,6 +6,7 @@
 
 #include "../core/dequantize.h"
 #include "../core/fp16.h"
+#include "../core/iq4_nl.h"
 
 namespace llmd {
 
@@ -80,6 +81,18 @@ void exact_row(TensorType type, const uint8_t* src, int k, AffineBuilder& out) {
         out.group(q, d, -128.f * d);
       }
       return;
+    case TensorType::IQ4_NL:
+      // Every level is an int8: 8-bit codes level + 128 under scale d and bias -128 d, as Q8_0's.
+      for (int b = 0; b < k / 32; ++b) {
+        const uint8_t* blk = src + static_cast<size_t>(b) * kIq4nlBlockBytes;
+        const float d = half_to_float(read_u16(blk));
+        for (int i = 0; i < 16; ++i) {
+          q[i] = kIq4nlValuesU8[blk[2 + i] & 0x0f];
+          q[i + 16] = kIq4nlValuesU8[blk[2 + i] >> 4];
+        }
+        out.group(q, d, -128.f * d);
+      }
+      return;
     case TensorType::Q4_K:
     case TensorType::Q5_K: {
       const bool five = type == TensorType::Q5_K;
@@ -134,10 +147,12 @@ DeviceWeight device_weight_from_rows(const std::vector<RowRef>& rows, TensorType
   const size_t n = rows.size();
   const size_t rb = row_bytes(type, k);
   const bool exact = type == TensorType::Q4_0 || type == TensorType::Q4_1 || type == TensorType::Q8_0 ||
-                     type == TensorType::Q4_K || type == TensorType::Q5_K;
+                     type == TensorType::IQ4_NL || type == TensorType::Q4_K || type == TensorType::Q5_K;
   if (exact) {
-    // Q5_K's 5-bit quants sit in 8-bit groups (MLX's 5-bit layout packs across bytes).
-    AffineBuilder b(type == TensorType::Q8_0 || type == TensorType::Q5_K ? 8 : 4, k, n);
+    // Q5_K's 5-bit quants sit in 8-bit groups (MLX's 5-bit layout packs across bytes), as do
+    // IQ4_NL's levels (no 4-bit affine group holds them).
+    const bool eight = type == TensorType::Q8_0 || type == TensorType::Q5_K || type == TensorType::IQ4_NL;
+    AffineBuilder b(eight ? 8 : 4, k, n);
     for (const RowRef& r : rows) exact_row(type, r.tensor->data + r.row * rb, k, b);
     return b.finish(n, false);
   }

@@ -12,6 +12,10 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import numpy as np
+from gguf import GGMLQuantizationType
+from gguf.quants import quantize
+
+from ..unit.gguf_files import random_blocks
 
 # kernel(type_name, packed, n, k, x, path) -> out [rows, n]
 Kernel = Callable[[str, np.ndarray, int, int, np.ndarray, str], np.ndarray]
@@ -19,6 +23,18 @@ Kernel = Callable[[str, np.ndarray, int, int, np.ndarray, str], np.ndarray]
 
 # Weight types whose kernels take activations quantized per 256 (kernels/qgemm.h).
 SUPERBLOCK_ACTIVATIONS = frozenset({"Q4_K", "Q5_K", "Q6_K"})
+
+
+def kernel_weights(
+    rng: np.random.Generator, n: int, k: int, qtype: GGMLQuantizationType
+) -> np.ndarray:
+    """n x k weights of `qtype` for a kernel test, near a normal of standard deviation 0.05:
+    gguf-py's quantizer of random normals where it has one; random codes under random fp16
+    scales for IQ4_NL (gguf-py cannot quantize it; every code then occurs)."""
+    if qtype == GGMLQuantizationType.IQ4_NL:
+        return np.ascontiguousarray(random_blocks(rng, qtype, n, k, 0.05 / 64))
+    w = rng.standard_normal((n, k), dtype=np.float32) * 0.05
+    return np.ascontiguousarray(quantize(w, qtype))
 
 
 def activation_block(type_name: str) -> int:

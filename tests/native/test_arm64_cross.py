@@ -23,9 +23,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType
-from gguf.quants import dequantize, quantize
+from gguf.quants import dequantize
 
-from .kernel_checks import activation_block, activation_rounding_tolerance
+from .kernel_checks import activation_block, activation_rounding_tolerance, kernel_weights
 from .kquants import QUANTIZERS
 
 NATIVE = Path(__file__).parents[2] / "native"
@@ -47,6 +47,7 @@ TYPES = {
     GGMLQuantizationType.Q4_0: "Q4_0",
     GGMLQuantizationType.Q4_1: "Q4_1",
     GGMLQuantizationType.Q8_0: "Q8_0",
+    GGMLQuantizationType.IQ4_NL: "IQ4_NL",
 }
 SHAPES = [(1, 32), (7, 96), (33, 576)]  # (n, k), n odd
 # K-quants (the project's own quantizers: gguf cannot write them); rows of 256-weight blocks.
@@ -89,9 +90,11 @@ def cases(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[dict]]:
         kinds += [(q, name, KQUANT_SHAPES) for q, name in KQUANT_TYPES.items()]
         for qtype, name, shapes in kinds:
             for n, k in shapes:
-                w = rng.standard_normal((n, k), dtype=np.float32) * 0.05
-                blocks = QUANTIZERS[name](w)[0] if name in QUANTIZERS else quantize(w, qtype)
-                packed = np.ascontiguousarray(blocks)
+                if name in QUANTIZERS:
+                    w = rng.standard_normal((n, k), dtype=np.float32) * 0.05
+                    packed = np.ascontiguousarray(QUANTIZERS[name](w)[0])
+                else:
+                    packed = kernel_weights(rng, n, k, qtype)
                 w_deq = dequantize(packed, qtype).astype(np.float64)
                 for rows in ROWS:
                     x = rng.standard_normal((rows, k), dtype=np.float32)

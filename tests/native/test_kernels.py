@@ -13,7 +13,7 @@ import pytest
 from gguf import GGMLQuantizationType
 from gguf.quants import dequantize, quantize
 
-from .kernel_checks import check_matches_reference, check_rows_batch_invariant
+from .kernel_checks import check_matches_reference, check_rows_batch_invariant, kernel_weights
 
 engine = pytest.importorskip("llmd._engine")
 
@@ -21,14 +21,14 @@ TYPES = {
     "Q4_0": GGMLQuantizationType.Q4_0,
     "Q4_1": GGMLQuantizationType.Q4_1,
     "Q8_0": GGMLQuantizationType.Q8_0,
+    "IQ4_NL": GGMLQuantizationType.IQ4_NL,
 }
 PATHS = engine.runnable_kernel_paths()
 
 
 def _weights(rng: np.random.Generator, n: int, k: int, qtype: GGMLQuantizationType):
-    w = rng.standard_normal((n, k), dtype=np.float32) * 0.05
-    packed = quantize(w, qtype)
-    return np.ascontiguousarray(packed), dequantize(packed, qtype).astype(np.float64)
+    packed = kernel_weights(rng, n, k, qtype)
+    return packed, dequantize(packed, qtype).astype(np.float64)
 
 
 @pytest.mark.parametrize("path", PATHS)
@@ -82,16 +82,16 @@ def test_packed_rows_are_bit_identical_whatever_the_batch(path: str, type_name: 
 
 
 @pytest.mark.parametrize("path", sorted({p for p, _ in PACKED}))
-@pytest.mark.parametrize("type_name", ["Q4_0", "Q8_0"])
+@pytest.mark.parametrize("type_name", ["Q4_0", "Q8_0", "IQ4_NL"])
 @pytest.mark.parametrize("k", [576, 608])
 def test_pack8_moves_bytes_and_every_row_unpacks_exactly(path: str, type_name: str, k: int) -> None:
-    """The AVX-512 path pairs blocks in its Q4_0 / Q8_0 tile (Q8_0's quants stored offset by
-    128) where a row has an even number of blocks (k = 576) and keeps the 4-byte tile where it
-    has not (k = 608); either way packing is a byte-exact bijection, as a tied embedding that
-    reads rows back through it needs."""
+    """The AVX-512 path pairs blocks in its Q4_0 / IQ4_NL / Q8_0 tile (Q8_0's quants stored
+    offset by 128) where a row has an even number of blocks (k = 576) and keeps the 4-byte tile
+    where it has not (k = 608); either way packing is a byte-exact bijection, as a tied
+    embedding that reads rows back through it needs."""
     rng = np.random.default_rng(k)
     n = 24
-    row_bytes = k // 32 * (18 if type_name == "Q4_0" else 34)
+    row_bytes = k // 32 * (34 if type_name == "Q8_0" else 18)
     rows = rng.integers(0, 256, (n, row_bytes), dtype=np.uint8)
     packed = engine.pack8(type_name, rows, n, k, path)
     assert not np.array_equal(packed, rows.reshape(-1))
@@ -100,11 +100,11 @@ def test_pack8_moves_bytes_and_every_row_unpacks_exactly(path: str, type_name: s
 
 
 def test_packed_kernels_exist_on_x86_paths() -> None:
-    """The AVX2 and AVX-512 paths run Q4_0 / Q4_1 / Q8_0 / Q4_K / Q5_K / Q6_K in the packed layout;
-    the others (scalar, NEON) keep GGUF's row-major one and say so."""
+    """The AVX2 and AVX-512 paths run Q4_0 / Q4_1 / Q8_0 / Q4_K / Q5_K / Q6_K / IQ4_NL in the
+    packed layout; the others (scalar, NEON) keep GGUF's row-major one and say so."""
     for path in PATHS:
         x86 = path in ("avx2", "avx512vnni")
-        expected = ["Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"] if x86 else []
+        expected = ["Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL"] if x86 else []
         assert engine.packed_kernel_types(path) == expected
     with pytest.raises(ValueError, match="n = 12"):
         engine.kernel_gemm(

@@ -38,7 +38,7 @@ from gguf import GGMLQuantizationType as T
 from gguf import GGUFReader
 from gguf.quants import dequantize, quantize
 
-from llmd.store.model_support import NATIVE_GGUF_TYPES
+from llmd.store.model_support import CONVERSION_TARGET, NATIVE_GGUF_TYPES
 
 from .kquants import quantize_q4_k, quantize_q5_k, quantize_q6_k
 from .tiny_models import CONFIGS, write_gguf, write_with_exact_twin
@@ -166,12 +166,12 @@ def test_recipe_type_mixes_load_and_match_their_dequantized_values(
     src, ref = tmp_path / f"m-{recipe}.gguf", tmp_path / "ref.gguf"
     _write_mix(src, ref, types)
     installed = _pull(src, f"m-{recipe.lower()}")
-    # Only types without a kernel are converted (Q3_K to Q6_K, the others to Q8_0); Q5_K, Q4_K,
-    # Q6_K, ... stay as chosen.
+    # Only types without a kernel are converted (Q3_K to Q6_K, IQ4_XS to IQ4_NL, the others to
+    # Q8_0); Q5_K, Q4_K, Q6_K, IQ4_NL, ... stay as chosen.
     kept = {t.name: t.tensor_type.name for t in GGUFReader(installed).tensors}
     for name, chosen in types.items():
         native_type = T[chosen] in NATIVE_GGUF_TYPES
-        target = chosen if native_type else ("Q6_K" if chosen == "Q3_K" else "Q8_0")
+        target = chosen if native_type else CONVERSION_TARGET[T[chosen]].name
         assert kept[name] == target, (name, chosen, kept[name])
     want = _logits(ref)
     for backend in ("cpu", "mlx-cpu"):

@@ -24,7 +24,7 @@ def random_blocks(qtype: T, rows: int, cols: int, scale: float) -> np.ndarray:
     return gguf_files.random_blocks(RNG, qtype, rows, cols, scale)
 
 
-@pytest.mark.parametrize("source", [T.Q3_K, T.Q5_0, T.IQ4_NL])
+@pytest.mark.parametrize("source", [T.Q3_K, T.Q5_0])
 def test_exact_repacks_keep_every_weight(source: T) -> None:
     target = CONVERSION_TARGET[source]
     rows = random_blocks(source, 64, 1024, 1e-3)
@@ -40,17 +40,21 @@ def test_q3_k_becomes_the_smaller_q6_k() -> None:
     assert GGML_QUANT_SIZES[T.Q6_K][1] < GGML_QUANT_SIZES[T.Q8_0][1] * 8  # 210 < 272 bytes / 256
 
 
-def test_iq4_xs_moves_weights_only_by_its_scale_rounding_and_less_than_requantizing() -> None:
+def test_iq4_xs_becomes_iq4_nl_moving_weights_only_by_its_scale_rounding() -> None:
+    assert CONVERSION_TARGET[T.IQ4_XS] == T.IQ4_NL  # 4.5 bits per weight, as IQ4_XS's 4.25
     rows = random_blocks(T.IQ4_XS, 64, 1024, 1e-4)
     want = dequantize(rows, T.IQ4_XS)
-    got = dequantize(REPACKS[(T.IQ4_XS, T.Q8_0)](rows), T.Q8_0)
-    # Per 32 weights: got = fp16(scale) * k, want = scale * k, |k| <= 127.
+    out = REPACKS[(T.IQ4_XS, T.IQ4_NL)](rows)
+    assert out.shape == (64, 1024 // 32 * 18)
+    got = dequantize(out, T.IQ4_NL)
+    # Per 32 weights: got = fp16(scale) * level, want = scale * level, the same level.
     block_max = np.abs(want).reshape(-1, 32).max(axis=1, keepdims=True)
     rel = (np.abs(got - want).reshape(-1, 32) / np.maximum(block_max, 1e-30)).max()
     assert rel <= 2.0**-11
     assert np.mean(got == want) > 0.1  # scales that fit fp16 come through exactly
-    # Re-quantizing (the general path) rounds the scale as well, and the codes too wherever a
-    # block lacks the -127 level: 3.5x the mean error of the re-encoding, measured.
+    assert np.array_equal(np.sign(got), np.sign(want))  # every code kept
+    # Re-quantizing to Q8_0 (the general path) rounds the scale as well, and the codes too
+    # wherever a block lacks the -127 level: 3.5x the mean error of the re-encoding, measured.
     requantized = dequantize(quantize(want, T.Q8_0), T.Q8_0)
     assert np.abs(got - want).mean() < np.abs(requantized - want).mean() / 2
 

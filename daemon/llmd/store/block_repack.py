@@ -11,11 +11,10 @@ weight exactly as llama.cpp reads it, and can be smaller:
   with int8 ``s6`` and 6-bit ``q6``: ``s6 = s - 32``, ``q6 = q + 28``.
 - **Q5_0 -> Q8_0** (the fallback llama.cpp writes into Q4_K_M files whose rows are not a
   multiple of 256, e.g. Qwen2.5-0.5B's): ``d * (q - 16)`` is a Q8_0 block with the same ``d``.
-- **IQ4_NL -> Q8_0**: ``d * kvalues[q]``, and every kvalue is an int8.
-- **IQ4_XS -> Q8_0**: as IQ4_NL per 32 weights, under the scale ``d * (s - 32)``; that product
-  is rounded to fp16 (exact when it fits 11 significant bits; otherwise off by at most 2^-11
-  of the scale, where re-quantizing moves weights by up to half a Q8_0 step, 1/254 of the
-  block's largest).
+- **IQ4_XS -> IQ4_NL** (4.5 bits per weight instead of Q8_0's 8.5): the same codes per 32
+  weights, under the scale ``d * (s - 32)`` rounded to fp16 (exact when it fits 11 significant
+  bits; otherwise off by at most 2^-11 of the scale, where re-quantizing to Q8_0 moves weights
+  by up to half a Q8_0 step, 1/254 of the block's largest).
 
 Each function takes rows of source blocks (uint8, one row per tensor row) and returns the
 target's bytes for the same rows; gguf-py's dequantizers of source and result agree bit for
@@ -29,19 +28,13 @@ from collections.abc import Callable
 import numpy as np
 from gguf import GGMLQuantizationType as T
 
-# IQ4_NL's (and IQ4_XS's) 16 non-linear levels, as llama.cpp defines them.
-IQ4_KVALUES = np.array(
-    [-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], np.int8
-)
-
-
 def _blocks(rows: np.ndarray, block_bytes: int) -> np.ndarray:
     return np.ascontiguousarray(rows).reshape(-1, block_bytes)
 
 
 def _nibbles_of_32(qs: np.ndarray) -> np.ndarray:
     """(n, 16) bytes -> (n, 32) values: low nibbles are weights 0-15, high ones 16-31 (the
-    Q4_0 / Q5_0 / IQ4_NL layout)."""
+    Q4_0 / Q5_0 layout)."""
     return np.concatenate([qs & 0x0F, qs >> 4], axis=1)
 
 
@@ -89,31 +82,25 @@ def q5_0_to_q8_0(rows: np.ndarray) -> np.ndarray:
     return _q8_0(d, q - 16).reshape(rows.shape[0], -1)
 
 
-def iq4_nl_to_q8_0(rows: np.ndarray) -> np.ndarray:
-    """IQ4_NL (18 bytes / 32 weights: d, qs[16] indices into IQ4_KVALUES) -> Q8_0."""
-    b = _blocks(rows, 18)
-    d = b[:, :2].copy().view(np.float16).reshape(-1)
-    return _q8_0(d, IQ4_KVALUES[_nibbles_of_32(b[:, 2:])]).reshape(rows.shape[0], -1)
-
-
-def iq4_xs_to_q8_0(rows: np.ndarray) -> np.ndarray:
+def iq4_xs_to_iq4_nl(rows: np.ndarray) -> np.ndarray:
     """IQ4_XS (136 bytes / 256 weights: d, scales_h as a uint16, scales_l[4], qs[128]) -> one
-    Q8_0 block per 32 weights, scaled by fp16(d * (s - 32))."""
+    IQ4_NL block (18 bytes: fp16 scale, the 16 code bytes as they are) per 32 weights, scaled
+    by fp16(d * (s - 32))."""
     b = _blocks(rows, 136)
     n = b.shape[0]
     d = b[:, :2].copy().view(np.float16).astype(np.float32)
     scales_h = b[:, 2:4].copy().view("<u2").reshape(n, 1) >> (2 * np.arange(8, dtype=np.uint16))
     scales_l = np.stack([b[:, 4:8] & 0x0F, b[:, 4:8] >> 4], axis=2).reshape(n, 8)
     s = (scales_l.astype(np.int16) | ((scales_h & 3).astype(np.int16) << 4)) - 32
-    scale = (d * s.astype(np.float32)).reshape(-1)
-    q = IQ4_KVALUES[_nibbles_of_32(b[:, 8:].reshape(n * 8, 16))]
-    return _q8_0(scale, q).reshape(rows.shape[0], -1)
+    out = np.empty((n * 8, 18), np.uint8)
+    out[:, :2] = (d * s.astype(np.float32)).astype(np.float16).reshape(-1, 1).view(np.uint8)
+    out[:, 2:] = b[:, 8:].reshape(n * 8, 16)  # sub-block j's 16 bytes: IQ4_NL's code layout
+    return out.reshape(rows.shape[0], -1)
 
 
 # (source, target) -> re-encoding; convert.py uses one whenever its plan pairs the two.
 REPACKS: dict[tuple[int, int], Callable[[np.ndarray], np.ndarray]] = {
     (T.Q3_K, T.Q6_K): q3_k_to_q6_k,
     (T.Q5_0, T.Q8_0): q5_0_to_q8_0,
-    (T.IQ4_NL, T.Q8_0): iq4_nl_to_q8_0,
-    (T.IQ4_XS, T.Q8_0): iq4_xs_to_q8_0,
+    (T.IQ4_XS, T.IQ4_NL): iq4_xs_to_iq4_nl,
 }

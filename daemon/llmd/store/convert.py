@@ -1,10 +1,10 @@
 """Pull-time conversion of GGUF files whose tensor types the engine cannot run natively.
 
-Most GGUF files on the hub are K-quants (Q4_K_M, Q5_K_M, ...); the engine runs Q4_K, Q5_K and
-Q6_K natively but not Q3_K, Q2_K, Q5_0/Q5_1 or the IQ types. Such tensors become the target
+Most GGUF files on the hub are K-quants (Q4_K_M, Q5_K_M, ...); the engine runs Q4_K, Q5_K,
+Q6_K and IQ4_NL natively but not Q3_K, Q2_K, Q5_0/Q5_1 or the other IQ types. Such tensors become the target
 chosen in ``model_support.CONVERSION_TARGET`` (for the reasons written there): re-encoded
 without loss where the source is a special case of the target (``block_repack.REPACKS``: Q3_K
--> Q6_K, Q5_0 / IQ4_NL / IQ4_XS -> Q8_0), otherwise dequantized with gguf-py (``gguf.quants``,
+-> Q6_K, Q5_0 -> Q8_0, IQ4_XS -> IQ4_NL), otherwise dequantized with gguf-py (``gguf.quants``,
 the llama.cpp project's own Python package) and re-quantized to Q8_0; every other tensor is
 copied byte for byte.
 
@@ -48,7 +48,7 @@ _CHUNK_ELEMENTS = 1 << 22  # weights per dequantize/quantize step (16 MiB of fp3
 _COPY_CHUNK = 1 << 24
 _FILE_TYPE_OF = {
     GGMLQuantizationType[t]: LlamaFileType[f"MOSTLY_{t}"]
-    for t in ("Q8_0", "Q6_K", "Q5_0", "Q5_1", "Q4_0", "Q4_1", "F16", "BF16")
+    for t in ("Q8_0", "Q6_K", "IQ4_NL", "Q5_0", "Q5_1", "Q4_0", "Q4_1", "F16", "BF16")
 }
 
 

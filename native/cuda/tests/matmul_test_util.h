@@ -71,6 +71,7 @@ inline HalfFields half_fields(TensorType t) {
     case TensorType::Q4_0: return {18, {0, 0}, 1};
     case TensorType::Q4_1: return {20, {0, 2}, 2};
     case TensorType::Q8_0: return {34, {0, 0}, 1};
+    case TensorType::IQ4_NL: return {18, {0, 0}, 1};
     case TensorType::Q4_K: return {144, {0, 2}, 2};
     case TensorType::Q5_K: return {176, {0, 2}, 2};
     case TensorType::Q6_K: return {210, {208, 0}, 1};

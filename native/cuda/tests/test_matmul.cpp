@@ -222,7 +222,7 @@ struct Source {
 std::vector<Source> all_sources() {
   std::vector<Source> s;
   for (TensorType t : {TensorType::Q4_0, TensorType::Q8_0, TensorType::Q4_K, TensorType::Q5_K, TensorType::Q6_K,
-                       TensorType::F16, TensorType::BF16, TensorType::F32, TensorType::Q4_1})
+                       TensorType::F16, TensorType::BF16, TensorType::F32, TensorType::Q4_1, TensorType::IQ4_NL})
     s.push_back({t, 0, 0});
   for (int bits : {4, 8})
     for (int g : {32, 64, 128}) s.push_back({TensorType::F16, bits, g});

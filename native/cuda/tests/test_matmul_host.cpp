@@ -105,7 +105,7 @@ LLMD_CUDA_TEST(matmul_host_emulation) {
     std::vector<float> x(size_t(n) * C);
     for (auto& v : x) v = nd(g);
     for (TensorType t : {TensorType::Q4_0, TensorType::Q8_0, TensorType::Q4_K, TensorType::Q5_K, TensorType::Q6_K,
-                         TensorType::F16, TensorType::BF16, TensorType::F32, TensorType::Q4_1}) {
+                         TensorType::F16, TensorType::BF16, TensorType::F32, TensorType::Q4_1, TensorType::IQ4_NL}) {
       const bool k = t == TensorType::Q4_K || t == TensorType::Q5_K || t == TensorType::Q6_K;
       if (k && C % 256) continue;
       const HostMatrix h = random_gguf(t, R, C, 3 + C);

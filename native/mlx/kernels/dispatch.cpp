@@ -80,6 +80,7 @@ GemmFn KernelTable::gemm_for(TensorType type) const {
     case TensorType::Q4_K: return q4_k;
     case TensorType::Q5_K: return q5_k;
     case TensorType::Q6_K: return q6_k;
+    case TensorType::IQ4_NL: return iq4_nl;
     default: return nullptr;
   }
 }
@@ -92,6 +93,7 @@ GemmFn KernelTable::packed_gemm_for(TensorType type) const {
     case TensorType::Q4_K: return q4_k_x8;
     case TensorType::Q5_K: return q5_k_x8;
     case TensorType::Q6_K: return q6_k_x8;
+    case TensorType::IQ4_NL: return iq4_nl_x8;
     default: return nullptr;
   }
 }

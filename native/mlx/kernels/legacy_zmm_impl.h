@@ -1,4 +1,4 @@
-// Q4_0 and Q8_0 on 512-bit vectors (AVX-512 VNNI path), over their kQword tiles (pack8.h).
+// Q4_0, IQ4_NL and Q8_0 on 512-bit vectors (AVX-512 VNNI path), over their kQword tiles (pack8.h).
 // Included by qgemm_impl.h after kquant_impl.h, whose pair machinery (KqPair, KqPairRows,
 // broadcast_pair) these kernels share.
 //
@@ -10,6 +10,8 @@
 // of the chains (-8 / -128 * sum(a), computed once per call): one conversion, multiply and FMA
 // per row serve two blocks. One Zen 5 core, 256 x 2048 x 2048, weights packed once (a throwaway
 // harness over KernelTable::packed_gemm_for): Q4_0 183 -> 319 GMAC/s, Q8_0 149 -> 303.
+// IQ4_NL is Q4_0's tile with each nibble looked up (vpshufb) into its level + 128, the unsigned
+// operand, under Q8_0's -128 * sum(a) seed.
 #pragma once
 
 #if defined(LLMD_ISA_VNNI)
@@ -18,23 +20,29 @@ namespace llmd::kernels::LLMD_ISA_NAMESPACE {
 
 // Tiles of a pair of blocks ahead that a streaming call (decode, the first row tile of a chunk)
 // asks for: about 1 KiB, as the row-major and 256-bit kernels' 8 blocks ahead.
-template <bool kQ8>
-constexpr int kLegacyPrefetchPairs = kQ8 ? 2 : 4;
+// The block types of this file: Q8_0's bytes, or 4-bit codes standing for q - 8 (Q4_0) or for
+// IQ4_NL's levels.
+enum class Legacy { kQ4_0, kIq4nl, kQ8_0 };
+
+template <Legacy kType>
+constexpr int kLegacyPrefetchPairs = kType == Legacy::kQ8_0 ? 2 : 4;
 
 // Lane 2c (2c + 1): column c's exact integer dot with block 2p (2p + 1), the chain seeded with
 // the offset term; then acc = fma(float(isum), d_w * d_a, acc) in that lane, and
 // out = acc[2c] + acc[2c + 1] at the end. The same operations in the same order for every row
 // count R, so an output does not depend on the tile it fell in.
-template <int R, bool kQ8>
+template <int R, Legacy kType>
 inline void dot8_legacy_zmm(const uint8_t* w, const KqPair* const* a, int nb, float* const* out, bool stream) {
+  constexpr bool kQ8 = kType == Legacy::kQ8_0;
   constexpr int kTile = kQ8 ? 8 * 68 : 8 * 36;  // two GGUF blocks of 8 rows
   constexpr int kSlices = kQ8 ? 8 : 4;
   const __m512i m4 = _mm512_set1_epi8(0x0f);
+  const __m512i levels = _mm512_broadcast_i32x4(_mm_load_si128(reinterpret_cast<const __m128i*>(kIq4nlValuesU8)));
   __m512 acc[R];
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
   for (int p = 0; p < nb / 2; ++p) {
-    if (stream) prefetch_tiles<1, kTile>(w, 0, p + kLegacyPrefetchPairs<kQ8>);
+    if (stream) prefetch_tiles<1, kTile>(w, 0, p + kLegacyPrefetchPairs<kType>);
     const uint8_t* t = w + static_cast<size_t>(p) * kTile;
     const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(t)));
     // Two chains per row (even and odd slices, or low and high nibbles), added once: more
@@ -55,8 +63,12 @@ inline void dot8_legacy_zmm(const uint8_t* w, const KqPair* const* a, int nb, fl
           isum[r][s & 1] = _mm512_dpbusd_epi32(isum[r][s & 1], q, av);
         }
       } else {
-        const __m512i lo = _mm512_and_si512(q, m4);
-        const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4);
+        __m512i lo = _mm512_and_si512(q, m4);
+        __m512i hi = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4);
+        if constexpr (kType == Legacy::kIq4nl) {
+          lo = _mm512_shuffle_epi8(levels, lo);
+          hi = _mm512_shuffle_epi8(levels, hi);
+        }
 #pragma GCC unroll 8
         for (int r = 0; r < R; ++r) {
           const int8_t* aq = a[r][p].q + 16 * s;
@@ -89,7 +101,7 @@ struct Dot8Q4_0Zmm {
   static void run(const uint8_t* w, size_t /*stride*/, const KqPair* const* a, int nb, float* const* out,
                   bool stream) {
     static_assert(G == 1, "the 512-bit kernels take one group at a time");
-    dot8_legacy_zmm<R, false>(w, a, nb, out, stream);
+    dot8_legacy_zmm<R, Legacy::kQ4_0>(w, a, nb, out, stream);
   }
 };
 template <int R, int G>
@@ -100,7 +112,18 @@ struct Dot8Q8_0Zmm {
   static void run(const uint8_t* w, size_t /*stride*/, const KqPair* const* a, int nb, float* const* out,
                   bool stream) {
     static_assert(G == 1, "the 512-bit kernels take one group at a time");
-    dot8_legacy_zmm<R, true>(w, a, nb, out, stream);
+    dot8_legacy_zmm<R, Legacy::kQ8_0>(w, a, nb, out, stream);
+  }
+};
+template <int R, int G>
+struct Dot8Iq4nlZmm {
+  static constexpr int kSingleRowGroups = 1;
+  static constexpr int kRowTile = 8;
+  using Rows = KqPairRows<PairSeeds::kWhole128>;
+  static void run(const uint8_t* w, size_t /*stride*/, const KqPair* const* a, int nb, float* const* out,
+                  bool stream) {
+    static_assert(G == 1, "the 512-bit kernels take one group at a time");
+    dot8_legacy_zmm<R, Legacy::kIq4nl>(w, a, nb, out, stream);
   }
 };
 
@@ -115,6 +138,11 @@ inline void gemm_q8_0_x8_zmm(const uint8_t* w, size_t rb, const ActBlock* a, int
                              float* out, int ldo) {
   if (k % (2 * kBlock) != 0) return gemm_q8_0_x8(w, rb, a, k, rows, n0, n1, out, ldo);
   gemm_packed<Dot8Q8_0Zmm>(w, rb, a, k, rows, n0, n1, out, ldo);
+}
+inline void gemm_iq4_nl_x8_zmm(const uint8_t* w, size_t rb, const ActBlock* a, int k, int rows, int n0, int n1,
+                               float* out, int ldo) {
+  if (k % (2 * kBlock) != 0) return gemm_iq4_nl_x8(w, rb, a, k, rows, n0, n1, out, ldo);
+  gemm_packed<Dot8Iq4nlZmm>(w, rb, a, k, rows, n0, n1, out, ldo);
 }
 
 }  // namespace llmd::kernels::LLMD_ISA_NAMESPACE

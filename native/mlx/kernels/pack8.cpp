@@ -277,6 +277,7 @@ Codec codec_of(TensorType type, PackLayout layout, int k) {
   const bool pairs = qword && k % 64 == 0;
   switch (type) {
     case TensorType::Q4_0:
+    case TensorType::IQ4_NL:  // Q4_0's block bytes (only what a code stands for differs)
       return pairs ? Codec{64, 36, q4_0_pair_to_tile, q4_0_pair_from_tile} : legacy_codec<2, 4>(18);
     case TensorType::Q4_1: return legacy_codec<4, 4>(20);
     case TensorType::Q8_0:
@@ -297,7 +298,7 @@ Codec codec_of(TensorType type, PackLayout layout, int k) {
 
 bool has_pack8_layout(TensorType type) {
   return type == TensorType::Q4_0 || type == TensorType::Q4_1 || type == TensorType::Q8_0 ||
-         type == TensorType::Q4_K || type == TensorType::Q5_K || type == TensorType::Q6_K;
+         type == TensorType::IQ4_NL || type == TensorType::Q4_K || type == TensorType::Q5_K || type == TensorType::Q6_K;
 }
 
 void pack8_in_place(TensorType type, uint8_t* rows, int n_rows, int k, PackLayout layout) {

@@ -1,4 +1,5 @@
-// The 8-row packed layout of Q4_0 / Q4_1 / Q8_0 / Q4_K / Q5_K / Q6_K weights used by the x86 kernels.
+// The 8-row packed layout of Q4_0 / Q4_1 / Q8_0 / Q4_K / Q5_K / Q6_K weights used by the x86 kernels
+// (IQ4_NL, whose blocks are Q4_0's bytes, is packed exactly as Q4_0).
 //
 // Why: with rows stored one after another, every 32-element block of every (activation row,
 // weight row) pair needs its own int->float conversion, scale multiply and FMA, and the final
@@ -85,7 +86,7 @@ constexpr int kPackRows = 8;
 // Which arrangement of the tile a kernel path reads (see above; only the K-quants differ).
 enum class PackLayout : uint8_t { kDword, kQword };
 
-// Whether `type` has a packed layout (Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K).
+// Whether `type` has a packed layout (Q4_0, Q4_1, Q8_0, IQ4_NL, Q4_K, Q5_K, Q6_K).
 bool has_pack8_layout(TensorType type);
 
 // Packs `n_rows` (a multiple of 8) rows of `k` elements, row-major at `rows`, in place.

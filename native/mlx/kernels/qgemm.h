@@ -62,6 +62,7 @@ struct KernelTable {
   GemmFn q4_k;  // nullptr where not implemented: such weights are refused at load
   GemmFn q5_k;
   GemmFn q6_k;
+  GemmFn iq4_nl = nullptr;
   // Kernels for weights in the 8-row packed layout (pack8.h); null where this path has none,
   // and then weights stay row-major.
   GemmFn q4_0_x8 = nullptr;
@@ -70,6 +71,7 @@ struct KernelTable {
   GemmFn q4_k_x8 = nullptr;
   GemmFn q5_k_x8 = nullptr;
   GemmFn q6_k_x8 = nullptr;
+  GemmFn iq4_nl_x8 = nullptr;
   // How this path's packed kernels want the tile arranged (pack8.h): the engine packs with it.
   PackLayout pack_layout = PackLayout::kDword;
   // Output columns the engine hands a thread at a time come in multiples of this (a multiple of

@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "../../core/fp16.h"
+#include "../../core/iq4_nl.h"
 #include "../../core/scratch.h"
 #include "qgemm.h"
 
@@ -198,6 +199,35 @@ inline void dot_q8(const uint8_t* w, const ActBlock* const* a, int nb, float* ou
   for (int r = 0; r < R; ++r) out[r] = hsum(acc[r]);
 }
 
+// IQ4_NL's 16 levels in both 128-bit halves, for vpshufb: signed (kIq4nlValues) or offset by 128.
+inline __m256i iq4nl_levels(bool offset) {
+  const void* p = offset ? static_cast<const void*>(kIq4nlValuesU8) : static_cast<const void*>(kIq4nlValues);
+  return _mm256_broadcastsi128_si256(_mm_load_si128(static_cast<const __m128i*>(p)));
+}
+
+// IQ4_NL: weight = d * kIq4nlValues[code]. The codes are looked up into signed bytes (vpshufb)
+// and then multiplied as Q8_0's are (sign trick: the weight operand made unsigned).
+template <int R>
+inline void dot_iq4nl(const uint8_t* w, const ActBlock* const* a, int nb, float* out) {
+  const __m256i levels = iq4nl_levels(false);
+  __m256 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+  for (int b = 0; b < nb; ++b) {
+    const uint8_t* blk = w + b * kIq4nlBlockBytes;
+    const float d = half(blk);
+    const __m256i wq = _mm256_shuffle_epi8(levels, unpack_nibbles(blk + 2));
+    const __m256i wabs = _mm256_sign_epi8(wq, wq);
+    for (int r = 0; r < R; ++r) {
+      const ActBlock& ab = a[r][b];
+      const __m256i aq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ab.q));
+      const __m256i as = _mm256_sign_epi8(aq, wq);
+      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum_u8s8(wabs, as)), _mm256_set1_ps(d * ab.d),
+                               acc[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) out[r] = hsum(acc[r]);
+}
+
 // ------------------------------------------------------------------ 8-row packed layout (pack8.h)
 //
 // One call computes 8 output columns (a packed group) for R activation rows. Lane c of every
@@ -267,14 +297,30 @@ inline void prefetch_tiles(const uint8_t* w, size_t stride, int b) {
   }
 }
 
+// What a 4-bit code of the packed Q4 tile (pack8.h: Q4_0's and IQ4_NL's 144 bytes, Q4_1's
+// 160) stands for: d * (q - 8), d * q + m, or d * kIq4nlValues[q].
+enum class Code4 { kQ4_0, kQ4_1, kIq4nl };
+
 // R activation rows x G packed groups (8 columns each, `stride` bytes apart): the activation
 // broadcasts are shared by the G groups, the unpacked weights by the R rows.
-template <int R, int G, bool kHasMin>
+// IQ4_NL's levels come from a vpshufb of the nibbles. With VNNI they are looked up offset by
+// 128 (1 .. 241, vpdpbusd's unsigned operand) and the offset is a float term, as Q4_0's -8 is;
+// AVX2's vpmaddubsw would saturate on such a pair, so there they are looked up signed and
+// multiplied as Q8_0's are (sign trick, every pair widened to int32).
+template <int R, int G, Code4 kCode>
 inline void dot8_q4(const uint8_t* w, size_t stride, const ActBlock* const* a, int nb, float* const* out,
                    bool stream) {
+  constexpr bool kHasMin = kCode == Code4::kQ4_1;
+  constexpr bool kLevels = kCode == Code4::kIq4nl;
+#if defined(LLMD_ISA_VNNI)
+  constexpr bool kSigned = false;
+#else
+  constexpr bool kSigned = kLevels;
+#endif
   constexpr int kTile = kHasMin ? 160 : 144;
   constexpr int kQs = kHasMin ? 32 : 16;
   const __m256i mask = _mm256_set1_epi8(0x0f);
+  const __m256i levels = iq4nl_levels(!kSigned);
   __m256 acc[R][G];
   zero_tiles(acc);
   for (int b = 0; b < nb; ++b) {
@@ -289,6 +335,10 @@ inline void dot8_q4(const uint8_t* w, size_t stride, const ActBlock* const* a, i
         const __m256i p = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(t + kQs + 32 * h));
         lo[g] = _mm256_and_si256(p, mask);
         hi[g] = _mm256_and_si256(_mm256_srli_epi16(p, 4), mask);
+        if constexpr (kLevels) {
+          lo[g] = _mm256_shuffle_epi8(levels, lo[g]);
+          hi[g] = _mm256_shuffle_epi8(levels, hi[g]);
+        }
       }
 #pragma GCC unroll 8
       for (int r = 0; r < R; ++r) {
@@ -301,11 +351,23 @@ inline void dot8_q4(const uint8_t* w, size_t stride, const ActBlock* const* a, i
           const __m256i base = h == 0 ? _mm256_setzero_si256() : isum[r][g];
           isum[r][g] = _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(base, lo[g], alo), hi[g], ahi);
 #else
-          // int16 lanes: each maddubs term is at most 2 * 15 * 127 = 3810 in magnitude and a
-          // lane sums 8 of them (30480 < 32767), so nothing saturates.
-          const __m256i s16 =
-              _mm256_add_epi16(_mm256_maddubs_epi16(lo[g], alo), _mm256_maddubs_epi16(hi[g], ahi));
-          isum[r][g] = h == 0 ? s16 : add16_chain(isum[r][g], s16);
+          if constexpr (kSigned) {
+            // |w| <= 127, |a| <= 127: a maddubs pair is at most 32258 (no saturation), but two
+            // such sums do not fit int16, so each is widened first.
+            const __m256i one16 = _mm256_set1_epi16(1);
+            const __m256i plo = _mm256_madd_epi16(
+                _mm256_maddubs_epi16(_mm256_sign_epi8(lo[g], lo[g]), _mm256_sign_epi8(alo, lo[g])), one16);
+            const __m256i phi = _mm256_madd_epi16(
+                _mm256_maddubs_epi16(_mm256_sign_epi8(hi[g], hi[g]), _mm256_sign_epi8(ahi, hi[g])), one16);
+            const __m256i p32 = _mm256_add_epi32(plo, phi);
+            isum[r][g] = h == 0 ? p32 : add32_chain(isum[r][g], p32);
+          } else {
+            // int16 lanes: each maddubs term is at most 2 * 15 * 127 = 3810 in magnitude and a
+            // lane sums 8 of them (30480 < 32767), so nothing saturates.
+            const __m256i s16 =
+                _mm256_add_epi16(_mm256_maddubs_epi16(lo[g], alo), _mm256_maddubs_epi16(hi[g], ahi));
+            isum[r][g] = h == 0 ? s16 : add16_chain(isum[r][g], s16);
+          }
 #endif
         }
       }
@@ -314,19 +376,20 @@ inline void dot8_q4(const uint8_t* w, size_t stride, const ActBlock* const* a, i
     for (int g = 0; g < G; ++g) {
       const uint8_t* t = w + g * stride + static_cast<size_t>(b) * kTile;
       const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(t)));
+      constexpr float kOffset = kLevels ? -128.f : -8.f;
       const __m256 mw = kHasMin ? _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(t + 16)))
-                                : _mm256_mul_ps(dw, _mm256_set1_ps(-8.f));
+                                : _mm256_mul_ps(dw, _mm256_set1_ps(kOffset));
 #pragma GCC unroll 8
       for (int r = 0; r < R; ++r) {
         const ActBlock& ab = a[r][b];
 #if defined(LLMD_ISA_VNNI)
         const __m256i i32 = isum[r][g];
 #else
-        const __m256i i32 = _mm256_madd_epi16(isum[r][g], _mm256_set1_epi16(1));
+        const __m256i i32 = kSigned ? isum[r][g] : _mm256_madd_epi16(isum[r][g], _mm256_set1_epi16(1));
 #endif
         acc[r][g] =
             _mm256_fmadd_ps(_mm256_cvtepi32_ps(i32), _mm256_mul_ps(dw, _mm256_set1_ps(ab.d)), acc[r][g]);
-        acc[r][g] = _mm256_fmadd_ps(mw, _mm256_set1_ps(ab.s), acc[r][g]);
+        if constexpr (!kSigned) acc[r][g] = _mm256_fmadd_ps(mw, _mm256_set1_ps(ab.s), acc[r][g]);
       }
     }
   }
@@ -418,7 +481,7 @@ struct Dot8Q4_0 {
   using Rows = PlainRows;
   static void run(const uint8_t* w, size_t stride, const ActBlock* const* a, int nb, float* const* out,
                   bool stream) {
-    dot8_q4<R, G, false>(w, stride, a, nb, out, stream);
+    dot8_q4<R, G, Code4::kQ4_0>(w, stride, a, nb, out, stream);
   }
 };
 template <int R, int G>
@@ -428,7 +491,7 @@ struct Dot8Q4_1 {
   using Rows = PlainRows;
   static void run(const uint8_t* w, size_t stride, const ActBlock* const* a, int nb, float* const* out,
                   bool stream) {
-    dot8_q4<R, G, true>(w, stride, a, nb, out, stream);
+    dot8_q4<R, G, Code4::kQ4_1>(w, stride, a, nb, out, stream);
   }
 };
 template <int R, int G>
@@ -439,6 +502,16 @@ struct Dot8Q8_0 {
   static void run(const uint8_t* w, size_t stride, const ActBlock* const* a, int nb, float* const* out,
                   bool stream) {
     dot8_q8<R, G>(w, stride, a, nb, out, stream);
+  }
+};
+template <int R, int G>
+struct Dot8Iq4nl {
+  static constexpr int kSingleRowGroups = kPlainSingleRowGroups;
+  static constexpr int kRowTile = kPlainRowTile;
+  using Rows = PlainRows;
+  static void run(const uint8_t* w, size_t stride, const ActBlock* const* a, int nb, float* const* out,
+                  bool stream) {
+    dot8_q4<R, G, Code4::kIq4nl>(w, stride, a, nb, out, stream);
   }
 };
 
@@ -550,6 +623,10 @@ inline void gemm_q8_0_x8(const uint8_t* w, size_t rb, const ActBlock* a, int k, 
                          int ldo) {
   gemm_packed<Dot8Q8_0>(w, rb, a, k, rows, n0, n1, out, ldo);
 }
+inline void gemm_iq4_nl_x8(const uint8_t* w, size_t rb, const ActBlock* a, int k, int rows, int n0, int n1,
+                           float* out, int ldo) {
+  gemm_packed<Dot8Iq4nl>(w, rb, a, k, rows, n0, n1, out, ldo);
+}
 
 #elif defined(LLMD_ISA_NEON)
 
@@ -626,6 +703,29 @@ inline void dot_q8(const uint8_t* w, const ActBlock* const* a, int nb, float* ou
   for (int r = 0; r < R; ++r) out[r] = vaddvq_f32(acc[r]);
 }
 
+// IQ4_NL: weight = d * kIq4nlValues[code]; the codes are looked up into signed bytes (tbl).
+template <int R>
+inline void dot_iq4nl(const uint8_t* w, const ActBlock* const* a, int nb, float* out) {
+  const int8x16_t levels = vld1q_s8(kIq4nlValues);
+  const uint8x16_t mask = vdupq_n_u8(0x0f);
+  float32x4_t acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = vdupq_n_f32(0.f);
+  for (int b = 0; b < nb; ++b) {
+    const uint8_t* blk = w + b * kIq4nlBlockBytes;
+    const float d = half(blk);
+    const uint8x16_t bytes = vld1q_u8(blk + 2);
+    const int8x16_t lo = vqtbl1q_s8(levels, vandq_u8(bytes, mask));  // elements 0..15
+    const int8x16_t hi = vqtbl1q_s8(levels, vshrq_n_u8(bytes, 4));   // elements 16..31
+    for (int r = 0; r < R; ++r) {
+      const ActBlock& ab = a[r][b];
+      int32x4_t isum = isum_s8(vdupq_n_s32(0), lo, vld1q_s8(ab.q));
+      isum = isum_s8(isum, hi, vld1q_s8(ab.q + 16));
+      acc[r] = vfmaq_n_f32(acc[r], vcvtq_f32_s32(isum), d * ab.d);
+    }
+  }
+  for (int r = 0; r < R; ++r) out[r] = vaddvq_f32(acc[r]);
+}
+
 #else  // portable scalar path
 
 inline float half(const uint8_t* p) { return half_to_float(read_u16(p)); }
@@ -667,6 +767,26 @@ inline void dot_q8(const uint8_t* w, const ActBlock* const* a, int nb, float* ou
       const ActBlock& ab = a[r][b];
       int isum = 0;
       for (int i = 0; i < kBlock; ++i) isum += qs[i] * ab.q[i];
+      acc[r] += static_cast<float>(isum) * (d * ab.d);
+    }
+  }
+  for (int r = 0; r < R; ++r) out[r] = acc[r];
+}
+
+template <int R>
+inline void dot_iq4nl(const uint8_t* w, const ActBlock* const* a, int nb, float* out) {
+  float acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = 0.f;
+  for (int b = 0; b < nb; ++b) {
+    const uint8_t* blk = w + b * kIq4nlBlockBytes;
+    const float d = half(blk);
+    const uint8_t* qs = blk + 2;
+    for (int r = 0; r < R; ++r) {
+      const ActBlock& ab = a[r][b];
+      int isum = 0;
+      for (int i = 0; i < 16; ++i) {
+        isum += kIq4nlValues[qs[i] & 0x0f] * ab.q[i] + kIq4nlValues[qs[i] >> 4] * ab.q[i + 16];
+      }
       acc[r] += static_cast<float>(isum) * (d * ab.d);
     }
   }
@@ -721,6 +841,12 @@ struct DotQ8_0 {
     dot_q8<R>(w, a, nb, out);
   }
 };
+template <int R>
+struct DotIq4nl {
+  static void run(const uint8_t* w, const ActBlock* const* a, int nb, float* out) {
+    dot_iq4nl<R>(w, a, nb, out);
+  }
+};
 
 inline void gemm_q4_0(const uint8_t* w, size_t rb, const ActBlock* a, int k, int rows, int n0,
                       int n1, float* out, int ldo) {
@@ -733,6 +859,10 @@ inline void gemm_q4_1(const uint8_t* w, size_t rb, const ActBlock* a, int k, int
 inline void gemm_q8_0(const uint8_t* w, size_t rb, const ActBlock* a, int k, int rows, int n0,
                       int n1, float* out, int ldo) {
   gemm<DotQ8_0>(w, rb, a, k, rows, n0, n1, out, ldo);
+}
+inline void gemm_iq4_nl(const uint8_t* w, size_t rb, const ActBlock* a, int k, int rows, int n0,
+                        int n1, float* out, int ldo) {
+  gemm<DotIq4nl>(w, rb, a, k, rows, n0, n1, out, ldo);
 }
 
 }  // namespace llmd::kernels::LLMD_ISA_NAMESPACE
@@ -755,6 +885,7 @@ inline const KernelTable* make_table(const char* isa) {
                                  .q4_k = gemm_q4_k,
                                  .q5_k = gemm_q5_k,
                                  .q6_k = gemm_q6_k,
+                                 .iq4_nl = gemm_iq4_nl,
 #if defined(LLMD_ISA_VNNI)
                                  .q4_0_x8 = gemm_q4_0_x8_zmm,
                                  .q4_1_x8 = gemm_q4_1_x8,
@@ -768,12 +899,14 @@ inline const KernelTable* make_table(const char* isa) {
                                  .q4_k_x8 = gemm_q4_k_x8_blocked,
                                  .q5_k_x8 = gemm_q5_k_x8_blocked,
                                  .q6_k_x8 = gemm_q6_k_x8_blocked,
+                                 .iq4_nl_x8 = gemm_iq4_nl_x8_zmm,
                                  .pack_layout = PackLayout::kQword,
                                  .column_quantum = kKbCols};
 #else
                                  .q4_k_x8 = gemm_q4_k_x8_expanded,
                                  .q5_k_x8 = gemm_q5_k_x8_expanded,
                                  .q6_k_x8 = gemm_q6_k_x8_expanded,
+                                 .iq4_nl_x8 = gemm_iq4_nl_x8,
                                  .pack_layout = PackLayout::kDword};
 #endif
 #else
@@ -785,7 +918,8 @@ inline const KernelTable* make_table(const char* isa) {
                                  .q8_0 = gemm_q8_0,
                                  .q4_k = gemm_q4_k,
                                  .q5_k = gemm_q5_k,
-                                 .q6_k = gemm_q6_k};
+                                 .q6_k = gemm_q6_k,
+                                 .iq4_nl = gemm_iq4_nl};
 #endif
   return &table;
 }
