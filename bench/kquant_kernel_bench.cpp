@@ -36,7 +36,7 @@ using llmd::kernels::ActBlock;
 
 int main(int argc, char** argv) {
   if (argc != 6 && argc != 7) {
-    std::fprintf(stderr, "usage: %s q4k|q5k|q6k|q8_0|q4_0|q4_1 rows n k reps [x8]\n", argv[0]);
+    std::fprintf(stderr, "usage: %s q4k|q5k|q6k|q8_0|q4_0|q4_1|iq4_nl rows n k reps [x8]\n", argv[0]);
     return 2;
   }
   const std::string ty = argv[1];
@@ -46,12 +46,13 @@ int main(int argc, char** argv) {
                         : ty == "q8_0" ? TensorType::Q8_0
                         : ty == "q4_0" ? TensorType::Q4_0
                         : ty == "q4_1" ? TensorType::Q4_1
+                        : ty == "iq4_nl" ? TensorType::IQ4_NL
                                        : TensorType::Q4_K;
   const size_t rb = llmd::row_bytes(tt, k);
   const int block_bytes = tt == TensorType::Q6_K   ? 210
                           : tt == TensorType::Q5_K ? 176
                           : tt == TensorType::Q8_0 ? 34
-                          : tt == TensorType::Q4_0 ? 18
+                          : tt == TensorType::Q4_0 || tt == TensorType::IQ4_NL ? 18
                           : tt == TensorType::Q4_1 ? 20
                                                    : 144;
   std::vector<uint8_t> w(rb * n);
@@ -86,12 +87,14 @@ int main(int argc, char** argv) {
                   : tt == TensorType::Q8_0 ? isa::gemm_q8_0_x8
                   : tt == TensorType::Q4_0 ? isa::gemm_q4_0_x8
                   : tt == TensorType::Q4_1 ? isa::gemm_q4_1_x8
+                  : tt == TensorType::IQ4_NL ? isa::gemm_iq4_nl_x8
                                            : isa::gemm_q4_k_x8;
   const auto gemm = tt == TensorType::Q5_K   ? isa::gemm_q5_k_x8_expanded
                     : tt == TensorType::Q6_K ? isa::gemm_q6_k_x8_expanded
                     : tt == TensorType::Q8_0 ? isa::gemm_q8_0_x8
                     : tt == TensorType::Q4_0 ? isa::gemm_q4_0_x8
                     : tt == TensorType::Q4_1 ? isa::gemm_q4_1_x8
+                    : tt == TensorType::IQ4_NL ? isa::gemm_iq4_nl_x8_expanded
                                              : isa::gemm_q4_k_x8_expanded;
 #else
   const auto x8 = tt == TensorType::Q5_K   ? isa::gemm_q5_k_x8
@@ -99,6 +102,7 @@ int main(int argc, char** argv) {
                   : tt == TensorType::Q8_0 ? isa::gemm_q8_0_x8_zmm
                   : tt == TensorType::Q4_0 ? isa::gemm_q4_0_x8_zmm
                   : tt == TensorType::Q4_1 ? isa::gemm_q4_1_x8
+                  : tt == TensorType::IQ4_NL ? isa::gemm_iq4_nl_x8_zmm
                                            : isa::gemm_q4_k_x8;
   const bool old = argc == 7 && std::string(argv[6]) == "x8";
   const auto blocked = tt == TensorType::Q5_K   ? isa::gemm_q5_k_x8_blocked
@@ -106,6 +110,7 @@ int main(int argc, char** argv) {
                        : tt == TensorType::Q8_0 ? isa::gemm_q8_0_x8_zmm
                        : tt == TensorType::Q4_0 ? isa::gemm_q4_0_x8_zmm
                        : tt == TensorType::Q4_1 ? isa::gemm_q4_1_x8
+                       : tt == TensorType::IQ4_NL ? isa::gemm_iq4_nl_x8_zmm
                                                 : isa::gemm_q4_k_x8_blocked;
   const auto gemm = old ? x8 : blocked;
 #endif

@@ -122,7 +122,8 @@ def llmd_file(model: Path) -> Path:
     if not plan.needed:
         return model
     out = model.with_name(f"{model.stem}.llmd.gguf")
-    if not out.exists():
+    # A copy an older llmd made (another conversion target) is remade: the plan knows the size.
+    if not out.exists() or out.stat().st_size != plan.output_size:
         print(f"converting {model.name} as a pull does: {plan.summary()}", flush=True)
         tmp = out.with_suffix(".tmp")
         convert_gguf(model, tmp, layout, plan)

@@ -906,7 +906,7 @@ inline const KernelTable* make_table(const char* isa) {
                                  .q4_k_x8 = gemm_q4_k_x8_expanded,
                                  .q5_k_x8 = gemm_q5_k_x8_expanded,
                                  .q6_k_x8 = gemm_q6_k_x8_expanded,
-                                 .iq4_nl_x8 = gemm_iq4_nl_x8,
+                                 .iq4_nl_x8 = gemm_iq4_nl_x8_expanded,
                                  .pack_layout = PackLayout::kDword};
 #endif
 #else
