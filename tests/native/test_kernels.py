@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType
-from gguf.quants import dequantize, quantize
+from gguf.quants import dequantize
 
 from .kernel_checks import check_matches_reference, check_rows_batch_invariant, kernel_weights
 

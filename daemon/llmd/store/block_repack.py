@@ -28,6 +28,7 @@ from collections.abc import Callable
 import numpy as np
 from gguf import GGMLQuantizationType as T
 
+
 def _blocks(rows: np.ndarray, block_bytes: int) -> np.ndarray:
     return np.ascontiguousarray(rows).reshape(-1, block_bytes)
 
