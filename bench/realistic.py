@@ -472,7 +472,9 @@ def markdown(result: dict[str, Any]) -> str:
                 frac = row["bandwidth_fraction"]
                 llmd += f" ({frac['llmd']:.0%} of bw)"
                 ref += f" ({frac['llama.cpp']:.0%} of bw)"
-        lines.append(f"| {test} | {llmd} | {ref} | {row['ratio']:.2f}x |")
+        # compare_servers gives no ratio where a server finished nothing in the window.
+        ratio = "-" if row["ratio"] is None else f"{row['ratio']:.2f}x"
+        lines.append(f"| {test} | {llmd} | {ref} | {ratio} |")
     return "\n".join(lines)
 
 

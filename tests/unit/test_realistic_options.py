@@ -100,3 +100,15 @@ def test_llmd_runs_what_a_pull_installs(tmp_path: Path) -> None:
     assert types == {"blk.0.ffn_up.weight": T.Q8_0, "blk.0.ffn_gate.weight": T.Q6_K}
     made = ours.stat().st_mtime_ns
     assert realistic.llmd_file(mixed) == ours and ours.stat().st_mtime_ns == made  # kept
+
+
+def test_a_case_a_server_finished_nothing_in_gets_no_ratio() -> None:
+    """A streams window shorter than the first token's wait leaves llama.cpp's aggregate 0 and
+    compare_servers no ratio: the table says so instead of the run dying before printing it."""
+    result = {
+        "model": "m.gguf",
+        "kernel_path": "avx2",
+        "llamacpp": "AVX2 build",
+        "rows": {"4 streams": {"llmd": 0.1, "llama.cpp": 0.0, "ratio": None}},
+    }
+    assert "| 4 streams | 0.1 tok/s | 0.0 tok/s | - |" in realistic.markdown(result)
