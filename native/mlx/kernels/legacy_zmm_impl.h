@@ -92,39 +92,21 @@ inline void dot8_legacy_zmm(const uint8_t* w, const KqPair* const* a, int nb, fl
 }
 
 // 8 rows a tile, as the K-quants' 512-bit kernels (8 accumulators and 16 chains fit AVX-512's
-// 32 registers beside the weights).
-template <int R, int G>
-struct Dot8Q4_0Zmm {
-  static constexpr int kSingleRowGroups = 1;
-  static constexpr int kRowTile = 8;
-  using Rows = KqPairRows<PairSeeds::kWhole8>;
-  static void run(const uint8_t* w, size_t /*stride*/, const KqPair* const* a, int nb, float* const* out,
-                  bool stream) {
-    static_assert(G == 1, "the 512-bit kernels take one group at a time");
-    dot8_legacy_zmm<R, Legacy::kQ4_0>(w, a, nb, out, stream);
-  }
-};
-template <int R, int G>
-struct Dot8Q8_0Zmm {
-  static constexpr int kSingleRowGroups = 1;
-  static constexpr int kRowTile = 8;
-  using Rows = KqPairRows<PairSeeds::kWhole128>;
-  static void run(const uint8_t* w, size_t /*stride*/, const KqPair* const* a, int nb, float* const* out,
-                  bool stream) {
-    static_assert(G == 1, "the 512-bit kernels take one group at a time");
-    dot8_legacy_zmm<R, Legacy::kQ8_0>(w, a, nb, out, stream);
-  }
-};
-template <int R, int G>
-struct Dot8Iq4nlZmm {
-  static constexpr int kSingleRowGroups = 1;
-  static constexpr int kRowTile = 8;
-  using Rows = KqPairRows<PairSeeds::kWhole128>;
-  static void run(const uint8_t* w, size_t /*stride*/, const KqPair* const* a, int nb, float* const* out,
-                  bool stream) {
-    static_assert(G == 1, "the 512-bit kernels take one group at a time");
-    dot8_legacy_zmm<R, Legacy::kIq4nl>(w, a, nb, out, stream);
-  }
+// 32 registers beside the weights). The activation rows carry the offset term's seed: -8 *
+// sum(a) for Q4_0's q - 8, -128 * sum(a) for the levels or quants stored + 128.
+template <Legacy kType>
+struct Dot8LegacyZmm {
+  template <int R, int G>
+  struct Tile {
+    static constexpr int kSingleRowGroups = 1;
+    static constexpr int kRowTile = 8;
+    using Rows = KqPairRows<kType == Legacy::kQ4_0 ? PairSeeds::kWhole8 : PairSeeds::kWhole128>;
+    static void run(const uint8_t* w, size_t /*stride*/, const KqPair* const* a, int nb, float* const* out,
+                    bool stream) {
+      static_assert(G == 1, "the 512-bit kernels take one group at a time");
+      dot8_legacy_zmm<R, kType>(w, a, nb, out, stream);
+    }
+  };
 };
 
 // The tile a matrix was packed in follows k (pack8.h's packed_layout): pairs of blocks where k
@@ -132,17 +114,17 @@ struct Dot8Iq4nlZmm {
 inline void gemm_q4_0_x8_zmm(const uint8_t* w, size_t rb, const ActBlock* a, int k, int rows, int n0, int n1,
                              float* out, int ldo) {
   if (k % (2 * kBlock) != 0) return gemm_q4_0_x8(w, rb, a, k, rows, n0, n1, out, ldo);
-  gemm_packed<Dot8Q4_0Zmm>(w, rb, a, k, rows, n0, n1, out, ldo);
+  gemm_packed<Dot8LegacyZmm<Legacy::kQ4_0>::Tile>(w, rb, a, k, rows, n0, n1, out, ldo);
 }
 inline void gemm_q8_0_x8_zmm(const uint8_t* w, size_t rb, const ActBlock* a, int k, int rows, int n0, int n1,
                              float* out, int ldo) {
   if (k % (2 * kBlock) != 0) return gemm_q8_0_x8(w, rb, a, k, rows, n0, n1, out, ldo);
-  gemm_packed<Dot8Q8_0Zmm>(w, rb, a, k, rows, n0, n1, out, ldo);
+  gemm_packed<Dot8LegacyZmm<Legacy::kQ8_0>::Tile>(w, rb, a, k, rows, n0, n1, out, ldo);
 }
 inline void gemm_iq4_nl_x8_zmm(const uint8_t* w, size_t rb, const ActBlock* a, int k, int rows, int n0, int n1,
                                float* out, int ldo) {
   if (k % (2 * kBlock) != 0) return gemm_iq4_nl_x8(w, rb, a, k, rows, n0, n1, out, ldo);
-  gemm_packed<Dot8Iq4nlZmm>(w, rb, a, k, rows, n0, n1, out, ldo);
+  gemm_packed<Dot8LegacyZmm<Legacy::kIq4nl>::Tile>(w, rb, a, k, rows, n0, n1, out, ldo);
 }
 
 }  // namespace llmd::kernels::LLMD_ISA_NAMESPACE

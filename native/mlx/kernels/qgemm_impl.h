@@ -178,15 +178,17 @@ inline void dot_q4(const uint8_t* w, const ActBlock* const* a, int nb, float* ou
   for (int r = 0; r < R; ++r) out[r] = hsum(acc[r]) + accm[r];
 }
 
-// Q8_0: weight = d * q with q signed; sign trick makes the weight operand unsigned.
-template <int R>
-inline void dot_q8(const uint8_t* w, const ActBlock* const* a, int nb, float* out) {
+// Q8_0 and IQ4_NL: weight = d * w with w a signed byte (Q8_0's own; IQ4_NL's level, looked up
+// from its code with vpshufb); the sign trick makes the weight operand unsigned. `weights(blk)`
+// gives a block's 32 signed bytes.
+template <int R, int kBytes, class Weights>
+inline void dot_signed8(const uint8_t* w, const ActBlock* const* a, int nb, float* out, Weights weights) {
   __m256 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
   for (int b = 0; b < nb; ++b) {
-    const uint8_t* blk = w + b * 34;
+    const uint8_t* blk = w + b * kBytes;
     const float d = half(blk);
-    const __m256i wq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2));
+    const __m256i wq = weights(blk);
     const __m256i wabs = _mm256_sign_epi8(wq, wq);
     for (int r = 0; r < R; ++r) {
       const ActBlock& ab = a[r][b];
@@ -197,6 +199,12 @@ inline void dot_q8(const uint8_t* w, const ActBlock* const* a, int nb, float* ou
     }
   }
   for (int r = 0; r < R; ++r) out[r] = hsum(acc[r]);
+}
+
+template <int R>
+inline void dot_q8(const uint8_t* w, const ActBlock* const* a, int nb, float* out) {
+  dot_signed8<R, 34>(w, a, nb, out,
+                     [](const uint8_t* blk) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2)); });
 }
 
 // IQ4_NL's 16 levels in both 128-bit halves, for vpshufb: signed (kIq4nlValues) or offset by 128.
@@ -205,27 +213,11 @@ inline __m256i iq4nl_levels(bool offset) {
   return _mm256_broadcastsi128_si256(_mm_load_si128(static_cast<const __m128i*>(p)));
 }
 
-// IQ4_NL: weight = d * kIq4nlValues[code]. The codes are looked up into signed bytes (vpshufb)
-// and then multiplied as Q8_0's are (sign trick: the weight operand made unsigned).
 template <int R>
 inline void dot_iq4nl(const uint8_t* w, const ActBlock* const* a, int nb, float* out) {
   const __m256i levels = iq4nl_levels(false);
-  __m256 acc[R];
-  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
-  for (int b = 0; b < nb; ++b) {
-    const uint8_t* blk = w + b * kIq4nlBlockBytes;
-    const float d = half(blk);
-    const __m256i wq = _mm256_shuffle_epi8(levels, unpack_nibbles(blk + 2));
-    const __m256i wabs = _mm256_sign_epi8(wq, wq);
-    for (int r = 0; r < R; ++r) {
-      const ActBlock& ab = a[r][b];
-      const __m256i aq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ab.q));
-      const __m256i as = _mm256_sign_epi8(aq, wq);
-      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum_u8s8(wabs, as)), _mm256_set1_ps(d * ab.d),
-                               acc[r]);
-    }
-  }
-  for (int r = 0; r < R; ++r) out[r] = hsum(acc[r]);
+  dot_signed8<R, kIq4nlBlockBytes>(
+      w, a, nb, out, [levels](const uint8_t* blk) { return _mm256_shuffle_epi8(levels, unpack_nibbles(blk + 2)); });
 }
 
 // ------------------------------------------------------------------ 8-row packed layout (pack8.h)
@@ -683,47 +675,41 @@ inline void dot_q4(const uint8_t* w, const ActBlock* const* a, int nb, float* ou
   for (int r = 0; r < R; ++r) out[r] = vaddvq_f32(acc[r]) + accm[r];
 }
 
-// Q8_0: weight = d * q with q signed.
-template <int R>
-inline void dot_q8(const uint8_t* w, const ActBlock* const* a, int nb, float* out) {
+// Q8_0 and IQ4_NL: weight = d * w with w a signed byte (Q8_0's own; IQ4_NL's level, looked up
+// from its code with tbl). `weights(blk)` gives a block's 32 signed bytes (elements 0..15, 16..31).
+template <int R, int kBytes, class Weights>
+inline void dot_signed8(const uint8_t* w, const ActBlock* const* a, int nb, float* out, Weights weights) {
   float32x4_t acc[R];
   for (int r = 0; r < R; ++r) acc[r] = vdupq_n_f32(0.f);
   for (int b = 0; b < nb; ++b) {
-    const uint8_t* blk = w + b * 34;
+    const uint8_t* blk = w + b * kBytes;
     const float d = half(blk);
-    const int8x16_t w0 = vld1q_s8(reinterpret_cast<const int8_t*>(blk + 2));
-    const int8x16_t w1 = vld1q_s8(reinterpret_cast<const int8_t*>(blk + 18));
+    const int8x16x2_t wq = weights(blk);
     for (int r = 0; r < R; ++r) {
       const ActBlock& ab = a[r][b];
-      int32x4_t isum = isum_s8(vdupq_n_s32(0), w0, vld1q_s8(ab.q));
-      isum = isum_s8(isum, w1, vld1q_s8(ab.q + 16));
+      int32x4_t isum = isum_s8(vdupq_n_s32(0), wq.val[0], vld1q_s8(ab.q));
+      isum = isum_s8(isum, wq.val[1], vld1q_s8(ab.q + 16));
       acc[r] = vfmaq_n_f32(acc[r], vcvtq_f32_s32(isum), d * ab.d);
     }
   }
   for (int r = 0; r < R; ++r) out[r] = vaddvq_f32(acc[r]);
 }
 
-// IQ4_NL: weight = d * kIq4nlValues[code]; the codes are looked up into signed bytes (tbl).
+template <int R>
+inline void dot_q8(const uint8_t* w, const ActBlock* const* a, int nb, float* out) {
+  dot_signed8<R, 34>(w, a, nb, out, [](const uint8_t* blk) {
+    return int8x16x2_t{{vld1q_s8(reinterpret_cast<const int8_t*>(blk + 2)),
+                        vld1q_s8(reinterpret_cast<const int8_t*>(blk + 18))}};
+  });
+}
+
 template <int R>
 inline void dot_iq4nl(const uint8_t* w, const ActBlock* const* a, int nb, float* out) {
   const int8x16_t levels = vld1q_s8(kIq4nlValues);
-  const uint8x16_t mask = vdupq_n_u8(0x0f);
-  float32x4_t acc[R];
-  for (int r = 0; r < R; ++r) acc[r] = vdupq_n_f32(0.f);
-  for (int b = 0; b < nb; ++b) {
-    const uint8_t* blk = w + b * kIq4nlBlockBytes;
-    const float d = half(blk);
+  dot_signed8<R, kIq4nlBlockBytes>(w, a, nb, out, [levels](const uint8_t* blk) {
     const uint8x16_t bytes = vld1q_u8(blk + 2);
-    const int8x16_t lo = vqtbl1q_s8(levels, vandq_u8(bytes, mask));  // elements 0..15
-    const int8x16_t hi = vqtbl1q_s8(levels, vshrq_n_u8(bytes, 4));   // elements 16..31
-    for (int r = 0; r < R; ++r) {
-      const ActBlock& ab = a[r][b];
-      int32x4_t isum = isum_s8(vdupq_n_s32(0), lo, vld1q_s8(ab.q));
-      isum = isum_s8(isum, hi, vld1q_s8(ab.q + 16));
-      acc[r] = vfmaq_n_f32(acc[r], vcvtq_f32_s32(isum), d * ab.d);
-    }
-  }
-  for (int r = 0; r < R; ++r) out[r] = vaddvq_f32(acc[r]);
+    return int8x16x2_t{{vqtbl1q_s8(levels, vandq_u8(bytes, vdupq_n_u8(0x0f))), vqtbl1q_s8(levels, vshrq_n_u8(bytes, 4))}};
+  });
 }
 
 #else  // portable scalar path
@@ -755,18 +741,20 @@ inline void dot_q4(const uint8_t* w, const ActBlock* const* a, int nb, float* ou
   for (int r = 0; r < R; ++r) out[r] = acc[r] + accm[r];
 }
 
-template <int R>
-inline void dot_q8(const uint8_t* w, const ActBlock* const* a, int nb, float* out) {
+// Q8_0 and IQ4_NL: weight = d * w with w a signed byte; `weights(blk, w)` writes a block's 32.
+template <int R, int kBytes, class Weights>
+inline void dot_signed8(const uint8_t* w, const ActBlock* const* a, int nb, float* out, Weights weights) {
   float acc[R];
   for (int r = 0; r < R; ++r) acc[r] = 0.f;
+  int8_t wq[kBlock];
   for (int b = 0; b < nb; ++b) {
-    const uint8_t* blk = w + b * 34;
+    const uint8_t* blk = w + b * kBytes;
     const float d = half(blk);
-    const int8_t* qs = reinterpret_cast<const int8_t*>(blk + 2);
+    weights(blk, wq);
     for (int r = 0; r < R; ++r) {
       const ActBlock& ab = a[r][b];
       int isum = 0;
-      for (int i = 0; i < kBlock; ++i) isum += qs[i] * ab.q[i];
+      for (int i = 0; i < kBlock; ++i) isum += wq[i] * ab.q[i];
       acc[r] += static_cast<float>(isum) * (d * ab.d);
     }
   }
@@ -774,23 +762,18 @@ inline void dot_q8(const uint8_t* w, const ActBlock* const* a, int nb, float* ou
 }
 
 template <int R>
+inline void dot_q8(const uint8_t* w, const ActBlock* const* a, int nb, float* out) {
+  dot_signed8<R, 34>(w, a, nb, out, [](const uint8_t* blk, int8_t* wq) { std::memcpy(wq, blk + 2, kBlock); });
+}
+
+template <int R>
 inline void dot_iq4nl(const uint8_t* w, const ActBlock* const* a, int nb, float* out) {
-  float acc[R];
-  for (int r = 0; r < R; ++r) acc[r] = 0.f;
-  for (int b = 0; b < nb; ++b) {
-    const uint8_t* blk = w + b * kIq4nlBlockBytes;
-    const float d = half(blk);
-    const uint8_t* qs = blk + 2;
-    for (int r = 0; r < R; ++r) {
-      const ActBlock& ab = a[r][b];
-      int isum = 0;
-      for (int i = 0; i < 16; ++i) {
-        isum += kIq4nlValues[qs[i] & 0x0f] * ab.q[i] + kIq4nlValues[qs[i] >> 4] * ab.q[i + 16];
-      }
-      acc[r] += static_cast<float>(isum) * (d * ab.d);
+  dot_signed8<R, kIq4nlBlockBytes>(w, a, nb, out, [](const uint8_t* blk, int8_t* wq) {
+    for (int i = 0; i < 16; ++i) {
+      wq[i] = kIq4nlValues[blk[2 + i] & 0x0f];
+      wq[i + 16] = kIq4nlValues[blk[2 + i] >> 4];
     }
-  }
-  for (int r = 0; r < R; ++r) out[r] = acc[r];
+  });
 }
 
 #endif
