@@ -466,25 +466,19 @@ constexpr int kPlainRowTile = 4;
 // results are unchanged.
 constexpr int kPlainSingleRowGroups = 1;
 
-template <int R, int G>
-struct Dot8Q4_0 {
-  static constexpr int kSingleRowGroups = kPlainSingleRowGroups;
-  static constexpr int kRowTile = kPlainRowTile;
-  using Rows = PlainRows;
-  static void run(const uint8_t* w, size_t stride, const ActBlock* const* a, int nb, float* const* out,
-                  bool stream) {
-    dot8_q4<R, G, Code4::kQ4_0>(w, stride, a, nb, out, stream);
-  }
-};
-template <int R, int G>
-struct Dot8Q4_1 {
-  static constexpr int kSingleRowGroups = kPlainSingleRowGroups;
-  static constexpr int kRowTile = kPlainRowTile;
-  using Rows = PlainRows;
-  static void run(const uint8_t* w, size_t stride, const ActBlock* const* a, int nb, float* const* out,
-                  bool stream) {
-    dot8_q4<R, G, Code4::kQ4_1>(w, stride, a, nb, out, stream);
-  }
+// The 4-bit tiles (Q4_0, Q4_1, IQ4_NL): dot8_q4 with what a code stands for.
+template <Code4 kCode>
+struct Dot8Q4 {
+  template <int R, int G>
+  struct Tile {
+    static constexpr int kSingleRowGroups = kPlainSingleRowGroups;
+    static constexpr int kRowTile = kPlainRowTile;
+    using Rows = PlainRows;
+    static void run(const uint8_t* w, size_t stride, const ActBlock* const* a, int nb, float* const* out,
+                    bool stream) {
+      dot8_q4<R, G, kCode>(w, stride, a, nb, out, stream);
+    }
+  };
 };
 template <int R, int G>
 struct Dot8Q8_0 {
@@ -494,16 +488,6 @@ struct Dot8Q8_0 {
   static void run(const uint8_t* w, size_t stride, const ActBlock* const* a, int nb, float* const* out,
                   bool stream) {
     dot8_q8<R, G>(w, stride, a, nb, out, stream);
-  }
-};
-template <int R, int G>
-struct Dot8Iq4nl {
-  static constexpr int kSingleRowGroups = kPlainSingleRowGroups;
-  static constexpr int kRowTile = kPlainRowTile;
-  using Rows = PlainRows;
-  static void run(const uint8_t* w, size_t stride, const ActBlock* const* a, int nb, float* const* out,
-                  bool stream) {
-    dot8_q4<R, G, Code4::kIq4nl>(w, stride, a, nb, out, stream);
   }
 };
 
@@ -605,11 +589,11 @@ inline void gemm_packed(const uint8_t* w, size_t w_row_bytes, const ActBlock* a,
 
 inline void gemm_q4_0_x8(const uint8_t* w, size_t rb, const ActBlock* a, int k, int rows, int n0, int n1, float* out,
                          int ldo) {
-  gemm_packed<Dot8Q4_0>(w, rb, a, k, rows, n0, n1, out, ldo);
+  gemm_packed<Dot8Q4<Code4::kQ4_0>::Tile>(w, rb, a, k, rows, n0, n1, out, ldo);
 }
 inline void gemm_q4_1_x8(const uint8_t* w, size_t rb, const ActBlock* a, int k, int rows, int n0, int n1, float* out,
                          int ldo) {
-  gemm_packed<Dot8Q4_1>(w, rb, a, k, rows, n0, n1, out, ldo);
+  gemm_packed<Dot8Q4<Code4::kQ4_1>::Tile>(w, rb, a, k, rows, n0, n1, out, ldo);
 }
 inline void gemm_q8_0_x8(const uint8_t* w, size_t rb, const ActBlock* a, int k, int rows, int n0, int n1, float* out,
                          int ldo) {
@@ -617,7 +601,7 @@ inline void gemm_q8_0_x8(const uint8_t* w, size_t rb, const ActBlock* a, int k, 
 }
 inline void gemm_iq4_nl_x8(const uint8_t* w, size_t rb, const ActBlock* a, int k, int rows, int n0, int n1,
                            float* out, int ldo) {
-  gemm_packed<Dot8Iq4nl>(w, rb, a, k, rows, n0, n1, out, ldo);
+  gemm_packed<Dot8Q4<Code4::kIq4nl>::Tile>(w, rb, a, k, rows, n0, n1, out, ldo);
 }
 
 #elif defined(LLMD_ISA_NEON)
