@@ -18,7 +18,7 @@ weight exactly as llama.cpp reads it, and can be smaller:
 
 Each function takes rows of source blocks (uint8, one row per tensor row) and returns the
 target's bytes for the same rows; gguf-py's dequantizers of source and result agree bit for
-bit (tests/unit/test_block_repack.py).
+bit, IQ4_XS's up to that scale rounding (tests/unit/test_block_repack.py).
 """
 
 from __future__ import annotations
