@@ -98,10 +98,9 @@ void dequantize_row(TensorType type, const uint8_t* src, float* dst, int64_t n) 
       for (int64_t b = 0; b < n / 32; ++b) {
         const uint8_t* blk = src + b * kIq4nlBlockBytes;
         const float d = half_to_float(read_u16(blk));
-        for (int i = 0; i < 16; ++i) {
-          dst[b * 32 + i] = d * kIq4nlValues[blk[2 + i] & 0x0f];
-          dst[b * 32 + i + 16] = d * kIq4nlValues[blk[2 + i] >> 4];
-        }
+        float* out = dst + b * 32;
+        iq4nl_block_levels(blk, kIq4nlValues, out);
+        for (int i = 0; i < 32; ++i) out[i] *= d;
       }
       return;
     case TensorType::Q4_K: {

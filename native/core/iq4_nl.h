@@ -25,4 +25,15 @@ alignas(16) inline constexpr int8_t kIq4nlValues[16] = {-127, -104, -83, -65, -4
 alignas(16) inline constexpr uint8_t kIq4nlValuesU8[16] = {1,   24,  45,  63,  79,  93,  106, 118,
                                                            129, 141, 153, 166, 181, 197, 217, 241};
 
+// The 32 levels of one block in weight order, looked up in `levels` (kIq4nlValues or
+// kIq4nlValuesU8) and converted to Out: the one reader of the nibble layout outside the SIMD
+// kernels (dequantization, the scalar dot, the MLX and CUDA uploads).
+template <class Level, class Out>
+inline void iq4nl_block_levels(const uint8_t* blk, const Level (&levels)[16], Out* out) {
+  for (int i = 0; i < 16; ++i) {
+    out[i] = static_cast<Out>(levels[blk[2 + i] & 0x0f]);
+    out[i + 16] = static_cast<Out>(levels[blk[2 + i] >> 4]);
+  }
+}
+
 }  // namespace llmd

@@ -120,10 +120,7 @@ HostLayout layout_gguf(TensorType type, const GgufPart* parts, int n_parts, int 
           const uint8_t* blk = src + b * kIq4nlBlockBytes;
           std::memcpy(&aux[(r * nb + b) * 2], blk, 2);
           uint8_t* q = &data[(r * nb + b) * 32];
-          for (int i = 0; i < 16; ++i) {
-            q[i] = static_cast<uint8_t>(kIq4nlValues[blk[2 + i] & 0x0f]);
-            q[i + 16] = static_cast<uint8_t>(kIq4nlValues[blk[2 + i] >> 4]);
-          }
+          iq4nl_block_levels(blk, kIq4nlValues, q);  // int8 levels as Q8_0's bytes
         }
       });
       m.data = std::move(data);

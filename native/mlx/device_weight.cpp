@@ -86,10 +86,7 @@ void exact_row(TensorType type, const uint8_t* src, int k, AffineBuilder& out) {
       for (int b = 0; b < k / 32; ++b) {
         const uint8_t* blk = src + static_cast<size_t>(b) * kIq4nlBlockBytes;
         const float d = half_to_float(read_u16(blk));
-        for (int i = 0; i < 16; ++i) {
-          q[i] = kIq4nlValuesU8[blk[2 + i] & 0x0f];
-          q[i + 16] = kIq4nlValuesU8[blk[2 + i] >> 4];
-        }
+        iq4nl_block_levels(blk, kIq4nlValuesU8, q);
         out.group(q, d, -128.f * d);
       }
       return;

@@ -421,7 +421,8 @@ inline void gemm_q6_k_x8_expanded(const uint8_t* w, size_t rb, const ActBlock* a
 // for 5 / 8 / 32 / 128 rows: expanded 16.9 / 18.3 / 19.8 / 19.3 against dot8_q4's 17.5 / 18.2 /
 // 17.9 / 17.3 (Q8_0's kernel on Q8_0 weights: 128 rows 19.9), so up to 8 rows (a batched decode
 // step) keep dot8_q4.
-constexpr int kIq4nlXBytes = 272;  // d[8] fp16, then chunk j = 0..7: row c's levels 4j .. 4j+3 at 4c
+// Writes group t's Q8_0 tile (kQ8TileBytes): d[8] fp16, then chunk j = 0..7: row c's levels 4j .. 4j+3
+// at 4c.
 inline void iq4nl_expand(const uint8_t* t, uint8_t* s) {
   const __m256i levels = iq4nl_levels(false);
   const __m256i mask = _mm256_set1_epi8(0x0f);
@@ -449,7 +450,7 @@ constexpr int kPackedRowsIq4nl = 8;
 inline void gemm_iq4_nl_x8_expanded(const uint8_t* w, size_t rb, const ActBlock* a, int k, int rows, int n0, int n1,
                                     float* out, int ldo) {
   if (rows <= kPackedRowsIq4nl) return gemm_iq4_nl_x8(w, rb, a, k, rows, n0, n1, out, ldo);
-  gemm_kq_expanded<kExpandedRows, 1, kIq4nlXBytes, PlainRows, iq4nl_expand, Iq4nlX, kBlock>(
+  gemm_kq_expanded<kExpandedRows, 1, kQ8TileBytes, PlainRows, iq4nl_expand, Iq4nlX, kBlock>(
       w, rb, a, k, rows, n0, n1, out, ldo, 8 * kIq4nlBlockBytes);
 }
 

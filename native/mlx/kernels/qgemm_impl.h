@@ -72,6 +72,10 @@ inline void quantize_row_k(const float* x, ActBlock* out, int k) {
 
 #if defined(LLMD_ISA_X86)
 
+// One packed Q8_0 tile (pack8.h, kDword): 8 fp16 d, then 8 rows x 32 int8. IQ4_NL's AVX2 prefill
+// expands its tiles into this form (kquant_avx2_tiles.h).
+constexpr int kQ8TileBytes = 16 + 8 * 32;
+
 inline float half(const uint8_t* p) { return _cvtsh_ss(read_u16(p)); }
 
 // quantize_row with AVX2: the same operations per element (|x| max, x * (1 / d) rounded to
@@ -391,7 +395,7 @@ inline void dot8_q4(const uint8_t* w, size_t stride, const ActBlock* const* a, i
 template <int R, int G>
 inline void dot8_q8(const uint8_t* w, size_t stride, const ActBlock* const* a, int nb, float* const* out,
                    bool stream) {
-  constexpr int kTile = 272;
+  constexpr int kTile = kQ8TileBytes;
   __m256 acc[R][G];
   zero_tiles(acc);
   for (int b = 0; b < nb; ++b) {
@@ -752,12 +756,8 @@ inline void dot_q8(const uint8_t* w, const ActBlock* const* a, int nb, float* ou
 
 template <int R>
 inline void dot_iq4nl(const uint8_t* w, const ActBlock* const* a, int nb, float* out) {
-  dot_signed8<R, kIq4nlBlockBytes>(w, a, nb, out, [](const uint8_t* blk, int8_t* wq) {
-    for (int i = 0; i < 16; ++i) {
-      wq[i] = kIq4nlValues[blk[2 + i] & 0x0f];
-      wq[i + 16] = kIq4nlValues[blk[2 + i] >> 4];
-    }
-  });
+  dot_signed8<R, kIq4nlBlockBytes>(
+      w, a, nb, out, [](const uint8_t* blk, int8_t* wq) { iq4nl_block_levels(blk, kIq4nlValues, wq); });
 }
 
 #endif
