@@ -421,8 +421,8 @@ inline void gemm_q6_k_x8_expanded(const uint8_t* w, size_t rb, const ActBlock* a
 // for 5 / 8 / 32 / 128 rows: expanded 16.9 / 18.3 / 19.8 / 19.3 against dot8_q4's 17.5 / 18.2 /
 // 17.9 / 17.3 (Q8_0's kernel on Q8_0 weights: 128 rows 19.9), so up to 8 rows (a batched decode
 // step) keep dot8_q4.
-// Writes group t's Q8_0 tile (kQ8TileBytes): d[8] fp16, then chunk j = 0..7: row c's levels 4j .. 4j+3
-// at 4c.
+// Expands one packed IQ4_NL tile t (a block of 8 rows) into the Q8_0 tile of the same weights at s
+// (kQ8TileBytes): d[8] fp16, then chunk j = 0..7: row c's levels 4j .. 4j+3 at 4c.
 inline void iq4nl_expand(const uint8_t* t, uint8_t* s) {
   const __m256i levels = iq4nl_levels(false);
   const __m256i mask = _mm256_set1_epi8(0x0f);
