@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import math
-import os
 import time
 from pathlib import Path
 from typing import Any
@@ -17,6 +16,7 @@ import pytest
 from aiohttp.test_utils import TestClient
 
 from llmd.api.server import drain
+from llmd.cli.main import _pid_alive as alive  # a zombie, or one reaped mid-check, has exited
 from llmd.paths import get_paths
 from llmd.runtime.keep_alive import FOREVER, parse_keep_alive
 from llmd.runtime.supervisor import RestartPolicy
@@ -35,15 +35,6 @@ async def wait_for(predicate: Any, timeout: float = 10.0) -> None:
     while not await predicate():
         assert time.monotonic() < deadline, "condition not reached in time"
         await asyncio.sleep(0.05)
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    with open(f"/proc/{pid}/stat") as f:  # a zombie has exited
-        return f.read().rsplit(")", 1)[1].split()[0] != "Z"
 
 
 @pytest.mark.parametrize(

@@ -563,12 +563,14 @@ def _pid_alive(pid: int) -> bool:
         return False
     except PermissionError:
         return True
+    if not os.path.exists("/proc/self/stat"):
+        return True  # no procfs (macOS): the signal check is the whole answer
     # A zombie child of ours (the test harness's) has exited for our purposes.
     try:
         with open(f"/proc/{pid}/stat") as f:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
-        return True
+        return False  # it exited (and was reaped) between the two checks
 
 
 @main.command()
