@@ -902,6 +902,38 @@ PYBIND11_MODULE(_engine, m) {
     return ngram_draft([&tokens](int i) { return tokens[i]; }, static_cast<int>(tokens.size()), max_tokens);
   }, py::arg("tokens"), py::arg("max_tokens"), "The prompt-lookup drafter's proposal after `tokens`.");
   m.def(
+      "ngram_replay",
+      [](const std::vector<int32_t>& prompt, const std::vector<int32_t>& tokens, int max_draft, int max_tokens) {
+        // The first token comes from the prompt's last row; each later step drafts what the
+        // lookup and DraftLength offer (never past max_tokens) and keeps the drafts that equal
+        // the tokens generated.
+        std::vector<int32_t> seen(prompt);
+        if (!tokens.empty()) seen.push_back(tokens[0]);
+        DraftLength length(max_draft);
+        int drafted = 0, kept_total = 0;
+        size_t i = 1;
+        while (i < tokens.size()) {
+          const int left = max_tokens - static_cast<int>(i) - 1;
+          const int want = std::max(0, std::min(length.next(), left));
+          const std::vector<int32_t> draft =
+              ngram_draft([&seen](int p) { return seen[p]; }, static_cast<int>(seen.size()), want);
+          int kept = 0;
+          while (kept < static_cast<int>(draft.size()) && i + kept < tokens.size() && draft[kept] == tokens[i + kept])
+            ++kept;
+          length.record(static_cast<int>(draft.size()), kept);
+          drafted += static_cast<int>(draft.size());
+          kept_total += kept;
+          const size_t next = std::min(tokens.size(), i + kept + 1);
+          seen.insert(seen.end(), tokens.begin() + i, tokens.begin() + next);
+          i = next;
+        }
+        return std::make_pair(drafted, kept_total);
+      },
+      py::arg("prompt"), py::arg("tokens"), py::arg("max_draft"), py::arg("max_tokens"),
+      "(drafted, kept): what prompt-lookup speculation with free rows drafts and keeps while "
+      "a sequence after `prompt` generates `tokens` greedily; the engine must report the same, "
+      "whatever the kernels' rounding made `tokens`.");
+  m.def(
       "plan_drafts",
       [](const std::vector<std::pair<int, double>>& steps, int rows, int tokens,
          const std::vector<std::tuple<int, double, bool>>& offers, int max_rows) {

@@ -167,8 +167,10 @@ def test_forced_function_call_then_its_output_gives_an_answer(client: OpenAI) ->
     assert second.previous_response_id == first.id
     assert [item.type for item in second.output] == ["message"]
     assert second.output_text.strip()
-    # The answer draws on the tool's result, which only the continued conversation holds.
-    assert "sunny" in second.output_text.lower() or "24" in second.output_text
+    # The answer draws on the tool's result ("sunny, 24 C"), which only the continued
+    # conversation holds (the 135M model words it differently on each CPU path's rounding).
+    answer = second.output_text.lower()
+    assert "sun" in answer or "24" in answer, second.output_text
 
 
 def test_streamed_function_call_events(client: OpenAI) -> None:

@@ -6,28 +6,19 @@ goes on, and greedy output stays token for token what plain decoding gives."""
 
 from __future__ import annotations
 
-import random
-
 import pytest
 
 from .conftest import TEST_BACKEND, run_all
-from .test_speculative import SNIPPET, chat
+from .test_speculative import chat, copy_request
 
 
 @pytest.fixture(scope="module")
 def prompts(text_model) -> dict[str, list[int]]:  # type: ignore[no-untyped-def]
-    edit = chat(
-        text_model,
-        "Here is a Python file:\n```python\n"
-        + SNIPPET
-        + "```\nRewrite the whole file, renaming `merge` to `merge_settings`. Output only the code.",
-    )
-    # Numbers the model does not copy: prompt lookup finds short matches in them, and the model
-    # mostly goes another way, so their drafts are rejected.
-    rng = random.Random(5)
-    numbers = " ".join(str(rng.randrange(1000)) for _ in range(120))
-    noise = chat(text_model, "Continue this list of numbers: " + numbers)
-    return {"edit": edit, "noise": noise}
+    # A story the model makes up: prompt lookup finds short matches in its own words, and the
+    # model mostly goes another way, so their drafts are rejected. Against it, a file the model
+    # copies (test_speculative's copy_request): its drafts are kept. Both hold on every CPU path.
+    story = chat(text_model, "Write a short story about a dragon who learns to bake bread.")
+    return {"copy": copy_request(text_model), "story": story}
 
 
 def _engine(model_path, row_cost: float):  # type: ignore[no-untyped-def]
@@ -69,17 +60,17 @@ def test_dear_rows_stop_rejected_drafts_and_keep_accepted_ones(model_path, promp
         assert priced[name]["tokens"] == plain[name]["tokens"], name
     assert declined_free == 0  # free rows: every draft on offer is verified
     assert declined > 0
-    noisy, noisy_free = priced["noise"]["done"], as_before["noise"]["done"]
-    assert noisy_free["drafted_tokens"] > 2 * noisy_free["accepted_tokens"], noisy_free
-    assert noisy["drafted_tokens"] * 3 <= noisy_free["drafted_tokens"], (noisy, noisy_free)
-    edit = priced["edit"]["done"]
-    assert edit["accepted_tokens"] >= len(priced["edit"]["tokens"]) // 5, edit
-    assert edit["accepted_tokens"] * 2 > edit["drafted_tokens"], edit
+    story, story_free = priced["story"]["done"], as_before["story"]["done"]
+    assert story_free["drafted_tokens"] > 2 * story_free["accepted_tokens"], story_free
+    assert story["drafted_tokens"] * 3 <= story_free["drafted_tokens"], (story, story_free)
+    copied = priced["copy"]["done"]
+    assert copied["accepted_tokens"] >= len(priced["copy"]["tokens"]) // 5, copied
+    assert copied["accepted_tokens"] * 2 > copied["drafted_tokens"], copied
 
 
 def test_rows_as_dear_as_a_step_verify_no_ngram_draft(model_path, prompts) -> None:  # type: ignore[no-untyped-def]
     """Where every row costs a whole one-row step (a fully compute-bound box), no draft can
-    pay, and no step verifies an n-gram draft at all, not even the edit's first ones: a
+    pay, and no step verifies an n-gram draft at all, not even the copy's first ones: a
     declined n-gram draft still shows its acceptance (its first token against the token the
     step took), so it needs no unconditional start. Every draft on offer is counted as
     declined, and output is unchanged."""
@@ -95,7 +86,7 @@ def test_rows_as_dear_as_a_step_verify_no_ngram_draft(model_path, prompts) -> No
         assert spec[name]["tokens"] == plain[name]["tokens"], name
         assert spec[name]["done"]["drafted_tokens"] == 0, spec[name]["done"]
     assert steps == 0
-    assert declined > len(spec["edit"]["tokens"]), declined
+    assert declined > len(spec["copy"]["tokens"]), declined
 
 
 def test_a_draft_model_is_verified_until_its_acceptance_is_known(model_path, prompts) -> None:  # type: ignore[no-untyped-def]
@@ -112,13 +103,13 @@ def test_a_draft_model_is_verified_until_its_acceptance_is_known(model_path, pro
         draft_row_cost=1.0,
     )
     try:
-        plain = run_all(engine, {"p": {"prompt": prompts["edit"], "max_tokens": 60}})["p"]
+        plain = run_all(engine, {"p": {"prompt": prompts["copy"], "max_tokens": 60}})["p"]
         before = engine.stats()["speculative_steps"]
         spec = run_all(
             engine,
             {
                 "s": {
-                    "prompt": prompts["edit"],
+                    "prompt": prompts["copy"],
                     "max_tokens": 60,
                     "max_draft": 8,
                     "draft_model": True,
