@@ -101,7 +101,7 @@ int main(int argc, char** argv) {
                   : tt == TensorType::Q6_K ? isa::gemm_q6_k_x8
                   : tt == TensorType::Q8_0 ? isa::gemm_q8_0_x8_zmm
                   : tt == TensorType::Q4_0 ? isa::gemm_q4_0_x8_zmm
-                  : tt == TensorType::Q4_1 ? isa::gemm_q4_1_x8
+                  : tt == TensorType::Q4_1 ? isa::gemm_q4_1_x8_zmm
                   : tt == TensorType::IQ4_NL ? isa::gemm_iq4_nl_x8_zmm
                                            : isa::gemm_q4_k_x8;
   const bool old = argc == 7 && std::string(argv[6]) == "x8";
@@ -109,7 +109,7 @@ int main(int argc, char** argv) {
                        : tt == TensorType::Q6_K ? isa::gemm_q6_k_x8_blocked
                        : tt == TensorType::Q8_0 ? isa::gemm_q8_0_x8_zmm
                        : tt == TensorType::Q4_0 ? isa::gemm_q4_0_x8_zmm
-                       : tt == TensorType::Q4_1 ? isa::gemm_q4_1_x8
+                       : tt == TensorType::Q4_1 ? isa::gemm_q4_1_x8_zmm
                        : tt == TensorType::IQ4_NL ? isa::gemm_iq4_nl_x8_zmm
                                                 : isa::gemm_q4_k_x8_blocked;
   const auto gemm = old ? x8 : blocked;

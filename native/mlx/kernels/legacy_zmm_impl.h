@@ -1,4 +1,5 @@
-// Q4_0, IQ4_NL and Q8_0 on 512-bit vectors (AVX-512 VNNI path), over their kQword tiles (pack8.h).
+// Q4_0, Q4_1, IQ4_NL and Q8_0 on 512-bit vectors (AVX-512 VNNI path), over their kQword tiles
+// (pack8.h).
 // Included by qgemm_impl.h after kquant_impl.h, whose pair machinery (KqPair, KqPairRows,
 // broadcast_pair) these kernels share.
 //
@@ -11,7 +12,8 @@
 // per row serve two blocks. One Zen 5 core, 256 x 2048 x 2048, weights packed once (a throwaway
 // harness over KernelTable::packed_gemm_for): Q4_0 183 -> 319 GMAC/s, Q8_0 149 -> 303.
 // IQ4_NL is Q4_0's tile with each nibble looked up (vpshufb) into its level + 128, the unsigned
-// operand, under Q8_0's -128 * sum(a) seed.
+// operand, under Q8_0's -128 * sum(a) seed. Q4_1 (d * q + m) is Q4_0's tile with unseeded chains
+// and its minimum as one more FMA per row and pair: m * (d_a * sum(a)), the activation's s.
 #pragma once
 
 #if defined(LLMD_ISA_VNNI)
@@ -20,9 +22,9 @@ namespace llmd::kernels::LLMD_ISA_NAMESPACE {
 
 // Tiles of a pair of blocks ahead that a streaming call (decode, the first row tile of a chunk)
 // asks for: about 1 KiB, as the row-major and 256-bit kernels' 8 blocks ahead.
-// The block types of this file: Q8_0's bytes, or 4-bit codes standing for q - 8 (Q4_0) or for
-// IQ4_NL's levels.
-enum class Legacy { kQ4_0, kIq4nl, kQ8_0 };
+// The block types of this file: Q8_0's bytes, or 4-bit codes standing for q - 8 (Q4_0), for
+// q plus a minimum (Q4_1) or for IQ4_NL's levels.
+enum class Legacy { kQ4_0, kQ4_1, kIq4nl, kQ8_0 };
 
 template <Legacy kType>
 constexpr int kLegacyPrefetchPairs = kType == Legacy::kQ8_0 ? 2 : 4;
@@ -34,7 +36,9 @@ constexpr int kLegacyPrefetchPairs = kType == Legacy::kQ8_0 ? 2 : 4;
 template <int R, Legacy kType>
 inline void dot8_legacy_zmm(const uint8_t* w, const KqPair* const* a, int nb, float* const* out, bool stream) {
   constexpr bool kQ8 = kType == Legacy::kQ8_0;
-  constexpr int kTile = kQ8 ? 8 * 68 : 8 * 36;  // two GGUF blocks of 8 rows
+  constexpr bool kMin = kType == Legacy::kQ4_1;
+  constexpr int kTile = kQ8 ? 8 * 68 : kMin ? 8 * 40 : 8 * 36;  // two GGUF blocks of 8 rows
+  constexpr int kQuants = kMin ? 64 : 32;                       // the scale fields' bytes
   constexpr int kSlices = kQ8 ? 8 : 4;
   const __m512i m4 = _mm512_set1_epi8(0x0f);
   const __m512i levels = _mm512_broadcast_i32x4(_mm_load_si128(reinterpret_cast<const __m128i*>(kIq4nlValuesU8)));
@@ -50,12 +54,12 @@ inline void dot8_legacy_zmm(const uint8_t* w, const KqPair* const* a, int nb, fl
     __m512i isum[R][2];
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
-      isum[r][0] = _mm512_set1_epi64(static_cast<long long>(load_u64(a[r][p].seed[0])));
+      isum[r][0] = kMin ? _mm512_setzero_si512() : _mm512_set1_epi64(static_cast<long long>(load_u64(a[r][p].seed[0])));
       isum[r][1] = _mm512_setzero_si512();
     }
 #pragma GCC unroll 8
     for (int s = 0; s < kSlices; ++s) {
-      const __m512i q = _mm512_loadu_si512(t + 32 + 64 * s);
+      const __m512i q = _mm512_loadu_si512(t + kQuants + 64 * s);
       if constexpr (kQ8) {
 #pragma GCC unroll 8
         for (int r = 0; r < R; ++r) {
@@ -81,6 +85,10 @@ inline void dot8_legacy_zmm(const uint8_t* w, const KqPair* const* a, int nb, fl
     for (int r = 0; r < R; ++r) {
       const __m512 sum = _mm512_cvtepi32_ps(_mm512_add_epi32(isum[r][0], isum[r][1]));
       acc[r] = _mm512_fmadd_ps(sum, _mm512_mul_ps(dw, broadcast_pair(a[r][p].d)), acc[r]);
+      if constexpr (kMin) {
+        const __m512 mw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(t + 32)));
+        acc[r] = _mm512_fmadd_ps(mw, broadcast_pair(a[r][p].s), acc[r]);
+      }
     }
   }
   const __m512i evens = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 0, 2, 4, 6, 8, 10, 12, 14);
@@ -93,14 +101,16 @@ inline void dot8_legacy_zmm(const uint8_t* w, const KqPair* const* a, int nb, fl
 
 // 8 rows a tile, as the K-quants' 512-bit kernels (8 accumulators and 16 chains fit AVX-512's
 // 32 registers beside the weights). The activation rows carry the offset term's seed: -8 *
-// sum(a) for Q4_0's q - 8, -128 * sum(a) for the levels or quants stored + 128.
+// sum(a) for Q4_0's q - 8, -128 * sum(a) for the levels or quants stored + 128, none for Q4_1.
 template <Legacy kType>
 struct Dot8LegacyZmm {
   template <int R, int G>
   struct Tile {
     static constexpr int kSingleRowGroups = 1;
     static constexpr int kRowTile = 8;
-    using Rows = KqPairRows<kType == Legacy::kQ4_0 ? PairSeeds::kWhole8 : PairSeeds::kWhole128>;
+    using Rows = KqPairRows<kType == Legacy::kQ4_0   ? PairSeeds::kWhole8
+                            : kType == Legacy::kQ4_1 ? PairSeeds::kNone
+                                                     : PairSeeds::kWhole128>;
     static void run(const uint8_t* w, size_t /*stride*/, const KqPair* const* a, int nb, float* const* out,
                     bool stream) {
       static_assert(G == 1, "the 512-bit kernels take one group at a time");
@@ -115,6 +125,11 @@ inline void gemm_q4_0_x8_zmm(const uint8_t* w, size_t rb, const ActBlock* a, int
                              float* out, int ldo) {
   if (k % (2 * kBlock) != 0) return gemm_q4_0_x8(w, rb, a, k, rows, n0, n1, out, ldo);
   gemm_packed<Dot8LegacyZmm<Legacy::kQ4_0>::Tile>(w, rb, a, k, rows, n0, n1, out, ldo);
+}
+inline void gemm_q4_1_x8_zmm(const uint8_t* w, size_t rb, const ActBlock* a, int k, int rows, int n0, int n1,
+                             float* out, int ldo) {
+  if (k % (2 * kBlock) != 0) return gemm_q4_1_x8(w, rb, a, k, rows, n0, n1, out, ldo);
+  gemm_packed<Dot8LegacyZmm<Legacy::kQ4_1>::Tile>(w, rb, a, k, rows, n0, n1, out, ldo);
 }
 inline void gemm_q8_0_x8_zmm(const uint8_t* w, size_t rb, const ActBlock* a, int k, int rows, int n0, int n1,
                              float* out, int ldo) {

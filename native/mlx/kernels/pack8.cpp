@@ -38,36 +38,42 @@ Codec legacy_codec(int bytes) {
           [](const uint8_t* tile, int c, uint8_t* block) { copy_pieces<kScaleBytes, kSlices>(tile, block, c, false); }};
 }
 
-// Q4_0 / Q8_0 kQword tile (pack8.h): two GGUF blocks (x = block 2p, y = 2p + 1) of row c.
-// Element i of a Q4_0 block is the low nibble of qs[i] (i < 16) or the high nibble of qs[i - 16].
-int q4_0_element(const uint8_t* block, int i) { return i < 16 ? block[2 + i] & 15 : block[2 + i - 16] >> 4; }
+// Q4_0 / Q4_1 / Q8_0 kQword tile (pack8.h): two GGUF blocks (x = block 2p, y = 2p + 1) of row c.
+// Element i of a 4-bit block is the low nibble of qs[i] (i < 16) or the high nibble of qs[i - 16].
+int q4_element(const uint8_t* qs, int i) { return i < 16 ? qs[i] & 15 : qs[i - 16] >> 4; }
 
-void q4_0_pair_to_tile(const uint8_t* blocks, int c, uint8_t* tile) {
+// kFields fp16 scale fields (Q4_0 / IQ4_NL: d; Q4_1: d, m), field f of block e at 32f + 2(2c + e),
+// then the codes from byte 32 * kFields.
+template <int kFields>
+void q4_pair_to_tile(const uint8_t* blocks, int c, uint8_t* tile) {
+  constexpr int kBytes = 2 * kFields + 16;
   for (int e = 0; e < 2; ++e) {
-    const uint8_t* b = blocks + 18 * e;
-    std::memcpy(tile + 2 * (2 * c + e), b, 2);
+    const uint8_t* b = blocks + kBytes * e;
+    for (int f = 0; f < kFields; ++f) std::memcpy(tile + 32 * f + 2 * (2 * c + e), b + 2 * f, 2);
     for (int s = 0; s < 4; ++s) {
       for (int j = 0; j < 4; ++j) {
-        tile[32 + 64 * s + 8 * c + 4 * e + j] =
-            static_cast<uint8_t>(q4_0_element(b, 8 * s + j) | (q4_0_element(b, 8 * s + 4 + j) << 4));
+        tile[32 * kFields + 64 * s + 8 * c + 4 * e + j] = static_cast<uint8_t>(
+            q4_element(b + 2 * kFields, 8 * s + j) | (q4_element(b + 2 * kFields, 8 * s + 4 + j) << 4));
       }
     }
   }
 }
 
-void q4_0_pair_from_tile(const uint8_t* tile, int c, uint8_t* blocks) {
+template <int kFields>
+void q4_pair_from_tile(const uint8_t* tile, int c, uint8_t* blocks) {
+  constexpr int kBytes = 2 * kFields + 16;
   for (int e = 0; e < 2; ++e) {
-    uint8_t* b = blocks + 18 * e;
-    std::memcpy(b, tile + 2 * (2 * c + e), 2);
+    uint8_t* b = blocks + kBytes * e;
+    for (int f = 0; f < kFields; ++f) std::memcpy(b + 2 * f, tile + 32 * f + 2 * (2 * c + e), 2);
     uint8_t q[32];
     for (int s = 0; s < 4; ++s) {
       for (int j = 0; j < 4; ++j) {
-        const uint8_t v = tile[32 + 64 * s + 8 * c + 4 * e + j];
+        const uint8_t v = tile[32 * kFields + 64 * s + 8 * c + 4 * e + j];
         q[8 * s + j] = v & 15;
         q[8 * s + 4 + j] = v >> 4;
       }
     }
-    for (int i = 0; i < 16; ++i) b[2 + i] = static_cast<uint8_t>(q[i] | (q[i + 16] << 4));
+    for (int i = 0; i < 16; ++i) b[2 * kFields + i] = static_cast<uint8_t>(q[i] | (q[i + 16] << 4));
   }
 }
 
@@ -273,13 +279,14 @@ void q6k_qword_from_tile(const uint8_t* tile, int c, uint8_t* block) {
 
 Codec codec_of(TensorType type, PackLayout layout, int k) {
   const bool qword = layout == PackLayout::kQword;
-  // Q4_0 / Q8_0 pair blocks in the kQword tile, so it needs an even number of them per row.
+  // Q4_0 / Q4_1 / Q8_0 pair blocks in the kQword tile, so it needs an even number of them per row.
   const bool pairs = qword && k % 64 == 0;
   switch (type) {
     case TensorType::Q4_0:
     case TensorType::IQ4_NL:  // Q4_0's block bytes (only what a code stands for differs)
-      return pairs ? Codec{64, 36, q4_0_pair_to_tile, q4_0_pair_from_tile} : legacy_codec<2, 4>(18);
-    case TensorType::Q4_1: return legacy_codec<4, 4>(20);
+      return pairs ? Codec{64, 36, q4_pair_to_tile<1>, q4_pair_from_tile<1>} : legacy_codec<2, 4>(18);
+    case TensorType::Q4_1:
+      return pairs ? Codec{64, 40, q4_pair_to_tile<2>, q4_pair_from_tile<2>} : legacy_codec<4, 4>(20);
     case TensorType::Q8_0:
       return pairs ? Codec{64, 68, q8_0_pair_to_tile, q8_0_pair_from_tile} : legacy_codec<2, 8>(34);
     case TensorType::Q4_K:

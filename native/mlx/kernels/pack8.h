@@ -61,12 +61,15 @@
 //     [1168, 1680) pair p, slices 2u and 2u + 1: 64 bytes at 1168 + 128p + 64u: the quants' 2
 //                  high bits, bits 0-1 (2-3) for slice 2u's low (high) nibbles, bits 4-5 (6-7)
 //                  for slice 2u + 1's
-// Q4_0 and Q8_0 have a kQword tile too where k is a multiple of 64 (otherwise they keep the
-// tile above on every path): a pair of blocks 2p, 2p + 1, for legacy_zmm_impl.h's kernels.
+// Q4_0 (and IQ4_NL), Q4_1 and Q8_0 have a kQword tile too where k is a multiple of 64 (otherwise
+// they keep the tile above on every path): a pair of blocks 2p, 2p + 1, for legacy_zmm_impl.h's
+// kernels.
 //   Q4_0, 288 bytes:
 //     [0, 32)     fp16 d, halfword 2c + e: row c's block 2p + e
 //     [32, 288)   slice s = 0..3: 64 bytes at 32 + 64s; row c's byte 8c + 4e + j holds elements
 //                 8s + j (low nibble) and 8s + 4 + j (high nibble) of block 2p + e
+//   Q4_1, 320 bytes: [0, 32) as Q4_0, [32, 64) fp16 m in the same order, then Q4_0's slices at
+//                 64 + 64s
 //   Q8_0, 544 bytes: [0, 32) as Q4_0, then slice s = 0..7: 64 bytes at 32 + 64s; row c's byte
 //                 8c + 4e + j holds q[4s + j] + 128 (q ^ 0x80, unsigned) of block 2p + e
 // A group's bytes occupy exactly the bytes its 8 rows occupied, so the row-major offset of

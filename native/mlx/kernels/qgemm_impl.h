@@ -855,7 +855,7 @@ inline const KernelTable* make_table(const char* isa) {
                                  .iq4_nl = gemm_iq4_nl,
 #if defined(LLMD_ISA_VNNI)
                                  .q4_0_x8 = gemm_q4_0_x8_zmm,
-                                 .q4_1_x8 = gemm_q4_1_x8,
+                                 .q4_1_x8 = gemm_q4_1_x8_zmm,
                                  .q8_0_x8 = gemm_q8_0_x8_zmm,
 #else
                                  .q4_0_x8 = gemm_q4_0_x8,
