@@ -21,13 +21,18 @@
 namespace llmd::kernels::LLMD_ISA_NAMESPACE {
 
 // Tiles of a pair of blocks ahead that a streaming call (decode, the first row tile of a chunk)
-// asks for: about 1 KiB, as the row-major and 256-bit kernels' 8 blocks ahead.
+// asks for: about 10 KiB. One tile of 8 rows takes ~25 ns to compute, so the ~1 KiB ahead these
+// kernels first asked for arrived after the tile was wanted, and an 8-row product out of DRAM
+// cost about its compute plus its streaming. One Zen 4 core, 8 x 16384 x 4096 from DRAM (the
+// noisy host's bandwidth), alternating builds: Q4_1 8 rows 96.7-97.0 -> 105-112 GMAC/s; two cores
+// at once (summed) 1 row 24.7-26.8 -> 28.3-33.1, 8 rows 116-128 -> 120-137; Q4_0 1 row 28.9-30.3
+// -> 31.6-33.2; Q8_0 1 row 16.5-17.7 -> 17.7-19.0 (its tiles are 1.7x larger: half the pairs).
 // The block types of this file: Q8_0's bytes, or 4-bit codes standing for q - 8 (Q4_0), for
 // q plus a minimum (Q4_1) or for IQ4_NL's levels.
 enum class Legacy { kQ4_0, kQ4_1, kIq4nl, kQ8_0 };
 
 template <Legacy kType>
-constexpr int kLegacyPrefetchPairs = kType == Legacy::kQ8_0 ? 2 : 4;
+constexpr int kLegacyPrefetchPairs = kType == Legacy::kQ8_0 ? 16 : 32;
 
 // Lane 2c (2c + 1): column c's exact integer dot with block 2p (2p + 1), the chain seeded with
 // the offset term; then acc = fma(float(isum), d_w * d_a, acc) in that lane, and
