@@ -54,6 +54,9 @@ inline void dot8_legacy_zmm(const uint8_t* w, const KqPair* const* a, int nb, fl
     if (stream) prefetch_tiles<1, kTile>(w, 0, p + kLegacyPrefetchPairs<kType>);
     const uint8_t* t = w + static_cast<size_t>(p) * kTile;
     const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(t)));
+    // Q4_1's minima, the pair's second scale field (read once per pair, for every row).
+    const __m512 mw =
+        kMin ? _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(t + 32))) : _mm512_setzero_ps();
     // Two chains per row (even and odd slices, or low and high nibbles), added once: more
     // independent dpbusd chains to hide its latency; integer sums are exact.
     __m512i isum[R][2];
@@ -90,10 +93,7 @@ inline void dot8_legacy_zmm(const uint8_t* w, const KqPair* const* a, int nb, fl
     for (int r = 0; r < R; ++r) {
       const __m512 sum = _mm512_cvtepi32_ps(_mm512_add_epi32(isum[r][0], isum[r][1]));
       acc[r] = _mm512_fmadd_ps(sum, _mm512_mul_ps(dw, broadcast_pair(a[r][p].d)), acc[r]);
-      if constexpr (kMin) {
-        const __m512 mw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(t + 32)));
-        acc[r] = _mm512_fmadd_ps(mw, broadcast_pair(a[r][p].s), acc[r]);
-      }
+      if constexpr (kMin) acc[r] = _mm512_fmadd_ps(mw, broadcast_pair(a[r][p].s), acc[r]);
     }
   }
   const __m512i evens = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 0, 2, 4, 6, 8, 10, 12, 14);
