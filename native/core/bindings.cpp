@@ -913,8 +913,7 @@ PYBIND11_MODULE(_engine, m) {
         int drafted = 0, kept_total = 0;
         size_t i = 1;
         while (i < tokens.size()) {
-          const int left = max_tokens - static_cast<int>(i) - 1;
-          const int want = std::max(0, std::min(length.next(), left));
+          const int want = std::max(0, std::min(length.next(), draft_room_left(max_tokens, static_cast<int>(i))));
           const std::vector<int32_t> draft =
               ngram_draft([&seen](int p) { return seen[p]; }, static_cast<int>(seen.size()), want);
           int kept = 0;

@@ -1332,8 +1332,7 @@ std::vector<float> Engine::pooled_values(Sequence& seq, const float* hidden, con
 
 int Engine::draft_want(Sequence& seq, int room) {
   if (seq.request.max_draft <= 0) return 0;
-  // The row after the last draft yields one more token: never draft past max_tokens.
-  const int left = seq.request.max_tokens - static_cast<int>(seq.generated.size()) - 1;
+  const int left = draft_room_left(seq.request.max_tokens, static_cast<int>(seq.generated.size()));
   return std::max(0, std::min({seq.draft_length.next(), room, left}));
 }
 

@@ -21,6 +21,10 @@ namespace llmd {
 // continuation may run into the sequence's own end. Empty when nothing matches.
 std::vector<int32_t> ngram_draft(const std::function<int32_t(int)>& token_at, int length, int max_tokens);
 
+// The most tokens a sequence with `generated` of its `max_tokens` may draft: the row after the
+// last draft yields one more token, so a draft never runs past max_tokens.
+inline int draft_room_left(int max_tokens, int generated) { return max_tokens - generated - 1; }
+
 inline constexpr int kMaxNgram = 32;
 inline constexpr int kMinNgram = 1;
 // How far back the lookup searches (positions): bounds a step's drafting cost on long contexts.
