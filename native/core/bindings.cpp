@@ -898,6 +898,12 @@ PYBIND11_MODULE(_engine, m) {
       "the draft logits' distribution q (Sampler::propose), then verified against the target "
       "logits with q (Sampler::sample_draft). Returns how often each token came out and how "
       "many drafts were kept.");
+  m.def(
+      "argmax",
+      [](py::array_t<float, py::array::c_style | py::array::forcecast> logits) {
+        return argmax(logits.data(), static_cast<int>(logits.size()));
+      },
+      py::arg("logits"), "The greedy sampler's pick: the first index of the largest logit (a NaN never wins).");
   m.def("ngram_draft", [](const std::vector<int32_t>& tokens, int max_tokens) {
     return ngram_draft([&tokens](int i) { return tokens[i]; }, static_cast<int>(tokens.size()), max_tokens);
   }, py::arg("tokens"), py::arg("max_tokens"), "The prompt-lookup drafter's proposal after `tokens`.");

@@ -1121,14 +1121,15 @@ void Engine::step_once() {
   int drafting = 0;  // sequences whose drafts this one forward verifies
   for (Sequence* seq : in_step) drafting += seq->draft.empty() ? 0 : 1;
 
-  std::vector<float> logits;
-  std::vector<float> hidden;
+  std::vector<float>& logits = step_logits_;
+  std::vector<float>& hidden = step_hidden_;
   {
     std::lock_guard<std::recursive_mutex> lock(forward_mutex_);
     ScopedOpTimer timer(OpKind::Forward);
     if (step.hidden_rows() > 0) {
       model_->forward(step, pool_, logits, hidden);
     } else {
+      hidden.clear();  // the last step's rows: none are read, none may be mistaken for this step's
       model_->forward(step, pool_, logits);
     }
   }
