@@ -262,7 +262,7 @@ py::array_t<uint8_t> unpack8_bytes(const std::string& type, py::array_t<uint8_t,
 py::array_t<float> kernel_attention(py::array_t<float, py::array::c_style> q, py::array_t<float, py::array::c_style> k,
                                     py::array_t<float, py::array::c_style> v, std::vector<int> n_pos,
                                     std::vector<int> first_pos, const std::string& kv_type, const std::string& isa,
-                                    int tile_rows, bool rotate) {
+                                    int tile_rows, bool rotate, bool span_tasks) {
   if (!isa.empty() && !kernels::table_named(isa)) {
     throw std::invalid_argument("kernel path '" + isa + "' is not runnable on this CPU");
   }
@@ -347,7 +347,21 @@ py::array_t<float> kernel_attention(py::array_t<float, py::array::c_style> q, py
       tile.first_pos[i] = first_pos[r0 + i];
       tile.out[i] = out.mutable_data() + static_cast<size_t>(r0 + i) * hd;
     }
-    attend(tile, kb.data(), vb.data(), hd, BT, scratch.data());
+    const auto [first_span, last_span] = tile_spans(tile);
+    if (!span_tasks || last_span == first_span) {
+      attend(tile, kb.data(), vb.data(), hd, BT, scratch.data());
+      continue;
+    }
+    // As PagedAttention splits a tile too few to keep its threads busy: one task per span,
+    // folded in span order.
+    const int spans = last_span - first_span + 1;
+    const size_t per_span = span_part_floats(tile.rows, hd);
+    std::vector<float> parts(spans * per_span);
+    for (int k = 0; k < spans; ++k) {
+      attend(span_task(tile, first_span + k, parts.data() + k * per_span, hd), kb.data(), vb.data(), hd, BT,
+             scratch.data());
+    }
+    fold_span_tasks(ak, tile, parts.data(), spans, hd);
   }
   if (rotate) {
     for (int r = 0; r < rows; ++r) hadamard::rotate(out.mutable_data() + static_cast<size_t>(r) * hd, hd, v_rot);
@@ -1003,11 +1017,12 @@ PYBIND11_MODULE(_engine, m) {
         py::arg("row"), py::arg("isa") = "", "Row `row` of a pack8 matrix (packed for path `isa`) back in GGUF's block layout.");
   m.def("kernel_attention", &kernel_attention, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("n_pos"),
         py::arg("first_pos"), py::arg("kv_type") = "f16", py::arg("isa") = "", py::arg("tile_rows") = 1,
-        py::arg("rotate") = false,
+        py::arg("rotate") = false, py::arg("span_tasks") = false,
         "out[r] = softmax(q[r] . k[first_pos[r]:n_pos[r]]) v[...] with llmd's attention kernel over "
         "pool-layout KV stored as kv_type (f32, f16, q8_0, q4_0; q pre-scaled), on the variant of kernel "
         "path `isa`; with `rotate`, q, k and v Hadamard-rotated first and the output rotated back, as "
-        "the engine does around quantized KV.");
+        "the engine does around quantized KV; with `span_tasks`, each tile that reads more than one "
+        "span run as one task per span and folded, as the engine runs a decode of few sequences.");
   m.def("hadamard_rotate", [](py::array_t<float, py::array::c_style> x, int block) {
     if (x.ndim() != 2 || block < 1 || (block & (block - 1)) != 0 || x.shape(1) % block != 0) {
       throw std::invalid_argument("x [rows, d] with d a multiple of block, a power of two");

@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "../core/kv_cache.h"
@@ -25,6 +26,13 @@ constexpr int kMaxTileRows = 64;
 // Blocks hold a whole number of KV tiles.
 constexpr int kKvTile = 64;
 static_assert(KvPool::kBlockTokens % kKvTile == 0);
+// Positions per span, aligned to absolute positions. A query's attention is one online softmax
+// per span, and the spans' results are folded in order (fold_span, then finish_spans): so a
+// long range can be split into tasks, one span each, that run on different threads (decode of a
+// few sequences, whose tiles alone are fewer than the threads) with the same bits as one sweep.
+// A range within one span is computed exactly as before spans existed.
+constexpr int kKvSpan = 512;
+static_assert(kKvSpan % KvPool::kBlockTokens == 0);
 
 struct AttentionTile {
   int rows = 0;                        // queries in the tile (<= kMaxTileRows)
@@ -32,12 +40,21 @@ struct AttentionTile {
   int n_pos[kMaxTileRows];             // causal length of each query (positions 0..n_pos-1)
   int first_pos[kMaxTileRows] = {};    // first position each query sees (sliding windows)
   float* out[kMaxTileRows];            // head_dim outputs each
+  // Null: each out is the query's attention. Set (a span task: every query's range lies in one
+  // span): out gets the span's unnormalised sum of weighted values, and these the span's
+  // running max and sum of each query (max -inf: no position of the span), for fold_span.
+  float* span_max = nullptr;
+  float* span_sum = nullptr;
 };
+
+// The span a position lies in.
+constexpr int span_of(int pos) { return pos / kKvSpan; }
 
 // Floats of scratch a tile needs: running max and sum per query, scores of a micro-tile, and a
 // float32 copy of one KV tile's keys and values.
 constexpr size_t attention_scratch_floats(int head_dim) {
-  return 2 * kMaxTileRows + 4 * kKvTile + 2 * static_cast<size_t>(kKvTile) * head_dim;
+  return 2 * kMaxTileRows + 4 * kKvTile + 2 * static_cast<size_t>(kKvTile) * head_dim +
+         static_cast<size_t>(kMaxTileRows) * (head_dim + 2);  // the folded spans of a multi-span sweep
 }
 
 // What a thread's attention tiles work in: the per-block key and value pointers a tile hands
@@ -69,6 +86,13 @@ struct AttentionKernels {
   AttendTileFn attend_q4_0;
   // IEEE halves of x[0..n), rounded to nearest even (the KV write path).
   void (*floats_to_halves)(const float* x, uint16_t* out, int n);
+  // Folds one span's result (a span task's out, max and sum) into a query's running total
+  // (total, total_max, total_sum; max -inf: nothing yet), spans in order; then finish_spans
+  // writes total / total_sum. The variant's own code, the code its sweeps fold with, so a split
+  // query gets the bits of an unsplit one.
+  void (*fold_span)(float* total, float* total_max, float* total_sum, const float* part, float part_max,
+                    float part_sum, int head_dim);
+  void (*finish_spans)(const float* total, float total_sum, float* out, int head_dim);
 
   AttendTileFn attend(KvType type) const {
     switch (type) {
@@ -84,6 +108,15 @@ struct AttentionKernels {
     return attend_f32;
   }
 };
+
+// Span tasks (kKvSpan): the spans [first, last] a tile's queries read; a copy of the tile
+// restricted to one span, its results going to `part` (span_part_floats: each query's sums,
+// then the maxima and sums); and the tile's outputs from its span tasks' parts, spans in order.
+std::pair<int, int> tile_spans(const AttentionTile& tile);
+constexpr size_t span_part_floats(int rows, int head_dim) { return static_cast<size_t>(rows) * (head_dim + 2); }
+AttentionTile span_task(const AttentionTile& tile, int span, float* part, int head_dim);
+void fold_span_tasks(const AttentionKernels& kernels, const AttentionTile& tile, const float* parts, int spans,
+                     int head_dim);
 
 // The variant for a matmul kernel path ("avx512vnni", "avx2", "scalar", "neon", ...), and the
 // one that follows the active path.

@@ -31,15 +31,6 @@ std::optional<mx::array> prefix_mask(const std::vector<int>& seen, int length) {
 
 }  // namespace
 
-std::map<std::string, uint64_t> AttentionPathCounts::snapshot() const {
-  return {{"decode_lanes", decode_lanes.load()},
-          {"decode_gather", decode_gather.load()},
-          {"sequence_in_place", sequence_in_place.load()},
-          {"sequence_gather", sequence_gather.load()},
-          {"lane_fills", lane_fills.load()},
-          {"lanes_refused", lanes_refused.load()}};
-}
-
 DecodeLanes::DecodeLanes(const KvShape& shape, mx::Dtype dt) : shape_(shape), dt_(dt) { drop_arrays(); }
 
 void DecodeLanes::drop_arrays() {

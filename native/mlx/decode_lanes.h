@@ -45,24 +45,11 @@
 #include <mlx/mlx.h>
 
 #include "../core/kv_cache.h"
+#include "attention_path_counts.h"
 
 namespace llmd {
 
 namespace mx = mlx::core;
-
-// How a step's attention read its KV: one count per attention call of a plan (a group of rows
-// read together, see DeviceAttentionPlan), not per layer. The engine reports them in its stats
-// (`attention_paths`), which is how tests see that batched decode took the lanes.
-struct AttentionPathCounts {
-  std::atomic<uint64_t> decode_lanes{0};       // batched decode reading lanes in place
-  std::atomic<uint64_t> decode_gather{0};      // batched decode gathering each sequence's KV
-  std::atomic<uint64_t> sequence_in_place{0};  // one sequence's consecutive slots, a slice
-  std::atomic<uint64_t> sequence_gather{0};    // one sequence's scattered slots, gathered
-  std::atomic<uint64_t> lane_fills{0};         // sequences copied into a lane when they joined
-  std::atomic<uint64_t> lanes_refused{0};      // steps whose lanes the KV budget had no room for
-
-  std::map<std::string, uint64_t> snapshot() const;
-};
 
 class DecodeLanes {
  public:

@@ -174,6 +174,8 @@ class DeviceState {
                        const std::vector<const std::byte*>& in);
   // Model::attention_paths: how the steps' attention read KV (decode_lanes.h).
   std::map<std::string, uint64_t> attention_paths() const { return paths_.snapshot(); }
+  // Where the CPU kernels count theirs (AttentionBatch::counts).
+  AttentionPathCounts* path_counts() { return &paths_; }
 
  private:
   bool on_device_;

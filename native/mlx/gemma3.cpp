@@ -140,6 +140,7 @@ class Gemma3Model : public DeviceStateModel {
     std::optional<ScopedOpTimer> build_timer(std::in_place, OpKind::GraphBuild);
     const DecoderDims& d = cfg_.dims;
     StepRows rows = embed_step(step, pool, embed_, d.hidden_size, std::sqrt(static_cast<float>(d.hidden_size)));
+    rows.batch->counts = device_.path_counts();
     // Global and sliding layers see the same rows with their own RoPE tables and window.
     std::shared_ptr<AttentionBatch> global = rows.batch;
     auto local = std::make_shared<AttentionBatch>(*global);

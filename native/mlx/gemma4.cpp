@@ -164,6 +164,7 @@ class Gemma4Model : public DeviceStateModel {
     const DecoderDims& d = cfg_.dims;
     const int H = d.hidden_size;
     StepRows rows = embed_step(step, pool, embed_, H, std::sqrt(static_cast<float>(H)));
+    rows.batch->counts = device_.path_counts();
     const int T = rows.total;
     std::shared_ptr<AttentionBatch> global = rows.batch;
     auto local = std::make_shared<AttentionBatch>(*global);

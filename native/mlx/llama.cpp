@@ -77,6 +77,7 @@ class LlamaModel : public DeviceStateModel {
   void forward(const Step& step, KvPool& pool, std::vector<float>& logits, std::vector<float>& hidden) override {
     std::optional<ScopedOpTimer> build_timer(std::in_place, OpKind::GraphBuild);
     StepRows rows = embed_step(step, pool, embed_, dims_.hidden_size);
+    rows.batch->counts = device_.path_counts();
     // The CPU backend's attention reads host cos/sin tables; the device path rotates with
     // mx::fast::rope from the plan's positions and needs none.
     if (!device_.on_device()) rows.batch->build_rope_tables(*rope_);

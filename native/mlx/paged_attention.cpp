@@ -63,6 +63,11 @@ void AttentionBatch::build_rope_tables(const Rope& rope) {
 
 namespace {
 
+// Tiles per thread below which PagedAttention splits tiles into span tasks (attention_kernels.h):
+// with fewer, a thread that drew a long tile works on while the others wait (one sequence of a
+// model with 3 KV heads on 2 threads: a third of the attention time).
+constexpr int kSpanTasksBelowTilesPerThread = 4;
+
 // A tile: rows row0 .. row0 + n_rows - 1 of one segment x heads head0 .. head0 + n_heads - 1
 // of one KV group (n_rows * n_heads <= kMaxTileRows).
 struct TileRef {
@@ -178,54 +183,110 @@ void PagedAttention::eval_cpu(const std::vector<mx::array>& inputs, mx::array& o
         }
       }
     }
-    const int tasks = static_cast<int>(tiles.size());
     const AttendTileFn attend = kernels.attend(kv_type);
-    threads.parallel_for_dynamic(tasks, [&](int t0, int t1) {
+    auto make_tile = [&](const TileRef& tile) {
+      AttentionTile at;
+      at.rows = tile.n_rows * tile.n_heads;
+      for (int q = 0; q < at.rows; ++q) {
+        const int row = tile.row0 + q / tile.n_heads;
+        const int h = tile.head0 + q % tile.n_heads;
+        at.q[q] = qs + (static_cast<size_t>(row) * H + h) * hd;
+        const int pos = row_seg[row].second;
+        at.n_pos[q] = pos + 1;
+        // A row that sees past itself (an image's rows see the whole image, all written in
+        // phase 1 above); its window still starts from its own position, as transformers'
+        // OR(causal, image block) AND sliding-window mask.
+        const auto& see = tile.seg->attend_to;
+        if (!see.empty()) {
+          const int i = row - tile.seg->row0;
+          at.n_pos[q] = std::min(std::max(pos + 1, see[i]), tile.seg->start_pos + tile.seg->n_rows);
+        }
+        at.first_pos[q] = batch->window > 0 ? std::max(0, pos + 1 - batch->window) : 0;
+        at.out[q] = o + static_cast<size_t>(row) * H * hd + h * hd;
+      }
+      return at;
+    };
+    // Runs the kernel over the blocks the tile's queries read (those wholly before every
+    // query's window are never read: their window part may be gone, kv_cache.h).
+    auto run_tile = [&](const TileRef& tile, const AttentionTile& at, AttentionTileScratch& scratch) {
+      int n_max = 0, first = at.n_pos[0];
+      for (int q = 0; q < at.rows; ++q) {
+        n_max = std::max(n_max, at.n_pos[q]);
+        first = std::min(first, at.first_pos[q]);
+      }
+      const int nb = (n_max + BT - 1) / BT;
+      const int g = tile.head0 / group;
+      const auto& blocks = tile.seg->kv->blocks();
+      scratch.k_blocks.assign(nb, nullptr);
+      scratch.v_blocks.assign(nb, nullptr);
+      for (int b = first / BT; b < nb; ++b) {
+        scratch.k_blocks[b] = pool.keys(blocks[b], layer, g);
+        scratch.v_blocks[b] = pool.values(blocks[b], layer, g);
+      }
+      attend(at, scratch.k_blocks.data(), scratch.v_blocks.data(), hd, BT, scratch.floats.data());
+    };
+    // Span tasks: when the tiles alone are too few to keep every thread busy (decode of a few
+    // sequences: one tile per KV group and sequence), a tile whose queries read more than one
+    // span (kKvSpan) becomes one task per span, each writing its span's partial result; the
+    // partials are folded in span order afterwards, with the bits of one sweep (attention_kernels.h).
+    struct Task {
+      int tile;
+      int span;     // -1: the whole tile
+      size_t part;  // a span task's partials (span_part_floats)
+    };
+    struct SplitTile {
+      int tile;
+      int spans;
+      size_t part;  // its first span's partials; the others follow
+    };
+    std::vector<Task> tasks;
+    std::vector<SplitTile> split;
+    const bool may_split = static_cast<int>(tiles.size()) < kSpanTasksBelowTilesPerThread * threads.size();
+    size_t part_floats = 0;
+    for (int i = static_cast<int>(tiles.size()) - 1; i >= 0; --i) {  // latest (costliest) tiles first
+      const auto [first_span, last_span] = may_split ? tile_spans(make_tile(tiles[i])) : std::pair{0, 0};
+      if (last_span <= first_span) {
+        tasks.push_back({i, -1, 0});
+        continue;
+      }
+      split.push_back({i, last_span - first_span + 1, part_floats});
+      for (int sp = first_span; sp <= last_span; ++sp) {
+        tasks.push_back({i, sp, part_floats});
+        part_floats += span_part_floats(tiles[i].n_rows * tiles[i].n_heads, hd);
+      }
+    }
+    thread_local std::vector<float> partials;
+    float* parts = grow_scratch(partials, part_floats);
+    threads.parallel_for_dynamic(static_cast<int>(tasks.size()), [&](int t0, int t1) {
       AttentionTileScratch& scratch = attention_tile_scratch(hd);
-      auto& kb = scratch.k_blocks;
-      auto& vb = scratch.v_blocks;
       for (int i = t0; i < t1; ++i) {
-        const TileRef& tile = tiles[tasks - 1 - i];  // latest (costliest) tiles first, so the tail balances
-        const int g = tile.head0 / group;
-        const auto& blocks = tile.seg->kv->blocks();
-        AttentionTile at;
-        at.rows = tile.n_rows * tile.n_heads;
-        int n_max = 0;
-        for (int q = 0; q < at.rows; ++q) {
-          const int row = tile.row0 + q / tile.n_heads;
-          const int h = tile.head0 + q % tile.n_heads;
-          at.q[q] = qs + (static_cast<size_t>(row) * H + h) * hd;
-          const int pos = row_seg[row].second;
-          at.n_pos[q] = pos + 1;
-          // A row that sees past itself (an image's rows see the whole image, all written in
-          // phase 1 above); its window still starts from its own position, as transformers'
-          // OR(causal, image block) AND sliding-window mask.
-          const auto& see = tile.seg->attend_to;
-          if (!see.empty()) {
-            const int i = row - tile.seg->row0;
-            at.n_pos[q] = std::min(std::max(pos + 1, see[i]), tile.seg->start_pos + tile.seg->n_rows);
-          }
-          at.first_pos[q] = batch->window > 0 ? std::max(0, pos + 1 - batch->window) : 0;
-          at.out[q] = o + static_cast<size_t>(row) * H * hd + h * hd;
-          n_max = std::max(n_max, at.n_pos[q]);
+        const Task& task = tasks[i];
+        const TileRef& tile = tiles[task.tile];
+        const AttentionTile at = make_tile(tile);
+        if (task.span >= 0) {
+          run_tile(tile, span_task(at, task.span, parts + task.part, hd), scratch);
+          continue;
         }
-        const int nb = (n_max + BT - 1) / BT;
-        // Blocks wholly before every query's window are never read (their window part may be
-        // gone: kv_cache.h).
-        int first_block = nb;
-        for (int q = 0; q < at.rows; ++q) first_block = std::min(first_block, at.first_pos[q] / BT);
-        kb.assign(nb, nullptr);
-        vb.assign(nb, nullptr);
-        for (int b = first_block; b < nb; ++b) {
-          kb[b] = pool.keys(blocks[b], layer, g);
-          vb[b] = pool.values(blocks[b], layer, g);
-        }
-        attend(at, kb.data(), vb.data(), hd, BT, scratch.floats.data());
+        run_tile(tile, at, scratch);
         if (rotated) {
           for (int q = 0; q < at.rows; ++q) hadamard::rotate(at.out[q], hd, v_rot);
         }
       }
     });
+    // Each split tile's queries: their spans folded in order, then rotated back.
+    threads.parallel_for(static_cast<int>(split.size()), [&](int s0, int s1) {
+      for (int i = s0; i < s1; ++i) {
+        const AttentionTile at = make_tile(tiles[split[i].tile]);
+        fold_span_tasks(kernels, at, parts + split[i].part, split[i].spans, hd);
+        if (rotated) {
+          for (int q = 0; q < at.rows; ++q) hadamard::rotate(at.out[q], hd, v_rot);
+        }
+      }
+    });
+    if (AttentionPathCounts* counts = batch->counts) {
+      counts->cpu_tiles += tiles.size();
+      counts->cpu_span_tasks += tasks.size() - (tiles.size() - split.size());
+    }
   });
 }
 

@@ -16,6 +16,7 @@
 
 #include "../core/kv_cache.h"
 #include "../core/step.h"
+#include "attention_path_counts.h"
 #include "rope.h"
 
 namespace llmd {
@@ -50,6 +51,9 @@ struct AttentionBatch {
   std::vector<float> rope_sin;
 
   void build_rope_tables(const Rope& rope);
+  // Where the CPU kernels count their tiles and span tasks (the model's, reported in its
+  // attention_paths); null: not counted.
+  AttentionPathCounts* counts = nullptr;
 };
 
 class PagedAttention : public mx::UnaryPrimitive {

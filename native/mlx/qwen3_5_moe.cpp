@@ -280,6 +280,7 @@ class Qwen35MoeModel : public DeviceStateModel {
     std::optional<ScopedOpTimer> build_timer(std::in_place, OpKind::GraphBuild);
     const DecoderDims& d = cfg_.dims;
     StepRows rows = embed_step(step, pool, embed_, d.hidden_size);
+    rows.batch->counts = device_.path_counts();
     rows.batch->build_rope_tables(*rope_);
     std::optional<DeviceAttentionPlan> plan;
     DeviceKvStore* device_kv = nullptr;
@@ -369,6 +370,7 @@ class Qwen35MoeModel : public DeviceStateModel {
     const MtpWeights& m = *mtp_weights_;
     const int H = d.hidden_size;
     StepRows rows = embed_step(step, pool, embed_, H);
+    rows.batch->counts = device_.path_counts();
     if (hidden_in.size() != static_cast<size_t>(rows.total) * H) {
       throw std::logic_error("qwen3_5_moe MTP: one hidden state per fed row expected");
     }

@@ -152,3 +152,39 @@ def test_avx2_and_avx512_variants_give_the_same_bits(kv_type: str) -> None:
             for path in X86_SIMD
         ]
         assert np.array_equal(outs[0], outs[1]), (kv_type, tile_rows)
+
+
+SPAN = 512  # kKvSpan (attention_kernels.h)
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("kv_type", ["f16", "f32", "q8_0", "q4_0"])
+def test_span_tasks_give_the_bits_of_one_sweep(path: str, kv_type: str) -> None:
+    """A decode of a few sequences splits each long tile into one task per 512-position span
+    (so all threads work when the tiles are fewer than the threads) and folds the spans' results
+    afterwards. A greedy user must get the same tokens either way, so the split must give the
+    bits of one sweep: for decode-sized tiles (a row's heads, KV read in registers) and
+    prefill-sized ones (float32 copies of KV tiles), ranges inside one span, across span edges
+    and windowed so that they start mid-span; and it must still be attention."""
+    rng = np.random.default_rng(5)
+    n, head_dim = 1700, 64
+    n_pos = [1700, 1699, 1536, 1025, 513, 512, 300, 1] + [
+        int(p) for p in rng.integers(1, n + 1, size=40)
+    ]
+    first_pos = [0, 900, 0, 512, 511, 0, 10, 0] + [
+        int(rng.integers(0, p)) if i % 2 else 0 for i, p in enumerate(n_pos[8:])
+    ]
+    rows = len(n_pos)
+    q = (rng.standard_normal((rows, head_dim)) / np.sqrt(head_dim) * 3).astype(np.float32)
+    k, v = _kv(rng, n, head_dim, q, 6.0)
+    rotate = kv_type in ("q8_0", "q4_0")
+    for tile_rows in (3, MAX_TILE):
+        sweep = native.kernel_attention(q, k, v, n_pos, first_pos, kv_type, path, tile_rows, rotate)
+        split = native.kernel_attention(
+            q, k, v, n_pos, first_pos, kv_type, path, tile_rows, rotate, True
+        )
+        assert np.array_equal(split, sweep), (path, kv_type, tile_rows)
+    if kv_type in ("f16", "f32"):
+        held = (k.astype(np.float16), v.astype(np.float16)) if kv_type == "f16" else (k, v)
+        expected = attention_reference(q, *held, n_pos, first_pos)
+        assert np.abs(split - expected).max() <= 4e-6 * np.abs(v).max(), path

@@ -507,6 +507,34 @@ template <int R, class Tile>
   for (; c0 < head_dim; c0 += kW) value_sweep<R, 1>(out, alpha, kv, j0, j1, c0, false, s);
 }
 
+// One body for every fold of a span's result into a query's total (the sweep below between
+// spans, PagedAttention after span tasks): not inlined, so the two cannot be compiled apart
+// (e.g. one contracting a multiply and an add into an FMA and the other not).
+[[gnu::noinline]] void fold_span(float* total, float* total_max, float* total_sum, const float* part, float part_max,
+                                 float part_sum, int head_dim) {
+  if (part_max == -INFINITY) return;  // the query saw no position of the span
+  if (*total_max == -INFINITY) {
+    std::memcpy(total, part, sizeof(float) * head_dim);
+    *total_max = part_max;
+    *total_sum = part_sum;
+    return;
+  }
+  const float m = std::max(*total_max, part_max);
+  const float a = std::exp(*total_max - m);
+  const float b = std::exp(part_max - m);
+  const vf va = splat(a), vb = splat(b);
+  for (int c = 0; c < head_dim; c += kLanes) store(total + c, load(total + c) * va + load(part + c) * vb);
+  *total_sum = *total_sum * a + part_sum * b;
+  *total_max = m;
+}
+
+// total / total_sum, as a sweep within one span normalises its sum (so one span folded alone
+// gives those bits).
+[[gnu::noinline]] void finish_spans(const float* total, float total_sum, float* out, int head_dim) {
+  const vf inv = splat(1.f / total_sum);
+  for (int c = 0; c < head_dim; c += kLanes) store(out + c, load(total + c) * inv);
+}
+
 template <class E>
 void attend_tile(const AttentionTile& tile, const void* const* k_blocks, const void* const* v_blocks, int head_dim,
                  int block_tokens, float* scratch) {
@@ -520,15 +548,35 @@ void attend_tile(const AttentionTile& tile, const void* const* k_blocks, const v
   float* run_sum = run_max + kMaxTileRows;
   auto* s = reinterpret_cast<float (*)[kT]>(run_sum + kMaxTileRows);
   float* kv32 = run_sum + kMaxTileRows + kMicro * kT;  // [head_dim][kT] keys, then [kT][head_dim] values
+  // The spans folded so far of each query (a sweep over more than one span).
+  float* total_max = kv32 + 2 * static_cast<size_t>(kT) * head_dim;
+  float* total_sum = total_max + kMaxTileRows;
+  float* total = total_sum + kMaxTileRows;  // [rows][head_dim]
+  const bool span_task = tile.span_max != nullptr;
 
   int first = tile.first_pos[0], n_max = 0;
   for (int r = 0; r < rows; ++r) {
     run_max[r] = -INFINITY;
     run_sum[r] = 0.f;
+    total_max[r] = -INFINITY;
     std::memset(tile.out[r], 0, sizeof(float) * head_dim);
     first = std::min(first, tile.first_pos[r]);
     n_max = std::max(n_max, tile.n_pos[r]);
   }
+  // Each span is its own online softmax: at a span's end each query's state is folded into its
+  // total and starts again (a span task's range lies in one span: it never folds).
+  int span = span_of(first);
+  bool folded = false;
+  auto fold_rows = [&] {
+    for (int r = 0; r < rows; ++r) {
+      fold_span(total + static_cast<size_t>(r) * head_dim, &total_max[r], &total_sum[r], tile.out[r], run_max[r],
+                run_sum[r], head_dim);
+      run_max[r] = -INFINITY;
+      run_sum[r] = 0.f;
+      std::memset(tile.out[r], 0, sizeof(float) * head_dim);
+    }
+    folded = true;
+  };
   // A float16 or quantized tile read by more than one micro-tile is converted once (exactly, so
   // the scores and sums are the same bits as when they read the halves or codes in registers).
   const bool convert = !std::is_same_v<E, float> && rows > kMicro;
@@ -537,6 +585,10 @@ void attend_tile(const AttentionTile& tile, const void* const* k_blocks, const v
   auto tile_at = [&](int t) { return std::pair{t * kT / block_tokens, t * kT % block_tokens}; };
   for (int t = first / kT; t < t_end; ++t) {
     const int t0 = t * kT;
+    if (span_of(t0) != span) {
+      fold_rows();
+      span = span_of(t0);
+    }
     int active[kMaxTileRows];
     int n_active = 0;
     for (int r = 0; r < rows; ++r) {
@@ -625,6 +677,21 @@ void attend_tile(const AttentionTile& tile, const void* const* k_blocks, const v
       }
     }
   }
+  if (span_task) {
+    for (int r = 0; r < rows; ++r) {
+      tile.span_max[r] = run_max[r];
+      tile.span_sum[r] = run_sum[r];
+    }
+    return;
+  }
+  if (folded) {
+    for (int r = 0; r < rows; ++r) {
+      float* t = total + static_cast<size_t>(r) * head_dim;
+      fold_span(t, &total_max[r], &total_sum[r], tile.out[r], run_max[r], run_sum[r], head_dim);
+      finish_spans(t, total_sum[r], tile.out[r], head_dim);
+    }
+    return;
+  }
   for (int r = 0; r < rows; ++r) {
     const vf inv = splat(1.f / run_sum[r]);
     for (int c = 0; c < head_dim; c += kLanes) store(tile.out[r] + c, load(tile.out[r] + c) * inv);
@@ -645,8 +712,9 @@ void floats_to_halves(const float* x, uint16_t* out, int n) {
 }  // namespace
 
 const AttentionKernels* kernels() {
-  static const AttentionKernels table{LLMD_ATTN_NAME,     &attend_tile<float>, &attend_tile<uint16_t>,
-                                      &attend_tile<Q8>,   &attend_tile<Q4>,    &floats_to_halves};
+  static const AttentionKernels table{LLMD_ATTN_NAME,   &attend_tile<float>, &attend_tile<uint16_t>,
+                                      &attend_tile<Q8>, &attend_tile<Q4>,    &floats_to_halves,
+                                      &fold_span,       &finish_spans};
   return &table;
 }
 
