@@ -65,7 +65,7 @@ namespace {
 
 // Tiles per thread below which PagedAttention splits tiles into span tasks (attention_kernels.h):
 // with fewer, a thread that drew a long tile works on while the others wait (one sequence of a
-// model with 3 KV heads on 2 threads: a third of the attention time).
+// model with 3 KV heads on 2 threads: one thread idle for half of the attention).
 constexpr int kSpanTasksBelowTilesPerThread = 4;
 
 // A tile: rows row0 .. row0 + n_rows - 1 of one segment x heads head0 .. head0 + n_heads - 1
