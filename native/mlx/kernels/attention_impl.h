@@ -17,10 +17,10 @@
 // depends only on its own range and the KV: the tiles it visits (fixed by absolute positions),
 // the score sum over head_dim, the max, the per-tile exp and sums, the value accumulation over
 // positions in order, and the fold of its spans' results in order (kKvSpan: one span per task
-// or all in one sweep, the same bits). Queries sharing a micro-tile only widen the range of positions a query
-// adds with weight exactly 0 (which changes no value, at most the sign of a zero), so a result
-// does not depend on what the query is batched with, nor on whether its prompt was prefilled in
-// one chunk, several, or step by step (decode runs this same kernel).
+// or all in one sweep, the same bits). Queries sharing a micro-tile only widen the range of
+// positions a query adds with weight exactly 0 (which changes no value, at most the sign of a
+// zero), so a result does not depend on what the query is batched with, nor on whether its
+// prompt was prefilled in one chunk, several, or step by step (decode runs this same kernel).
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
