@@ -529,8 +529,7 @@ template <int R, class Tile>
   *total_max = m;
 }
 
-// total / total_sum, as a sweep within one span normalises its sum (so one span folded alone
-// gives those bits).
+// total / total_sum: how every sweep ends, split or not (total may be out: one span, in place).
 [[gnu::noinline]] void finish_spans(const float* total, float total_sum, float* out, int head_dim) {
   const vf inv = splat(1.f / total_sum);
   for (int c = 0; c < head_dim; c += kLanes) store(out + c, load(total + c) * inv);
@@ -685,17 +684,15 @@ void attend_tile(const AttentionTile& tile, const void* const* k_blocks, const v
     }
     return;
   }
-  if (folded) {
-    for (int r = 0; r < rows; ++r) {
-      float* t = total + static_cast<size_t>(r) * head_dim;
-      fold_span(t, &total_max[r], &total_sum[r], tile.out[r], run_max[r], run_sum[r], head_dim);
-      finish_spans(t, total_sum[r], tile.out[r], head_dim);
-    }
-    return;
-  }
+  // Normalised by the one body a split query's result is normalised with (one span: in place).
   for (int r = 0; r < rows; ++r) {
-    const vf inv = splat(1.f / run_sum[r]);
-    for (int c = 0; c < head_dim; c += kLanes) store(tile.out[r] + c, load(tile.out[r] + c) * inv);
+    if (!folded) {
+      finish_spans(tile.out[r], run_sum[r], tile.out[r], head_dim);
+      continue;
+    }
+    float* t = total + static_cast<size_t>(r) * head_dim;
+    fold_span(t, &total_max[r], &total_sum[r], tile.out[r], run_max[r], run_sum[r], head_dim);
+    finish_spans(t, total_sum[r], tile.out[r], head_dim);
   }
 }
 
