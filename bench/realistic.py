@@ -55,9 +55,10 @@ HERE = Path(__file__).resolve().parent
 CACHE = HERE / ".realistic"
 LLAMA_BIN = HERE / ".llamacpp" / "build" / "bin"
 SHAPES = ("llama3.2-1b", "qwen3-4b")
-# Shapes measured on request: rows no multiple of 256 (llama.cpp's K-quant recipes fall back to
-# Q5_0 / Q5_1 / Q8_0 there, and llmd converts those).
-EXTRA_SHAPES = ("qwen2.5-0.5b",)
+# Shapes measured on request: rows no multiple of 256 (qwen2.5-0.5b: llama.cpp's K-quant recipes
+# fall back to Q5_0 / Q5_1 / Q8_0 there, and llmd converts those), and a GQA ratio of 6 with
+# 128-wide heads and attention biases (qwen2.5-1.5b: the size of an editor-completion model).
+EXTRA_SHAPES = ("qwen2.5-0.5b", "qwen2.5-1.5b")
 SMOKE_SHAPES = ("tiny",)  # make_random_gguf's few-MB preset: checks this script, measures nothing
 TYPES = ("Q4_0", "Q4_K_M", "Q5_K_M", "Q6_K", "Q8_0")
 # Recipes whose bulk has no llmd kernel: measured on request, llmd on the file a pull converts

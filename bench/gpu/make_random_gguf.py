@@ -66,6 +66,9 @@ PRESETS = {
     # Qwen2.5-0.5B's dimensions: hidden 896 is no multiple of 256, so llama-quantize's K-quant
     # recipes fall back to Q5_0 / Q5_1 / Q8_0 for every tensor whose rows are 896 long.
     "qwen2.5-0.5b": Shape(151936, 896, 24, 14, 2, 4864, 32768, 1000000.0, "qwen2", 64, True),
+    # Qwen2.5(-Coder)-1.5B's dimensions: 6 query heads per KV head of 128, a 8,960-wide FFN, the
+    # size people run for editor completions.
+    "qwen2.5-1.5b": Shape(151936, 1536, 28, 12, 2, 8960, 32768, 1000000.0, "qwen2", 128, True),
     # A few MB: for tests of this script and of loaders.
     "tiny": Shape(512, 128, 2, 4, 2, 256, 512, 10000.0),
     # Small models for the cuda backend's GPU tests (native/cuda/tests/test_model.cpp): head size

@@ -6,6 +6,9 @@
 #pragma once
 
 #include <cstring>
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
 
 #pragma GCC diagnostic ignored "-Wpsabi"  // helpers are always inlined into each clone
 
@@ -29,18 +32,60 @@ using vfi = int __attribute__((vector_size(32)));
 [[gnu::always_inline]] inline void store(float* p, vf v) { std::memcpy(p, &v, sizeof(v)); }
 [[gnu::always_inline]] inline vf splat(float x) { return vf{} + x; }
 
+// floor(y) for |y| < 2^31. Where the translation unit is built with AVX-512 (the attention
+// kernels' 16-lane variant), one rounding instruction on 16-float vectors instead of a
+// truncation, a conversion back and a correction: the same integer either way.
+template <class V, class VI>
+[[gnu::always_inline]] inline V floor_n(V y) {
+#if defined(__AVX512F__)
+  if constexpr (sizeof(V) == 64) {
+    __m512 v;
+    std::memcpy(&v, &y, sizeof(v));
+    v = _mm512_roundscale_ps(v, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+    V out;
+    std::memcpy(&out, &v, sizeof(v));
+    return out;
+  }
+#endif
+  const V t = __builtin_convertvector(__builtin_convertvector(y, VI), V);
+  return t - ((t > y) ? V{} + 1.f : V{});
+}
+
+// p * 2^n for integral n in [-126, 127]: the power of two is a normal float, so the product is
+// p's exact scaling rounded once, as vscalefps computes it in one instruction (16-float vectors
+// under AVX-512) instead of building 2^n from its exponent bits and multiplying.
+template <class V, class VI>
+[[gnu::always_inline]] inline V times_pow2_n(V p, V n) {
+#if defined(__AVX512F__)
+  if constexpr (sizeof(V) == 64) {
+    __m512 a, b;
+    std::memcpy(&a, &p, sizeof(a));
+    std::memcpy(&b, &n, sizeof(b));
+    a = _mm512_scalef_ps(a, b);
+    V out;
+    std::memcpy(&out, &a, sizeof(a));
+    return out;
+  }
+#endif
+  const VI bits = (__builtin_convertvector(n, VI) + 127) << 23;
+  V scale;
+  std::memcpy(&scale, &bits, sizeof(scale));
+  return p * scale;
+}
+
 // exp(x): Cody-Waite range reduction + degree-6 polynomial; relative error ~2e-7, 0 below
 // -87, clamped to exp(88) above (softmax only ever passes x <= 0). Any width of float vector V
 // with its int vector VI (the attention kernels' AVX-512 variant runs 16 lanes): the same
-// arithmetic lane for lane, so every width gives the same bits.
-template <class V, class VI>
+// arithmetic lane for lane, so every width gives the same bits. kNonPositive: the caller never
+// passes x > 0 (a softmax's score minus its max), so the upper clamp, which such x never reach,
+// is left out (the same bits for every x it is given).
+template <class V, class VI, bool kNonPositive = false>
 [[gnu::always_inline]] inline V vexp_n(V x) {
   const V zero{};
   x = x < -87.f ? zero - 87.f : x;
-  x = x > 88.f ? zero + 88.f : x;
+  if constexpr (!kNonPositive) x = x > 88.f ? zero + 88.f : x;
   const V y = x * 1.44269504088896341f + 0.5f;
-  const V t = __builtin_convertvector(__builtin_convertvector(y, VI), V);
-  const V fx = t - ((t > y) ? zero + 1.f : zero);  // floor(y)
+  const V fx = floor_n<V, VI>(y);  // in [-126, 127]
   V r = x - fx * 0.693359375f + fx * 2.12194440e-4f;
   V p = zero + 1.9875691500e-4f;
   p = p * r + 1.3981999507e-3f;
@@ -49,10 +94,7 @@ template <class V, class VI>
   p = p * r + 1.6666665459e-1f;
   p = p * r + 5.0000001201e-1f;
   p = p * r * r + r + 1.f;
-  const VI bits = (__builtin_convertvector(fx, VI) + 127) << 23;
-  V scale;
-  std::memcpy(&scale, &bits, sizeof(scale));
-  return p * scale;
+  return times_pow2_n<V, VI>(p, fx);
 }
 
 [[gnu::always_inline]] inline vf vexp(vf x) { return vexp_n<vf, vfi>(x); }

@@ -417,13 +417,26 @@ template <int R>
   const wf neg_inf = wf{} - INFINITY;
   wf vmax[R];
   for (int r = 0; r < R; ++r) vmax[r] = neg_inf;
-  for (int c = w_lo; c < w_hi; ++c) {
-    const wfi pos = iota + c * kW;
-    for (int r = 0; r < R; ++r) {
-      wf x = wload(s[r] + kW * c);
-      x = (pos < lo[r]) | (pos >= hi[r]) ? neg_inf : x;
-      wstore(s[r] + kW * c, x);
-      vmax[r] = x > vmax[r] ? x : vmax[r];  // a max is exact in any order
+  // Every query sees every computed position (all but a prompt's last tile, or a window's
+  // first): nothing to mask, and no -inf to keep from the exps below.
+  bool whole = true;
+  for (int r = 0; r < R; ++r) whole = whole && lo[r] <= w_lo * kW && hi[r] >= w_hi * kW;
+  if (whole) {
+    for (int c = w_lo; c < w_hi; ++c) {
+      for (int r = 0; r < R; ++r) {
+        const wf x = wload(s[r] + kW * c);
+        vmax[r] = x > vmax[r] ? x : vmax[r];
+      }
+    }
+  } else {
+    for (int c = w_lo; c < w_hi; ++c) {
+      const wfi pos = iota + c * kW;
+      for (int r = 0; r < R; ++r) {
+        wf x = wload(s[r] + kW * c);
+        x = (pos < lo[r]) | (pos >= hi[r]) ? neg_inf : x;
+        wstore(s[r] + kW * c, x);
+        vmax[r] = x > vmax[r] ? x : vmax[r];  // a max is exact in any order
+      }
     }
   }
   float new_max[R];
@@ -444,7 +457,8 @@ template <int R>
   for (int c = w_lo; c < w_hi; ++c) {
     for (int r = 0; r < R; ++r) {
       const wf raw = wload(s[r] + kW * c);
-      const wf e = (raw == neg_inf) ? wf{} : vexp_n<wf, wfi>(raw - new_max[r]);
+      const wf x = raw - new_max[r];  // <= 0
+      const wf e = whole ? vexp_n<wf, wfi, true>(x) : (raw == neg_inf) ? wf{} : vexp_n<wf, wfi, true>(x);
       wstore(s[r] + kW * c, e);
 #if defined(LLMD_ATTN_WIDE)
       sum[r] += __builtin_shufflevector(e, e, 0, 1, 2, 3, 4, 5, 6, 7);
