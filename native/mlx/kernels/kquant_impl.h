@@ -677,11 +677,14 @@ struct KqSuperRows {
 
 // Q4_K and Q5_K against per-256 activations. Per pair of blocks, lane 2c (2c + 1): column c's
 // exact integer sum over block 2p (2p + 1), times that block's 6-bit scale, summed over the
-// super-block's 4 pairs in int32 (|sum| <= 4 * 32 * 31 * 127 * 63 < 2^31); the mins'
-// sum_j m[j] * bsum[j] in int32 by two vpdpwssd per row; then once per super-block
-// acc = fma(isc * d - imin * dmin, a.d, acc). out = acc[2c] + acc[2c + 1] at the end. The
-// same operations in the same order for every row count R, so an output does not depend on
-// the tile it fell in.
+// super-block's 4 pairs in int32; the mins' sum_j m[j] * bsum[j] in int32 by two vpdpwssd per
+// row; each lane pair then adds its two halves (both lanes hold column c's whole super-block,
+// |isc| <= 8 * 32 * 31 * 127 * 63 < 2^31), so one float epilogue per super-block serves both
+// parities: acc = fma(isc * d - imin * dmin, a.d, acc), out = acc[2c] at the end (why one sum,
+// not one accumulator per parity: the blocked prefill kernel holds a parity per vector, and one
+// epilogue instead of two per super-block is ~a tenth of its non-dot work; bench/README.md,
+// issue 31). The same operations in the same order for every row count R, so an output does not
+// depend on the tile it fell in.
 template <int R, bool kFive>
 inline void dot8_q45k_zmm(const uint8_t* w, const KqSuper* const* a, int nb, float* const* out, bool stream) {
   constexpr int kTile = 8 * (kFive ? kQ5KBytes : kQ4KBytes);
@@ -763,15 +766,17 @@ inline void dot8_q45k_zmm(const uint8_t* w, const KqSuper* const* a, int nb, flo
       const __m512i b0 = _mm512_set1_epi64(static_cast<long long>(load_u64(as.bsum)));
       const __m512i b1 = _mm512_set1_epi64(static_cast<long long>(load_u64(as.bsum + 4)));
       const __m512i imin = _mm512_dpwssd_epi32(_mm512_madd_epi16(mins[0], b0), mins[1], b1);
-      const __m512 x = _mm512_fmsub_ps(_mm512_cvtepi32_ps(isc[r]), dg, _mm512_mul_ps(_mm512_cvtepi32_ps(imin), dmg));
+      // Lanes 2c and 2c + 1 both get column c's sums over both parities.
+      const __m512i isc2 = _mm512_add_epi32(isc[r], _mm512_shuffle_epi32(isc[r], _MM_PERM_CDAB));
+      const __m512i imin2 = _mm512_add_epi32(imin, _mm512_shuffle_epi32(imin, _MM_PERM_CDAB));
+      const __m512 x = _mm512_fmsub_ps(_mm512_cvtepi32_ps(isc2), dg, _mm512_mul_ps(_mm512_cvtepi32_ps(imin2), dmg));
       acc[r] = _mm512_fmadd_ps(x, _mm512_set1_ps(as.d), acc[r]);
     }
   }
   const __m512i evens = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 0, 2, 4, 6, 8, 10, 12, 14);
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r) {
-    const __m512 sum = _mm512_add_ps(acc[r], _mm512_permute_ps(acc[r], _MM_SHUFFLE(2, 3, 0, 1)));
-    _mm256_storeu_ps(out[r], _mm512_castps512_ps256(_mm512_permutexvar_ps(evens, sum)));
+    _mm256_storeu_ps(out[r], _mm512_castps512_ps256(_mm512_permutexvar_ps(evens, acc[r])));
   }
 }
 

@@ -17,8 +17,9 @@
 //
 // Bit-identical to the one-row kernels: per (row, column) the integer sums are exact (so their
 // order is free) and the float operations are those of dot8_q45k_zmm / dot8_q6k_zmm in the same
-// order: even and odd sub-blocks in two accumulators, each fed super-block by super-block
-// (Q6_K: block by block) with the same fma/fmsub/mul expressions, added at the end.
+// order: Q4_K / Q5_K one accumulator fed super-block by super-block (both parities' sums added in
+// int32 first), Q6_K even and odd blocks in two accumulators fed block by block and added at the
+// end, with the same fma/fmsub/mul expressions.
 #pragma once
 
 #if defined(LLMD_ISA_VNNI)
@@ -274,16 +275,17 @@ inline void kb_row_sums(const ActBlock* b, int nb, KbSums6* o) {
 }
 
 // R rows x G vectors over super-blocks [sb0, sb1) of the expanded weights ws (indexed from
-// sb0). acc[e][r][g]: the even / odd sub-blocks' float accumulators, carried between slabs.
-// Per parity e: the 4 sub-blocks' exact integer dots, scaled in int32 and summed (isc); the
-// mins' int32 sum (imin); then acc = fma(isc * d - imin * dmin, a.d, acc) as dot8_q45k_zmm.
+// sb0). acc[0][r][g]: the float accumulator, carried between slabs (acc[1] is Q6_K's). Per
+// super-block: the 8 sub-blocks' exact integer dots, scaled in int32 and summed over both
+// parities (isc); the mins' int32 sum (imin); then acc = fma(isc * d - imin * dmin, a.d, acc) as
+// dot8_q45k_zmm.
 template <int R, int G>
 inline void kb45_tile(const Kb45Super* ws, const KbRow<KbSums45>* a, int sb0, int sb1, __m512 (*acc)[kKbRows][kKbVecs]) {
   for (int sb = sb0; sb < sb1; ++sb) {
     const Kb45Super& w = ws[sb - sb0];
+    __m512i isc[R][G];
 #pragma GCC unroll 2
     for (int e = 0; e < 2; ++e) {
-      __m512i isc[R][G];
 #pragma GCC unroll 4
       for (int p = 0; p < 4; ++p) {
         __m512i ch[R][G];
@@ -306,26 +308,27 @@ inline void kb45_tile(const Kb45Super* ws, const KbRow<KbSums45>* a, int sb0, in
 #pragma GCC unroll 2
           for (int g = 0; g < G; ++g) {
             const __m512i v = _mm512_mullo_epi32(ch[r][g], w.sc[e][p][g]);
-            isc[r][g] = p == 0 ? v : _mm512_add_epi32(isc[r][g], v);
+            isc[r][g] = e == 0 && p == 0 ? v : _mm512_add_epi32(isc[r][g], v);
             // Here, not after the last sub-block: GCC otherwise sinks the products to the end
-            // of the parity and spills the 4 sub-blocks' chains to the stack meanwhile.
+            // of the super-block and spills the sub-blocks' chains to the stack meanwhile.
             asm volatile("" : "+v"(isc[r][g]));
           }
         }
       }
+    }
 #pragma GCC unroll 6
-      for (int r = 0; r < R; ++r) {
-        const int16_t* bsum = a[r].sums[sb].bsum;
-        const __m512i b0 = kb_bcast(bsum + 2 * e);
-        const __m512i b1 = kb_bcast(bsum + 4 + 2 * e);
-        const __m512 ad = _mm512_set1_ps(a[r].q[sb * kSubBlocks].d);
+    for (int r = 0; r < R; ++r) {
+      const int16_t* bsum = a[r].sums[sb].bsum;
+      const __m512i b00 = kb_bcast(bsum), b10 = kb_bcast(bsum + 4);
+      const __m512i b01 = kb_bcast(bsum + 2), b11 = kb_bcast(bsum + 6);
+      const __m512 ad = _mm512_set1_ps(a[r].q[sb * kSubBlocks].d);
 #pragma GCC unroll 2
-        for (int g = 0; g < G; ++g) {
-          const __m512i imin = _mm512_dpwssd_epi32(_mm512_madd_epi16(w.mn[e][0][g], b0), w.mn[e][1][g], b1);
-          const __m512 x =
-              _mm512_fmsub_ps(_mm512_cvtepi32_ps(isc[r][g]), w.d[g], _mm512_mul_ps(_mm512_cvtepi32_ps(imin), w.dmin[g]));
-          acc[e][r][g] = _mm512_fmadd_ps(x, ad, acc[e][r][g]);
-        }
+      for (int g = 0; g < G; ++g) {
+        __m512i imin = _mm512_dpwssd_epi32(_mm512_madd_epi16(w.mn[0][0][g], b00), w.mn[0][1][g], b10);
+        imin = _mm512_dpwssd_epi32(_mm512_dpwssd_epi32(imin, w.mn[1][0][g], b01), w.mn[1][1][g], b11);
+        const __m512 x =
+            _mm512_fmsub_ps(_mm512_cvtepi32_ps(isc[r][g]), w.d[g], _mm512_mul_ps(_mm512_cvtepi32_ps(imin), w.dmin[g]));
+        acc[0][r][g] = _mm512_fmadd_ps(x, ad, acc[0][r][g]);
       }
     }
   }
@@ -385,11 +388,13 @@ struct Kb45Kind {
   using Sums = KbSums45;
   using Super = Kb45Super;
   static constexpr int kBlocksPerSum = kSubBlocks;
+  static constexpr bool kParityAccs = false;  // one accumulator: the parities meet in int32
 };
 struct Kb6Kind {
   using Sums = KbSums6;
   using Super = Kb6Super;
   static constexpr int kBlocksPerSum = 1;
+  static constexpr bool kParityAccs = true;  // even and odd blocks' accumulators, added at the end
 };
 
 template <class Kind, bool kFive>
@@ -489,8 +494,9 @@ inline void gemm_kb(const uint8_t* w, size_t w_row_bytes, const ActBlock* a, int
         for (int t = 0; t < t_rows; ++t) {
           float* o = out + static_cast<size_t>(r + t) * ldo + n;
           for (int v = 0; v < (ng + 1) / 2; ++v) {
-            // out = acc[even] + acc[odd], as the one-row kernels end.
-            const __m512 sum = _mm512_add_ps(accs[i].v[0][t][v], accs[i].v[1][t][v]);
+            // As the one-row kernels end: Q6_K's out = acc[even] + acc[odd], Q4_K / Q5_K's acc.
+            const __m512 sum = Kind::kParityAccs ? _mm512_add_ps(accs[i].v[0][t][v], accs[i].v[1][t][v])
+                                                 : accs[i].v[0][t][v];
             const __mmask16 keep = 2 * v + 1 < ng ? 0xffff : 0x00ff;
             _mm512_mask_storeu_ps(o + 16 * v, keep, sum);
           }
