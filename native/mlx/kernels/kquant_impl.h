@@ -784,8 +784,12 @@ inline void dot8_q45k_zmm(const uint8_t* w, const KqSuper* const* a, int nb, flo
 // a slice's low nibbles take their 2 high bits from a qh byte's bits 0-1 (even slice) or
 // 4-5 (odd), its high nibbles from bits 2-3 or 6-7. Per pair of blocks and 16-element half,
 // lane 2c (2c + 1): the exact integer dot of column c's q - 32 with block 2p (2p + 1), the
-// chain seeded with -32 * sum(a); then acc = fma(s0 * ds0 + s1 * ds1, a.d, acc) with ds the
-// halves' d * scale. The same operations in the same order for every row count R.
+// chain seeded with -32 * sum(a), times the half's int8 scale, summed over the super-block in
+// int32 (per-256 activations: the 8 blocks share one scale; |sum| <= 16 * 16 * 32 * 127 * 128 <
+// 2^31 once the lane pair's two parities are added); then once per super-block acc =
+// fma(isc * d, a.d, acc), as the AVX2 prefill kernel does (one float step per super-block
+// instead of one per block: bench/README.md, issue 31). The same operations in the same order
+// for every row count R.
 template <int R>
 inline void dot8_q6k_zmm(const uint8_t* w, const KqPair* const* a, int nb, float* const* out, bool stream) {
   constexpr int kTile = 8 * kQ6KBytes;
@@ -803,14 +807,14 @@ inline void dot8_q6k_zmm(const uint8_t* w, const KqPair* const* a, int nb, float
     const uint8_t* t = w + static_cast<size_t>(sb) * kTile;
     const __m512 dg = _mm512_permutexvar_ps(
         pairs, _mm512_castps256_ps512(_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(t)))));
+    __m512i isc[R];
 #pragma GCC unroll 4
     for (int p = 0; p < 4; ++p) {
       const int pi = sb * (kSubBlocks / 2) + p;
-      __m512 ds[2];
+      __m512i scv[2];  // lane 2c + e: column c's int8 scale of half hf of block 2p + e
 #pragma GCC unroll 2
       for (int hf = 0; hf < 2; ++hf) {
-        const __m128i sc = _mm_loadu_si128(reinterpret_cast<const __m128i*>(t + 16 + 32 * p + 16 * hf));
-        ds[hf] = _mm512_mul_ps(dg, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(sc)));
+        scv[hf] = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(t + 16 + 32 * p + 16 * hf)));
       }
       __m512i isum[R][2][2];  // [row][half][low / high nibbles, kSplit only]
 #pragma GCC unroll 2
@@ -847,16 +851,22 @@ inline void dot8_q6k_zmm(const uint8_t* w, const KqPair* const* a, int nb, float
           h0 = _mm512_add_epi32(h0, isum[r][0][1]);
           h1 = _mm512_add_epi32(h1, isum[r][1][1]);
         }
-        const __m512 x = _mm512_fmadd_ps(_mm512_cvtepi32_ps(h1), ds[1], _mm512_mul_ps(_mm512_cvtepi32_ps(h0), ds[0]));
-        acc[r] = _mm512_fmadd_ps(x, broadcast_pair(a[r][pi].d), acc[r]);
+        const __m512i v = _mm512_add_epi32(_mm512_mullo_epi32(h0, scv[0]), _mm512_mullo_epi32(h1, scv[1]));
+        isc[r] = p == 0 ? v : _mm512_add_epi32(isc[r], v);
       }
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      // Lanes 2c and 2c + 1 both get column c's sum over both parities.
+      const __m512i isc2 = _mm512_add_epi32(isc[r], _mm512_shuffle_epi32(isc[r], _MM_PERM_CDAB));
+      const __m512 x = _mm512_mul_ps(_mm512_cvtepi32_ps(isc2), dg);
+      acc[r] = _mm512_fmadd_ps(x, _mm512_set1_ps(a[r][sb * (kSubBlocks / 2)].d[0]), acc[r]);
     }
   }
   const __m512i evens = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 0, 2, 4, 6, 8, 10, 12, 14);
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r) {
-    const __m512 sum = _mm512_add_ps(acc[r], _mm512_permute_ps(acc[r], _MM_SHUFFLE(2, 3, 0, 1)));
-    _mm256_storeu_ps(out[r], _mm512_castps512_ps256(_mm512_permutexvar_ps(evens, sum)));
+    _mm256_storeu_ps(out[r], _mm512_castps512_ps256(_mm512_permutexvar_ps(evens, acc[r])));
   }
 }
 #endif

@@ -16,10 +16,9 @@
 // copy made at load time.
 //
 // Bit-identical to the one-row kernels: per (row, column) the integer sums are exact (so their
-// order is free) and the float operations are those of dot8_q45k_zmm / dot8_q6k_zmm in the same
-// order: Q4_K / Q5_K one accumulator fed super-block by super-block (both parities' sums added in
-// int32 first), Q6_K even and odd blocks in two accumulators fed block by block and added at the
-// end, with the same fma/fmsub/mul expressions.
+// order is free: a super-block's sub-blocks of both parities meet in int32) and the float
+// operations are those of dot8_q45k_zmm / dot8_q6k_zmm in the same order: one accumulator fed
+// super-block by super-block with the same fma/fmsub/mul expressions.
 #pragma once
 
 #if defined(LLMD_ISA_VNNI)
@@ -68,11 +67,12 @@ struct alignas(64) Kb45Super {
 };
 
 // Q6_K super-block of kKbCols columns, expanded: q as Kb45Super's (q in [0, 63], the chains
-// seeded with -32 * sum(a)), ds[e][p][hf][v]: lane c column 16v + c's d * scale of half hf of
-// block 2p + e, the product dot8_q6k_zmm forms.
+// seeded with -32 * sum(a)), sc[e][p][hf][v]: lane c column 16v + c's int8 scale of half hf of
+// block 2p + e; d: lane c the column's fp16 scale.
 struct alignas(64) Kb6Super {
   __m512i q[2][4][8][kKbVecs];
-  __m512 ds[2][4][2][kKbVecs];
+  __m512i sc[2][4][2][kKbVecs];
+  __m512 d[kKbVecs];
 };
 
 // The two groups' int32 lanes 2c + e (8 columns x 2 sub-blocks each) regrouped into one
@@ -173,14 +173,14 @@ inline void kb6_expand(const uint8_t* w, size_t stride, int ng, int sb, Kb6Super
   for (int v = 0; v < kKbVecs; ++v) {
     const uint8_t* ta = t[2 * v];
     const uint8_t* tb = t[2 * v + 1];
-    const __m512 dg = kb_halves16(ta, tb);  // lane c: column 16v + c's d
+    o.d[v] = kb_halves16(ta, tb);  // lane c: column 16v + c's d
     for (int p = 0; p < 4; ++p) {
       for (int hf = 0; hf < 2; ++hf) {
         // Lanes 2c + e of each group, as dot8_q6k_zmm loads them, regrouped by sub-block.
         const int off = 16 + 32 * p + 16 * hf;
         const __m512i sa = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(ta + off)));
         const __m512i sbv = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(tb + off)));
-        for (int e = 0; e < 2; ++e) o.ds[e][p][hf][v] = _mm512_mul_ps(dg, _mm512_cvtepi32_ps(kb_columns(sa, sbv, e)));
+        for (int e = 0; e < 2; ++e) o.sc[e][p][hf][v] = kb_columns(sa, sbv, e);
       }
     }
   }
@@ -275,12 +275,12 @@ inline void kb_row_sums(const ActBlock* b, int nb, KbSums6* o) {
 }
 
 // R rows x G vectors over super-blocks [sb0, sb1) of the expanded weights ws (indexed from
-// sb0). acc[0][r][g]: the float accumulator, carried between slabs (acc[1] is Q6_K's). Per
+// sb0). acc[r][g]: the float accumulator, carried between slabs (acc[1] is Q6_K's). Per
 // super-block: the 8 sub-blocks' exact integer dots, scaled in int32 and summed over both
 // parities (isc); the mins' int32 sum (imin); then acc = fma(isc * d - imin * dmin, a.d, acc) as
 // dot8_q45k_zmm.
 template <int R, int G>
-inline void kb45_tile(const Kb45Super* ws, const KbRow<KbSums45>* a, int sb0, int sb1, __m512 (*acc)[kKbRows][kKbVecs]) {
+inline void kb45_tile(const Kb45Super* ws, const KbRow<KbSums45>* a, int sb0, int sb1, __m512 (*acc)[kKbVecs]) {
   for (int sb = sb0; sb < sb1; ++sb) {
     const Kb45Super& w = ws[sb - sb0];
     __m512i isc[R][G];
@@ -328,24 +328,25 @@ inline void kb45_tile(const Kb45Super* ws, const KbRow<KbSums45>* a, int sb0, in
         imin = _mm512_dpwssd_epi32(_mm512_dpwssd_epi32(imin, w.mn[1][0][g], b01), w.mn[1][1][g], b11);
         const __m512 x =
             _mm512_fmsub_ps(_mm512_cvtepi32_ps(isc[r][g]), w.d[g], _mm512_mul_ps(_mm512_cvtepi32_ps(imin), w.dmin[g]));
-        acc[0][r][g] = _mm512_fmadd_ps(x, ad, acc[0][r][g]);
+        acc[r][g] = _mm512_fmadd_ps(x, ad, acc[r][g]);
       }
     }
   }
 }
 
 // Q6_K: per block 2p + e and half hf, the exact integer dot of q - 32 (chains seeded with
-// -32 * sum(a)); then acc = fma(h1 * ds1 + h0 * ds0, a.d, acc) as dot8_q6k_zmm, block by block.
+// -32 * sum(a)) times the half's int8 scale, summed over the super-block in int32 (isc); then
+// acc = fma(isc * d, a.d, acc) as dot8_q6k_zmm, super-block by super-block.
 template <int R, int G>
-inline void kb6_tile(const Kb6Super* ws, const KbRow<KbSums6>* a, int sb0, int sb1, __m512 (*acc)[kKbRows][kKbVecs]) {
+inline void kb6_tile(const Kb6Super* ws, const KbRow<KbSums6>* a, int sb0, int sb1, __m512 (*acc)[kKbVecs]) {
   for (int sb = sb0; sb < sb1; ++sb) {
     const Kb6Super& w = ws[sb - sb0];
+    __m512i isc[R][G];
 #pragma GCC unroll 2
     for (int e = 0; e < 2; ++e) {
 #pragma GCC unroll 4
       for (int p = 0; p < 4; ++p) {
         const int pi = sb * (kSubBlocks / 2) + p;
-        __m512 y0[R][G];
 #pragma GCC unroll 2
         for (int hf = 0; hf < 2; ++hf) {
           __m512i ch[R][G];
@@ -370,15 +371,20 @@ inline void kb6_tile(const Kb6Super* ws, const KbRow<KbSums6>* a, int sb0, int s
           for (int r = 0; r < R; ++r) {
 #pragma GCC unroll 2
             for (int g = 0; g < G; ++g) {
-              if (hf == 0) {
-                y0[r][g] = _mm512_mul_ps(_mm512_cvtepi32_ps(ch[r][g]), w.ds[e][p][0][g]);
-              } else {
-                const __m512 x = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ch[r][g]), w.ds[e][p][1][g], y0[r][g]);
-                acc[e][r][g] = _mm512_fmadd_ps(x, _mm512_set1_ps(a[r].q[2 * pi + e].d), acc[e][r][g]);
-              }
+              const __m512i v = _mm512_mullo_epi32(ch[r][g], w.sc[e][p][hf][g]);
+              isc[r][g] = e == 0 && p == 0 && hf == 0 ? v : _mm512_add_epi32(isc[r][g], v);
+              asm volatile("" : "+v"(isc[r][g]));  // as kb45_tile: keeps the products in place
             }
           }
         }
+      }
+    }
+#pragma GCC unroll 6
+    for (int r = 0; r < R; ++r) {
+      const __m512 ad = _mm512_set1_ps(a[r].q[sb * kSubBlocks].d);
+#pragma GCC unroll 2
+      for (int g = 0; g < G; ++g) {
+        acc[r][g] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(isc[r][g]), w.d[g]), ad, acc[r][g]);
       }
     }
   }
@@ -388,13 +394,11 @@ struct Kb45Kind {
   using Sums = KbSums45;
   using Super = Kb45Super;
   static constexpr int kBlocksPerSum = kSubBlocks;
-  static constexpr bool kParityAccs = false;  // one accumulator: the parities meet in int32
 };
 struct Kb6Kind {
   using Sums = KbSums6;
   using Super = Kb6Super;
   static constexpr int kBlocksPerSum = 1;
-  static constexpr bool kParityAccs = true;  // even and odd blocks' accumulators, added at the end
 };
 
 template <class Kind, bool kFive>
@@ -408,7 +412,7 @@ inline void kb_expand(const uint8_t* w, size_t stride, int ng, int sb, typename 
 
 template <class Kind, int R, int G>
 inline void kb_tile(const typename Kind::Super* ws, const KbRow<typename Kind::Sums>* a, int sb0, int sb1,
-                    __m512 (*acc)[kKbRows][kKbVecs]) {
+                    __m512 (*acc)[kKbVecs]) {
   if constexpr (std::is_same_v<Kind, Kb6Kind>) {
     kb6_tile<R, G>(ws, a, sb0, sb1, acc);
   } else {
@@ -419,7 +423,7 @@ inline void kb_tile(const typename Kind::Super* ws, const KbRow<typename Kind::S
 // A tile of n (1 .. kKbRows) rows as a call with a compile-time row count.
 template <class Kind, int G, int kMax = kKbRows>
 inline void kb_run_tile(int n, const typename Kind::Super* ws, const KbRow<typename Kind::Sums>* a, int sb0, int sb1,
-                        __m512 (*acc)[kKbRows][kKbVecs]) {
+                        __m512 (*acc)[kKbVecs]) {
   if constexpr (kMax > 1) {
     if (n < kMax) return kb_run_tile<Kind, G, kMax - 1>(n, ws, a, sb0, sb1, acc);
   }
@@ -451,7 +455,7 @@ inline void gemm_kb(const uint8_t* w, size_t w_row_bytes, const ActBlock* a, int
   thread_local std::vector<Super> ws;
   grow_scratch(ws, kKbSlab);
   struct alignas(64) TileAcc {
-    __m512 v[2][kKbRows][kKbVecs];
+    __m512 v[kKbRows][kKbVecs];
   };
   thread_local std::vector<TileAcc> accs;
   grow_scratch(accs, static_cast<size_t>((chunk + kRows - 1) / kRows));
@@ -466,9 +470,7 @@ inline void gemm_kb(const uint8_t* w, size_t w_row_bytes, const ActBlock* a, int
       const uint8_t* group = w + static_cast<size_t>(n) * w_row_bytes;
       for (int i = 0; i < tiles; ++i) {
         for (auto& x : accs[i].v) {
-          for (auto& y : x) {
-            for (auto& z : y) z = _mm512_setzero_ps();
-          }
+          for (auto& y : x) y = _mm512_setzero_ps();
         }
       }
       for (int sb0 = 0; sb0 < nsb; sb0 += kKbSlab) {
@@ -494,11 +496,8 @@ inline void gemm_kb(const uint8_t* w, size_t w_row_bytes, const ActBlock* a, int
         for (int t = 0; t < t_rows; ++t) {
           float* o = out + static_cast<size_t>(r + t) * ldo + n;
           for (int v = 0; v < (ng + 1) / 2; ++v) {
-            // As the one-row kernels end: Q6_K's out = acc[even] + acc[odd], Q4_K / Q5_K's acc.
-            const __m512 sum = Kind::kParityAccs ? _mm512_add_ps(accs[i].v[0][t][v], accs[i].v[1][t][v])
-                                                 : accs[i].v[0][t][v];
             const __mmask16 keep = 2 * v + 1 < ng ? 0xffff : 0x00ff;
-            _mm512_mask_storeu_ps(o + 16 * v, keep, sum);
+            _mm512_mask_storeu_ps(o + 16 * v, keep, accs[i].v[t][v]);
           }
         }
       }
