@@ -392,7 +392,10 @@ def measure(model: Path, args: argparse.Namespace, bandwidth: float) -> dict[str
         except RuntimeError as exc:  # types are converted above: an architecture, say
             print(f"  llmd's engine refuses {llmd_model.name} ({exc}): engine tests skipped")
     if llmd is not None:
-        llmd.prefill(64)  # warm-up: weights paged in, kernels' scratch allocated
+        # Warm-up, as llama-bench runs one: weights paged in, and the kernels' scratch grown to
+        # a full step (the engine feeds every prompt in steps of at most 512 rows: a shorter
+        # warm-up left the first measured prefill growing it, 5-10% below the next ones).
+        llmd.prefill(512)
         rounds: list[dict[str, dict[str, float]]] = []
         for i in range(args.rounds):
             got: dict[str, dict[str, float]] = {"llmd": {}, "llama.cpp": {}}
