@@ -401,6 +401,12 @@ struct Kb6Kind {
   static constexpr int kBlocksPerSum = 1;
 };
 
+// Bytes of one packed group's super-block (8 columns), as the expansions read them.
+template <class Kind, bool kFive>
+constexpr int kb_tile_bytes() {
+  return 8 * (std::is_same_v<Kind, Kb6Kind> ? kQ6KBytes : kFive ? kQ5KBytes : kQ4KBytes);
+}
+
 template <class Kind, bool kFive>
 inline void kb_expand(const uint8_t* w, size_t stride, int ng, int sb, typename Kind::Super& o) {
   if constexpr (std::is_same_v<Kind, Kb6Kind>) {
@@ -448,6 +454,7 @@ inline void gemm_kb(const uint8_t* w, size_t w_row_bytes, const ActBlock* a, int
   const int nsb = k / kSuper;
   const size_t stride = 8 * w_row_bytes;
   const int row_sums = nb / Kind::kBlocksPerSum;
+  constexpr int kTileBytes = kb_tile_bytes<Kind, kFive>();
   // The per-thread scratch is reached through plain pointers: every use of a thread_local
   // in this shared object is a __tls_get_addr call, which GCC does not hoist past the tile
   // calls (the output loop around such a call held a third of this driver's own samples in a
@@ -480,7 +487,21 @@ inline void gemm_kb(const uint8_t* w, size_t w_row_bytes, const ActBlock* a, int
       for (int sb0 = 0; sb0 < nsb; sb0 += kKbSlab) {
         const int sb1 = std::min(nsb, sb0 + kKbSlab);
         for (int sb = sb0; sb < sb1; ++sb) kb_expand<Kind, kFive>(group, stride, ng, sb, ws[sb - sb0]);
+        // The packed weights the next expansion reads (this block's next slab, else the next
+        // block's first), asked for a few lines per row tile while this slab's tiles run: the
+        // expansion is where a weight first arrives from memory, and it waited there.
+        const bool last_slab = sb1 == nsb;
+        const uint8_t* next = last_slab ? group + kKbGroups * stride : group + static_cast<size_t>(sb1) * kTileBytes;
+        const int next_groups = last_slab ? std::min(kKbGroups, (n1 - n - kKbCols) / 8) : ng;
+        const int next_bytes = (last_slab ? std::min(kKbSlab, nsb) : std::min(kKbSlab, nsb - sb1)) * kTileBytes;
+        const int lines = next_groups > 0 ? next_groups * next_bytes / 64 : 0;
+        const int per_tile = (lines + tiles - 1) / tiles;
+        int line = 0;
         for (int i = 0; i < tiles; ++i) {
+          for (int e = std::min(lines, line + per_tile); line < e; ++line) {
+            const int g = line / (next_bytes / 64);
+            __builtin_prefetch(next + g * stride + static_cast<size_t>(line % (next_bytes / 64)) * 64);
+          }
           const int r = r0 + i * kRows;
           const int t_rows = std::min(kRows, r1 - r);
           KbRow<Sums> rows_a[kKbRows];
