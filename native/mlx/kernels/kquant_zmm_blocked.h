@@ -23,6 +23,8 @@
 
 #if defined(LLMD_ISA_VNNI)
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <type_traits>
 #include <vector>
@@ -31,15 +33,27 @@ namespace llmd::kernels::LLMD_ISA_NAMESPACE {
 
 // Tile and blocking sizes, each the fastest of those tried in bench/kquant_kernel_bench.cpp
 // (512 x 2048 x 2048 and x 8192, one Zen 5 core, quiet; bench/README.md, issue 31): 4 rows x 2
-// vectors (16 int32 chains; 6 x 2 tied at k = 2048 and lost 10% at 8192, 5 x 2 in between),
-// slabs of 4 super-blocks (40 KiB of expanded weights that every row tile rereads from L1; 2
-// and 3 were slower) and row chunks of 192 (the chunk's activations stay in L2; larger chunks
-// were slower at k = 2048; kb_chunk_rows takes fewer at large k).
+// vectors (16 int32 chains; 6 x 2 tied at k = 2048 and lost 10% at 8192, 5 x 2 in between; 5 and
+// 6 rows lost on Zen 4 too), slabs of super-blocks that fit the core's L1 (kb_slab) and row
+// chunks of 192 (the chunk's activations stay in L2; larger chunks were slower at k = 2048;
+// kb_chunk_rows takes fewer at large k).
 constexpr int kKbRows = 4;                  // activation rows per register tile
 constexpr int kKbVecs = 2;                  // 16-column vectors per register tile
 constexpr int kKbCols = 16 * kKbVecs;       // columns per block of expanded weights (4 groups)
 constexpr int kKbGroups = kKbCols / 8;
-constexpr int kKbSlab = 4;                  // super-blocks expanded at a time
+constexpr int kKbMaxSlab = 4;               // super-blocks expanded at a time, at most
+
+// Super-blocks expanded at a time: every row tile of a chunk rereads them, so they should sit in
+// L1. A Q4_K / Q5_K super-block of kKbCols columns expands to ~10 KiB (Q6_K's ~9): 4 of them
+// fit a 48 KiB L1 (Zen 5: 2 and 3 were slower there), 2 a 32 KiB one (Zen 4: 4 ran slower
+// than 2: 0-9% at 512 x 2048 x 2048, 5-13% at x 8192, and 2 gave a 512-token Q5_K_M prefill +3%).
+inline int kb_slab() {
+  static const int slab = [] {
+    const long l1 = sysconf(_SC_LEVEL1_DCACHE_SIZE);
+    return l1 > 0 && l1 < (48 << 10) ? 2 : kKbMaxSlab;
+  }();
+  return slab;
+}
 constexpr int kKbChunk = 192;               // activation rows per chunk, at most
 // ... and fewer where the chunk's activations (40 bytes per 32 of k) would outgrow this share of
 // the core's L2: every block of columns rereads them. At k = 8192 (ffn_down) 192 rows are 1.9
@@ -443,7 +457,7 @@ constexpr int kKbMinRows = 48;
 
 // Packed groups of 8 weight rows, [n0, n1) multiples of 8, rows >= kKbMinRows. Per chunk of
 // activation rows (kb_chunk_rows) and block of kKbCols columns: super-blocks
-// are expanded kKbSlab at a time, and every row tile of the chunk runs over them, carrying its
+// are expanded kb_slab() at a time, and every row tile of the chunk runs over them, carrying its
 // accumulators (accs) from slab to slab.
 template <class Kind, bool kFive = false>
 inline void gemm_kb(const uint8_t* w, size_t w_row_bytes, const ActBlock* a, int k, int rows, int n0, int n1,
@@ -464,7 +478,8 @@ inline void gemm_kb(const uint8_t* w, size_t w_row_bytes, const ActBlock* a, int
   const int chunk = kb_chunk_rows(k);
   constexpr int kRows = kKbRows;
   thread_local std::vector<Super> ws_buf;
-  Super* const ws = grow_scratch(ws_buf, kKbSlab);
+  Super* const ws = grow_scratch(ws_buf, kKbMaxSlab);
+  const int slab = kb_slab();
   struct alignas(64) TileAcc {
     __m512 v[kKbRows][kKbVecs];
   };
@@ -484,8 +499,8 @@ inline void gemm_kb(const uint8_t* w, size_t w_row_bytes, const ActBlock* a, int
           for (auto& y : x) y = _mm512_setzero_ps();
         }
       }
-      for (int sb0 = 0; sb0 < nsb; sb0 += kKbSlab) {
-        const int sb1 = std::min(nsb, sb0 + kKbSlab);
+      for (int sb0 = 0; sb0 < nsb; sb0 += slab) {
+        const int sb1 = std::min(nsb, sb0 + slab);
         for (int sb = sb0; sb < sb1; ++sb) kb_expand<Kind, kFive>(group, stride, ng, sb, ws[sb - sb0]);
         // The packed weights the next expansion reads (this block's next slab, else the next
         // block's first), asked for a few lines per row tile while this slab's tiles run: the
@@ -493,7 +508,7 @@ inline void gemm_kb(const uint8_t* w, size_t w_row_bytes, const ActBlock* a, int
         const bool last_slab = sb1 == nsb;
         const uint8_t* next = last_slab ? group + kKbGroups * stride : group + static_cast<size_t>(sb1) * kTileBytes;
         const int next_groups = last_slab ? std::min(kKbGroups, (n1 - n - kKbCols) / 8) : ng;
-        const int next_bytes = (last_slab ? std::min(kKbSlab, nsb) : std::min(kKbSlab, nsb - sb1)) * kTileBytes;
+        const int next_bytes = (last_slab ? std::min(slab, nsb) : std::min(slab, nsb - sb1)) * kTileBytes;
         const int lines = next_groups > 0 ? next_groups * next_bytes / 64 : 0;
         const int per_tile = (lines + tiles - 1) / tiles;
         int line = 0;
