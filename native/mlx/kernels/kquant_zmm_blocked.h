@@ -289,7 +289,7 @@ inline void kb_row_sums(const ActBlock* b, int nb, KbSums6* o) {
 }
 
 // R rows x G vectors over super-blocks [sb0, sb1) of the expanded weights ws (indexed from
-// sb0). acc[r][g]: the float accumulator, carried between slabs (acc[1] is Q6_K's). Per
+// sb0). acc[r][g]: the float accumulator, carried between slabs. Per
 // super-block: the 8 sub-blocks' exact integer dots, scaled in int32 and summed over both
 // parities (isc); the mins' int32 sum (imin); then acc = fma(isc * d - imin * dmin, a.d, acc) as
 // dot8_q45k_zmm.
