@@ -421,22 +421,15 @@ template <int R>
   // first): nothing to mask, and no -inf to keep from the exps below.
   bool whole = true;
   for (int r = 0; r < R; ++r) whole = whole && lo[r] <= w_lo * kW && hi[r] >= w_hi * kW;
-  if (whole) {
-    for (int c = w_lo; c < w_hi; ++c) {
-      for (int r = 0; r < R; ++r) {
-        const wf x = wload(s[r] + kW * c);
-        vmax[r] = x > vmax[r] ? x : vmax[r];
-      }
-    }
-  } else {
-    for (int c = w_lo; c < w_hi; ++c) {
-      const wfi pos = iota + c * kW;
-      for (int r = 0; r < R; ++r) {
-        wf x = wload(s[r] + kW * c);
+  for (int c = w_lo; c < w_hi; ++c) {
+    const wfi pos = iota + c * kW;
+    for (int r = 0; r < R; ++r) {
+      wf x = wload(s[r] + kW * c);
+      if (!whole) {
         x = (pos < lo[r]) | (pos >= hi[r]) ? neg_inf : x;
         wstore(s[r] + kW * c, x);
-        vmax[r] = x > vmax[r] ? x : vmax[r];  // a max is exact in any order
       }
+      vmax[r] = x > vmax[r] ? x : vmax[r];  // a max is exact in any order
     }
   }
   float new_max[R];

@@ -508,14 +508,13 @@ inline void gemm_kb(const uint8_t* w, size_t w_row_bytes, const ActBlock* a, int
         const bool last_slab = sb1 == nsb;
         const uint8_t* next = last_slab ? group + kKbGroups * stride : group + static_cast<size_t>(sb1) * kTileBytes;
         const int next_groups = last_slab ? std::min(kKbGroups, (n1 - n - kKbCols) / 8) : ng;
-        const int next_bytes = (last_slab ? std::min(slab, nsb) : std::min(slab, nsb - sb1)) * kTileBytes;
-        const int lines = next_groups > 0 ? next_groups * next_bytes / 64 : 0;
+        const int group_lines = (last_slab ? std::min(slab, nsb) : std::min(slab, nsb - sb1)) * kTileBytes / 64;
+        const int lines = std::max(next_groups, 0) * group_lines;
         const int per_tile = (lines + tiles - 1) / tiles;
         int line = 0;
         for (int i = 0; i < tiles; ++i) {
-          for (int e = std::min(lines, line + per_tile); line < e; ++line) {
-            const int g = line / (next_bytes / 64);
-            __builtin_prefetch(next + g * stride + static_cast<size_t>(line % (next_bytes / 64)) * 64);
+          for (const int e = std::min(lines, line + per_tile); line < e; ++line) {
+            __builtin_prefetch(next + line / group_lines * stride + static_cast<size_t>(line % group_lines) * 64);
           }
           const int r = r0 + i * kRows;
           const int t_rows = std::min(kRows, r1 - r);
