@@ -1,4 +1,4 @@
-// Times llmd's packed K-quant (and Q8_0, Q4_0) GEMM kernels alone, one thread, weights packed once (excluded from
+// Times llmd's packed K-quant (and Q8_0, Q4_0; row-major Q2_K, Q3_K) GEMM kernels alone, one thread, weights packed once (excluded from
 // the time), activations quantized once. Why a separate binary: rebuilding the extension takes
 // 15+ minutes on a shared 2-core box, this compiles in seconds of CPU, and it times exactly the
 // kernel functions the engine calls (qgemm_impl.h included the way qgemm_<isa>.cpp includes it).
@@ -36,12 +36,14 @@ using llmd::kernels::ActBlock;
 
 int main(int argc, char** argv) {
   if (argc != 6 && argc != 7) {
-    std::fprintf(stderr, "usage: %s q4k|q5k|q6k|q8_0|q4_0|q4_1|iq4_nl rows n k reps [x8]\n", argv[0]);
+    std::fprintf(stderr, "usage: %s q2k|q3k|q4k|q5k|q6k|q8_0|q4_0|q4_1|iq4_nl rows n k reps [x8]\n", argv[0]);
     return 2;
   }
   const std::string ty = argv[1];
   const int rows = std::atoi(argv[2]), n = std::atoi(argv[3]), k = std::atoi(argv[4]), reps = std::atoi(argv[5]);
-  const TensorType tt = ty == "q5k"    ? TensorType::Q5_K
+  const TensorType tt = ty == "q2k"    ? TensorType::Q2_K
+                        : ty == "q3k"  ? TensorType::Q3_K
+                        : ty == "q5k"  ? TensorType::Q5_K
                         : ty == "q6k"  ? TensorType::Q6_K
                         : ty == "q8_0" ? TensorType::Q8_0
                         : ty == "q4_0" ? TensorType::Q4_0
@@ -49,7 +51,10 @@ int main(int argc, char** argv) {
                         : ty == "iq4_nl" ? TensorType::IQ4_NL
                                        : TensorType::Q4_K;
   const size_t rb = llmd::row_bytes(tt, k);
-  const int block_bytes = tt == TensorType::Q6_K   ? 210
+  const bool row_major = tt == TensorType::Q2_K || tt == TensorType::Q3_K;  // no packed layout
+  const int block_bytes = tt == TensorType::Q2_K   ? 84
+                          : tt == TensorType::Q3_K ? 110
+                          : tt == TensorType::Q6_K ? 210
                           : tt == TensorType::Q5_K ? 176
                           : tt == TensorType::Q8_0 ? 34
                           : tt == TensorType::Q4_0 || tt == TensorType::IQ4_NL ? 18
@@ -61,7 +66,9 @@ int main(int argc, char** argv) {
   // Random bytes except the fp16 scales, kept finite and small (timing does not depend on them).
   for (size_t o = 0; o < w.size(); o += block_bytes) {
     const uint16_t h = static_cast<uint16_t>(0x2000 + (rng() & 0x3ff));
-    std::memcpy(&w[o + (tt == TensorType::Q6_K ? 208 : 0)], &h, 2);
+    const int at = tt == TensorType::Q6_K ? 208 : tt == TensorType::Q2_K ? 80 : tt == TensorType::Q3_K ? 108 : 0;
+    std::memcpy(&w[o + at], &h, 2);
+    if (tt == TensorType::Q2_K) std::memcpy(&w[o + 82], &h, 2);
     if (tt == TensorType::Q4_K || tt == TensorType::Q5_K || tt == TensorType::Q4_1) std::memcpy(&w[o + 2], &h, 2);
   }
   std::vector<float> x(static_cast<size_t>(rows) * k);
@@ -69,8 +76,8 @@ int main(int argc, char** argv) {
   for (auto& v : x) v = normal(rng);
   const int nb = k / llmd::kernels::kBlock;
   std::vector<ActBlock> act(static_cast<size_t>(rows) * nb);
-  // As uses_superblock_activations (dispatch.cpp, not linked here): Q4_K, Q5_K and Q6_K per 256.
-  const bool per256 = tt == TensorType::Q4_K || tt == TensorType::Q5_K || tt == TensorType::Q6_K;
+  // As uses_superblock_activations (dispatch.cpp, not linked here): the K-quants per 256.
+  const bool per256 = row_major || tt == TensorType::Q4_K || tt == TensorType::Q5_K || tt == TensorType::Q6_K;
   const auto quantize = per256 ? isa::quantize_row_k_simd : isa::quantize_row_simd;
   for (int r = 0; r < rows; ++r) quantize(x.data() + static_cast<size_t>(r) * k, act.data() + static_cast<size_t>(r) * nb, k);
 #if defined(KB_AVX2)
@@ -78,18 +85,18 @@ int main(int argc, char** argv) {
 #else
   constexpr auto layout = llmd::kernels::PackLayout::kQword;
 #endif
-  llmd::kernels::pack8_in_place(tt, w.data(), n, k, layout);
+  if (!row_major) llmd::kernels::pack8_in_place(tt, w.data(), n, k, layout);
   // The functions make_table puts in each path's KernelTable (qgemm_impl.h); `x8` times the
   // 8-column kernels the AVX-512 table used before the register-blocked ones.
 #if defined(KB_AVX2)
-  const auto x8 = tt == TensorType::Q5_K   ? isa::gemm_q5_k_x8
+  auto x8 = tt == TensorType::Q5_K   ? isa::gemm_q5_k_x8
                   : tt == TensorType::Q6_K ? isa::gemm_q6_k_x8
                   : tt == TensorType::Q8_0 ? isa::gemm_q8_0_x8
                   : tt == TensorType::Q4_0 ? isa::gemm_q4_0_x8
                   : tt == TensorType::Q4_1 ? isa::gemm_q4_1_x8
                   : tt == TensorType::IQ4_NL ? isa::gemm_iq4_nl_x8
                                            : isa::gemm_q4_k_x8;
-  const auto gemm = tt == TensorType::Q5_K   ? isa::gemm_q5_k_x8_expanded
+  auto gemm = tt == TensorType::Q5_K   ? isa::gemm_q5_k_x8_expanded
                     : tt == TensorType::Q6_K ? isa::gemm_q6_k_x8_expanded
                     : tt == TensorType::Q8_0 ? isa::gemm_q8_0_x8
                     : tt == TensorType::Q4_0 ? isa::gemm_q4_0_x8
@@ -97,7 +104,7 @@ int main(int argc, char** argv) {
                     : tt == TensorType::IQ4_NL ? isa::gemm_iq4_nl_x8_expanded
                                              : isa::gemm_q4_k_x8_expanded;
 #else
-  const auto x8 = tt == TensorType::Q5_K   ? isa::gemm_q5_k_x8
+  auto x8 = tt == TensorType::Q5_K   ? isa::gemm_q5_k_x8
                   : tt == TensorType::Q6_K ? isa::gemm_q6_k_x8
                   : tt == TensorType::Q8_0 ? isa::gemm_q8_0_x8_zmm
                   : tt == TensorType::Q4_0 ? isa::gemm_q4_0_x8_zmm
@@ -112,8 +119,16 @@ int main(int argc, char** argv) {
                        : tt == TensorType::Q4_1 ? isa::gemm_q4_1_x8_zmm
                        : tt == TensorType::IQ4_NL ? isa::gemm_iq4_nl_x8_zmm
                                                 : isa::gemm_q4_k_x8_blocked;
-  const auto gemm = old ? x8 : blocked;
+  auto gemm = old ? x8 : blocked;
 #endif
+  if (row_major) {
+    x8 = tt == TensorType::Q2_K ? isa::gemm_q2_k : isa::gemm_q3_k;
+#if defined(KB_AVX2)
+    gemm = x8;
+#else
+    gemm = tt == TensorType::Q2_K ? isa::gemm_q2_k_blocked : isa::gemm_q3_k_blocked;
+#endif
+  }
   std::vector<float> out(static_cast<size_t>(rows) * n);
   double best = 1e30;
   for (int i = 0; i < reps; ++i) {

@@ -61,9 +61,9 @@ SHAPES = ("llama3.2-1b", "qwen3-4b")
 EXTRA_SHAPES = ("qwen2.5-0.5b", "qwen2.5-1.5b")
 SMOKE_SHAPES = ("tiny",)  # make_random_gguf's few-MB preset: checks this script, measures nothing
 TYPES = ("Q4_0", "Q4_K_M", "Q5_K_M", "Q6_K", "Q8_0")
-# Recipes whose bulk has no llmd kernel: measured on request, llmd on the file a pull converts
-# them into (llmd_file), llama.cpp on the original.
-CONVERTED_TYPES = ("Q3_K_M", "Q3_K_L", "IQ4_XS", "IQ4_NL", "Q2_K")
+# Recipes measured on request: the 2-3 bit ones, and IQ4 (IQ4_XS has no llmd kernel: llmd runs
+# the file a pull converts it into, llmd_file; llama.cpp the original).
+EXTRA_TYPES = ("Q2_K", "Q3_K_S", "Q3_K_M", "Q3_K_L", "IQ4_XS", "IQ4_NL")
 TOOLS = ("llama-bench", "llama-server")  # what --llamacpp-bin must hold
 PREFILLS = {"pp512": 512, "pp4096": 4096, "pp8k": 8192, "pp16k": 16384}
 TESTS = (*PREFILLS, "tg128", "streams", "rss")
@@ -553,7 +553,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.tests = args.tests.split(",")
     for name, given, known in (
         ("shape", args.shapes, SHAPES + EXTRA_SHAPES + SMOKE_SHAPES),
-        ("type", args.types, TYPES + CONVERTED_TYPES),
+        ("type", args.types, TYPES + EXTRA_TYPES),
         ("test", args.tests, TESTS),
     ):
         unknown = sorted(set(given) - set(known))

@@ -5,6 +5,7 @@
 
 #include "fp16.h"
 #include "iq4_nl.h"
+#include "low_bit_kquants.h"
 
 namespace llmd {
 
@@ -118,6 +119,31 @@ void dequantize_row(TensorType type, const uint8_t* src, float* dst, int64_t n) 
       for (int64_t b = 0; b < n / 256; ++b) {
         q5k_block_affine(src + b * 176, q, scales, mins);
         for (int i = 0; i < 256; ++i) dst[b * 256 + i] = scales[i / 32] * q[i] - mins[i / 32];
+      }
+      return;
+    }
+    case TensorType::Q2_K: {
+      uint8_t q[256];
+      for (int64_t b = 0; b < n / 256; ++b) {
+        const uint8_t* blk = src + b * kQ2KBlockBytes;
+        const float d = half_to_float(read_u16(blk + 80)), dmin = half_to_float(read_u16(blk + 82));
+        low_bit_codes<false>(blk, q);
+        for (int i = 0; i < 256; ++i) {
+          const int sc = blk[i / 16];
+          dst[b * 256 + i] = d * static_cast<float>(sc & 0x0f) * q[i] - dmin * static_cast<float>(sc >> 4);
+        }
+      }
+      return;
+    }
+    case TensorType::Q3_K: {
+      uint8_t q[256];
+      int8_t sc[16];
+      for (int64_t b = 0; b < n / 256; ++b) {
+        const uint8_t* blk = src + b * kQ3KBlockBytes;
+        const float d = half_to_float(read_u16(blk + 108));
+        low_bit_codes<true>(blk, q);
+        q3k_scales(blk + 96, sc);
+        for (int i = 0; i < 256; ++i) dst[b * 256 + i] = d * static_cast<float>(sc[i / 16]) * (q[i] - 4);
       }
       return;
     }

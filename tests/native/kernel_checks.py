@@ -1,7 +1,7 @@
 """Shared checks for llmd's quantized matmul kernels (test_kernels, test_kquant_kernels,
 test_arm64_cross).
 
-The kernels quantize activations to int8 per 32-wide block (Q4_K, Q5_K and Q6_K: per 256, one scale
+The kernels quantize activations to int8 per 32-wide block (the K-quants: per 256, one scale
 for a whole super-block, as llama.cpp's Q8_K), so the stated tolerance against a float64
 reference is the worst case of that rounding, sum_i |w_i| * (blockmax|x| / 254), plus a small
 float-accumulation term.
@@ -22,7 +22,7 @@ Kernel = Callable[[str, np.ndarray, int, int, np.ndarray, str], np.ndarray]
 
 
 # Weight types whose kernels take activations quantized per 256 (kernels/qgemm.h).
-SUPERBLOCK_ACTIVATIONS = frozenset({"Q4_K", "Q5_K", "Q6_K"})
+SUPERBLOCK_ACTIVATIONS = frozenset({"Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"})
 
 
 def kernel_weights(

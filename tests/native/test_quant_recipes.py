@@ -169,8 +169,8 @@ def test_recipe_type_mixes_load_and_match_their_dequantized_values(
     src, ref = tmp_path / f"m-{recipe}.gguf", tmp_path / "ref.gguf"
     _write_mix(src, ref, types)
     installed = _pull(src, f"m-{recipe.lower()}")
-    # Only types without a kernel are converted (Q3_K to Q6_K, IQ4_XS to IQ4_NL, the others to
-    # Q8_0); Q5_K, Q4_K, Q6_K, IQ4_NL, ... stay as chosen.
+    # Only types without a kernel are converted (IQ4_XS to IQ4_NL, the others to Q8_0); Q2_K,
+    # Q3_K, Q5_K, Q4_K, Q6_K, IQ4_NL, ... stay as chosen.
     kept = {t.name: t.tensor_type.name for t in GGUFReader(installed).tensors}
     for name, chosen in types.items():
         native_type = T[chosen] in NATIVE_GGUF_TYPES
@@ -182,10 +182,11 @@ def test_recipe_type_mixes_load_and_match_their_dequantized_values(
         got = np.asarray(engine.score(TOKENS, 1))
         err = float(np.max(np.abs(got - want)) / np.max(np.abs(want)))
         assert err < BOUND, f"{recipe} on {backend}: {err:.4f} of the largest logit"
-    # IQ4_NL (and IQ4_XS, re-encoded into it) runs on kernels of its own, and the engine says so.
-    if "IQ4_NL" in kept.values():
-        paths = _engine(installed).matmul_paths().values()
-        assert any(p.startswith("llmd:iq4_nl:") for p in paths), sorted(set(paths))
+    # IQ4_NL (and IQ4_XS, re-encoded into it), Q2_K and Q3_K run on kernels of their own, and
+    # the engine says so.
+    paths = _engine(installed).matmul_paths().values()
+    for own in {"IQ4_NL", "Q2_K", "Q3_K"} & set(kept.values()):
+        assert any(p.startswith(f"llmd:{own.lower()}:") for p in paths), (own, sorted(set(paths)))
 
 
 # ------------------------------------------------------------------ opt-in: llama.cpp's own files

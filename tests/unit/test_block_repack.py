@@ -24,7 +24,7 @@ def random_blocks(qtype: T, rows: int, cols: int, scale: float) -> np.ndarray:
     return gguf_files.random_blocks(RNG, qtype, rows, cols, scale)
 
 
-@pytest.mark.parametrize("source", [T.Q3_K, T.Q5_0])
+@pytest.mark.parametrize("source", [T.Q5_0])
 def test_exact_repacks_keep_every_weight(source: T) -> None:
     target = CONVERSION_TARGET[source]
     rows = random_blocks(source, 64, 1024, 1e-3)
@@ -33,11 +33,6 @@ def test_exact_repacks_keep_every_weight(source: T) -> None:
     want, got = dequantize(rows, source), dequantize(out, target)
     assert np.array_equal(got.view(np.uint32), want.view(np.uint32))  # bit for bit
     assert np.abs(want).max() > 0
-
-
-def test_q3_k_becomes_the_smaller_q6_k() -> None:
-    assert CONVERSION_TARGET[T.Q3_K] == T.Q6_K
-    assert GGML_QUANT_SIZES[T.Q6_K][1] < GGML_QUANT_SIZES[T.Q8_0][1] * 8  # 210 < 272 bytes / 256
 
 
 def test_iq4_xs_becomes_iq4_nl_moving_weights_only_by_its_scale_rounding() -> None:

@@ -53,9 +53,12 @@ def make_gguf(path: Path, arch: str = "llama") -> dict[str, tuple[int, np.ndarra
         data = x if ttype == T.F32 else quantize(x, ttype)
         tensors[name] = (ttype, x if ttype == T.F32 else dequantize(data, ttype))
         w.add_tensor(name, data, raw_dtype=None if ttype == T.F32 else ttype)
-    k3 = random_blocks(RNG, T.Q3_K, 8, 512, 0.01)  # a K-quant the engine has no kernel for
-    tensors["blk.0.ffn_gate.weight"] = (T.Q3_K, dequantize(k3, T.Q3_K))
-    w.add_tensor("blk.0.ffn_gate.weight", k3, raw_dtype=T.Q3_K)
+    xs = random_blocks(RNG, T.IQ4_XS, 8, 512, 1e-3)  # no kernel: re-encoded as IQ4_NL
+    tensors["blk.0.ffn_gate.weight"] = (T.IQ4_XS, dequantize(xs, T.IQ4_XS))
+    w.add_tensor("blk.0.ffn_gate.weight", xs, raw_dtype=T.IQ4_XS)
+    k3 = random_blocks(RNG, T.Q3_K, 8, 512, 0.01)  # native since Q2_K / Q3_K have kernels
+    tensors["blk.0.attn_v.weight"] = (T.Q3_K, dequantize(k3, T.Q3_K))
+    w.add_tensor("blk.0.attn_v.weight", k3, raw_dtype=T.Q3_K)
     k5 = q5k_blocks(8, 512)  # native since Q5_K has kernels: copied as is
     tensors["blk.0.attn_k.weight"] = (T.Q5_K, dequantize(k5, T.Q5_K))
     w.add_tensor("blk.0.attn_k.weight", k5, raw_dtype=T.Q5_K)
@@ -97,9 +100,9 @@ def test_conversion_keeps_metadata_and_weights(tmp_path: Path) -> None:
     assert {n: (T(a).name, T(b).name) for n, (a, b) in plan.changes.items()} == {
         "blk.0.attn_q.weight": ("Q5_0", "Q8_0"),
         "blk.0.ffn_up.weight": ("Q5_1", "Q8_0"),
-        "blk.0.ffn_gate.weight": ("Q3_K", "Q6_K"),
+        "blk.0.ffn_gate.weight": ("IQ4_XS", "IQ4_NL"),
     }
-    assert "Q3_K -> Q6_K (1 tensors)" in plan.summary()
+    assert "IQ4_XS -> IQ4_NL (1 tensors)" in plan.summary()
     done: list[int] = []
     convert_gguf(src, dst, layout, plan, lambda d, t: done.append(d))
     assert dst.stat().st_size == plan.output_size and done[-1] == sum(
@@ -117,7 +120,7 @@ def test_conversion_keeps_metadata_and_weights(tmp_path: Path) -> None:
         got = dequantize(t.data, t.tensor_type).reshape(weights.shape)
         if name in plan.changes:
             assert t.tensor_type == plan.changes[name][1]
-            if ttype in (T.Q3_K, T.Q5_0):  # special cases of their targets: re-encoded exactly
+            if ttype == T.Q5_0:  # a special case of its target: re-encoded exactly
                 assert np.array_equal(got, weights), name
             scale = np.abs(weights).max()
             assert np.abs(got - weights).max() <= scale / 100  # Q8_0: < 1 % of the range

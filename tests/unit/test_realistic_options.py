@@ -67,9 +67,9 @@ def test_no_llama_warmup_reaches_llama_bench(
     assert "--no-warmup" not in seen[1]  # the default keeps llama-bench's warmup
 
 
-def test_converted_recipes_and_odd_shapes_are_accepted() -> None:
-    args = realistic.parse_args(["--types", "Q3_K_M,IQ4_XS", "--shapes", "qwen2.5-0.5b"])
-    assert args.types == ["Q3_K_M", "IQ4_XS"] and args.shapes == ["qwen2.5-0.5b"]
+def test_extra_recipes_and_odd_shapes_are_accepted() -> None:
+    args = realistic.parse_args(["--types", "Q3_K_S,IQ4_XS", "--shapes", "qwen2.5-0.5b"])
+    assert args.types == ["Q3_K_S", "IQ4_XS"] and args.shapes == ["qwen2.5-0.5b"]
 
 
 def test_llmd_runs_what_a_pull_installs(tmp_path: Path) -> None:
@@ -84,20 +84,28 @@ def test_llmd_runs_what_a_pull_installs(tmp_path: Path) -> None:
 
     rng = np.random.default_rng(3)
 
-    def write(path: Path, q3k: bool) -> Path:
+    def write(path: Path, iq4_xs: bool) -> Path:
         x = rng.standard_normal((8, 256)).astype(np.float32)
         tensors = {"blk.0.ffn_up.weight": (quantize(x, T.Q8_0), T.Q8_0)}
-        if q3k:
-            tensors["blk.0.ffn_gate.weight"] = (random_blocks(rng, T.Q3_K, 8, 256, 0.01), T.Q3_K)
+        tensors["blk.0.attn_q.weight"] = (random_blocks(rng, T.Q2_K, 8, 256, 0.01), T.Q2_K)
+        if iq4_xs:
+            tensors["blk.0.ffn_gate.weight"] = (
+                random_blocks(rng, T.IQ4_XS, 8, 256, 1e-3),
+                T.IQ4_XS,
+            )
         return write_tensors(path, tensors)
 
-    native = write(tmp_path / "m-q8_0.gguf", q3k=False)
+    native = write(tmp_path / "m-q2_k.gguf", iq4_xs=False)
     assert realistic.llmd_file(native) == native
-    mixed = write(tmp_path / "m-q3_k_m.gguf", q3k=True)
+    mixed = write(tmp_path / "m-iq4_xs.gguf", iq4_xs=True)
     ours = realistic.llmd_file(mixed)
-    assert ours == tmp_path / "m-q3_k_m.llmd.gguf"
+    assert ours == tmp_path / "m-iq4_xs.llmd.gguf"
     types = {t.name: t.tensor_type for t in GGUFReader(ours).tensors}
-    assert types == {"blk.0.ffn_up.weight": T.Q8_0, "blk.0.ffn_gate.weight": T.Q6_K}
+    assert types == {
+        "blk.0.ffn_up.weight": T.Q8_0,
+        "blk.0.attn_q.weight": T.Q2_K,
+        "blk.0.ffn_gate.weight": T.IQ4_NL,
+    }
     made = ours.stat().st_mtime_ns
     assert realistic.llmd_file(mixed) == ours and ours.stat().st_mtime_ns == made  # kept
 

@@ -5,10 +5,6 @@ a rounding of its own, and its Q8_0 target costs 8.5 bits per weight. Some sourc
 are, value for value, a special case of a native one; re-encoding their integers keeps every
 weight exactly as llama.cpp reads it, and can be smaller:
 
-- **Q3_K -> Q6_K** (6.5625 bits per weight instead of Q8_0's 8.5: a Q3_K_M file's bulk).
-  Both hold 16 sub-blocks of 16 weights under one fp16 ``d``; Q3_K's weight is
-  ``d * (s - 32) * (q - 4)`` with 6-bit ``s`` and 3-bit ``q``, Q6_K's ``d * s6 * (q6 - 32)``
-  with int8 ``s6`` and 6-bit ``q6``: ``s6 = s - 32``, ``q6 = q + 28``.
 - **Q5_0 -> Q8_0** (the fallback llama.cpp writes into Q4_K_M files whose rows are not a
   multiple of 256, e.g. Qwen2.5-0.5B's): ``d * (q - 16)`` is a Q8_0 block with the same ``d``.
 - **IQ4_XS -> IQ4_NL** (4.5 bits per weight instead of Q8_0's 8.5): the same codes per 32
@@ -47,33 +43,6 @@ def _q8_0(d: np.ndarray, q: np.ndarray) -> np.ndarray:
     return out
 
 
-def q3_k_to_q6_k(rows: np.ndarray) -> np.ndarray:
-    """Q3_K (110 bytes / 256 weights: hmask[32] qs[64] scales[12] d) -> Q6_K (210 bytes:
-    ql[128] qh[64] scales[16] d)."""
-    b = _blocks(rows, 110)
-    n = b.shape[0]
-    hmask, qs, packed, d = b[:, :32], b[:, 32:96], b[:, 96:108], b[:, 108:110]
-    # 16 six-bit scales: low nibbles of bytes 0-7 then their high nibbles, each topped by two
-    # bits of bytes 8-11 (scale j takes byte 8 + j % 4, bits 2 * (j // 4)).
-    low = np.concatenate([packed[:, :8] & 0x0F, packed[:, :8] >> 4], axis=1)
-    high = np.concatenate([(packed[:, 8:12] >> (2 * s)) & 3 for s in range(4)], axis=1)
-    scales = ((low | (high << 4)).astype(np.int16) - 32).astype(np.int8)
-    # Weight e = 128 h + 32 s + l: two bits of qs byte 32 h + l at shift 2 s, and bit 4 h + s
-    # of hmask byte l (set: no offset; clear: minus 4).
-    two = (qs.reshape(n, 2, 1, 32) >> (2 * np.arange(4, dtype=np.uint8)).reshape(1, 1, 4, 1)) & 3
-    hi = (hmask.reshape(n, 1, 32) >> np.arange(8, dtype=np.uint8).reshape(1, 8, 1)) & 1
-    q6 = two.reshape(n, 256) + 4 * hi.reshape(n, 256) + 28  # (q - 4) + 32, in 28..35
-    # Q6_K: weight 128 h + c (c < 64) is the low nibble of ql byte 64 h + c, weight 128 h + 64
-    # + c its high nibble; weight 128 h + 32 s + l has its top two bits at bit 2 s of qh byte
-    # 32 h + l.
-    q6 = q6.astype(np.uint8).reshape(n, 2, 128)
-    ql = (q6[:, :, :64] & 0x0F) | ((q6[:, :, 64:] & 0x0F) << 4)
-    top = (q6 >> 4).reshape(n, 2, 4, 32)
-    qh = top[:, :, 0] | (top[:, :, 1] << 2) | (top[:, :, 2] << 4) | (top[:, :, 3] << 6)
-    out = np.concatenate([ql.reshape(n, 128), qh.reshape(n, 64), scales.view(np.uint8), d], axis=1)
-    return out.reshape(rows.shape[0], -1)
-
-
 def q5_0_to_q8_0(rows: np.ndarray) -> np.ndarray:
     """Q5_0 (22 bytes / 32 weights: d, qh as a little-endian uint32, qs[16]) -> Q8_0."""
     b = _blocks(rows, 22)
@@ -101,7 +70,6 @@ def iq4_xs_to_iq4_nl(rows: np.ndarray) -> np.ndarray:
 
 # (source, target) -> re-encoding; convert.py uses one whenever its plan pairs the two.
 REPACKS: dict[tuple[int, int], Callable[[np.ndarray], np.ndarray]] = {
-    (T.Q3_K, T.Q6_K): q3_k_to_q6_k,
     (T.Q5_0, T.Q8_0): q5_0_to_q8_0,
     (T.IQ4_XS, T.IQ4_NL): iq4_xs_to_iq4_nl,
 }

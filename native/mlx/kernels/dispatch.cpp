@@ -65,7 +65,8 @@ bool cpu_has_dotprod() {
 }  // namespace
 
 bool uses_superblock_activations(TensorType type) {
-  return type == TensorType::Q4_K || type == TensorType::Q5_K || type == TensorType::Q6_K;
+  return type == TensorType::Q2_K || type == TensorType::Q3_K || type == TensorType::Q4_K ||
+         type == TensorType::Q5_K || type == TensorType::Q6_K;
 }
 
 QuantizeRowFn KernelTable::quantizer_for(TensorType type) const {
@@ -81,6 +82,8 @@ GemmFn KernelTable::gemm_for(TensorType type) const {
     case TensorType::Q5_K: return q5_k;
     case TensorType::Q6_K: return q6_k;
     case TensorType::IQ4_NL: return iq4_nl;
+    case TensorType::Q2_K: return q2_k;
+    case TensorType::Q3_K: return q3_k;
     default: return nullptr;
   }
 }

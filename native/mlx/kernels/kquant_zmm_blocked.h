@@ -404,21 +404,26 @@ inline void kb6_tile(const Kb6Super* ws, const KbRow<KbSums6>* a, int sb0, int s
   }
 }
 
+// What gemm_kb runs: the expanded super-block type, the activation sums its tile reads, and
+// whether the weights are packed groups (kRowMajor: GGUF rows, expanded by Kind::expand; see
+// kquant_low_bits_blocked.h).
 struct Kb45Kind {
   using Sums = KbSums45;
   using Super = Kb45Super;
   static constexpr int kBlocksPerSum = kSubBlocks;
+  static constexpr bool kRowMajor = false;
 };
 struct Kb6Kind {
   using Sums = KbSums6;
   using Super = Kb6Super;
   static constexpr int kBlocksPerSum = 1;
+  static constexpr bool kRowMajor = false;
 };
 
 // Bytes of one packed group's super-block (8 columns), as the expansions read them.
 template <class Kind, bool kFive>
 constexpr int kb_tile_bytes() {
-  return 8 * (std::is_same_v<Kind, Kb6Kind> ? kQ6KBytes : kFive ? kQ5KBytes : kQ4KBytes);
+  return 8 * (std::is_same_v<typename Kind::Super, Kb6Super> ? kQ6KBytes : kFive ? kQ5KBytes : kQ4KBytes);
 }
 
 template <class Kind, bool kFive>
@@ -433,7 +438,7 @@ inline void kb_expand(const uint8_t* w, size_t stride, int ng, int sb, typename 
 template <class Kind, int R, int G>
 inline void kb_tile(const typename Kind::Super* ws, const KbRow<typename Kind::Sums>* a, int sb0, int sb1,
                     __m512 (*acc)[kKbVecs]) {
-  if constexpr (std::is_same_v<Kind, Kb6Kind>) {
+  if constexpr (std::is_same_v<typename Kind::Super, Kb6Super>) {
     kb6_tile<R, G>(ws, a, sb0, sb1, acc);
   } else {
     kb45_tile<R, G>(ws, a, sb0, sb1, acc);
@@ -455,7 +460,8 @@ inline void kb_run_tile(int n, const typename Kind::Super* ws, const KbRow<typen
 // GMAC/s; 32: equal; 48: 300 -> 316, Q6_K 258 -> 306).
 constexpr int kKbMinRows = 48;
 
-// Packed groups of 8 weight rows, [n0, n1) multiples of 8, rows >= kKbMinRows. Per chunk of
+// Packed groups of 8 weight rows, [n0, n1) multiples of 8 (any columns for a kRowMajor kind),
+// rows >= kKbMinRows. Per chunk of
 // activation rows (kb_chunk_rows) and block of kKbCols columns: super-blocks
 // are expanded kb_slab() at a time, and every row tile of the chunk runs over them, carrying its
 // accumulators (accs) from slab to slab.
@@ -492,7 +498,8 @@ inline void gemm_kb(const uint8_t* w, size_t w_row_bytes, const ActBlock* a, int
       kb_row_sums(a + static_cast<size_t>(r) * nb, nb, sums + static_cast<size_t>(r - r0) * row_sums);
     }
     for (int n = n0; n < n1; n += kKbCols) {
-      const int ng = std::min(kKbGroups, (n1 - n) / 8);
+      const int cols = std::min(kKbCols, n1 - n);
+      const int ng = (cols + 7) / 8;
       const uint8_t* group = w + static_cast<size_t>(n) * w_row_bytes;
       for (int i = 0; i < tiles; ++i) {
         for (auto& x : accs[i].v) {
@@ -501,7 +508,13 @@ inline void gemm_kb(const uint8_t* w, size_t w_row_bytes, const ActBlock* a, int
       }
       for (int sb0 = 0; sb0 < nsb; sb0 += slab) {
         const int sb1 = std::min(nsb, sb0 + slab);
-        for (int sb = sb0; sb < sb1; ++sb) kb_expand<Kind, kFive>(group, stride, ng, sb, ws[sb - sb0]);
+        for (int sb = sb0; sb < sb1; ++sb) {
+          if constexpr (Kind::kRowMajor) {
+            Kind::expand(group, w_row_bytes, cols, sb, ws[sb - sb0]);
+          } else {
+            kb_expand<Kind, kFive>(group, stride, ng, sb, ws[sb - sb0]);
+          }
+        }
         // The packed weights the next expansion reads (this block's next slab, else the next
         // block's first), asked for a few lines per row tile while this slab's tiles run: the
         // expansion is where a weight first arrives from memory, and it waited there.
@@ -509,7 +522,8 @@ inline void gemm_kb(const uint8_t* w, size_t w_row_bytes, const ActBlock* a, int
         const uint8_t* next = last_slab ? group + kKbGroups * stride : group + static_cast<size_t>(sb1) * kTileBytes;
         const int next_groups = last_slab ? std::min(kKbGroups, (n1 - n - kKbCols) / 8) : ng;
         const int group_lines = (last_slab ? std::min(slab, nsb) : std::min(slab, nsb - sb1)) * kTileBytes / 64;
-        const int lines = std::max(next_groups, 0) * group_lines;
+        // (GGUF rows are not asked for: a slab of one is a short run per row, kRowMajor.)
+        const int lines = Kind::kRowMajor ? 0 : std::max(next_groups, 0) * group_lines;
         const int per_tile = (lines + tiles - 1) / tiles;
         int line = 0;
         for (int i = 0; i < tiles; ++i) {
@@ -535,7 +549,7 @@ inline void gemm_kb(const uint8_t* w, size_t w_row_bytes, const ActBlock* a, int
         for (int t = 0; t < t_rows; ++t) {
           float* o = out + static_cast<size_t>(r + t) * ldo + n;
           for (int v = 0; v < (ng + 1) / 2; ++v) {
-            const __mmask16 keep = 2 * v + 1 < ng ? 0xffff : 0x00ff;
+            const __mmask16 keep = static_cast<__mmask16>((1u << std::min(16, cols - 16 * v)) - 1);
             _mm512_mask_storeu_ps(o + 16 * v, keep, accs[i].v[t][v]);
           }
         }

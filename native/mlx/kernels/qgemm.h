@@ -33,7 +33,7 @@ struct ActBlock {
 
 using QuantizeRowFn = void (*)(const float* x, ActBlock* out, int k);
 
-// Q4_K, Q5_K and Q6_K take their activations per 256 (llama.cpp's Q8_K): the 8 blocks of a 256-wide
+// The K-quants (Q2_K ... Q6_K) take their activations per 256 (llama.cpp's Q8_K): the 8 blocks of a 256-wide
 // super-block share one scale d (x ~= d * q, s = d * sum(q) per block as above). Why: with one
 // activation scale per super-block, a kernel applies each sub-block's 6-bit weight scale to an
 // integer dot product and takes the mins from the blocks' integer sums, in integers until one
@@ -63,6 +63,8 @@ struct KernelTable {
   GemmFn q5_k;
   GemmFn q6_k;
   GemmFn iq4_nl = nullptr;
+  GemmFn q2_k = nullptr;  // row-major only (kquant_low_bits.h)
+  GemmFn q3_k = nullptr;
   // Kernels for weights in the 8-row packed layout (pack8.h); null where this path has none,
   // and then weights stay row-major.
   GemmFn q4_0_x8 = nullptr;

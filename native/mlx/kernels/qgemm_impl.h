@@ -835,9 +835,11 @@ inline void gemm_iq4_nl(const uint8_t* w, size_t rb, const ActBlock* a, int k, i
 }  // namespace llmd::kernels::LLMD_ISA_NAMESPACE
 
 #include "kquant_impl.h"
+#include "kquant_low_bits.h"
 #include "kquant_avx2_tiles.h"
 #include "legacy_zmm_impl.h"
 #include "kquant_zmm_blocked.h"
+#include "kquant_low_bits_blocked.h"
 
 namespace llmd::kernels::LLMD_ISA_NAMESPACE {
 
@@ -853,6 +855,13 @@ inline const KernelTable* make_table(const char* isa) {
                                  .q5_k = gemm_q5_k,
                                  .q6_k = gemm_q6_k,
                                  .iq4_nl = gemm_iq4_nl,
+#if defined(LLMD_ISA_VNNI)
+                                 .q2_k = gemm_q2_k_blocked,
+                                 .q3_k = gemm_q3_k_blocked,
+#else
+                                 .q2_k = gemm_q2_k,
+                                 .q3_k = gemm_q3_k,
+#endif
 #if defined(LLMD_ISA_VNNI)
                                  .q4_0_x8 = gemm_q4_0_x8_zmm,
                                  .q4_1_x8 = gemm_q4_1_x8_zmm,
@@ -886,7 +895,9 @@ inline const KernelTable* make_table(const char* isa) {
                                  .q4_k = gemm_q4_k,
                                  .q5_k = gemm_q5_k,
                                  .q6_k = gemm_q6_k,
-                                 .iq4_nl = gemm_iq4_nl};
+                                 .iq4_nl = gemm_iq4_nl,
+                                 .q2_k = gemm_q2_k,
+                                 .q3_k = gemm_q3_k};
 #endif
   return &table;
 }
