@@ -124,7 +124,7 @@ int main(int argc, char** argv) {
   if (row_major) {
     x8 = tt == TensorType::Q2_K ? isa::gemm_q2_k : isa::gemm_q3_k;
 #if defined(KB_AVX2)
-    gemm = x8;
+    gemm = tt == TensorType::Q2_K ? isa::gemm_q2_k_expanded : isa::gemm_q3_k_expanded;
 #else
     gemm = tt == TensorType::Q2_K ? isa::gemm_q2_k_blocked : isa::gemm_q3_k_blocked;
 #endif

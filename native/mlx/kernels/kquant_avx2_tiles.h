@@ -83,24 +83,14 @@ inline void kq45_expand(const uint8_t* t, uint8_t* s) {
   for (int u = 0; u < 4; ++u) store32(s + 2368 + 32 * u, bytes8_pair16(mn[u >> 1], 2 * (u & 1)));
 }
 
-// One kDword tile super-block of Q6_K into its scratch: the quants centred (w = q - 32), and per
-// block the weight-only term that the activations' +128 bias adds (see dot8_q6k_x).
-inline void q6_expand(const uint8_t* t, uint8_t* s) {
-  const __m256i m32 = _mm256_set1_epi8(32);
-  for (int hp = 0; hp < 4; ++hp) {
-    const int h = hp >> 1, p = hp & 1;
-#pragma GCC unroll 8
-    for (int i = 0; i < 8; ++i) {
-      __m256i wa, wb;  // blocks 4h + p (low nibbles) and 4h + p + 2 (high nibbles)
-      q6_slice(t + 144 + 512 * h + 256 * p + 32 * i, t + 1168 + 256 * h + 32 * i, p, wa, wb);
-      store32(s + 256 * (4 * h + p) + 32 * i, _mm256_sub_epi8(wa, m32));
-      store32(s + 256 * (4 * h + p + 2) + 32 * i, _mm256_sub_epi8(wb, m32));
-    }
-  }
+// The rest of a Q6_K scratch once its centred quants are in place: per block j the scales, from
+// `pairs` (16 bytes per block, byte 2c + hf: column c's scales[2j + hf], as the kDword tile holds
+// them), the weight-only term of the +128 bias, and the 8 columns' fp16 d at `d16`.
+inline void q6x_scales(const uint8_t* pairs, const uint8_t* d16, uint8_t* s) {
   const __m256i ones8 = _mm256_set1_epi8(1);
 #pragma GCC unroll 8
   for (int j = 0; j < kSubBlocks; ++j) {
-    const __m256i scp = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(t + 16 + 16 * j)));
+    const __m256i scp = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(pairs + 16 * j)));
     const __m256i sc[2] = {_mm256_shufflehi_epi16(_mm256_shufflelo_epi16(scp, 0xa0), 0xa0),
                            _mm256_shufflehi_epi16(_mm256_shufflelo_epi16(scp, 0xf5), 0xf5)};
     __m256i corr = _mm256_setzero_si256();
@@ -116,7 +106,24 @@ inline void q6_expand(const uint8_t* t, uint8_t* s) {
     store32(s + 2560 + 32 * j, _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(corr, 7)));
   }
   _mm256_store_ps(reinterpret_cast<float*>(s + 2816),
-                  _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(t))));
+                  _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(d16))));
+}
+
+// One kDword tile super-block of Q6_K into its scratch: the quants centred (w = q - 32), and per
+// block the weight-only term that the activations' +128 bias adds (see dot8_q6k_x).
+inline void q6_expand(const uint8_t* t, uint8_t* s) {
+  const __m256i m32 = _mm256_set1_epi8(32);
+  for (int hp = 0; hp < 4; ++hp) {
+    const int h = hp >> 1, p = hp & 1;
+#pragma GCC unroll 8
+    for (int i = 0; i < 8; ++i) {
+      __m256i wa, wb;  // blocks 4h + p (low nibbles) and 4h + p + 2 (high nibbles)
+      q6_slice(t + 144 + 512 * h + 256 * p + 32 * i, t + 1168 + 256 * h + 32 * i, p, wa, wb);
+      store32(s + 256 * (4 * h + p) + 32 * i, _mm256_sub_epi8(wa, m32));
+      store32(s + 256 * (4 * h + p + 2) + 32 * i, _mm256_sub_epi8(wb, m32));
+    }
+  }
+  q6x_scales(t + 16, t, s);
 }
 
 // Q4_K / Q5_K over the scratch: R activation rows x G groups (`gbytes` apart). Per sub-block,
@@ -285,13 +292,22 @@ inline void dot8_q6k_x(const uint8_t* s, size_t gbytes, const Q6XRow* a, int nsb
   store_tiles(acc, out);
 }
 
+// A packed type's expansion: Expand writes the scratch of one tile block (tile_bytes apart).
+template <void (*Expand)(const uint8_t*, uint8_t*)>
+struct PackedExpand {
+  static void expand(const uint8_t* group, size_t /*rb*/, int tile_bytes, int block, uint8_t* s) {
+    Expand(group + static_cast<size_t>(block) * tile_bytes, s);
+  }
+};
+
 // Rows > 1: each group of kG x 8 columns is expanded once per row chunk (packed_row_chunk), then
-// swept by tiles of kR rows (the rows left over form one smaller tile). `Expand` writes the
-// scratch of one tile block of kElems elements (a super-block; IQ4_NL: a block of 32);
-// `Kernel<R, G>::run` is one tile. The loops only order the work: no output's operations depend
-// on them.
-template <int kR, int kG, int kXBytes, class Rows, void (*Expand)(const uint8_t*, uint8_t*),
-          template <int, int> class Kernel, int kElems = kSuper>
+// swept by tiles of kR rows (the rows left over form one smaller tile). `Expander::expand`
+// writes the scratch of one block of kElems elements (a super-block; IQ4_NL: a block of 32) of
+// the group's 8 rows (a packed tile, PackedExpand, or 8 GGUF rows rb bytes apart:
+// kquant_low_bits_prefill.h); `Kernel<R, G>::run` is one tile. The loops only order the work:
+// no output's operations depend on them.
+template <int kR, int kG, int kXBytes, class Rows, class Expander, template <int, int> class Kernel,
+          int kElems = kSuper>
 inline void gemm_kq_expanded(const uint8_t* w, size_t rb, const ActBlock* a, int k, int rows, int n0, int n1,
                              float* out, int ldo, int tile_bytes) {
   using Row = typename Rows::Row;
@@ -313,7 +329,7 @@ inline void gemm_kq_expanded(const uint8_t* w, size_t rb, const ActBlock* a, int
       for (int g = 0; g < groups; ++g) {
         const uint8_t* group = w + static_cast<size_t>(n + 8 * g) * rb;
         for (int sb = 0; sb < nsb; ++sb) {
-          Expand(group + static_cast<size_t>(sb) * tile_bytes, s + g * gbytes + static_cast<size_t>(sb) * kXBytes);
+          Expander::expand(group, rb, tile_bytes, sb, s + g * gbytes + static_cast<size_t>(sb) * kXBytes);
         }
       }
       // The next groups' packed bytes, a slice per tile, into L2 while these tiles run: the
@@ -395,20 +411,20 @@ constexpr int kPackedRowsQ56K = 4;
 inline void gemm_q4_k_x8_expanded(const uint8_t* w, size_t rb, const ActBlock* a, int k, int rows, int n0, int n1,
                                   float* out, int ldo) {
   if (rows <= kPackedRowsQ4K) return gemm_q4_k_x8(w, rb, a, k, rows, n0, n1, out, ldo);
-  gemm_kq_expanded<kExpandedRows, 1, kKq45XBytes, KqSumRows, kq45_expand<false>, Kq45X<false>::Tile>(
+  gemm_kq_expanded<kExpandedRows, 1, kKq45XBytes, KqSumRows, PackedExpand<kq45_expand<false>>, Kq45X<false>::Tile>(
       w, rb, a, k, rows, n0, n1, out, ldo, 8 * kQ4KBytes);
 }
 inline void gemm_q5_k_x8_expanded(const uint8_t* w, size_t rb, const ActBlock* a, int k, int rows, int n0, int n1,
                                   float* out, int ldo) {
   if (rows <= kPackedRowsQ56K) return gemm_q5_k_x8(w, rb, a, k, rows, n0, n1, out, ldo);
-  gemm_kq_expanded<kExpandedRows, 1, kKq45XBytes, KqSumRows, kq45_expand<true>, Kq45X<true>::Tile>(
+  gemm_kq_expanded<kExpandedRows, 1, kKq45XBytes, KqSumRows, PackedExpand<kq45_expand<true>>, Kq45X<true>::Tile>(
       w, rb, a, k, rows, n0, n1, out, ldo, 8 * kQ5KBytes);
 }
 inline void gemm_q6_k_x8_expanded(const uint8_t* w, size_t rb, const ActBlock* a, int k, int rows, int n0, int n1,
                                   float* out, int ldo) {
   if (rows <= kPackedRowsQ56K) return gemm_q6_k_x8(w, rb, a, k, rows, n0, n1, out, ldo);
-  gemm_kq_expanded<kExpandedRows, 1, kQ6XBytes, Q6XRows, q6_expand, Q6X>(w, rb, a, k, rows, n0, n1, out, ldo,
-                                                                       8 * kQ6KBytes);
+  gemm_kq_expanded<kExpandedRows, 1, kQ6XBytes, Q6XRows, PackedExpand<q6_expand>, Q6X>(w, rb, a, k, rows, n0, n1,
+                                                                                     out, ldo, 8 * kQ6KBytes);
 }
 
 // IQ4_NL: a row chunk's group is expanded into the Q8_0 tile (pack8.h) of the same weights, its
@@ -450,7 +466,7 @@ constexpr int kPackedRowsIq4nl = 8;
 inline void gemm_iq4_nl_x8_expanded(const uint8_t* w, size_t rb, const ActBlock* a, int k, int rows, int n0, int n1,
                                     float* out, int ldo) {
   if (rows <= kPackedRowsIq4nl) return gemm_iq4_nl_x8(w, rb, a, k, rows, n0, n1, out, ldo);
-  gemm_kq_expanded<kExpandedRows, 1, kQ8TileBytes, PlainRows, iq4nl_expand, Iq4nlX, kBlock>(
+  gemm_kq_expanded<kExpandedRows, 1, kQ8TileBytes, PlainRows, PackedExpand<iq4nl_expand>, Iq4nlX, kBlock>(
       w, rb, a, k, rows, n0, n1, out, ldo, 8 * kIq4nlBlockBytes);
 }
 

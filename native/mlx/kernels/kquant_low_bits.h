@@ -11,12 +11,14 @@
 //   isum = sum_h s_h * dot(q_h, a_h) over the 16 sub-blocks h (exact int32)
 //   Q2_K: s_h = sc_h in [0, 15]; imin = sum_h m_h * sum(a_h)
 //   Q3_K: s_h = sc_h - 32;       isum -= 4 * sum_h s_h * sum(a_h)   (q - 4 = the signed value)
-//   acc = fma(float(isum) * d, a.d, acc);  Q2_K also accm = fma(float(imin) * dmin, a.d, accm)
+//   acc = step(acc, isum, d, a.d);  Q2_K also accm = step(accm, imin, dmin, a.d)
 //   out = acc (- accm)
-// Every path computes the same exact integers and then these float steps in this order, so the
-// SIMD and scalar paths agree bit for bit, and a row's output does not depend on the rows batched
-// with it. Weights stay row-major (no packed tile): each weight super-block is unpacked once per
-// tile of activation rows.
+// where step is the float step of the Q6_K prefill kernel the path hands prompts to
+// (kquant_low_bits_prefill.h): on AVX-512 kb6_tile's fma(float(isum) * d, a.d, acc), on AVX2
+// and the portable paths dot8_q6k_x's fma(float(isum), d * a.d, acc). So a row's output does
+// not depend on the rows batched with it, and the AVX2 and scalar paths agree bit for bit
+// (AVX-512 rounds its step differently). Weights stay row-major (no packed tile): each weight
+// super-block is unpacked once per tile of activation rows.
 #pragma once
 
 #include "../../core/low_bit_kquants.h"
@@ -47,13 +49,22 @@ inline void low_bits_prepare(const ActBlock* b, int nsb, LowBitsAct* out) {
   }
 }
 
-// The float steps every path takes once the integers are known (see the top of the file).
+// A super-block's float step (see the top of the file).
+inline float low_bits_step(float acc, int32_t isum, float d, float ad) {
+#if defined(LLMD_ISA_VNNI)
+  return std::fma(static_cast<float>(isum) * d, ad, acc);
+#else
+  return std::fma(static_cast<float>(isum), d * ad, acc);
+#endif
+}
+
+// The float steps every path takes once the integers are known.
 struct LowBitsAcc {
   float acc = 0.f;
   float accm = 0.f;
   void step(int32_t isum, float d, int32_t imin, float dmin, float ad, bool has_min) {
-    acc = std::fma(static_cast<float>(isum) * d, ad, acc);
-    if (has_min) accm = std::fma(static_cast<float>(imin) * dmin, ad, accm);
+    acc = low_bits_step(acc, isum, d, ad);
+    if (has_min) accm = low_bits_step(accm, imin, dmin, ad);
   }
   float result(bool has_min) const { return has_min ? acc - accm : acc; }
 };
@@ -64,6 +75,15 @@ inline uint32_t load_u32(const void* p) {
   uint32_t v;
   std::memcpy(&v, p, sizeof(v));
   return v;
+}
+
+// acc += madd(p, s) (int16 pairs into int32 lanes): VNNI fuses the add.
+inline __m256i madd_acc(__m256i acc, __m256i p, __m256i s) {
+#if defined(LLMD_ISA_VNNI)
+  return _mm256_dpwssd_epi32(acc, p, s);
+#else
+  return _mm256_add_epi32(acc, _mm256_madd_epi16(p, s));
+#endif
 }
 
 // A Q3_K block's 16 scales (sc - 32) as bytes: q3k_scales' unpacking in vector registers.
@@ -185,7 +205,7 @@ inline void low_bits_column(const uint8_t* blk, const LowBitsAct* const* a, int 
 #pragma GCC unroll 8
       for (int r = 0; r < R; ++r) {
         const __m256i av = _mm256_load_si256(reinterpret_cast<const __m256i*>(a[r][sb].q + 64 * j + 32 * n));
-        isum[r] = _mm256_add_epi32(isum[r], _mm256_madd_epi16(_mm256_maddubs_epi16(wq, av), sw));
+        isum[r] = madd_acc(isum[r], _mm256_maddubs_epi16(wq, av), sw);
       }
     }
   }
@@ -199,6 +219,24 @@ inline void low_bits_column(const uint8_t* blk, const LowBitsAct* const* a, int 
 }
 
 // The lane totals of four int32 vectors: lane c of the result sums v[c] (exact).
+// low_bits_step on lanes (d and ad per lane).
+template <class F, class I>
+inline F low_bits_step_v(F acc, I isum, F d, F ad) {
+  if constexpr (sizeof(F) == 16) {
+#if defined(LLMD_ISA_VNNI)
+    return _mm_fmadd_ps(_mm_mul_ps(_mm_cvtepi32_ps(isum), d), ad, acc);
+#else
+    return _mm_fmadd_ps(_mm_cvtepi32_ps(isum), _mm_mul_ps(d, ad), acc);
+#endif
+  } else {
+#if defined(LLMD_ISA_VNNI)
+    return _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(isum), d), ad, acc);
+#else
+    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(d, ad), acc);
+#endif
+  }
+}
+
 inline __m128i hsum4_epi32(const __m256i v[4]) {
   const __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
   return _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
@@ -240,10 +278,10 @@ inline void dot_low_bits(const uint8_t* const* w, const LowBitsAct* const* a, in
       if constexpr (C == 4) {
         const __m256i is[4] = {isum[0][r], isum[1][r], isum[2][r], isum[3][r]};
         const __m128 adv = _mm_set1_ps(ad);
-        acc4[r] = _mm_fmadd_ps(_mm_mul_ps(_mm_cvtepi32_ps(hsum4_epi32(is)), dv), adv, acc4[r]);
+        acc4[r] = low_bits_step_v(acc4[r], hsum4_epi32(is), dv, adv);
         if constexpr (!kThree) {
           const __m256i ws[4] = {wsum[0][r], wsum[1][r], wsum[2][r], wsum[3][r]};
-          accm4[r] = _mm_fmadd_ps(_mm_mul_ps(_mm_cvtepi32_ps(hsum4_epi32(ws)), dminv), adv, accm4[r]);
+          accm4[r] = low_bits_step_v(accm4[r], hsum4_epi32(ws), dminv, adv);
         }
       } else {
         const __m256i h = _mm256_hadd_epi32(isum[0][r], wsum[0][r]);  // i01 i23 w01 w23 | i45 i67 w45 w67
@@ -260,6 +298,94 @@ inline void dot_low_bits(const uint8_t* const* w, const LowBitsAct* const* a, in
       _mm_storeu_ps(out + r * C, kThree ? acc4[r] : _mm_sub_ps(acc4[r], accm4[r]));
     } else {
       out[r] = acc[r][0].result(!kThree);
+    }
+  }
+}
+
+// The 16-element sub-block sums of activation rows: out[16 * (row * nsb + sb) + h].
+inline void low_bits_row_sums(const ActBlock* b, int nb, int16_t* out) {
+  const __m256i ones8 = _mm256_set1_epi8(1), ones16 = _mm256_set1_epi16(1);
+  for (int i = 0; i < nb; ++i) {
+    const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b[i].q));
+    const __m256i s4 = _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, q), ones16);  // lane l: bytes 4l .. 4l + 3
+    __m128i h = _mm_hadd_epi32(_mm256_castsi256_si128(s4), _mm256_extracti128_si256(s4, 1));
+    h = _mm_hadd_epi32(h, h);  // first half, second half, ...
+    out[2 * i] = static_cast<int16_t>(_mm_cvtsi128_si32(h));
+    out[2 * i + 1] = static_cast<int16_t>(_mm_extract_epi32(h, 1));
+  }
+}
+
+// out -= Q2_K's min term for rows x [n0, n1) (the prompt kernels run Q2_K's scaled codes through
+// Q6_K's tile, which has no mins): per (row, column) accm = low_bits_step(accm, imin, dmin, a.d)
+// super-block by super-block, as LowBitsAcc, and out = acc - accm. Eight columns per vector:
+// dword hp of a column's super-block is its (m_2hp, m_2hp+1) pair, against the row's pair of
+// sub-block sums (one vpmaddwd); 1/16 of the products of the codes.
+inline void q2k_subtract_mins(const uint8_t* w, size_t rb, const ActBlock* a, int k, int rows, int n0, int n1,
+                              float* out, int ldo) {
+  const int nsb = k / kSuper, nb = k / kBlock;
+  thread_local std::vector<int16_t> sums_buf;
+  thread_local std::vector<int32_t> mins_buf;
+  thread_local std::vector<uint16_t> dmin_buf;
+  thread_local std::vector<float> ad_buf;
+  int16_t* const sums = grow_scratch(sums_buf, static_cast<size_t>(rows) * nsb * 16);
+  // The rows' super-block scales, compact: read from the ActBlocks (40 bytes each) they would be
+  // a cache line per row and super-block for every 8 columns (a 512-row prompt's spill out of L2
+  // made this pass 12x slower than at 128 rows).
+  float* const ads = grow_scratch(ad_buf, static_cast<size_t>(rows) * nsb);
+  int32_t* const mins = grow_scratch(mins_buf, static_cast<size_t>(nsb) * 8 * 8);  // [sb][pair][column]
+  uint16_t* const dmin = grow_scratch(dmin_buf, static_cast<size_t>(nsb) * 8);    // [sb][column], fp16
+  for (int r = 0; r < rows; ++r) {
+    low_bits_row_sums(a + static_cast<size_t>(r) * nb, nb, sums + static_cast<size_t>(r) * nsb * 16);
+    for (int sb = 0; sb < nsb; ++sb) ads[static_cast<size_t>(r) * nsb + sb] = a[static_cast<size_t>(r) * nb + sb * kSubBlocks].d;
+  }
+  for (int n = n0; n < n1; n += 8) {
+    const int cols = std::min(8, n1 - n);
+    for (int c = 0; c < 8; ++c) {
+      for (int sb = 0; sb < nsb; ++sb) {
+        const uint8_t* blk = c < cols ? w + static_cast<size_t>(n + c) * rb + static_cast<size_t>(sb) * kQ2KBlockBytes
+                                      : nullptr;
+        for (int hp = 0; hp < 8; ++hp) {
+          mins[(sb * 8 + hp) * 8 + c] = blk ? (blk[2 * hp] >> 4) | ((blk[2 * hp + 1] >> 4) << 16) : 0;
+        }
+        dmin[sb * 8 + c] = blk ? read_u16(blk + 82) : 0;
+      }
+    }
+    // Four rows at a time, each super-block's pairs in two chains: one row's chain of 8 dependent
+    // vpdpwssd per super-block left this pass bound by their latency (a 512-row Q2_K product
+    // spent as long here as in its codes).
+    constexpr int kRows = 4;
+    for (int r0 = 0; r0 < rows; r0 += kRows) {
+      const int nr = std::min(kRows, rows - r0);
+      __m256 accm[kRows];
+#pragma GCC unroll 4
+      for (int t = 0; t < kRows; ++t) accm[t] = _mm256_setzero_ps();
+      for (int sb = 0; sb < nsb; ++sb) {
+        const __m256 dm = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(dmin + sb * 8)));
+        __m256i imin[kRows][2];
+#pragma GCC unroll 4
+        for (int t = 0; t < kRows; ++t) imin[t][0] = imin[t][1] = _mm256_setzero_si256();
+#pragma GCC unroll 8
+        for (int hp = 0; hp < 8; ++hp) {
+          const __m256i m = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(mins + (sb * 8 + hp) * 8));
+#pragma GCC unroll 4
+          for (int t = 0; t < kRows; ++t) {
+            int32_t pair;  // rows past `rows` reread the last one (their results are dropped)
+            std::memcpy(&pair, sums + (static_cast<size_t>(r0 + std::min(t, nr - 1)) * nsb + sb) * 16 + 2 * hp, 4);
+            imin[t][hp & 1] = madd_acc(imin[t][hp & 1], m, _mm256_set1_epi32(pair));
+          }
+        }
+#pragma GCC unroll 4
+        for (int t = 0; t < kRows; ++t) {
+          const __m256 ad = _mm256_set1_ps(ads[static_cast<size_t>(r0 + std::min(t, nr - 1)) * nsb + sb]);
+          accm[t] = low_bits_step_v(accm[t], _mm256_add_epi32(imin[t][0], imin[t][1]), dm, ad);
+        }
+      }
+      for (int t = 0; t < nr; ++t) {
+        alignas(32) float m8[8];
+        _mm256_store_ps(m8, accm[t]);
+        float* o = out + static_cast<size_t>(r0 + t) * ldo + n;
+        for (int c = 0; c < cols; ++c) o[c] -= m8[c];
+      }
     }
   }
 }

@@ -839,7 +839,7 @@ inline void gemm_iq4_nl(const uint8_t* w, size_t rb, const ActBlock* a, int k, i
 #include "kquant_avx2_tiles.h"
 #include "legacy_zmm_impl.h"
 #include "kquant_zmm_blocked.h"
-#include "kquant_low_bits_blocked.h"
+#include "kquant_low_bits_prefill.h"
 
 namespace llmd::kernels::LLMD_ISA_NAMESPACE {
 
@@ -859,8 +859,8 @@ inline const KernelTable* make_table(const char* isa) {
                                  .q2_k = gemm_q2_k_blocked,
                                  .q3_k = gemm_q3_k_blocked,
 #else
-                                 .q2_k = gemm_q2_k,
-                                 .q3_k = gemm_q3_k,
+                                 .q2_k = gemm_q2_k_expanded,
+                                 .q3_k = gemm_q3_k_expanded,
 #endif
 #if defined(LLMD_ISA_VNNI)
                                  .q4_0_x8 = gemm_q4_0_x8_zmm,
