@@ -21,22 +21,36 @@
 
 namespace llmd::kernels::LLMD_ISA_NAMESPACE {
 
+// The first two steps of a dword transpose of N rows, within 128-bit lanes: u[4g + m] lane L
+// holds element 4L + m of rows 4g .. 4g + 3 (the widths differ only in the last step).
+template <class V, int N, class Unpack>
+inline void dword_quads(const V* x, V* u, Unpack unpack) {
+  V t[N];
+  for (int i = 0; i < N / 2; ++i) {
+    t[2 * i] = unpack.lo32(x[2 * i], x[2 * i + 1]);
+    t[2 * i + 1] = unpack.hi32(x[2 * i], x[2 * i + 1]);
+  }
+  for (int g = 0; g < N / 4; ++g) {
+    u[4 * g] = unpack.lo64(t[4 * g], t[4 * g + 2]);
+    u[4 * g + 1] = unpack.hi64(t[4 * g], t[4 * g + 2]);
+    u[4 * g + 2] = unpack.lo64(t[4 * g + 1], t[4 * g + 3]);
+    u[4 * g + 3] = unpack.hi64(t[4 * g + 1], t[4 * g + 3]);
+  }
+}
+
 #if defined(LLMD_ISA_VNNI)
+
+struct Unpack512 {
+  static __m512i lo32(__m512i a, __m512i b) { return _mm512_unpacklo_epi32(a, b); }
+  static __m512i hi32(__m512i a, __m512i b) { return _mm512_unpackhi_epi32(a, b); }
+  static __m512i lo64(__m512i a, __m512i b) { return _mm512_unpacklo_epi64(a, b); }
+  static __m512i hi64(__m512i a, __m512i b) { return _mm512_unpackhi_epi64(a, b); }
+};
 
 // In place: afterwards x[k] lane c holds what x[c] lane k held (16 x 16 dwords).
 inline void kb_transpose16(__m512i x[16]) {
-  __m512i t[16], u[16];
-  for (int i = 0; i < 8; ++i) {
-    t[2 * i] = _mm512_unpacklo_epi32(x[2 * i], x[2 * i + 1]);
-    t[2 * i + 1] = _mm512_unpackhi_epi32(x[2 * i], x[2 * i + 1]);
-  }
-  // u[4g + m], 128-bit lane L: rows 4g .. 4g + 3, element 4L + m.
-  for (int g = 0; g < 4; ++g) {
-    u[4 * g] = _mm512_unpacklo_epi64(t[4 * g], t[4 * g + 2]);
-    u[4 * g + 1] = _mm512_unpackhi_epi64(t[4 * g], t[4 * g + 2]);
-    u[4 * g + 2] = _mm512_unpacklo_epi64(t[4 * g + 1], t[4 * g + 3]);
-    u[4 * g + 3] = _mm512_unpackhi_epi64(t[4 * g + 1], t[4 * g + 3]);
-  }
+  __m512i u[16];
+  dword_quads<__m512i, 16>(x, u, Unpack512{});
   for (int m = 0; m < 4; ++m) {
     const __m512i v0 = _mm512_shuffle_i32x4(u[m], u[4 + m], 0x88);  // lanes 0, 2 of each
     const __m512i v1 = _mm512_shuffle_i32x4(u[m], u[4 + m], 0xdd);  // lanes 1, 3
@@ -124,20 +138,17 @@ inline void gemm_q3_k_blocked(const uint8_t* w, size_t rb, const ActBlock* a, in
 
 #else  // AVX2
 
+struct Unpack256 {
+  static __m256i lo32(__m256i a, __m256i b) { return _mm256_unpacklo_epi32(a, b); }
+  static __m256i hi32(__m256i a, __m256i b) { return _mm256_unpackhi_epi32(a, b); }
+  static __m256i lo64(__m256i a, __m256i b) { return _mm256_unpacklo_epi64(a, b); }
+  static __m256i hi64(__m256i a, __m256i b) { return _mm256_unpackhi_epi64(a, b); }
+};
+
 // In place: afterwards x[k] lane c holds what x[c] lane k held (8 x 8 dwords).
 inline void transpose8_epi32(__m256i x[8]) {
-  __m256i t[8], u[8];
-  for (int i = 0; i < 4; ++i) {
-    t[2 * i] = _mm256_unpacklo_epi32(x[2 * i], x[2 * i + 1]);
-    t[2 * i + 1] = _mm256_unpackhi_epi32(x[2 * i], x[2 * i + 1]);
-  }
-  // u[4g + m], 128-bit lane L: rows 4g .. 4g + 3, element 4L + m.
-  for (int g = 0; g < 2; ++g) {
-    u[4 * g] = _mm256_unpacklo_epi64(t[4 * g], t[4 * g + 2]);
-    u[4 * g + 1] = _mm256_unpackhi_epi64(t[4 * g], t[4 * g + 2]);
-    u[4 * g + 2] = _mm256_unpacklo_epi64(t[4 * g + 1], t[4 * g + 3]);
-    u[4 * g + 3] = _mm256_unpackhi_epi64(t[4 * g + 1], t[4 * g + 3]);
-  }
+  __m256i u[8];
+  dword_quads<__m256i, 8>(x, u, Unpack256{});
   for (int m = 0; m < 4; ++m) {
     x[m] = _mm256_permute2x128_si256(u[m], u[4 + m], 0x20);
     x[4 + m] = _mm256_permute2x128_si256(u[m], u[4 + m], 0x31);

@@ -519,16 +519,29 @@ inline void gemm_kb(const uint8_t* w, size_t w_row_bytes, const ActBlock* a, int
         // block's first), asked for a few lines per row tile while this slab's tiles run: the
         // expansion is where a weight first arrives from memory, and it waited there.
         const bool last_slab = sb1 == nsb;
-        const uint8_t* next = last_slab ? group + kKbGroups * stride : group + static_cast<size_t>(sb1) * kTileBytes;
-        const int next_groups = last_slab ? std::min(kKbGroups, (n1 - n - kKbCols) / 8) : ng;
-        const int group_lines = (last_slab ? std::min(slab, nsb) : std::min(slab, nsb - sb1)) * kTileBytes / 64;
-        // (GGUF rows are not asked for: a slab of one is a short run per row, kRowMajor.)
-        const int lines = Kind::kRowMajor ? 0 : std::max(next_groups, 0) * group_lines;
+        const int next_slab = last_slab ? std::min(slab, nsb) : std::min(slab, nsb - sb1);
+        // Packed: groups of 8 rows, a tile per super-block. GGUF rows (kRowMajor): each row's run
+        // of the next slab's blocks, one line more for where the run starts in a line.
+        const uint8_t* next;
+        size_t unit_stride;
+        int units, unit_lines;
+        if constexpr (Kind::kRowMajor) {
+          next = last_slab ? group + kKbCols * w_row_bytes : group + static_cast<size_t>(sb1) * Kind::kBytes;
+          unit_stride = w_row_bytes;
+          units = last_slab ? std::min(kKbCols, n1 - n - kKbCols) : cols;
+          unit_lines = (next_slab * Kind::kBytes + 63) / 64 + 1;
+        } else {
+          next = last_slab ? group + kKbGroups * stride : group + static_cast<size_t>(sb1) * kTileBytes;
+          unit_stride = stride;
+          units = last_slab ? std::min(kKbGroups, (n1 - n - kKbCols) / 8) : ng;
+          unit_lines = next_slab * kTileBytes / 64;
+        }
+        const int lines = std::max(units, 0) * unit_lines;
         const int per_tile = (lines + tiles - 1) / tiles;
         int line = 0;
         for (int i = 0; i < tiles; ++i) {
           for (const int e = std::min(lines, line + per_tile); line < e; ++line) {
-            __builtin_prefetch(next + line / group_lines * stride + static_cast<size_t>(line % group_lines) * 64);
+            __builtin_prefetch(next + line / unit_lines * unit_stride + static_cast<size_t>(line % unit_lines) * 64);
           }
           const int r = r0 + i * kRows;
           const int t_rows = std::min(kRows, r1 - r);
