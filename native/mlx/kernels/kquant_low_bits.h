@@ -251,55 +251,51 @@ inline __m128i hsum4_epi32(const __m256i v[4]) {
 template <int R, int C, bool kThree>
 inline void dot_low_bits(const uint8_t* const* w, const LowBitsAct* const* a, int nsb, float* out,
                          const uint8_t* next = nullptr, size_t next_bytes = 0) {
-  static_assert(C == 1 || C == 4, "one or four weight rows");
+  static_assert((C == 4 && R == 1) || (C == 1 && R <= 4), "one row x four weight rows, or up to four rows");
   constexpr int kBytes = kThree ? kQ3KBlockBytes : kQ2KBlockBytes;
-  LowBitsAcc acc[R][C];
-  __m128 acc4[R], accm4[R];
-#pragma GCC unroll 8
-  for (int r = 0; r < R; ++r) acc4[r] = accm4[r] = _mm_setzero_ps();
+  // Lanes: the four weight rows (C = 4) or the rows (C = 1; unused lanes sum zeros).
+  __m128 acc = _mm_setzero_ps(), accm = _mm_setzero_ps();
   const int lines = static_cast<int>((next_bytes + 63) / 64);
   const int per_sb = (lines + nsb - 1) / nsb;
   for (int sb = 0; sb < nsb; ++sb) {
     for (int l = sb * per_sb; l < std::min(lines, (sb + 1) * per_sb); ++l) __builtin_prefetch(next + 64 * l);
     __m256i isum[C][R], wsum[C][R];
-    uint16_t dh[4] = {}, dminh[4] = {};  // fp16, converted four at a time
+    __m128i dh = _mm_setzero_si128(), dminh = _mm_setzero_si128();  // fp16 in lanes, built in registers
 #pragma GCC unroll 4
     for (int c = 0; c < C; ++c) {
       const uint8_t* blk = w[c] + static_cast<size_t>(sb) * kBytes;
       low_bits_column<R, kThree>(blk, a, sb, isum[c], wsum[c]);
-      dh[c] = read_u16(blk + (kThree ? 108 : 80));
-      if constexpr (!kThree) dminh[c] = read_u16(blk + 82);
+      dh = _mm_insert_epi16(dh, read_u16(blk + (kThree ? 108 : 80)), c);
+      if constexpr (!kThree) dminh = _mm_insert_epi16(dminh, read_u16(blk + 82), c);
     }
-    const __m128 dv = _mm_cvtph_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(dh)));
-    const __m128 dminv = _mm_cvtph_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(dminh)));
-#pragma GCC unroll 8
-    for (int r = 0; r < R; ++r) {
-      const float ad = a[r][sb].d;
-      if constexpr (C == 4) {
-        const __m256i is[4] = {isum[0][r], isum[1][r], isum[2][r], isum[3][r]};
-        const __m128 adv = _mm_set1_ps(ad);
-        acc4[r] = low_bits_step_v(acc4[r], hsum4_epi32(is), dv, adv);
-        if constexpr (!kThree) {
-          const __m256i ws[4] = {wsum[0][r], wsum[1][r], wsum[2][r], wsum[3][r]};
-          accm4[r] = low_bits_step_v(accm4[r], hsum4_epi32(ws), dminv, adv);
-        }
-      } else {
-        const __m256i h = _mm256_hadd_epi32(isum[0][r], wsum[0][r]);  // i01 i23 w01 w23 | i45 i67 w45 w67
-        __m128i t = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
-        t = _mm_hadd_epi32(t, t);  // i w i w
-        acc[r][0].step(_mm_cvtsi128_si32(t), _mm_cvtss_f32(dv), _mm_extract_epi32(t, 1), _mm_cvtss_f32(dminv), ad,
-                       !kThree);
-      }
-    }
-  }
-#pragma GCC unroll 8
-  for (int r = 0; r < R; ++r) {
+    __m128 dv = _mm_cvtph_ps(dh);
+    __m128 dminv = _mm_cvtph_ps(dminh);
+    __m256i is[4], ws[4];
+    __m128 adv;
     if constexpr (C == 4) {
-      _mm_storeu_ps(out + r * C, kThree ? acc4[r] : _mm_sub_ps(acc4[r], accm4[r]));
+#pragma GCC unroll 4
+      for (int c = 0; c < 4; ++c) {
+        is[c] = isum[c][0];
+        ws[c] = wsum[c][0];
+      }
+      adv = _mm_set1_ps(a[0][sb].d);
     } else {
-      out[r] = acc[r][0].result(!kThree);
+#pragma GCC unroll 4
+      for (int r = 0; r < 4; ++r) {
+        is[r] = r < R ? isum[0][r] : _mm256_setzero_si256();
+        ws[r] = r < R ? wsum[0][r] : _mm256_setzero_si256();
+      }
+      const auto ad = [&](int r) { return r < R ? a[r][sb].d : 0.f; };
+      adv = _mm_setr_ps(ad(0), ad(1), ad(2), ad(3));
+      dv = _mm_shuffle_ps(dv, dv, 0);
+      dminv = _mm_shuffle_ps(dminv, dminv, 0);
     }
+    acc = low_bits_step_v(acc, hsum4_epi32(is), dv, adv);
+    if constexpr (!kThree) accm = low_bits_step_v(accm, hsum4_epi32(ws), dminv, adv);
   }
+  alignas(16) float res[4];
+  _mm_store_ps(res, kThree ? acc : _mm_sub_ps(acc, accm));
+  for (int i = 0; i < C * R; ++i) out[i] = res[i];
 }
 
 // The 16-element sub-block sums of activation rows: out[16 * (row * nsb + sb) + h].
@@ -461,20 +457,28 @@ inline void gemm_low_bits(const uint8_t* w, size_t w_row_bytes, const ActBlock* 
     for (int r = 0; r < rc; ++r) {
       low_bits_prepare(a + static_cast<size_t>(r0 + r) * nb, nsb, act + static_cast<size_t>(r) * nsb);
     }
+    // Tiles of kRowTile rows, then the 2-3 rows left as one tile (each weight row read once for
+    // them), or a lone row (decode) against four weight rows at a time.
     const int tiled = rc / kRowTile * kRowTile;
-    for (int n = n0; n < n1; ++n) {
-      const uint8_t* wrow = row_of(n);
-      for (int r = 0; r < tiled; r += kRowTile) {
-        const LowBitsAct* tile[kRowTile];
-        float res[kRowTile];
-        for (int t = 0; t < kRowTile; ++t) tile[t] = act + static_cast<size_t>(r + t) * nsb;
-        dot_low_bits<kRowTile, 1, kThree>(&wrow, tile, nsb, res);
-        for (int t = 0; t < kRowTile; ++t) out[static_cast<size_t>(r0 + r + t) * ldo + n] = res[t];
+    const int rest = rc - tiled;
+    const auto run_tiles = [&]<int R>(int r_begin, int r_end) {
+      for (int n = n0; n < n1; ++n) {
+        const uint8_t* wrow = row_of(n);
+        for (int r = r_begin; r < r_end; r += R) {
+          const LowBitsAct* tile[R];
+          float res[R];
+          for (int t = 0; t < R; ++t) tile[t] = act + static_cast<size_t>(r + t) * nsb;
+          dot_low_bits<R, 1, kThree>(&wrow, tile, nsb, res);
+          for (int t = 0; t < R; ++t) out[static_cast<size_t>(r0 + r + t) * ldo + n] = res[t];
+        }
       }
-    }
-    for (int r = tiled; r < rc; ++r) {
-      const LowBitsAct* one = act + static_cast<size_t>(r) * nsb;
-      float* o = out + static_cast<size_t>(r0 + r) * ldo;
+    };
+    run_tiles.template operator()<kRowTile>(0, tiled);
+    if (rest == 2) run_tiles.template operator()<2>(tiled, rc);
+    if (rest == 3) run_tiles.template operator()<3>(tiled, rc);
+    if (rest == 1) {
+      const LowBitsAct* one = act + static_cast<size_t>(tiled) * nsb;
+      float* o = out + static_cast<size_t>(r0 + tiled) * ldo;
       for (int n = n0; n < n1; n += kCols) {
         // A short last group repeats its last row; only the real columns are stored.
         const int cols = std::min(kCols, n1 - n);
