@@ -101,7 +101,7 @@ inline __m128i q3k_scales_simd(const uint8_t* packed) {
 // into int16 words, one sub-block per 128-bit lane of the code vector they multiply. Q2_K's
 // scales are unsigned (high byte zeroed by 0x80); Q3_K's are signed, so their byte is doubled
 // and the word shifted right arithmetically.
-//   512-bit (kVecBytes 64): shift 2j of all 64 qs bytes, lane L: sub-block 8 (L / 2) + 2j + L % 2.
+//   512-bit: shift 2j of all 64 qs bytes, lane L: sub-block 8 (L / 2) + 2j + L % 2.
 //   256-bit: shift 2j of half n, lane L: sub-block 8n + 2j + L (index 2j + n).
 #if defined(LLMD_ISA_VNNI)
 using LowBitsVec = __m512i;

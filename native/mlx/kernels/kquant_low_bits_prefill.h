@@ -135,7 +135,6 @@ inline void gemm_q3_k_blocked(const uint8_t* w, size_t rb, const ActBlock* a, in
   gemm_kb<KbLowBitsKind<true>>(w, rb, a, k, rows, n0, n1, out, ldo);
 }
 
-
 #else  // AVX2
 
 struct Unpack256 {
