@@ -1,4 +1,4 @@
-"""llmd's Q2_K and Q3_K kernels (kernels/kquant_low_bits.h, kquant_low_bits_blocked.h) against a
+"""llmd's Q2_K and Q3_K kernels (kernels/kquant_low_bits.h, kquant_low_bits_prefill.h) against a
 reference built from the `gguf` package, and against each other.
 
 gguf-py dequantizes both types but cannot quantize to them, so the weights are blocks of random

@@ -406,7 +406,7 @@ inline void kb6_tile(const Kb6Super* ws, const KbRow<KbSums6>* a, int sb0, int s
 
 // What gemm_kb runs: the expanded super-block type, the activation sums its tile reads, and
 // whether the weights are packed groups (kRowMajor: GGUF rows, expanded by Kind::expand; see
-// kquant_low_bits_blocked.h).
+// kquant_low_bits_prefill.h).
 struct Kb45Kind {
   using Sums = KbSums45;
   using Super = Kb45Super;
