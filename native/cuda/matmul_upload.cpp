@@ -1,8 +1,6 @@
 // Host side of matmul.h: uploads (GGUF blocks re-laid for aligned loads, every bit kept; Q2_K / Q3_K re-quantized
 // to Q8_0; other types dequantized to float16 once at load), and the names the engine reports. Layouts:
 // matmul_internal.h.
-#include <algorithm>
-#include <cmath>
 #include <cstring>
 #include <stdexcept>
 #include <string>
@@ -11,6 +9,7 @@
 #include "../core/dequantize.h"
 #include "../core/fp16.h"
 #include "../core/iq4_nl.h"
+#include "../core/kv_quant.h"
 #include "matmul.h"
 #include "matmul_internal.h"
 
@@ -132,7 +131,7 @@ HostLayout layout_gguf(TensorType type, const GgufPart* parts, int n_parts, int 
     }
     case TensorType::Q2_K:
     case TensorType::Q3_K: {
-      // No device kernel of their own: each 32 weights become a Q8_0 block (amax / 127 scale),
+      // No device kernel of their own: each 32 weights become a Q8_0 block (GGML's reference quantizer),
       // 8.5 bits per weight, as a pull converted these types before the CPU kernels had them
       // (float16 would take 6x the file's bytes on the device).
       m.format = WeightFormat::Q8_0;
@@ -141,14 +140,8 @@ HostLayout layout_gguf(TensorType type, const GgufPart* parts, int n_parts, int 
       for_each_row(parts, n_parts, rb, [&](const uint8_t* src, int r) {
         dequantize_row(type, src, x.data(), cols);
         for (size_t b = 0; b < nb; ++b) {
-          const float* xb = &x[b * 32];
-          float amax = 0.f;
-          for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(xb[i]));
-          const float d = amax / 127.f, id = d > 0.f ? 1.f / d : 0.f;
-          const uint16_t dh = float_to_half(d);
+          const uint16_t dh = kv_quant::quantize_q8_0(&x[b * 32], reinterpret_cast<int8_t*>(&data[(r * nb + b) * 32]));
           std::memcpy(&aux[(r * nb + b) * 2], &dh, 2);
-          auto* q = reinterpret_cast<int8_t*>(&data[(r * nb + b) * 32]);
-          for (int i = 0; i < 32; ++i) q[i] = static_cast<int8_t>(std::clamp(std::lround(xb[i] * id), -127L, 127L));
         }
       });
       m.data = std::move(data);

@@ -2,9 +2,9 @@
 reference built from the `gguf` package, and against each other.
 
 gguf-py dequantizes both types but cannot quantize to them, so the weights are blocks of random
-bytes with sane fp16 scales: every code, Q3_K high bit, 6-bit scale and Q2_K min occurs. The
-reference dequantizes them with `gguf.quants.dequantize` (not our code) and multiplies in
-float64; the tolerance is the int8 activation rounding's worst case (kernel_checks.py, blocks
+bytes with sane fp16 scales (gguf_files.random_blocks): every code, Q3_K high bit, 6-bit scale
+and Q2_K min occurs. The reference dequantizes them with `gguf.quants.dequantize` (not our
+code) and multiplies in float64; the tolerance is the int8 activation rounding's worst case (kernel_checks.py, blocks
 of 256). Every path computes one exact integer sum per super-block and then the float step
 of the Q6_K prompt kernel it hands many rows to (AVX-512: from 48 rows, kb6_tile; AVX2: from 5
 rows, dot8_q6k_x; the portable path takes AVX2's form), so the AVX2 and scalar paths agree bit
@@ -15,26 +15,21 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from gguf import GGMLQuantizationType
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf.quants import dequantize
 
+from ..unit.gguf_files import random_blocks
 from .kernel_checks import check_matches_reference
 
 engine = pytest.importorskip("llmd._engine")
 
 TYPES = {"Q2_K": GGMLQuantizationType.Q2_K, "Q3_K": GGMLQuantizationType.Q3_K}
-BLOCK_BYTES = {"Q2_K": 84, "Q3_K": 110}
-SCALE_AT = {"Q2_K": (80, 82), "Q3_K": (108,)}  # fp16 d (and Q2_K's dmin) inside a block
 PATHS = engine.runnable_kernel_paths()
 BLOCKED_ROWS = 48  # kquant_zmm_blocked.h kKbMinRows: the AVX-512 path's prefill kernel from here
 
 
 def random_weights(rng: np.random.Generator, type_name: str, n: int, k: int) -> np.ndarray:
-    blocks = rng.integers(0, 256, (n * k // 256, BLOCK_BYTES[type_name]), dtype=np.uint8)
-    for at in SCALE_AT[type_name]:
-        d = rng.uniform(1e-4, 2e-3, blocks.shape[0]).astype(np.float16)
-        blocks[:, at : at + 2] = d.view(np.uint8).reshape(-1, 2)
-    return np.ascontiguousarray(blocks.reshape(n, -1))
+    return np.ascontiguousarray(random_blocks(rng, TYPES[type_name], n, k, 1e-3))
 
 
 @pytest.mark.parametrize("path", PATHS)
@@ -92,9 +87,8 @@ def test_extreme_blocks(type_name: str) -> None:
     with the most negative value, q - 4 = -4; Q2_K: scale and min 15) against activations at
     the int8 limits: the exact integer sums must not wrap."""
     n, k = 8, 512
-    w = random_weights(np.random.default_rng(3), type_name, n, k).reshape(
-        -1, BLOCK_BYTES[type_name]
-    )
+    block_bytes = GGML_QUANT_SIZES[TYPES[type_name]][1]
+    w = random_weights(np.random.default_rng(3), type_name, n, k).reshape(-1, block_bytes)
     if type_name == "Q2_K":
         w[:, :16] = 0xFF  # scale 15, min 15
         w[:, 16:80] = 0xFF  # q = 3

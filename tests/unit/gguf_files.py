@@ -15,13 +15,12 @@ def random_blocks(
 ) -> np.ndarray:
     """Rows of random `qtype` blocks (every byte pattern is a valid block of Q2_K, Q3_K, Q5_0,
     IQ4_NL, IQ4_XS, ..., so every code and sub-block scale occurs) whose fp16 d (the first field,
-    or Q3_K's last; Q2_K's d and dmin, its last two) is near `scale`, varied per block so scales
-    of every mantissa occur."""
+    or Q3_K's last; Q2_K's d and dmin, its last two, each drawn on its own) is near `scale`,
+    varied per block so scales of every mantissa occur."""
     block, nbytes = GGML_QUANT_SIZES[qtype]
     raw = rng.integers(0, 256, size=(rows, cols // block, nbytes), dtype=np.uint8)
-    d = (scale * rng.uniform(0.5, 2.0, size=(rows, cols // block))).astype(np.float16)
-    at = {T.Q3_K: [nbytes - 2], T.Q2_K: [nbytes - 4, nbytes - 2]}.get(qtype, [0])
-    for a in at:
+    for a in {T.Q3_K: [nbytes - 2], T.Q2_K: [nbytes - 4, nbytes - 2]}.get(qtype, [0]):
+        d = (scale * rng.uniform(0.5, 2.0, size=(rows, cols // block))).astype(np.float16)
         raw[:, :, a : a + 2] = d.view(np.uint8).reshape(rows, cols // block, 2)
     return raw.reshape(rows, -1)
 

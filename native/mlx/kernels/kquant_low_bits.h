@@ -218,7 +218,6 @@ inline void low_bits_column(const uint8_t* blk, const LowBitsAct* const* a, int 
   }
 }
 
-// The lane totals of four int32 vectors: lane c of the result sums v[c] (exact).
 // low_bits_step on lanes (d and ad per lane).
 template <class F, class I>
 inline F low_bits_step_v(F acc, I isum, F d, F ad) {
@@ -237,6 +236,7 @@ inline F low_bits_step_v(F acc, I isum, F d, F ad) {
   }
 }
 
+// The lane totals of four int32 vectors: lane c of the result sums v[c] (exact).
 inline __m128i hsum4_epi32(const __m256i v[4]) {
   const __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
   return _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
