@@ -36,7 +36,7 @@ using llmd::kernels::ActBlock;
 
 int main(int argc, char** argv) {
   if (argc != 6 && argc != 7) {
-    std::fprintf(stderr, "usage: %s q2k|q3k|q4k|q5k|q6k|q8_0|q4_0|q4_1|iq4_nl rows n k reps [x8]\n", argv[0]);
+    std::fprintf(stderr, "usage: %s q2k|q3k|q4k|q5k|q6k|q8_0|q4_0|q4_1|q5_0|q5_1|iq4_nl rows n k reps [x8]\n", argv[0]);
     return 2;
   }
   const std::string ty = argv[1];
@@ -49,6 +49,8 @@ int main(int argc, char** argv) {
                         : ty == "q4_0" ? TensorType::Q4_0
                         : ty == "q4_1" ? TensorType::Q4_1
                         : ty == "iq4_nl" ? TensorType::IQ4_NL
+                        : ty == "q5_0" ? TensorType::Q5_0
+                        : ty == "q5_1" ? TensorType::Q5_1
                                        : TensorType::Q4_K;
   const size_t rb = llmd::row_bytes(tt, k);
   const bool row_major = tt == TensorType::Q2_K || tt == TensorType::Q3_K;  // no packed layout
@@ -59,6 +61,8 @@ int main(int argc, char** argv) {
                           : tt == TensorType::Q8_0 ? 34
                           : tt == TensorType::Q4_0 || tt == TensorType::IQ4_NL ? 18
                           : tt == TensorType::Q4_1 ? 20
+                          : tt == TensorType::Q5_0 ? 22
+                          : tt == TensorType::Q5_1 ? 24
                                                    : 144;
   std::vector<uint8_t> w(rb * n);
   std::mt19937 rng(1);
@@ -69,7 +73,9 @@ int main(int argc, char** argv) {
     const int at = tt == TensorType::Q6_K ? 208 : tt == TensorType::Q2_K ? 80 : tt == TensorType::Q3_K ? 108 : 0;
     std::memcpy(&w[o + at], &h, 2);
     if (tt == TensorType::Q2_K) std::memcpy(&w[o + 82], &h, 2);
-    if (tt == TensorType::Q4_K || tt == TensorType::Q5_K || tt == TensorType::Q4_1) std::memcpy(&w[o + 2], &h, 2);
+    if (tt == TensorType::Q4_K || tt == TensorType::Q5_K || tt == TensorType::Q4_1 || tt == TensorType::Q5_1) {
+      std::memcpy(&w[o + 2], &h, 2);
+    }
   }
   std::vector<float> x(static_cast<size_t>(rows) * k);
   std::normal_distribution<float> normal;
@@ -95,6 +101,8 @@ int main(int argc, char** argv) {
                   : tt == TensorType::Q4_0 ? isa::gemm_q4_0_x8
                   : tt == TensorType::Q4_1 ? isa::gemm_q4_1_x8
                   : tt == TensorType::IQ4_NL ? isa::gemm_iq4_nl_x8
+                  : tt == TensorType::Q5_0 ? isa::gemm_q5_0_x8
+                  : tt == TensorType::Q5_1 ? isa::gemm_q5_1_x8
                                            : isa::gemm_q4_k_x8;
   auto gemm = tt == TensorType::Q5_K   ? isa::gemm_q5_k_x8_expanded
                     : tt == TensorType::Q6_K ? isa::gemm_q6_k_x8_expanded
@@ -102,6 +110,8 @@ int main(int argc, char** argv) {
                     : tt == TensorType::Q4_0 ? isa::gemm_q4_0_x8
                     : tt == TensorType::Q4_1 ? isa::gemm_q4_1_x8
                     : tt == TensorType::IQ4_NL ? isa::gemm_iq4_nl_x8_expanded
+                    : tt == TensorType::Q5_0 ? isa::gemm_q5_0_x8
+                    : tt == TensorType::Q5_1 ? isa::gemm_q5_1_x8
                                              : isa::gemm_q4_k_x8_expanded;
 #else
   auto x8 = tt == TensorType::Q5_K   ? isa::gemm_q5_k_x8
@@ -110,6 +120,8 @@ int main(int argc, char** argv) {
                   : tt == TensorType::Q4_0 ? isa::gemm_q4_0_x8_zmm
                   : tt == TensorType::Q4_1 ? isa::gemm_q4_1_x8_zmm
                   : tt == TensorType::IQ4_NL ? isa::gemm_iq4_nl_x8_zmm
+                  : tt == TensorType::Q5_0 ? isa::gemm_q5_0_x8_zmm
+                  : tt == TensorType::Q5_1 ? isa::gemm_q5_1_x8_zmm
                                            : isa::gemm_q4_k_x8;
   const bool old = argc == 7 && std::string(argv[6]) == "x8";
   const auto blocked = tt == TensorType::Q5_K   ? isa::gemm_q5_k_x8_blocked
@@ -118,6 +130,8 @@ int main(int argc, char** argv) {
                        : tt == TensorType::Q4_0 ? isa::gemm_q4_0_x8_zmm
                        : tt == TensorType::Q4_1 ? isa::gemm_q4_1_x8_zmm
                        : tt == TensorType::IQ4_NL ? isa::gemm_iq4_nl_x8_zmm
+                       : tt == TensorType::Q5_0 ? isa::gemm_q5_0_x8_zmm
+                       : tt == TensorType::Q5_1 ? isa::gemm_q5_1_x8_zmm
                                                 : isa::gemm_q4_k_x8_blocked;
   auto gemm = old ? x8 : blocked;
 #endif

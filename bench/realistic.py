@@ -63,7 +63,7 @@ SMOKE_SHAPES = ("tiny",)  # make_random_gguf's few-MB preset: checks this script
 TYPES = ("Q4_0", "Q4_K_M", "Q5_K_M", "Q6_K", "Q8_0")
 # Recipes measured on request: the 2-3 bit ones, and IQ4 (IQ4_XS has no llmd kernel: llmd runs
 # the file a pull converts it into, llmd_file; llama.cpp the original).
-EXTRA_TYPES = ("Q2_K", "Q3_K_S", "Q3_K_M", "Q3_K_L", "IQ4_XS", "IQ4_NL")
+EXTRA_TYPES = ("Q2_K", "Q3_K_S", "Q3_K_M", "Q3_K_L", "IQ4_XS", "IQ4_NL", "IQ3_S", "IQ3_M")
 TOOLS = ("llama-bench", "llama-server")  # what --llamacpp-bin must hold
 PREFILLS = {"pp512": 512, "pp4096": 4096, "pp8k": 8192, "pp16k": 16384}
 TESTS = (*PREFILLS, "tg128", "streams", "rss")

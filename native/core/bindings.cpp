@@ -214,7 +214,7 @@ py::dict check_model(const std::string& path, const py::dict& hf_config, const s
 // The block types llmd's CPU kernels multiply by (some paths may lack one: gemm_for says).
 constexpr TensorType kKernelTypes[] = {TensorType::Q4_0, TensorType::Q4_1, TensorType::Q8_0,
                                        TensorType::Q4_K, TensorType::Q5_K, TensorType::Q6_K, TensorType::IQ4_NL,
-                                       TensorType::Q2_K, TensorType::Q3_K};
+                                       TensorType::Q2_K, TensorType::Q3_K, TensorType::Q5_0, TensorType::Q5_1};
 
 TensorType kernel_type_named(const std::string& type) {
   for (TensorType t : kKernelTypes) {

@@ -5,6 +5,7 @@
 
 #include "fp16.h"
 #include "iq4_nl.h"
+#include "legacy_q5.h"
 #include "low_bit_kquants.h"
 
 namespace llmd {
@@ -92,6 +93,19 @@ void dequantize_row(TensorType type, const uint8_t* src, float* dst, int64_t n) 
           dst[b * 32 + i] = d * (qs[i] & 0x0f) + m;
           dst[b * 32 + i + 16] = d * (qs[i] >> 4) + m;
         }
+      }
+      return;
+    }
+    case TensorType::Q5_0:
+    case TensorType::Q5_1: {
+      const bool has_min = type == TensorType::Q5_1;
+      uint8_t q[32];
+      for (int64_t b = 0; b < n / 32; ++b) {
+        const uint8_t* blk = src + b * q5_block_bytes(has_min);
+        const float d = half_to_float(read_u16(blk));
+        const float m = has_min ? half_to_float(read_u16(blk + 2)) : 0.f;
+        q5_block_codes(blk, has_min, q);
+        for (int i = 0; i < 32; ++i) dst[b * 32 + i] = has_min ? d * q[i] + m : d * (q[i] - 16);
       }
       return;
     }

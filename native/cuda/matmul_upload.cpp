@@ -10,6 +10,7 @@
 #include "../core/fp16.h"
 #include "../core/iq4_nl.h"
 #include "../core/kv_quant.h"
+#include "../core/legacy_q5.h"
 #include "matmul.h"
 #include "matmul_internal.h"
 
@@ -129,6 +130,24 @@ HostLayout layout_gguf(TensorType type, const GgufPart* parts, int n_parts, int 
       m.aux = std::move(aux);
       return m;
     }
+    case TensorType::Q5_0: {
+      // d * (q - 16): exactly the Q8_0 block of the same d (no kernel of its own on the device).
+      m.format = WeightFormat::Q8_0;
+      std::vector<uint8_t> data(size_t(rows) * nb * 32), aux(size_t(rows) * nb * 2);
+      for_each_row(parts, n_parts, rb, [&](const uint8_t* src, int r) {
+        uint8_t codes[32];
+        for (size_t b = 0; b < nb; ++b) {
+          const uint8_t* blk = src + b * q5_block_bytes(false);
+          std::memcpy(&aux[(r * nb + b) * 2], blk, 2);
+          q5_block_codes(blk, false, codes);
+          for (int i = 0; i < 32; ++i) data[(r * nb + b) * 32 + i] = static_cast<uint8_t>(codes[i] - 16);
+        }
+      });
+      m.data = std::move(data);
+      m.aux = std::move(aux);
+      return m;
+    }
+    case TensorType::Q5_1:
     case TensorType::Q2_K:
     case TensorType::Q3_K: {
       // No device kernel of their own: each 32 weights become a Q8_0 block (GGML's reference quantizer),

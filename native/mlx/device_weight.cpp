@@ -7,6 +7,7 @@
 #include "../core/dequantize.h"
 #include "../core/fp16.h"
 #include "../core/iq4_nl.h"
+#include "../core/legacy_q5.h"
 
 namespace llmd {
 
@@ -81,6 +82,18 @@ void exact_row(TensorType type, const uint8_t* src, int k, AffineBuilder& out) {
         out.group(q, d, -128.f * d);
       }
       return;
+    case TensorType::Q5_0:
+    case TensorType::Q5_1: {
+      // 5-bit codes in 8-bit groups (as Q5_K's): scale d, bias m (Q5_0: -16 d).
+      const bool has_min = type == TensorType::Q5_1;
+      for (int b = 0; b < k / 32; ++b) {
+        const uint8_t* blk = src + static_cast<size_t>(b) * q5_block_bytes(has_min);
+        const float d = half_to_float(read_u16(blk));
+        q5_block_codes(blk, has_min, q);
+        out.group(q, d, has_min ? half_to_float(read_u16(blk + 2)) : -16.f * d);
+      }
+      return;
+    }
     case TensorType::IQ4_NL:
       // Every level is an int8: 8-bit codes level + 128 under scale d and bias -128 d, as Q8_0's.
       for (int b = 0; b < k / 32; ++b) {
@@ -144,11 +157,12 @@ DeviceWeight device_weight_from_rows(const std::vector<RowRef>& rows, TensorType
   const size_t n = rows.size();
   const size_t rb = row_bytes(type, k);
   const bool exact = type == TensorType::Q4_0 || type == TensorType::Q4_1 || type == TensorType::Q8_0 ||
-                     type == TensorType::IQ4_NL || type == TensorType::Q4_K || type == TensorType::Q5_K;
+                     type == TensorType::IQ4_NL || type == TensorType::Q4_K || type == TensorType::Q5_K ||
+                     type == TensorType::Q5_0 || type == TensorType::Q5_1;
   if (exact) {
-    // Q5_K's 5-bit quants sit in 8-bit groups (MLX's 5-bit layout packs across bytes), as do
-    // IQ4_NL's levels (no 4-bit affine group holds them).
-    const bool eight = type == TensorType::Q8_0 || type == TensorType::Q5_K || type == TensorType::IQ4_NL;
+    // Q5_K's, Q5_0's and Q5_1's 5-bit codes sit in 8-bit groups (MLX's 5-bit layout packs across
+    // bytes), as do IQ4_NL's levels (no 4-bit affine group holds them).
+    const bool eight = type != TensorType::Q4_0 && type != TensorType::Q4_1 && type != TensorType::Q4_K;
     AffineBuilder b(eight ? 8 : 4, k, n);
     for (const RowRef& r : rows) exact_row(type, r.tensor->data + r.row * rb, k, b);
     return b.finish(n, false);

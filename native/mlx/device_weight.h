@@ -4,7 +4,7 @@
 // Why re-pack: llmd's CPU kernels read GGUF blocks directly, but on a GPU the well-tuned
 // kernels MLX already ships (quantized_matmul with 32-weight affine groups) are the way onto
 // the device. Block types whose maths is affine per 32 weights — Q4_0, Q4_1, Q8_0, Q4_K, and
-// Q5_K and IQ4_NL (whose 16 levels are int8s) in 8-bit groups — map exactly onto MLX's 4/8-bit affine layout (scale and bias rounded
+// Q5_K, Q5_0, Q5_1 and IQ4_NL (whose 16 levels are int8s) in 8-bit groups — map exactly onto MLX's 4/8-bit affine layout (scale and bias rounded
 // to float16). Other block types (Q6_K) are dequantized and re-quantized to 8-bit affine
 // groups of 32, finer than any source format of 6 bits or fewer. Float tensors become float16.
 #pragma once

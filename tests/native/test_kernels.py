@@ -22,6 +22,8 @@ TYPES = {
     "Q4_1": GGMLQuantizationType.Q4_1,
     "Q8_0": GGMLQuantizationType.Q8_0,
     "IQ4_NL": GGMLQuantizationType.IQ4_NL,
+    "Q5_0": GGMLQuantizationType.Q5_0,
+    "Q5_1": GGMLQuantizationType.Q5_1,
 }
 PATHS = engine.runnable_kernel_paths()
 
@@ -82,7 +84,7 @@ def test_packed_rows_are_bit_identical_whatever_the_batch(path: str, type_name: 
 
 
 @pytest.mark.parametrize("path", sorted({p for p, _ in PACKED}))
-@pytest.mark.parametrize("type_name", ["Q4_0", "Q8_0", "IQ4_NL"])
+@pytest.mark.parametrize("type_name", ["Q4_0", "Q8_0", "IQ4_NL", "Q5_0", "Q5_1"])
 @pytest.mark.parametrize("k", [576, 608])
 def test_pack8_moves_bytes_and_every_row_unpacks_exactly(path: str, type_name: str, k: int) -> None:
     """The AVX-512 path pairs blocks in its Q4_0 / IQ4_NL / Q8_0 tile (Q8_0's quants stored
@@ -91,7 +93,7 @@ def test_pack8_moves_bytes_and_every_row_unpacks_exactly(path: str, type_name: s
     embedding that reads rows back through it needs."""
     rng = np.random.default_rng(k)
     n = 24
-    row_bytes = k // 32 * (34 if type_name == "Q8_0" else 18)
+    row_bytes = k // 32 * {"Q8_0": 34, "Q5_0": 22, "Q5_1": 24}.get(type_name, 18)
     rows = rng.integers(0, 256, (n, row_bytes), dtype=np.uint8)
     packed = engine.pack8(type_name, rows, n, k, path)
     assert not np.array_equal(packed, rows.reshape(-1))
@@ -104,7 +106,8 @@ def test_packed_kernels_exist_on_x86_paths() -> None:
     packed layout; the others (scalar, NEON) keep GGUF's row-major one and say so."""
     for path in PATHS:
         x86 = path in ("avx2", "avx512vnni")
-        expected = ["Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL"] if x86 else []
+        expected = ["Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "Q5_0", "Q5_1"]
+        expected = expected if x86 else []
         assert engine.packed_kernel_types(path) == expected
     with pytest.raises(ValueError, match="n = 12"):
         engine.kernel_gemm(

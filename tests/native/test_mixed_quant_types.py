@@ -55,8 +55,11 @@ CONFIG = {
 
 # Per layer, the block type of each projection (anything unlisted: Q4_K).
 LAYER_TYPES = {
-    0: {"attn_v": "Q6_K", "ffn_down": "Q6_K"},  # Q4_K_M's pattern: q|k fused, v apart
-    1: {"ffn_up": "Q6_K", "ffn_down": "Q5_K"},  # gate and up apart, q|k|v one kernel
+    # Q4_K_M's pattern: q|k fused, v apart; Q5_0 and Q5_1 are what llama.cpp's K-quant recipes
+    # write for rows that are no multiple of 256 (in place of Q4_K and Q5_K).
+    0: {"attn_v": "Q6_K", "ffn_down": "Q6_K", "attn_output": "Q5_0"},
+    # gate and up apart, q|k|v one kernel
+    1: {"ffn_gate": "Q5_1", "ffn_up": "Q6_K", "ffn_down": "Q5_K"},
     2: {"attn_q": "Q5_K", "attn_k": "Q8_0", "attn_v": "Q6_K", "ffn_gate": "Q8_0", "ffn_up": "Q4_0"},
 }
 TOP_TYPES = {"token_embd.weight": "Q4_K", "output.weight": "Q6_K"}
@@ -136,7 +139,8 @@ def test_matmul_paths_show_the_runs_and_keep_fused_kernels(tmp_path: Path, backe
     assert [kind(p) for p in runs("blk.0.attn_qkv")] == ["q4_k", "q6_k"]
     assert [kind(p) for p in runs("blk.0.ffn_gate_up")] == ["q4_k"]  # still one fused kernel
     assert [kind(p) for p in runs("blk.1.attn_qkv")] == ["q4_k"]
-    assert [kind(p) for p in runs("blk.1.ffn_gate_up")] == ["q4_k", "q6_k"]
+    assert [kind(p) for p in runs("blk.1.ffn_gate_up")] == ["q5_1", "q6_k"]
+    assert [kind(p) for p in runs("blk.0.attn_output")] == ["q5_0"]
     assert [kind(p) for p in runs("blk.1.ffn_down")] == ["q5_k"]
     assert [kind(p) for p in runs("blk.2.attn_qkv")] == ["q5_k", "q8_0", "q6_k"]
     assert [kind(p) for p in runs("blk.2.ffn_gate_up")] == ["q8_0", "q4_0"]

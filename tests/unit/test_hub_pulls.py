@@ -430,11 +430,13 @@ async def test_a_gguf_the_engine_cannot_run_natively_is_converted_once(
     from tests.unit.test_hub_convert import q5k_blocks
 
     def kquant_mix(name: str, x: np.ndarray) -> tuple[np.ndarray, Any] | None:
-        # Q5_0 and Q5_1 tensors (converted) among native ones, Q5_K (native) included.
+        # TQ2_0 and MXFP4 tensors (converted) among native ones, Q5_K and Q5_0 (native) included.
         if name == "blk.0.ffn_gate.weight":
             return q5k_blocks(*x.shape), T.Q5_K
+        if name == "blk.0.attn_k.weight":
+            return quantize(x, T.Q5_0), T.Q5_0
         if name in ("blk.0.attn_q.weight", "blk.0.ffn_up.weight"):
-            t = T.Q5_0 if "attn" in name else T.Q5_1
+            t = T.TQ2_0 if "attn" in name else T.MXFP4
             return quantize(x, t), t
         return None
 
@@ -449,22 +451,25 @@ async def test_a_gguf_the_engine_cannot_run_natively_is_converted_once(
         _, again = await pull(m, "hf.co/test-org/kquant-GGUF:Q5_K_M", "second-name")
     finally:
         await m.close()
-    assert "Q5_1 -> Q8_0 (1 tensors)" in final["note"] and "Q5_K" not in final["note"]
+    assert "MXFP4 -> Q8_0 (1 tensors)" in final["note"] and "Q5_K" not in final["note"]
+    assert "Q5_0" not in final["note"]
     assert final["quantization"] == "Q8_0"
     from llmd.store.model_facts import describe
 
     engine = describe(ModelStore(get_paths()).get("hf.co/test-org/kquant-GGUF:Q5_K_M"))["engine"]
     assert engine.startswith("native kernels: ") and "not runnable" not in engine
     assert engine.endswith(
-        "converted at pull from the source's Q5_0 -> Q8_0 (1 tensors), Q5_1 -> Q8_0 (1 tensors)"
+        "converted at pull from the source's MXFP4 -> Q8_0 (1 tensors), TQ2_0 -> Q8_0 (1 tensors)"
     )
-    assert "Q5_K 1" in engine.split(";")[0]  # kept, and listed among the native kernels
+    native = engine.split(";")[0]
+    assert "Q5_K 1" in native and "Q5_0 1" in native  # kept, and listed among the native kernels
     assert any(e["status"] == "converting" for e in events)
     store = ModelStore(get_paths())
     record = store.get("hf.co/test-org/kquant-GGUF:Q5_K_M")
     layout = read_layout(record.path)
     assert all(t.type in NATIVE_GGUF_TYPES for t in layout.tensors)
-    assert {t.name: t.type for t in layout.tensors}["blk.0.ffn_gate.weight"] == T.Q5_K
+    types = {t.name: t.type for t in layout.tensors}
+    assert types["blk.0.ffn_gate.weight"] == T.Q5_K and types["blk.0.attn_k.weight"] == T.Q5_0
     assert record.source_digest == f"sha256:{sha256(tmp_path / 'k.gguf')}"
     assert blob_files(llmd_home) == [Path(record.path).name]  # the unconverted file is gone
     # the same upstream file again: no download, no conversion, the same blob

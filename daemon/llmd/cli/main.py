@@ -212,9 +212,8 @@ def pull(source: str, name: str | None, kind: str | None) -> None:
     Hub pulls run in the daemon (a temporary one if none runs) with a progress bar;
     they are resumable (Ctrl-C, a lost connection or a restart keeps what was
     downloaded), checked against the hub's sha256 before anything is installed, and
-    GGUF quantizations the engine cannot run are converted at pull time (Q5_0 to
-    Q8_0 without changing a weight, IQ4_XS to IQ4_NL with its scales in fp16;
-    Q5_1, IQ3_S, ... to Q8_0). Set HF_TOKEN (or `huggingface-cli login`) for gated repos, HF_ENDPOINT
+    GGUF quantizations the engine cannot run are converted at pull time (IQ4_XS to
+    IQ4_NL with its scales in fp16; IQ3_S, IQ2_XS, ... to Q8_0). Set HF_TOKEN (or `huggingface-cli login`) for gated repos, HF_ENDPOINT
     for a mirror.
     """
     from llmd.cli.pull_progress import (

@@ -5,8 +5,6 @@ a rounding of its own, and its Q8_0 target costs 8.5 bits per weight. Some sourc
 are, value for value, a special case of a native one; re-encoding their integers keeps every
 weight exactly as llama.cpp reads it, and can be smaller:
 
-- **Q5_0 -> Q8_0** (the fallback llama.cpp writes into Q4_K_M files whose rows are not a
-  multiple of 256, e.g. Qwen2.5-0.5B's): ``d * (q - 16)`` is a Q8_0 block with the same ``d``.
 - **IQ4_XS -> IQ4_NL** (4.5 bits per weight instead of Q8_0's 8.5): the same codes per 32
   weights, under the scale ``d * (s - 32)`` rounded to fp16 (exact when it fits 11 significant
   bits; otherwise off by at most 2^-11 of the scale, where re-quantizing to Q8_0 moves weights
@@ -29,29 +27,6 @@ def _blocks(rows: np.ndarray, block_bytes: int) -> np.ndarray:
     return np.ascontiguousarray(rows).reshape(-1, block_bytes)
 
 
-def _nibbles_of_32(qs: np.ndarray) -> np.ndarray:
-    """(n, 16) bytes -> (n, 32) values: low nibbles are weights 0-15, high ones 16-31 (the
-    Q4_0 / Q5_0 layout)."""
-    return np.concatenate([qs & 0x0F, qs >> 4], axis=1)
-
-
-def _q8_0(d: np.ndarray, q: np.ndarray) -> np.ndarray:
-    """Q8_0 blocks from fp16 scales (n,) and int8 weights (n, 32)."""
-    out = np.empty((q.shape[0], 34), np.uint8)
-    out[:, :2] = d.astype(np.float16).reshape(-1, 1).view(np.uint8)
-    out[:, 2:] = q.astype(np.int8).view(np.uint8)
-    return out
-
-
-def q5_0_to_q8_0(rows: np.ndarray) -> np.ndarray:
-    """Q5_0 (22 bytes / 32 weights: d, qh as a little-endian uint32, qs[16]) -> Q8_0."""
-    b = _blocks(rows, 22)
-    d = b[:, :2].copy().view(np.float16).reshape(-1)
-    qh = b[:, 2:6].copy().view("<u4").reshape(-1, 1) >> np.arange(32, dtype=np.uint32)
-    q = _nibbles_of_32(b[:, 6:]).astype(np.int16) | ((qh & 1).astype(np.int16) << 4)
-    return _q8_0(d, q - 16).reshape(rows.shape[0], -1)
-
-
 def iq4_xs_to_iq4_nl(rows: np.ndarray) -> np.ndarray:
     """IQ4_XS (136 bytes / 256 weights: d, scales_h as a uint16, scales_l[4], qs[128]) -> one
     IQ4_NL block (18 bytes: fp16 scale, the 16 code bytes as they are) per 32 weights, scaled
@@ -70,6 +45,5 @@ def iq4_xs_to_iq4_nl(rows: np.ndarray) -> np.ndarray:
 
 # (source, target) -> re-encoding; convert.py uses one whenever its plan pairs the two.
 REPACKS: dict[tuple[int, int], Callable[[np.ndarray], np.ndarray]] = {
-    (T.Q5_0, T.Q8_0): q5_0_to_q8_0,
     (T.IQ4_XS, T.IQ4_NL): iq4_xs_to_iq4_nl,
 }

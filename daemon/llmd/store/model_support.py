@@ -14,10 +14,12 @@ re-quantized to Q8_0 it becomes 4.40 % (+1 %), to Q4_1 9.6 % (2x). Q8_0's own er
 adds in quadrature, so it keeps the quality the user chose for every source type, IQ*
 included, where a 4-bit target would add an error as large as the source's own. The price is
 memory (8.5 bits per weight instead of 2-6); the pull says so and names the ratio. Sources that
-are a special case of a native type lose nothing (block_repack.py): Q5_0 becomes Q8_0 blocks
-holding the very same weights, and IQ4_XS becomes **IQ4_NL** (native: its kernels look
-the 16 levels up), 4.5 bits per weight instead of 8.5, with the same codes under each
-32 weights' scale rounded to fp16. Q5_K, the bulk of Q5_K_M/Q5_K_S files
+are a special case of a native type lose nothing (block_repack.py): IQ4_XS becomes **IQ4_NL**
+(native: its kernels look the 16 levels up), 4.5 bits per weight instead of 8.5, with the same
+codes under each 32 weights' scale rounded to fp16. Q5_0 and Q5_1, which llama.cpp writes into
+the K-quant files of models whose rows are no multiple of 256 (Qwen2.5-0.5B's 896: 132 of 169
+matrices of its Q4_K_M file), run on kernels of their own: as Q8_0 they took 5.5 / 6 bits per
+weight to 8.5 and the worker's memory past 1.2x llama-server's. Q5_K, the bulk of Q5_K_M/Q5_K_S files
 (and part of Q3_K_L's), has kernels of its own: converting it cost 8.5 bits per weight instead
 of 5.5 and made decode on such files memory-bound at ~1.5x llama.cpp's time. So have Q2_K and
 Q3_K (the Q2_K and Q3_K_S/M/L files' bulk): converted to Q8_0 and Q6_K, a 1B Q2_K file read
@@ -61,13 +63,28 @@ SAFETENSORS_ONLY_ARCHITECTURES: frozenset[str] = frozenset({"gemma4"})
 
 # GGUF tensor types with a native kernel (native/mlx/kernels) or a float path.
 NATIVE_GGUF_TYPES: frozenset[int] = frozenset(
-    {T.F32, T.F16, T.BF16, T.Q8_0, T.Q4_0, T.Q4_1, T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K, T.IQ4_NL}
+    {
+        T.F32,
+        T.F16,
+        T.BF16,
+        T.Q8_0,
+        T.Q4_0,
+        T.Q4_1,
+        T.Q5_0,
+        T.Q5_1,
+        T.Q2_K,
+        T.Q3_K,
+        T.Q4_K,
+        T.Q5_K,
+        T.Q6_K,
+        T.IQ4_NL,
+    }
 )
 
 # Types converted at pull time -> the type they become. gguf-py dequantizes all of these
 # (names an older gguf-py lacks are skipped: it could not read such files anyway).
 _CONVERTED = (
-    "Q5_0 Q5_1 IQ1_S IQ1_M IQ2_XXS IQ2_XS IQ2_S IQ3_XXS IQ3_S IQ4_XS TQ1_0 TQ2_0 MXFP4 NVFP4"
+    "IQ1_S IQ1_M IQ2_XXS IQ2_XS IQ2_S IQ3_XXS IQ3_S IQ4_XS TQ1_0 TQ2_0 MXFP4 NVFP4"
 ).split()
 CONVERSION_TARGET: dict[int, int] = {T[n]: T.Q8_0 for n in _CONVERTED if n in T.__members__}
 # IQ4_XS is IQ4_NL's codes under per-32 6-bit scales of one fp16 d: each 32 weights become an

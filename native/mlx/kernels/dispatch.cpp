@@ -84,6 +84,8 @@ GemmFn KernelTable::gemm_for(TensorType type) const {
     case TensorType::IQ4_NL: return iq4_nl;
     case TensorType::Q2_K: return q2_k;
     case TensorType::Q3_K: return q3_k;
+    case TensorType::Q5_0: return q5_0;
+    case TensorType::Q5_1: return q5_1;
     default: return nullptr;
   }
 }
@@ -97,6 +99,8 @@ GemmFn KernelTable::packed_gemm_for(TensorType type) const {
     case TensorType::Q5_K: return q5_k_x8;
     case TensorType::Q6_K: return q6_k_x8;
     case TensorType::IQ4_NL: return iq4_nl_x8;
+    case TensorType::Q5_0: return q5_0_x8;
+    case TensorType::Q5_1: return q5_1_x8;
     default: return nullptr;
   }
 }

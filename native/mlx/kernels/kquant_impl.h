@@ -559,9 +559,10 @@ struct KqPair {
 };
 
 // Which seeds KqPairRows computes: none, -32 * the sum of each 16-element half
-// (Q6_K: q - 32), or -8 / -128 * the sum of the whole block (Q4_0's q - 8; Q8_0, whose packed
-// weights are stored as q + 128 so that they are the unsigned operand of vpdpbusd).
-enum class PairSeeds { kNone, kHalves32, kWhole8, kWhole128 };
+// (Q6_K: q - 32), or -8 / -16 / -128 * the sum of the whole block (Q4_0's q - 8; Q5_0's q - 16;
+// Q8_0, whose packed weights are stored as q + 128 so that they are the unsigned operand of
+// vpdpbusd).
+enum class PairSeeds { kNone, kHalves32, kWhole8, kWhole16, kWhole128 };
 
 template <PairSeeds kSeeds>
 struct KqPairRows {
@@ -603,7 +604,7 @@ struct KqPairRows {
           _mm_storel_epi64(reinterpret_cast<__m128i*>(buf[i].seed[0]), _mm_sub_epi32(z, _mm_slli_epi32(lo, 5)));
           _mm_storel_epi64(reinterpret_cast<__m128i*>(buf[i].seed[1]), _mm_sub_epi32(z, _mm_slli_epi32(hi, 5)));
         } else {
-          constexpr int kShift = kSeeds == PairSeeds::kWhole8 ? 3 : 7;
+          constexpr int kShift = kSeeds == PairSeeds::kWhole8 ? 3 : kSeeds == PairSeeds::kWhole16 ? 4 : 7;
           const __m128i whole = _mm_add_epi32(lo, hi);
           _mm_storel_epi64(reinterpret_cast<__m128i*>(buf[i].seed[0]), _mm_sub_epi32(z, _mm_slli_epi32(whole, kShift)));
         }

@@ -14,6 +14,8 @@
 // IQ4_NL is Q4_0's tile with each nibble looked up (vpshufb) into its level + 128, the unsigned
 // operand, under Q8_0's -128 * sum(a) seed. Q4_1 (d * q + m) is Q4_0's tile with unseeded chains
 // and its minimum as one more FMA per row and pair: m * (d_a * sum(a)), the activation's s.
+// Q5_0 / Q5_1 are Q4_0's / Q4_1's tiles plus the codes' fifth bits, 64-bit masks that one masked
+// byte add per nibble half applies to a slice (as Q5_K's); Q5_0's q - 16 seeds the chains.
 #pragma once
 
 #if defined(LLMD_ISA_VNNI)
@@ -29,7 +31,7 @@ namespace llmd::kernels::LLMD_ISA_NAMESPACE {
 // -> 31.6-33.2; Q8_0 1 row 16.5-17.7 -> 17.7-19.0 (its tiles are 1.7x larger: half the pairs).
 // The block types of this file: Q8_0's bytes, or 4-bit codes standing for q - 8 (Q4_0), for
 // q plus a minimum (Q4_1) or for IQ4_NL's levels.
-enum class Legacy { kQ4_0, kQ4_1, kIq4nl, kQ8_0 };
+enum class Legacy { kQ4_0, kQ4_1, kIq4nl, kQ8_0, kQ5_0, kQ5_1 };
 
 template <Legacy kType>
 constexpr int kLegacyPrefetchPairs = kType == Legacy::kQ8_0 ? 16 : 32;
@@ -41,10 +43,12 @@ constexpr int kLegacyPrefetchPairs = kType == Legacy::kQ8_0 ? 16 : 32;
 template <int R, Legacy kType>
 inline void dot8_legacy_zmm(const uint8_t* w, const KqPair* const* a, int nb, float* const* out, bool stream) {
   constexpr bool kQ8 = kType == Legacy::kQ8_0;
-  constexpr bool kMin = kType == Legacy::kQ4_1;
-  constexpr int kTile = kQ8 ? 8 * 68 : kMin ? 8 * 40 : 8 * 36;  // two GGUF blocks of 8 rows
-  constexpr int kQuants = kMin ? 64 : 32;                       // the scale fields' bytes
+  constexpr bool kMin = kType == Legacy::kQ4_1 || kType == Legacy::kQ5_1;
+  constexpr bool kFive = kType == Legacy::kQ5_0 || kType == Legacy::kQ5_1;
+  constexpr int kTile = kQ8 ? 8 * 68 : 8 * (kMin ? 40 : 36) + (kFive ? 64 : 0);  // two GGUF blocks of 8 rows
+  constexpr int kQuants = kMin ? 64 : 32;  // the scale fields' bytes
   constexpr int kSlices = kQ8 ? 8 : 4;
+  const __m512i sixteen = _mm512_set1_epi8(0x10);
   const __m512i m4 = _mm512_set1_epi8(0x0f);
   const __m512i levels = _mm512_broadcast_i32x4(_mm_load_si128(reinterpret_cast<const __m128i*>(kIq4nlValuesU8)));
   __m512 acc[R];
@@ -81,6 +85,11 @@ inline void dot8_legacy_zmm(const uint8_t* w, const KqPair* const* a, int nb, fl
           lo = _mm512_shuffle_epi8(levels, lo);
           hi = _mm512_shuffle_epi8(levels, hi);
         }
+        if constexpr (kFive) {
+          const uint8_t* masks = t + kQuants + 256 + 16 * s;
+          lo = _mm512_mask_add_epi8(lo, load_u64(masks), lo, sixteen);
+          hi = _mm512_mask_add_epi8(hi, load_u64(masks + 8), hi, sixteen);
+        }
 #pragma GCC unroll 8
         for (int r = 0; r < R; ++r) {
           const int8_t* aq = a[r][p].q + 16 * s;
@@ -113,9 +122,10 @@ struct Dot8LegacyZmm {
   struct Tile {
     static constexpr int kSingleRowGroups = 1;
     static constexpr int kRowTile = 8;
-    using Rows = KqPairRows<kType == Legacy::kQ4_0   ? PairSeeds::kWhole8
-                            : kType == Legacy::kQ4_1 ? PairSeeds::kNone
-                                                     : PairSeeds::kWhole128>;
+    using Rows = KqPairRows<kType == Legacy::kQ4_0                                 ? PairSeeds::kWhole8
+                            : kType == Legacy::kQ5_0                               ? PairSeeds::kWhole16
+                            : kType == Legacy::kQ4_1 || kType == Legacy::kQ5_1 ? PairSeeds::kNone
+                                                                                   : PairSeeds::kWhole128>;
     static void run(const uint8_t* w, size_t /*stride*/, const KqPair* const* a, int nb, float* const* out,
                     bool stream) {
       static_assert(G == 1, "the 512-bit kernels take one group at a time");
@@ -140,6 +150,16 @@ inline void gemm_q8_0_x8_zmm(const uint8_t* w, size_t rb, const ActBlock* a, int
                              float* out, int ldo) {
   if (k % (2 * kBlock) != 0) return gemm_q8_0_x8(w, rb, a, k, rows, n0, n1, out, ldo);
   gemm_packed<Dot8LegacyZmm<Legacy::kQ8_0>::Tile>(w, rb, a, k, rows, n0, n1, out, ldo);
+}
+inline void gemm_q5_0_x8_zmm(const uint8_t* w, size_t rb, const ActBlock* a, int k, int rows, int n0, int n1,
+                             float* out, int ldo) {
+  if (k % (2 * kBlock) != 0) return gemm_q5_0_x8(w, rb, a, k, rows, n0, n1, out, ldo);
+  gemm_packed<Dot8LegacyZmm<Legacy::kQ5_0>::Tile>(w, rb, a, k, rows, n0, n1, out, ldo);
+}
+inline void gemm_q5_1_x8_zmm(const uint8_t* w, size_t rb, const ActBlock* a, int k, int rows, int n0, int n1,
+                             float* out, int ldo) {
+  if (k % (2 * kBlock) != 0) return gemm_q5_1_x8(w, rb, a, k, rows, n0, n1, out, ldo);
+  gemm_packed<Dot8LegacyZmm<Legacy::kQ5_1>::Tile>(w, rb, a, k, rows, n0, n1, out, ldo);
 }
 inline void gemm_iq4_nl_x8_zmm(const uint8_t* w, size_t rb, const ActBlock* a, int k, int rows, int n0, int n1,
                                float* out, int ldo) {

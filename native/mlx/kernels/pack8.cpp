@@ -4,6 +4,8 @@
 #include <stdexcept>
 #include <vector>
 
+#include "../../core/legacy_q5.h"
+
 namespace llmd::kernels {
 
 namespace {
@@ -95,6 +97,102 @@ void q8_0_pair_from_tile(const uint8_t* tile, int c, uint8_t* blocks) {
     for (int s = 0; s < 8; ++s) {
       for (int j = 0; j < 4; ++j) b[2 + 4 * s + j] = tile[32 + 64 * s + 8 * c + 4 * e + j] ^ 0x80;
     }
+  }
+}
+
+// Q5_0 / Q5_1 (core/legacy_q5.h): Q4_0's / Q4_1's tile of the codes' low 4 bits (the scale
+// fields, then chunk h's 4 bytes of row c at S + 32h + 4c; S = 16 or 32 bytes of scale fields),
+// then their fifth bits as 8 bit planes: byte S + 128 + 4c + j, bit 2h the fifth bit of row c's
+// element 4h + j, bit 2h + 1 that of element 16 + 4h + j (one load serves a block's 4 chunks).
+template <bool kHasMin>
+void q5_to_tile(const uint8_t* block, int c, uint8_t* tile) {
+  constexpr int kS = kHasMin ? 32 : 16;
+  std::memcpy(tile + 2 * c, block, 2);
+  if constexpr (kHasMin) std::memcpy(tile + 16 + 2 * c, block + 2, 2);
+  const uint8_t* qs = block + q5_qs_offset(kHasMin);
+  const uint32_t qh = q5_fifth_bits(block, kHasMin);
+  for (int h = 0; h < 4; ++h) std::memcpy(tile + kS + 32 * h + 4 * c, qs + 4 * h, 4);
+  for (int j = 0; j < 4; ++j) {
+    uint8_t planes = 0;
+    for (int h = 0; h < 4; ++h) {
+      planes = static_cast<uint8_t>(planes | (((qh >> (4 * h + j)) & 1) << (2 * h)) |
+                                    (((qh >> (16 + 4 * h + j)) & 1) << (2 * h + 1)));
+    }
+    tile[kS + 128 + 4 * c + j] = planes;
+  }
+}
+
+template <bool kHasMin>
+void q5_from_tile(const uint8_t* tile, int c, uint8_t* block) {
+  constexpr int kS = kHasMin ? 32 : 16;
+  std::memcpy(block, tile + 2 * c, 2);
+  if constexpr (kHasMin) std::memcpy(block + 2, tile + 16 + 2 * c, 2);
+  uint8_t* qs = block + q5_qs_offset(kHasMin);
+  for (int h = 0; h < 4; ++h) std::memcpy(qs + 4 * h, tile + kS + 32 * h + 4 * c, 4);
+  uint32_t qh = 0;
+  for (int j = 0; j < 4; ++j) {
+    const uint32_t planes = tile[kS + 128 + 4 * c + j];
+    for (int h = 0; h < 4; ++h) {
+      qh |= ((planes >> (2 * h)) & 1) << (4 * h + j);
+      qh |= ((planes >> (2 * h + 1)) & 1) << (16 + 4 * h + j);
+    }
+  }
+  std::memcpy(block + q5_qh_offset(kHasMin), &qh, 4);
+}
+
+// Q5_0 / Q5_1 kQword tile: Q4_0's / Q4_1's pair tile of the codes' low 4 bits, then per slice s
+// two 64-bit masks at 32 kFields + 256 + 16s (low, high nibbles): bit 8c + 4e + j the fifth bit
+// of element 8s + j (8s + 4 + j) of block 2p + e; row c owns byte c of each.
+template <bool kHasMin>
+void q5_pair_to_tile(const uint8_t* blocks, int c, uint8_t* tile) {
+  constexpr int kFields = kHasMin ? 2 : 1;
+  constexpr int kBytes = q5_block_bytes(kHasMin);
+  uint8_t q[2][32];
+  for (int e = 0; e < 2; ++e) {
+    const uint8_t* b = blocks + kBytes * e;
+    q5_block_codes(b, kHasMin, q[e]);
+    for (int f = 0; f < kFields; ++f) std::memcpy(tile + 32 * f + 2 * (2 * c + e), b + 2 * f, 2);
+  }
+  for (int s = 0; s < 4; ++s) {
+    uint8_t lo = 0, hi = 0;
+    for (int e = 0; e < 2; ++e) {
+      for (int j = 0; j < 4; ++j) {
+        const int a = 8 * s + j, b = 8 * s + 4 + j;
+        tile[32 * kFields + 64 * s + 8 * c + 4 * e + j] = static_cast<uint8_t>((q[e][a] & 15) | ((q[e][b] & 15) << 4));
+        lo = static_cast<uint8_t>(lo | ((q[e][a] >> 4) << (4 * e + j)));
+        hi = static_cast<uint8_t>(hi | ((q[e][b] >> 4) << (4 * e + j)));
+      }
+    }
+    tile[32 * kFields + 256 + 16 * s + c] = lo;
+    tile[32 * kFields + 256 + 16 * s + 8 + c] = hi;
+  }
+}
+
+template <bool kHasMin>
+void q5_pair_from_tile(const uint8_t* tile, int c, uint8_t* blocks) {
+  constexpr int kFields = kHasMin ? 2 : 1;
+  constexpr int kBytes = q5_block_bytes(kHasMin);
+  for (int e = 0; e < 2; ++e) {
+    uint8_t* b = blocks + kBytes * e;
+    for (int f = 0; f < kFields; ++f) std::memcpy(b + 2 * f, tile + 32 * f + 2 * (2 * c + e), 2);
+    uint8_t q[32];
+    for (int s = 0; s < 4; ++s) {
+      const uint8_t lo = tile[32 * kFields + 256 + 16 * s + c];
+      const uint8_t hi = tile[32 * kFields + 256 + 16 * s + 8 + c];
+      for (int j = 0; j < 4; ++j) {
+        const uint8_t v = tile[32 * kFields + 64 * s + 8 * c + 4 * e + j];
+        q[8 * s + j] = static_cast<uint8_t>((v & 15) | (((lo >> (4 * e + j)) & 1) << 4));
+        q[8 * s + 4 + j] = static_cast<uint8_t>((v >> 4) | (((hi >> (4 * e + j)) & 1) << 4));
+      }
+    }
+    uint32_t qh = 0;
+    uint8_t* qs = b + q5_qs_offset(kHasMin);
+    for (int i = 0; i < 16; ++i) {
+      qs[i] = static_cast<uint8_t>((q[i] & 15) | ((q[i + 16] & 15) << 4));
+      qh |= static_cast<uint32_t>(q[i] >> 4) << i;
+      qh |= static_cast<uint32_t>(q[i + 16] >> 4) << (i + 16);
+    }
+    std::memcpy(b + q5_qh_offset(kHasMin), &qh, 4);
   }
 }
 
@@ -289,6 +387,12 @@ Codec codec_of(TensorType type, PackLayout layout, int k) {
       return pairs ? Codec{64, 40, q4_pair_to_tile<2>, q4_pair_from_tile<2>} : legacy_codec<4, 4>(20);
     case TensorType::Q8_0:
       return pairs ? Codec{64, 68, q8_0_pair_to_tile, q8_0_pair_from_tile} : legacy_codec<2, 8>(34);
+    case TensorType::Q5_0:
+      return pairs ? Codec{64, 44, q5_pair_to_tile<false>, q5_pair_from_tile<false>}
+                   : Codec{32, 22, q5_to_tile<false>, q5_from_tile<false>};
+    case TensorType::Q5_1:
+      return pairs ? Codec{64, 48, q5_pair_to_tile<true>, q5_pair_from_tile<true>}
+                   : Codec{32, 24, q5_to_tile<true>, q5_from_tile<true>};
     case TensorType::Q4_K:
       return qword ? Codec{256, 144, q45k_to_tile<16, true>, q45k_from_tile<16, true>}
                    : Codec{256, 144, q45k_to_tile<16, false>, q45k_from_tile<16, false>};
@@ -305,7 +409,8 @@ Codec codec_of(TensorType type, PackLayout layout, int k) {
 
 bool has_pack8_layout(TensorType type) {
   return type == TensorType::Q4_0 || type == TensorType::Q4_1 || type == TensorType::Q8_0 ||
-         type == TensorType::IQ4_NL || type == TensorType::Q4_K || type == TensorType::Q5_K || type == TensorType::Q6_K;
+         type == TensorType::IQ4_NL || type == TensorType::Q4_K || type == TensorType::Q5_K || type == TensorType::Q6_K ||
+         type == TensorType::Q5_0 || type == TensorType::Q5_1;
 }
 
 void pack8_in_place(TensorType type, uint8_t* rows, int n_rows, int k, PackLayout layout) {

@@ -1,4 +1,4 @@
-// The 8-row packed layout of Q4_0 / Q4_1 / Q8_0 / Q4_K / Q5_K / Q6_K weights used by the x86 kernels
+// The 8-row packed layout of Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 / Q4_K / Q5_K / Q6_K weights used by the x86 kernels
 // (IQ4_NL, whose blocks are Q4_0's bytes, is packed exactly as Q4_0).
 //
 // Why: with rows stored one after another, every 32-element block of every (activation row,
@@ -61,6 +61,9 @@
 //     [1168, 1680) pair p, slices 2u and 2u + 1: 64 bytes at 1168 + 128p + 64u: the quants' 2
 //                  high bits, bits 0-1 (2-3) for slice 2u's low (high) nibbles, bits 4-5 (6-7)
 //                  for slice 2u + 1's
+// Q5_0 / Q5_1 (176 / 192 bytes): Q4_0's / Q4_1's tile of the codes' low 4 bits, then 32 bytes of
+//   fifth bits at 144 (Q5_1: 160): byte 4c + j, bit 2h the fifth bit of row c's element 4h + j,
+//   bit 2h + 1 that of element 16 + 4h + j.
 // Q4_0 (and IQ4_NL), Q4_1 and Q8_0 have a kQword tile too where k is a multiple of 64 (otherwise
 // they keep the tile above on every path): a pair of blocks 2p, 2p + 1, for legacy_zmm_impl.h's
 // kernels.
@@ -72,6 +75,9 @@
 //                 64 + 64s
 //   Q8_0, 544 bytes: [0, 32) as Q4_0, then slice s = 0..7: 64 bytes at 32 + 64s; row c's byte
 //                 8c + 4e + j holds q[4s + j] + 128 (q ^ 0x80, unsigned) of block 2p + e
+//   Q5_0 / Q5_1, 352 / 384 bytes: Q4_0's / Q4_1's pair tile of the codes' low 4 bits, then slice
+//                 s's two uint64 masks at 288 + 16s (Q5_1: 320 + 16s), low then high nibbles: bit
+//                 8c + 4e + j the fifth bit of the code in that nibble of byte 8c + 4e + j
 // A group's bytes occupy exactly the bytes its 8 rows occupied, so the row-major offset of
 // row 8g (8g * row_bytes) is also where its group starts. Matrices whose row count is not a
 // multiple of 8 are not packed (they keep GGUF's layout and the row-major kernels).
@@ -89,7 +95,7 @@ constexpr int kPackRows = 8;
 // Which arrangement of the tile a kernel path reads (see above; only the K-quants differ).
 enum class PackLayout : uint8_t { kDword, kQword };
 
-// Whether `type` has a packed layout (Q4_0, Q4_1, Q8_0, IQ4_NL, Q4_K, Q5_K, Q6_K).
+// Whether `type` has a packed layout (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, Q4_K, Q5_K, Q6_K).
 bool has_pack8_layout(TensorType type);
 
 // Packs `n_rows` (a multiple of 8) rows of `k` elements, row-major at `rows`, in place.

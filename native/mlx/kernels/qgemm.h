@@ -65,6 +65,8 @@ struct KernelTable {
   GemmFn iq4_nl = nullptr;
   GemmFn q2_k = nullptr;  // row-major only (kquant_low_bits.h)
   GemmFn q3_k = nullptr;
+  GemmFn q5_0 = nullptr;  // Q4_0's / Q4_1's kernels with a fifth bit per code (core/legacy_q5.h)
+  GemmFn q5_1 = nullptr;
   // Kernels for weights in the 8-row packed layout (pack8.h); null where this path has none,
   // and then weights stay row-major.
   GemmFn q4_0_x8 = nullptr;
@@ -74,6 +76,8 @@ struct KernelTable {
   GemmFn q5_k_x8 = nullptr;
   GemmFn q6_k_x8 = nullptr;
   GemmFn iq4_nl_x8 = nullptr;
+  GemmFn q5_0_x8 = nullptr;
+  GemmFn q5_1_x8 = nullptr;
   // How this path's packed kernels want the tile arranged (pack8.h): the engine packs with it.
   PackLayout pack_layout = PackLayout::kDword;
   // Output columns the engine hands a thread at a time come in multiples of this (a multiple of

@@ -10,6 +10,7 @@
 
 #include "../../core/fp16.h"
 #include "../../core/iq4_nl.h"
+#include "../../core/legacy_q5.h"
 #include "../../core/scratch.h"
 #include "qgemm.h"
 
@@ -146,6 +147,27 @@ inline __m256i unpack_nibbles(const uint8_t* qs) {
   return _mm256_set_m128i(hi, lo);
 }
 
+// 0x10 in byte i where bit i of `bits` is set: a Q5_0 / Q5_1 block's fifth bits as code
+// increments (byte i of unpack_nibbles is code i).
+inline __m256i fifth_bit_bytes(uint32_t bits) {
+#if defined(LLMD_ISA_VNNI)
+  return _mm256_maskz_mov_epi8(bits, _mm256_set1_epi8(0x10));
+#else
+  const __m256i spread = _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(bits)),
+                                             _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2,
+                                                              2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3));
+  const __m256i select = _mm256_set1_epi64x(0x8040201008040201LL);
+  return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, select), select), _mm256_set1_epi8(0x10));
+#endif
+}
+
+// Bit `bit` of every byte as 0x10 (the packed Q5 tile's fifth-bit planes, pack8.h). A 16-bit
+// shift moves no other byte's bit onto bit 4: left by at most 4, right by at most 3.
+inline __m256i fifth_bit_plane(__m256i bits, int bit) {
+  const __m256i v = bit <= 4 ? _mm256_slli_epi16(bits, 4 - bit) : _mm256_srli_epi16(bits, bit - 4);
+  return _mm256_and_si256(v, _mm256_set1_epi8(0x10));
+}
+
 inline float hsum(__m256 v) {
   const __m128 lo = _mm256_castps256_ps128(v);
   const __m128 hi = _mm256_extractf128_ps(v, 1);
@@ -155,11 +177,12 @@ inline float hsum(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
-// Q4_0 / Q4_1: weight = d * q + m with q in [0, 15] (Q4_0: m = -8 d).
-template <int R, bool kHasMin>
+// Q4_0 / Q4_1: weight = d * q + m with q in [0, 15] (Q4_0: m = -8 d). With kFive, Q5_0 / Q5_1:
+// q in [0, 31], the fifth bit from the block's qh (Q5_0: m = -16 d).
+template <int R, bool kHasMin, bool kFive = false>
 inline void dot_q4(const uint8_t* w, const ActBlock* const* a, int nb, float* out) {
-  constexpr int kBytes = kHasMin ? 20 : 18;
-  constexpr int kQs = kHasMin ? 4 : 2;
+  constexpr int kBytes = kFive ? q5_block_bytes(kHasMin) : kHasMin ? 20 : 18;
+  constexpr int kQs = kFive ? q5_qs_offset(kHasMin) : kHasMin ? 4 : 2;
   __m256 acc[R];
   float accm[R];
   for (int r = 0; r < R; ++r) {
@@ -169,8 +192,9 @@ inline void dot_q4(const uint8_t* w, const ActBlock* const* a, int nb, float* ou
   for (int b = 0; b < nb; ++b) {
     const uint8_t* blk = w + b * kBytes;
     const float d = half(blk);
-    const float m = kHasMin ? half(blk + 2) : -8.f * d;
-    const __m256i wq = unpack_nibbles(blk + kQs);
+    const float m = kHasMin ? half(blk + 2) : (kFive ? -16.f : -8.f) * d;
+    __m256i wq = unpack_nibbles(blk + kQs);
+    if constexpr (kFive) wq = _mm256_or_si256(wq, fifth_bit_bytes(q5_fifth_bits(blk, kHasMin)));
     for (int r = 0; r < R; ++r) {
       const ActBlock& ab = a[r][b];
       const __m256i aq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ab.q));
@@ -295,7 +319,9 @@ inline void prefetch_tiles(const uint8_t* w, size_t stride, int b) {
 
 // What a 4-bit code of the packed Q4 tile (pack8.h: Q4_0's and IQ4_NL's 144 bytes, Q4_1's
 // 160) stands for: d * (q - 8), d * q + m, or d * kIq4nlValues[q].
-enum class Code4 { kQ4_0, kQ4_1, kIq4nl };
+// Q5_0 / Q5_1 add a fifth bit to each code (d * (q - 16), d * q + m): their tile is Q4_0's /
+// Q4_1's plus 32 bytes of bits (pack8.h).
+enum class Code4 { kQ4_0, kQ4_1, kIq4nl, kQ5_0, kQ5_1 };
 
 // R activation rows x G packed groups (8 columns each, `stride` bytes apart): the activation
 // broadcasts are shared by the G groups, the unpacked weights by the R rows.
@@ -306,15 +332,21 @@ enum class Code4 { kQ4_0, kQ4_1, kIq4nl };
 template <int R, int G, Code4 kCode>
 inline void dot8_q4(const uint8_t* w, size_t stride, const ActBlock* const* a, int nb, float* const* out,
                    bool stream) {
-  constexpr bool kHasMin = kCode == Code4::kQ4_1;
+  constexpr bool kHasMin = kCode == Code4::kQ4_1 || kCode == Code4::kQ5_1;
   constexpr bool kLevels = kCode == Code4::kIq4nl;
+  constexpr bool kFive = kCode == Code4::kQ5_0 || kCode == Code4::kQ5_1;
 #if defined(LLMD_ISA_VNNI)
   constexpr bool kSigned = false;
+  constexpr bool kWiden = false;
 #else
   constexpr bool kSigned = kLevels;
+  // 5-bit codes: a maddubs pair is at most 2 * 31 * 127 = 7874, so one chunk's int16 lanes
+  // (two pairs) fit but four chunks' would not: each chunk is widened to int32.
+  constexpr bool kWiden = kSigned || kFive;
 #endif
-  constexpr int kTile = kHasMin ? 160 : 144;
+  constexpr int kTile = (kHasMin ? 160 : 144) + (kFive ? 32 : 0);
   constexpr int kQs = kHasMin ? 32 : 16;
+  constexpr int kBits = kQs + 128;  // Q5: the fifth-bit planes (pack8.h)
   const __m256i mask = _mm256_set1_epi8(0x0f);
   const __m256i levels = iq4nl_levels(!kSigned);
   __m256 acc[R][G];
@@ -322,6 +354,14 @@ inline void dot8_q4(const uint8_t* w, size_t stride, const ActBlock* const* a, i
   for (int b = 0; b < nb; ++b) {
     if (stream) prefetch_tiles<G, kTile>(w, stride, b + kPrefetchBlocks);
     __m256i isum[R][G];
+    __m256i planes[G];
+    if constexpr (kFive) {
+#pragma GCC unroll 8
+      for (int g = 0; g < G; ++g) {
+        planes[g] = _mm256_loadu_si256(
+            reinterpret_cast<const __m256i*>(w + g * stride + static_cast<size_t>(b) * kTile + kBits));
+      }
+    }
 #pragma GCC unroll 8
     for (int h = 0; h < 4; ++h) {
       __m256i lo[G], hi[G];
@@ -334,6 +374,10 @@ inline void dot8_q4(const uint8_t* w, size_t stride, const ActBlock* const* a, i
         if constexpr (kLevels) {
           lo[g] = _mm256_shuffle_epi8(levels, lo[g]);
           hi[g] = _mm256_shuffle_epi8(levels, hi[g]);
+        }
+        if constexpr (kFive) {
+          lo[g] = _mm256_or_si256(lo[g], fifth_bit_plane(planes[g], 2 * h));
+          hi[g] = _mm256_or_si256(hi[g], fifth_bit_plane(planes[g], 2 * h + 1));
         }
       }
 #pragma GCC unroll 8
@@ -362,7 +406,12 @@ inline void dot8_q4(const uint8_t* w, size_t stride, const ActBlock* const* a, i
             // lane sums 8 of them (30480 < 32767), so nothing saturates.
             const __m256i s16 =
                 _mm256_add_epi16(_mm256_maddubs_epi16(lo[g], alo), _mm256_maddubs_epi16(hi[g], ahi));
-            isum[r][g] = h == 0 ? s16 : add16_chain(isum[r][g], s16);
+            if constexpr (kFive) {
+              const __m256i p32 = _mm256_madd_epi16(s16, _mm256_set1_epi16(1));
+              isum[r][g] = h == 0 ? p32 : add32_chain(isum[r][g], p32);
+            } else {
+              isum[r][g] = h == 0 ? s16 : add16_chain(isum[r][g], s16);
+            }
           }
 #endif
         }
@@ -372,7 +421,7 @@ inline void dot8_q4(const uint8_t* w, size_t stride, const ActBlock* const* a, i
     for (int g = 0; g < G; ++g) {
       const uint8_t* t = w + g * stride + static_cast<size_t>(b) * kTile;
       const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(t)));
-      constexpr float kOffset = kLevels ? -128.f : -8.f;
+      constexpr float kOffset = kLevels ? -128.f : kFive ? -16.f : -8.f;
       const __m256 mw = kHasMin ? _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(t + 16)))
                                 : _mm256_mul_ps(dw, _mm256_set1_ps(kOffset));
 #pragma GCC unroll 8
@@ -381,7 +430,7 @@ inline void dot8_q4(const uint8_t* w, size_t stride, const ActBlock* const* a, i
 #if defined(LLMD_ISA_VNNI)
         const __m256i i32 = isum[r][g];
 #else
-        const __m256i i32 = kSigned ? isum[r][g] : _mm256_madd_epi16(isum[r][g], _mm256_set1_epi16(1));
+        const __m256i i32 = kWiden ? isum[r][g] : _mm256_madd_epi16(isum[r][g], _mm256_set1_epi16(1));
 #endif
         acc[r][g] =
             _mm256_fmadd_ps(_mm256_cvtepi32_ps(i32), _mm256_mul_ps(dw, _mm256_set1_ps(ab.d)), acc[r][g]);
@@ -607,6 +656,14 @@ inline void gemm_iq4_nl_x8(const uint8_t* w, size_t rb, const ActBlock* a, int k
                            float* out, int ldo) {
   gemm_packed<Dot8Q4<Code4::kIq4nl>::Tile>(w, rb, a, k, rows, n0, n1, out, ldo);
 }
+inline void gemm_q5_0_x8(const uint8_t* w, size_t rb, const ActBlock* a, int k, int rows, int n0, int n1, float* out,
+                         int ldo) {
+  gemm_packed<Dot8Q4<Code4::kQ5_0>::Tile>(w, rb, a, k, rows, n0, n1, out, ldo);
+}
+inline void gemm_q5_1_x8(const uint8_t* w, size_t rb, const ActBlock* a, int k, int rows, int n0, int n1, float* out,
+                         int ldo) {
+  gemm_packed<Dot8Q4<Code4::kQ5_1>::Tile>(w, rb, a, k, rows, n0, n1, out, ldo);
+}
 
 #elif defined(LLMD_ISA_NEON)
 
@@ -633,11 +690,19 @@ inline int32x4_t isum_s8(int32x4_t acc, int8x16_t w, int8x16_t a) {
 #endif
 }
 
-// Q4_0 / Q4_1: weight = d * q + m with q in [0, 15] (Q4_0: m = -8 d); q fits int8 as is.
-template <int R, bool kHasMin>
+// 0x10 in byte i where bit i of `bits` is set (Q5_0 / Q5_1's fifth bits, 16 codes at a time).
+inline uint8x16_t fifth_bit_bytes(uint32_t bits) {
+  const uint8x16_t spread = vcombine_u8(vdup_n_u8(static_cast<uint8_t>(bits)), vdup_n_u8(static_cast<uint8_t>(bits >> 8)));
+  const uint8x16_t select = vreinterpretq_u8_u64(vdupq_n_u64(0x8040201008040201ULL));
+  return vandq_u8(vtstq_u8(spread, select), vdupq_n_u8(0x10));
+}
+
+// Q4_0 / Q4_1: weight = d * q + m with q in [0, 15] (Q4_0: m = -8 d); q fits int8 as is. With
+// kFive, Q5_0 / Q5_1: q in [0, 31] with the fifth bit from qh (Q5_0: m = -16 d).
+template <int R, bool kHasMin, bool kFive = false>
 inline void dot_q4(const uint8_t* w, const ActBlock* const* a, int nb, float* out) {
-  constexpr int kBytes = kHasMin ? 20 : 18;
-  constexpr int kQs = kHasMin ? 4 : 2;
+  constexpr int kBytes = kFive ? q5_block_bytes(kHasMin) : kHasMin ? 20 : 18;
+  constexpr int kQs = kFive ? q5_qs_offset(kHasMin) : kHasMin ? 4 : 2;
   const uint8x16_t mask = vdupq_n_u8(0x0f);
   float32x4_t acc[R];
   float accm[R];
@@ -648,10 +713,17 @@ inline void dot_q4(const uint8_t* w, const ActBlock* const* a, int nb, float* ou
   for (int b = 0; b < nb; ++b) {
     const uint8_t* blk = w + b * kBytes;
     const float d = half(blk);
-    const float m = kHasMin ? half(blk + 2) : -8.f * d;
+    const float m = kHasMin ? half(blk + 2) : (kFive ? -16.f : -8.f) * d;
     const uint8x16_t bytes = vld1q_u8(blk + kQs);
-    const int8x16_t lo = vreinterpretq_s8_u8(vandq_u8(bytes, mask));  // elements 0..15
-    const int8x16_t hi = vreinterpretq_s8_u8(vshrq_n_u8(bytes, 4));   // elements 16..31
+    uint8x16_t lo_u = vandq_u8(bytes, mask);  // elements 0..15
+    uint8x16_t hi_u = vshrq_n_u8(bytes, 4);   // elements 16..31
+    if constexpr (kFive) {
+      const uint32_t qh = q5_fifth_bits(blk, kHasMin);
+      lo_u = vorrq_u8(lo_u, fifth_bit_bytes(qh));
+      hi_u = vorrq_u8(hi_u, fifth_bit_bytes(qh >> 16));
+    }
+    const int8x16_t lo = vreinterpretq_s8_u8(lo_u);
+    const int8x16_t hi = vreinterpretq_s8_u8(hi_u);
     for (int r = 0; r < R; ++r) {
       const ActBlock& ab = a[r][b];
       int32x4_t isum = isum_s8(vdupq_n_s32(0), lo, vld1q_s8(ab.q));
@@ -704,23 +776,27 @@ inline void dot_iq4nl(const uint8_t* w, const ActBlock* const* a, int nb, float*
 
 inline float half(const uint8_t* p) { return half_to_float(read_u16(p)); }
 
-template <int R, bool kHasMin>
+// Q4_0 / Q4_1 (kFive: Q5_0 / Q5_1, whose codes carry a fifth bit from qh).
+template <int R, bool kHasMin, bool kFive = false>
 inline void dot_q4(const uint8_t* w, const ActBlock* const* a, int nb, float* out) {
-  constexpr int kBytes = kHasMin ? 20 : 18;
-  constexpr int kQs = kHasMin ? 4 : 2;
+  constexpr int kBytes = kFive ? q5_block_bytes(kHasMin) : kHasMin ? 20 : 18;
+  constexpr int kQs = kFive ? q5_qs_offset(kHasMin) : kHasMin ? 4 : 2;
   float acc[R];
   float accm[R];
   for (int r = 0; r < R; ++r) acc[r] = accm[r] = 0.f;
   for (int b = 0; b < nb; ++b) {
     const uint8_t* blk = w + b * kBytes;
     const float d = half(blk);
-    const float m = kHasMin ? half(blk + 2) : -8.f * d;
+    const float m = kHasMin ? half(blk + 2) : (kFive ? -16.f : -8.f) * d;
     const uint8_t* qs = blk + kQs;
+    const uint32_t qh = kFive ? q5_fifth_bits(blk, kHasMin) : 0;
     for (int r = 0; r < R; ++r) {
       const ActBlock& ab = a[r][b];
       int isum = 0;
       for (int i = 0; i < 16; ++i) {
-        isum += (qs[i] & 0x0f) * ab.q[i] + (qs[i] >> 4) * ab.q[i + 16];
+        const int lo = (qs[i] & 0x0f) | (((qh >> i) & 1) << 4);
+        const int hi = (qs[i] >> 4) | (((qh >> (i + 16)) & 1) << 4);
+        isum += lo * ab.q[i] + hi * ab.q[i + 16];
       }
       acc[r] += static_cast<float>(isum) * (d * ab.d);
       accm[r] += m * ab.s;
@@ -803,6 +879,18 @@ struct DotQ4_1 {
   }
 };
 template <int R>
+struct DotQ5_0 {
+  static void run(const uint8_t* w, const ActBlock* const* a, int nb, float* out) {
+    dot_q4<R, false, true>(w, a, nb, out);
+  }
+};
+template <int R>
+struct DotQ5_1 {
+  static void run(const uint8_t* w, const ActBlock* const* a, int nb, float* out) {
+    dot_q4<R, true, true>(w, a, nb, out);
+  }
+};
+template <int R>
 struct DotQ8_0 {
   static void run(const uint8_t* w, const ActBlock* const* a, int nb, float* out) {
     dot_q8<R>(w, a, nb, out);
@@ -826,6 +914,14 @@ inline void gemm_q4_1(const uint8_t* w, size_t rb, const ActBlock* a, int k, int
 inline void gemm_q8_0(const uint8_t* w, size_t rb, const ActBlock* a, int k, int rows, int n0,
                       int n1, float* out, int ldo) {
   gemm<DotQ8_0>(w, rb, a, k, rows, n0, n1, out, ldo);
+}
+inline void gemm_q5_0(const uint8_t* w, size_t rb, const ActBlock* a, int k, int rows, int n0,
+                      int n1, float* out, int ldo) {
+  gemm<DotQ5_0>(w, rb, a, k, rows, n0, n1, out, ldo);
+}
+inline void gemm_q5_1(const uint8_t* w, size_t rb, const ActBlock* a, int k, int rows, int n0,
+                      int n1, float* out, int ldo) {
+  gemm<DotQ5_1>(w, rb, a, k, rows, n0, n1, out, ldo);
 }
 inline void gemm_iq4_nl(const uint8_t* w, size_t rb, const ActBlock* a, int k, int rows, int n0,
                         int n1, float* out, int ldo) {
@@ -862,6 +958,8 @@ inline const KernelTable* make_table(const char* isa) {
                                  .q2_k = gemm_q2_k_expanded,
                                  .q3_k = gemm_q3_k_expanded,
 #endif
+                                 .q5_0 = gemm_q5_0,
+                                 .q5_1 = gemm_q5_1,
 #if defined(LLMD_ISA_VNNI)
                                  .q4_0_x8 = gemm_q4_0_x8_zmm,
                                  .q4_1_x8 = gemm_q4_1_x8_zmm,
@@ -876,6 +974,8 @@ inline const KernelTable* make_table(const char* isa) {
                                  .q5_k_x8 = gemm_q5_k_x8_blocked,
                                  .q6_k_x8 = gemm_q6_k_x8_blocked,
                                  .iq4_nl_x8 = gemm_iq4_nl_x8_zmm,
+                                 .q5_0_x8 = gemm_q5_0_x8_zmm,
+                                 .q5_1_x8 = gemm_q5_1_x8_zmm,
                                  .pack_layout = PackLayout::kQword,
                                  .column_quantum = kKbCols};
 #else
@@ -883,6 +983,8 @@ inline const KernelTable* make_table(const char* isa) {
                                  .q5_k_x8 = gemm_q5_k_x8_expanded,
                                  .q6_k_x8 = gemm_q6_k_x8_expanded,
                                  .iq4_nl_x8 = gemm_iq4_nl_x8_expanded,
+                                 .q5_0_x8 = gemm_q5_0_x8,
+                                 .q5_1_x8 = gemm_q5_1_x8,
                                  .pack_layout = PackLayout::kDword};
 #endif
 #else
@@ -897,7 +999,9 @@ inline const KernelTable* make_table(const char* isa) {
                                  .q6_k = gemm_q6_k,
                                  .iq4_nl = gemm_iq4_nl,
                                  .q2_k = gemm_q2_k,
-                                 .q3_k = gemm_q3_k};
+                                 .q3_k = gemm_q3_k,
+                                 .q5_0 = gemm_q5_0,
+                                 .q5_1 = gemm_q5_1};
 #endif
   return &table;
 }
