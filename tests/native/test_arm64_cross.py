@@ -48,6 +48,8 @@ TYPES = {
     GGMLQuantizationType.Q4_1: "Q4_1",
     GGMLQuantizationType.Q8_0: "Q8_0",
     GGMLQuantizationType.IQ4_NL: "IQ4_NL",
+    GGMLQuantizationType.Q5_0: "Q5_0",
+    GGMLQuantizationType.Q5_1: "Q5_1",
 }
 SHAPES = [(1, 32), (7, 96), (33, 576)]  # (n, k), n odd
 # K-quants (the project's own quantizers: gguf cannot write them); rows of 256-weight blocks.
