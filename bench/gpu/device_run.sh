@@ -56,17 +56,9 @@ case "$1" in
     $PY -c "import llmd._engine as e; print('engine ok', e.active_kernel_path())" || exit 1
     # Smoke: three sequences decoded together on the GPU (a backtrace if it crashes).
     $PY bench/gpu/make_random_gguf.py --preset tiny --out /tmp/tiny.gguf > /dev/null
-    smoke="import llmd._engine as n
-e = n.Engine('/tmp/tiny.gguf', context_length=256, max_sequences=4, kv_budget_bytes=8 << 20, backend='gpu')
-for i in range(3): e.submit(f'a{i}', [1, 5, 6, 7, 8][:3 + i], 12)
-toks, done = {}, 0
-while done < 3:
-    for ev in e.poll(1000):
-        if ev['type'] == 'tokens': toks.setdefault(ev['id'], []).extend(ev['tokens'])
-        else: done += 1
-print('gpu smoke', [toks.get(f'a{i}') for i in range(3)], e.stats()['max_rows_sampled_in_a_step'])"
-    if ! timeout 60 $PY -X faulthandler -c "$smoke"; then
-      timeout 120 cuda-gdb -batch -ex run -ex bt --args $PY -c "$smoke" 2>&1 | grep -v "^\[" | tail -40
+    smoke=(bench/gpu/gpu_smoke.py /tmp/tiny.gguf)
+    if ! timeout 60 $PY -X faulthandler "${smoke[@]}"; then
+      timeout 120 cuda-gdb -batch -ex run -ex bt --args $PY "${smoke[@]}" 2>&1 | grep -v "^\[" | tail -40
     fi
     if [ ! -f "$BIG_MODEL" ]; then
       setsid nohup bash -c "$PY bench/gpu/make_random_gguf.py --out $BIG_MODEL.tmp > $STASH/gen.log 2>&1 \

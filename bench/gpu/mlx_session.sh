@@ -50,17 +50,7 @@ case "${1:-}" in
     cp "$pkg"/_engine*.so daemon/llmd/ && cp -r "$pkg"/catalog "$pkg"/service_templates daemon/llmd/
     stamp "llmd built"
     python3 bench/gpu/make_random_gguf.py --preset tiny --out /tmp/tiny.gguf > /dev/null
-    smoke="import sys; sys.path.insert(0, 'daemon')
-import llmd._engine as n
-e = n.Engine('/tmp/tiny.gguf', context_length=256, max_sequences=4, kv_budget_bytes=8 << 20, backend='gpu')
-for i in range(3): e.submit(f'a{i}', [1, 5, 6, 7, 8][:3 + i], 12)
-toks, done = {}, 0
-while done < 3:
-    for ev in e.poll(1000):
-        if ev['type'] == 'tokens': toks.setdefault(ev['id'], []).extend(ev['tokens'])
-        elif ev['type'] in ('done', 'error'): done += 1; print(ev.get('message', ''))
-print('gpu smoke', [toks.get(f'a{i}') for i in range(3)])"
-    timeout 60 python3 -X faulthandler -c "$smoke" 2>&1 | tail -20
+    PYTHONPATH=daemon timeout 60 python3 -X faulthandler bench/gpu/gpu_smoke.py /tmp/tiny.gguf 2>&1 | tail -20
     stamp "smoke done"
     export PYTHONUNBUFFERED=1
     timeout "${BENCH_TIMEOUT:-420}" python3 -m bench.mlx_vs_mlxlm --backend gpu --mlx-lm-python python3 \
