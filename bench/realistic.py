@@ -61,9 +61,11 @@ SHAPES = ("llama3.2-1b", "qwen3-4b")
 EXTRA_SHAPES = ("qwen2.5-0.5b", "qwen2.5-1.5b")
 SMOKE_SHAPES = ("tiny",)  # make_random_gguf's few-MB preset: checks this script, measures nothing
 TYPES = ("Q4_0", "Q4_K_M", "Q5_K_M", "Q6_K", "Q8_0")
-# Recipes measured on request: the 2-3 bit ones, and IQ4 (IQ4_XS has no llmd kernel: llmd runs
-# the file a pull converts it into, llmd_file; llama.cpp the original).
+# Recipes measured on request: the 2-3 bit ones, IQ4, IQ3 and the 5-bit legacy types (IQ4_XS and
+# IQ3_S have no llmd kernel: llmd runs the file a pull converts it into, llmd_file; llama.cpp the
+# original). IQ3_XXS and the IQ2/IQ1 types need an importance matrix to quantize, so none here.
 EXTRA_TYPES = ("Q2_K", "Q3_K_S", "Q3_K_M", "Q3_K_L", "IQ4_XS", "IQ4_NL", "IQ3_S", "IQ3_M")
+EXTRA_TYPES += ("Q5_0", "Q5_1")
 TOOLS = ("llama-bench", "llama-server")  # what --llamacpp-bin must hold
 PREFILLS = {"pp512": 512, "pp4096": 4096, "pp8k": 8192, "pp16k": 16384}
 TESTS = (*PREFILLS, "tg128", "streams", "rss")

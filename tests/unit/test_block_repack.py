@@ -42,6 +42,29 @@ def test_iq4_xs_becomes_iq4_nl_moving_weights_only_by_its_scale_rounding() -> No
     assert np.abs(got - want).mean() < np.abs(requantized - want).mean() / 2
 
 
+def test_iq3_s_becomes_q4_k_keeping_every_code() -> None:
+    """IQ3_S's d * (1 + 2s) * v (v a signed odd grid value) as Q4_K's 2d * (1 + 2s) * q -
+    fp16(15d) * (1 + 2s): only the min term's scale is rounded, by at most 2^-11 of it."""
+    assert CONVERSION_TARGET[T.IQ3_S] == T.Q4_K  # 4.5 bits per weight, not Q8_0's 8.5
+    rows = random_blocks(T.IQ3_S, 32, 1024, 1e-3)
+    want = dequantize(rows, T.IQ3_S).reshape(-1, 8, 32)
+    out = REPACKS[(T.IQ3_S, T.Q4_K)](rows)
+    assert out.shape == (32, 1024 // 256 * 144)
+    got = dequantize(out, T.Q4_K).reshape(-1, 8, 32)
+    blocks = rows.reshape(-1, 110)
+    d = np.abs(blocks[:, :2].copy().view(np.float16).astype(np.float64))
+    s = np.stack([blocks[:, 106:110] & 15, blocks[:, 106:110] >> 4], axis=2).reshape(-1, 8)
+    min_term = 15 * d * (1 + 2 * s)  # per sub-block of 32
+    assert (np.abs(got - want).max(axis=2) <= min_term * 2.0**-11 * 1.01).all()
+    # Every code kept: each weight is still nearest its own grid value (steps of 2 d (1 + 2s)).
+    step = (d * (1 + 2 * s))[:, :, None]
+    assert np.array_equal(np.rint(got / step), np.rint(want / step))
+    assert len(np.unique(np.rint(want / step))) == 16  # every signed odd value -15 .. 15 occurred
+    # The general path's Q8_0 re-quantization moves weights far more.
+    requantized = dequantize(quantize(want.reshape(32, -1), T.Q8_0), T.Q8_0).reshape(want.shape)
+    assert np.abs(got - want).mean() < np.abs(requantized - want).mean() / 10
+
+
 def test_repacks_work_on_any_number_of_rows_and_blocks() -> None:
     for (source, target), repack in REPACKS.items():
         block = GGML_QUANT_SIZES[source][0]
@@ -50,4 +73,7 @@ def test_repacks_work_on_any_number_of_rows_and_blocks() -> None:
             out = repack(raw)
             assert out.dtype == np.uint8 and out.shape[0] == rows
             want = dequantize(raw, source)
-            np.testing.assert_allclose(dequantize(out, target), want, rtol=2.0**-11, atol=0)
+            # A scale rounded to fp16 moves a weight by at most 2^-11 of the largest its block
+            # holds (each repack's own test states its exact bound).
+            tol = 2.0**-11 * np.abs(want).max()
+            np.testing.assert_allclose(dequantize(out, target), want, rtol=0, atol=tol)

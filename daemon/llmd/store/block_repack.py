@@ -9,6 +9,13 @@ weight exactly as llama.cpp reads it, and can be smaller:
   weights, under the scale ``d * (s - 32)`` rounded to fp16 (exact when it fits 11 significant
   bits; otherwise off by at most 2^-11 of the scale, where re-quantizing to Q8_0 moves weights
   by up to half a Q8_0 step, 1/254 of the block's largest).
+- **IQ3_S -> Q4_K** (4.5 bits per weight instead of Q8_0's 8.5; the bulk of IQ3_S and IQ3_M
+  files): IQ3_S's weight ``d * (1 + 2 s) * v`` has ``v`` a signed odd grid value, -15 .. 15, so
+  ``v = 2 q - 15`` with ``q`` in 0 .. 15 and the weight is ``2 d * (1 + 2 s) * q - 15 d * (1 + 2 s)``:
+  a Q4_K sub-block of 32 with scale and min ``1 + 2 s`` (at most 31 of Q4_K's 63), super-block
+  scale ``2 d`` (exact) and min scale ``15 d`` rounded to fp16 (at most 2^-11 of the min term).
+  Every code is kept; re-quantizing to Q8_0 would round every weight by up to 1/254 of its
+  block's largest and take 1.9x the memory.
 
 Each function takes rows of source blocks (uint8, one row per tensor row) and returns the
 target's bytes for the same rows; gguf-py's dequantizers of source and result agree bit for
@@ -21,6 +28,7 @@ from collections.abc import Callable
 
 import numpy as np
 from gguf import GGMLQuantizationType as T
+from gguf.quants import dequantize
 
 
 def _blocks(rows: np.ndarray, block_bytes: int) -> np.ndarray:
@@ -43,7 +51,35 @@ def iq4_xs_to_iq4_nl(rows: np.ndarray) -> np.ndarray:
     return out.reshape(rows.shape[0], -1)
 
 
+def iq3_s_to_q4_k(rows: np.ndarray) -> np.ndarray:
+    """IQ3_S (110 bytes / 256 weights: fp16 d, qs[64], qh[8], signs[32], scales[4]) -> Q4_K (144
+    bytes: fp16 d, fp16 dmin, 12 bytes of 6-bit scales and mins, qs[128]). The signed grid values
+    come from gguf-py's own dequantizer: its float32 weights are exact multiples of each
+    sub-block's ``d * (1 + 2 s)`` (at most 20 significant bits), so the division gives them back."""
+    b = _blocks(rows, 110)
+    n = b.shape[0]
+    d = b[:, :2].copy().view(np.float16).astype(np.float32).reshape(n, 1)
+    nibbles = np.stack([b[:, 106:110] & 0x0F, b[:, 106:110] >> 4], axis=2).reshape(n, 8)
+    scale = 1 + 2 * nibbles.astype(np.int32)  # sub-block j's 1 + 2 s, 1 .. 31
+    step = d * scale  # float32, exact
+    w = dequantize(b, T.IQ3_S).reshape(n, 8, 32)
+    v = np.divide(w, step[:, :, None], out=np.ones_like(w), where=step[:, :, None] != 0)
+    q = ((np.rint(v).astype(np.int32) + 15) // 2).astype(np.uint8)  # 0 .. 15
+    out = np.zeros((n, 144), np.uint8)
+    out[:, 0:2] = (2 * d).astype(np.float16).view(np.uint8)
+    out[:, 2:4] = (15 * d).astype(np.float16).view(np.uint8)
+    sc = scale.astype(np.uint8)  # the sub-block's scale and its min are the same number
+    for j in range(4):  # Q4_K's 6-bit packing (ggml's get_scale_min_k4)
+        out[:, 4 + j] = sc[:, j] | ((sc[:, j + 4] >> 4) << 6)
+        out[:, 8 + j] = sc[:, j] | ((sc[:, j + 4] >> 4) << 6)
+        out[:, 12 + j] = (sc[:, j + 4] & 15) | ((sc[:, j + 4] & 15) << 4)
+    for p in range(4):  # bytes 32p .. 32p + 31: sub-block 2p in the low nibbles, 2p + 1 high
+        out[:, 16 + 32 * p : 48 + 32 * p] = q[:, 2 * p] | (q[:, 2 * p + 1] << 4)
+    return out.reshape(rows.shape[0], -1)
+
+
 # (source, target) -> re-encoding; convert.py uses one whenever its plan pairs the two.
 REPACKS: dict[tuple[int, int], Callable[[np.ndarray], np.ndarray]] = {
     (T.IQ4_XS, T.IQ4_NL): iq4_xs_to_iq4_nl,
+    (T.IQ3_S, T.Q4_K): iq3_s_to_q4_k,
 }
