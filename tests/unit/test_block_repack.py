@@ -23,6 +23,17 @@ def random_blocks(qtype: T, rows: int, cols: int, scale: float) -> np.ndarray:
     return gguf_files.random_blocks(RNG, qtype, rows, cols, scale)
 
 
+def test_iq3_xxs_becomes_q6_k_keeping_every_weight() -> None:
+    source, target = T.IQ3_XXS, CONVERSION_TARGET[T.IQ3_XXS]
+    assert target == T.Q6_K
+    rows = random_blocks(source, 64, 1024, 1e-3)
+    out = REPACKS[(source, target)](rows)
+    assert out.shape == (64, 1024 // GGML_QUANT_SIZES[target][0] * GGML_QUANT_SIZES[target][1])
+    want, got = dequantize(rows, source), dequantize(out, target)
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32))  # bit for bit
+    assert np.abs(want).max() > 0
+
+
 def test_iq4_xs_becomes_iq4_nl_moving_weights_only_by_its_scale_rounding() -> None:
     assert CONVERSION_TARGET[T.IQ4_XS] == T.IQ4_NL  # 4.5 bits per weight, as IQ4_XS's 4.25
     rows = random_blocks(T.IQ4_XS, 64, 1024, 1e-4)

@@ -213,7 +213,7 @@ def pull(source: str, name: str | None, kind: str | None) -> None:
     they are resumable (Ctrl-C, a lost connection or a restart keeps what was
     downloaded), checked against the hub's sha256 before anything is installed, and
     GGUF quantizations the engine cannot run are converted at pull time (IQ4_XS to
-    IQ4_NL, IQ3_S to Q4_K, keeping every code; IQ3_XXS, IQ2_XS, ... to Q8_0). Set HF_TOKEN (or `huggingface-cli login`) for gated repos, HF_ENDPOINT
+    IQ4_NL, IQ3_S to Q4_K, IQ3_XXS to Q6_K, keeping every code; IQ2_XS, ... to Q8_0). Set HF_TOKEN (or `huggingface-cli login`) for gated repos, HF_ENDPOINT
     for a mirror.
     """
     from llmd.cli.pull_progress import (

@@ -16,6 +16,10 @@ weight exactly as llama.cpp reads it, and can be smaller:
   scale ``2 d`` (exact) and min scale ``15 d`` rounded to fp16 (at most 2^-11 of the min term).
   Every code is kept; re-quantizing to Q8_0 would round every weight by up to 1/254 of its
   block's largest and take 1.9x the memory.
+- **IQ3_XXS -> Q6_K** (6.5625 bits per weight instead of Q8_0's 8.5, every weight exact): the
+  weight ``d * (1 + 2 s) / 4 * v`` has ``v`` a signed grid value whose magnitude is even (4 .. 62),
+  so it is ``d / 2 * (1 + 2 s) * (v / 2)``: Q6_K's ``d * scale * (q - 32)`` with ``q - 32 = v / 2``
+  in -31 .. 31 and both 16-weight halves of a 32-weight sub-block under the scale ``1 + 2 s``.
 
 Each function takes rows of source blocks (uint8, one row per tensor row) and returns the
 target's bytes for the same rows; gguf-py's dequantizers of source and result agree bit for
@@ -78,8 +82,34 @@ def iq3_s_to_q4_k(rows: np.ndarray) -> np.ndarray:
     return out.reshape(rows.shape[0], -1)
 
 
+def iq3_xxs_to_q6_k(rows: np.ndarray) -> np.ndarray:
+    """IQ3_XXS (98 bytes / 256 weights: fp16 d, grid indices[64], 8 uint32 of signs and 4-bit
+    scales) -> Q6_K (210 bytes: ql[128], qh[64], int8 scales[16], fp16 d). As for IQ3_S, the
+    signed grid values come from gguf-py's dequantizer (exact multiples of each sub-block's step)."""
+    b = _blocks(rows, 98)
+    n = b.shape[0]
+    d = b[:, :2].copy().view(np.float16).astype(np.float32).reshape(n, 1)
+    scale = 1 + 2 * (b[:, 66:98].copy().view("<u4") >> 28).astype(np.int32)  # (n, 8): 1 .. 31
+    step = d * np.float32(0.5) * scale  # float32, exact
+    w = dequantize(b, T.IQ3_XXS).reshape(n, 8, 32)
+    half = np.divide(w, step[:, :, None], out=np.zeros_like(w), where=step[:, :, None] != 0)
+    q = (np.rint(half).astype(np.int32) + 32).astype(np.uint8).reshape(n, 256)  # 1 .. 63
+    out = np.zeros((n, 210), np.uint8)
+    for h in range(2):  # ggml's Q6_K order: element 128h + 32k + l (k = 0..3, l = 0..31)
+        e = q[:, 128 * h : 128 * h + 128].reshape(n, 4, 32)
+        out[:, 64 * h : 64 * h + 32] = (e[:, 0] & 15) | ((e[:, 2] & 15) << 4)
+        out[:, 64 * h + 32 : 64 * h + 64] = (e[:, 1] & 15) | ((e[:, 3] & 15) << 4)
+        out[:, 128 + 32 * h : 160 + 32 * h] = (
+            (e[:, 0] >> 4) | ((e[:, 1] >> 4) << 2) | ((e[:, 2] >> 4) << 4) | ((e[:, 3] >> 4) << 6)
+        )
+    out[:, 192:208] = np.repeat(scale, 2, axis=1).astype(np.int8).view(np.uint8)
+    out[:, 208:210] = (d * np.float32(0.5)).astype(np.float16).view(np.uint8)
+    return out.reshape(rows.shape[0], -1)
+
+
 # (source, target) -> re-encoding; convert.py uses one whenever its plan pairs the two.
 REPACKS: dict[tuple[int, int], Callable[[np.ndarray], np.ndarray]] = {
     (T.IQ4_XS, T.IQ4_NL): iq4_xs_to_iq4_nl,
     (T.IQ3_S, T.Q4_K): iq3_s_to_q4_k,
+    (T.IQ3_XXS, T.Q6_K): iq3_xxs_to_q6_k,
 }

@@ -17,7 +17,8 @@ memory (8.5 bits per weight instead of 2-6); the pull says so and names the rati
 are a special case of a native type keep every code (block_repack.py): IQ4_XS becomes **IQ4_NL**
 (native: its kernels look the 16 levels up), 4.5 bits per weight instead of 8.5, with the same
 codes under each 32 weights' scale rounded to fp16; IQ3_S becomes **Q4_K** (4.5 bits instead of
-8.5: a 1B IQ3_M file installs as 914 MB instead of 1,473, and decodes 1.6x faster). Q5_0 and Q5_1, which llama.cpp writes into
+8.5: a 1B IQ3_M file installs as 914 MB instead of 1,473, and decodes 1.6x faster), IQ3_XXS
+**Q6_K** (every weight exact, 6.56 bits instead of 8.5). Q5_0 and Q5_1, which llama.cpp writes into
 the K-quant files of models whose rows are no multiple of 256 (Qwen2.5-0.5B's 896: 132 of 169
 matrices of its Q4_K_M file), run on kernels of their own: as Q8_0 they took 5.5 / 6 bits per
 weight to 8.5 and the worker's memory past 1.2x llama-server's. Q5_K, the bulk of Q5_K_M/Q5_K_S files
@@ -95,6 +96,9 @@ CONVERSION_TARGET[T.IQ4_XS] = T.IQ4_NL
 # values are 2q - 15, so each 32 weights keep their codes under Q4_K's scale and min 1 + 2s
 # (block_repack.py), 4.5 bits per weight instead of Q8_0's 8.5.
 CONVERSION_TARGET[T.IQ3_S] = T.Q4_K
+# IQ3_XXS's grid values are even, so each 32 weights are two Q6_K halves of the same scale, every
+# weight exact (block_repack.py), 6.5625 bits per weight.
+CONVERSION_TARGET[T.IQ3_XXS] = T.Q6_K
 
 # Type ids llama.cpp used once and removed (ARM-repacked Q4_0); gguf-py no longer knows them.
 RETIRED_GGUF_TYPES: dict[int, str] = {31: "Q4_0_4_4", 32: "Q4_0_4_8", 33: "Q4_0_8_8"}
