@@ -75,6 +75,10 @@ inline HalfFields half_fields(TensorType t) {
     case TensorType::Q4_K: return {144, {0, 2}, 2};
     case TensorType::Q5_K: return {176, {0, 2}, 2};
     case TensorType::Q6_K: return {210, {208, 0}, 1};
+    case TensorType::Q5_0: return {22, {0, 0}, 1};
+    case TensorType::Q5_1: return {24, {0, 2}, 2};
+    case TensorType::Q2_K: return {84, {80, 82}, 2};
+    case TensorType::Q3_K: return {110, {108, 0}, 1};
     default: return {0, {0, 0}, 0};
   }
 }
