@@ -135,37 +135,19 @@ struct Dot8LegacyZmm {
 };
 
 // The tile a matrix was packed in follows k (pack8.h's packed_layout): pairs of blocks where k
-// is a multiple of 64, the 256-bit tile otherwise.
-inline void gemm_q4_0_x8_zmm(const uint8_t* w, size_t rb, const ActBlock* a, int k, int rows, int n0, int n1,
-                             float* out, int ldo) {
-  if (k % (2 * kBlock) != 0) return gemm_q4_0_x8(w, rb, a, k, rows, n0, n1, out, ldo);
-  gemm_packed<Dot8LegacyZmm<Legacy::kQ4_0>::Tile>(w, rb, a, k, rows, n0, n1, out, ldo);
-}
-inline void gemm_q4_1_x8_zmm(const uint8_t* w, size_t rb, const ActBlock* a, int k, int rows, int n0, int n1,
-                             float* out, int ldo) {
-  if (k % (2 * kBlock) != 0) return gemm_q4_1_x8(w, rb, a, k, rows, n0, n1, out, ldo);
-  gemm_packed<Dot8LegacyZmm<Legacy::kQ4_1>::Tile>(w, rb, a, k, rows, n0, n1, out, ldo);
-}
-inline void gemm_q8_0_x8_zmm(const uint8_t* w, size_t rb, const ActBlock* a, int k, int rows, int n0, int n1,
-                             float* out, int ldo) {
-  if (k % (2 * kBlock) != 0) return gemm_q8_0_x8(w, rb, a, k, rows, n0, n1, out, ldo);
-  gemm_packed<Dot8LegacyZmm<Legacy::kQ8_0>::Tile>(w, rb, a, k, rows, n0, n1, out, ldo);
-}
-inline void gemm_q5_0_x8_zmm(const uint8_t* w, size_t rb, const ActBlock* a, int k, int rows, int n0, int n1,
-                             float* out, int ldo) {
-  if (k % (2 * kBlock) != 0) return gemm_q5_0_x8(w, rb, a, k, rows, n0, n1, out, ldo);
-  gemm_packed<Dot8LegacyZmm<Legacy::kQ5_0>::Tile>(w, rb, a, k, rows, n0, n1, out, ldo);
-}
-inline void gemm_q5_1_x8_zmm(const uint8_t* w, size_t rb, const ActBlock* a, int k, int rows, int n0, int n1,
-                             float* out, int ldo) {
-  if (k % (2 * kBlock) != 0) return gemm_q5_1_x8(w, rb, a, k, rows, n0, n1, out, ldo);
-  gemm_packed<Dot8LegacyZmm<Legacy::kQ5_1>::Tile>(w, rb, a, k, rows, n0, n1, out, ldo);
-}
-inline void gemm_iq4_nl_x8_zmm(const uint8_t* w, size_t rb, const ActBlock* a, int k, int rows, int n0, int n1,
+// is a multiple of 64, the 256-bit tile (kDword's kernel) otherwise.
+template <Legacy kType, GemmFn kDword>
+inline void gemm_legacy_x8_zmm(const uint8_t* w, size_t rb, const ActBlock* a, int k, int rows, int n0, int n1,
                                float* out, int ldo) {
-  if (k % (2 * kBlock) != 0) return gemm_iq4_nl_x8(w, rb, a, k, rows, n0, n1, out, ldo);
-  gemm_packed<Dot8LegacyZmm<Legacy::kIq4nl>::Tile>(w, rb, a, k, rows, n0, n1, out, ldo);
+  if (k % (2 * kBlock) != 0) return kDword(w, rb, a, k, rows, n0, n1, out, ldo);
+  gemm_packed<Dot8LegacyZmm<kType>::template Tile>(w, rb, a, k, rows, n0, n1, out, ldo);
 }
+inline constexpr GemmFn gemm_q4_0_x8_zmm = gemm_legacy_x8_zmm<Legacy::kQ4_0, gemm_q4_0_x8>;
+inline constexpr GemmFn gemm_q4_1_x8_zmm = gemm_legacy_x8_zmm<Legacy::kQ4_1, gemm_q4_1_x8>;
+inline constexpr GemmFn gemm_q8_0_x8_zmm = gemm_legacy_x8_zmm<Legacy::kQ8_0, gemm_q8_0_x8>;
+inline constexpr GemmFn gemm_q5_0_x8_zmm = gemm_legacy_x8_zmm<Legacy::kQ5_0, gemm_q5_0_x8>;
+inline constexpr GemmFn gemm_q5_1_x8_zmm = gemm_legacy_x8_zmm<Legacy::kQ5_1, gemm_q5_1_x8>;
+inline constexpr GemmFn gemm_iq4_nl_x8_zmm = gemm_legacy_x8_zmm<Legacy::kIq4nl, gemm_iq4_nl_x8>;
 
 }  // namespace llmd::kernels::LLMD_ISA_NAMESPACE
 

@@ -640,30 +640,13 @@ inline void gemm_packed(const uint8_t* w, size_t w_row_bytes, const ActBlock* a,
   }
 }
 
-inline void gemm_q4_0_x8(const uint8_t* w, size_t rb, const ActBlock* a, int k, int rows, int n0, int n1, float* out,
-                         int ldo) {
-  gemm_packed<Dot8Q4<Code4::kQ4_0>::Tile>(w, rb, a, k, rows, n0, n1, out, ldo);
-}
-inline void gemm_q4_1_x8(const uint8_t* w, size_t rb, const ActBlock* a, int k, int rows, int n0, int n1, float* out,
-                         int ldo) {
-  gemm_packed<Dot8Q4<Code4::kQ4_1>::Tile>(w, rb, a, k, rows, n0, n1, out, ldo);
-}
-inline void gemm_q8_0_x8(const uint8_t* w, size_t rb, const ActBlock* a, int k, int rows, int n0, int n1, float* out,
-                         int ldo) {
-  gemm_packed<Dot8Q8_0>(w, rb, a, k, rows, n0, n1, out, ldo);
-}
-inline void gemm_iq4_nl_x8(const uint8_t* w, size_t rb, const ActBlock* a, int k, int rows, int n0, int n1,
-                           float* out, int ldo) {
-  gemm_packed<Dot8Q4<Code4::kIq4nl>::Tile>(w, rb, a, k, rows, n0, n1, out, ldo);
-}
-inline void gemm_q5_0_x8(const uint8_t* w, size_t rb, const ActBlock* a, int k, int rows, int n0, int n1, float* out,
-                         int ldo) {
-  gemm_packed<Dot8Q4<Code4::kQ5_0>::Tile>(w, rb, a, k, rows, n0, n1, out, ldo);
-}
-inline void gemm_q5_1_x8(const uint8_t* w, size_t rb, const ActBlock* a, int k, int rows, int n0, int n1, float* out,
-                         int ldo) {
-  gemm_packed<Dot8Q4<Code4::kQ5_1>::Tile>(w, rb, a, k, rows, n0, n1, out, ldo);
-}
+// The packed kernels of the 4-bit codes (and Q5's, with their fifth bit) and of Q8_0.
+inline constexpr GemmFn gemm_q4_0_x8 = gemm_packed<Dot8Q4<Code4::kQ4_0>::Tile>;
+inline constexpr GemmFn gemm_q4_1_x8 = gemm_packed<Dot8Q4<Code4::kQ4_1>::Tile>;
+inline constexpr GemmFn gemm_q8_0_x8 = gemm_packed<Dot8Q8_0>;
+inline constexpr GemmFn gemm_iq4_nl_x8 = gemm_packed<Dot8Q4<Code4::kIq4nl>::Tile>;
+inline constexpr GemmFn gemm_q5_0_x8 = gemm_packed<Dot8Q4<Code4::kQ5_0>::Tile>;
+inline constexpr GemmFn gemm_q5_1_x8 = gemm_packed<Dot8Q4<Code4::kQ5_1>::Tile>;
 
 #elif defined(LLMD_ISA_NEON)
 
