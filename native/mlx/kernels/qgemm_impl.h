@@ -849,29 +849,15 @@ inline void gemm(const uint8_t* w, size_t w_row_bytes, const ActBlock* a, int k,
   }
 }
 
-template <int R>
-struct DotQ4_0 {
-  static void run(const uint8_t* w, const ActBlock* const* a, int nb, float* out) {
-    dot_q4<R, false>(w, a, nb, out);
-  }
-};
-template <int R>
-struct DotQ4_1 {
-  static void run(const uint8_t* w, const ActBlock* const* a, int nb, float* out) {
-    dot_q4<R, true>(w, a, nb, out);
-  }
-};
-template <int R>
-struct DotQ5_0 {
-  static void run(const uint8_t* w, const ActBlock* const* a, int nb, float* out) {
-    dot_q4<R, false, true>(w, a, nb, out);
-  }
-};
-template <int R>
-struct DotQ5_1 {
-  static void run(const uint8_t* w, const ActBlock* const* a, int nb, float* out) {
-    dot_q4<R, true, true>(w, a, nb, out);
-  }
+// The row-major dots as gemm's Dot: 4-bit codes (kFive: Q5's), Q8_0, IQ4_NL.
+template <bool kHasMin, bool kFive>
+struct DotCodes {
+  template <int R>
+  struct Dot {
+    static void run(const uint8_t* w, const ActBlock* const* a, int nb, float* out) {
+      dot_q4<R, kHasMin, kFive>(w, a, nb, out);
+    }
+  };
 };
 template <int R>
 struct DotQ8_0 {
@@ -886,30 +872,12 @@ struct DotIq4nl {
   }
 };
 
-inline void gemm_q4_0(const uint8_t* w, size_t rb, const ActBlock* a, int k, int rows, int n0,
-                      int n1, float* out, int ldo) {
-  gemm<DotQ4_0>(w, rb, a, k, rows, n0, n1, out, ldo);
-}
-inline void gemm_q4_1(const uint8_t* w, size_t rb, const ActBlock* a, int k, int rows, int n0,
-                      int n1, float* out, int ldo) {
-  gemm<DotQ4_1>(w, rb, a, k, rows, n0, n1, out, ldo);
-}
-inline void gemm_q8_0(const uint8_t* w, size_t rb, const ActBlock* a, int k, int rows, int n0,
-                      int n1, float* out, int ldo) {
-  gemm<DotQ8_0>(w, rb, a, k, rows, n0, n1, out, ldo);
-}
-inline void gemm_q5_0(const uint8_t* w, size_t rb, const ActBlock* a, int k, int rows, int n0,
-                      int n1, float* out, int ldo) {
-  gemm<DotQ5_0>(w, rb, a, k, rows, n0, n1, out, ldo);
-}
-inline void gemm_q5_1(const uint8_t* w, size_t rb, const ActBlock* a, int k, int rows, int n0,
-                      int n1, float* out, int ldo) {
-  gemm<DotQ5_1>(w, rb, a, k, rows, n0, n1, out, ldo);
-}
-inline void gemm_iq4_nl(const uint8_t* w, size_t rb, const ActBlock* a, int k, int rows, int n0,
-                        int n1, float* out, int ldo) {
-  gemm<DotIq4nl>(w, rb, a, k, rows, n0, n1, out, ldo);
-}
+inline constexpr GemmFn gemm_q4_0 = gemm<DotCodes<false, false>::Dot>;
+inline constexpr GemmFn gemm_q4_1 = gemm<DotCodes<true, false>::Dot>;
+inline constexpr GemmFn gemm_q5_0 = gemm<DotCodes<false, true>::Dot>;
+inline constexpr GemmFn gemm_q5_1 = gemm<DotCodes<true, true>::Dot>;
+inline constexpr GemmFn gemm_q8_0 = gemm<DotQ8_0>;
+inline constexpr GemmFn gemm_iq4_nl = gemm<DotIq4nl>;
 
 }  // namespace llmd::kernels::LLMD_ISA_NAMESPACE
 
