@@ -76,6 +76,19 @@ def test_iq3_s_becomes_q4_k_keeping_every_code() -> None:
     assert np.abs(got - want).mean() < np.abs(requantized - want).mean() / 10
 
 
+def test_iq2_xxs_becomes_q8_0_keeping_every_code() -> None:
+    """IQ2_XXS's signed grid values (8, 25, 43) become Q8_0's codes under the 32 weights' scale
+    rounded to fp16: each weight moves by at most 2^-11 of itself, where re-quantizing moves the
+    8s by up to 1.6 %."""
+    assert CONVERSION_TARGET[T.IQ2_XXS] == T.Q8_0
+    rows = random_blocks(T.IQ2_XXS, 32, 1024, 1e-3)
+    want = dequantize(rows, T.IQ2_XXS)
+    got = dequantize(REPACKS[(T.IQ2_XXS, T.Q8_0)](rows), T.Q8_0)
+    np.testing.assert_allclose(got, want, rtol=2.0**-11, atol=0)
+    requantized = dequantize(quantize(want, T.Q8_0), T.Q8_0)
+    assert np.abs(got - want).mean() < np.abs(requantized - want).mean() / 10
+
+
 def test_repacks_work_on_any_number_of_rows_and_blocks() -> None:
     for (source, target), repack in REPACKS.items():
         block = GGML_QUANT_SIZES[source][0]

@@ -16,6 +16,10 @@ weight exactly as llama.cpp reads it, and can be smaller:
   scale ``2 d`` (exact) and min scale ``15 d`` rounded to fp16 (at most 2^-11 of the min term).
   Every code is kept; re-quantizing to Q8_0 would round every weight by up to 1/254 of its
   block's largest and take 1.9x the memory.
+- **IQ2_XXS -> Q8_0** (its target as for every IQ2 type, but its codes kept): the weight
+  ``d * (1 + 2 s) / 8 * v`` has ``v`` a signed grid value (8, 25 or 43), so each 32 weights are
+  a Q8_0 block holding ``v`` under the scale ``d * (1 + 2 s) / 8`` rounded to fp16 (at most 2^-11
+  of each weight); a re-quantization would round the 8s to 24/127 of the 43s (up to 1.6 %).
 - **IQ3_XXS -> Q6_K** (6.5625 bits per weight instead of Q8_0's 8.5, every weight exact): the
   weight ``d * (1 + 2 s) / 4 * v`` has ``v`` a signed grid value whose magnitude is even (4 .. 62),
   so it is ``d / 2 * (1 + 2 s) * (v / 2)``: Q6_K's ``d * scale * (q - 32)`` with ``q - 32 = v / 2``
@@ -107,9 +111,27 @@ def iq3_xxs_to_q6_k(rows: np.ndarray) -> np.ndarray:
     return out.reshape(rows.shape[0], -1)
 
 
+def iq2_xxs_to_q8_0(rows: np.ndarray) -> np.ndarray:
+    """IQ2_XXS (66 bytes / 256 weights: fp16 d, then per 32 weights a uint32 of grid indices and
+    a uint32 of signs and a 4-bit scale) -> Q8_0 (34 bytes / 32 weights). The signed grid values
+    come from gguf-py's dequantizer (exact multiples of each 32 weights' step)."""
+    b = _blocks(rows, 66)
+    n = b.shape[0]
+    d = b[:, :2].copy().view(np.float16).astype(np.float32).reshape(n, 1)
+    aux = b[:, 2:66].copy().view("<u4").reshape(n, 8, 2)[:, :, 1]
+    step = d * (np.float32(0.5) + (aux >> 28).astype(np.float32)) * np.float32(0.25)  # exact
+    w = dequantize(b, T.IQ2_XXS).reshape(n, 8, 32)
+    v = np.divide(w, step[:, :, None], out=np.zeros_like(w), where=step[:, :, None] != 0)
+    out = np.empty((n * 8, 34), np.uint8)
+    out[:, :2] = step.astype(np.float16).reshape(-1, 1).view(np.uint8)
+    out[:, 2:] = np.rint(v).astype(np.int8).reshape(n * 8, 32).view(np.uint8)
+    return out.reshape(rows.shape[0], -1)
+
+
 # (source, target) -> re-encoding; convert.py uses one whenever its plan pairs the two.
 REPACKS: dict[tuple[int, int], Callable[[np.ndarray], np.ndarray]] = {
     (T.IQ4_XS, T.IQ4_NL): iq4_xs_to_iq4_nl,
     (T.IQ3_S, T.Q4_K): iq3_s_to_q4_k,
     (T.IQ3_XXS, T.Q6_K): iq3_xxs_to_q6_k,
+    (T.IQ2_XXS, T.Q8_0): iq2_xxs_to_q8_0,
 }

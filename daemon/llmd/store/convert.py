@@ -4,7 +4,7 @@ Most GGUF files on the hub are K-quants (Q4_K_M, Q5_K_M, ...); the engine runs Q
 Q6_K, Q2_K, Q3_K, Q5_0, Q5_1 and IQ4_NL natively but not the other IQ types. Such tensors become the
 target chosen in ``model_support.CONVERSION_TARGET`` (for the reasons written there): re-encoded
 keeping every code where the source is a special case of the target (``block_repack.REPACKS``:
-IQ4_XS -> IQ4_NL, IQ3_S -> Q4_K, IQ3_XXS -> Q6_K), otherwise dequantized with gguf-py (``gguf.quants``,
+IQ4_XS -> IQ4_NL, IQ3_S -> Q4_K, IQ3_XXS -> Q6_K, IQ2_XXS -> Q8_0), otherwise dequantized with gguf-py (``gguf.quants``,
 the llama.cpp project's own Python package) and re-quantized to Q8_0; every other tensor is
 copied byte for byte.
 
