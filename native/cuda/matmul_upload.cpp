@@ -33,6 +33,25 @@ void for_each_row(const GgufPart* parts, int n_parts, size_t row_bytes, F&& per_
       per_row(static_cast<const uint8_t*>(parts[p].host) + size_t(r) * row_bytes, row);
 }
 
+// Blocks of 32 weights that are d * an int8 each, exactly: the device's Q8_0 blocks of the same fp16 d (a block's
+// first two bytes), with the 32 int8s `int8s(block, out)` writes (IQ4_NL's levels, Q5_0's q - 16). No kernel of
+// their own on the device: 8.5 bits per weight there.
+template <class F>
+void exact_q8_0(const GgufPart* parts, int n_parts, size_t rb, size_t block_bytes, detail::HostLayout& m, F&& int8s) {
+  const size_t nb = m.cols / 32;
+  m.format = WeightFormat::Q8_0;
+  std::vector<uint8_t> data(size_t(m.rows) * nb * 32), aux(size_t(m.rows) * nb * 2);
+  for_each_row(parts, n_parts, rb, [&](const uint8_t* src, int r) {
+    for (size_t b = 0; b < nb; ++b) {
+      const uint8_t* blk = src + b * block_bytes;
+      std::memcpy(&aux[(r * nb + b) * 2], blk, 2);
+      int8s(blk, &data[(r * nb + b) * 32]);
+    }
+  });
+  m.data = std::move(data);
+  m.aux = std::move(aux);
+}
+
 }  // namespace
 
 const char* format_name(WeightFormat f) {
@@ -113,40 +132,17 @@ HostLayout layout_gguf(TensorType type, const GgufPart* parts, int n_parts, int 
       m.aux = std::move(aux);
       return m;
     }
-    case TensorType::IQ4_NL: {
-      // Every level is an int8: each block becomes the Q8_0 block of the same d, exactly (no
-      // kernel of its own; 8.5 bits per weight on the device).
-      m.format = WeightFormat::Q8_0;
-      std::vector<uint8_t> data(size_t(rows) * nb * 32), aux(size_t(rows) * nb * 2);
-      for_each_row(parts, n_parts, rb, [&](const uint8_t* src, int r) {
-        for (size_t b = 0; b < nb; ++b) {
-          const uint8_t* blk = src + b * kIq4nlBlockBytes;
-          std::memcpy(&aux[(r * nb + b) * 2], blk, 2);
-          uint8_t* q = &data[(r * nb + b) * 32];
-          iq4nl_block_levels(blk, kIq4nlValues, q);  // int8 levels as Q8_0's bytes
-        }
-      });
-      m.data = std::move(data);
-      m.aux = std::move(aux);
+    case TensorType::IQ4_NL:  // every level is an int8
+      exact_q8_0(parts, n_parts, rb, kIq4nlBlockBytes, m,
+                 [](const uint8_t* blk, uint8_t* q) { iq4nl_block_levels(blk, kIq4nlValues, q); });
       return m;
-    }
-    case TensorType::Q5_0: {
-      // d * (q - 16): exactly the Q8_0 block of the same d (no kernel of its own on the device).
-      m.format = WeightFormat::Q8_0;
-      std::vector<uint8_t> data(size_t(rows) * nb * 32), aux(size_t(rows) * nb * 2);
-      for_each_row(parts, n_parts, rb, [&](const uint8_t* src, int r) {
+    case TensorType::Q5_0:  // d * (q - 16)
+      exact_q8_0(parts, n_parts, rb, q5_block_bytes(false), m, [](const uint8_t* blk, uint8_t* q) {
         uint8_t codes[32];
-        for (size_t b = 0; b < nb; ++b) {
-          const uint8_t* blk = src + b * q5_block_bytes(false);
-          std::memcpy(&aux[(r * nb + b) * 2], blk, 2);
-          q5_block_codes(blk, false, codes);
-          for (int i = 0; i < 32; ++i) data[(r * nb + b) * 32 + i] = static_cast<uint8_t>(codes[i] - 16);
-        }
+        q5_block_codes(blk, false, codes);
+        for (int i = 0; i < 32; ++i) q[i] = static_cast<uint8_t>(codes[i] - 16);
       });
-      m.data = std::move(data);
-      m.aux = std::move(aux);
       return m;
-    }
     case TensorType::Q5_1:
     case TensorType::Q2_K:
     case TensorType::Q3_K: {
