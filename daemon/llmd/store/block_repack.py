@@ -43,13 +43,27 @@ def _blocks(rows: np.ndarray, block_bytes: int) -> np.ndarray:
     return np.ascontiguousarray(rows).reshape(-1, block_bytes)
 
 
+def _first_fp16(b: np.ndarray) -> np.ndarray:
+    """Each block's leading fp16 field (the IQ types' d) as float32, shape (n, 1)."""
+    return b[:, :2].copy().view(np.float16).astype(np.float32).reshape(-1, 1)
+
+
+def _grid_values(b: np.ndarray, qtype: T, step: np.ndarray) -> np.ndarray:
+    """The signed grid values of IQ blocks `b` (int32, (n, 8, 32)), given each 32 weights' step
+    (n, 8): gguf-py's float32 weights are exact multiples of it (at most 22 significant bits),
+    so the division gives them back. 0 where the step is 0 (a block whose d is 0)."""
+    w = dequantize(b, qtype).reshape(-1, 8, 32)
+    v = np.divide(w, step[:, :, None], out=np.zeros_like(w), where=step[:, :, None] != 0)
+    return np.rint(v).astype(np.int32)
+
+
 def iq4_xs_to_iq4_nl(rows: np.ndarray) -> np.ndarray:
     """IQ4_XS (136 bytes / 256 weights: d, scales_h as a uint16, scales_l[4], qs[128]) -> one
     IQ4_NL block (18 bytes: fp16 scale, the 16 code bytes as they are) per 32 weights, scaled
     by fp16(d * (s - 32))."""
     b = _blocks(rows, 136)
     n = b.shape[0]
-    d = b[:, :2].copy().view(np.float16).astype(np.float32)
+    d = _first_fp16(b)
     scales_h = b[:, 2:4].copy().view("<u2").reshape(n, 1) >> (2 * np.arange(8, dtype=np.uint16))
     scales_l = np.stack([b[:, 4:8] & 0x0F, b[:, 4:8] >> 4], axis=2).reshape(n, 8)
     s = (scales_l.astype(np.int16) | ((scales_h & 3).astype(np.int16) << 4)) - 32
@@ -62,17 +76,14 @@ def iq4_xs_to_iq4_nl(rows: np.ndarray) -> np.ndarray:
 def iq3_s_to_q4_k(rows: np.ndarray) -> np.ndarray:
     """IQ3_S (110 bytes / 256 weights: fp16 d, qs[64], qh[8], signs[32], scales[4]) -> Q4_K (144
     bytes: fp16 d, fp16 dmin, 12 bytes of 6-bit scales and mins, qs[128]). The signed grid values
-    come from gguf-py's own dequantizer: its float32 weights are exact multiples of each
-    sub-block's ``d * (1 + 2 s)`` (at most 20 significant bits), so the division gives them back."""
+    come from gguf-py's own dequantizer (_grid_values; the step is ``d * (1 + 2 s)``)."""
     b = _blocks(rows, 110)
     n = b.shape[0]
-    d = b[:, :2].copy().view(np.float16).astype(np.float32).reshape(n, 1)
+    d = _first_fp16(b)
     nibbles = np.stack([b[:, 106:110] & 0x0F, b[:, 106:110] >> 4], axis=2).reshape(n, 8)
     scale = 1 + 2 * nibbles.astype(np.int32)  # sub-block j's 1 + 2 s, 1 .. 31
-    step = d * scale  # float32, exact
-    w = dequantize(b, T.IQ3_S).reshape(n, 8, 32)
-    v = np.divide(w, step[:, :, None], out=np.ones_like(w), where=step[:, :, None] != 0)
-    q = ((np.rint(v).astype(np.int32) + 15) // 2).astype(np.uint8)  # 0 .. 15
+    # A block of d = 0 holds only zeros: any code gives them (7 here).
+    q = ((_grid_values(b, T.IQ3_S, d * scale) + 15) // 2).astype(np.uint8)  # 0 .. 15
     out = np.zeros((n, 144), np.uint8)
     out[:, 0:2] = (2 * d).astype(np.float16).view(np.uint8)
     out[:, 2:4] = (15 * d).astype(np.float16).view(np.uint8)
@@ -92,12 +103,11 @@ def iq3_xxs_to_q6_k(rows: np.ndarray) -> np.ndarray:
     signed grid values come from gguf-py's dequantizer (exact multiples of each sub-block's step)."""
     b = _blocks(rows, 98)
     n = b.shape[0]
-    d = b[:, :2].copy().view(np.float16).astype(np.float32).reshape(n, 1)
+    d = _first_fp16(b)
     scale = 1 + 2 * (b[:, 66:98].copy().view("<u4") >> 28).astype(np.int32)  # (n, 8): 1 .. 31
-    step = d * np.float32(0.5) * scale  # float32, exact
-    w = dequantize(b, T.IQ3_XXS).reshape(n, 8, 32)
-    half = np.divide(w, step[:, :, None], out=np.zeros_like(w), where=step[:, :, None] != 0)
-    q = (np.rint(half).astype(np.int32) + 32).astype(np.uint8).reshape(n, 256)  # 1 .. 63
+    # Steps of d / 2 * (1 + 2 s): the grid values halved, Q6_K's q - 32.
+    half = _grid_values(b, T.IQ3_XXS, d * np.float32(0.5) * scale)
+    q = (half + 32).astype(np.uint8).reshape(n, 256)  # 1 .. 63
     out = np.zeros((n, 210), np.uint8)
     for h in range(2):  # ggml's Q6_K order: element 128h + 32k + l (k = 0..3, l = 0..31)
         e = q[:, 128 * h : 128 * h + 128].reshape(n, 4, 32)
@@ -117,14 +127,11 @@ def iq2_xxs_to_q8_0(rows: np.ndarray) -> np.ndarray:
     come from gguf-py's dequantizer (exact multiples of each 32 weights' step)."""
     b = _blocks(rows, 66)
     n = b.shape[0]
-    d = b[:, :2].copy().view(np.float16).astype(np.float32).reshape(n, 1)
     aux = b[:, 2:66].copy().view("<u4").reshape(n, 8, 2)[:, :, 1]
-    step = d * (np.float32(0.5) + (aux >> 28).astype(np.float32)) * np.float32(0.25)  # exact
-    w = dequantize(b, T.IQ2_XXS).reshape(n, 8, 32)
-    v = np.divide(w, step[:, :, None], out=np.zeros_like(w), where=step[:, :, None] != 0)
+    step = _first_fp16(b) * (np.float32(0.5) + (aux >> 28).astype(np.float32)) * np.float32(0.25)
     out = np.empty((n * 8, 34), np.uint8)
     out[:, :2] = step.astype(np.float16).reshape(-1, 1).view(np.uint8)
-    out[:, 2:] = np.rint(v).astype(np.int8).reshape(n * 8, 32).view(np.uint8)
+    out[:, 2:] = _grid_values(b, T.IQ2_XXS, step).astype(np.int8).reshape(n * 8, 32).view(np.uint8)
     return out.reshape(rows.shape[0], -1)
 
 
